@@ -1,0 +1,101 @@
+"""The single-job placement decision: does this job fit this worker, and on which GPUs.
+
+Pure functions over values: the claim path in the store calls them inside its transaction with the
+worker's current allocations, and the admission cycle and the simulator call them on what-if copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
+from corral.domain.resources import ZERO, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """A worker's free capacity: what is left of its resources, and which GPU indices are free."""
+
+    free: Resources
+    free_gpu_indices: tuple[int, ...]
+
+
+def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity:
+    """Subtract every allocation held on ``worker`` from its registered resources.
+
+    GPU indices that an allocation names are taken; indices beyond the worker's count (a worker that
+    re-registered with fewer GPUs) are ignored rather than going negative.
+    """
+    used = ZERO
+    taken: set[int] = set()
+    for allocation in allocations:
+        used = used + allocation.resources
+        taken.update(allocation.gpu_indices)
+    free = worker.resources.minus(used)
+    free_indices = tuple(index for index in range(worker.resources.gpus) if index not in taken)
+    if len(free_indices) < free.gpus:
+        free = Resources(len(free_indices), free.vram_mb, free.memory_mb, free.cpus)
+    return Capacity(free=free, free_gpu_indices=free_indices)
+
+
+def matches_constraints(worker: Worker, constraints: Constraints) -> Reason | None:
+    """None when ``worker`` satisfies ``constraints``, else the reason it does not."""
+    if constraints.gpu_model is not None and constraints.gpu_model != worker.gpu_model:
+        return Reason(
+            "gpu_model_mismatch",
+            f"needs GPU model {constraints.gpu_model}, worker {worker.id} has {worker.gpu_model}",
+        )
+    for key, value in sorted(constraints.labels.items()):
+        if worker.labels.get(key) != value:
+            return Reason("label_mismatch", f"needs label {key}={value}, worker {worker.id} lacks it")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A job fits: it runs on ``worker_id`` with these GPU indices (lowest free first)."""
+
+    worker_id: str
+    gpu_indices: tuple[int, ...]
+
+
+def place(
+    request: Resources, constraints: Constraints, worker: Worker, capacity: Capacity
+) -> Placement | Reason:
+    """Decide whether a job asking for ``request`` fits ``worker`` with free ``capacity``.
+
+    Returns a ``Placement`` naming the GPU indices to use, or the ``Reason`` it does not fit.
+    """
+    mismatch = matches_constraints(worker, constraints)
+    if mismatch is not None:
+        return mismatch
+    if request.gpus > 0 and worker.resources.gpus == 0:
+        return Reason("no_gpus", f"needs {request.gpus} GPU(s), worker {worker.id} has none")
+    missing = capacity.free.shortfall(request)
+    if missing:
+        return Reason(
+            "insufficient_capacity",
+            f"worker {worker.id} lacks free {', '.join(missing)} for this job",
+        )
+    return Placement(worker_id=worker.id, gpu_indices=capacity.free_gpu_indices[: request.gpus])
+
+
+class ClaimPlacement:
+    """The claim's policy, handed to the store: free capacity, then the first candidate that fits.
+
+    Candidates arrive in queue order (``corral.core.ordering``), so the first one that fits is the
+    job the queue says should run next on this worker.
+    """
+
+    def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
+        return free_capacity(worker, allocations)
+
+    def choose(
+        self, worker: Worker, capacity: Capacity, candidates: Sequence[Job]
+    ) -> tuple[Job, tuple[int, ...]] | None:
+        for job in candidates:
+            decision = place(job.spec.resources, job.spec.constraints, worker, capacity)
+            if isinstance(decision, Placement):
+                return job, decision.gpu_indices
+        return None

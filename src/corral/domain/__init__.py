@@ -1,0 +1,1 @@
+"""The vocabulary of corral: records, statuses, resources and errors. Imports nothing else of corral."""

@@ -1,0 +1,88 @@
+"""One hierarchy of faults, each with a stable code and an HTTP status.
+
+The docstring of each class is its default message. Expected outcomes ("does not fit") are not
+exceptions: they are ``Reason`` values returned by the core.
+"""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    """Something went wrong in corral."""
+
+    code = "internal"
+    http_status = 500
+
+    def __init__(self, message: str | None = None, **details: object) -> None:
+        self.message = message or (self.__doc__ or self.code).strip().splitlines()[0]
+        self.details = details
+        super().__init__(self.message)
+
+
+class InvalidRequest(CorralError):
+    """The request is malformed or a field is out of range."""
+
+    code = "invalid_request"
+    http_status = 400
+
+    def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.field = field
+
+
+class NotFound(CorralError):
+    """No such object."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class TooLarge(CorralError):
+    """The request body is over its limit."""
+
+    code = "too_large"
+    http_status = 413
+
+
+class Conflict(CorralError):
+    """The current state does not allow this request; nothing was changed."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class NotRunning(Conflict):
+    """The job is not running."""
+
+    code = "not_running"
+
+
+class StaleAttempt(Conflict):
+    """This worker or attempt is no longer the job's current one: stop the job."""
+
+    code = "stale_attempt"
+
+
+class StaleEpoch(Conflict):
+    """The epoch is not the job's current one."""
+
+    code = "stale_epoch"
+
+
+class NotPreempting(Conflict):
+    """The job is not preempting."""
+
+    code = "not_preempting"
+
+
+class AlreadyTerminal(Conflict):
+    """The job has already finished."""
+
+    code = "already_terminal"
+
+
+class StoreUnavailable(CorralError):
+    """The store did not answer."""
+
+    code = "store_unavailable"
+    http_status = 503

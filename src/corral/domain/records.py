@@ -1,0 +1,124 @@
+"""Job and Worker records as the store returns them and the core reads them.
+
+Records are immutable values. Timestamps are floats (seconds since the epoch, UTC); the wire format
+turns them into RFC 3339 at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Why a job is where it is: a stable code for machines and a message for people."""
+
+    code: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    gpu_model: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        if self.gpu_model is not None:
+            result["gpu_model"] = self.gpu_model
+        if self.labels:
+            result["labels"] = dict(self.labels)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user asks for: everything of a job that does not change while it lives."""
+
+    command: str
+    name: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    gang_size: int = 1
+    resources: Resources = Resources()
+    constraints: Constraints = Constraints()
+    pool: str = "default"
+    user: str | None = None
+    priority: int = 0
+    preemption_class: int = 5
+    checkpoint_mode: str = "none"
+    max_retries: int = 3
+    budget_s: float | None = None
+    walltime_s: float | None = None
+    stall_timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    spec: JobSpec
+    status: Status
+    submitted_at: float
+    gang_id: str | None = None
+    gang_index: int | None = None
+    attempts: int = 0
+    watchdog_retries: int = 0
+    preempted_count: int = 0
+    queue_front: bool = False
+    worker_id: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    reservation_epoch: int = 0
+    reserved_at: float | None = None
+    preemption_epoch: int = 0
+    drain_started_at: float | None = None
+    cancel_requested: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
+    last_heartbeat_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    output_tail: str | None = None
+    reason: Reason | None = None
+    has_checkpoint: bool = False
+    progress: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    id: str
+    address: str
+    resources: Resources
+    gpu_model: str | None
+    labels: dict[str, str]
+    status: str
+    registered_at: float
+    last_heartbeat_at: float | None
+    flagged_dead_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What one job holds on a worker: the input of every capacity computation."""
+
+    job_id: str
+    worker_id: str
+    resources: Resources
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    job_id: str
+    at: float
+    from_status: Status | None
+    to_status: Status
+    reason: Reason | None
+    epoch: int | None
+    worker_id: str | None
+    attempt: int

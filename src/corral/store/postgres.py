@@ -1,0 +1,101 @@
+"""PostgreSQL backend: the production store, for several server replicas and large clusters.
+
+Claims lock their candidate rows ``FOR UPDATE SKIP LOCKED`` so replicas claiming at the same moment
+never wait on, or hand out, the same job; the worker's row is locked ``FOR UPDATE`` so two claims by
+one worker cannot both spend its last free GPU. The connection runs in autocommit for reads and in
+an explicit transaction for every change.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+from corral.domain import errors
+from corral.store.sql import SqlStore
+
+try:  # the driver is an optional extra: corral[postgres]
+    import psycopg
+except ImportError:  # pragma: no cover - exercised only without the extra
+    psycopg = None  # type: ignore[assignment]
+
+
+@lru_cache(maxsize=512)
+def _to_pyformat(sql: str) -> str:
+    """Rewrite the shared ``?`` placeholders as psycopg's ``%s`` (no literal ``%`` in corral's SQL)."""
+    return re.sub(r"\?", "%s", sql)
+
+
+class _PostgresTransaction:
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cursor = self._connection.execute(_to_pyformat(sql), params)
+        return cursor.fetchall() if cursor.description is not None else []
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._connection.cursor() as cursor:
+            cursor.executemany(_to_pyformat(sql), rows)
+
+
+class PostgresStore(SqlStore):
+    dialect = "postgresql"
+    blob_type = "BYTEA"
+    lock_clause = " FOR UPDATE SKIP LOCKED"
+    lock_clause_plain = " FOR UPDATE"
+
+    def __init__(self, url: str) -> None:
+        if psycopg is None:
+            raise errors.CorralError(
+                "PostgreSQL needs the driver: pip install 'corral[postgres]' (psycopg 3)"
+            )
+        self.url = url
+        try:
+            self._connection = psycopg.connect(url, autocommit=True)
+        except psycopg.OperationalError as error:
+            raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
+        self._tx = _PostgresTransaction(self._connection)
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[_PostgresTransaction]:
+        with self._lock, self._connection.transaction():
+            yield self._tx
+
+    def _read(self) -> _PostgresTransaction:
+        return self._tx
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def ping(self, timeout_s: float) -> None:
+        try:
+            with psycopg.connect(self.url, connect_timeout=max(1, int(timeout_s))) as connection:
+                connection.execute("SELECT 1")
+        except psycopg.Error as error:
+            raise errors.StoreUnavailable(f"PostgreSQL did not answer: {error}") from error
+
+    def table_columns(self) -> dict[str, tuple[str, ...]]:
+        rows = self._tx.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"
+        )
+        tables: dict[str, list[str]] = {}
+        for table, column in rows:
+            tables.setdefault(table, []).append(column)
+        return {table: tuple(columns) for table, columns in tables.items()}
+
+    def index_names(self) -> set[str]:
+        rows = self._tx.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND indexname NOT LIKE '%%_pkey'"
+        )
+        return {row[0] for row in rows}
+
+    def explain(self, sql: str, params: Sequence[Any]) -> str:
+        rows = self._tx.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in rows)
