@@ -110,6 +110,7 @@ class Allocation:
     worker_id: str
     resources: Resources
     gpu_indices: tuple[int, ...]
+    status: Status = Status.RUNNING
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,15 +31,19 @@ def _to_pyformat(sql: str) -> str:
 
 
 class _PostgresTransaction:
-    def __init__(self, connection: Any) -> None:
+    """Statements on the one connection; the lock keeps another thread out of an open transaction."""
+
+    def __init__(self, connection: Any, lock: threading.RLock) -> None:
         self._connection = connection
+        self._lock = lock
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cursor = self._connection.execute(_to_pyformat(sql), params)
-        return cursor.fetchall() if cursor.description is not None else []
+        with self._lock:
+            cursor = self._connection.execute(_to_pyformat(sql), params)
+            return cursor.fetchall() if cursor.description is not None else []
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._connection.cursor() as cursor:
+        with self._lock, self._connection.cursor() as cursor:
             cursor.executemany(_to_pyformat(sql), rows)
 
 
@@ -59,8 +63,8 @@ class PostgresStore(SqlStore):
             self._connection = psycopg.connect(url, autocommit=True)
         except psycopg.OperationalError as error:
             raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
-        self._tx = _PostgresTransaction(self._connection)
         self._lock = threading.RLock()
+        self._tx = _PostgresTransaction(self._connection, self._lock)
 
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:

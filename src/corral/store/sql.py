@@ -707,7 +707,7 @@ class SqlStore(abc.ABC):
 
     def _worker_allocations(self, tx: Transaction, worker_id: str) -> list[Allocation]:
         rows = tx.execute(
-            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices FROM jobs"
+            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
             f" WHERE worker_id = ? AND status IN {_HOLDING_SQL}",
             (worker_id,),
         )
@@ -715,7 +715,7 @@ class SqlStore(abc.ABC):
 
     def allocations(self) -> list[Allocation]:
         rows = self._read().execute(
-            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices FROM jobs"
+            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
             f" WHERE status IN {_HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
         )
         return [_allocation_from_row(row) for row in rows]
@@ -882,6 +882,7 @@ def _allocation_from_row(row: Sequence[Any]) -> Allocation:
         worker_id=row[1],
         resources=Resources(row[2], row[3], row[4], row[5]),
         gpu_indices=tuple(int(part) for part in row[6].split(",")) if row[6] else (),
+        status=Status(row[7]),
     )
 
 

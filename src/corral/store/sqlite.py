@@ -18,14 +18,19 @@ from corral.store.sql import SqlStore
 
 
 class _SqliteTransaction:
-    def __init__(self, connection: sqlite3.Connection) -> None:
+    """Statements on the one connection; the lock keeps another thread out of an open transaction."""
+
+    def __init__(self, connection: sqlite3.Connection, lock: threading.RLock) -> None:
         self._connection = connection
+        self._lock = lock
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._connection.execute(sql, params).fetchall()
+        with self._lock:
+            return self._connection.execute(sql, params).fetchall()
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        self._connection.executemany(sql, rows)
+        with self._lock:
+            self._connection.executemany(sql, rows)
 
 
 class SqliteStore(SqlStore):
@@ -35,8 +40,8 @@ class SqliteStore(SqlStore):
     def __init__(self, path: str) -> None:
         self.path = path
         self._connection = self._connect(path)
-        self._tx = _SqliteTransaction(self._connection)
         self._lock = threading.RLock()
+        self._tx = _SqliteTransaction(self._connection, self._lock)
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:

@@ -1,0 +1,221 @@
+"""The Python SDK: a typed HTTP client for every route of ``shared/API.md``.
+
+The CLI and the worker use it too, so the SDK is exercised by every end-to-end test. Errors come
+back as ``ApiError`` with the server's stable ``code``; a server that cannot be reached is
+``ServerUnreachable``.
+
+    from corral.client import Client
+    with Client("http://127.0.0.1:8765") as corral:
+        job = corral.submit({"command": "python train.py", "resources": {"gpus": 1}})
+        print(corral.why(job["id"]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+
+DEFAULT_SERVER = "http://127.0.0.1:8765"
+
+
+class ClientError(Exception):
+    """Base of the SDK's errors."""
+
+
+class ServerUnreachable(ClientError):
+    def __init__(self, url: str, error: Exception) -> None:
+        super().__init__(f"cannot reach corral server at {url}: {error}")
+        self.url = url
+
+
+class ApiError(ClientError):
+    """The server answered with an error status and envelope."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class Client:
+    def __init__(self, server: str = DEFAULT_SERVER, timeout_s: float = 30.0) -> None:
+        self.server = server.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.server,
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            headers={"content-type": "application/json"},
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        content = orjson.dumps(body) if body is not None else None
+        extra: dict[str, Any] = {}
+        if timeout_s is not None:
+            extra["timeout"] = httpx.Timeout(timeout_s, connect=5.0)
+        try:
+            response = self._http.request(method, path, content=content, params=params, headers=headers, **extra)
+        except httpx.TransportError as error:
+            raise ServerUnreachable(self.server, error) from error
+        if response.status_code >= 400:
+            raise _api_error(response)
+        return response
+
+    def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        response = self.request(method, path, body, **kwargs)
+        if response.status_code == 204 or not response.content:
+            return None
+        return orjson.loads(response.content)
+
+    # --- jobs and gangs --------------------------------------------------------------------
+
+    def submit(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit one job (or a gang when ``gang_size`` > 1). Returns the job, or ``{gang_id, tasks}``."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        result: dict[str, Any] = self._json("POST", "/jobs", job, headers=headers)
+        return result
+
+    def submit_batch(self, jobs: list[dict[str, Any]], idempotency_key: str | None = None) -> list[dict[str, Any]]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        result = self._json("POST", "/jobs/batch", {"jobs": jobs}, headers=headers, timeout_s=120.0)
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    def list_jobs_page(self, limit: int = 500, after: str | None = None, **filters: Any) -> dict[str, Any]:
+        params = {key: value for key, value in filters.items() if value is not None}
+        params["limit"] = limit
+        if after:
+            params["after"] = after
+        result: dict[str, Any] = self._json("GET", "/jobs", params=params)
+        return result
+
+    def iter_jobs(self, page_size: int = 500, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every job matching ``filters``, following the cursor page by page."""
+        after = None
+        while True:
+            page = self.list_jobs_page(limit=page_size, after=after, **filters)
+            yield from page["items"]
+            after = page["next"]
+            if not after:
+                return
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}")
+        return result
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._json("GET", f"/jobs/{job_id}/events")["items"]
+        return items
+
+    def why(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/why")
+        return result
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/cancel")
+        return result
+
+    def gang(self, gang_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/gangs/{gang_id}")
+        return result
+
+    def cancel_gang(self, gang_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", f"/gangs/{gang_id}/cancel")
+        return result
+
+    # --- workers ---------------------------------------------------------------------------
+
+    def register_worker(self, registration: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", "/workers/register", registration)
+        return result
+
+    def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
+        self.request("POST", f"/workers/{worker_id}/heartbeat", body or {})
+
+    def workers(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._json("GET", "/workers")["items"]
+        return items
+
+    def worker(self, worker_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/workers/{worker_id}")
+        return result
+
+    def drain_worker(self, worker_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", f"/workers/{worker_id}/drain")
+        return result
+
+    # --- the job protocol (workers) -------------------------------------------------------
+
+    def claim(self, worker_id: str, wait_s: float = 0.0) -> dict[str, Any] | None:
+        """Claim work: the job with ``attempt``, ``gpu_indices`` and ``env``, or ``None``."""
+        params: dict[str, Any] = {"worker_id": worker_id}
+        if wait_s > 0:
+            params["wait"] = wait_s
+        result: dict[str, Any] | None = self._json("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+        return result
+
+    def job_heartbeat(
+        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        params = {"worker_id": worker_id, "attempt": attempt}
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
+        return result
+
+    def done(self, job_id: str, worker_id: str, attempt: int) -> dict[str, Any]:
+        params = {"worker_id": worker_id, "attempt": attempt}
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/done", {}, params=params)
+        return result
+
+    def fail(
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        exit_code: int | None,
+        error: str | None = None,
+        output_tail: str | None = None,
+    ) -> dict[str, Any]:
+        params = {"worker_id": worker_id, "attempt": attempt}
+        body = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/fail", body, params=params)
+        return result
+
+    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> dict[str, Any]:
+        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/preempted", params=params)
+        return result
+
+    # --- operations ------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/health")
+        return result
+
+
+def _api_error(response: httpx.Response) -> ApiError:
+    try:
+        envelope = orjson.loads(response.content)["error"]
+        return ApiError(response.status_code, envelope["code"], envelope["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return ApiError(response.status_code, "http_error", response.text[:200] or response.reason_phrase)

@@ -1,0 +1,105 @@
+"""Typed settings for the server and the worker: ``CORRAL_*`` environment variables, each also a flag.
+
+A flag wins over its variable, which wins over the default. ``--help`` shows every flag with its
+``CORRAL_*`` twin and default. Settings are validated once, at start: a bad value stops the command
+with a message that names the setting, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_PREFIX = "CORRAL_"
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
+
+    db: str = Field("sqlite:///corral.db", description="store URL: sqlite:///path.db or postgresql://...")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8765, ge=0, le=65535, description="port to listen on (0: any free port)")
+    admission_tick_s: float = Field(5.0, gt=0, description="admission cycle interval")
+    reaper_tick_s: float = Field(10.0, gt=0, description="reaper interval")
+    heartbeat_timeout_s: float = Field(30.0, gt=0, description="a running job's lease")
+    worker_offline_s: float = Field(60.0, gt=0, description="a silent worker goes offline after this")
+    dead_worker_after_s: float = Field(30.0, gt=0, description="dead-worker flag after this silence")
+    reservation_timeout_s: float = Field(30.0, gt=0, description="an unclaimed reservation rolls back")
+    preempt_timeout_s: float = Field(45.0, gt=0, description="a preempting job is force-drained after")
+    checkpoint_timeout_s: float = Field(600.0, gt=0, description="time allowed for a checkpoint")
+    watchdog_max_retries: int = Field(3, ge=0, description="watchdog re-queues before a job fails")
+    checkpoint_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest checkpoint body")
+    auth_tokens: str | None = Field(None, description="path of a token file (unset: no auth)")
+    max_victims: int = Field(3, ge=1, description="victims per preemption decision")
+    near_completion_s: float = Field(300.0, ge=0, description="jobs this close to done are not preempted")
+    preemptive_backoff_s: float = Field(5.0, ge=0, description="per-worker preemptive placement backoff")
+    max_deferral_s: float = Field(300.0, ge=0, description="longest checkpoint deferral a job may ask")
+    starvation_timeout_s: float = Field(30.0, gt=0, description="pool starvation timeout")
+    aggressive_starvation_timeout_s: float = Field(120.0, gt=0, description="aggressive starvation timeout")
+    starvation_tolerance: float = Field(0.8, gt=0, le=1, description="fair-share starvation tolerance")
+    preemption_satisfaction_threshold: float = Field(1.0, gt=0, description="preemptible bound")
+    aggressive_preemption_satisfaction_threshold: float = Field(
+        0.2, gt=0, description="aggressively preemptible bound"
+    )
+    log_level: str = Field("info", description="debug, info, warning or error")
+    access_log: bool = Field(False, description="log every HTTP request")
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
+
+    server: str = Field("http://127.0.0.1:8765", description="URL of corral server")
+    worker_id: str | None = Field(None, description="this worker's id (default: the host name)")
+    worker_address: str | None = Field(None, description="address peers reach this host at")
+    gpus: int | None = Field(None, ge=0, description="GPUs to offer (default: detected, else 0)")
+    vram_mb: int | None = Field(None, ge=0, description="VRAM per GPU in MB (default: detected)")
+    memory_mb: int | None = Field(None, ge=0, description="memory to offer in MB (default: detected)")
+    cpus: int | None = Field(None, ge=0, description="CPUs to offer (default: detected)")
+    gpu_model: str | None = Field(None, description="GPU model name (default: detected)")
+    label: list[str] = Field(default_factory=list, description="label k=v (repeatable)")
+    poll_s: float = Field(1.0, gt=0, description="pause between claims when the server is unreachable")
+    claim_wait_s: float = Field(20.0, ge=0, le=30, description="long-poll wait of each claim")
+    heartbeat_s: float = Field(5.0, gt=0, description="job heartbeat interval")
+    worker_heartbeat_s: float = Field(15.0, gt=0, description="worker heartbeat interval")
+    preempt_grace_s: float = Field(15.0, ge=0, description="SIGTERM to SIGKILL grace")
+    shutdown_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM, time running jobs get")
+    output_tail_bytes: int = Field(4096, ge=0, description="output tail sent with a failure")
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+
+def add_flags(parser: argparse.ArgumentParser, settings_class: type[BaseSettings]) -> None:
+    """One flag per setting: ``--admission-tick-s`` for ``CORRAL_ADMISSION_TICK_S``."""
+    for name, field in settings_class.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        env = _PREFIX + name.upper()
+        default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+        help_text = f"{field.description} [env {env}; default {default}]"
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif name == "label":
+            parser.add_argument(flag, dest=name, action="append", default=None, metavar="K=V", help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+
+
+def load(settings_class: type[BaseSettings], arguments: argparse.Namespace) -> Any:
+    """Settings from the environment, overridden by the flags that were given.
+
+    Raises ``SystemExit`` with a one-line message naming the bad setting.
+    """
+    overrides = {
+        name: getattr(arguments, name)
+        for name in settings_class.model_fields
+        if getattr(arguments, name, None) is not None
+    }
+    try:
+        return settings_class(**overrides)
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = ".".join(str(part) for part in first["loc"])
+        raise SystemExit(
+            f"corral: bad setting {name} (--{name.replace('_', '-')} / {_PREFIX}{name.upper()}): {first['msg']}"
+        ) from None

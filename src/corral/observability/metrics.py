@@ -1,0 +1,91 @@
+"""Every ``corral_`` metric, declared once (names and labels as ``shared/API.md`` lists them).
+
+Each server owns a ``Metrics`` with its own registry, so tests can run many servers in one process.
+Gauges that describe the whole cluster (jobs by status, workers, GPUs) are read from the store at
+scrape time by ``StoreCollector`` rather than kept in step by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# ``*_created`` series double the exposition and no dashboard of ours reads them.
+disable_created_metrics()
+
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
+_DURATION_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
+_CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.jobs_submitted = Counter("corral_jobs_submitted_total", "Jobs submitted (a gang counts each task)", registry=registry)
+        self.jobs_claimed = Counter("corral_jobs_claimed_total", "Jobs claimed by workers", registry=registry)
+        self.jobs_completed = Counter("corral_jobs_completed_total", "Jobs that ended done", registry=registry)
+        self.jobs_failed = Counter("corral_jobs_failed_total", "Jobs that ended failed after /fail", registry=registry)
+        self.jobs_retried = Counter("corral_jobs_retried_total", "Failed attempts that were re-queued", registry=registry)
+        self.jobs_cancelled = Counter("corral_jobs_cancelled_total", "Jobs that ended cancelled", registry=registry)
+        self.jobs_reaped = Counter(
+            "corral_jobs_reaped_total", "Running jobs whose lease expired", ["outcome"], registry=registry
+        )
+        self.preemptions = Counter(
+            "corral_preemptions_total", "Running jobs told to stop, by reason", ["reason"], registry=registry
+        )
+        self.queue_wait = Histogram(
+            "corral_job_queue_wait_seconds", "Submission to claim", buckets=_WAIT_BUCKETS, registry=registry
+        )
+        self.execution_duration = Histogram(
+            "corral_job_execution_duration_seconds",
+            "Start to done",
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.cycle_seconds = Histogram(
+            "corral_scheduling_cycle_seconds",
+            "Duration of one pass of a background loop",
+            ["loop"],
+            buckets=_CYCLE_BUCKETS,
+            registry=registry,
+        )
+        self.loop_leader = Gauge(
+            "corral_loop_leader", "1 where this replica runs the loop", ["loop"], registry=registry
+        )
+        self.loop_errors = Counter(
+            "corral_loop_errors_total", "Passes of a background loop that raised", ["loop"], registry=registry
+        )
+
+    def watch_store(self, read: Callable[[], tuple[dict[str, int], dict[str, int], dict[str, int]]]) -> None:
+        """Expose the cluster gauges, read through ``read`` at every scrape."""
+        self.registry.register(StoreCollector(read))
+
+
+class StoreCollector(Collector):
+    """``corral_jobs{status}``, ``corral_workers{status}``, ``corral_gpus{state}`` at scrape time."""
+
+    JOB_STATUSES = ("pending", "blocked", "reserved", "running", "preempting", "preempted", "done", "failed", "cancelled")
+    WORKER_STATUSES = ("active", "offline", "draining")
+    GPU_STATES = ("free", "reserved", "busy")
+
+    def __init__(self, read: Callable[[], tuple[dict[str, int], dict[str, int], dict[str, int]]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs, workers, gpus = self._read()
+        for name, help_text, label, keys, values in (
+            ("corral_jobs", "Jobs by status", "status", self.JOB_STATUSES, jobs),
+            ("corral_workers", "Workers by status", "status", self.WORKER_STATUSES, workers),
+            ("corral_gpus", "GPUs of active workers by state", "state", self.GPU_STATES, gpus),
+        ):
+            family = GaugeMetricFamily(name, help_text, labels=[label])
+            for key in keys:
+                family.add_metric([key], values.get(key, 0))
+            yield family

@@ -1,0 +1,143 @@
+"""Request bodies of the wire contract (``shared/API.md``), validated at the edge.
+
+Unknown fields are rejected: a typo such as ``"gpu": 1`` must not silently submit a CPU job.
+Validation failures become 400 ``invalid_request`` naming the field (see ``describe_error``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.domain.records import Constraints, JobSpec
+from corral.domain.resources import Resources
+
+MAX_BATCH = 10_000
+_POOL_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class ResourcesBody(_Strict):
+    gpus: int = Field(0, ge=0, le=1_000_000)
+    vram_mb: int = Field(0, ge=0, le=1 << 40)
+    memory_mb: int = Field(0, ge=0, le=1 << 40)
+    cpus: int = Field(0, ge=0, le=1_000_000)
+
+    def to_domain(self) -> Resources:
+        return Resources(self.gpus, self.vram_mb, self.memory_mb, self.cpus)
+
+
+class ConstraintsBody(_Strict):
+    gpu_model: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SubmitBody(_Strict):
+    command: str = Field(min_length=1, max_length=65536)
+    name: str | None = Field(None, max_length=256)
+    env: dict[str, str] = Field(default_factory=dict)
+    gang_size: int = Field(1, ge=1, le=100_000)
+    resources: ResourcesBody = Field(default_factory=ResourcesBody)
+    constraints: ConstraintsBody = Field(default_factory=ConstraintsBody)
+    pool: str = Field("default", max_length=256)
+    user: str | None = Field(None, max_length=256)
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    preemption_class: int = Field(5, ge=0, le=10)
+    checkpoint: Literal["none", "auto", "manual"] = "none"
+    max_retries: int = Field(3, ge=0, le=1000)
+    budget_s: float | None = Field(None, gt=0)
+    walltime_s: float | None = Field(None, gt=0)
+    stall_timeout_s: float | None = Field(None, gt=0)
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("command must not be blank")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return value
+
+    @field_validator("pool")
+    @classmethod
+    def _pool_path(cls, value: str) -> str:
+        if not _POOL_PATH.match(value):
+            raise ValueError("pool must be a path like team/project (letters, digits, _ . -)")
+        return value
+
+    def to_domain(self, user: str | None = None) -> JobSpec:
+        return JobSpec(
+            command=self.command,
+            name=self.name,
+            env=dict(self.env),
+            gang_size=self.gang_size,
+            resources=self.resources.to_domain(),
+            constraints=Constraints(self.constraints.gpu_model, dict(self.constraints.labels)),
+            pool=self.pool,
+            user=self.user or user,
+            priority=self.priority,
+            preemption_class=self.preemption_class,
+            checkpoint_mode=self.checkpoint,
+            max_retries=self.max_retries,
+            budget_s=self.budget_s,
+            walltime_s=self.walltime_s,
+            stall_timeout_s=self.stall_timeout_s,
+        )
+
+
+class BatchBody(_Strict):
+    jobs: list[SubmitBody] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class WorkerRegisterBody(_Strict):
+    id: str | None = Field(None, min_length=1, max_length=256)
+    address: str = Field("", max_length=1024)
+    resources: ResourcesBody = Field(default_factory=ResourcesBody)
+    gpu_model: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class GpuReading(_Strict):
+    index: int = Field(ge=0)
+    util_pct: float | None = Field(None, ge=0, le=100)
+    mem_used_mb: float | None = Field(None, ge=0)
+
+
+class WorkerHeartbeatBody(_Strict):
+    gpus: list[GpuReading] | None = None
+    running: list[str] | None = None
+
+
+class JobHeartbeatBody(_Strict):
+    progress: dict[str, Any] | None = None
+    gpu_util_pct: float | None = Field(None, ge=0, le=100)
+    rss_mb: float | None = Field(None, ge=0)
+
+
+class FailBody(_Strict):
+    exit_code: int | None = None
+    error: str | None = Field(None, max_length=65536)
+    output_tail: str | None = Field(None, max_length=65536)
+
+
+def describe_error(error: ValidationError) -> tuple[str, str]:
+    """The first problem of a validation error as (field path, message): ``jobs.3.command``."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "body"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif first["type"] == "missing":
+        message = "field required"
+    return field, f"{field}: {message}"

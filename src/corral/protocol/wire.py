@@ -1,0 +1,94 @@
+"""Records to wire objects: the field names and formats of ``shared/API.md``, in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.domain.clock import to_rfc3339
+from corral.domain.records import Job, JobEvent
+from corral.domain.resources import Resources
+from corral.domain.status import TERMINAL, Status
+
+
+def job_to_wire(job: Job) -> dict[str, Any]:
+    spec = job.spec
+    return {
+        "id": job.id,
+        "name": spec.name,
+        "command": spec.command,
+        "env": spec.env,
+        "status": job.status.value,
+        "gang_id": job.gang_id,
+        "gang_size": spec.gang_size,
+        "gang_index": job.gang_index,
+        "resources": spec.resources.to_dict(),
+        "constraints": spec.constraints.to_dict(),
+        "pool": spec.pool,
+        "user": spec.user,
+        "priority": spec.priority,
+        "preemption_class": spec.preemption_class,
+        "checkpoint_mode": spec.checkpoint_mode,
+        "max_retries": spec.max_retries,
+        "attempts": job.attempts,
+        "watchdog_retries": job.watchdog_retries,
+        "preempted_count": job.preempted_count,
+        "worker_id": job.worker_id,
+        "gpu_indices": list(job.gpu_indices),
+        "reservation_epoch": job.reservation_epoch,
+        "reserved_at": to_rfc3339(job.reserved_at),
+        "preemption_epoch": job.preemption_epoch,
+        "drain_started_at": to_rfc3339(job.drain_started_at),
+        "submitted_at": to_rfc3339(job.submitted_at),
+        "started_at": to_rfc3339(job.started_at),
+        "finished_at": to_rfc3339(job.finished_at),
+        "last_heartbeat_at": to_rfc3339(job.last_heartbeat_at),
+        "exit_code": job.exit_code,
+        "error": job.error,
+        "output_tail": job.output_tail,
+        "reason": job.reason.to_dict() if job.reason else None,
+        "has_checkpoint": job.has_checkpoint,
+        "progress": job.progress,
+        "budget_s": spec.budget_s,
+        "walltime_s": spec.walltime_s,
+        "stall_timeout_s": spec.stall_timeout_s,
+        "cancel_requested": job.cancel_requested,
+    }
+
+
+def event_to_wire(event: JobEvent) -> dict[str, Any]:
+    return {
+        "at": to_rfc3339(event.at),
+        "from": event.from_status.value if event.from_status else None,
+        "to": event.to_status.value,
+        "reason": event.reason.to_dict() if event.reason else None,
+        "epoch": event.epoch,
+        "worker_id": event.worker_id,
+        "attempt": event.attempt,
+    }
+
+
+def gang_status(tasks: list[Job]) -> str:
+    """A gang's status, derived from its tasks (there is no gang row to drift from them).
+
+    Any task failed -> failed; all done -> done; all terminal with a cancel -> cancelled; any task
+    draining (preempting/preempted) -> preempting; any running -> running; all reserved or running ->
+    reserved; otherwise blocked.
+    """
+    statuses = {task.status for task in tasks}
+    if Status.FAILED in statuses:
+        return "failed"
+    if statuses == {Status.DONE}:
+        return "done"
+    if statuses <= TERMINAL:
+        return "cancelled"
+    if statuses & {Status.PREEMPTING, Status.PREEMPTED}:
+        return "preempting"
+    if Status.RUNNING in statuses:
+        return "running"
+    if statuses <= {Status.RESERVED}:
+        return "reserved"
+    return "blocked"
+
+
+def resources_to_wire(resources: Resources) -> dict[str, int]:
+    return resources.to_dict()

@@ -1,0 +1,95 @@
+"""The composition root: store + core + loops + routes, wired once.
+
+``create_app`` takes everything it needs (store, settings, clock) so tests build a server on any
+store with a fake clock; ``corral.server.main`` builds the real one from settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from corral.config import ServerSettings
+from corral.domain import errors
+from corral.domain.clock import Clock, SystemClock
+from corral.domain.status import Status, WorkerStatus
+from corral.server.http import (
+    RequestIdMiddleware,
+    corral_error_handler,
+    http_error_handler,
+    unexpected_error_handler,
+)
+from corral.server.loops.reaper import reaper_tick
+from corral.server.loops.runner import Loop, LoopGroup
+from corral.server.routes import jobs, operations, protocol, workers
+from corral.server.state import ServerState
+from corral.store import Store
+
+logger = logging.getLogger("corral.server")
+
+
+def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Jobs by status, workers by status, and the GPUs of active workers by state."""
+    jobs_by_status = store.count_jobs_by_status()
+    views = store.list_workers()
+    workers_by_status: dict[str, int] = {}
+    for view in views:
+        workers_by_status[view.worker.status] = workers_by_status.get(view.worker.status, 0) + 1
+    active = {view.worker.id: view.worker for view in views if view.worker.status == WorkerStatus.ACTIVE}
+    total = sum(worker.resources.gpus for worker in active.values())
+    reserved = busy = 0
+    for allocation in store.allocations():
+        if allocation.worker_id in active:
+            if allocation.status == Status.RESERVED:
+                reserved += allocation.resources.gpus
+            else:
+                busy += allocation.resources.gpus
+    gpus = {"free": max(0, total - reserved - busy), "reserved": reserved, "busy": busy}
+    return jobs_by_status, workers_by_status, gpus
+
+
+def create_app(
+    store: Store, settings: ServerSettings | None = None, clock: Clock | None = None, run_loops: bool = True
+) -> Starlette:
+    """The server application. ``run_loops=False`` leaves the background loops to the caller (tests
+    drive ``state.loops`` by hand with a fake clock)."""
+    settings = settings or ServerSettings()
+    state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
+    state.metrics.watch_store(partial(cluster_gauges, store))
+    loops = LoopGroup([Loop("reaper", settings.reaper_tick_s, partial(reaper_tick, state))], state.metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if run_loops:
+            loops.start(on_death=_exit_on_loop_death)
+        logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
+        yield
+        await loops.stop()
+
+    app = Starlette(
+        routes=[*protocol.routes, *jobs.routes, *workers.routes, *operations.routes],
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers={
+            errors.CorralError: corral_error_handler,
+            HTTPException: http_error_handler,
+            Exception: unexpected_error_handler,
+        },
+        lifespan=lifespan,
+    )
+    app.state.corral = state
+    app.state.loops = loops
+    return app
+
+
+def _exit_on_loop_death(name: str, error: BaseException | None) -> None:
+    """A background loop must never stop silently: stop the server so its supervisor restarts it."""
+    logger.critical("a background loop died; shutting down", extra={"loop": name})
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,165 @@
+"""HTTP plumbing shared by every route: JSON in and out, the error envelope, request ids.
+
+Every failure leaves as ``{"error": {"code", "message"}}`` with a stable code: bad input is a 400
+naming the field (never 422), a wrong method a 405, an unknown path a 404, and an unexpected fault a
+500 whose body carries no stack trace (the trace goes to the log with the request id).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from corral.domain import errors
+from corral.protocol.models import describe_error
+
+logger = logging.getLogger("corral.server")
+
+DEFAULT_BODY_LIMIT = 1024 * 1024
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request", 413: "too_large"}
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": {"code": code, "message": message}}, status, headers)
+
+
+async def read_body(request: Request, limit: int = DEFAULT_BODY_LIMIT) -> bytes:
+    """The request body, refused with 413 ``too_large`` past ``limit`` bytes (checked while reading)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise errors.TooLarge(f"body of {declared} bytes is over the limit of {limit}")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise errors.TooLarge(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_body(
+    request: Request, model: type[ModelT], limit: int = DEFAULT_BODY_LIMIT, optional: bool = False
+) -> ModelT:
+    """Read, decode and validate a JSON object body; an empty body is ``{}`` when ``optional``."""
+    return decode_body(await read_body(request, limit), model, optional)
+
+
+def decode_body(body: bytes, model: type[ModelT], optional: bool = False) -> ModelT:
+    """Decode and validate a JSON object body already read."""
+    if not body.strip():
+        if optional:
+            return model()
+        raise errors.InvalidRequest("request body is empty: a JSON object is required", field="body")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise errors.InvalidRequest(f"malformed JSON: {error}", field="body") from None
+    if not isinstance(data, dict):
+        raise errors.InvalidRequest("the body must be a JSON object", field="body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        field, message = describe_error(error)
+        raise errors.InvalidRequest(message, field=field) from None
+
+
+def query_int(request: Request, name: str, required: bool = True, default: int | None = None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        if required:
+            raise errors.InvalidRequest(f"query parameter {name} is required", field=name)
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.InvalidRequest(f"query parameter {name} must be an integer, got {raw!r}", field=name) from None
+
+
+def query_float(request: Request, name: str, default: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise errors.InvalidRequest(f"query parameter {name} must be a number, got {raw!r}", field=name) from None
+    if value != value or value < 0:
+        raise errors.InvalidRequest(f"query parameter {name} must be a non-negative number", field=name)
+    return value
+
+
+def fence(request: Request) -> tuple[str, int]:
+    """``worker_id`` and ``attempt`` of a worker's report (400 when missing or malformed)."""
+    worker_id = request.query_params.get("worker_id")
+    if not worker_id:
+        raise errors.InvalidRequest("query parameter worker_id is required", field="worker_id")
+    attempt = query_int(request, "attempt")
+    assert attempt is not None
+    return worker_id, attempt
+
+
+async def corral_error_handler(request: Request, error: Exception) -> Response:
+    assert isinstance(error, errors.CorralError)
+    return error_response(error.http_status, error.code, error.message)
+
+
+async def http_error_handler(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    code = _HTTP_CODES.get(error.status_code, "http_error")
+    message = error.detail if isinstance(error.detail, str) else str(error.detail)
+    if error.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    elif error.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    return error_response(error.status_code, code, message, headers=getattr(error, "headers", None))
+
+
+async def unexpected_error_handler(request: Request, error: Exception) -> Response:
+    logger.error(
+        "unhandled error",
+        exc_info=error,
+        extra={"request_id": request.scope.get("request_id"), "path": request.url.path},
+    )
+    return error_response(500, "internal", "internal error; see the server log for this request id")
+
+
+class RequestIdMiddleware:
+    """Every response carries ``X-Request-ID``: the caller's, or a new one (pure ASGI: no body copy)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                request_id = value.decode("latin-1")[:128]
+                break
+        request_id = request_id or uuid.uuid4().hex
+        scope["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -1,0 +1,1 @@
+"""Background loops: each a ``tick()`` run by the one generic ``LoopRunner``."""

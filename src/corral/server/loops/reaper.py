@@ -1,0 +1,44 @@
+"""The reaper: expired leases, stuck stops, silent workers (see ``Store.reap``).
+
+The pass itself is in the store (each change a compare-and-set, so two replicas reaping at once
+cannot double-apply); this tick turns its report into metrics and log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from corral.server.state import ServerState
+
+logger = logging.getLogger("corral.server.reaper")
+
+
+def reaper_tick(state: ServerState) -> None:
+    settings = state.settings
+    report = state.store.reap(
+        state.clock.now(),
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        preempt_timeout_s=settings.preempt_timeout_s,
+        worker_offline_s=settings.worker_offline_s,
+    )
+    for job in report.requeued:
+        state.metrics.jobs_reaped.labels(outcome="requeued").inc()
+        logger.warning("stale heartbeat, re-queuing", extra={"job_id": job.id, "attempt": job.attempts})
+    for job in report.failed:
+        state.metrics.jobs_reaped.labels(outcome="failed").inc()
+        logger.error(
+            "stale heartbeat, marking failed",
+            extra={"job_id": job.id, "worker_id": job.worker_id, "attempt": job.attempts},
+        )
+    for job in report.force_drained:
+        logger.warning(
+            "force-drained stuck preempting job",
+            extra={"job_id": job.id, "worker_id": job.worker_id, "preemption_epoch": job.preemption_epoch},
+        )
+    if report.offline_workers:
+        logger.warning(
+            "marked stale workers offline",
+            extra={"count": len(report.offline_workers), "worker_ids": list(report.offline_workers)},
+        )
+    if report.requeued or report.force_drained:
+        state.signal.notify()

@@ -1,0 +1,69 @@
+"""``corral server``: settings from flags and ``CORRAL_*``, the store, then uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from corral.config import ServerSettings, add_flags, load
+from corral.domain import errors
+from corral.observability.logging import configure_logging
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="corral server", description="Run the corral server.")
+    add_flags(parser, ServerSettings)
+    return parser
+
+
+def run(arguments: argparse.Namespace) -> int:
+    import uvicorn
+
+    from corral.server.app import create_app
+    from corral.store import open_store
+
+    settings: ServerSettings = load(ServerSettings, arguments)
+    configure_logging(settings.log_level)
+    try:
+        store = open_store(settings.db)
+    except errors.CorralError as error:
+        print(f"corral server: {error.message}", file=sys.stderr)
+        return 2
+    app = create_app(store, settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=settings.access_log,
+        http="httptools",
+        loop="uvloop",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    try:
+        listener = _listen(settings.host, settings.port)
+    except OSError as error:
+        print(f"corral server: cannot listen on {settings.host}:{settings.port}: {error}", file=sys.stderr)
+        return 2
+    host, port = listener.getsockname()[:2]
+    print(f"corral server listening on http://{host}:{port} (store: {store.dialect})", flush=True)
+    server.run(sockets=[listener])
+    store.close()
+    return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn starts so the URL printed is the real one, even with ``--port 0``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.set_inheritable(True)
+    return listener
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,206 @@
+"""Users' routes: submit (single, gang, batch), list, get, events, why, cancel, gangs."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from corral.core.explain import explain
+from corral.domain import errors
+from corral.domain.records import Job
+from corral.domain.status import Status
+from corral.protocol.models import BatchBody, SubmitBody
+from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
+from corral.server.http import decode_body, json_response, query_int, read_body
+from corral.server.state import ServerState, state_of
+from corral.store.base import JobFilter, Submitted, SubmitResult
+
+logger = logging.getLogger("corral.server.jobs")
+
+DEFAULT_LIMIT = 500
+MAX_LIMIT = 5000
+BATCH_BODY_LIMIT = 64 * 1024 * 1024
+
+
+def _submitted_to_wire(item: Submitted) -> dict[str, Any]:
+    if item.job is not None:
+        return job_to_wire(item.job)
+    return {"gang_id": item.gang_id, "tasks": [task.id for task in item.tasks]}
+
+
+def _fingerprint(request: Request, body: bytes) -> str:
+    return hashlib.sha256(request.url.path.encode() + b"\0" + body).hexdigest()
+
+
+async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitResult]:
+    state = state_of(request)
+    limit = BATCH_BODY_LIMIT if batch else 1024 * 1024
+    body = await read_body(request, limit)
+    if batch:
+        specs = [item.to_domain() for item in decode_body(body, BatchBody).jobs]
+    else:
+        specs = [decode_body(body, SubmitBody).to_domain()]
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= 256:
+        raise errors.InvalidRequest("Idempotency-Key must be 1 to 256 characters", field="Idempotency-Key")
+    result = state.store.submit(specs, state.clock.now(), key, _fingerprint(request, body) if key else "")
+    if not result.replayed:
+        tasks = sum(spec.gang_size for spec in specs)
+        state.metrics.jobs_submitted.inc(tasks)
+        state.signal.notify()
+        for item in result.items:
+            if item.job is not None:
+                logger.info("job submitted", extra={"job_id": item.job.id})
+            else:
+                logger.info("gang submitted", extra={"gang_id": item.gang_id, "gang_size": len(item.tasks)})
+    return state, result
+
+
+async def submit(request: Request) -> Response:
+    _, result = await _submit(request, batch=False)
+    return json_response(_submitted_to_wire(result.items[0]), 201)
+
+
+async def submit_batch(request: Request) -> Response:
+    _, result = await _submit(request, batch=True)
+    return json_response({"items": [_submitted_to_wire(item) for item in result.items]}, 201)
+
+
+def _encode_cursor(job: Job) -> str:
+    return base64.urlsafe_b64encode(f"{job.submitted_at!r}|{job.id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        submitted, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return float(submitted), job_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise errors.InvalidRequest(f"invalid cursor {cursor!r}", field="after") from None
+
+
+async def list_jobs(request: Request) -> Response:
+    state = state_of(request)
+    params = request.query_params
+    limit = query_int(request, "limit", required=False, default=DEFAULT_LIMIT)
+    assert limit is not None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}", field="limit")
+    statuses = tuple(
+        part for value in params.getlist("status") for part in value.split(",") if part
+    )
+    for status in statuses:
+        if status not in Status.__members__.values():
+            raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
+    filters = JobFilter(
+        status=statuses,
+        gang_id=params.get("gang_id") or None,
+        pool=params.get("pool") or None,
+        worker_id=params.get("worker_id") or None,
+    )
+    after = _decode_cursor(params["after"]) if params.get("after") else None
+    jobs = state.store.list_jobs(filters, limit, after)
+    next_cursor = _encode_cursor(jobs[-1]) if len(jobs) == limit else None
+    return json_response({"items": [job_to_wire(job) for job in jobs], "next": next_cursor})
+
+
+def _job_or_404(state: ServerState, job_id: str) -> Job:
+    job = state.store.get_job(job_id)
+    if job is None:
+        raise errors.NotFound(f"job {job_id} not found")
+    return job
+
+
+async def get_job(request: Request) -> Response:
+    return json_response(job_to_wire(_job_or_404(state_of(request), request.path_params["job_id"])))
+
+
+async def job_events(request: Request) -> Response:
+    state = state_of(request)
+    job_id = request.path_params["job_id"]
+    _job_or_404(state, job_id)
+    return json_response({"items": [event_to_wire(event) for event in state.store.job_events(job_id)]})
+
+
+async def why(request: Request) -> Response:
+    state = state_of(request)
+    job = _job_or_404(state, request.path_params["job_id"])
+    workers, allocations = [], []
+    if job.status == Status.PENDING:
+        workers = [view.worker for view in state.store.list_workers()]
+        allocations = state.store.allocations()
+    reasons = explain(job, workers, allocations)
+    return json_response({"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]})
+
+
+def _record_cancel(state: ServerState, changed: list[Job]) -> None:
+    for job in changed:
+        if job.status == Status.CANCELLED:
+            state.metrics.jobs_cancelled.inc()
+            logger.info("job cancelled", extra={"job_id": job.id, "gang_id": job.gang_id})
+        elif job.status == Status.PREEMPTING:
+            state.metrics.preemptions.labels(reason="cancel").inc()
+            logger.info(
+                "job stopping for cancel",
+                extra={"job_id": job.id, "worker_id": job.worker_id, "preemption_epoch": job.preemption_epoch},
+            )
+    state.signal.notify()
+
+
+async def cancel_job(request: Request) -> Response:
+    state = state_of(request)
+    job_id = request.path_params["job_id"]
+    changed = state.store.cancel(job_id, state.clock.now())
+    _record_cancel(state, changed)
+    current = state.store.get_job(job_id)
+    assert current is not None
+    return json_response(job_to_wire(current))
+
+
+def _gang_or_404(state: ServerState, gang_id: str) -> list[Job]:
+    tasks = state.store.gang_tasks(gang_id)
+    if not tasks:
+        raise errors.NotFound(f"gang {gang_id} not found")
+    return tasks
+
+
+def _gang_to_wire(gang_id: str, tasks: list[Job]) -> dict[str, Any]:
+    return {
+        "gang_id": gang_id,
+        "size": len(tasks),
+        "status": gang_status(tasks),
+        "tasks": [job_to_wire(task) for task in tasks],
+    }
+
+
+async def get_gang(request: Request) -> Response:
+    state = state_of(request)
+    gang_id = request.path_params["gang_id"]
+    return json_response(_gang_to_wire(gang_id, _gang_or_404(state, gang_id)))
+
+
+async def cancel_gang(request: Request) -> Response:
+    state = state_of(request)
+    gang_id = request.path_params["gang_id"]
+    tasks = _gang_or_404(state, gang_id)
+    _record_cancel(state, state.store.cancel(tasks[0].id, state.clock.now()))
+    return json_response(_gang_to_wire(gang_id, state.store.gang_tasks(gang_id)))
+
+
+routes = [
+    Route("/jobs", submit, methods=["POST"]),
+    Route("/jobs", list_jobs, methods=["GET"]),
+    Route("/jobs/batch", submit_batch, methods=["POST"]),
+    Route("/jobs/{job_id}", get_job, methods=["GET"]),
+    Route("/jobs/{job_id}/events", job_events, methods=["GET"]),
+    Route("/jobs/{job_id}/why", why, methods=["GET"]),
+    Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+    Route("/gangs/{gang_id}", get_gang, methods=["GET"]),
+    Route("/gangs/{gang_id}/cancel", cancel_gang, methods=["POST"]),
+]

@@ -1,0 +1,157 @@
+"""The job protocol spoken by workers: claim (long-poll), heartbeat, done, fail, preempted.
+
+Every report but the claim is fenced by ``worker_id`` and ``attempt``: the store's compare-and-set
+refuses a report from a worker or attempt that is no longer the job's (409 ``stale_attempt``), and
+the worker stops that job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from corral.domain import errors
+from corral.domain.records import Job
+from corral.domain.status import Status
+from corral.protocol.models import FailBody, JobHeartbeatBody
+from corral.protocol.wire import job_to_wire
+from corral.server.http import fence, json_response, parse_body, query_float, query_int
+from corral.server.state import ServerState, state_of
+
+logger = logging.getLogger("corral.server.protocol")
+
+MAX_WAIT_S = 30.0
+# A long-poll re-checks the store this often even without a local wake-up (work that arrived
+# through another replica, or capacity freed by the reaper).
+RECHECK_S = 1.0
+
+
+def claim_env(job: Job, server_url: str) -> dict[str, str]:
+    """The environment a claimed job runs with: its own ``env`` plus corral's variables."""
+    return {
+        **job.spec.env,
+        "CORRAL_JOB_ID": job.id,
+        "CORRAL_ATTEMPT": str(job.attempts),
+        "CORRAL_SERVER": server_url,
+    }
+
+
+async def claim(request: Request) -> Response:
+    state = state_of(request)
+    worker_id = request.query_params.get("worker_id")
+    if not worker_id:
+        raise errors.InvalidRequest("query parameter worker_id is required", field="worker_id")
+    wait = query_float(request, "wait", 0.0)
+    if wait > MAX_WAIT_S:
+        raise errors.InvalidRequest(f"wait must be at most {MAX_WAIT_S:.0f} seconds", field="wait")
+    deadline = time.monotonic() + wait
+    while True:
+        woken = state.signal.current()
+        job = state.store.claim(worker_id, state.clock.now(), state.placement)
+        if job is not None:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return Response(status_code=204)
+        try:
+            await asyncio.wait_for(woken.wait(), min(remaining, RECHECK_S))
+        except TimeoutError:
+            pass
+        if await request.is_disconnected():
+            return Response(status_code=204)
+    state.metrics.jobs_claimed.inc()
+    if job.started_at is not None:
+        state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
+    logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
+    body = job_to_wire(job)
+    body["attempt"] = job.attempts
+    body["env"] = claim_env(job, str(request.base_url).rstrip("/"))
+    return json_response(body)
+
+
+async def job_heartbeat(request: Request) -> Response:
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    body = await parse_body(request, JobHeartbeatBody, optional=True)
+    job = state.store.heartbeat_job(
+        request.path_params["job_id"], worker_id, attempt, state.clock.now(), body.progress
+    )
+    answer: dict[str, Any] = {}
+    if job.status == Status.PREEMPTING:
+        answer = {"action": "preempt", "preemption_epoch": job.preemption_epoch}
+    return json_response(answer)
+
+
+async def done(request: Request) -> Response:
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    job = state.store.complete(request.path_params["job_id"], worker_id, attempt, state.clock.now())
+    state.metrics.jobs_completed.inc()
+    if job.started_at is not None and job.finished_at is not None:
+        state.metrics.execution_duration.observe(max(0.0, job.finished_at - job.started_at))
+    logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
+    state.signal.notify()
+    return json_response(job_to_wire(job))
+
+
+async def fail(request: Request) -> Response:
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    body = await parse_body(request, FailBody, optional=True)
+    job = state.store.fail(
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        state.clock.now(),
+        body.exit_code,
+        body.error,
+        body.output_tail,
+    )
+    _record_fail(state, job, worker_id, body.exit_code)
+    state.signal.notify()
+    return json_response(job_to_wire(job))
+
+
+def _record_fail(state: ServerState, job: Job, worker_id: str, exit_code: int | None) -> None:
+    fields = {"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts, "exit_code": exit_code}
+    if job.status == Status.PENDING:
+        state.metrics.jobs_retried.inc()
+        logger.warning("job failed, re-queuing", extra=fields)
+    elif job.status == Status.FAILED:
+        state.metrics.jobs_failed.inc()
+        logger.error("job failed permanently", extra=fields)
+    elif job.status == Status.CANCELLED:
+        state.metrics.jobs_cancelled.inc()
+        logger.info("job cancelled", extra=fields)
+    else:
+        logger.info("job preempted", extra={**fields, "preemption_epoch": job.preemption_epoch})
+
+
+async def preempted(request: Request) -> Response:
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    epoch = query_int(request, "epoch")
+    assert epoch is not None
+    job = state.store.ack_preempted(request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now())
+    if job.status == Status.CANCELLED:
+        state.metrics.jobs_cancelled.inc()
+        logger.info("job cancelled", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch})
+    else:
+        logger.info("job preempted", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch})
+    state.signal.notify()
+    return json_response(job_to_wire(job))
+
+
+routes = [
+    Route("/jobs/next", claim, methods=["GET"]),
+    Route("/jobs/{job_id}/heartbeat", job_heartbeat, methods=["POST"]),
+    Route("/jobs/{job_id}/done", done, methods=["POST"]),
+    Route("/jobs/{job_id}/fail", fail, methods=["POST"]),
+    Route("/jobs/{job_id}/preempted", preempted, methods=["POST"]),
+]

@@ -1,0 +1,94 @@
+"""Worker routes: register (upsert), heartbeat, list, get, drain."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from corral.domain import errors
+from corral.domain.clock import to_rfc3339
+from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
+from corral.server.http import json_response, parse_body
+from corral.server.state import state_of
+from corral.store.base import WorkerRegistration, WorkerView
+
+logger = logging.getLogger("corral.server.workers")
+
+
+def worker_to_wire(view: WorkerView) -> dict[str, Any]:
+    worker = view.worker
+    return {
+        "id": worker.id,
+        "address": worker.address,
+        "resources": worker.resources.to_dict(),
+        "gpu_model": worker.gpu_model,
+        "labels": worker.labels,
+        "status": worker.status,
+        "last_heartbeat_at": to_rfc3339(worker.last_heartbeat_at),
+        "registered_at": to_rfc3339(worker.registered_at),
+        "flagged_dead_at": to_rfc3339(worker.flagged_dead_at),
+        "used": view.used.to_dict(),
+        "running": list(view.running),
+    }
+
+
+def _view(request: Request, worker_id: str) -> WorkerView:
+    view = state_of(request).store.get_worker(worker_id)
+    if view is None:
+        raise errors.NotFound(f"worker {worker_id} not found")
+    return view
+
+
+async def register(request: Request) -> Response:
+    state = state_of(request)
+    body = await parse_body(request, WorkerRegisterBody)
+    worker = state.store.register_worker(
+        WorkerRegistration(
+            id=body.id or "",
+            address=body.address,
+            resources=body.resources.to_domain(),
+            gpu_model=body.gpu_model,
+            labels=dict(body.labels),
+        ),
+        state.clock.now(),
+    )
+    logger.info("worker registered", extra={"worker_id": worker.id, "resources": worker.resources.to_dict()})
+    state.signal.notify()
+    return json_response(worker_to_wire(_view(request, worker.id)), 201)
+
+
+async def heartbeat(request: Request) -> Response:
+    state = state_of(request)
+    body = await parse_body(request, WorkerHeartbeatBody, optional=True)
+    readings = [reading.model_dump() for reading in body.gpus] if body.gpus is not None else None
+    state.store.worker_heartbeat(request.path_params["worker_id"], state.clock.now(), readings)
+    return json_response({})
+
+
+async def list_workers(request: Request) -> Response:
+    views = state_of(request).store.list_workers()
+    return json_response({"items": [worker_to_wire(view) for view in views], "next": None})
+
+
+async def get_worker(request: Request) -> Response:
+    return json_response(worker_to_wire(_view(request, request.path_params["worker_id"])))
+
+
+async def drain(request: Request) -> Response:
+    state = state_of(request)
+    worker = state.store.drain_worker(request.path_params["worker_id"])
+    logger.info("worker draining", extra={"worker_id": worker.id})
+    return json_response(worker_to_wire(_view(request, worker.id)))
+
+
+routes = [
+    Route("/workers/register", register, methods=["POST"]),
+    Route("/workers", list_workers, methods=["GET"]),
+    Route("/workers/{worker_id}", get_worker, methods=["GET"]),
+    Route("/workers/{worker_id}/heartbeat", heartbeat, methods=["POST"]),
+    Route("/workers/{worker_id}/drain", drain, methods=["POST"]),
+]

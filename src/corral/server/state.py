@@ -1,0 +1,33 @@
+"""What every route and loop shares: built once by the composition root (``app.create_app``)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from corral.config import ServerSettings
+from corral.core.placement import ClaimPlacement
+from corral.domain.clock import Clock
+from corral.observability.metrics import Metrics
+from corral.server.signal import WorkSignal
+from corral.store import Store
+
+
+@dataclass
+class ServerState:
+    store: Store
+    settings: ServerSettings
+    clock: Clock
+    metrics: Metrics = field(default_factory=Metrics)
+    signal: WorkSignal = field(default_factory=WorkSignal)
+    placement: ClaimPlacement = field(default_factory=ClaimPlacement)
+    instance_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    started_monotonic: float = field(default_factory=time.monotonic)
+
+
+def state_of(request: Request) -> ServerState:
+    state: ServerState = request.app.state.corral
+    return state

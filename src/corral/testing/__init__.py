@@ -1,0 +1,1 @@
+"""Test support shipped with corral: a fake clock, shape-named factories, an in-process server."""
