@@ -80,6 +80,15 @@ def store(store_url: str) -> Iterator[Store]:
 
 
 @pytest.fixture
+def postgres_store() -> Iterator[Store]:
+    """A PostgreSQL store only (for PostgreSQL-specific guards such as query plans)."""
+    for url in postgres_schema_url():
+        opened = open_store(url)
+        yield opened
+        opened.close()
+
+
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 

@@ -75,7 +75,9 @@ class Client:
         if timeout_s is not None:
             extra["timeout"] = httpx.Timeout(timeout_s, connect=5.0)
         try:
-            response = self._http.request(method, path, content=content, params=params, headers=headers, **extra)
+            response = self._http.request(
+                method, path, content=content, params=params, headers=headers, **extra
+            )
         except httpx.TransportError as error:
             raise ServerUnreachable(self.server, error) from error
         if response.status_code >= 400:
@@ -96,7 +98,9 @@ class Client:
         result: dict[str, Any] = self._json("POST", "/jobs", job, headers=headers)
         return result
 
-    def submit_batch(self, jobs: list[dict[str, Any]], idempotency_key: str | None = None) -> list[dict[str, Any]]:
+    def submit_batch(
+        self, jobs: list[dict[str, Any]], idempotency_key: str | None = None
+    ) -> list[dict[str, Any]]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         result = self._json("POST", "/jobs/batch", {"jobs": jobs}, headers=headers, timeout_s=120.0)
         items: list[dict[str, Any]] = result["items"]
@@ -172,7 +176,9 @@ class Client:
         params: dict[str, Any] = {"worker_id": worker_id}
         if wait_s > 0:
             params["wait"] = wait_s
-        result: dict[str, Any] | None = self._json("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+        result: dict[str, Any] | None = self._json(
+            "GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0
+        )
         return result
 
     def job_heartbeat(

@@ -78,7 +78,9 @@ def add_flags(parser: argparse.ArgumentParser, settings_class: type[BaseSettings
         default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
         help_text = f"{field.description} [env {env}; default {default}]"
         if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         elif name == "label":
             parser.add_argument(flag, dest=name, action="append", default=None, metavar="K=V", help=help_text)
         else:
@@ -100,6 +102,7 @@ def load(settings_class: type[BaseSettings], arguments: argparse.Namespace) -> A
     except ValidationError as error:
         first = error.errors()[0]
         name = ".".join(str(part) for part in first["loc"])
+        flag = "--" + name.replace("_", "-")
         raise SystemExit(
-            f"corral: bad setting {name} (--{name.replace('_', '-')} / {_PREFIX}{name.upper()}): {first['msg']}"
+            f"corral: bad setting {name} ({flag} / {_PREFIX}{name.upper()}): {first['msg']}"
         ) from None

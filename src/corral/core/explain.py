@@ -20,7 +20,9 @@ def explain_pending(job: Job, workers: Sequence[Worker], allocations: Sequence[A
     3. Some worker has room now: it starts at that worker's next claim.
     4. Otherwise it waits for capacity held by other jobs.
     """
-    active = sorted((worker for worker in workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id)
+    active = sorted(
+        (worker for worker in workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
+    )
     if not active:
         return [Reason("no_workers", "no active worker is registered: start one with `corral worker`")]
     request, constraints = job.spec.resources, job.spec.constraints

@@ -46,8 +46,8 @@ class JobSpec:
     name: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     gang_size: int = 1
-    resources: Resources = Resources()
-    constraints: Constraints = Constraints()
+    resources: Resources = field(default_factory=Resources)
+    constraints: Constraints = field(default_factory=Constraints)
     pool: str = "default"
     user: str | None = None
     priority: int = 0

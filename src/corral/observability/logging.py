@@ -16,14 +16,18 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": datetime.fromtimestamp(record.created, tz=UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                line[key] = value
+        line.update(
+            (key, value)
+            for key, value in vars(record).items()
+            if key not in _STANDARD and not key.startswith("_")
+        )
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()

@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # ``*_created`` series double the exposition and no dashboard of ours reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
 _DURATION_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
@@ -25,12 +25,22 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
-        self.jobs_submitted = Counter("corral_jobs_submitted_total", "Jobs submitted (a gang counts each task)", registry=registry)
+        self.jobs_submitted = Counter(
+            "corral_jobs_submitted_total", "Jobs submitted (a gang counts each task)", registry=registry
+        )
         self.jobs_claimed = Counter("corral_jobs_claimed_total", "Jobs claimed by workers", registry=registry)
-        self.jobs_completed = Counter("corral_jobs_completed_total", "Jobs that ended done", registry=registry)
-        self.jobs_failed = Counter("corral_jobs_failed_total", "Jobs that ended failed after /fail", registry=registry)
-        self.jobs_retried = Counter("corral_jobs_retried_total", "Failed attempts that were re-queued", registry=registry)
-        self.jobs_cancelled = Counter("corral_jobs_cancelled_total", "Jobs that ended cancelled", registry=registry)
+        self.jobs_completed = Counter(
+            "corral_jobs_completed_total", "Jobs that ended done", registry=registry
+        )
+        self.jobs_failed = Counter(
+            "corral_jobs_failed_total", "Jobs that ended failed after /fail", registry=registry
+        )
+        self.jobs_retried = Counter(
+            "corral_jobs_retried_total", "Failed attempts that were re-queued", registry=registry
+        )
+        self.jobs_cancelled = Counter(
+            "corral_jobs_cancelled_total", "Jobs that ended cancelled", registry=registry
+        )
         self.jobs_reaped = Counter(
             "corral_jobs_reaped_total", "Running jobs whose lease expired", ["outcome"], registry=registry
         )
@@ -68,7 +78,17 @@ class Metrics:
 class StoreCollector(Collector):
     """``corral_jobs{status}``, ``corral_workers{status}``, ``corral_gpus{state}`` at scrape time."""
 
-    JOB_STATUSES = ("pending", "blocked", "reserved", "running", "preempting", "preempted", "done", "failed", "cancelled")
+    JOB_STATUSES = (
+        "pending",
+        "blocked",
+        "reserved",
+        "running",
+        "preempting",
+        "preempted",
+        "done",
+        "failed",
+        "cancelled",
+    )
     WORKER_STATUSES = ("active", "offline", "draining")
     GPU_STATES = ("free", "reserved", "busy")
 

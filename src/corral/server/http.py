@@ -87,7 +87,9 @@ def query_int(request: Request, name: str, required: bool = True, default: int |
     try:
         return int(raw)
     except ValueError:
-        raise errors.InvalidRequest(f"query parameter {name} must be an integer, got {raw!r}", field=name) from None
+        raise errors.InvalidRequest(
+            f"query parameter {name} must be an integer, got {raw!r}", field=name
+        ) from None
 
 
 def query_float(request: Request, name: str, default: float) -> float:
@@ -97,7 +99,9 @@ def query_float(request: Request, name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise errors.InvalidRequest(f"query parameter {name} must be a number, got {raw!r}", field=name) from None
+        raise errors.InvalidRequest(
+            f"query parameter {name} must be a number, got {raw!r}", field=name
+        ) from None
     if value != value or value < 0:
         raise errors.InvalidRequest(f"query parameter {name} must be a non-negative number", field=name)
     return value

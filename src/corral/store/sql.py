@@ -28,8 +28,8 @@ from corral.store.base import (
     ClaimPolicy,
     JobFilter,
     ReapReport,
-    Submitted,
     SubmitResult,
+    Submitted,
     WorkerRegistration,
     WorkerView,
 )
@@ -166,10 +166,7 @@ _INSERT_JOB = (
     " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
     " event_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
 )
-_INSERT_EVENT = (
-    f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
+_INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 class SqlStore(abc.ABC):
@@ -447,7 +444,7 @@ class SqlStore(abc.ABC):
 
     # --- the job protocol ----------------------------------------------------------------
 
-    def claim(self, worker_id: str, now: float, policy: ClaimPolicy) -> Job | None:
+    def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None:
         """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit.
 
         Candidates come in queue order, pre-filtered in SQL by the worker's free capacity and checked
@@ -473,9 +470,7 @@ class SqlStore(abc.ABC):
             offset = 0
             while True:
                 rows = tx.execute(
-                    f"SELECT {_JOB_SELECT} FROM jobs WHERE status = 'pending'"
-                    " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
-                    f" ORDER BY {_QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}",
+                    self.claim_candidates_sql(),
                     (free.gpus, free.memory_mb, free.cpus, free.vram_mb, _CLAIM_PAGE, offset),
                 )
                 if not rows:
@@ -485,6 +480,18 @@ class SqlStore(abc.ABC):
                     job, gpu_indices = chosen
                     return self._start(tx, job, worker_id, gpu_indices, now, Status.PENDING)
                 offset += _CLAIM_PAGE
+
+    def claim_candidates_sql(self) -> str:
+        """The claim's candidate query: pending jobs that fit the free capacity, in queue order.
+
+        Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset. Its ORDER BY is
+        the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
+        """
+        return (
+            f"SELECT {_JOB_SELECT} FROM jobs WHERE status = 'pending'"
+            " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
+            f" ORDER BY {_QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
+        )
 
     def _start(
         self,
@@ -726,7 +733,8 @@ class SqlStore(abc.ABC):
         worker_id = registration.id or new_worker_id()
         with self._transaction() as tx:
             rows = tx.execute(
-                f"INSERT INTO workers ({_WORKER_SELECT}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL)"
+                f"INSERT INTO workers ({_WORKER_SELECT})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL)"
                 " ON CONFLICT (id) DO UPDATE SET address = excluded.address, gpus = excluded.gpus,"
                 " vram_mb = excluded.vram_mb, memory_mb = excluded.memory_mb, cpus = excluded.cpus,"
                 " gpu_model = excluded.gpu_model, labels = excluded.labels, status = 'active',"

@@ -21,16 +21,22 @@ from corral.store import Store
 
 class ServerThread:
     def __init__(
-        self, store: Store, settings: ServerSettings | None = None, clock: Clock | None = None, run_loops: bool = False
+        self,
+        store: Store,
+        settings: ServerSettings | None = None,
+        clock: Clock | None = None,
+        run_loops: bool = False,
     ) -> None:
         self.app = create_app(store, settings or ServerSettings(), clock, run_loops=run_loops)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, log_level="error", lifespan="on", loop="asyncio", http="h11")
+        config = uvicorn.Config(self.app, log_level="error", lifespan="on", loop="uvloop", http="httptools")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._listener]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._listener]}, daemon=True
+        )
 
     @property
     def state(self) -> Any:

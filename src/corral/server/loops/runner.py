@@ -10,11 +10,13 @@ the server exits non-zero rather than run on without its reaper.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from corral.observability.metrics import Metrics
 
@@ -70,7 +72,7 @@ class LoopGroup:
         self._on_death = on_death
         for runner in self.runners:
             task = asyncio.create_task(runner.run_forever(), name=f"loop:{runner.loop.name}")
-            task.add_done_callback(lambda task, name=runner.loop.name: self._ended(name, task))
+            task.add_done_callback(partial(self._ended, runner.loop.name))
             self.tasks.append(task)
 
     def _ended(self, name: str, task: asyncio.Task[None]) -> None:
@@ -85,8 +87,6 @@ class LoopGroup:
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
         self.tasks.clear()

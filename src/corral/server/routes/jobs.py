@@ -20,7 +20,7 @@ from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server.http import decode_body, json_response, query_int, read_body
 from corral.server.state import ServerState, state_of
-from corral.store.base import JobFilter, Submitted, SubmitResult
+from corral.store.base import JobFilter, SubmitResult, Submitted
 
 logger = logging.getLogger("corral.server.jobs")
 
@@ -92,9 +92,7 @@ async def list_jobs(request: Request) -> Response:
     assert limit is not None
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}", field="limit")
-    statuses = tuple(
-        part for value in params.getlist("status") for part in value.split(",") if part
-    )
+    statuses = tuple(part for value in params.getlist("status") for part in value.split(",") if part)
     for status in statuses:
         if status not in Status.__members__.values():
             raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
@@ -148,7 +146,11 @@ def _record_cancel(state: ServerState, changed: list[Job]) -> None:
             state.metrics.preemptions.labels(reason="cancel").inc()
             logger.info(
                 "job stopping for cancel",
-                extra={"job_id": job.id, "worker_id": job.worker_id, "preemption_epoch": job.preemption_epoch},
+                extra={
+                    "job_id": job.id,
+                    "worker_id": job.worker_id,
+                    "preemption_epoch": job.preemption_epoch,
+                },
             )
     state.signal.notify()
 

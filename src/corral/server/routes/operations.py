@@ -42,7 +42,9 @@ async def readyz(request: Request) -> Response:
     try:
         await asyncio.wait_for(asyncio.to_thread(store.ping, READY_TIMEOUT_S), READY_TIMEOUT_S)
     except TimeoutError:
-        return error_response(503, "store_unavailable", f"the store did not answer within {READY_TIMEOUT_S:.0f}s")
+        return error_response(
+            503, "store_unavailable", f"the store did not answer within {READY_TIMEOUT_S:.0f}s"
+        )
     except errors.StoreUnavailable as error:
         return error_response(503, error.code, error.message)
     return json_response({"status": "ready"})

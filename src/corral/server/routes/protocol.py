@@ -8,6 +8,7 @@ the worker stops that job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -59,10 +60,8 @@ async def claim(request: Request) -> Response:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return Response(status_code=204)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), min(remaining, RECHECK_S))
-        except TimeoutError:
-            pass
         if await request.is_disconnected():
             return Response(status_code=204)
     state.metrics.jobs_claimed.inc()
@@ -138,12 +137,18 @@ async def preempted(request: Request) -> Response:
     worker_id, attempt = fence(request)
     epoch = query_int(request, "epoch")
     assert epoch is not None
-    job = state.store.ack_preempted(request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now())
+    job = state.store.ack_preempted(
+        request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now()
+    )
     if job.status == Status.CANCELLED:
         state.metrics.jobs_cancelled.inc()
-        logger.info("job cancelled", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch})
+        logger.info(
+            "job cancelled", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch}
+        )
     else:
-        logger.info("job preempted", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch})
+        logger.info(
+            "job preempted", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch}
+        )
     state.signal.notify()
     return json_response(job_to_wire(job))
 

@@ -1,0 +1,161 @@
+"""The job protocol over real HTTP: claim, heartbeat, done, fail, preempted, and fencing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.api.conftest import claim, error_code, register, submit
+
+
+def fenced(worker_id="w1", attempt=1, **extra):
+    return {"worker_id": worker_id, "attempt": attempt, **extra}
+
+
+def test_claim_answers_job_attempt_gpus_and_env(api, server):
+    register(api, gpus=2, vram_mb=80000)
+    job = submit(api, env={"SEED": "7"}, resources={"gpus": 1})
+    claimed = claim(api)
+    assert claimed["id"] == job["id"]
+    assert (claimed["status"], claimed["attempt"], claimed["worker_id"]) == ("running", 1, "w1")
+    assert claimed["gpu_indices"] == [0]
+    assert claimed["env"] == {
+        "SEED": "7",
+        "CORRAL_JOB_ID": job["id"],
+        "CORRAL_ATTEMPT": "1",
+        "CORRAL_SERVER": server.url,
+    }
+
+
+def test_claim_errors(api):
+    assert api.get("/jobs/next").status_code == 400
+    unknown = api.get("/jobs/next", params={"worker_id": "ghost"})
+    assert unknown.status_code == 404
+    assert error_code(unknown) == "not_found"
+    register(api)
+    assert api.get("/jobs/next", params={"worker_id": "w1"}).status_code == 204
+    for wait in ("31", "-1", "soon"):
+        response = api.get("/jobs/next", params={"worker_id": "w1", "wait": wait})
+        assert response.status_code == 400, wait
+        assert error_code(response) == "invalid_request"
+
+
+def test_long_poll_wakes_on_submit(api, server):
+    register(api)
+    result = {}
+
+    def poll():
+        started = time.monotonic()
+        response = api.get("/jobs/next", params={"worker_id": "w1", "wait": 10})
+        result["status"], result["elapsed"] = response.status_code, time.monotonic() - started
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.3)
+    submit(api)
+    poller.join(timeout=10)
+    assert result["status"] == 200
+    assert result["elapsed"] < 5  # woken by the submit, not by the 10 s deadline
+
+
+def test_long_poll_answers_204_at_its_deadline(api):
+    register(api)
+    response = api.get("/jobs/next", params={"worker_id": "w1", "wait": 0.3})
+    assert response.status_code == 204
+
+
+def test_heartbeat_done_and_their_conflicts(api):
+    register(api)
+    job = submit(api)
+    claim(api)
+    path = f"/jobs/{job['id']}"
+    beat = api.post(f"{path}/heartbeat", params=fenced(), json={"progress": {"step": 3}, "gpu_util_pct": 50})
+    assert (beat.status_code, beat.json()) == (200, {})
+    assert api.get(path).json()["progress"] == {"step": 3}
+    assert api.post(f"{path}/heartbeat", params=fenced()).status_code == 200  # empty body is fine
+    stale = api.post(f"{path}/done", params=fenced(attempt=2))
+    assert (stale.status_code, error_code(stale)) == (409, "stale_attempt")
+    other_worker = api.post(f"{path}/done", params=fenced(worker_id="w9"))
+    assert (other_worker.status_code, error_code(other_worker)) == (409, "stale_attempt")
+    done = api.post(f"{path}/done", params=fenced())
+    assert (done.status_code, done.json()["status"]) == (200, "done")
+    again = api.post(f"{path}/done", params=fenced())
+    assert (again.status_code, error_code(again)) == (409, "not_running")
+    late_beat = api.post(f"{path}/heartbeat", params=fenced())
+    assert (late_beat.status_code, error_code(late_beat)) == (409, "not_running")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"worker_id": "w1"}, {"attempt": 1}, {"worker_id": "w1", "attempt": "one"}],
+)
+def test_reports_without_a_valid_fence_are_400(api, params):
+    job = submit(api)
+    for route in ("heartbeat", "done", "fail", "preempted"):
+        response = api.post(f"/jobs/{job['id']}/{route}", params=params)
+        assert response.status_code == 400, route
+        assert error_code(response) == "invalid_request"
+
+
+def test_reports_for_an_unknown_job_are_404(api):
+    for route in ("heartbeat", "done", "fail"):
+        response = api.post(f"/jobs/j-missing/{route}", params=fenced())
+        assert (response.status_code, error_code(response)) == (404, "not_found")
+
+
+def test_fail_retries_then_fails_with_exit_code_and_tail(api):
+    register(api)
+    job = submit(api, max_retries=2)
+    path = f"/jobs/{job['id']}"
+    claim(api)
+    first = api.post(
+        f"{path}/fail", params=fenced(), json={"exit_code": 3, "error": "exit 3", "output_tail": "boom"}
+    )
+    assert first.json()["status"] == "pending"
+    assert first.json()["reason"]["code"] == "retrying"
+    assert claim(api)["attempt"] == 2
+    stale = api.post(f"{path}/fail", params=fenced(attempt=1), json={"exit_code": 3})
+    assert (stale.status_code, error_code(stale)) == (409, "stale_attempt")
+    second = api.post(f"{path}/fail", params=fenced(attempt=2), json={"exit_code": 3, "output_tail": "boom"})
+    failed = second.json()
+    assert (failed["status"], failed["exit_code"], failed["output_tail"]) == ("failed", 3, "boom")
+    bad = api.post(f"{path}/fail", params=fenced(attempt=2), json={"exit_code": "three"})
+    assert bad.status_code == 400
+
+
+def test_cancel_running_goes_through_the_worker(api):
+    register(api)
+    job = submit(api)
+    claim(api)
+    path = f"/jobs/{job['id']}"
+    stopping = api.post(f"{path}/cancel").json()
+    assert (stopping["status"], stopping["preemption_epoch"]) == ("preempting", 1)
+    beat = api.post(f"{path}/heartbeat", params=fenced())
+    assert beat.json() == {"action": "preempt", "preemption_epoch": 1}
+    missing_epoch = api.post(f"{path}/preempted", params=fenced())
+    assert missing_epoch.status_code == 400
+    wrong_epoch = api.post(f"{path}/preempted", params=fenced(epoch=2))
+    assert (wrong_epoch.status_code, error_code(wrong_epoch)) == (409, "stale_epoch")
+    acked = api.post(f"{path}/preempted", params=fenced(epoch=1))
+    assert (acked.status_code, acked.json()["status"]) == (200, "cancelled")
+    again = api.post(f"{path}/preempted", params=fenced(epoch=1))
+    assert (again.status_code, error_code(again)) == (409, "not_preempting")
+    events = [event["to"] for event in api.get(f"{path}/events").json()["items"]]
+    assert events == ["pending", "running", "preempting", "cancelled"]
+
+
+def test_reaper_requeues_an_expired_lease_and_fences_the_old_worker(api, server, clock):
+    register(api)
+    register(api, "w2")
+    job = submit(api)
+    claim(api, "w1")
+    clock.advance(31)
+    server.reap()
+    requeued = api.get(f"/jobs/{job['id']}").json()
+    assert (requeued["status"], requeued["reason"]["code"]) == ("pending", "lease_expired")
+    assert claim(api, "w2")["attempt"] == 2
+    zombie = api.post(f"/jobs/{job['id']}/done", params=fenced("w1", 1))
+    assert (zombie.status_code, error_code(zombie)) == (409, "stale_attempt")
+    assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"

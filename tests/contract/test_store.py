@@ -1,0 +1,376 @@
+"""The store contract: every test runs on SQLite and on PostgreSQL (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from corral.core.placement import ClaimPlacement
+from corral.domain import errors
+from corral.domain.records import Constraints, JobSpec
+from corral.domain.resources import Resources
+from corral.domain.status import Status, is_allowed
+from corral.store import open_store
+from corral.store.base import JobFilter, WorkerRegistration
+from corral.store.schema import DECLARED_INDEXES, DECLARED_SCHEMA
+
+NOW = 1_800_000_000.0
+POLICY = ClaimPlacement()
+
+
+def spec(command="true", **fields):
+    return JobSpec(command=command, **fields)
+
+
+def register(store, worker_id="w1", gpus=0, cpus=8, memory_mb=8192, vram_mb=0, **fields):
+    return store.register_worker(
+        WorkerRegistration(worker_id, "127.0.0.1", Resources(gpus, vram_mb, memory_mb, cpus), **fields), NOW
+    )
+
+
+_submissions = itertools.count()
+
+
+def submit_one(store, **fields):
+    """Submit one job, each a millisecond after the previous, so queue order is submission order."""
+    return store.submit([spec(**fields)], NOW + next(_submissions) / 1000).items[0].job
+
+
+def assert_history_is_legal(store, job_id):
+    """Every event is an allowed transition and each one starts where the previous ended."""
+    events = store.job_events(job_id)
+    previous = None
+    for event in events:
+        assert event.from_status == previous
+        assert is_allowed(event.from_status, event.to_status), (event.from_status, event.to_status)
+        previous = event.to_status
+    return events
+
+
+# --- schema -------------------------------------------------------------------------------
+
+
+def test_migrations_build_the_declared_schema(store):
+    assert store.table_columns() == {table: columns for table, columns in DECLARED_SCHEMA.items()}
+    assert store.index_names() == DECLARED_INDEXES
+
+
+def test_migrate_twice_changes_nothing(store_url, store):
+    job = submit_one(store)
+    again = open_store(store_url)
+    try:
+        assert again.get_job(job.id) == job
+        assert again.table_columns() == store.table_columns()
+    finally:
+        again.close()
+
+
+# --- submit ---------------------------------------------------------------------------------
+
+
+def test_submit_single_job_is_pending_with_its_event(store):
+    job = submit_one(store, name="hello", env={"A": "1"}, resources=Resources(gpus=1, cpus=2))
+    stored = store.get_job(job.id)
+    assert stored == job
+    assert stored.status == Status.PENDING
+    assert stored.spec.env == {"A": "1"}
+    events = assert_history_is_legal(store, job.id)
+    assert [(event.from_status, event.to_status) for event in events] == [(None, Status.PENDING)]
+
+
+def test_submit_gang_creates_blocked_tasks_in_index_order(store):
+    item = store.submit([spec(gang_size=3)], NOW).items[0]
+    assert item.gang_id.startswith("g-")
+    tasks = store.gang_tasks(item.gang_id)
+    assert [task.id for task in tasks] == [task.id for task in item.tasks]
+    assert [task.gang_index for task in tasks] == [0, 1, 2]
+    assert {task.status for task in tasks} == {Status.BLOCKED}
+
+
+def test_batch_keeps_its_order_in_the_queue(store):
+    result = store.submit([spec(name=str(index)) for index in range(20)], NOW)
+    listed = store.list_jobs(JobFilter(), 100, None)
+    assert [job.id for job in listed] == [item.job.id for item in result.items]
+
+
+def test_idempotency_key_replays_the_first_result(store):
+    first = store.submit([spec()], NOW, "key-1", "fingerprint")
+    second = store.submit([spec()], NOW + 1, "key-1", "fingerprint")
+    assert second.replayed
+    assert second.items[0].job.id == first.items[0].job.id
+    assert len(store.list_jobs(JobFilter(), 100, None)) == 1
+    with pytest.raises(errors.Conflict):
+        store.submit([spec(command="other")], NOW, "key-1", "another fingerprint")
+
+
+# --- claim ----------------------------------------------------------------------------------
+
+
+def test_claim_follows_queue_order(store):
+    register(store)
+    low = submit_one(store, priority=0)
+    high = submit_one(store, priority=5)
+    top_class = submit_one(store, preemption_class=9)
+    order = [store.claim("w1", NOW, POLICY).id for _ in range(3)]
+    assert order == [top_class.id, high.id, low.id]
+    assert store.claim("w1", NOW, POLICY) is None
+
+
+def test_claim_respects_capacity_and_assigns_distinct_gpus(store):
+    register(store, gpus=2, vram_mb=1000)
+    jobs = [submit_one(store, resources=Resources(gpus=1)) for _ in range(3)]
+    first = store.claim("w1", NOW, POLICY)
+    second = store.claim("w1", NOW, POLICY)
+    assert {first.id, second.id} == {jobs[0].id, jobs[1].id}
+    assert sorted(first.gpu_indices + second.gpu_indices) == [0, 1]
+    assert store.claim("w1", NOW, POLICY) is None
+    store.complete(first.id, "w1", 1, NOW)
+    third = store.claim("w1", NOW, POLICY)
+    assert third.id == jobs[2].id
+    assert third.gpu_indices == first.gpu_indices
+
+
+def test_claim_skips_jobs_that_do_not_fit_for_those_that_do(store):
+    register(store, cpus=4, gpu_model=None, labels={"rack": "r1"})
+    too_big = submit_one(store, resources=Resources(cpus=8))
+    wrong_rack = submit_one(store, constraints=Constraints(labels={"rack": "r2"}))
+    fits = submit_one(store, constraints=Constraints(labels={"rack": "r1"}))
+    assert store.claim("w1", NOW, POLICY).id == fits.id
+    assert store.claim("w1", NOW, POLICY) is None
+    assert store.get_job(too_big.id).status == Status.PENDING
+    assert store.get_job(wrong_rack.id).status == Status.PENDING
+
+
+def test_claim_by_unknown_or_draining_worker(store):
+    submit_one(store)
+    with pytest.raises(errors.NotFound):
+        store.claim("ghost", NOW, POLICY)
+    register(store)
+    store.drain_worker("w1")
+    assert store.claim("w1", NOW, POLICY) is None
+
+
+def test_claim_sets_attempt_worker_and_lease(store):
+    register(store)
+    job = submit_one(store)
+    claimed = store.claim("w1", NOW + 5, POLICY)
+    assert (claimed.id, claimed.status, claimed.attempts, claimed.worker_id) == (
+        job.id,
+        Status.RUNNING,
+        1,
+        "w1",
+    )
+    assert claimed.started_at == claimed.last_heartbeat_at == NOW + 5
+
+
+def test_concurrent_claims_never_hand_out_a_job_twice(store_url, store):
+    store.submit([spec() for _ in range(120)], NOW)
+    for index in range(4):
+        register(store, f"w{index}", cpus=1000)
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def claim_all(worker_id):
+        own = open_store(store_url, migrate=False)
+        try:
+            while (job := own.claim(worker_id, NOW, POLICY)) is not None:
+                with lock:
+                    claimed.append(job.id)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=claim_all, args=(f"w{index}",)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(claimed) == 120
+    assert len(set(claimed)) == 120
+
+
+# --- fenced reports -------------------------------------------------------------------------
+
+
+def test_reports_from_a_stale_attempt_or_worker_change_nothing(store):
+    register(store)
+    register(store, "w2")
+    job = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    for worker_id, attempt in (("w1", 2), ("w2", 1)):
+        with pytest.raises(errors.StaleAttempt):
+            store.heartbeat_job(job.id, worker_id, attempt, NOW, None)
+        with pytest.raises(errors.StaleAttempt):
+            store.complete(job.id, worker_id, attempt, NOW)
+        with pytest.raises(errors.StaleAttempt):
+            store.fail(job.id, worker_id, attempt, NOW, 1, None, None)
+    assert store.get_job(job.id).status == Status.RUNNING
+    assert len(store.job_events(job.id)) == 2
+
+
+def test_done_then_done_again_is_not_running(store):
+    register(store)
+    job = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    assert store.complete(job.id, "w1", 1, NOW + 3).status == Status.DONE
+    with pytest.raises(errors.NotRunning):
+        store.complete(job.id, "w1", 1, NOW + 4)
+    with pytest.raises(errors.NotRunning):
+        store.heartbeat_job(job.id, "w1", 1, NOW, None)
+    with pytest.raises(errors.NotFound):
+        store.complete("j-missing", "w1", 1, NOW)
+    finished = store.get_job(job.id)
+    assert (finished.finished_at, finished.exit_code) == (NOW + 3, 0)
+    assert_history_is_legal(store, job.id)
+
+
+def test_heartbeat_renews_the_lease_and_records_progress(store):
+    register(store)
+    job = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    beat = store.heartbeat_job(job.id, "w1", 1, NOW + 7, {"step": 12})
+    assert (beat.last_heartbeat_at, beat.progress) == (NOW + 7, {"step": 12})
+
+
+@pytest.mark.parametrize("max_retries", [0, 1, 3])
+def test_fail_retries_while_attempts_remain(store, max_retries):
+    register(store)
+    job = submit_one(store, max_retries=max_retries)
+    statuses = []
+    for attempt in range(1, max(max_retries, 1) + 1):
+        assert store.claim("w1", NOW, POLICY).attempts == attempt
+        statuses.append(store.fail(job.id, "w1", attempt, NOW, 2, "exit 2", "tail").status)
+    assert statuses == [Status.PENDING] * (max(max_retries, 1) - 1) + [Status.FAILED]
+    failed = store.get_job(job.id)
+    assert (failed.exit_code, failed.output_tail, failed.reason.code) == (2, "tail", "failed")
+    assert store.claim("w1", NOW, POLICY) is None
+    assert_history_is_legal(store, job.id)
+
+
+# --- cancel ---------------------------------------------------------------------------------
+
+
+def test_cancel_pending_is_immediate_and_terminal_is_refused(store):
+    job = submit_one(store)
+    assert [changed.status for changed in store.cancel(job.id, NOW)] == [Status.CANCELLED]
+    with pytest.raises(errors.AlreadyTerminal):
+        store.cancel(job.id, NOW)
+    with pytest.raises(errors.NotFound):
+        store.cancel("j-missing", NOW)
+
+
+def test_cancel_running_stops_through_the_worker(store):
+    register(store)
+    job = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    (stopping,) = store.cancel(job.id, NOW + 1)
+    assert (stopping.status, stopping.preemption_epoch, stopping.cancel_requested) == (
+        Status.PREEMPTING,
+        1,
+        True,
+    )
+    assert store.heartbeat_job(job.id, "w1", 1, NOW + 2, None).status == Status.PREEMPTING
+    with pytest.raises(errors.StaleEpoch):
+        store.ack_preempted(job.id, "w1", 1, 7, NOW + 3)
+    with pytest.raises(errors.StaleAttempt):
+        store.ack_preempted(job.id, "w1", 2, 1, NOW + 3)
+    assert store.ack_preempted(job.id, "w1", 1, 1, NOW + 3).status == Status.CANCELLED
+    with pytest.raises(errors.NotPreempting):
+        store.ack_preempted(job.id, "w1", 1, 1, NOW + 4)
+    assert_history_is_legal(store, job.id)
+
+
+def test_a_job_that_finishes_while_being_cancelled_keeps_its_result(store):
+    register(store)
+    job = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    store.cancel(job.id, NOW)
+    assert store.complete(job.id, "w1", 1, NOW).status == Status.DONE
+    other = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    store.cancel(other.id, NOW)
+    assert store.fail(other.id, "w1", 1, NOW, 143, "terminated", None).status == Status.CANCELLED
+
+
+def test_cancelling_a_gang_task_cancels_the_gang(store):
+    item = store.submit([spec(gang_size=2)], NOW).items[0]
+    changed = store.cancel(item.tasks[1].id, NOW)
+    assert changed[0].id == item.tasks[1].id
+    assert {task.status for task in store.gang_tasks(item.gang_id)} == {Status.CANCELLED}
+
+
+# --- reaper ---------------------------------------------------------------------------------
+
+
+def test_reaper_requeues_then_fails_expired_leases(store):
+    register(store)
+    job = submit_one(store, max_retries=2)
+    store.claim("w1", NOW, POLICY)
+    assert store.reap(NOW + 29, 30, 45, 600).requeued == ()
+    report = store.reap(NOW + 31, 30, 45, 600)
+    assert [requeued.id for requeued in report.requeued] == [job.id]
+    assert store.get_job(job.id).reason.code == "lease_expired"
+    assert store.reap(NOW + 31, 30, 45, 600).requeued == ()  # idempotent
+    store.claim("w1", NOW + 40, POLICY)
+    store.heartbeat_job(job.id, "w1", 2, NOW + 60, None)
+    assert store.reap(NOW + 80, 30, 45, 600).failed == ()
+    report = store.reap(NOW + 91, 30, 45, 600)
+    assert [failed.id for failed in report.failed] == [job.id]
+    assert store.get_job(job.id).status == Status.FAILED
+    assert_history_is_legal(store, job.id)
+
+
+def test_reaper_force_drains_a_stop_nobody_acked(store):
+    register(store)
+    job = submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    store.cancel(job.id, NOW)
+    assert store.reap(NOW + 44, 1000, 45, 600).force_drained == ()
+    (drained,) = store.reap(NOW + 46, 1000, 45, 600).force_drained
+    assert drained.status == Status.CANCELLED
+
+
+def test_workers_go_offline_and_come_back(store):
+    register(store)
+    assert store.reap(NOW + 61, 30, 45, 60).offline_workers == ("w1",)
+    assert store.get_worker("w1").worker.status == "offline"
+    assert store.worker_heartbeat("w1", NOW + 62, [{"index": 0, "util_pct": 5.0}]).status == "active"
+    register(store)  # re-register keeps registered_at
+    assert store.get_worker("w1").worker.registered_at == NOW
+    with pytest.raises(errors.NotFound):
+        store.worker_heartbeat("ghost", NOW, None)
+
+
+def test_worker_view_counts_what_it_holds(store):
+    register(store, gpus=4, vram_mb=100)
+    job = submit_one(store, resources=Resources(gpus=3, cpus=2))
+    store.claim("w1", NOW, POLICY)
+    view = store.get_worker("w1")
+    assert view.used == Resources(gpus=3, vram_mb=0, memory_mb=0, cpus=2)
+    assert view.running == (job.id,)
+
+
+# --- listing --------------------------------------------------------------------------------
+
+
+def test_list_filters_and_cursor(store):
+    register(store)
+    jobs = [submit_one(store, pool="team/a" if index % 2 else "default") for index in range(7)]
+    store.claim("w1", NOW, POLICY)
+    page_one = store.list_jobs(JobFilter(), 3, None)
+    page_two = store.list_jobs(JobFilter(), 3, (page_one[-1].submitted_at, page_one[-1].id))
+    page_three = store.list_jobs(JobFilter(), 3, (page_two[-1].submitted_at, page_two[-1].id))
+    assert [job.id for job in page_one + page_two + page_three] == [job.id for job in jobs]
+    assert {job.spec.pool for job in store.list_jobs(JobFilter(pool="team/a"), 100, None)} == {"team/a"}
+    running = store.list_jobs(JobFilter(status=("running",), worker_id="w1"), 100, None)
+    assert [job.id for job in running] == [jobs[0].id]
+    assert store.count_jobs_by_status() == {"pending": 6, "running": 1}
+
+
+@pytest.mark.postgres
+def test_postgres_claim_query_uses_the_queue_index(postgres_store):
+    store = postgres_store
+    store.submit([spec(resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
+    plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
+    assert "jobs_queue" in plan, plan
