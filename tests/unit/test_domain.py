@@ -34,7 +34,7 @@ def test_every_status_has_a_row_and_terminal_statuses_go_nowhere():
     assert set(ALLOWED_TRANSITIONS) == set(Status)
     for status in TERMINAL:
         assert ALLOWED_TRANSITIONS[status] == frozenset()
-    assert HOLDING == {Status.RESERVED, Status.RUNNING, Status.PREEMPTING}
+    assert {Status.RESERVED, Status.RUNNING, Status.PREEMPTING} == HOLDING
 
 
 @pytest.mark.parametrize(

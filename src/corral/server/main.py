@@ -61,6 +61,9 @@ def _listen(host: str, port: int) -> socket.socket:
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))
+    # Listen now, not when uvicorn starts: the line printed next promises the URL accepts
+    # connections (the kernel queues them until uvicorn serves).
+    listener.listen(2048)
     listener.set_inheritable(True)
     return listener
 

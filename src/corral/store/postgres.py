@@ -24,6 +24,10 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
 
+# Advisory lock key for migrations (any constant unique to corral).
+_MIGRATION_LOCK = 0x636F7272616C
+
+
 @lru_cache(maxsize=512)
 def _to_pyformat(sql: str) -> str:
     """Rewrite the shared ``?`` placeholders as psycopg's ``%s`` (no literal ``%`` in corral's SQL)."""
@@ -63,8 +67,22 @@ class PostgresStore(SqlStore):
             self._connection = psycopg.connect(url, autocommit=True)
         except psycopg.OperationalError as error:
             raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
+        # A freshly filled queue has stale statistics: the planner then picks a bitmap scan plus a
+        # sort of every pending row over the ordered walk of jobs_queue (and a bitmap scan never
+        # marks dead index entries, so each claim wades through all of them again). corral's
+        # queries are all served by their indexes in order; bitmap scans buy nothing here.
+        self._connection.execute("SET enable_bitmapscan = off")
         self._lock = threading.RLock()
         self._tx = _PostgresTransaction(self._connection, self._lock)
+
+    def migrate(self) -> None:
+        """Migrate under an advisory lock, so replicas starting together migrate once."""
+        with self._lock:
+            self._connection.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+            try:
+                super().migrate()
+            finally:
+                self._connection.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:

@@ -39,7 +39,10 @@ _JOB_SELECT = ", ".join(JOB_COLUMNS)
 _WORKER_SELECT = ", ".join(WORKER_COLUMNS)
 _HOLDING_SQL = "('reserved', 'running', 'preempting')"
 _QUEUE_ORDER = "preemption_class DESC, priority DESC, queue_front DESC, submitted_at, id"
-_CLAIM_PAGE = 32
+# The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
+# so the claim reads a few rows first and widens the page only when constraints skip them.
+_CLAIM_FIRST_PAGE = 4
+_CLAIM_MAX_PAGE = 512
 # Within one batch, jobs are stamped this far apart so the batch's order is its queue order.
 _BATCH_STEP_S = 1e-6
 
@@ -175,6 +178,8 @@ class SqlStore(abc.ABC):
     dialect = "sql"
     #: appended to the claim's candidate query where the backend has row locks
     lock_clause = ""
+    #: after ``FROM jobs`` in the claim's candidate query, where the planner needs telling
+    queue_index_hint = ""
 
     # --- backend hooks -------------------------------------------------------------------
 
@@ -217,6 +222,9 @@ class SqlStore(abc.ABC):
             with self._transaction() as tx:
                 for statement in migration.statements:
                     tx.execute(statement.replace("{blob}", self.blob_type))
+                if self.dialect == "postgresql":
+                    for statement in migration.postgres_statements:
+                        tx.execute(statement)
                 tx.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, 0)",
                     (migration.version, migration.name),
@@ -467,11 +475,11 @@ class SqlStore(abc.ABC):
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
                 return None
-            offset = 0
+            offset, page = 0, _CLAIM_FIRST_PAGE
             while True:
                 rows = tx.execute(
                     self.claim_candidates_sql(),
-                    (free.gpus, free.memory_mb, free.cpus, free.vram_mb, _CLAIM_PAGE, offset),
+                    (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
                 )
                 if not rows:
                     return None
@@ -479,7 +487,8 @@ class SqlStore(abc.ABC):
                 if chosen is not None:
                     job, gpu_indices = chosen
                     return self._start(tx, job, worker_id, gpu_indices, now, Status.PENDING)
-                offset += _CLAIM_PAGE
+                offset += page
+                page = min(page * 8, _CLAIM_MAX_PAGE)
 
     def claim_candidates_sql(self) -> str:
         """The claim's candidate query: pending jobs that fit the free capacity, in queue order.
@@ -488,7 +497,7 @@ class SqlStore(abc.ABC):
         the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
         """
         return (
-            f"SELECT {_JOB_SELECT} FROM jobs WHERE status = 'pending'"
+            f"SELECT {_JOB_SELECT} FROM jobs{self.queue_index_hint} WHERE status = 'pending'"
             " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
             f" ORDER BY {_QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
         )

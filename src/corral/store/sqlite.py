@@ -36,6 +36,9 @@ class _SqliteTransaction:
 class SqliteStore(SqlStore):
     dialect = "sqlite"
     blob_type = "BLOB"
+    # Without statistics SQLite sorts every pending row through jobs_status_submitted; the queue
+    # index serves the ORDER BY directly (1 ms -> 40 us per claim at 3,000 pending jobs).
+    queue_index_hint = " INDEXED BY jobs_queue"
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -1,0 +1,41 @@
+"""``corral events JOB``: a job's transitions, oldest first: the story ``why`` summarises."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from corral.cli import exit_codes, output
+from corral.cli.options import add_json_flag, connect
+
+HEADERS = ("AT", "FROM", "TO", "REASON", "WORKER", "ATTEMPT", "EPOCH")
+_REASON_WIDTH = 70
+
+
+def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
+    parser = subcommands.add_parser("events", parents=[parent], help="a job's status changes")
+    parser.add_argument("job", metavar="JOB", help="job id")
+    add_json_flag(parser)
+    parser.set_defaults(run=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    with connect(arguments) as client:
+        items = client.events(arguments.job)
+    if arguments.json:
+        output.print_json({"items": items})
+        return exit_codes.OK
+    rows = [
+        [
+            output.short_time(event["at"]),
+            output.cell(event["from"]),
+            event["to"],
+            output.truncate(output.reason_text(event["reason"]), _REASON_WIDTH),
+            output.cell(event["worker_id"]),
+            output.cell(event["attempt"]),
+            output.cell(event["epoch"]),
+        ]
+        for event in items
+    ]
+    output.print_table(HEADERS, rows)
+    return exit_codes.OK

@@ -1,0 +1,71 @@
+"""Output for people (aligned tables, short times) and for scripts (``--json``).
+
+Tables are for reading, so long cells are cut; ``--json`` prints what the server said, unchanged, so
+scripts never parse a table.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+MISSING = "-"
+
+
+def print_json(value: Any) -> None:
+    """The server's answer as indented JSON, one document per call."""
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns left-aligned and two spaces apart; the last column is not padded."""
+    widths = [len(header) for header in headers]
+    for row in rows:
+        for index, value in enumerate(row):
+            widths[index] = max(widths[index], len(value))
+    for line in [list(headers), *rows]:
+        cells = [value.ljust(width) for value, width in zip(line[:-1], widths, strict=False)]
+        sys.stdout.write("  ".join([*cells, line[-1]]).rstrip() + "\n")
+
+
+def cell(value: Any) -> str:
+    """A table cell: ``-`` for a missing value, so columns never collapse."""
+    if value is None or value == "":
+        return MISSING
+    return str(value)
+
+
+def truncate(text: str | None, width: int) -> str:
+    """At most ``width`` characters on one line, with ``…`` where text was cut."""
+    if not text:
+        return MISSING
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def short_time(timestamp: str | None) -> str:
+    """``2024-05-01T12:03:04.123Z`` -> ``2024-05-01 12:03:04`` (UTC, seconds are enough to read)."""
+    if not timestamp:
+        return MISSING
+    return timestamp.replace("T", " ").split(".")[0].rstrip("Z")
+
+
+def reason_text(reason: Mapping[str, Any] | None) -> str:
+    """A reason object ``{code, message}`` as ``code: message``."""
+    if not reason:
+        return MISSING
+    return f"{reason.get('code')}: {reason.get('message')}"
+
+
+def pairs(mapping: Mapping[str, Any] | None) -> str:
+    """``{"gpus": 1, "cpus": 2}`` -> ``gpus=1 cpus=2``; nested values as compact JSON."""
+    if not mapping:
+        return MISSING
+    parts = []
+    for key, value in mapping.items():
+        shown = orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+        parts.append(f"{key}={shown}")
+    return " ".join(parts)

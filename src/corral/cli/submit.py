@@ -1,0 +1,167 @@
+"""``corral submit [flags] -- CMD ARGS...``: one flag per field of the submit body (``shared/API.md``).
+
+Only the fields the user gave are sent, so the server's defaults stay the single source of defaults.
+Values are not checked here beyond their type: the server validates and its ``invalid_request``
+message (naming the field) is what the user sees, so the CLI can never drift from the contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+from corral.cli import exit_codes, output
+from corral.cli.options import add_json_flag, connect, key_value
+from corral.client import Client
+from corral.domain.status import TERMINAL
+
+# (flag, body field, type, help) for the top-level scalar fields of the submit body.
+_SCALAR_FIELDS: tuple[tuple[str, str, type, str], ...] = (
+    ("--name", "name", str, "a name for people"),
+    ("--gang-size", "gang_size", int, "tasks that must start together (>= 1; > 1 makes a gang)"),
+    ("--pool", "pool", str, "fair-share pool path, e.g. team/project"),
+    ("--priority", "priority", int, "order within a preemption class"),
+    ("--preemption-class", "preemption_class", int, "0..10; 10 is never preempted"),
+    ("--max-retries", "max_retries", int, "attempts allowed after a failure (>= 0)"),
+    ("--budget-s", "budget_s", float, "wall-clock budget in seconds (watchdog)"),
+    ("--walltime-s", "walltime_s", float, "expected run time in seconds (backfill)"),
+    ("--stall-timeout-s", "stall_timeout_s", float, "no-progress window in seconds (watchdog)"),
+)
+_RESOURCE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("--gpus", "gpus", "GPUs per task"),
+    ("--vram-mb", "vram_mb", "VRAM per GPU in MB"),
+    ("--memory-mb", "memory_mb", "memory per task in MB"),
+    ("--cpus", "cpus", "CPUs per task"),
+)
+_FIRST_POLL_S = 0.2
+_MAX_POLL_S = 2.0
+
+
+def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
+    parser = subcommands.add_parser(
+        "submit",
+        parents=[parent],
+        help="submit a job (or a gang)",
+        description=(
+            "Submit a job; with --gang-size > 1, a gang. A single CMD argument is run as is by /bin/sh -c "
+            "(`corral submit 'echo a | wc -c'`); several are quoted and joined (`corral submit -- python "
+            "train.py --lr 3e-4`). Unset flags take the server's defaults."
+        ),
+    )
+    for flag, field, kind, help_text in _SCALAR_FIELDS:
+        parser.add_argument(flag, dest=field, type=kind, help=help_text)
+    for flag, field, help_text in _RESOURCE_FIELDS:
+        parser.add_argument(flag, dest=field, type=int, help=help_text)
+    parser.add_argument(
+        "--env", type=key_value, action="append", metavar="K=V", help="environment (repeatable)"
+    )
+    parser.add_argument("--gpu-model", help="constraint: the worker's GPU model")
+    parser.add_argument(
+        "--label",
+        type=key_value,
+        action="append",
+        metavar="K=V",
+        help="constraint: a worker label (repeatable)",
+    )
+    parser.add_argument("--checkpoint", choices=("none", "auto", "manual"), help="checkpoint mode")
+    user = os.environ.get("USER") or os.environ.get("LOGNAME")
+    parser.add_argument("--user", default=user, help=f"who submits [default $USER: {user}]")
+    parser.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
+    parser.add_argument(
+        "--wait", action="store_true", help="wait until the job (every task) ends; exit 0 if done, else 1"
+    )
+    add_json_flag(parser)
+    parser.add_argument("command", nargs="+", metavar="CMD", help="the command (put it after --)")
+    parser.set_defaults(run=run)
+
+
+def command_text(words: list[str]) -> str:
+    """One word is already a shell command line; several are argv words, quoted for the shell."""
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def build_body(arguments: argparse.Namespace) -> dict[str, Any]:
+    """The submit body holding only what the user gave (server defaults apply to the rest)."""
+    body: dict[str, Any] = {"command": command_text(arguments.command)}
+    for _, field, _, _ in _SCALAR_FIELDS:
+        if getattr(arguments, field) is not None:
+            body[field] = getattr(arguments, field)
+    for name in ("checkpoint", "user"):
+        if getattr(arguments, name):
+            body[name] = getattr(arguments, name)
+    if arguments.env:
+        body["env"] = dict(arguments.env)
+    resources = {field: getattr(arguments, field) for _, field, _ in _RESOURCE_FIELDS}
+    resources = {field: value for field, value in resources.items() if value is not None}
+    if resources:
+        body["resources"] = resources
+    constraints: dict[str, Any] = {}
+    if arguments.gpu_model is not None:
+        constraints["gpu_model"] = arguments.gpu_model
+    if arguments.label:
+        constraints["labels"] = dict(arguments.label)
+    if constraints:
+        body["constraints"] = constraints
+    return body
+
+
+def run(arguments: argparse.Namespace) -> int:
+    with connect(arguments) as client:
+        answer = client.submit(build_body(arguments), idempotency_key=arguments.idempotency_key)
+        if not arguments.wait:
+            if arguments.json:
+                output.print_json(answer)
+            elif _is_gang(answer):
+                print(answer["gang_id"])
+                print("\n".join(answer["tasks"]))
+            else:
+                print(answer["id"])
+            return exit_codes.OK
+        if not arguments.json:
+            print(answer.get("gang_id") or answer["id"], file=sys.stderr, flush=True)
+        return _wait(client, answer, arguments.json)
+
+
+def _wait(client: Client, answer: dict[str, Any], as_json: bool) -> int:
+    """Poll (backing off to every 2 s) until every task is terminal; print the outcome."""
+    delay = _FIRST_POLL_S
+    while True:
+        if _is_gang(answer):
+            final = client.gang(answer["gang_id"])
+            tasks = final["tasks"]
+        else:
+            final = client.get_job(answer["id"])
+            tasks = [final]
+        if all(task["status"] in TERMINAL for task in tasks):
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, _MAX_POLL_S)
+    if as_json:
+        output.print_json(final)
+    else:
+        if _is_gang(final):
+            print(f"{final['gang_id']}: {final['status']}")
+        for task in tasks:
+            print(f"{task['id']}: {_outcome(task)}")
+    succeeded = all(task["status"] == "done" for task in tasks)
+    return exit_codes.OK if succeeded else exit_codes.REFUSED
+
+
+def _is_gang(answer: dict[str, Any]) -> bool:
+    """A gang answer (submit's ``{gang_id, tasks}`` or ``GET /gangs``) lists tasks; a job does not."""
+    return "tasks" in answer
+
+
+def _outcome(job: dict[str, Any]) -> str:
+    """``done``, or ``failed (exit 3): <error>`` / ``cancelled: <reason>`` so the why is on one line."""
+    text: str = job["status"]
+    if job.get("exit_code") is not None and job["status"] != "done":
+        text += f" (exit {job['exit_code']})"
+    detail = job.get("error") or (job.get("reason") or {}).get("message")
+    if detail and job["status"] != "done":
+        text += f": {output.truncate(detail, 200)}"
+    return text

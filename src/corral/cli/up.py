@@ -1,0 +1,228 @@
+"""``corral up``: a server and one local worker in one command, for a laptop or a single GPU box.
+
+Both run as child processes (``python -m corral server|worker``), never imported: the CLI stays a
+client of the API, and the children are exactly what an operator would start by hand. They run in
+their own process groups so a Ctrl-C in the terminal reaches only ``up``, which then stops them in
+order: the worker first (it stops its jobs and reports them while the server still listens), then
+the server. A second Ctrl-C kills what is left at once.
+
+Steps: 1. refuse if a server already answers at the URL; 2. start the server, logging to
+``corral-server.log``; 3. wait for ``/health`` (exit 1 with the log's last lines if the server dies);
+4. start the worker (id ``local``), logging to ``corral-worker.log``; 5. wait for a signal or a death.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from corral.cli import exit_codes
+from corral.client import DEFAULT_SERVER, ApiError, Client, ServerUnreachable
+
+SERVER_LOG = "corral-server.log"
+WORKER_LOG = "corral-worker.log"
+WORKER_ID = "local"
+START_TIMEOUT_S = 30.0
+WORKER_STOP_TIMEOUT_S = 75.0  # the worker gives running jobs 60 s (CORRAL_SHUTDOWN_TIMEOUT_S) to end
+SERVER_STOP_TIMEOUT_S = 15.0
+TAIL_LINES = 20
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
+    del parent  # `up` starts the server; it has no --server to point at
+    parser = subcommands.add_parser(
+        "up",
+        help="start a local server and worker",
+        description=(
+            f"Start `corral server` and one local `corral worker` (id {WORKER_ID}), wait until the server "
+            f"answers, then run until Ctrl-C or SIGTERM. Logs go to {SERVER_LOG} and {WORKER_LOG} "
+            "in the current directory."
+        ),
+    )
+    parser.add_argument(
+        "--db", default="sqlite:///corral.db", help="store URL or SQLite file [default sqlite:///corral.db]"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address the server listens on [default 127.0.0.1]"
+    )
+    parser.add_argument("--port", type=_port, default=8765, help="port the server listens on [default 8765]")
+    parser.set_defaults(run=run)
+
+
+class _Child:
+    """A child process and the log it writes, remembering where this run's lines start."""
+
+    def __init__(self, role: str, arguments: list[str], log_path: Path) -> None:
+        self.role = role
+        self.log_path = log_path
+        self._log: IO[bytes] = log_path.open("ab")
+        self._start_offset = self._log.tell()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "corral", role, *arguments],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+
+    def died(self) -> bool:
+        return self.process.poll() is not None
+
+    def report_death(self) -> None:
+        print(
+            f"corral: the {self.role} exited with code {self.process.returncode}; "
+            f"last lines of {self.log_path}:",
+            file=sys.stderr,
+        )
+        for line in self.tail():
+            print(f"  {line}", file=sys.stderr)
+
+    def tail(self) -> list[str]:
+        with self.log_path.open("rb") as log:
+            log.seek(self._start_offset)
+            text = log.read().decode(errors="replace")
+        return text.splitlines()[-TAIL_LINES:]
+
+    def stop(self, timeout_s: float, hurry: threading.Event) -> None:
+        """SIGTERM, then SIGKILL to the whole group after ``timeout_s`` or at a second Ctrl-C."""
+        if not self.died():
+            self.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while not self.died() and time.monotonic() < deadline and not hurry.is_set():
+                time.sleep(0.05)
+        if not self.died():
+            print(f"corral: killing the {self.role}", file=sys.stderr)
+        # Kill leftovers in the group too (jobs the worker could not stop); the group is ours.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._log.close()
+
+
+class _Signals:
+    """The first signal asks for an orderly stop; a second one asks to hurry (kill)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.hurry = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for number in _STOP_SIGNALS:
+            self._previous[number] = signal.signal(number, self._handle)
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: object) -> None:
+        if self.stop.is_set():
+            self.hurry.set()
+        else:
+            print(
+                "\ncorral: stopping (worker, then server); Ctrl-C again to kill", file=sys.stderr, flush=True
+            )
+        self.stop.set()
+
+
+def run(arguments: argparse.Namespace) -> int:
+    url = f"http://{_client_host(arguments.host)}:{arguments.port}"
+    if _answers(url):
+        print(f"corral: a server already answers at {url}; stop it or use --port", file=sys.stderr)
+        return exit_codes.REFUSED
+    signals = _Signals()
+    signals.install()
+    children: list[_Child] = []
+    try:
+        server_arguments = ["--db", _store_url(arguments.db), "--host", arguments.host]
+        server = _Child(
+            "server", [*server_arguments, "--port", str(arguments.port)], Path(SERVER_LOG).resolve()
+        )
+        children.append(server)
+        if not _wait_until_healthy(url, server, signals.stop):
+            if signals.stop.is_set():
+                return exit_codes.OK
+            if server.died():
+                server.report_death()
+            else:
+                print(
+                    f"corral: the server did not answer at {url} within {START_TIMEOUT_S:.0f} s",
+                    file=sys.stderr,
+                )
+            return exit_codes.REFUSED
+        worker_arguments = ["--server", url, "--worker-id", WORKER_ID]
+        children.append(_Child("worker", worker_arguments, Path(WORKER_LOG).resolve()))
+        _announce(url)
+        while not signals.stop.wait(0.2):
+            for child in children:
+                if child.died():
+                    child.report_death()
+                    return exit_codes.REFUSED
+        return exit_codes.OK
+    finally:
+        for child in reversed(children):
+            timeout_s = WORKER_STOP_TIMEOUT_S if child.role == "worker" else SERVER_STOP_TIMEOUT_S
+            child.stop(timeout_s, signals.hurry)
+        signals.restore()
+
+
+def _announce(url: str) -> None:
+    server_flag = "" if url == DEFAULT_SERVER else f" --server {url}"
+    print(f"corral is up: {url}", flush=True)
+    print(f"  next: corral submit{server_flag} -- echo hello")
+    print(f"        corral jobs{server_flag}")
+    print(f"logs: {SERVER_LOG} and {WORKER_LOG} in {Path.cwd()}; Ctrl-C stops the worker, then the server")
+    sys.stdout.flush()
+
+
+def _wait_until_healthy(url: str, server: _Child, stop: threading.Event) -> bool:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with Client(url, timeout_s=2.0) as client:
+        while time.monotonic() < deadline and not stop.is_set() and not server.died():
+            try:
+                client.health()
+                return True
+            except (ServerUnreachable, ApiError):
+                stop.wait(0.1)
+    return False
+
+
+def _answers(url: str) -> bool:
+    with Client(url, timeout_s=2.0) as client:
+        try:
+            client.health()
+        except ServerUnreachable:
+            return False
+        except ApiError:
+            return True
+    return True
+
+
+def _store_url(db: str) -> str:
+    """A bare path means a SQLite file: ``--db jobs.db`` is ``sqlite:///jobs.db``."""
+    return db if "://" in db else f"sqlite:///{db}"
+
+
+def _client_host(host: str) -> str:
+    """Where a local client reaches a server listening on ``host`` (a wildcard means this machine)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {port}")
+    return port

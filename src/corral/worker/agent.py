@@ -1,0 +1,233 @@
+"""The agent: register, heartbeat the worker, claim jobs and run each in its own thread, shut down.
+
+Threads and why:
+- the claim loop long-polls ``GET /jobs/next`` and starts every claimed job at once, then claims
+  again: the server decides what fits, so the worker runs as many jobs as the server hands it;
+- the worker heartbeat says "alive, running these" every ``worker_heartbeat_s``, independent of
+  the claim loop, whose long-polls would otherwise delay it;
+- one thread per job attempt (``JobRun``) for its heartbeats and its report.
+
+The server being unreachable is a normal condition (restarts, upgrades): every loop logs a
+warning, waits ``poll_s`` and tries again. Nothing here lets an exception end the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from corral.client import ApiError, Client, ServerUnreachable
+from corral.config import WorkerSettings
+from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, StopReason
+from corral.worker.reporting import deliver
+from corral.worker.resources import Offer
+
+logger = logging.getLogger("corral.worker.agent")
+
+# Each claim long-polls at most this long, so the claim loop sees a shutdown within about this
+# time. Shorter than the server's own long-poll cap costs little: the server re-reads the store
+# every second during a long-poll anyway, so only the HTTP round trips increase.
+CLAIM_SLICE_S = 2.0
+# How long shutdown waits for a claim in flight before it stops accepting claimed jobs.
+CLAIM_JOIN_S = 10.0
+# Reports and heartbeats should not hang for a long-poll's time when the server is slow.
+API_TIMEOUT_S = 15.0
+# After the stop signal, how long a job's report may take on top of the stop itself.
+REPORT_ALLOWANCE_S = 30.0
+
+
+class Agent:
+    def __init__(self, settings: WorkerSettings, worker_id: str, address: str, offer: Offer) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.address = address
+        self.offer = offer
+        self.fields = {"worker_id": worker_id}
+        self._claims = Client(settings.server)
+        self._api = Client(settings.server, timeout_s=API_TIMEOUT_S)
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[str, int], JobRun] = {}
+        self._accepting = True
+        self._registered = False
+        self._register_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._heartbeat_stop = threading.Event()
+        self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        logger.info(
+            "worker starting",
+            extra={
+                **self.fields,
+                "server": self.settings.server,
+                "address": self.address,
+                "resources": self.offer.resources(),
+                "gpu_model": self.offer.gpu_model,
+                "labels": self.offer.labels,
+            },
+        )
+        self._claim_thread.start()
+        self._heartbeat_thread.start()
+
+    def running_job_ids(self) -> list[str]:
+        with self._lock:
+            return sorted({job_id for job_id, _attempt in self._runs})
+
+    # --- registration ----------------------------------------------------------------------
+
+    def register(self) -> bool:
+        """Register (an upsert on the server); False when the server could not be told."""
+        body: dict[str, Any] = {
+            "id": self.worker_id,
+            "address": self.address,
+            "resources": self.offer.resources(),
+            "gpu_model": self.offer.gpu_model,
+            "labels": self.offer.labels,
+        }
+        with self._register_lock:
+            try:
+                self._api.register_worker(body)
+            except ServerUnreachable as error:
+                logger.warning(
+                    "cannot register: server unreachable", extra={**self.fields, "error": str(error)}
+                )
+                return False
+            except ApiError as error:
+                logger.warning(
+                    "registration refused", extra={**self.fields, "code": error.code, "error": str(error)}
+                )
+                return False
+            self._registered = True
+        logger.info("worker registered", extra=self.fields)
+        return True
+
+    def _forget_registration(self, why: str) -> None:
+        logger.warning(f"{why}; registering again", extra=self.fields)
+        self._registered = False
+
+    # --- the claim loop --------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._claim_once()
+            except Exception:
+                logger.exception("claim loop error", extra=self.fields)
+                self.stopping.wait(self.settings.poll_s)
+
+    def _claim_once(self) -> None:
+        if not self._registered and not self.register():
+            self.stopping.wait(self.settings.poll_s)
+            return
+        wait_s = min(self.settings.claim_wait_s, CLAIM_SLICE_S)
+        try:
+            claim = self._claims.claim(self.worker_id, wait_s=wait_s)
+        except ServerUnreachable as error:
+            logger.warning("claim failed: server unreachable", extra={**self.fields, "error": str(error)})
+            self.stopping.wait(self.settings.poll_s)
+            return
+        except ApiError as error:
+            if error.status == 404:
+                self._forget_registration("the server does not know this worker")
+                return
+            logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
+            self.stopping.wait(self.settings.poll_s)
+            return
+        if claim is None:
+            if wait_s <= 0:
+                self.stopping.wait(self.settings.poll_s)
+            return
+        self._start_job(claim)
+
+    def _start_job(self, claim: dict[str, Any]) -> None:
+        run = JobRun(claim, self._api, self.settings, self.worker_id, self._job_finished)
+        with self._lock:
+            accepted = self._accepting
+            if accepted:
+                self._runs[(run.job_id, run.attempt)] = run
+        if not accepted:
+            # Claimed after shutdown stopped waiting for the claim loop: hand it straight back.
+            logger.warning("job claimed during shutdown; handing it back", extra=run.fields)
+            deliver(
+                lambda: self._api.fail(run.job_id, self.worker_id, run.attempt, None, SHUTDOWN_ERROR, ""),
+                "fail report",
+                run.fields,
+            )
+            return
+        logger.info("job claimed", extra={**run.fields, "command": run.command})
+        run.start()
+
+    def _job_finished(self, run: JobRun) -> None:
+        with self._lock:
+            self._runs.pop((run.job_id, run.attempt), None)
+
+    # --- the worker heartbeat --------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self._heartbeat_stop.wait(self.settings.worker_heartbeat_s):
+            try:
+                self._heartbeat_once()
+            except Exception:
+                logger.exception("worker heartbeat error", extra=self.fields)
+
+    def _heartbeat_once(self) -> None:
+        if not self._registered:
+            return
+        try:
+            self._api.worker_heartbeat(self.worker_id, {"running": self.running_job_ids()})
+        except ServerUnreachable as error:
+            logger.warning(
+                "worker heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
+            )
+        except ApiError as error:
+            if error.status == 404:
+                self._forget_registration("the server does not know this worker")
+                self.register()
+            else:
+                logger.warning(
+                    "worker heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
+                )
+
+    # --- shutdown --------------------------------------------------------------------------
+
+    def shutdown(self, force: threading.Event) -> None:
+        """Stop claiming, give running jobs ``shutdown_timeout_s`` to finish, stop the rest.
+
+        1. Stop the claim loop (it notices within a claim slice); a job it claims meanwhile runs.
+        2. Wait for the running jobs, up to ``shutdown_timeout_s`` or until ``force`` is set
+           (a second signal).
+        3. Stop what is still running (SIGTERM, grace, SIGKILL) and report each as failed with
+           "worker shut down", so the server re-queues it at once instead of after its lease.
+        """
+        self.stopping.set()
+        self._claim_thread.join(timeout=CLAIM_JOIN_S)
+        with self._lock:
+            self._accepting = False
+        running = self._snapshot()
+        if running:
+            logger.info(
+                "shutting down: waiting for running jobs",
+                extra={**self.fields, "running": len(running), "timeout_s": self.settings.shutdown_timeout_s},
+            )
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        while self._snapshot() and not force.is_set() and time.monotonic() < deadline:
+            force.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        remaining = self._snapshot()
+        for run in remaining:
+            run.request_stop(StopReason.SHUTDOWN)
+        allowance = self.settings.preempt_grace_s + REPORT_ALLOWANCE_S
+        for run in remaining:
+            if not run.finished.wait(allowance):
+                logger.error("job did not finish its stop in time", extra=run.fields)
+        self._heartbeat_stop.set()
+        self._heartbeat_thread.join(timeout=API_TIMEOUT_S)
+        self._claims.close()
+        self._api.close()
+        logger.info("worker stopped", extra=self.fields)
+
+    def _snapshot(self) -> list[JobRun]:
+        with self._lock:
+            return list(self._runs.values())

@@ -1,0 +1,185 @@
+"""One job's process: started with ``/bin/sh -c`` in its own session, stopped as a whole group.
+
+Why a session of its own: a job is a tree (a shell, a launcher, data-loader workers, ...). The
+stop signal goes to the process group, so nothing of the job is left running on a GPU after a
+stop, and a Ctrl-C at the worker's terminal does not reach the jobs (the worker decides).
+
+Output (stdout and stderr merged) is drained by a reader thread into a bounded tail, so a job that
+writes a lot never blocks on a full pipe and the worker never holds more than ``tail_bytes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+
+logger = logging.getLogger("corral.worker.executor")
+
+_POLL_S = 0.05
+# After SIGKILL a process normally dies at once; one stuck in uninterruptible sleep (a wedged
+# driver call) does not, and the worker must not hang on it forever.
+_KILL_WAIT_S = 10.0
+# How long the output reader may take to reach the end of the pipe once the job is gone.
+_READER_JOIN_S = 2.0
+
+
+def exit_code_of(returncode: int) -> int:
+    """The shell convention: a death by signal N is 128 + N (Popen reports it as -N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class OutputTail:
+    """The last ``limit`` bytes written by the job; thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+
+    def append(self, chunk: bytes) -> None:
+        if self._limit <= 0:
+            return
+        with self._lock:
+            self._buffer += chunk
+            if len(self._buffer) > self._limit:
+                del self._buffer[: len(self._buffer) - self._limit]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._buffer.decode("utf-8", errors="replace")
+
+
+class JobProcess:
+    """A started job. ``stop()`` runs its sequence once, however many threads ask for it."""
+
+    def __init__(
+        self, command: str, env: Mapping[str, str], tail_bytes: int, grace_s: float, cwd: str | None = None
+    ) -> None:
+        self.command = command
+        self.grace_s = grace_s
+        self.tail = OutputTail(tail_bytes)
+        self._stop_lock = threading.Lock()
+        self._stopping = False
+        self._stop_done = threading.Event()
+        self._stopped_running = False
+        self._popen = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self._popen.pid
+        self._reader = threading.Thread(target=self._read_output, name=f"output-{self.pid}", daemon=True)
+        self._reader.start()
+
+    # --- output ----------------------------------------------------------------------------
+
+    def _read_output(self) -> None:
+        stream = self._popen.stdout
+        assert stream is not None
+        descriptor = stream.fileno()
+        try:
+            while chunk := os.read(descriptor, 65536):
+                self.tail.append(chunk)
+        except OSError:
+            logger.debug("output pipe closed", extra={"pid": self.pid})
+        finally:
+            stream.close()
+
+    # --- state -----------------------------------------------------------------------------
+
+    def poll(self) -> int | None:
+        """The exit code (128 + N for signal N) once the job's main process has exited, else None."""
+        returncode = self._popen.poll()
+        return None if returncode is None else exit_code_of(returncode)
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` for the main process; its exit code, or None if still running."""
+        try:
+            return exit_code_of(self._popen.wait(timeout=max(0.0, timeout_s)))
+        except subprocess.TimeoutExpired:
+            return None
+
+    @property
+    def stopped_while_running(self) -> bool:
+        """True when a stop found the main process still running: its exit is the stop's doing."""
+        return self._stopped_running
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def _signal_group(self, signal_number: int) -> bool:
+        """Signal every process of the job's group; False when the group is gone."""
+        try:
+            os.killpg(self.pid, signal_number)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            # A member changed its credentials (setuid); nothing more the worker can do.
+            logger.warning("cannot signal the job's process group", extra={"pid": self.pid})
+            return False
+        return True
+
+    def _group_alive(self) -> bool:
+        return self._signal_group(0)
+
+    def signal(self, signal_number: int) -> None:
+        """Send one signal to the job's group (e.g. a checkpoint hint); no-op once it is gone."""
+        self._signal_group(signal_number)
+
+    def stop(self) -> bool:
+        """SIGTERM to the group, up to ``grace_s`` for it to go, then SIGKILL to the group.
+
+        Done once: a second caller waits for the first caller's stop to finish. Returns whether the
+        main process was still running when the stop began.
+        """
+        with self._stop_lock:
+            first = not self._stopping
+            self._stopping = True
+        if not first:
+            self._stop_done.wait()
+            return self._stopped_running
+        try:
+            self._stopped_running = self._popen.poll() is None
+            self._terminate_group(self.grace_s)
+        finally:
+            self._stop_done.set()
+        return self._stopped_running
+
+    def _terminate_group(self, grace_s: float) -> None:
+        if not self._signal_group(signal.SIGTERM):
+            self._popen.poll()
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if self._popen.poll() is not None and not self._group_alive():
+                return
+            time.sleep(_POLL_S)
+        if self._signal_group(signal.SIGKILL):
+            logger.info("job did not stop within the grace period; sent SIGKILL", extra={"pid": self.pid})
+        try:
+            self._popen.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            logger.error("job survived SIGKILL (uninterruptible sleep?)", extra={"pid": self.pid})
+
+    def finish(self) -> str:
+        """After the main process exited: end what is left of its group, then return the tail.
+
+        A job's processes do not outlive it: a background child still running when the shell
+        exits gets the same SIGTERM, grace, SIGKILL sequence (it would also hold the output pipe
+        open forever).
+        """
+        if self._group_alive():
+            if not self._stopping:
+                logger.info("job left processes behind; stopping them", extra={"pid": self.pid})
+            self.stop()
+        self._reader.join(timeout=_READER_JOIN_S)
+        return self.tail.text()

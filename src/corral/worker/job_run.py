@@ -1,0 +1,233 @@
+"""One claimed attempt, from start to report: the process, its heartbeats, its stop, its outcome.
+
+Each attempt has its own thread, so a slow report or a long stop of one job never delays the
+heartbeats of another. The thread owns the decision of what to report; other threads (the agent
+at shutdown, the heartbeat answer) only ask for a stop with a reason, and the first reason wins,
+except that losing the job (409) overrides everything: a job that is no longer ours is never
+reported on.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from corral.client import ApiError, Client, ServerUnreachable
+from corral.config import WorkerSettings
+from corral.worker.executor import JobProcess
+from corral.worker.reporting import deliver
+from corral.worker.workspace import JobWorkspace
+
+logger = logging.getLogger("corral.worker.job")
+
+SHUTDOWN_ERROR = "worker shut down"
+
+
+class StopReason(enum.Enum):
+    PREEMPT = "preempt"  # the server asked (preemption, cancel, gang drain): ack with the epoch
+    LOST = "lost"  # 409/404: another attempt owns the job; report nothing
+    SHUTDOWN = "shutdown"  # the worker is going away: report a failure so the job is re-queued
+
+
+def describe_exit(exit_code: int) -> str:
+    if exit_code > 128:
+        try:
+            return f"killed by signal {signal.Signals(exit_code - 128).name}"
+        except ValueError:
+            pass
+    return f"exited with code {exit_code}"
+
+
+class JobRun:
+    def __init__(
+        self,
+        claim: dict[str, Any],
+        client: Client,
+        settings: WorkerSettings,
+        worker_id: str,
+        on_finished: Callable[[JobRun], None],
+    ) -> None:
+        self.job_id: str = claim["id"]
+        self.attempt = int(claim["attempt"])
+        self.command: str = claim["command"]
+        self.gpu_indices = [int(index) for index in claim.get("gpu_indices") or []]
+        self.claim_env: dict[str, str] = claim.get("env") or {}
+        self.fields = {"job_id": self.job_id, "worker_id": worker_id, "attempt": self.attempt}
+        self._client = client
+        self._settings = settings
+        self._worker_id = worker_id
+        self._on_finished = on_finished
+        self._lock = threading.Lock()
+        self._reason: StopReason | None = None
+        self._epoch: int | None = None
+        self._process: JobProcess | None = None
+        self._stopper: threading.Thread | None = None
+        self._checkpoint_epochs_seen: set[int] = set()
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"job-{self.job_id}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # --- stopping --------------------------------------------------------------------------
+
+    def request_stop(self, reason: StopReason, epoch: int | None = None) -> None:
+        """Stop the job (SIGTERM, grace, SIGKILL) in the background; the first reason is kept."""
+        with self._lock:
+            if reason == StopReason.LOST or self._reason is None:
+                self._reason = reason
+            if reason == StopReason.PREEMPT and self._reason == StopReason.PREEMPT and epoch is not None:
+                self._epoch = epoch
+            self._start_stopper()
+
+    def _start_stopper(self) -> None:
+        """Called with the lock held; starts the stop once the process exists."""
+        if self._stopper is not None or self._process is None or self._reason is None:
+            return
+        self._stopper = threading.Thread(target=self._process.stop, name=f"stop-{self.job_id}", daemon=True)
+        self._stopper.start()
+        logger.info("stopping job", extra={**self.fields, "reason": self._reason.value})
+
+    # --- the attempt -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        workspace: JobWorkspace | None = None
+        try:
+            workspace = JobWorkspace(self.job_id, self.attempt)
+            has_checkpoint = workspace.fetch_checkpoint(
+                self._client, self.job_id, self.claim_env, self.fields
+            )
+            environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
+            try:
+                process = JobProcess(
+                    self.command,
+                    environment,
+                    self._settings.output_tail_bytes,
+                    self._settings.preempt_grace_s,
+                )
+            except OSError as error:
+                logger.error("job could not start", extra={**self.fields, "error": str(error)})
+                self._report_failure(None, f"could not start: {error}", "")
+                return
+            with self._lock:
+                self._process = process
+                self._start_stopper()
+            logger.info(
+                "job started", extra={**self.fields, "pid": process.pid, "gpu_indices": self.gpu_indices}
+            )
+            exit_code = self._supervise(process)
+            tail = process.finish()
+            with self._lock:
+                stopper = self._stopper
+            if stopper is not None:
+                stopper.join()
+            self._report(process, exit_code, tail)
+        except Exception:
+            logger.exception("job supervision failed", extra=self.fields)
+            if self._process is not None:
+                self._process.stop()
+        finally:
+            if workspace is not None:
+                workspace.remove()
+            self.finished.set()
+            self._on_finished(self)
+
+    def _supervise(self, process: JobProcess) -> int:
+        """Wait for the process, heartbeating every ``heartbeat_s``; its exit code."""
+        interval = self._settings.heartbeat_s
+        next_beat = time.monotonic() + interval
+        while True:
+            exit_code = process.wait(next_beat - time.monotonic())
+            if exit_code is not None:
+                return exit_code
+            with self._lock:
+                lost = self._reason == StopReason.LOST
+            if not lost:
+                self._heartbeat()
+            next_beat = time.monotonic() + interval
+
+    def _heartbeat(self) -> None:
+        try:
+            answer = self._client.job_heartbeat(self.job_id, self._worker_id, self.attempt)
+        except ServerUnreachable as error:
+            logger.warning(
+                "job heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
+            )
+            return
+        except ApiError as error:
+            if error.status in (404, 409):
+                logger.warning(
+                    "job is no longer ours; stopping it without a report",
+                    extra={**self.fields, "code": error.code, "error": error.message},
+                )
+                self.request_stop(StopReason.LOST)
+            else:
+                logger.warning(
+                    "job heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
+                )
+            return
+        self._obey(answer or {})
+
+    def _obey(self, answer: dict[str, Any]) -> None:
+        action = answer.get("action")
+        if action is None:
+            return
+        epoch = answer.get("preemption_epoch")
+        fields = {**self.fields, "preemption_epoch": epoch}
+        if action == "preempt" and isinstance(epoch, int):
+            with self._lock:
+                first = self._reason is None
+            if first:
+                logger.info("server asked to stop the job", extra=fields)
+            self.request_stop(StopReason.PREEMPT, epoch)
+        elif action == "checkpoint" and isinstance(epoch, int):
+            if epoch not in self._checkpoint_epochs_seen:
+                self._checkpoint_epochs_seen.add(epoch)
+                logger.warning(
+                    "checkpoint requested; this worker does not take checkpoints yet", extra=fields
+                )
+        else:
+            logger.warning("unknown heartbeat action ignored", extra={**fields, "action": action})
+
+    # --- the report ------------------------------------------------------------------------
+
+    def _report(self, process: JobProcess, exit_code: int, tail: str) -> None:
+        with self._lock:
+            reason, epoch = self._reason, self._epoch
+        fields = {**self.fields, "exit_code": exit_code}
+        if reason == StopReason.LOST:
+            logger.info("job stopped after it was lost; nothing reported", extra=fields)
+            return
+        stopped = process.stopped_while_running
+        if reason == StopReason.PREEMPT and stopped and epoch is not None:
+            logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
+            deliver(
+                lambda: self._client.preempted(self.job_id, self._worker_id, self.attempt, epoch),
+                "preempted ack",
+                {**fields, "preemption_epoch": epoch},
+            )
+            return
+        if reason == StopReason.SHUTDOWN and stopped:
+            self._report_failure(exit_code, SHUTDOWN_ERROR, tail)
+            return
+        if exit_code == 0:
+            logger.info("job exited 0; reporting done", extra=fields)
+            deliver(
+                lambda: self._client.done(self.job_id, self._worker_id, self.attempt), "done report", fields
+            )
+            return
+        self._report_failure(exit_code, describe_exit(exit_code), tail)
+
+    def _report_failure(self, exit_code: int | None, error: str, tail: str) -> None:
+        fields = {**self.fields, "exit_code": exit_code, "error": error}
+        logger.info("job failed; reporting", extra=fields)
+        deliver(
+            lambda: self._client.fail(self.job_id, self._worker_id, self.attempt, exit_code, error, tail),
+            "fail report",
+            fields,
+        )

@@ -1,0 +1,91 @@
+"""``corral worker``: settings from flags and ``CORRAL_*``, the host's resources, then the agent.
+
+Signals: the first SIGTERM or SIGINT starts a graceful shutdown (stop claiming, let running jobs
+finish within ``shutdown_timeout_s``); a second one stops the running jobs at once. Either way the
+worker exits 0 once every job has been stopped and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+from types import FrameType
+from urllib.parse import urlsplit
+
+from corral.config import WorkerSettings, add_flags, load
+from corral.observability.logging import configure_logging
+from corral.worker.agent import Agent
+from corral.worker.resources import resolve_offer
+
+logger = logging.getLogger("corral.worker")
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="corral worker", description="Run a corral worker: claim jobs from the server and run them."
+    )
+    add_flags(parser, WorkerSettings)
+    return parser
+
+
+def is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def default_address(server_url: str) -> str:
+    """Where gang peers reach this host: loopback when the server is local (a one-host cluster,
+    where the host name may not even resolve), else the host name."""
+    return "127.0.0.1" if is_loopback_url(server_url) else socket.gethostname()
+
+
+class ShutdownSignals:
+    """Counts SIGTERM/SIGINT: the first asks for a graceful shutdown, the second forces it."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.forced = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signal_number: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signal_number).name
+        if self.requested.is_set():
+            self.forced.set()
+            logger.warning(f"{name} again: stopping running jobs now")
+        else:
+            self.requested.set()
+            logger.info(f"{name}: shutting down once running jobs finish")
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings: WorkerSettings = load(WorkerSettings, arguments)
+    configure_logging(settings.log_level)
+    offer = resolve_offer(
+        settings.cpus, settings.memory_mb, settings.gpus, settings.vram_mb, settings.gpu_model, settings.label
+    )
+    worker_id = settings.worker_id or socket.gethostname()
+    address = settings.worker_address or default_address(settings.server)
+    signals = ShutdownSignals()
+    signals.install()
+    agent = Agent(settings, worker_id, address, offer)
+    agent.start()
+    while not signals.requested.wait(0.5):
+        pass
+    agent.shutdown(signals.forced)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,59 @@
+"""Delivering a job's outcome to the server despite short outages.
+
+An outcome (done, fail, preempted) is the one message the server cannot get any other way: if it
+is lost, the job sits until its lease expires and is re-run. So a report that fails for transport
+reasons (or a 5xx) is retried with backoff. A 409 means the server has moved on (another attempt
+owns the job, or it already ended): retrying cannot help, so it is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from corral.client import ApiError, ServerUnreachable
+
+logger = logging.getLogger("corral.worker.reporting")
+
+REPORT_TRIES = 6
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+
+
+def deliver(
+    send: Callable[[], dict[str, Any]],
+    what: str,
+    fields: Mapping[str, Any],
+    tries: int = REPORT_TRIES,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any] | None:
+    """Call ``send`` until it succeeds, is refused, or ``tries`` are spent; its answer or None."""
+    delay = FIRST_BACKOFF_S
+    for attempt in range(1, tries + 1):
+        try:
+            return send()
+        except ApiError as error:
+            if error.status == 409:
+                logger.warning(
+                    f"{what} refused by the server ({error.code}); dropped",
+                    extra={**fields, "code": error.code, "error": error.message},
+                )
+                return None
+            if error.status < 500:
+                logger.error(
+                    f"{what} rejected by the server ({error.code}); dropped",
+                    extra={**fields, "code": error.code, "error": error.message},
+                )
+                return None
+            problem = str(error)
+        except ServerUnreachable as error:
+            problem = str(error)
+        if attempt == tries:
+            logger.error(f"{what} failed {tries} times; giving up", extra={**fields, "error": problem})
+            return None
+        logger.warning(f"{what} failed; retrying", extra={**fields, "error": problem, "retry_in_s": delay})
+        sleep(delay)
+        delay = min(delay * 2, MAX_BACKOFF_S)
+    return None

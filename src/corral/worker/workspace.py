@@ -1,0 +1,81 @@
+"""A job's private directory and the environment it runs with.
+
+Every attempt gets a fresh temporary directory for the files corral hands to the job (the beat
+file, where a checkpoint goes, the stored checkpoint to resume from); it is removed when the
+attempt ends, so nothing of one attempt leaks into the next or piles up on the host.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from corral.client import Client, ClientError
+
+logger = logging.getLogger("corral.worker.workspace")
+
+
+def visible_devices(gpu_indices: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the GPUs the server gave the job; empty for a job without GPUs
+    (an empty value hides every GPU, where an unset one would expose them all)."""
+    return ",".join(str(index) for index in gpu_indices)
+
+
+class JobWorkspace:
+    def __init__(self, job_id: str, attempt: int) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix=f"corral-{job_id}-{attempt}-"))
+        self.beat_file = self.directory / "beat"
+        self.checkpoint_out = self.directory / "checkpoint.out"
+        self.checkpoint_in = self.directory / "checkpoint.in"
+
+    def environment(
+        self, claim_env: Mapping[str, str], gpu_indices: Sequence[int], has_checkpoint_in: bool
+    ) -> dict[str, str]:
+        """The worker's environment, then the claim's ``env``, then the variables the worker owns."""
+        environment = {**os.environ, **{str(key): str(value) for key, value in claim_env.items()}}
+        environment["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu_indices)
+        environment["CORRAL_BEAT_FILE"] = str(self.beat_file)
+        environment["CORRAL_CHECKPOINT_OUT"] = str(self.checkpoint_out)
+        if has_checkpoint_in:
+            environment["CORRAL_CHECKPOINT_IN"] = str(self.checkpoint_in)
+        else:
+            environment.pop("CORRAL_CHECKPOINT_IN", None)
+        return environment
+
+    def fetch_checkpoint(
+        self, client: Client, job_id: str, claim_env: Mapping[str, str], fields: Any
+    ) -> bool:
+        """Write the stored checkpoint to ``checkpoint_in`` when the claim says there is one.
+
+        The server's copy is asked for first; the inline ``CHECKPOINT_DATA`` (small checkpoints
+        only) is the fallback when that download fails. False: the job starts without one.
+        """
+        if claim_env.get("CORRAL_RESUME") != "1":
+            return False
+        try:
+            response = client.request("GET", f"/jobs/{job_id}/checkpoint")
+            if response.status_code == 200:
+                self.checkpoint_in.write_bytes(response.content)
+                return True
+            return False
+        except ClientError as error:
+            logger.warning("could not download the job's checkpoint", extra={**fields, "error": str(error)})
+        inline = claim_env.get("CHECKPOINT_DATA")
+        if not inline:
+            return False
+        try:
+            self.checkpoint_in.write_bytes(base64.b64decode(inline, validate=True))
+        except (binascii.Error, ValueError):
+            logger.warning("CHECKPOINT_DATA is not valid base64; starting without it", extra=fields)
+            return False
+        return True
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,402 @@
+"""The CLI in-process (``corral.cli.main.main``) against a live server, on SQLite and PostgreSQL.
+
+What is checked is what a user or a script sees: stdout, stderr and the exit code; what the server
+stored is read back through the SDK, never through the store.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from corral.cli import jobs
+from corral.cli.main import main
+from corral.client import Client
+
+
+def corral(server: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``corral <argv> --server <url>``; return (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    command, *rest = argv
+    code = main([command, "--server", server.url, *rest])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def corral_json(server: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    command, *rest = argv
+    code, out, err = corral(server, capsys, command, "--json", *rest)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture
+def client(server: Any) -> Any:
+    with Client(server.url) as sdk:
+        yield sdk
+
+
+def test_submit_sends_every_flag(server, client, capsys):
+    code, out, err = corral(
+        server, capsys, "submit",
+        "--name", "train", "--env", "A=1", "--env", "B=x=y", "--gpus", "2", "--vram-mb", "1000",
+        "--memory-mb", "2048", "--cpus", "4", "--gpu-model", "H100", "--label", "zone=a",
+        "--label", "rack=7", "--pool", "team/x", "--priority", "7", "--preemption-class", "3",
+        "--checkpoint", "auto", "--max-retries", "1", "--budget-s", "100", "--walltime-s", "50.5",
+        "--stall-timeout-s", "30", "--user", "alice",
+        "--", "python", "train.py", "--lr", "3e-4", "--note", "two words",
+    )  # fmt: skip
+    assert code == 0, err
+    job_id = out.strip()
+    assert job_id.startswith("j-")
+    job = client.get_job(job_id)
+    assert job["command"] == "python train.py --lr 3e-4 --note 'two words'"
+    assert job["name"] == "train"
+    assert job["env"] == {"A": "1", "B": "x=y"}
+    assert job["resources"] == {"gpus": 2, "vram_mb": 1000, "memory_mb": 2048, "cpus": 4}
+    assert job["constraints"]["gpu_model"] == "H100"
+    assert job["constraints"]["labels"] == {"zone": "a", "rack": "7"}
+    assert (job["pool"], job["priority"], job["preemption_class"]) == ("team/x", 7, 3)
+    assert (job["checkpoint_mode"], job["max_retries"], job["user"]) == ("auto", 1, "alice")
+    assert (job["budget_s"], job["walltime_s"], job["stall_timeout_s"]) == (100, 50.5, 30)
+
+
+def test_submit_single_argument_is_a_shell_line_and_defaults_come_from_the_server(
+    server, client, capsys, monkeypatch
+):
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    code, out, _ = corral(server, capsys, "submit", "echo a | wc -c")
+    assert code == 0
+    job = client.get_job(out.strip())
+    assert job["command"] == "echo a | wc -c"
+    assert job["resources"] == {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0}
+    assert (job["pool"], job["preemption_class"], job["checkpoint_mode"], job["max_retries"]) == (
+        "default",
+        5,
+        "none",
+        3,
+    )
+
+
+def test_submit_user_defaults_to_the_login(server, client, capsys, monkeypatch):
+    monkeypatch.setenv("USER", "bob")
+    code, out, _ = corral(server, capsys, "submit", "--", "true")
+    assert code == 0
+    assert client.get_job(out.strip())["user"] == "bob"
+
+
+def test_submit_json_and_gang(server, client, capsys):
+    answer = corral_json(server, capsys, "submit", "--name", "one", "--", "true")
+    assert answer["status"] == "pending" and answer["name"] == "one"
+
+    code, out, _ = corral(server, capsys, "submit", "--gang-size", "3", "--", "hostname")
+    assert code == 0
+    gang_id, *tasks = out.split()
+    assert gang_id.startswith("g-") and len(tasks) == 3
+    assert [task["id"] for task in client.gang(gang_id)["tasks"]] == tasks
+
+    answer = corral_json(server, capsys, "submit", "--gang-size", "2", "--", "hostname")
+    assert answer["gang_id"].startswith("g-") and len(answer["tasks"]) == 2
+
+
+def test_submit_idempotency_key_returns_the_first_job(server, capsys):
+    first = corral(server, capsys, "submit", "--idempotency-key", "k1", "--", "true")
+    second = corral(server, capsys, "submit", "--idempotency-key", "k1", "--", "true")
+    assert first[0] == second[0] == 0
+    assert first[1] == second[1]
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--preemption-class", "11"], "preemption_class"),
+        (["--gpus", "-1"], "resources.gpus"),
+        (["--gang-size", "0"], "gang_size"),
+        (["--pool", "bad pool!"], "pool"),
+    ],
+)
+def test_submit_refused_by_the_server_exits_1_naming_the_field(server, capsys, flags, field):
+    code, out, err = corral(server, capsys, "submit", *flags, "--", "true")
+    assert code == 1
+    assert out == ""
+    assert err.startswith("corral: invalid_request: ")
+    assert field in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["submit", "--checkpoint", "sometimes", "--", "true"],
+        ["submit", "--env", "novalue", "--", "true"],
+        ["submit", "--gpus", "two", "--", "true"],
+        ["submit"],
+        ["jobs", "--limit", "many"],
+        ["nonsense"],
+        [],
+    ],
+)
+def test_usage_errors_exit_2(server, capsys, argv):
+    assert main([argv[0], "--server", server.url, *argv[1:]] if argv else []) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_help_documents_the_exit_codes(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for line in ("0  success", "1  the server refused", "2  usage error", "3  the server is unreachable"):
+        assert line in out
+
+
+@pytest.mark.parametrize("command", ["show", "events", "why", "cancel"])
+def test_unknown_job_exits_1_not_found(server, capsys, command):
+    code, _, err = corral(server, capsys, command, "j-doesnotexist")
+    assert code == 1
+    assert err.strip() == "corral: not_found: job j-doesnotexist not found"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv", [["jobs"], ["submit", "--", "true"], ["workers"], ["show", "j-1"]])
+def test_unreachable_server_exits_3(capsys, argv):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    assert main([argv[0], "--server", url, *argv[1:]]) == 3
+    err = capsys.readouterr().err
+    assert url in err and "corral up" in err
+    assert "Traceback" not in err
+
+
+def test_server_flag_before_the_command_and_from_the_environment(server, capsys, monkeypatch):
+    assert main(["--server", server.url, "jobs"]) == 0
+    monkeypatch.setenv("CORRAL_SERVER", server.url)
+    assert main(["jobs"]) == 0
+    monkeypatch.setenv("CORRAL_SERVER", f"http://127.0.0.1:{_closed_port()}")
+    assert main(["jobs"]) == 3
+    assert main(["jobs", "--server", server.url]) == 0
+
+
+def test_jobs_table_filters_and_json(server, client, clock, capsys):
+    first = client.submit({"command": "python train.py", "name": "trainer", "resources": {"gpus": 2}})
+    clock.advance(1)  # the API orders by submission time, then id
+    second = client.submit({"command": "echo " + "x" * 100, "pool": "team/a"})
+    code, out, _ = corral(server, capsys, "jobs")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == list(jobs.HEADERS)
+    assert [row.split()[0] for row in rows] == [first["id"], second["id"]]
+    assert rows[0].split()[1:4] == ["pending", "0", "2"]
+    assert "trainer" in rows[0]
+    assert "x" * 100 not in rows[1] and "…" in rows[1]
+
+    code, out, _ = corral(server, capsys, "jobs", "--pool", "team/a")
+    assert [row.split()[0] for row in out.splitlines()[1:]] == [second["id"]]
+
+    page = corral_json(server, capsys, "jobs", "--status", "pending,running")
+    assert [job["id"] for job in page["items"]] == [first["id"], second["id"]]
+    assert page["next"] is None
+    assert corral_json(server, capsys, "jobs", "--status", "done")["items"] == []
+
+    code, _, err = corral(server, capsys, "jobs", "--status", "sleeping")
+    assert code == 1 and err.startswith("corral: invalid_request:")
+
+
+def test_jobs_limit_and_all_follow_the_cursor(server, client, capsys):
+    submitted = [item["id"] for item in client.submit_batch([{"command": f"echo {n}"} for n in range(7)])]
+    code, out, err = corral(server, capsys, "jobs", "--limit", "3")
+    assert code == 0
+    assert [row.split()[0] for row in out.splitlines()[1:]] == submitted[:3]
+    assert "--all" in err
+    page = corral_json(server, capsys, "jobs", "--limit", "3")
+    assert len(page["items"]) == 3 and page["next"]
+    everything = corral_json(server, capsys, "jobs", "--all")
+    assert [job["id"] for job in everything["items"]] == submitted
+    code, out, _ = corral(server, capsys, "jobs", "--all")
+    assert len(out.splitlines()) == 1 + len(submitted)
+
+
+def test_jobs_gang_and_worker_filters(server, client, capsys):
+    gang = client.submit({"command": "hostname", "gang_size": 2})
+    client.submit({"command": "true"})
+    page = corral_json(server, capsys, "jobs", "--gang", gang["gang_id"])
+    assert sorted(job["id"] for job in page["items"]) == sorted(gang["tasks"])
+    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    claimed = client.claim("w1")
+    page = corral_json(server, capsys, "jobs", "--worker", "w1")
+    assert [job["id"] for job in page["items"]] == [claimed["id"]]
+
+
+def test_show_events_why(server, client, capsys):
+    job = client.submit({"command": "sleep 1", "name": "nap", "env": {"K": "V"}, "resources": {"cpus": 1}})
+    code, out, _ = corral(server, capsys, "show", job["id"])
+    assert code == 0
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    assert fields["id"].strip() == job["id"]
+    assert fields["status"].strip() == "pending"
+    assert fields["resources"].strip() == "gpus=0 vram_mb=0 memory_mb=0 cpus=1"
+    assert fields["env"].strip() == "K=V"
+    assert set(client.get_job(job["id"])) <= set(fields)
+    assert corral_json(server, capsys, "show", job["id"]) == client.get_job(job["id"])
+
+    code, out, _ = corral(server, capsys, "why", job["id"])
+    assert code == 0
+    assert out.splitlines()[0] == f"{job['id']}: pending"
+    assert out.splitlines()[1].strip().startswith("no_workers: ")
+    answer = corral_json(server, capsys, "why", job["id"])
+    assert answer["status"] == "pending" and answer["reasons"][0]["code"] == "no_workers"
+
+    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    claimed = client.claim("w1")
+    client.done(job["id"], "w1", claimed["attempt"])
+    code, out, _ = corral(server, capsys, "events", job["id"])
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["AT", "FROM", "TO", "REASON", "WORKER", "ATTEMPT", "EPOCH"]
+    assert [row.split()[3] for row in rows] == ["pending", "running", "done"]  # AT is two words
+    assert "w1" in rows[1]
+    events = corral_json(server, capsys, "events", job["id"])["items"]
+    assert [event["to"] for event in events] == ["pending", "running", "done"]
+
+
+def test_show_a_gang(server, client, capsys):
+    gang = client.submit({"command": "hostname", "gang_size": 2})
+    code, out, _ = corral(server, capsys, "show", gang["gang_id"])
+    assert code == 0
+    assert f"gang_id: {gang['gang_id']}" in out and "status: blocked" in out
+    assert all(task in out for task in gang["tasks"])
+    assert corral_json(server, capsys, "show", gang["gang_id"])["size"] == 2
+
+
+def test_cancel(server, client, capsys):
+    first = client.submit({"command": "true"})["id"]
+    second = client.submit({"command": "true"})["id"]
+    code, out, _ = corral(server, capsys, "cancel", first, second)
+    assert code == 0
+    assert out.splitlines() == [f"{first}: cancelled", f"{second}: cancelled"]
+    assert client.get_job(first)["status"] == "cancelled"
+
+    third = client.submit({"command": "true"})["id"]
+    code, out, err = corral(server, capsys, "cancel", first, third)
+    assert code == 1
+    assert err.startswith("corral: already_terminal: ")
+    assert out.strip() == f"{third}: cancelled"
+
+    gang = client.submit({"command": "hostname", "gang_size": 2})
+    code, out, _ = corral(server, capsys, "cancel", gang["gang_id"])
+    assert code == 0 and out.strip() == f"{gang['gang_id']}: cancelled"
+    assert {task["status"] for task in client.gang(gang["gang_id"])["tasks"]} == {"cancelled"}
+
+
+def test_workers(server, client, capsys):
+    client.register_worker(
+        {"id": "w1", "resources": {"gpus": 4, "vram_mb": 80000, "memory_mb": 64000, "cpus": 16}}
+    )
+    client.register_worker({"id": "w2", "resources": {"cpus": 2}})
+    job = client.submit({"command": "train", "resources": {"gpus": 2, "cpus": 4, "memory_mb": 1000}})
+    assert client.claim("w1")["id"] == job["id"]
+    code, out, _ = corral(server, capsys, "workers")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["ID", "STATUS", "GPUS", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING"]
+    by_id = {row.split()[0]: row.split() for row in rows}
+    assert by_id["w1"][1:5] == ["active", "2/4", "4/16", "1000/64000"]
+    assert by_id["w1"][-1] == "1"
+    assert by_id["w2"][1:5] == ["active", "0/0", "0/2", "0/0"]
+    items = corral_json(server, capsys, "workers")["items"]
+    assert {worker["id"] for worker in items} == {"w1", "w2"}
+    assert corral_json(server, capsys, "workers", "--dead")["items"] == []
+
+
+def test_workers_dead_lists_only_flagged_workers(capsys, monkeypatch):
+    """The flag is set by the server's dead-worker sweep; here the SDK answer is scripted."""
+    workers = [
+        _worker("alive", flagged_dead_at=None),
+        _worker("gone", flagged_dead_at="2024-01-01T00:00:00.000Z"),
+    ]
+    monkeypatch.setattr(Client, "workers", lambda self: workers)
+    assert main(["workers", "--dead"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[:3] for row in rows] == [["gone", "offline", "(dead)"]]
+
+
+def _worker(worker_id: str, flagged_dead_at: str | None) -> dict[str, Any]:
+    nothing = {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0}
+    return {
+        "id": worker_id,
+        "status": "offline" if flagged_dead_at else "active",
+        "resources": nothing,
+        "used": nothing,
+        "last_heartbeat_at": None,
+        "flagged_dead_at": flagged_dead_at,
+        "running": [],
+    }
+
+
+def _finish_when_submitted(server: Any, outcome: str) -> threading.Thread:
+    """Play the worker for ``submit --wait``: claim the job once it exists, then finish it."""
+
+    def play() -> None:
+        with Client(server.url) as worker:
+            worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
+            deadline = time.monotonic() + 10
+            claimed = None
+            while claimed is None and time.monotonic() < deadline:
+                claimed = worker.claim("w1")
+                time.sleep(0.05)
+            assert claimed is not None
+            if outcome == "done":
+                worker.done(claimed["id"], "w1", claimed["attempt"])
+            else:
+                worker.fail(claimed["id"], "w1", claimed["attempt"], exit_code=3, error="boom")
+
+    thread = threading.Thread(target=play)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("done", 0), ("failed", 1)])
+def test_submit_wait_exits_by_the_outcome(server, capsys, outcome, code):
+    worker = _finish_when_submitted(server, outcome)
+    result = corral(server, capsys, "submit", "--wait", "--max-retries", "0", "--", "true")
+    worker.join()
+    assert result[0] == code
+    job_id = result[2].strip()
+    assert result[1].startswith(f"{job_id}: {outcome}")
+    if outcome == "failed":
+        assert "exit 3" in result[1] and "boom" in result[1]
+
+
+def test_submit_wait_json_prints_the_final_job(server, capsys):
+    worker = _finish_when_submitted(server, "done")
+    final = corral_json(server, capsys, "submit", "--wait", "--", "true")
+    worker.join()
+    assert final["status"] == "done"
+
+
+def test_submit_wait_on_a_cancelled_gang_exits_1(server, client, capsys):
+    def cancel_the_gang() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            gangs = {job["gang_id"] for job in client.list_jobs_page()["items"] if job["gang_id"]}
+            if gangs:
+                client.cancel_gang(gangs.pop())
+                return
+            time.sleep(0.05)
+
+    canceller = threading.Thread(target=cancel_the_gang)
+    canceller.start()
+    code, out, _ = corral(server, capsys, "submit", "--wait", "--gang-size", "2", "--", "hostname")
+    canceller.join()
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].endswith(": cancelled") and lines[0].startswith("g-")
+    assert len(lines) == 3 and all("cancelled" in line for line in lines[1:])

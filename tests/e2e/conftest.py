@@ -1,0 +1,220 @@
+"""End-to-end fixtures: a real ``corral server`` and real ``corral worker`` processes.
+
+Each test starts what it needs through the factories below; every process they start is stopped
+in teardown (workers get SIGTERM twice so they stop their jobs, then SIGKILL if they linger), and
+every process group a test registers with ``reap_groups`` is killed, so nothing outlives a test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import psutil
+import pytest
+
+from corral.client import Client
+
+T = TypeVar("T")
+
+# Small intervals so every test finishes in seconds.
+FAST_WORKER_FLAGS = [
+    "--heartbeat-s", "0.2",
+    "--worker-heartbeat-s", "0.5",
+    "--preempt-grace-s", "0.5",
+    "--poll-s", "0.2",
+    "--claim-wait-s", "1",
+    "--shutdown-timeout-s", "5",
+    "--cpus", "4",
+    "--memory-mb", "4096",
+]  # fmt: skip
+_START_TIMEOUT_S = 15.0
+
+
+def wait_for(check: Callable[[], T | None], timeout_s: float = 10.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something truthy; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def clean_environment() -> dict[str, str]:
+    """The test's environment without ``CORRAL_*`` settings that would leak into the processes."""
+    return {key: value for key, value in os.environ.items() if not key.startswith("CORRAL_")}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+
+@dataclass
+class WorkerProcess:
+    worker_id: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _log_file: Any = field(repr=False, default=None)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signal_number: int) -> None:
+        self.process.send_signal(signal_number)
+
+
+def _read_listen_line(process: subprocess.Popen[bytes]) -> str:
+    """The server's one stdout line, read in a thread so a server that never prints cannot hang us."""
+    lines: list[bytes] = []
+    stdout = process.stdout
+    assert stdout is not None
+    reader = threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(_START_TIMEOUT_S)
+    if not lines or not lines[0]:
+        raise RuntimeError(f"corral server did not start (exit code {process.poll()})")
+    line = lines[0].decode().strip()
+    prefix = "corral server listening on "
+    assert line.startswith(prefix), line
+    return line[len(prefix) :].split()[0]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _stop(process: subprocess.Popen[Any], signals: tuple[int, ...], wait_s: float) -> None:
+    for signal_number in signals:
+        if process.poll() is not None:
+            break
+        process.send_signal(signal_number)
+        time.sleep(0.05)
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``corral server`` on a fresh SQLite file; extra flags as arguments."""
+    started: list[tuple[subprocess.Popen[bytes], Any]] = []
+
+    def start(*flags: str, port: int = 0) -> ServerProcess:
+        index = len(started)
+        log_path = tmp_path / f"server-{index}.log"
+        log_file = log_path.open("wb")
+        command = [sys.executable, "-m", "corral", "server", "--db", f"sqlite:///{tmp_path}/c{index}.db"]
+        command += ["--port", str(port), *flags]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log_file, env=clean_environment(), cwd=tmp_path
+        )
+        started.append((process, log_file))
+        server = ServerProcess(process, _read_listen_line(process), log_path)
+        wait_for(lambda: _healthy(server.url), _START_TIMEOUT_S, "the server to answer /healthz")
+        return server
+
+    yield start
+    for process, log_file in started:
+        _stop(process, (signal.SIGTERM,), 10)
+        if process.stdout is not None:
+            process.stdout.close()
+        log_file.close()
+
+
+@pytest.fixture
+def server(start_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return start_server()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``corral worker`` with fast intervals; later flags override the defaults."""
+    started: list[WorkerProcess] = []
+
+    def start(server_url: str, worker_id: str, *flags: str) -> WorkerProcess:
+        log_path = tmp_path / f"worker-{worker_id}.log"
+        log_file = log_path.open("wb")
+        command = [sys.executable, "-m", "corral", "worker", "--server", server_url, "--worker-id", worker_id]
+        command += [*FAST_WORKER_FLAGS, *flags]
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=clean_environment(),
+            cwd=tmp_path,
+        )
+        worker = WorkerProcess(worker_id, process, log_path, log_file)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.process.returncode is None:
+            worker.process.send_signal(signal.SIGCONT)
+        _stop(worker.process, (signal.SIGTERM, signal.SIGTERM), 10)
+        worker._log_file.close()
+
+
+@pytest.fixture
+def reap_groups() -> Iterator[list[int]]:
+    """Process-group ids a test registers (jobs orphaned by a killed worker); killed in teardown."""
+    groups: list[int] = []
+    yield groups
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[Client]:
+    with Client(server.url) as opened:
+        yield opened
+
+
+def wait_status(client: Client, job_id: str, statuses: set[str], timeout_s: float = 10.0) -> dict[str, Any]:
+    """Poll the job until its status is one of ``statuses``; the job object."""
+
+    def check() -> dict[str, Any] | None:
+        job = client.get_job(job_id)
+        return job if job["status"] in statuses else None
+
+    return wait_for(check, timeout_s, f"job {job_id} to reach {sorted(statuses)}")

@@ -1,0 +1,195 @@
+"""``corral up`` as a user runs it: real processes in a scratch directory, driven by the real CLI.
+
+The full story (up -> submit -> done -> SIGTERM -> nothing left running) needs ``corral worker``;
+the failure paths (server dies at start, port already served) need only the server.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import orjson
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+START_TIMEOUT_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _environment() -> dict[str, str]:
+    """The test's environment without ``CORRAL_*`` settings, so only the flags given apply."""
+    return {key: value for key, value in os.environ.items() if not key.startswith("CORRAL_")}
+
+
+def _corral(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corral", *argv],
+        cwd=cwd,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+class _Up:
+    """``corral up`` in the background, its stdout read line by line on a thread."""
+
+    def __init__(self, cwd: Path, *argv: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "corral", "up", *argv],
+            cwd=cwd,
+            env=_environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        assert self.process.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for_line(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            if line.startswith(prefix):
+                return line
+        stderr = self.process.stderr.read() if self.process.poll() is not None and self.process.stderr else ""
+        pytest.fail(f"`corral up` printed no {prefix!r} line (exit code {self.process.poll()}): {stderr}")
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def kill_everything(self) -> None:
+        """Cleanup after a failed test: only this test's processes, by id."""
+        if self.process.poll() is None:
+            for child in self.descendants():
+                child.kill()
+            self.process.kill()
+        self.process.wait(timeout=10)
+        self._reader.join(timeout=5)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _worker_is_written() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("corral.worker.main") is not None
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(not _worker_is_written(), reason="corral worker (corral.worker.main) is not written yet")
+def test_up_runs_a_job_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    up = _Up(tmp_path, "--port", str(port))
+    try:
+        assert up.wait_for_line("corral is up", START_TIMEOUT_S) == f"corral is up: {url}"
+
+        submitted = _corral("submit", "--server", url, "--", "echo", "hello", cwd=tmp_path)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+
+        deadline = time.monotonic() + 60
+        status = None
+        while status != "done" and time.monotonic() < deadline:
+            listed = _corral("jobs", "--server", url, "--json", cwd=tmp_path)
+            assert listed.returncode == 0, listed.stderr
+            status = {job["id"]: job["status"] for job in orjson.loads(listed.stdout)["items"]}[job_id]
+            assert status not in ("failed", "cancelled")
+            time.sleep(0.3)
+        assert status == "done"
+
+        children = up.descendants()
+        assert len(children) >= 2  # the server and the worker
+        up.process.send_signal(signal.SIGTERM)
+        assert up.process.wait(timeout=90) == 0
+        for child in children:
+            psutil.wait_procs([child], timeout=5)
+            assert _gone(child), f"left running: {child.pid} {child.cmdline()}"
+        assert (tmp_path / "corral.db").exists()
+        assert (tmp_path / "corral-server.log").exists() and (tmp_path / "corral-worker.log").exists()
+    finally:
+        up.kill_everything()
+
+
+@pytest.mark.timeout(60)
+def test_up_exits_1_with_the_server_log_when_the_server_dies(tmp_path: Path) -> None:
+    dead_postgres = f"postgresql://nobody@127.0.0.1:{_free_port()}/none"
+    up = _Up(tmp_path, "--port", str(_free_port()), "--db", dead_postgres)
+    try:
+        assert up.process.wait(timeout=45) == 1
+        assert up.process.stderr is not None
+        stderr = up.process.stderr.read()
+        assert "the server exited with code" in stderr and "corral-server.log" in stderr
+        assert "corral server:" in stderr  # the server's own last line, copied from its log
+        assert "Traceback" not in stderr.split("last lines")[0]
+        assert not (tmp_path / "corral-worker.log").exists()
+    finally:
+        up.kill_everything()
+
+
+@pytest.mark.timeout(60)
+def test_up_refuses_a_port_another_server_answers(tmp_path: Path) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "corral", "server", "--port", str(port), "--db", "sqlite:///other.db"],
+        cwd=tmp_path,
+        env=_environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while _corral("jobs", "--server", f"http://127.0.0.1:{port}", cwd=tmp_path).returncode != 0:
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.2)
+        refused = subprocess.run(
+            [sys.executable, "-m", "corral", "up", "--port", str(port)],
+            cwd=tmp_path,
+            env=_environment(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert refused.returncode == 1
+        assert "already answers" in refused.stderr
+        assert not (tmp_path / "corral.db").exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
