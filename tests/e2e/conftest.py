@@ -7,6 +7,7 @@ every process group a test registers with ``reap_groups`` is killed, so nothing 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -198,10 +199,8 @@ def reap_groups() -> Iterator[list[int]]:
     groups: list[int] = []
     yield groups
     for group in groups:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 @pytest.fixture

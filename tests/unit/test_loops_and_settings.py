@@ -28,9 +28,12 @@ def test_a_failing_pass_is_logged_and_counted_not_raised(caplog):
 def test_loops_keep_running_through_failures_and_stop_cleanly():
     metrics = Metrics()
     passes = []
+    six_passes = asyncio.Event()
 
     def tick():
         passes.append(1)
+        if len(passes) == 6:
+            six_passes.set()
         if len(passes) % 2:
             raise ValueError("every other pass fails")
 
@@ -39,8 +42,7 @@ def test_loops_keep_running_through_failures_and_stop_cleanly():
 
     async def scenario():
         group.start(on_death=lambda name, error: deaths.append(name))
-        while len(passes) < 6:
-            await asyncio.sleep(0.005)
+        await six_passes.wait()
         await group.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 5))

@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
+from typing import Any
 
 logger = logging.getLogger("corral.worker.executor")
 
@@ -58,7 +59,12 @@ class JobProcess:
     """A started job. ``stop()`` runs its sequence once, however many threads ask for it."""
 
     def __init__(
-        self, command: str, env: Mapping[str, str], tail_bytes: int, grace_s: float, cwd: str | None = None
+        self,
+        command: str,
+        env: Mapping[str, str],
+        tail_bytes: int,
+        grace_s: float,
+        log_fields: Mapping[str, Any] | None = None,
     ) -> None:
         self.command = command
         self.grace_s = grace_s
@@ -70,7 +76,6 @@ class JobProcess:
         self._popen = subprocess.Popen(
             ["/bin/sh", "-c", command],
             env=dict(env),
-            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -78,6 +83,8 @@ class JobProcess:
             close_fds=True,
         )
         self.pid = self._popen.pid
+        # Every line about the job carries its ids (job_id, worker_id, attempt) and the pid.
+        self.fields = {**(log_fields or {}), "pid": self.pid}
         self._reader = threading.Thread(target=self._read_output, name=f"output-{self.pid}", daemon=True)
         self._reader.start()
 
@@ -91,7 +98,7 @@ class JobProcess:
             while chunk := os.read(descriptor, 65536):
                 self.tail.append(chunk)
         except OSError:
-            logger.debug("output pipe closed", extra={"pid": self.pid})
+            logger.debug("output pipe closed", extra=self.fields)
         finally:
             stream.close()
 
@@ -124,7 +131,7 @@ class JobProcess:
             return False
         except PermissionError:
             # A member changed its credentials (setuid); nothing more the worker can do.
-            logger.warning("cannot signal the job's process group", extra={"pid": self.pid})
+            logger.warning("cannot signal the job's process group", extra=self.fields)
             return False
         return True
 
@@ -164,11 +171,11 @@ class JobProcess:
                 return
             time.sleep(_POLL_S)
         if self._signal_group(signal.SIGKILL):
-            logger.info("job did not stop within the grace period; sent SIGKILL", extra={"pid": self.pid})
+            logger.info("job did not stop within the grace period; sent SIGKILL", extra=self.fields)
         try:
             self._popen.wait(timeout=_KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            logger.error("job survived SIGKILL (uninterruptible sleep?)", extra={"pid": self.pid})
+            logger.error("job survived SIGKILL (uninterruptible sleep?)", extra=self.fields)
 
     def finish(self) -> str:
         """After the main process exited: end what is left of its group, then return the tail.
@@ -179,7 +186,7 @@ class JobProcess:
         """
         if self._group_alive():
             if not self._stopping:
-                logger.info("job left processes behind; stopping them", extra={"pid": self.pid})
+                logger.info("job left processes behind; stopping them", extra=self.fields)
             self.stop()
         self._reader.join(timeout=_READER_JOIN_S)
         return self.tail.text()

@@ -109,6 +109,7 @@ class JobRun:
                     environment,
                     self._settings.output_tail_bytes,
                     self._settings.preempt_grace_s,
+                    self.fields,
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
@@ -127,10 +128,17 @@ class JobRun:
             if stopper is not None:
                 stopper.join()
             self._report(process, exit_code, tail)
-        except Exception:
+        except Exception as error:
+            # A bug or a host problem (disk full for the workspace): never leave the job running
+            # unsupervised, and tell the server so it can retry elsewhere instead of waiting
+            # for the lease to expire.
             logger.exception("job supervision failed", extra=self.fields)
             if self._process is not None:
                 self._process.stop()
+            with self._lock:
+                lost = self._reason == StopReason.LOST
+            if not lost:
+                self._report_failure(None, f"worker error: {error}", "")
         finally:
             if workspace is not None:
                 workspace.remove()

@@ -51,7 +51,8 @@ def default_address(server_url: str) -> str:
 class ShutdownSignals:
     """Counts SIGTERM/SIGINT: the first asks for a graceful shutdown, the second forces it."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker_id: str) -> None:
+        self.fields = {"worker_id": worker_id}
         self.requested = threading.Event()
         self.forced = threading.Event()
 
@@ -63,10 +64,10 @@ class ShutdownSignals:
         name = signal.Signals(signal_number).name
         if self.requested.is_set():
             self.forced.set()
-            logger.warning(f"{name} again: stopping running jobs now")
+            logger.warning(f"{name} again: stopping running jobs now", extra=self.fields)
         else:
             self.requested.set()
-            logger.info(f"{name}: shutting down once running jobs finish")
+            logger.info(f"{name}: shutting down once running jobs finish", extra=self.fields)
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -77,7 +78,7 @@ def run(arguments: argparse.Namespace) -> int:
     )
     worker_id = settings.worker_id or socket.gethostname()
     address = settings.worker_address or default_address(settings.server)
-    signals = ShutdownSignals()
+    signals = ShutdownSignals(worker_id)
     signals.install()
     agent = Agent(settings, worker_id, address, offer)
     agent.start()
