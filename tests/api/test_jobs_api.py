@@ -8,7 +8,8 @@ from tests.api.conftest import claim, error_code, register, submit
 
 JOB_FIELDS = {
     "id", "name", "command", "env", "status", "gang_id", "gang_size", "gang_index", "resources",
-    "constraints", "pool", "user", "priority", "preemption_class", "checkpoint_mode", "max_retries", "attempts",
+    "constraints", "pool", "user", "priority", "preemption_class", "checkpoint_mode", "max_retries",
+    "attempts",
     "watchdog_retries", "preempted_count", "worker_id", "gpu_indices", "reservation_epoch", "reserved_at",
     "preemption_epoch", "drain_started_at", "submitted_at", "started_at", "finished_at", "last_heartbeat_at",
     "exit_code", "error", "reason", "has_checkpoint", "progress", "budget_s", "walltime_s",
