@@ -374,3 +374,18 @@ def test_postgres_claim_query_uses_the_queue_index(postgres_store):
     store.submit([spec(resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
     plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
     assert "jobs_queue" in plan, plan
+
+
+@pytest.mark.postgres
+def test_postgres_store_reconnects_after_losing_its_connection(postgres_store):
+    import psycopg
+
+    store = postgres_store
+    job = submit_one(store)
+    backend = store.connection().info.backend_pid
+    with psycopg.connect(store.url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    with pytest.raises(errors.StoreUnavailable):
+        store.get_job(job.id)
+    assert store.get_job(job.id) == job
+    store.ping(1.0)

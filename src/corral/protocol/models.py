@@ -7,15 +7,35 @@ Validation failures become 400 ``invalid_request`` naming the field (see ``descr
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.domain.records import Constraints, JobSpec
 from corral.domain.resources import Resources
 
 MAX_BATCH = 10_000
-_POOL_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+#: tasks one request may create (a batch's jobs plus every gang's tasks)
+MAX_TASKS_PER_REQUEST = 10_000
+INT32_MAX = 2**31 - 1
+_POOL_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
+_WORKER_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold NUL, and no command, name or label needs one.
+    if "\0" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+def _replace_nul(value: str) -> str:
+    """Output of a job may hold any byte: keep it, minus the one PostgreSQL cannot store."""
+    return value.replace("\0", "\ufffd")
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+Output = Annotated[str, AfterValidator(_replace_nul)]
 
 
 class _Strict(BaseModel):
@@ -24,8 +44,8 @@ class _Strict(BaseModel):
 
 class ResourcesBody(_Strict):
     gpus: int = Field(0, ge=0, le=1_000_000)
-    vram_mb: int = Field(0, ge=0, le=1 << 40)
-    memory_mb: int = Field(0, ge=0, le=1 << 40)
+    vram_mb: int = Field(0, ge=0, le=INT32_MAX)
+    memory_mb: int = Field(0, ge=0, le=INT32_MAX)
     cpus: int = Field(0, ge=0, le=1_000_000)
 
     def to_domain(self) -> Resources:
@@ -33,19 +53,19 @@ class ResourcesBody(_Strict):
 
 
 class ConstraintsBody(_Strict):
-    gpu_model: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    gpu_model: Text | None = Field(None, max_length=256)
+    labels: dict[Text, Text] = Field(default_factory=dict)
 
 
 class SubmitBody(_Strict):
-    command: str = Field(min_length=1, max_length=65536)
-    name: str | None = Field(None, max_length=256)
-    env: dict[str, str] = Field(default_factory=dict)
-    gang_size: int = Field(1, ge=1, le=100_000)
+    command: Text = Field(min_length=1, max_length=65536)
+    name: Text | None = Field(None, max_length=256)
+    env: dict[Text, Text] = Field(default_factory=dict)
+    gang_size: int = Field(1, ge=1, le=MAX_TASKS_PER_REQUEST)
     resources: ResourcesBody = Field(default_factory=ResourcesBody)
     constraints: ConstraintsBody = Field(default_factory=ConstraintsBody)
     pool: str = Field("default", max_length=256)
-    user: str | None = Field(None, max_length=256)
+    user: Text | None = Field(None, max_length=256)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     preemption_class: int = Field(5, ge=0, le=10)
     checkpoint: Literal["none", "auto", "manual"] = "none"
@@ -72,7 +92,7 @@ class SubmitBody(_Strict):
     @field_validator("pool")
     @classmethod
     def _pool_path(cls, value: str) -> str:
-        if not _POOL_PATH.match(value):
+        if not _POOL_PATH.fullmatch(value):
             raise ValueError("pool must be a path like team/project (letters, digits, _ . -)")
         return value
 
@@ -99,13 +119,28 @@ class SubmitBody(_Strict):
 class BatchBody(_Strict):
     jobs: list[SubmitBody] = Field(min_length=1, max_length=MAX_BATCH)
 
+    @field_validator("jobs")
+    @classmethod
+    def _bounded_tasks(cls, value: list[SubmitBody]) -> list[SubmitBody]:
+        tasks = sum(job.gang_size for job in value)
+        if tasks > MAX_TASKS_PER_REQUEST:
+            raise ValueError(f"creates {tasks} tasks; one request may create at most {MAX_TASKS_PER_REQUEST}")
+        return value
+
 
 class WorkerRegisterBody(_Strict):
     id: str | None = Field(None, min_length=1, max_length=256)
-    address: str = Field("", max_length=1024)
+    address: Text = Field("", max_length=1024)
     resources: ResourcesBody = Field(default_factory=ResourcesBody)
-    gpu_model: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    gpu_model: Text | None = Field(None, max_length=256)
+    labels: dict[Text, Text] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _usable_in_a_path(cls, value: str | None) -> str | None:
+        if value is not None and not _WORKER_ID.fullmatch(value):
+            raise ValueError("worker id may hold only letters, digits and _ . : @ -")
+        return value
 
 
 class GpuReading(_Strict):
@@ -126,9 +161,9 @@ class JobHeartbeatBody(_Strict):
 
 
 class FailBody(_Strict):
-    exit_code: int | None = None
-    error: str | None = Field(None, max_length=65536)
-    output_tail: str | None = Field(None, max_length=65536)
+    exit_code: int | None = Field(None, ge=-INT32_MAX, le=INT32_MAX)
+    error: Output | None = Field(None, max_length=65536)
+    output_tail: Output | None = Field(None, max_length=65536)
 
 
 def describe_error(error: ValidationError) -> tuple[str, str]:

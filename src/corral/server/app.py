@@ -21,12 +21,7 @@ from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
-from corral.server.http import (
-    RequestIdMiddleware,
-    corral_error_handler,
-    http_error_handler,
-    unexpected_error_handler,
-)
+from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.loops.reaper import reaper_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.routes import jobs, operations, protocol, workers
@@ -80,7 +75,6 @@ def create_app(
         exception_handlers={
             errors.CorralError: corral_error_handler,
             HTTPException: http_error_handler,
-            Exception: unexpected_error_handler,
         },
         lifespan=lifespan,
     )

@@ -85,11 +85,14 @@ def query_int(request: Request, name: str, required: bool = True, default: int |
             raise errors.InvalidRequest(f"query parameter {name} is required", field=name)
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise errors.InvalidRequest(
             f"query parameter {name} must be an integer, got {raw!r}", field=name
         ) from None
+    if not -(2**63) <= value < 2**63:
+        raise errors.InvalidRequest(f"query parameter {name} is out of range", field=name)
+    return value
 
 
 def query_float(request: Request, name: str, default: float) -> float:
@@ -133,17 +136,14 @@ async def http_error_handler(request: Request, error: Exception) -> Response:
     return error_response(error.status_code, code, message, headers=getattr(error, "headers", None))
 
 
-async def unexpected_error_handler(request: Request, error: Exception) -> Response:
-    logger.error(
-        "unhandled error",
-        exc_info=error,
-        extra={"request_id": request.scope.get("request_id"), "path": request.url.path},
-    )
-    return error_response(500, "internal", "internal error; see the server log for this request id")
-
-
 class RequestIdMiddleware:
-    """Every response carries ``X-Request-ID``: the caller's, or a new one (pure ASGI: no body copy)."""
+    """The edge of every request (pure ASGI: no body copy).
+
+    - Every response carries ``X-Request-ID``: the caller's, or a new one; 500s included, so the id
+      in an error report finds its trace in the log.
+    - A NUL character in the path or query is refused with 400 before any route sees it (no id,
+      status or filter has one, and PostgreSQL cannot store one).
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -160,10 +160,28 @@ class RequestIdMiddleware:
         request_id = request_id or uuid.uuid4().hex
         scope["request_id"] = request_id
         header = (b"x-request-id", request_id.encode("latin-1"))
+        started = False
 
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        if "\0" in scope["path"] or b"%00" in scope.get("query_string", b"").lower():
+            response = error_response(400, "invalid_request", "the path or query holds a NUL character")
+            await response(scope, receive, send_with_id)
+            return
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as error:
+            logger.error(
+                "unhandled error", exc_info=error, extra={"request_id": request_id, "path": scope["path"]}
+            )
+            if started:
+                raise
+            response = error_response(
+                500, "internal", f"internal error; the server log has request id {request_id}"
+            )
+            await response(scope, receive, send_with_id)

@@ -35,20 +35,28 @@ def _to_pyformat(sql: str) -> str:
 
 
 class _PostgresTransaction:
-    """Statements on the one connection; the lock keeps another thread out of an open transaction."""
+    """Statements on the store's one connection; the lock keeps another thread out of an open
+    transaction. A lost connection is a 503 (``StoreUnavailable``), and the next call reconnects."""
 
-    def __init__(self, connection: Any, lock: threading.RLock) -> None:
-        self._connection = connection
-        self._lock = lock
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            cursor = self._connection.execute(_to_pyformat(sql), params)
+        with self._store.lock, _unavailable_on_connection_loss():
+            cursor = self._store.connection().execute(_to_pyformat(sql), params)
             return cursor.fetchall() if cursor.description is not None else []
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._lock, self._connection.cursor() as cursor:
+        with self._store.lock, _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
             cursor.executemany(_to_pyformat(sql), rows)
+
+
+@contextmanager
+def _unavailable_on_connection_loss() -> Iterator[None]:
+    try:
+        yield
+    except psycopg.OperationalError as error:
+        raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
 class PostgresStore(SqlStore):
@@ -63,44 +71,54 @@ class PostgresStore(SqlStore):
                 "PostgreSQL needs the driver: pip install 'corral[postgres]' (psycopg 3)"
             )
         self.url = url
-        try:
-            self._connection = psycopg.connect(url, autocommit=True)
-        except psycopg.OperationalError as error:
-            raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
-        # A freshly filled queue has stale statistics: the planner then picks a bitmap scan plus a
-        # sort of every pending row over the ordered walk of jobs_queue (and a bitmap scan never
-        # marks dead index entries, so each claim wades through all of them again). corral's
-        # queries are all served by their indexes in order; bitmap scans buy nothing here.
-        self._connection.execute("SET enable_bitmapscan = off")
-        self._lock = threading.RLock()
-        self._tx = _PostgresTransaction(self._connection, self._lock)
+        self.lock = threading.RLock()
+        self._connection: Any = None
+        self.connection()
+        self._tx = _PostgresTransaction(self)
+
+    def connection(self) -> Any:
+        """The open connection, (re)connecting when there is none or the last one was lost."""
+        if self._connection is None or self._connection.closed:
+            try:
+                self._connection = psycopg.connect(self.url, autocommit=True)
+            except psycopg.OperationalError as error:
+                raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
+            # A freshly filled queue has stale statistics: the planner then picks a bitmap scan plus
+            # a sort of every pending row over the ordered walk of jobs_queue (and a bitmap scan
+            # never marks dead index entries, so each claim wades through all of them again).
+            # corral's queries are all served by their indexes in order; bitmap scans buy nothing.
+            self._connection.execute("SET enable_bitmapscan = off")
+        return self._connection
 
     def migrate(self) -> None:
         """Migrate under an advisory lock, so replicas starting together migrate once."""
-        with self._lock:
-            self._connection.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        with self.lock:
+            self._tx.execute("SELECT pg_advisory_lock(?)", (_MIGRATION_LOCK,))
             try:
                 super().migrate()
             finally:
-                self._connection.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+                self._tx.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
 
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:
-        with self._lock, self._connection.transaction():
+        with self.lock, _unavailable_on_connection_loss(), self.connection().transaction():
             yield self._tx
 
     def _read(self) -> _PostgresTransaction:
         return self._tx
 
     def close(self) -> None:
-        self._connection.close()
+        if self._connection is not None:
+            self._connection.close()
 
     def ping(self, timeout_s: float) -> None:
+        """``SELECT 1`` on the connection the server uses (reconnecting it if it was lost)."""
+        if not self.lock.acquire(timeout=timeout_s):
+            raise errors.StoreUnavailable(f"the store connection stayed busy for {timeout_s:.0f}s")
         try:
-            with psycopg.connect(self.url, connect_timeout=max(1, int(timeout_s))) as connection:
-                connection.execute("SELECT 1")
-        except psycopg.Error as error:
-            raise errors.StoreUnavailable(f"PostgreSQL did not answer: {error}") from error
+            self._tx.execute("SELECT 1")
+        finally:
+            self.lock.release()
 
     def table_columns(self) -> dict[str, tuple[str, ...]]:
         rows = self._tx.execute(

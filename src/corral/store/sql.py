@@ -306,8 +306,11 @@ class SqlStore(abc.ABC):
         )
         return Status(rows[0][0]) if rows else None
 
-    def _load_job(self, tx: Transaction, job_id: str) -> Job:
-        rows = tx.execute(f"SELECT {_JOB_SELECT} FROM jobs WHERE id = ?", (job_id,))
+    def _load_job(self, tx: Transaction, job_id: str, lock: bool = False) -> Job:
+        """The job's row; ``lock`` holds it (``FOR UPDATE``) until the transaction ends, for a
+        decision that reads the row and then writes it."""
+        lock_clause = self.lock_clause_plain if lock else ""
+        rows = tx.execute(f"SELECT {_JOB_SELECT} FROM jobs WHERE id = ?{lock_clause}", (job_id,))
         if not rows:
             raise errors.NotFound(f"job {job_id} not found")
         return job_from_row(rows[0])
@@ -341,10 +344,6 @@ class SqlStore(abc.ABC):
         (``replayed``); the same key with a different request is a conflict.
         """
         with self._transaction() as tx:
-            if idempotency_key is not None:
-                replay = self._replay(tx, idempotency_key, fingerprint)
-                if replay is not None:
-                    return replay
             job_rows: list[tuple[Any, ...]] = []
             event_rows: list[tuple[Any, ...]] = []
             plan: list[tuple[str | None, list[Job]]] = []
@@ -365,14 +364,21 @@ class SqlStore(abc.ABC):
                     job_rows.append(_insert_row(job))
                     event_rows.append(_submit_event(job))
                 stamp += _BATCH_STEP_S
-            tx.executemany(_INSERT_JOB, job_rows)
-            tx.executemany(_INSERT_EVENT, event_rows)
             if idempotency_key is not None:
+                # Take the key first: a concurrent submit with the same key (another replica) waits
+                # here for ours to commit, then finds the key taken and replays our result.
                 result = [{"gang_id": gang_id, "jobs": [job.id for job in jobs]} for gang_id, jobs in plan]
-                tx.execute(
-                    "INSERT INTO idempotency_keys (key, fingerprint, result, created_at) VALUES (?, ?, ?, ?)",
+                taken = tx.execute(
+                    "INSERT INTO idempotency_keys (key, fingerprint, result, created_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (key) DO NOTHING RETURNING key",
                     (idempotency_key, fingerprint, _json(result), now),
                 )
+                if not taken:
+                    replay = self._replay(tx, idempotency_key, fingerprint)
+                    assert replay is not None
+                    return replay
+            tx.executemany(_INSERT_JOB, job_rows)
+            tx.executemany(_INSERT_EVENT, event_rows)
         return SubmitResult(
             items=tuple(
                 Submitted(job=jobs[0]) if gang_id is None else Submitted(gang_id=gang_id, tasks=tuple(jobs))
@@ -381,6 +387,7 @@ class SqlStore(abc.ABC):
         )
 
     def _replay(self, tx: Transaction, key: str, fingerprint: str) -> SubmitResult | None:
+        """The jobs a stored key created, as they are now; a different request is a conflict."""
         rows = tx.execute("SELECT fingerprint, result FROM idempotency_keys WHERE key = ?", (key,))
         if not rows:
             return None
@@ -497,7 +504,8 @@ class SqlStore(abc.ABC):
         the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
         """
         return (
-            f"SELECT {_JOB_SELECT} FROM jobs{self.queue_index_hint} WHERE status = 'pending'"
+            f"SELECT {_JOB_SELECT} FROM jobs{self.queue_index_hint}"
+            " WHERE status = 'pending' AND gang_id IS NULL"
             " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
             f" ORDER BY {_QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
         )
@@ -584,7 +592,7 @@ class SqlStore(abc.ABC):
         """
         fence = (worker_id, attempt)
         with self._transaction() as tx:
-            current = self._load_job(tx, job_id)
+            current = self._load_job(tx, job_id, lock=True)
             if current.worker_id != worker_id or current.attempts != attempt:
                 raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
             outcome = "exited" if exit_code is None else f"exited with code {exit_code}"
@@ -630,6 +638,7 @@ class SqlStore(abc.ABC):
             values,
             _EventSpec(reason=reason, epoch=job.preemption_epoch),
             fence,
+            expect={"cancel_requested": int(job.cancel_requested)},
         )
         if updated is None:
             raise self._explain_conflict(tx, job.id, fence, (Status.PREEMPTING,))
@@ -639,7 +648,7 @@ class SqlStore(abc.ABC):
         """The worker stopped a preempting job: preempting -> preempted (or cancelled)."""
         fence = (worker_id, attempt)
         with self._transaction() as tx:
-            job = self._load_job(tx, job_id)
+            job = self._load_job(tx, job_id, lock=True)
             if job.worker_id != worker_id or job.attempts != attempt:
                 raise self._explain_conflict(tx, job_id, fence, (Status.PREEMPTING,))
             if job.status != Status.PREEMPTING:
@@ -659,10 +668,11 @@ class SqlStore(abc.ABC):
         job (every task, for a gang) has already finished.
         """
         with self._transaction() as tx:
-            job = self._load_job(tx, job_id)
+            job = self._load_job(tx, job_id, lock=True)
             if job.gang_id is not None:
                 rows = tx.execute(
-                    f"SELECT {_JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id", (job.gang_id,)
+                    f"SELECT {_JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
+                    (job.gang_id,),
                 )
                 targets = [job_from_row(row) for row in rows]
             else:
@@ -674,12 +684,22 @@ class SqlStore(abc.ABC):
                 result = self._cancel_one(tx, target, now)
                 if result is not None:
                     changed.append(result)
+            # Rows are locked, so a compare-and-set cannot miss here; if one ever did, fail loudly
+            # (the transaction rolls back) rather than answer 200 for a cancel that did not happen.
+            expected = [target for target in targets if self._cancellable(target)]
+            if len(changed) != len(expected):
+                raise errors.Conflict(f"job {job_id} changed while it was being cancelled; retry")
             return [result for result in changed if result.id == job_id] + [
                 result for result in changed if result.id != job_id
             ]
 
+    @staticmethod
+    def _cancellable(job: Job) -> bool:
+        return job.status not in TERMINAL and not (job.status == Status.PREEMPTING and job.cancel_requested)
+
     def _cancel_one(self, tx: Transaction, job: Job, now: float) -> Job | None:
-        if job.status in TERMINAL:
+        """Cancel one job whose row this transaction holds; None when there is nothing to change."""
+        if job.status in TERMINAL or (job.status == Status.PREEMPTING and job.cancel_requested):
             return None
         if job.status == Status.RUNNING:
             epoch = job.preemption_epoch + 1
@@ -693,8 +713,11 @@ class SqlStore(abc.ABC):
                 _EventSpec(Reason("cancel_requested", "cancel requested; stopping the job"), epoch),
             )
         if job.status == Status.PREEMPTING:
+            # Already being stopped (a drain or a preemption): the stop ends as a cancel instead.
             rows = tx.execute(
-                f"UPDATE jobs SET cancel_requested = 1 WHERE id = ? RETURNING {_JOB_SELECT}", (job.id,)
+                "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'preempting'"
+                f" RETURNING {_JOB_SELECT}",
+                (job.id,),
             )
             return job_from_row(rows[0])
         return self._transition(
@@ -746,7 +769,8 @@ class SqlStore(abc.ABC):
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL)"
                 " ON CONFLICT (id) DO UPDATE SET address = excluded.address, gpus = excluded.gpus,"
                 " vram_mb = excluded.vram_mb, memory_mb = excluded.memory_mb, cpus = excluded.cpus,"
-                " gpu_model = excluded.gpu_model, labels = excluded.labels, status = 'active',"
+                " gpu_model = excluded.gpu_model, labels = excluded.labels,"
+                " status = CASE WHEN workers.status = 'draining' THEN 'draining' ELSE 'active' END,"
                 " last_heartbeat_at = excluded.last_heartbeat_at, flagged_dead_at = NULL"
                 f" RETURNING {_WORKER_SELECT}",
                 (
@@ -829,32 +853,27 @@ class SqlStore(abc.ABC):
                 (now - heartbeat_timeout_s,),
             )
         ]
-        for job in stale:
+        for candidate in stale:
             with self._transaction() as tx:
-                silent = now - (job.last_heartbeat_at or job.started_at or now)
+                # Re-read under lock: a heartbeat or a report may have landed since the scan.
+                job = self._load_job(tx, candidate.id, lock=True)
+                last_contact = job.last_heartbeat_at or job.started_at or now
+                if job.status != Status.RUNNING or last_contact >= now - heartbeat_timeout_s:
+                    continue
+                silent = now - last_contact
                 fence = (job.worker_id or "", job.attempts)
                 if job.attempts < job.spec.max_retries:
-                    reason = Reason(
-                        "lease_expired",
-                        f"no heartbeat from worker {job.worker_id} for {silent:.0f}s; re-queued",
-                    )
-                    result = self._transition(
-                        tx, job.id, now, Status.RUNNING, Status.PENDING, dict(_REQUEUE_VALUES),
-                        _EventSpec(reason), fence,
-                    )  # fmt: skip
-                    if result is not None:
-                        requeued.append(result)
+                    target, values, outcome = Status.PENDING, dict(_REQUEUE_VALUES), "re-queued"
                 else:
-                    reason = Reason(
-                        "lease_expired",
-                        f"no heartbeat from worker {job.worker_id} for {silent:.0f}s; out of retries",
-                    )
-                    result = self._transition(
-                        tx, job.id, now, Status.RUNNING, Status.FAILED, {"finished_at": now},
-                        _EventSpec(reason), fence,
-                    )  # fmt: skip
-                    if result is not None:
-                        failed.append(result)
+                    target, values, outcome = Status.FAILED, {"finished_at": now}, "out of retries"
+                reason = Reason(
+                    "lease_expired", f"no heartbeat from worker {job.worker_id} for {silent:.0f}s; {outcome}"
+                )
+                result = self._transition(
+                    tx, job.id, now, Status.RUNNING, target, values, _EventSpec(reason), fence
+                )
+                if result is not None:
+                    (requeued if target == Status.PENDING else failed).append(result)
         stuck = [
             job_from_row(row)
             for row in reader.execute(
@@ -863,14 +882,13 @@ class SqlStore(abc.ABC):
                 (now - preempt_timeout_s,),
             )
         ]
-        for job in stuck:
+        for candidate in stuck:
             with self._transaction() as tx:
-                try:
-                    drained.append(
-                        self._finish_stop(tx, job, now, None, f"force-drained after {preempt_timeout_s:.0f}s")
-                    )
-                except errors.Conflict:
+                job = self._load_job(tx, candidate.id, lock=True)
+                if job.status != Status.PREEMPTING or job.preemption_epoch != candidate.preemption_epoch:
                     continue
+                how = f"force-drained after {preempt_timeout_s:.0f}s without an ack"
+                drained.append(self._finish_stop(tx, job, now, None, how))
         with self._transaction() as tx:
             offline = tx.execute(
                 "UPDATE workers SET status = 'offline' WHERE status = 'active' AND last_heartbeat_at < ?"

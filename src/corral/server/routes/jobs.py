@@ -8,6 +8,7 @@ import hashlib
 import logging
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -195,8 +196,13 @@ async def cancel_gang(request: Request) -> Response:
     return json_response(_gang_to_wire(gang_id, state.store.gang_tasks(gang_id)))
 
 
+async def batch_is_post_only(request: Request) -> Response:
+    raise HTTPException(405, headers={"Allow": "POST"})
+
+
 routes = [
     Route("/jobs", submit, methods=["POST"]),
+    Route("/jobs/batch", batch_is_post_only, methods=["GET"]),
     Route("/jobs", list_jobs, methods=["GET"]),
     Route("/jobs/batch", submit_batch, methods=["POST"]),
     Route("/jobs/{job_id}", get_job, methods=["GET"]),

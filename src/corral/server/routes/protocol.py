@@ -65,7 +65,8 @@ async def claim(request: Request) -> Response:
         if await request.is_disconnected():
             return Response(status_code=204)
     state.metrics.jobs_claimed.inc()
-    if job.started_at is not None:
+    if job.started_at is not None and job.attempts == 1:
+        # A retry's wait would count its earlier runs too: only first starts measure the queue.
         state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
     logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
     body = job_to_wire(job)
