@@ -16,9 +16,8 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, tz=UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
+            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")[:-6]
+            + "Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

@@ -40,8 +40,8 @@ _WORKER_SELECT = ", ".join(WORKER_COLUMNS)
 _HOLDING_SQL = "('reserved', 'running', 'preempting')"
 _QUEUE_ORDER = "preemption_class DESC, priority DESC, queue_front DESC, submitted_at, id"
 # The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
-# so the claim reads a few rows first and widens the page only when constraints skip them.
-_CLAIM_FIRST_PAGE = 4
+# so the claim reads one row first and widens the page only when constraints skip them.
+_CLAIM_FIRST_PAGE = 1
 _CLAIM_MAX_PAGE = 512
 # Within one batch, jobs are stamped this far apart so the batch's order is its queue order.
 _BATCH_STEP_S = 1e-6
@@ -237,21 +237,19 @@ class SqlStore(abc.ABC):
         tx: Transaction,
         job_id: str,
         now: float,
-        expect_status: Status | Sequence[Status],
+        source: Status,
         target: Status,
         values: dict[str, Any],
         event: _EventSpec,
         fence: tuple[str, int] | None = None,
         expect: dict[str, Any] | None = None,
     ) -> Job | None:
-        """Compare-and-set one job from ``expect_status`` to ``target``; append its event.
+        """Compare-and-set one job from ``source`` to ``target``; append its event.
 
         Returns the updated job, or ``None`` when the precondition did not hold (nothing written).
         """
-        expected = (expect_status,) if isinstance(expect_status, Status) else tuple(expect_status)
-        for source in expected:
-            if not is_allowed(source, target):
-                raise AssertionError(f"transition {source} -> {target} is not in the table")
+        if not is_allowed(source, target):
+            raise AssertionError(f"transition {source} -> {target} is not in the table")
         assignments = ["status = ?", "event_count = event_count + 1"]
         params: list[Any] = [target.value]
         if event.reason is not None:
@@ -262,8 +260,8 @@ class SqlStore(abc.ABC):
             else:
                 assignments.append(f"{column} = ?")
                 params.append(value)
-        where = [f"status IN ({', '.join('?' for _ in expected)})"]
-        params_where: list[Any] = [job_id, *(status.value for status in expected)]
+        where = ["status = ?"]
+        params_where: list[Any] = [job_id, source.value]
         if fence is not None:
             where += ["worker_id = ?", "attempts = ?"]
             params_where += [fence[0], fence[1]]
@@ -279,16 +277,13 @@ class SqlStore(abc.ABC):
             return None
         row = rows[0]
         job = job_from_row(row)
-        previous = expected[0] if len(expected) == 1 else None
-        if previous is None:
-            previous = self._previous_status(tx, job_id)
         tx.execute(
             _INSERT_EVENT,
             (
                 job_id,
                 row[-1],
                 now,
-                previous.value if previous else None,
+                source.value,
                 target.value,
                 event.reason.code if event.reason else None,
                 event.reason.message if event.reason else None,
@@ -298,13 +293,6 @@ class SqlStore(abc.ABC):
             ),
         )
         return job
-
-    def _previous_status(self, tx: Transaction, job_id: str) -> Status | None:
-        rows = tx.execute(
-            "SELECT to_status FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT 1",
-            (job_id,),
-        )
-        return Status(rows[0][0]) if rows else None
 
     def _load_job(self, tx: Transaction, job_id: str, lock: bool = False) -> Job:
         """The job's row; ``lock`` holds it (``FOR UPDATE``) until the transaction ends, for a
@@ -470,15 +458,14 @@ class SqlStore(abc.ABC):
             worker = self._load_worker(tx, worker_id, lock=True)
             if worker.status == WorkerStatus.DRAINING:
                 return None
-            reserved = tx.execute(
-                f"SELECT {_JOB_SELECT} FROM jobs WHERE worker_id = ? AND status = 'reserved'"
-                f" ORDER BY reserved_at, id LIMIT 1{self.lock_clause}",
-                (worker_id,),
+            allocations = self._worker_allocations(tx, worker_id)
+            reserved = sorted(
+                allocation.job_id for allocation in allocations if allocation.status == Status.RESERVED
             )
             if reserved:
-                task = job_from_row(reserved[0])
+                task = self._load_job(tx, reserved[0], lock=True)
                 return self._start(tx, task, worker_id, task.gpu_indices, now, Status.RESERVED)
-            capacity = policy.capacity(worker, self._worker_allocations(tx, worker_id))
+            capacity = policy.capacity(worker, allocations)
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
                 return None
@@ -561,16 +548,20 @@ class SqlStore(abc.ABC):
         """running (or preempting: it finished before it was stopped) -> done."""
         fence = (worker_id, attempt)
         with self._transaction() as tx:
-            job = self._transition(
-                tx,
-                job_id,
-                now,
-                (Status.RUNNING, Status.PREEMPTING),
-                Status.DONE,
-                {"finished_at": now, "exit_code": 0},
-                _EventSpec(reason=Reason("completed", "exited with code 0")),
-                fence,
-            )
+            job = None
+            for source in (Status.RUNNING, Status.PREEMPTING):
+                job = self._transition(
+                    tx,
+                    job_id,
+                    now,
+                    source,
+                    Status.DONE,
+                    {"finished_at": now, "exit_code": 0},
+                    _EventSpec(reason=Reason("completed", "exited with code 0")),
+                    fence,
+                )
+                if job is not None:
+                    break
             if job is None:
                 raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
             return job

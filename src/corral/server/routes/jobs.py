@@ -56,11 +56,13 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
         tasks = sum(spec.gang_size for spec in specs)
         state.metrics.jobs_submitted.inc(tasks)
         state.signal.notify()
-        for item in result.items:
-            if item.job is not None:
-                logger.info("job submitted", extra={"job_id": item.job.id})
-            else:
-                logger.info("gang submitted", extra={"gang_id": item.gang_id, "gang_size": len(item.tasks)})
+        if batch:
+            # One line per request: a 10,000-job batch must not write 10,000 log lines.
+            logger.info("batch submitted", extra={"items": len(result.items), "tasks": tasks})
+        elif (item := result.items[0]).job is not None:
+            logger.info("job submitted", extra={"job_id": item.job.id})
+        else:
+            logger.info("gang submitted", extra={"gang_id": item.gang_id, "gang_size": len(item.tasks)})
     return state, result
 
 
