@@ -8,7 +8,7 @@ naming the field (never 422), a wrong method a 405, an unknown path a 404, and a
 from __future__ import annotations
 
 import logging
-import uuid
+import secrets
 from typing import Any, TypeVar
 
 import orjson
@@ -157,7 +157,7 @@ class RequestIdMiddleware:
             if name == b"x-request-id":
                 request_id = value.decode("latin-1")[:128]
                 break
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request_id or secrets.token_hex(16)
         scope["request_id"] = request_id
         header = (b"x-request-id", request_id.encode("latin-1"))
         started = False
