@@ -207,6 +207,16 @@ class Client:
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/fail", body, params=params)
         return result
 
+    def watchdog(
+        self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None
+    ) -> dict[str, Any]:
+        """Report a watchdog trip (``budget`` / ``stall`` / ``gpu_health``) after stopping the job.
+        Returns the job: re-queued at the front of the queue, or failed past the retry cap."""
+        params = {"worker_id": worker_id, "attempt": attempt}
+        body = {"kind": kind, "detail": detail}
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/watchdog", body, params=params)
+        return result
+
     def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> dict[str, Any]:
         params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/preempted", params=params)

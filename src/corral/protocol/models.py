@@ -152,6 +152,9 @@ class GpuReading(_Strict):
 class WorkerHeartbeatBody(_Strict):
     gpus: list[GpuReading] | None = None
     running: list[str] | None = None
+    #: GPU indices the worker will not use again (a killed job's process would not exit from a
+    #: driver call); the server places no work on them until the worker re-registers
+    unhealthy_gpus: list[int] | None = Field(None, max_length=4096)
 
 
 class JobHeartbeatBody(_Strict):
@@ -164,6 +167,15 @@ class FailBody(_Strict):
     exit_code: int | None = Field(None, ge=-INT32_MAX, le=INT32_MAX)
     error: Output | None = Field(None, max_length=65536)
     output_tail: Output | None = Field(None, max_length=65536)
+
+
+WATCHDOG_KINDS = ("budget", "stall", "gpu_health")
+
+
+class WatchdogBody(_Strict):
+    kind: Literal["budget", "stall", "gpu_health"]
+    #: what the watchdog saw (readings, deadlines), kept in the job's event history
+    detail: dict[str, Any] | str | None = None
 
 
 def describe_error(error: ValidationError) -> tuple[str, str]:
