@@ -389,3 +389,35 @@ def test_postgres_store_reconnects_after_losing_its_connection(postgres_store):
         store.get_job(job.id)
     assert store.get_job(job.id) == job
     store.ping(1.0)
+
+
+# --- watchdogs ------------------------------------------------------------------------------
+
+
+def test_watchdog_trip_requeues_at_the_front_then_fails(store):
+    register(store)
+    job = submit_one(store)
+    submit_one(store)
+    store.claim("w1", NOW, POLICY)
+    first = store.watchdog_trip(job.id, "w1", 1, NOW, "budget", "ran 3600s of 3600s", max_retries=1)
+    assert (first.status, first.watchdog_retries, first.queue_front) == (Status.PENDING, 1, True)
+    again = store.claim("w1", NOW, POLICY)
+    assert (again.id, again.queue_front) == (job.id, False)
+    with pytest.raises(errors.StaleAttempt):
+        store.watchdog_trip(job.id, "w1", 1, NOW, "budget", "late", max_retries=1)
+    second = store.watchdog_trip(job.id, "w1", 2, NOW, "budget", "ran 3600s of 3600s", max_retries=1)
+    assert (second.status, second.reason.code) == (Status.FAILED, "watchdog_budget")
+    assert_history_is_legal(store, job.id)
+
+
+def test_dead_workers_are_flagged_once_until_a_heartbeat(store):
+    register(store, "busy")
+    register(store, "idle")
+    submit_one(store)
+    store.claim("busy", NOW, POLICY)
+    flagged = store.flag_dead_workers(NOW + 31, 30)
+    assert [(worker.id, running) for worker, running in flagged] == [("busy", 1)]
+    assert store.flag_dead_workers(NOW + 40, 30) == []
+    store.worker_heartbeat("busy", NOW + 41, None)
+    assert store.get_worker("busy").worker.flagged_dead_at is None
+    assert [worker.id for worker, _ in store.flag_dead_workers(NOW + 80, 30)] == ["busy"]

@@ -24,11 +24,12 @@ class Capacity:
 def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity:
     """Subtract every allocation held on ``worker`` from its registered resources.
 
-    GPU indices that an allocation names are taken; indices beyond the worker's count (a worker that
-    re-registered with fewer GPUs) are ignored rather than going negative.
+    GPU indices that an allocation names are taken, and so are the ones the worker reported
+    unhealthy; indices beyond the worker's count (a worker that re-registered with fewer GPUs) are
+    ignored rather than going negative.
     """
     used = ZERO
-    taken: set[int] = set()
+    taken: set[int] = set(worker.unhealthy_gpus)
     for allocation in allocations:
         used = used + allocation.resources
         taken.update(allocation.gpu_indices)

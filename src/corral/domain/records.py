@@ -100,6 +100,8 @@ class Worker:
     registered_at: float
     last_heartbeat_at: float | None
     flagged_dead_at: float | None = None
+    #: GPU indices the worker reported unusable: placement never hands them out
+    unhealthy_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

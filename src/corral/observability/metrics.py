@@ -66,6 +66,17 @@ class Metrics:
         self.loop_leader = Gauge(
             "corral_loop_leader", "1 where this replica runs the loop", ["loop"], registry=registry
         )
+        self.watchdog_trips = Counter(
+            "corral_watchdog_trips_total",
+            "Watchdog trips reported by workers, by kind and outcome (requeued / failed)",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.dead_workers_flagged = Counter(
+            "corral_dead_workers_flagged_total",
+            "Workers flagged dead: heartbeat frozen while holding running jobs",
+            registry=registry,
+        )
         self.loop_errors = Counter(
             "corral_loop_errors_total", "Passes of a background loop that raised", ["loop"], registry=registry
         )

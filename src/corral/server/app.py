@@ -22,7 +22,7 @@ from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
-from corral.server.loops.reaper import reaper_tick
+from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.routes import jobs, operations, protocol, workers
 from corral.server.state import ServerState
@@ -59,7 +59,17 @@ def create_app(
     settings = settings or ServerSettings()
     state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
     state.metrics.watch_store(partial(cluster_gauges, store))
-    loops = LoopGroup([Loop("reaper", settings.reaper_tick_s, partial(reaper_tick, state))], state.metrics)
+    loops = LoopGroup(
+        [
+            Loop("reaper", settings.reaper_tick_s, partial(reaper_tick, state)),
+            Loop(
+                "dead_worker_sweep",
+                dead_worker_sweep_interval(settings),
+                partial(dead_worker_sweep_tick, state),
+            ),
+        ],
+        state.metrics,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

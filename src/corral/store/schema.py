@@ -87,6 +87,7 @@ WORKER_COLUMNS: tuple[str, ...] = (
     "last_heartbeat_at",
     "flagged_dead_at",
     "gpu_stats",
+    "unhealthy_gpus",
 )
 
 EVENT_COLUMNS: tuple[str, ...] = (
@@ -240,6 +241,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             # claim's index scan does not wade through dead entries and plans stay accurate.
             "ALTER TABLE jobs SET (autovacuum_vacuum_scale_factor = 0.02,"
             " autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000)",
+        ),
+    ),
+    Migration(
+        2,
+        "unhealthy gpus",
+        (
+            # GPU indices a worker reported it will not use again (a killed job's process stuck in a
+            # driver call): comma-separated, excluded from placement until the worker re-registers.
+            "ALTER TABLE workers ADD COLUMN unhealthy_gpus TEXT NOT NULL DEFAULT ''",
         ),
     ),
 )

@@ -74,6 +74,10 @@ def _indices_text(indices: Sequence[int]) -> str:
     return ",".join(str(index) for index in indices)
 
 
+def _indices(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",")) if text else ()
+
+
 def job_from_row(row: Sequence[Any]) -> Job:
     (
         job_id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb, memory_mb,
@@ -134,7 +138,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
 def worker_from_row(row: Sequence[Any]) -> Worker:
     (
         worker_id, address, gpus, vram_mb, memory_mb, cpus, gpu_model, labels, status, registered_at,
-        last_heartbeat_at, flagged_dead_at, _gpu_stats,
+        last_heartbeat_at, flagged_dead_at, _gpu_stats, unhealthy_gpus,
     ) = row  # fmt: skip
     return Worker(
         id=worker_id,
@@ -146,6 +150,7 @@ def worker_from_row(row: Sequence[Any]) -> Worker:
         registered_at=registered_at,
         last_heartbeat_at=last_heartbeat_at,
         flagged_dead_at=flagged_dead_at,
+        unhealthy_gpus=_indices(unhealthy_gpus),
     )
 
 
@@ -721,6 +726,75 @@ class SqlStore(abc.ABC):
             _EventSpec(Reason("cancelled", "cancelled by request")),
         )
 
+    def watchdog_trip(
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        now: float,
+        kind: str,
+        detail: str,
+        max_retries: int,
+    ) -> Job:
+        """A worker's watchdog stopped the job: re-queue it at the front, or fail it past the cap.
+
+        running -> pending with ``queue_front`` and ``watchdog_retries`` + 1 while
+        ``watchdog_retries < max_retries``, else running -> failed. A job that was being stopped
+        anyway (preempting) ends as that stop intended. Fenced like every worker report.
+        """
+        fence = (worker_id, attempt)
+        with self._transaction() as tx:
+            job = self._load_job(tx, job_id, lock=True)
+            if job.worker_id != worker_id or job.attempts != attempt:
+                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
+            if job.status == Status.PREEMPTING:
+                return self._finish_stop(tx, job, now, fence, f"{kind} watchdog stopped it: {detail}")
+            trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
+            if job.watchdog_retries < max_retries:
+                target = Status.PENDING
+                reason = Reason(f"watchdog_{kind}", f"{trip}; re-queued at the front: {detail}")
+                values: dict[str, Any] = {
+                    **_REQUEUE_VALUES,
+                    "queue_front": 1,
+                    "watchdog_retries": Raw("watchdog_retries + 1"),
+                    "error": f"{kind} watchdog: {detail}",
+                }
+            else:
+                target = Status.FAILED
+                reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
+                values = {"finished_at": now, "error": f"{kind} watchdog: {detail}"}
+            result = self._transition(
+                tx, job_id, now, Status.RUNNING, target, values, _EventSpec(reason), fence
+            )
+            if result is None:
+                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
+            return result
+
+    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
+        """Flag workers silent for ``after_s`` that still hold running jobs, once per episode.
+
+        A flag is set only where none is (a fresh heartbeat clears it, so a worker that goes
+        silent again is flagged again). Returns each newly flagged worker with its running jobs.
+        Nothing is killed or re-queued here: the lease reaper recovers the jobs.
+        """
+        with self._transaction() as tx:
+            rows = tx.execute(
+                "UPDATE workers SET flagged_dead_at = ?"
+                " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
+                " AND EXISTS (SELECT 1 FROM jobs"
+                "             WHERE jobs.worker_id = workers.id AND jobs.status = 'running')"
+                f" RETURNING {_WORKER_SELECT}",
+                (now, now - after_s),
+            )
+            flagged = sorted((worker_from_row(row) for row in rows), key=lambda worker: worker.id)
+            result = []
+            for worker in flagged:
+                count = tx.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status = 'running'", (worker.id,)
+                )[0][0]
+                result.append((worker, int(count)))
+            return result
+
     # --- workers -------------------------------------------------------------------------
 
     def _load_worker(self, tx: Transaction, worker_id: str, lock: bool = False) -> Worker:
@@ -757,12 +831,13 @@ class SqlStore(abc.ABC):
         with self._transaction() as tx:
             rows = tx.execute(
                 f"INSERT INTO workers ({_WORKER_SELECT})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '')"
                 " ON CONFLICT (id) DO UPDATE SET address = excluded.address, gpus = excluded.gpus,"
                 " vram_mb = excluded.vram_mb, memory_mb = excluded.memory_mb, cpus = excluded.cpus,"
                 " gpu_model = excluded.gpu_model, labels = excluded.labels,"
                 " status = CASE WHEN workers.status = 'draining' THEN 'draining' ELSE 'active' END,"
-                " last_heartbeat_at = excluded.last_heartbeat_at, flagged_dead_at = NULL"
+                " last_heartbeat_at = excluded.last_heartbeat_at, flagged_dead_at = NULL,"
+                " unhealthy_gpus = ''"
                 f" RETURNING {_WORKER_SELECT}",
                 (
                     worker_id, registration.address, resources.gpus, resources.vram_mb,
@@ -772,15 +847,27 @@ class SqlStore(abc.ABC):
             )  # fmt: skip
             return worker_from_row(rows[0])
 
-    def worker_heartbeat(self, worker_id: str, now: float, gpu_stats: list[dict[str, Any]] | None) -> Worker:
-        """Renew a worker's liveness: revives an offline worker, clears a dead flag."""
+    def worker_heartbeat(
+        self,
+        worker_id: str,
+        now: float,
+        gpu_stats: list[dict[str, Any]] | None,
+        unhealthy_gpus: Sequence[int] | None = None,
+    ) -> Worker:
+        """Renew a worker's liveness: revives an offline worker, clears a dead flag, and records
+        the GPUs it reports unhealthy (a report only adds: a GPU comes back by re-registering)."""
         with self._transaction() as tx:
+            if unhealthy_gpus:
+                known = self._load_worker(tx, worker_id).unhealthy_gpus
+                unhealthy_text = _indices_text(sorted(set(known) | set(unhealthy_gpus)))
+            else:
+                unhealthy_text = None
             rows = tx.execute(
                 "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
                 " status = CASE WHEN status = 'offline' THEN 'active' ELSE status END,"
-                " gpu_stats = COALESCE(?, gpu_stats)"
+                " gpu_stats = COALESCE(?, gpu_stats), unhealthy_gpus = COALESCE(?, unhealthy_gpus)"
                 f" WHERE id = ? RETURNING {_WORKER_SELECT}",
-                (now, _json(gpu_stats) if gpu_stats is not None else None, worker_id),
+                (now, _json(gpu_stats) if gpu_stats is not None else None, unhealthy_text, worker_id),
             )
             if not rows:
                 raise errors.NotFound(f"worker {worker_id} not found")

@@ -44,9 +44,12 @@ class ServerThread:
 
     def reap(self) -> None:
         """Run one reaper pass now (the loops do not run on their own in tests)."""
-        for runner in self.app.state.loops.runners:
-            if runner.loop.name == "reaper":
-                assert runner.run_once()
+        self.run_loop("reaper")
+
+    def run_loop(self, name: str) -> None:
+        """Run one pass of the named background loop now; fail the test if the pass raised."""
+        (runner,) = [runner for runner in self.app.state.loops.runners if runner.loop.name == name]
+        assert runner.run_once(), f"a pass of {name} failed: see the log"
 
     def __enter__(self) -> ServerThread:
         self._thread.start()

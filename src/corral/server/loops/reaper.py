@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from corral.config import ServerSettings
 from corral.server.state import ServerState
 
 logger = logging.getLogger("corral.server.reaper")
@@ -42,3 +43,22 @@ def reaper_tick(state: ServerState) -> None:
         )
     if report.requeued or report.force_drained:
         state.signal.notify()
+
+
+def dead_worker_sweep_tick(state: ServerState) -> None:
+    """Flag workers whose heartbeat froze while they hold running jobs (seed 004's orchestrator-side
+    detector): one ERROR line and one count per episode, for a host supervisor to act on. The jobs
+    themselves are recovered by the lease reaper."""
+    flagged = state.store.flag_dead_workers(state.clock.now(), state.settings.dead_worker_after_s)
+    for worker, running in flagged:
+        state.metrics.dead_workers_flagged.inc()
+        silent = state.clock.now() - (worker.last_heartbeat_at or worker.registered_at)
+        logger.error(
+            "DEAD WORKER",
+            extra={"worker_id": worker.id, "running_jobs": running, "silent_s": round(silent, 1)},
+        )
+
+
+def dead_worker_sweep_interval(settings: ServerSettings) -> float:
+    """Sweep often enough to flag within a third of the threshold, at most every 5 s (the seed's)."""
+    return max(0.05, min(5.0, settings.dead_worker_after_s / 3))

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -20,7 +21,7 @@ from starlette.routing import Route
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
-from corral.protocol.models import FailBody, JobHeartbeatBody
+from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server.http import fence, json_response, parse_body, query_float, query_int
 from corral.server.state import ServerState, state_of
@@ -154,10 +155,45 @@ async def preempted(request: Request) -> Response:
     return json_response(job_to_wire(job))
 
 
+async def watchdog(request: Request) -> Response:
+    """A worker's watchdog stopped the job: re-queue it at the front, or fail it past the cap."""
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    body = await parse_body(request, WatchdogBody)
+    detail = body.detail if isinstance(body.detail, str) else orjson.dumps(body.detail or {}).decode()
+    job = state.store.watchdog_trip(
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        state.clock.now(),
+        body.kind,
+        detail[:4096],
+        state.settings.watchdog_max_retries,
+    )
+    outcome = {Status.PENDING: "requeued", Status.FAILED: "failed"}.get(job.status, job.status.value)
+    state.metrics.watchdog_trips.labels(kind=body.kind, outcome=outcome).inc()
+    fields = {
+        "job_id": job.id,
+        "worker_id": worker_id,
+        "attempt": attempt,
+        "kind": body.kind,
+        "outcome": outcome,
+        "watchdog_retries": job.watchdog_retries,
+        "detail": body.detail,
+    }
+    if job.status == Status.FAILED:
+        logger.error("watchdog tripped, job failed", extra=fields)
+    else:
+        logger.warning("watchdog tripped", extra=fields)
+    state.signal.notify()
+    return json_response(job_to_wire(job))
+
+
 routes = [
     Route("/jobs/next", claim, methods=["GET"]),
     Route("/jobs/{job_id}/heartbeat", job_heartbeat, methods=["POST"]),
     Route("/jobs/{job_id}/done", done, methods=["POST"]),
     Route("/jobs/{job_id}/fail", fail, methods=["POST"]),
     Route("/jobs/{job_id}/preempted", preempted, methods=["POST"]),
+    Route("/jobs/{job_id}/watchdog", watchdog, methods=["POST"]),
 ]

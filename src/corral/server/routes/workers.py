@@ -33,6 +33,7 @@ def worker_to_wire(view: WorkerView) -> dict[str, Any]:
         "flagged_dead_at": to_rfc3339(worker.flagged_dead_at),
         "used": view.used.to_dict(),
         "running": list(view.running),
+        "unhealthy_gpus": list(worker.unhealthy_gpus),
     }
 
 
@@ -65,7 +66,14 @@ async def heartbeat(request: Request) -> Response:
     state = state_of(request)
     body = await parse_body(request, WorkerHeartbeatBody, optional=True)
     readings = [reading.model_dump() for reading in body.gpus] if body.gpus is not None else None
-    state.store.worker_heartbeat(request.path_params["worker_id"], state.clock.now(), readings)
+    worker = state.store.worker_heartbeat(
+        request.path_params["worker_id"], state.clock.now(), readings, body.unhealthy_gpus
+    )
+    if body.unhealthy_gpus:
+        logger.error(
+            "worker reports unhealthy GPUs",
+            extra={"worker_id": worker.id, "unhealthy_gpus": list(worker.unhealthy_gpus)},
+        )
     return json_response({})
 
 
