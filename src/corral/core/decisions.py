@@ -1,0 +1,60 @@
+"""The output of a scheduling cycle: values the loop applies through the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.domain.records import Reason
+from corral.domain.resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPlacement:
+    job_id: str
+    worker_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Reserve every task of a gang at once: placements in ``gang_index`` order."""
+
+    gang_id: str
+    placements: tuple[TaskPlacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """Return a gang's reserved tasks to ``blocked``: a reservation went unclaimed too long."""
+
+    gang_id: str
+    job_ids: tuple[str, ...]
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Capacity kept for the gang at the head of the queue: no new job may start on it, except one
+    whose declared walltime ends before ``expected_at`` (backfill). ``expected_at`` is None when it
+    is unknown (some job in the way declared no walltime): then nothing backfills."""
+
+    gang_id: str
+    worker_id: str
+    resources: Resources
+    expected_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A gang that was not placed this cycle, and why (for ``corral why`` and the dashboard)."""
+
+    gang_id: str
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecisions:
+    rollbacks: tuple[Rollback, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    waiting: tuple[Waiting, ...] = ()

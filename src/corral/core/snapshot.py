@@ -1,0 +1,47 @@
+"""The immutable input of a scheduling cycle: what the store holds, read once, plus ``now``.
+
+A loop loads a ``Snapshot``, the core decides on it, the loop applies the decisions through the
+store (each one a compare-and-set, so a decision made on a snapshot that has since moved on changes
+nothing). The simulator builds snapshots from a trace instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.domain.records import Allocation, Job, Worker
+from corral.domain.resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A gang and its tasks, in ``gang_index`` order. Every task shares the spec (resources,
+    constraints, class, priority); ``submitted_at`` is the tasks' own."""
+
+    gang_id: str
+    tasks: tuple[Job, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def request(self) -> Resources:
+        return self.tasks[0].spec.resources
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything a cycle looks at.
+
+    ``allocations`` are all jobs holding resources (reserved, running, preempting), single jobs
+    included; ``gangs`` are the gangs with at least one task that is not terminal; ``pending`` the
+    pending single jobs (for holds and backfill); ``workers`` every registered worker (the policies
+    use the active ones).
+    """
+
+    now: float
+    workers: tuple[Worker, ...]
+    allocations: tuple[Allocation, ...]
+    gangs: tuple[Gang, ...]
+    pending: tuple[Job, ...] = ()
