@@ -91,10 +91,10 @@ def test_claim_policy_takes_the_first_candidate_that_fits():
     policy = ClaimPlacement()
     capacity = policy.capacity(worker, [holding(worker, "x", gpus=1, indices=[0])])
     candidates = [gpu_job(job_id="j-big", gpus=2), gpu_job(job_id="j-small", gpus=1)]
-    chosen = policy.choose(worker, capacity, candidates)
+    chosen = policy.choose(worker, capacity, candidates, [], 0.0)
     assert chosen is not None
     assert (chosen[0].id, chosen[1]) == ("j-small", (1,))
-    assert policy.choose(worker, capacity, [candidates[0]]) is None
+    assert policy.choose(worker, capacity, [candidates[0]], [], 0.0) is None
 
 
 def test_explain_pending():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corral.domain.records import Reason
-from corral.domain.resources import Resources
+from corral.domain.records import Hold, Reason
+
+__all__ = ["AdmissionDecisions", "Hold", "Reservation", "Rollback", "TaskPlacement", "Waiting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,18 +31,6 @@ class Rollback:
     gang_id: str
     job_ids: tuple[str, ...]
     reason: Reason
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """Capacity kept for the gang at the head of the queue: no new job may start on it, except one
-    whose declared walltime ends before ``expected_at`` (backfill). ``expected_at`` is None when it
-    is unknown (some job in the way declared no walltime): then nothing backfills."""
-
-    gang_id: str
-    worker_id: str
-    resources: Resources
-    expected_at: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
+from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
 
 
@@ -82,21 +82,51 @@ def place(
     return Placement(worker_id=worker.id, gpu_indices=capacity.free_gpu_indices[: request.gpus])
 
 
+def without_holds(capacity: Capacity, holds: Sequence[Hold]) -> Capacity:
+    """The capacity left once the holds are set aside (held GPUs are the highest free indices)."""
+    held = ZERO
+    for hold in holds:
+        held = held + hold.resources
+    keep = max(0, len(capacity.free_gpu_indices) - held.gpus)
+    free = capacity.free
+    return Capacity(
+        free=Resources(
+            max(0, free.gpus - held.gpus),
+            free.vram_mb,
+            max(0, free.memory_mb - held.memory_mb),
+            max(0, free.cpus - held.cpus),
+        ),
+        free_gpu_indices=capacity.free_gpu_indices[:keep],
+    )
+
+
+def may_backfill(job: Job, holds: Sequence[Hold], now: float) -> bool:
+    """A job may start on held capacity only when its declared walltime ends before every hold on
+    the worker is expected to be satisfied (an unknown expectation allows nothing)."""
+    walltime = job.spec.walltime_s
+    if walltime is None:
+        return False
+    return all(hold.expected_at is not None and now + walltime <= hold.expected_at for hold in holds)
+
+
 class ClaimPlacement:
     """The claim's policy, handed to the store: free capacity, then the first candidate that fits.
 
     Candidates arrive in queue order (``corral.core.ordering``), so the first one that fits is the
-    job the queue says should run next on this worker.
+    job the queue says should run next on this worker. Capacity held for a waiting gang is only
+    used by a job that backfills (``may_backfill``).
     """
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
 
     def choose(
-        self, worker: Worker, capacity: Capacity, candidates: Sequence[Job]
+        self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float
     ) -> tuple[Job, tuple[int, ...]] | None:
+        unheld = without_holds(capacity, holds) if holds else capacity
         for job in candidates:
-            decision = place(job.spec.resources, job.spec.constraints, worker, capacity)
+            usable = capacity if holds and may_backfill(job, holds, now) else unheld
+            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
             if isinstance(decision, Placement):
                 return job, decision.gpu_indices
         return None

@@ -87,6 +87,8 @@ class Job:
     reason: Reason | None = None
     has_checkpoint: bool = False
     progress: dict[str, Any] | None = None
+    #: rendezvous port on rank 0's worker, chosen when the gang is reserved (gang tasks only)
+    master_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,18 @@ class Allocation:
     resources: Resources
     gpu_indices: tuple[int, ...]
     status: Status = Status.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Capacity kept on a worker for the gang at the head of the queue: no new job may start on it,
+    except one whose declared walltime ends before ``expected_at`` (backfill). ``expected_at`` is
+    None when it is unknown (some job in the way declared no walltime): then nothing backfills."""
+
+    gang_id: str
+    worker_id: str
+    resources: Resources
+    expected_at: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,8 +42,10 @@ ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
     # reserved: claimed by the assigned worker, or rolled back.
     Status.RESERVED: frozenset({Status.RUNNING, Status.BLOCKED, Status.PENDING, Status.CANCELLED}),
     # running: finished, failed (retry or not), drained, preempted, tripped, reaped or cancelled.
+    # running -> preempted is the trigger of a gang drain: its process is already gone (it failed,
+    # tripped a watchdog, or its worker went silent), so no stop is asked and no ack can come.
     Status.RUNNING: frozenset(
-        {Status.DONE, Status.PENDING, Status.FAILED, Status.PREEMPTING, Status.CANCELLED}
+        {Status.DONE, Status.PENDING, Status.FAILED, Status.PREEMPTING, Status.PREEMPTED, Status.CANCELLED}
     ),
     # preempting: acked or force-drained; a cancel with grace ends here too, and a job that
     # completed just as it was told to stop keeps its result.

@@ -15,13 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from corral.domain.records import Allocation, Job, JobEvent, JobSpec, Worker
+from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
 
 
 class CapacityView(Protocol):
     @property
     def free(self) -> Resources: ...
+
+    @property
+    def free_gpu_indices(self) -> tuple[int, ...]: ...
 
 
 CapacityT = TypeVar("CapacityT", bound=CapacityView)
@@ -33,7 +36,12 @@ class ClaimPolicy(Protocol[CapacityT]):
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
 
     def choose(
-        self, worker: Worker, capacity: CapacityT, candidates: Sequence[Job]
+        self,
+        worker: Worker,
+        capacity: CapacityT,
+        candidates: Sequence[Job],
+        holds: Sequence[Hold],
+        now: float,
     ) -> tuple[Job, tuple[int, ...]] | None: ...
 
 
@@ -86,6 +94,37 @@ class ReapReport:
     failed: tuple[Job, ...] = ()
     force_drained: tuple[Job, ...] = ()
     offline_workers: tuple[str, ...] = ()
+    drains: tuple[Drain, ...] = ()
+    completions: tuple[DrainCompletion, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdmissionInputs:
+    """What the admission cycle reads: active capacity, every allocation, and the gangs that have a
+    blocked or reserved task (each with all of its tasks, in ``gang_index`` order)."""
+
+    workers: tuple[Worker, ...]
+    allocations: tuple[Any, ...]
+    gangs: tuple[tuple[str, tuple[Job, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A drain that started: the gang, its new shared epoch, the trigger, and every task it moved."""
+
+    gang_id: str
+    epoch: int
+    trigger: Job
+    transitioned: tuple[Job, ...]
+
+
+@dataclass(frozen=True)
+class DrainCompletion:
+    gang_id: str
+    outcome: str  # "blocked" or "failed"
+    epoch: int
+    drain_seconds: float | None
+    tasks: tuple[Job, ...]
 
 
 class Store(Protocol):
@@ -138,6 +177,26 @@ class Store(Protocol):
         self, job_id: str, worker_id: str, attempt: int, now: float, kind: str, detail: str, max_retries: int
     ) -> Job: ...
     def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]: ...
+
+    # gangs (seeds 001 and 000)
+    def admission_inputs(self) -> AdmissionInputs: ...
+    def reserve_gang(
+        self,
+        gang_id: str,
+        placements: Sequence[tuple[str, str, tuple[int, ...]]],
+        now: float,
+        policy: ClaimPolicy[Any],
+    ) -> list[Job] | None: ...
+    def rollback_gang(self, gang_id: str, now: float, reservation_timeout_s: float) -> Drain | list[Job]: ...
+    def complete_drains(self, now: float) -> list[DrainCompletion]: ...
+    def save_checkpoint(
+        self, job_id: str, worker_id: str, attempt: int, epoch: int, data: bytes, now: float
+    ) -> Job: ...
+    def get_checkpoint(self, job_id: str) -> bytes | None: ...
+    def replace_holds(self, holds: Sequence[Hold]) -> None: ...
+    def list_holds(self) -> list[Hold]: ...
+    def set_waiting_reason(self, gang_id: str, reason: Reason) -> None: ...
+    def try_lead(self, loop: str) -> bool: ...
     def drain_worker(self, worker_id: str) -> Worker: ...
     def get_worker(self, worker_id: str) -> WorkerView | None: ...
     def list_workers(self) -> list[WorkerView]: ...

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.store.sql import SqlStore
+from corral.store.gangs import GangStore
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
@@ -59,7 +59,7 @@ def _unavailable_on_connection_loss() -> Iterator[None]:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(GangStore):
     dialect = "postgresql"
     blob_type = "BYTEA"
     lock_clause = " FOR UPDATE SKIP LOCKED"

@@ -71,6 +71,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "walltime_s",
     "stall_timeout_s",
     "event_count",
+    "master_port",
 )
 
 WORKER_COLUMNS: tuple[str, ...] = (
@@ -104,6 +105,16 @@ EVENT_COLUMNS: tuple[str, ...] = (
 )
 
 IDEMPOTENCY_COLUMNS: tuple[str, ...] = ("key", "fingerprint", "result", "created_at")
+CHECKPOINT_COLUMNS: tuple[str, ...] = ("job_id", "data", "size", "epoch", "saved_at")
+HOLD_COLUMNS: tuple[str, ...] = (
+    "worker_id",
+    "gang_id",
+    "gpus",
+    "vram_mb",
+    "memory_mb",
+    "cpus",
+    "expected_at",
+)
 
 DECLARED_SCHEMA: dict[str, tuple[str, ...]] = {
     "schema_migrations": ("version", "name", "applied_at"),
@@ -111,6 +122,8 @@ DECLARED_SCHEMA: dict[str, tuple[str, ...]] = {
     "workers": WORKER_COLUMNS,
     "job_events": EVENT_COLUMNS,
     "idempotency_keys": IDEMPOTENCY_COLUMNS,
+    "checkpoints": CHECKPOINT_COLUMNS,
+    "holds": HOLD_COLUMNS,
 }
 
 DECLARED_INDEXES: frozenset[str] = frozenset(
@@ -250,6 +263,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             # GPU indices a worker reported it will not use again (a killed job's process stuck in a
             # driver call): comma-separated, excluded from placement until the worker re-registers.
             "ALTER TABLE workers ADD COLUMN unhealthy_gpus TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
+    Migration(
+        3,
+        "gangs: rendezvous port, checkpoints, holds",
+        (
+            "ALTER TABLE jobs ADD COLUMN master_port INTEGER",
+            # Checkpoints are opaque bytes of any content, kept apart from the job row so that no
+            # job listing ever carries them.
+            """
+            CREATE TABLE checkpoints (
+                job_id TEXT PRIMARY KEY,
+                data {blob} NOT NULL,
+                size INTEGER NOT NULL,
+                epoch BIGINT NOT NULL,
+                saved_at DOUBLE PRECISION NOT NULL
+            )
+            """,
+            # Capacity held for the gang at the head of the queue (written by the admission leader,
+            # read by every claim on that worker).
+            """
+            CREATE TABLE holds (
+                worker_id TEXT NOT NULL,
+                gang_id TEXT NOT NULL,
+                gpus INTEGER NOT NULL,
+                vram_mb INTEGER NOT NULL,
+                memory_mb INTEGER NOT NULL,
+                cpus INTEGER NOT NULL,
+                expected_at DOUBLE PRECISION,
+                PRIMARY KEY (worker_id, gang_id)
+            )
+            """,
         ),
     ),
 )

@@ -21,11 +21,13 @@ import orjson
 
 from corral.domain import errors
 from corral.domain.ids import new_gang_id, new_job_id, new_worker_id
-from corral.domain.records import Allocation, Constraints, Job, JobEvent, JobSpec, Reason, Worker
+from corral.domain.records import Allocation, Constraints, Hold, Job, JobEvent, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus, is_allowed
 from corral.store.base import (
     ClaimPolicy,
+    Drain,
+    DrainCompletion,
     JobFilter,
     ReapReport,
     SubmitResult,
@@ -36,6 +38,7 @@ from corral.store.base import (
 from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, MIGRATIONS, WORKER_COLUMNS
 
 _JOB_SELECT = ", ".join(JOB_COLUMNS)
+_EVENT_COUNT = JOB_COLUMNS.index("event_count")
 _WORKER_SELECT = ", ".join(WORKER_COLUMNS)
 _HOLDING_SQL = "('reserved', 'running', 'preempting')"
 _QUEUE_ORDER = "preemption_class DESC, priority DESC, queue_front DESC, submitted_at, id"
@@ -86,7 +89,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reservation_epoch, reserved_at, preemption_epoch, drain_started_at, cancel_requested,
         submitted_at, started_at, finished_at, last_heartbeat_at, exit_code, error, output_tail,
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
-        _event_count,
+        _event_count, master_port,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -132,6 +135,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reason=Reason(reason_code, reason_message or "") if reason_code else None,
         has_checkpoint=bool(has_checkpoint),
         progress=orjson.loads(progress) if progress else None,
+        master_port=master_port,
     )
 
 
@@ -286,7 +290,7 @@ class SqlStore(abc.ABC):
             _INSERT_EVENT,
             (
                 job_id,
-                row[-1],
+                row[_EVENT_COUNT],
                 now,
                 source.value,
                 target.value,
@@ -471,6 +475,7 @@ class SqlStore(abc.ABC):
                 task = self._load_job(tx, reserved[0], lock=True)
                 return self._start(tx, task, worker_id, task.gpu_indices, now, Status.RESERVED)
             capacity = policy.capacity(worker, allocations)
+            holds = self.holds_on(tx, worker_id)
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
                 return None
@@ -482,7 +487,7 @@ class SqlStore(abc.ABC):
                 )
                 if not rows:
                     return None
-                chosen = policy.choose(worker, capacity, [job_from_row(row) for row in rows])
+                chosen = policy.choose(worker, capacity, [job_from_row(row) for row in rows], holds, now)
                 if chosen is not None:
                     job, gpu_indices = chosen
                     return self._start(tx, job, worker_id, gpu_indices, now, Status.PENDING)
@@ -595,6 +600,10 @@ class SqlStore(abc.ABC):
             if current.status == Status.PREEMPTING:
                 return self._finish_stop(tx, current, now, fence, "job exited while being stopped")
             detail = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+            if current.gang_id is not None and current.status == Status.RUNNING:
+                # A rank failed: its peers must stop too. The retry decision is the drain's.
+                reason = Reason("task_failed", f"task {current.gang_index} {outcome}; draining the gang")
+                return self._drain_for(tx, current, now, reason, detail).trigger
             if current.attempts < current.spec.max_retries:
                 target = Status.PENDING
                 reason = Reason(
@@ -750,6 +759,8 @@ class SqlStore(abc.ABC):
             if job.status == Status.PREEMPTING:
                 return self._finish_stop(tx, job, now, fence, f"{kind} watchdog stopped it: {detail}")
             trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
+            if job.gang_id is not None:
+                return self._gang_watchdog_trip(tx, job, now, kind, detail, trip, max_retries, fence)
             if job.watchdog_retries < max_retries:
                 target = Status.PENDING
                 reason = Reason(f"watchdog_{kind}", f"{trip}; re-queued at the front: {detail}")
@@ -769,6 +780,40 @@ class SqlStore(abc.ABC):
             if result is None:
                 raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
             return result
+
+    def _gang_watchdog_trip(
+        self,
+        tx: Transaction,
+        job: Job,
+        now: float,
+        kind: str,
+        detail: str,
+        trip: str,
+        max_retries: int,
+        fence: tuple[str, int],
+    ) -> Job:
+        """A rank tripped: under the cap the gang drains and re-runs; past it the rank fails and the
+        drain completes the gang as failed."""
+        error = f"{kind} watchdog: {detail}"
+        if job.watchdog_retries < max_retries:
+            reason = Reason(f"watchdog_{kind}", f"{trip}; draining the gang: {detail}")
+            values = {"watchdog_retries": job.watchdog_retries + 1, "error": error}
+            return self._drain_for(tx, job, now, reason, values).trigger
+        reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
+        failed = self._transition(
+            tx,
+            job.id,
+            now,
+            Status.RUNNING,
+            Status.FAILED,
+            {"finished_at": now, "error": error},
+            _EventSpec(reason),
+            fence,
+        )
+        if failed is None:
+            raise self._explain_conflict(tx, job.id, fence, (Status.RUNNING,))
+        self._drain_for(tx, failed, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}"), {})
+        return failed
 
     def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
         """Flag workers silent for ``after_s`` that still hold running jobs, once per episode.
@@ -794,6 +839,27 @@ class SqlStore(abc.ABC):
                 )[0][0]
                 result.append((worker, int(count)))
             return result
+
+    # --- hooks the gang operations provide ----------------------------------------------
+
+    @abc.abstractmethod
+    def _drain_for(
+        self,
+        tx: Transaction,
+        trigger: Job,
+        now: float,
+        reason: Reason,
+        trigger_values: dict[str, Any],
+        expired_before: float | None = None,
+    ) -> Drain:
+        """Start the drain of ``trigger``'s gang in the caller's transaction; peers whose lease
+        also expired (last contact before ``expired_before``) are treated like the trigger."""
+
+    @abc.abstractmethod
+    def complete_drains(self, now: float) -> list[DrainCompletion]: ...
+
+    @abc.abstractmethod
+    def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]: ...
 
     # --- workers -------------------------------------------------------------------------
 
@@ -922,6 +988,7 @@ class SqlStore(abc.ABC):
         requeued: list[Job] = []
         failed: list[Job] = []
         drained: list[Job] = []
+        drains: list[Drain] = []
         reader = self._read()
         stale = [
             job_from_row(row)
@@ -940,6 +1007,14 @@ class SqlStore(abc.ABC):
                     continue
                 silent = now - last_contact
                 fence = (job.worker_id or "", job.attempts)
+                if job.gang_id is not None:
+                    reason = Reason(
+                        "lease_expired", f"no heartbeat from worker {job.worker_id} for {silent:.0f}s"
+                    )
+                    drains.append(
+                        self._drain_for(tx, job, now, reason, {}, expired_before=now - heartbeat_timeout_s)
+                    )
+                    continue
                 if job.attempts < job.spec.max_retries:
                     target, values, outcome = Status.PENDING, dict(_REQUEUE_VALUES), "re-queued"
                 else:
@@ -967,6 +1042,8 @@ class SqlStore(abc.ABC):
                     continue
                 how = f"force-drained after {preempt_timeout_s:.0f}s without an ack"
                 drained.append(self._finish_stop(tx, job, now, None, how))
+        # After the force-drain, so a gang whose last stuck task was just drained completes now.
+        completions = self.complete_drains(now)
         with self._transaction() as tx:
             offline = tx.execute(
                 "UPDATE workers SET status = 'offline' WHERE status = 'active' AND last_heartbeat_at < ?"
@@ -978,6 +1055,8 @@ class SqlStore(abc.ABC):
             failed=tuple(failed),
             force_drained=tuple(drained),
             offline_workers=tuple(sorted(row[0] for row in offline)),
+            drains=tuple(drains),
+            completions=tuple(completions),
         )
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.domain import errors
-from corral.store.sql import SqlStore
+from corral.store.gangs import GangStore
 
 
 class _SqliteTransaction:
@@ -33,7 +33,7 @@ class _SqliteTransaction:
             self._connection.executemany(sql, rows)
 
 
-class SqliteStore(SqlStore):
+class SqliteStore(GangStore):
     dialect = "sqlite"
     blob_type = "BLOB"
     # Without statistics SQLite sorts every pending row through jobs_status_submitted; the queue
