@@ -89,6 +89,8 @@ class Job:
     progress: dict[str, Any] | None = None
     #: rendezvous port on rank 0's worker, chosen when the gang is reserved (gang tasks only)
     master_port: int | None = None
+    #: a drained peer's attempt, given back when its gang's drain completes
+    attempt_refund: bool = False
 
 
 @dataclass(frozen=True, slots=True)

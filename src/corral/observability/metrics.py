@@ -66,6 +66,29 @@ class Metrics:
         self.loop_leader = Gauge(
             "corral_loop_leader", "1 where this replica runs the loop", ["loop"], registry=registry
         )
+        self.gangs_preempted = Counter(
+            "corral_gangs_preempted_total", "Gang drains started", registry=registry
+        )
+        self.gang_force_drained = Counter(
+            "corral_gang_preemptions_force_drained_total",
+            "Preempting gang tasks force-drained after the preempt timeout",
+            registry=registry,
+        )
+        self.gang_drains_completed = Counter(
+            "corral_gang_preemptions_completed_total",
+            "Gang drains completed, by outcome (blocked / failed)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.gang_drain_seconds = Histogram(
+            "corral_gang_preemption_drain_seconds",
+            "Drain start to completion",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 45, 60, 120),
+            registry=registry,
+        )
+        self.gangs_reserved = Counter(
+            "corral_gangs_reserved_total", "Gangs reserved by the admission cycle", registry=registry
+        )
         self.watchdog_trips = Counter(
             "corral_watchdog_trips_total",
             "Watchdog trips reported by workers, by kind and outcome (requeued / failed)",

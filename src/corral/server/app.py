@@ -22,6 +22,7 @@ from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
+from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.routes import jobs, operations, protocol, workers
@@ -61,15 +62,16 @@ def create_app(
     state.metrics.watch_store(partial(cluster_gauges, store))
     loops = LoopGroup(
         [
-            Loop("reaper", settings.reaper_tick_s, partial(reaper_tick, state)),
-            Loop(
-                "dead_worker_sweep",
-                dead_worker_sweep_interval(settings),
-                partial(dead_worker_sweep_tick, state),
-            ),
+            Loop(name, interval, partial(tick, state), lead=partial(store.try_lead, name))
+            for name, interval, tick in (
+                ("admission", settings.admission_tick_s, admission_tick),
+                ("reaper", settings.reaper_tick_s, reaper_tick),
+                ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
+            )
         ],
         state.metrics,
     )
+    state.wake_loop = loops.wake
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

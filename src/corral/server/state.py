@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.requests import Request
 from corral.config import ServerSettings
 from corral.core.placement import ClaimPlacement
 from corral.domain.clock import Clock
+from corral.domain.records import Hold
 from corral.observability.metrics import Metrics
 from corral.server.signal import WorkSignal
 from corral.store import Store
@@ -26,6 +28,15 @@ class ServerState:
     placement: ClaimPlacement = field(default_factory=ClaimPlacement)
     instance_id: str = field(default_factory=lambda: secrets.token_hex(4))
     started_monotonic: float = field(default_factory=time.monotonic)
+    #: ask a background loop for a pass soon (set by the composition root; a no-op until then)
+    wake_loop: Callable[[str], None] = field(default=lambda name: None)
+    #: the holds last written, so an unchanged cycle writes nothing
+    last_holds: tuple[Hold, ...] = ()
+
+    def released(self) -> None:
+        """Capacity may have come free: wake long-polling claims and the admission cycle."""
+        self.signal.notify()
+        self.wake_loop("admission")
 
 
 def state_of(request: Request) -> ServerState:

@@ -227,8 +227,9 @@ class GangStore(SqlStore):
         1. A new preemption epoch shared by the gang: the highest of its tasks' plus one.
         2. The trigger, whose process is gone, goes straight to ``preempted`` (no ack can come) and
            keeps its attempt: that attempt is the real failure the retry budget must count.
-        3. Running peers go to ``preempting`` with the epoch (their next heartbeat says stop) and get
-           their attempt back.
+        3. Running peers go to ``preempting`` with the epoch (their next heartbeat says stop); their
+           attempt is given back when the drain completes (``attempt_refund``: until then their
+           workers still report with the attempt they claimed).
         4. Reserved and pending peers go back to ``blocked``; terminal and blocked tasks stay.
         5. With ``expired_before`` (a lease-expiry drain), running peers silent since before it are
            gone too: they go straight to ``preempted`` (refunded) instead of waiting out the
@@ -252,7 +253,7 @@ class GangStore(SqlStore):
                 values = {
                     "preemption_epoch": epoch,
                     "drain_started_at": now,
-                    "attempts": max(0, task.attempts - 1),
+                    "attempt_refund": 1,
                 }
                 changed = self._transition(
                     tx, task.id, now, Status.RUNNING, Status.PREEMPTED, values, _EventSpec(gone_reason, epoch)
@@ -264,7 +265,7 @@ class GangStore(SqlStore):
                 values = {
                     "preemption_epoch": epoch,
                     "drain_started_at": now,
-                    "attempts": max(0, task.attempts - 1),
+                    "attempt_refund": 1,
                 }
                 changed = self._transition(
                     tx,
@@ -285,7 +286,7 @@ class GangStore(SqlStore):
                     now,
                     task.status,
                     Status.BLOCKED,
-                    dict(_BLOCKED_VALUES),
+                    {**_BLOCKED_VALUES, "preemption_epoch": epoch},
                     _EventSpec(peer_reason, epoch),
                 )
             if changed is not None:
@@ -322,6 +323,14 @@ class GangStore(SqlStore):
         return completions
 
     def _complete(self, tx: Transaction, gang_id: str, tasks: list[Job], now: float) -> DrainCompletion:
+        refunded = [task for task in tasks if task.attempt_refund]
+        for task in refunded:
+            tx.execute(
+                "UPDATE jobs SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,"
+                " attempt_refund = 0 WHERE id = ?",
+                (task.id,),
+            )
+        tasks = [self._load_job(tx, task.id) if task.attempt_refund else task for task in tasks]
         exhausted = [task for task in tasks if task.attempts >= task.spec.max_retries]
         ended = [task for task in tasks if task.status in (Status.DONE, Status.FAILED)]
         epoch = max(task.preemption_epoch for task in tasks)

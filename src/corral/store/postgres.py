@@ -8,6 +8,7 @@ an explicit transaction for every change.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,13 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 # Advisory lock key for migrations (any constant unique to corral).
 _MIGRATION_LOCK = 0x636F7272616C
+# Loops lock (space, key) pairs: the space is corral's, the key the loop's name.
+_LOOP_LOCK_SPACE = 0x636F7272
+
+
+def _loop_key(loop: str) -> int:
+    """A stable 31-bit key for a loop name (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.sha256(loop.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 @lru_cache(maxsize=512)
@@ -73,6 +81,8 @@ class PostgresStore(GangStore):
         self.url = url
         self.lock = threading.RLock()
         self._connection: Any = None
+        self._leading_connection: Any = None
+        self._leading: set[str] = set()
         self.connection()
         self._tx = _PostgresTransaction(self)
 
@@ -106,6 +116,24 @@ class PostgresStore(GangStore):
 
     def _read(self) -> _PostgresTransaction:
         return self._tx
+
+    def try_lead(self, loop: str) -> bool:
+        """Lead ``loop`` while this connection holds its advisory lock (seed 001's leader election).
+
+        A session lock, taken once and kept: when this replica stops or loses its connection the
+        lock is released by PostgreSQL, and another replica's next try takes the loop over.
+        """
+        with self.lock:
+            connection = self.connection()
+            if self._leading_connection is not connection:
+                self._leading_connection, self._leading = connection, set()
+            if loop not in self._leading:
+                rows = self._tx.execute(
+                    "SELECT pg_try_advisory_lock(?, ?)", (_LOOP_LOCK_SPACE, _loop_key(loop))
+                )
+                if rows[0][0]:
+                    self._leading.add(loop)
+            return loop in self._leading
 
     def close(self) -> None:
         if self._connection is not None:

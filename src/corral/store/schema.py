@@ -72,6 +72,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "stall_timeout_s",
     "event_count",
     "master_port",
+    "attempt_refund",
 )
 
 WORKER_COLUMNS: tuple[str, ...] = (
@@ -270,6 +271,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "gangs: rendezvous port, checkpoints, holds",
         (
             "ALTER TABLE jobs ADD COLUMN master_port INTEGER",
+            # A drained peer gets its attempt back when the drain completes (not at once: its
+            # worker still reports with the attempt it claimed, and the fence must keep matching).
+            "ALTER TABLE jobs ADD COLUMN attempt_refund INTEGER NOT NULL DEFAULT 0",
             # Checkpoints are opaque bytes of any content, kept apart from the job row so that no
             # job listing ever carries them.
             """

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 
 from corral.config import ServerSettings
+from corral.domain.status import Status
+from corral.server.loops.drain import record_completion, record_drain, record_preempted
 from corral.server.state import ServerState
 
 logger = logging.getLogger("corral.server.reaper")
@@ -32,17 +34,30 @@ def reaper_tick(state: ServerState) -> None:
             extra={"job_id": job.id, "worker_id": job.worker_id, "attempt": job.attempts},
         )
     for job in report.force_drained:
+        if job.gang_id is not None:
+            state.metrics.gang_force_drained.inc()
         logger.warning(
             "force-drained stuck preempting job",
-            extra={"job_id": job.id, "worker_id": job.worker_id, "preemption_epoch": job.preemption_epoch},
+            extra={
+                "job_id": job.id,
+                "gang_id": job.gang_id,
+                "worker_id": job.worker_id,
+                "preemption_epoch": job.preemption_epoch,
+            },
         )
+        if job.status == Status.PREEMPTED:
+            record_preempted(job)
+    for drain in report.drains:
+        record_drain(state, drain)
+    for completion in report.completions:
+        record_completion(state, completion)
     if report.offline_workers:
         logger.warning(
             "marked stale workers offline",
             extra={"count": len(report.offline_workers), "worker_ids": list(report.offline_workers)},
         )
-    if report.requeued or report.force_drained:
-        state.signal.notify()
+    if report.requeued or report.force_drained or report.completions:
+        state.released()
 
 
 def dead_worker_sweep_tick(state: ServerState) -> None:

@@ -22,6 +22,8 @@ from corral.observability.metrics import Metrics
 
 logger = logging.getLogger("corral.server.loops")
 
+_WAKE_DEBOUNCE_S = 0.02
+
 
 @dataclass
 class Loop:
@@ -29,6 +31,8 @@ class Loop:
     interval_s: float
     tick: Callable[[], None]
     jitter: float = 0.1
+    #: whether this replica runs the loop now (PostgreSQL: an advisory lock per loop); None: always
+    lead: Callable[[], bool] | None = None
 
 
 class LoopRunner:
@@ -36,9 +40,29 @@ class LoopRunner:
         self.loop = loop
         self.metrics = metrics
         self.passes = 0
+        self._woken: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        """Run the next pass soon instead of at the next interval (after a submit or a release)."""
+        if self._woken is not None:
+            self._woken.set()
+
+    def leads(self) -> bool:
+        leading = True
+        if self.loop.lead is not None:
+            try:
+                leading = self.loop.lead()
+            except Exception:
+                logger.exception("loop leadership check failed", extra={"loop": self.loop.name})
+                leading = False
+        self.metrics.loop_leader.labels(loop=self.loop.name).set(1 if leading else 0)
+        return leading
 
     def run_once(self) -> bool:
-        """One pass; True when it succeeded. Never raises for a failing tick."""
+        """One pass where this replica leads the loop; True when it succeeded or was not ours to
+        run. Never raises for a failing tick."""
+        if not self.leads():
+            return True
         started = time.perf_counter()
         try:
             self.loop.tick()
@@ -52,11 +76,16 @@ class LoopRunner:
         return True
 
     async def run_forever(self) -> None:
-        self.metrics.loop_leader.labels(loop=self.loop.name).set(1)
         rng = random.Random()
+        self._woken = asyncio.Event()
         while True:
             jitter = self.loop.interval_s * self.loop.jitter * rng.random()
-            await asyncio.sleep(self.loop.interval_s + jitter)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), self.loop.interval_s + jitter)
+            if self._woken.is_set():
+                # Debounce: a burst of submits makes one pass, not one each.
+                await asyncio.sleep(_WAKE_DEBOUNCE_S)
+                self._woken.clear()
             self.run_once()
 
 
@@ -82,6 +111,11 @@ class LoopGroup:
         logger.critical("loop died", extra={"loop": name, "error": repr(error)})
         if self._on_death is not None:
             self._on_death(name, error)
+
+    def wake(self, name: str) -> None:
+        for runner in self.runners:
+            if runner.loop.name == name:
+                runner.wake()
 
     async def stop(self) -> None:
         for task in self.tasks:

@@ -55,7 +55,7 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     if not result.replayed:
         tasks = sum(spec.gang_size for spec in specs)
         state.metrics.jobs_submitted.inc(tasks)
-        state.signal.notify()
+        state.released()
         if batch:
             # One line per request: a 10,000-job batch must not write 10,000 log lines.
             logger.info("batch submitted", extra={"items": len(result.items), "tasks": tasks})
@@ -155,7 +155,7 @@ def _record_cancel(state: ServerState, changed: list[Job]) -> None:
                     "preemption_epoch": job.preemption_epoch,
                 },
             )
-    state.signal.notify()
+    state.released()
 
 
 async def cancel_job(request: Request) -> Response:

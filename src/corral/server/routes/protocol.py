@@ -8,6 +8,7 @@ the worker stops that job.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
@@ -23,7 +24,8 @@ from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
-from corral.server.http import fence, json_response, parse_body, query_float, query_int
+from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
+from corral.server.loops.drain import drain_started_by, record_preempted
 from corral.server.state import ServerState, state_of
 
 logger = logging.getLogger("corral.server.protocol")
@@ -34,13 +36,47 @@ MAX_WAIT_S = 30.0
 RECHECK_S = 1.0
 
 
-def claim_env(job: Job, server_url: str) -> dict[str, str]:
-    """The environment a claimed job runs with: its own ``env`` plus corral's variables."""
-    return {
+CHECKPOINT_ENV_MAX_BYTES = 64 * 1024
+
+
+def claim_env(state: ServerState, job: Job, server_url: str) -> dict[str, str]:
+    """The environment a claimed job runs with: its own ``env`` plus corral's variables, the
+    rendezvous of its gang, and its checkpoint when one is stored."""
+    env = {
         **job.spec.env,
         "CORRAL_JOB_ID": job.id,
         "CORRAL_ATTEMPT": str(job.attempts),
         "CORRAL_SERVER": server_url,
+    }
+    if job.gang_id is not None:
+        env.update(rendezvous_env(state, job))
+    if job.has_checkpoint:
+        data = state.store.get_checkpoint(job.id)
+        if data is not None:
+            env["CORRAL_RESUME"] = "1"
+            if len(data) <= CHECKPOINT_ENV_MAX_BYTES:
+                env["CHECKPOINT_DATA"] = base64.b64encode(data).decode()
+    return env
+
+
+def rendezvous_env(state: ServerState, job: Job) -> dict[str, str]:
+    """What a torchrun-style program needs to find its peers: ranks, world size, and rank 0's
+    address and port (the port chosen at reservation, stable for the attempt)."""
+    tasks = state.store.gang_tasks(job.gang_id or "")
+    addresses = {view.worker.id: view.worker.address for view in state.store.list_workers()}
+    peers = [addresses.get(task.worker_id or "", "") for task in tasks]
+    same_worker = [task.id for task in tasks if task.worker_id == job.worker_id]
+    return {
+        "CORRAL_GANG_ID": job.gang_id or "",
+        "GANG_ID": job.gang_id or "",
+        "GANG_SIZE": str(len(tasks)),
+        "GANG_INDEX": str(job.gang_index),
+        "GANG_PEERS": ",".join(peers),
+        "RANK": str(job.gang_index),
+        "WORLD_SIZE": str(len(tasks)),
+        "LOCAL_RANK": str(same_worker.index(job.id)),
+        "MASTER_ADDR": peers[0] if peers else "",
+        "MASTER_PORT": str(tasks[0].master_port or job.master_port or ""),
     }
 
 
@@ -72,7 +108,7 @@ async def claim(request: Request) -> Response:
     logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
     body = job_to_wire(job)
     body["attempt"] = job.attempts
-    body["env"] = claim_env(job, str(request.base_url).rstrip("/"))
+    body["env"] = claim_env(state, job, str(request.base_url).rstrip("/"))
     return json_response(body)
 
 
@@ -97,7 +133,7 @@ async def done(request: Request) -> Response:
     if job.started_at is not None and job.finished_at is not None:
         state.metrics.execution_duration.observe(max(0.0, job.finished_at - job.started_at))
     logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
-    state.signal.notify()
+    state.released()
     return json_response(job_to_wire(job))
 
 
@@ -115,7 +151,8 @@ async def fail(request: Request) -> Response:
         body.output_tail,
     )
     _record_fail(state, job, worker_id, body.exit_code)
-    state.signal.notify()
+    drain_started_by(state, job)
+    state.released()
     return json_response(job_to_wire(job))
 
 
@@ -130,7 +167,7 @@ def _record_fail(state: ServerState, job: Job, worker_id: str, exit_code: int | 
     elif job.status == Status.CANCELLED:
         state.metrics.jobs_cancelled.inc()
         logger.info("job cancelled", extra=fields)
-    else:
+    elif job.gang_id is None:
         logger.info("job preempted", extra={**fields, "preemption_epoch": job.preemption_epoch})
 
 
@@ -148,10 +185,8 @@ async def preempted(request: Request) -> Response:
             "job cancelled", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch}
         )
     else:
-        logger.info(
-            "job preempted", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch}
-        )
-    state.signal.notify()
+        record_preempted(job)
+    state.released()
     return json_response(job_to_wire(job))
 
 
@@ -170,7 +205,9 @@ async def watchdog(request: Request) -> Response:
         detail[:4096],
         state.settings.watchdog_max_retries,
     )
-    outcome = {Status.PENDING: "requeued", Status.FAILED: "failed"}.get(job.status, job.status.value)
+    outcome = {Status.PENDING: "requeued", Status.PREEMPTED: "requeued", Status.FAILED: "failed"}.get(
+        job.status, job.status.value
+    )
     state.metrics.watchdog_trips.labels(kind=body.kind, outcome=outcome).inc()
     fields = {
         "job_id": job.id,
@@ -185,8 +222,35 @@ async def watchdog(request: Request) -> Response:
         logger.error("watchdog tripped, job failed", extra=fields)
     else:
         logger.warning("watchdog tripped", extra=fields)
-    state.signal.notify()
+    drain_started_by(state, job)
+    state.released()
     return json_response(job_to_wire(job))
+
+
+async def upload_checkpoint(request: Request) -> Response:
+    """Opaque bytes for the job's next attempt, while it is being stopped (current epoch only)."""
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    epoch = query_int(request, "epoch")
+    assert epoch is not None
+    data = await read_body(request, state.settings.checkpoint_max_bytes)
+    if not data:
+        raise errors.InvalidRequest("checkpoint body is empty", field="body")
+    job = state.store.save_checkpoint(
+        request.path_params["job_id"], worker_id, attempt, epoch, data, state.clock.now()
+    )
+    logger.info(
+        "checkpoint saved",
+        extra={"job_id": job.id, "gang_id": job.gang_id, "preemption_epoch": epoch, "bytes": len(data)},
+    )
+    return json_response({"job_id": job.id, "bytes": len(data), "preemption_epoch": epoch})
+
+
+async def download_checkpoint(request: Request) -> Response:
+    data = state_of(request).store.get_checkpoint(request.path_params["job_id"])
+    if data is None:
+        return Response(status_code=204)
+    return Response(data, media_type="application/octet-stream")
 
 
 routes = [
@@ -196,4 +260,6 @@ routes = [
     Route("/jobs/{job_id}/fail", fail, methods=["POST"]),
     Route("/jobs/{job_id}/preempted", preempted, methods=["POST"]),
     Route("/jobs/{job_id}/watchdog", watchdog, methods=["POST"]),
+    Route("/jobs/{job_id}/checkpoint", upload_checkpoint, methods=["POST"]),
+    Route("/jobs/{job_id}/checkpoint", download_checkpoint, methods=["GET"]),
 ]

@@ -58,7 +58,7 @@ async def register(request: Request) -> Response:
         state.clock.now(),
     )
     logger.info("worker registered", extra={"worker_id": worker.id, "resources": worker.resources.to_dict()})
-    state.signal.notify()
+    state.released()
     return json_response(worker_to_wire(_view(request, worker.id)), 201)
 
 

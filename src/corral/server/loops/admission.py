@@ -1,0 +1,70 @@
+"""The admission loop: load a snapshot, let the core decide, apply each decision through the store.
+
+Every decision is applied by its own compare-and-set transaction, so a decision made on a snapshot
+that has moved on (a claim took the capacity, another replica reserved the gang) changes nothing
+and is simply made again, correctly, on the next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from corral.core import admission
+from corral.core.snapshot import Gang, Snapshot
+from corral.server.loops.drain import record_drain
+from corral.server.state import ServerState
+from corral.store.base import Drain
+
+logger = logging.getLogger("corral.server.admission")
+
+
+def admission_tick(state: ServerState) -> None:
+    now = state.clock.now()
+    inputs = state.store.admission_inputs()
+    snapshot = Snapshot(
+        now=now,
+        workers=inputs.workers,
+        allocations=inputs.allocations,
+        gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in inputs.gangs),
+    )
+    decisions = admission.decide(snapshot, state.settings.reservation_timeout_s)
+    for rollback in decisions.rollbacks:
+        result = state.store.rollback_gang(rollback.gang_id, now, state.settings.reservation_timeout_s)
+        if isinstance(result, Drain):
+            record_drain(state, result)
+        elif result:
+            logger.warning(
+                "gang reservation rolled back",
+                extra={
+                    "gang_id": rollback.gang_id,
+                    "job_ids": [job.id for job in result],
+                    "reason": rollback.reason.message,
+                },
+            )
+    reserved_any = False
+    for reservation in decisions.reservations:
+        placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
+        reserved = state.store.reserve_gang(reservation.gang_id, placements, now, state.placement)
+        if reserved is None:
+            logger.info(
+                "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}
+            )
+            continue
+        reserved_any = True
+        state.metrics.gangs_reserved.inc()
+        logger.info(
+            "gang reserved",
+            extra={
+                "gang_id": reservation.gang_id,
+                "gang_size": len(reserved),
+                "worker_ids": [job.worker_id for job in reserved],
+                "reservation_epoch": reserved[0].reservation_epoch,
+            },
+        )
+    if decisions.holds != state.last_holds:
+        state.store.replace_holds(decisions.holds)
+        state.last_holds = decisions.holds
+    for waiting in decisions.waiting:
+        state.store.set_waiting_reason(waiting.gang_id, waiting.reason)
+    if reserved_any:
+        state.signal.notify()

@@ -1,0 +1,79 @@
+"""Metrics and the log lines that tell one gang's drain story (seed 000's observability):
+
+``gang drain started`` (trigger_job_id, transitioned) -> ``job preempted`` per task ->
+``gang drain completed`` (outcome) -> ``gang reserved`` (gang_size), all with ``gang_id`` and
+``preemption_epoch``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from corral.domain.records import Job
+from corral.domain.status import Status
+from corral.server.state import ServerState
+from corral.store.base import Drain, DrainCompletion
+
+logger = logging.getLogger("corral.server.drain")
+
+
+def record_drain(state: ServerState, drain: Drain) -> None:
+    state.metrics.gangs_preempted.inc()
+    state.metrics.preemptions.labels(reason="gang").inc()
+    logger.warning(
+        "gang drain started",
+        extra={
+            "gang_id": drain.gang_id,
+            "trigger_job_id": drain.trigger.id,
+            "preemption_epoch": drain.epoch,
+            "transitioned": len(drain.transitioned),
+            "reason": drain.trigger.reason.message if drain.trigger.reason else None,
+        },
+    )
+    for job in drain.transitioned:
+        if job.status == Status.PREEMPTED:
+            record_preempted(job)
+    state.released()
+
+
+def drain_started_by(state: ServerState, trigger: Job) -> None:
+    """A report (``/fail``, ``/watchdog``) moved a gang task out of running: if that started a drain,
+    tell its story. The transitioned tasks are the gang's tasks stamped with this drain."""
+    if trigger.gang_id is None or trigger.status not in (Status.PREEMPTED, Status.FAILED):
+        return
+    tasks = state.store.gang_tasks(trigger.gang_id)
+    epoch = max(task.preemption_epoch for task in tasks)
+    transitioned = tuple(task for task in tasks if task.preemption_epoch == epoch)
+    record_drain(
+        state, Drain(gang_id=trigger.gang_id, epoch=epoch, trigger=trigger, transitioned=transitioned)
+    )
+
+
+def record_preempted(job: Job) -> None:
+    logger.info(
+        "job preempted",
+        extra={
+            "job_id": job.id,
+            "gang_id": job.gang_id,
+            "worker_id": job.worker_id,
+            "preemption_epoch": job.preemption_epoch,
+        },
+    )
+
+
+def record_completion(state: ServerState, completion: DrainCompletion) -> None:
+    state.metrics.gang_drains_completed.labels(outcome=completion.outcome).inc()
+    if completion.drain_seconds is not None:
+        state.metrics.gang_drain_seconds.observe(completion.drain_seconds)
+    log = logger.error if completion.outcome == "failed" else logger.info
+    log(
+        "gang drain completed",
+        extra={
+            "gang_id": completion.gang_id,
+            "preemption_epoch": completion.epoch,
+            "outcome": completion.outcome,
+            "drain_s": round(completion.drain_seconds, 3) if completion.drain_seconds is not None else None,
+        },
+    )
+    if completion.outcome == "blocked":
+        state.released()

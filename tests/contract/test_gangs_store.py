@@ -1,0 +1,216 @@
+"""Gang operations of the store (seeds 001 and 000), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core.placement import ClaimPlacement
+from corral.domain import errors
+from corral.domain.records import Hold, JobSpec
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.store.base import Drain, WorkerRegistration
+from tests.contract.test_store import assert_history_is_legal
+
+NOW = 1_800_000_000.0
+POLICY = ClaimPlacement()
+
+
+def workers(store, count, gpus=1, address="10.0.0.{}"):
+    for index in range(count):
+        store.register_worker(
+            WorkerRegistration(f"w{index}", address.format(index), Resources(gpus, 1000, 8192, 8)), NOW
+        )
+
+
+def submit_gang(store, size=3, gpus=1, max_retries=3, now=NOW):
+    item = store.submit(
+        [JobSpec(command="train", gang_size=size, resources=Resources(gpus=gpus), max_retries=max_retries)],
+        now,
+    ).items[0]
+    return item.gang_id, [task.id for task in item.tasks]
+
+
+def reserve(store, gang_id, task_ids, now=NOW):
+    placements = [(task_id, f"w{index}", (0,)) for index, task_id in enumerate(task_ids)]
+    return store.reserve_gang(gang_id, placements, now, POLICY)
+
+
+def run_gang(store, gang_id, task_ids, now=NOW):
+    reserve(store, gang_id, task_ids, now)
+    return [store.claim(f"w{index}", now, POLICY) for index in range(len(task_ids))]
+
+
+def statuses(store, gang_id):
+    return [task.status for task in store.gang_tasks(gang_id)]
+
+
+def test_reserve_is_all_or_nothing(store):
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    reserved = reserve(store, gang_id, task_ids)
+    assert [job.status for job in reserved] == [Status.RESERVED] * 3
+    assert [job.worker_id for job in reserved] == ["w0", "w1", "w2"]
+    assert {job.reservation_epoch for job in reserved} == {1}
+    assert {job.master_port for job in reserved} == {29500}
+    assert reserve(store, gang_id, task_ids) is None, "tasks no longer blocked: nothing written"
+
+
+def test_reserve_refuses_capacity_taken_since_the_snapshot(store):
+    workers(store, 3)
+    store.submit([JobSpec(command="single", resources=Resources(gpus=1))], NOW)
+    store.claim("w2", NOW, POLICY)
+    gang_id, task_ids = submit_gang(store, now=NOW + 1)
+    assert reserve(store, gang_id, task_ids) is None
+    assert statuses(store, gang_id) == [Status.BLOCKED] * 3
+
+
+def test_reserved_tasks_are_claimed_only_by_their_worker(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    reserve(store, gang_id, task_ids)
+    first = store.claim("w1", NOW, POLICY)
+    assert (first.id, first.status, first.attempts) == (task_ids[1], Status.RUNNING, 1)
+    assert store.claim("w1", NOW, POLICY) is None
+
+
+def test_second_gang_gets_the_next_master_port_on_a_shared_worker(store):
+    store.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
+    first_id, first_tasks = submit_gang(store, size=1 + 1)
+    placements = [(first_tasks[0], "w0", (0,)), (first_tasks[1], "w0", (1,))]
+    assert {job.master_port for job in store.reserve_gang(first_id, placements, NOW, POLICY)} == {29500}
+    store.register_worker(WorkerRegistration("w0", "h", Resources(4, 1000, 8192, 8)), NOW)
+    second_id, second_tasks = submit_gang(store, size=2)
+    placements = [(second_tasks[0], "w0", (2,)), (second_tasks[1], "w0", (3,))]
+    assert {job.master_port for job in store.reserve_gang(second_id, placements, NOW, POLICY)} == {29501}
+
+
+def test_stale_reservation_rolls_back_to_blocked(store):
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    reserve(store, gang_id, task_ids)
+    assert store.rollback_gang(gang_id, NOW + 10, 30) == []
+    rolled = store.rollback_gang(gang_id, NOW + 31, 30)
+    assert [job.status for job in rolled] == [Status.BLOCKED] * 3
+    assert {job.worker_id for job in rolled} == {None}
+    for task_id in task_ids:
+        assert_history_is_legal(store, task_id)
+
+
+def test_stale_reservation_with_running_siblings_drains_the_gang(store):
+    """Seed 001's stuck state: two ranks run, the third was never claimed."""
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    reserve(store, gang_id, task_ids)
+    store.claim("w0", NOW, POLICY)
+    store.claim("w1", NOW, POLICY)
+    drain = store.rollback_gang(gang_id, NOW + 31, 30)
+    assert isinstance(drain, Drain)
+    assert drain.trigger.id == task_ids[2]
+    assert statuses(store, gang_id) == [Status.PREEMPTING, Status.PREEMPTING, Status.BLOCKED]
+
+
+def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    run_gang(store, gang_id, task_ids)
+    trigger = store.fail(task_ids[1], "w1", 1, NOW + 5, 1, "rank 1 crashed", "Traceback...")
+    assert (trigger.status, trigger.preemption_epoch, trigger.attempts) == (Status.PREEMPTED, 1, 1)
+    assert trigger.exit_code == 1
+    tasks = store.gang_tasks(gang_id)
+    assert [task.status for task in tasks] == [Status.PREEMPTING, Status.PREEMPTED, Status.PREEMPTING]
+    assert [task.attempt_refund for task in tasks] == [True, False, True]
+    assert {task.preemption_epoch for task in tasks} == {1}
+    beat = store.heartbeat_job(task_ids[0], "w0", 1, NOW + 6, None)
+    assert beat.status == Status.PREEMPTING, "the peer's worker still reports with the attempt it claimed"
+    with pytest.raises(errors.StaleEpoch):
+        store.ack_preempted(task_ids[0], "w0", 1, 2, NOW + 7)
+    store.ack_preempted(task_ids[0], "w0", 1, 1, NOW + 7)
+    assert store.complete_drains(NOW + 7) == [], "task 2 is still stopping"
+    store.ack_preempted(task_ids[2], "w2", 1, 1, NOW + 8)
+    (completion,) = store.complete_drains(NOW + 8)
+    assert (completion.outcome, completion.drain_seconds) == ("blocked", 3.0)
+    assert statuses(store, gang_id) == [Status.BLOCKED] * 3
+    assert [task.attempts for task in store.gang_tasks(gang_id)] == [0, 1, 0], "peers refunded, trigger not"
+    assert store.complete_drains(NOW + 9) == []
+    for task_id in task_ids:
+        assert_history_is_legal(store, task_id)
+
+
+def test_the_same_rank_failing_max_retries_times_fails_the_gang(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2, max_retries=2)
+    outcomes = []
+    for round_number in (1, 2):
+        claimed = run_gang(store, gang_id, task_ids, NOW + round_number)
+        attempt = claimed[0].attempts
+        store.fail(task_ids[0], "w0", attempt, NOW + round_number, 1, None, None)
+        store.ack_preempted(task_ids[1], "w1", claimed[1].attempts, round_number, NOW + round_number)
+        outcomes.append(store.complete_drains(NOW + round_number)[0].outcome)
+    assert outcomes == ["blocked", "failed"]
+    assert statuses(store, gang_id) == [Status.FAILED, Status.FAILED]
+
+
+def test_a_done_task_makes_the_drained_gang_fail_keeping_its_done(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    run_gang(store, gang_id, task_ids)
+    store.complete(task_ids[0], "w0", 1, NOW + 1)
+    store.fail(task_ids[1], "w1", 1, NOW + 2, 1, None, None)
+    (completion,) = store.complete_drains(NOW + 2)
+    assert completion.outcome == "failed"
+    assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
+
+
+def test_reaper_drains_a_gang_whose_rank_went_silent_and_completes_in_one_pass(store):
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    run_gang(store, gang_id, task_ids)
+    store.heartbeat_job(task_ids[0], "w0", 1, NOW + 25, None)
+    report = store.reap(NOW + 31, 30, 45, 600)
+    (drain,) = report.drains
+    assert drain.trigger.id in task_ids[1:]
+    # Both silent ranks are gone: straight to preempted; the live one is told to stop.
+    assert sorted(statuses(store, gang_id)) == sorted([Status.PREEMPTING, Status.PREEMPTED, Status.PREEMPTED])
+    report = store.reap(NOW + 31 + 46, 1000, 45, 600)
+    assert [job.id for job in report.force_drained] == [task_ids[0]]
+    assert [completion.outcome for completion in report.completions] == ["blocked"]
+    assert statuses(store, gang_id) == [Status.BLOCKED] * 3
+
+
+def test_checkpoint_only_while_preempting_with_the_current_epoch(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    run_gang(store, gang_id, task_ids)
+    payload = bytes(range(256)) * 10
+    with pytest.raises(errors.NotPreempting):
+        store.save_checkpoint(task_ids[0], "w0", 1, 0, payload, NOW)
+    store.fail(task_ids[1], "w1", 1, NOW, 1, None, None)
+    with pytest.raises(errors.StaleEpoch):
+        store.save_checkpoint(task_ids[0], "w0", 1, 2, payload, NOW)
+    with pytest.raises(errors.StaleAttempt):
+        store.save_checkpoint(task_ids[0], "w1", 1, 1, payload, NOW)
+    saved = store.save_checkpoint(task_ids[0], "w0", 1, 1, payload, NOW)
+    assert saved.has_checkpoint
+    assert store.get_checkpoint(task_ids[0]) == payload
+    assert store.get_checkpoint(task_ids[1]) is None
+    with pytest.raises(errors.NotFound):
+        store.get_checkpoint("j-missing")
+
+
+def test_holds_keep_capacity_for_a_gang_except_for_backfill(store):
+    store.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
+    store.replace_holds([Hold("g-head", "w0", Resources(gpus=2), expected_at=NOW + 100)])
+    long_job = (
+        store.submit([JobSpec(command="long", resources=Resources(gpus=1), walltime_s=500)], NOW).items[0].job
+    )
+    assert store.claim("w0", NOW, POLICY) is None
+    short = (
+        store.submit([JobSpec(command="short", resources=Resources(gpus=1), walltime_s=50)], NOW + 1)
+        .items[0]
+        .job
+    )
+    assert store.claim("w0", NOW, POLICY).id == short.id
+    store.replace_holds([])
+    assert store.claim("w0", NOW, POLICY).id == long_job.id
+    assert store.list_holds() == []
