@@ -217,6 +217,26 @@ class Client:
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/watchdog", body, params=params)
         return result
 
+    def upload_checkpoint(self, job_id: str, worker_id: str, attempt: int, epoch: int, data: bytes) -> None:
+        """Store the checkpoint a stopping job wrote (opaque bytes; only while it is preempting)."""
+        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
+        try:
+            response = self._http.post(
+                f"/jobs/{job_id}/checkpoint",
+                content=data,
+                params=params,
+                headers={"content-type": "application/octet-stream"},
+            )
+        except httpx.TransportError as error:
+            raise ServerUnreachable(self.server, error) from error
+        if response.status_code >= 400:
+            raise _api_error(response)
+
+    def download_checkpoint(self, job_id: str) -> bytes | None:
+        """The job's stored checkpoint, or None when it has none."""
+        response = self.request("GET", f"/jobs/{job_id}/checkpoint")
+        return None if response.status_code == 204 else response.content
+
     def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> dict[str, Any]:
         params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/preempted", params=params)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PREFIX = "CORRAL_"
+# Wall-clock budgets of a job that sets none and a worker that sets no CORRAL_BUDGET_S (seed 004).
+GPU_JOB_BUDGET_S = 8100.0
+CPU_JOB_BUDGET_S = 2100.0
 
 
 class ServerSettings(BaseSettings):
@@ -68,6 +71,33 @@ class WorkerSettings(BaseSettings):
     shutdown_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM, time running jobs get")
     output_tail_bytes: int = Field(4096, ge=0, description="output tail sent with a failure")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # Watchdogs (seed 004): a job's own budget_s / stall_timeout_s win over these.
+    budget_s: float | None = Field(
+        None, gt=0, description="wall-clock budget of a job without one (default: 8100 GPU jobs, 2100 CPU)"
+    )
+    stall_timeout_s: float = Field(120.0, gt=0, description="no beat for this long: suspect a stall")
+    stall_confirm_samples: int = Field(3, ge=1, description="reads that confirm a suspected stall")
+    stall_confirm_poll_s: float = Field(1.0, gt=0, description="spacing of the stall confirmation reads")
+    gpu_idle_pct: float = Field(5.0, ge=0, le=100, description="GPU utilisation at or under this is idle")
+    ram_delta_mb: float = Field(5120.0, gt=0, description="memory moving this much means working")
+    gpu_health_window_s: float = Field(300.0, gt=0, description="GPU-health window (reset by each beat)")
+    gpu_health_grace_s: float = Field(1200.0, ge=0, description="first GPU-health window, for model loading")
+    gpu_sampler: str | None = Field(
+        None, description="nvml, none or fake:<path> (default: nvml where NVML loads, else none)"
+    )
+
+    @field_validator("gpu_sampler")
+    @classmethod
+    def _known_sampler(cls, value: str | None) -> str | None:
+        if value is None or value in ("nvml", "none") or (value.startswith("fake:") and len(value) > 5):
+            return value
+        raise ValueError("expected nvml, none or fake:<path>")
+
+    def default_budget_s(self, holds_gpus: bool) -> float:
+        """``budget_s`` when set, else the source's defaults: 8100 s for a GPU job, 2100 s for a CPU job."""
+        if self.budget_s is not None:
+            return self.budget_s
+        return GPU_JOB_BUDGET_S if holds_gpus else CPU_JOB_BUDGET_S
 
 
 def add_flags(parser: argparse.ArgumentParser, settings_class: type[BaseSettings]) -> None:

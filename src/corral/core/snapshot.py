@@ -7,7 +7,8 @@ nothing). The simulator builds snapshots from a trace instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from corral.domain.records import Allocation, Job, Worker
 from corral.domain.resources import Resources
@@ -38,6 +39,12 @@ class Snapshot:
     included; ``gangs`` are the gangs with at least one task that is not terminal; ``pending`` the
     pending single jobs (for holds and backfill); ``workers`` every registered worker (the policies
     use the active ones).
+
+    ``expected_ends`` says, by job id, when an allocation is expected to give its resources back:
+    ``started_at + walltime_s`` for a job that declared a walltime, ``now + walltime_s`` for one
+    reserved but not started yet. A job absent from it has no known end (no walltime). Gang holds
+    read it for ``Hold.expected_at``; a preempting allocation counts as ending at ``now`` (it has
+    been told to stop) whatever it says.
     """
 
     now: float
@@ -45,3 +52,4 @@ class Snapshot:
     allocations: tuple[Allocation, ...]
     gangs: tuple[Gang, ...]
     pending: tuple[Job, ...] = ()
+    expected_ends: Mapping[str, float] = field(default_factory=dict)

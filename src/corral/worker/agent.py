@@ -5,7 +5,14 @@ Threads and why:
   again: the server decides what fits, so the worker runs as many jobs as the server hands it;
 - the worker heartbeat says "alive, running these" every ``worker_heartbeat_s``, independent of
   the claim loop, whose long-polls would otherwise delay it;
-- one thread per job attempt (``JobRun``) for its heartbeats and its report.
+- one thread per job attempt (``JobRun``) for its heartbeats and its report, and one per attempt
+  for its watchdogs (``JobWatch``).
+
+A job a watchdog tripped is dropped from the worker heartbeat's ``running`` list at once (and a
+heartbeat is sent right away): the worker must not advertise a busy ghost while the job is being
+stopped. GPUs whose job would not die after SIGKILL are reported in every heartbeat as
+``unhealthy_gpus``, so the server stops placing work on them; they stay unhealthy until the worker
+restarts (only a host reboot or a driver reset really frees them).
 
 The server being unreachable is a normal condition (restarts, upgrades): every loop logs a
 warning, waits ``poll_s`` and tries again. Nothing here lets an exception end the worker.
@@ -23,6 +30,8 @@ from corral.config import WorkerSettings
 from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
+from corral.worker.samplers import Samplers, open_gpu_sampler
+from corral.worker.samplers.process import ProcessTreeSampler
 
 logger = logging.getLogger("corral.worker.agent")
 
@@ -54,6 +63,9 @@ class Agent:
         self._register_lock = threading.Lock()
         self.stopping = threading.Event()
         self._heartbeat_stop = threading.Event()
+        self._heartbeat_wake = threading.Event()
+        self._unhealthy_gpus: set[int] = set()
+        self.samplers = self._open_samplers()
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
@@ -72,9 +84,34 @@ class Agent:
         self._claim_thread.start()
         self._heartbeat_thread.start()
 
+    def _open_samplers(self) -> Samplers:
+        """The GPU sampler the settings name; NVML is only tried by default when GPUs are offered.
+
+        Without one on a GPU worker, the stall watchdog confirms on memory alone and the GPU-health
+        watchdog is off: said once, here.
+        """
+        setting = self.settings.gpu_sampler
+        gpu = None
+        if setting is not None or self.offer.gpus > 0:
+            gpu, message = open_gpu_sampler(setting)
+            if gpu is not None:
+                logger.info(message, extra=self.fields)
+            elif self.offer.gpus > 0 or setting == "nvml":
+                logger.warning(
+                    f"{message}; GPU confirmation is unavailable: the stall watchdog confirms on memory "
+                    "alone and the GPU-health watchdog is off",
+                    extra=self.fields,
+                )
+        return Samplers(gpu=gpu, memory=ProcessTreeSampler())
+
     def running_job_ids(self) -> list[str]:
+        """What the worker advertises: its attempts, less those a watchdog tripped."""
         with self._lock:
-            return sorted({job_id for job_id, _attempt in self._runs})
+            return sorted({job_id for (job_id, _attempt), run in self._runs.items() if not run.tripped})
+
+    def unhealthy_gpus(self) -> list[int]:
+        with self._lock:
+            return sorted(self._unhealthy_gpus)
 
     # --- registration ----------------------------------------------------------------------
 
@@ -143,7 +180,16 @@ class Agent:
         self._start_job(claim)
 
     def _start_job(self, claim: dict[str, Any]) -> None:
-        run = JobRun(claim, self._api, self.settings, self.worker_id, self._job_finished)
+        run = JobRun(
+            claim,
+            self._api,
+            self.settings,
+            self.worker_id,
+            self._job_finished,
+            samplers=self.samplers,
+            on_tripped=self._job_tripped,
+            on_gpus_unhealthy=self._gpus_unhealthy,
+        )
         with self._lock:
             accepted = self._accepting
             if accepted:
@@ -164,20 +210,47 @@ class Agent:
         with self._lock:
             self._runs.pop((run.job_id, run.attempt), None)
 
+    def _job_tripped(self, run: JobRun) -> None:
+        """Stop advertising the job now (``running_job_ids`` skips it) and say so at once."""
+        self._heartbeat_wake.set()
+
+    def _gpus_unhealthy(self, run: JobRun) -> None:
+        with self._lock:
+            new = sorted(set(run.gpu_indices) - self._unhealthy_gpus)
+            self._unhealthy_gpus.update(run.gpu_indices)
+            unhealthy = sorted(self._unhealthy_gpus)
+        if new:
+            logger.error(
+                "GPUs marked unhealthy: the job's process survived SIGKILL; no more work on them",
+                extra={**run.fields, "gpu_indices": new, "unhealthy_gpus": unhealthy},
+            )
+        self._heartbeat_wake.set()
+
     # --- the worker heartbeat --------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        while not self._heartbeat_stop.wait(self.settings.worker_heartbeat_s):
+        while True:
+            self._heartbeat_wake.wait(self.settings.worker_heartbeat_s)
+            self._heartbeat_wake.clear()
+            if self._heartbeat_stop.is_set():
+                return
             try:
                 self._heartbeat_once()
             except Exception:
                 logger.exception("worker heartbeat error", extra=self.fields)
 
+    def heartbeat_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"running": self.running_job_ids()}
+        unhealthy = self.unhealthy_gpus()
+        if unhealthy:
+            body["unhealthy_gpus"] = unhealthy
+        return body
+
     def _heartbeat_once(self) -> None:
         if not self._registered:
             return
         try:
-            self._api.worker_heartbeat(self.worker_id, {"running": self.running_job_ids()})
+            self._api.worker_heartbeat(self.worker_id, self.heartbeat_body())
         except ServerUnreachable as error:
             logger.warning(
                 "worker heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
@@ -223,9 +296,12 @@ class Agent:
             if not run.finished.wait(allowance):
                 logger.error("job did not finish its stop in time", extra=run.fields)
         self._heartbeat_stop.set()
+        self._heartbeat_wake.set()
         self._heartbeat_thread.join(timeout=API_TIMEOUT_S)
         self._claims.close()
         self._api.close()
+        if self.samplers.gpu is not None:
+            self.samplers.gpu.close()
         logger.info("worker stopped", extra=self.fields)
 
     def _snapshot(self) -> list[JobRun]:

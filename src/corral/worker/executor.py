@@ -24,9 +24,42 @@ logger = logging.getLogger("corral.worker.executor")
 _POLL_S = 0.05
 # After SIGKILL a process normally dies at once; one stuck in uninterruptible sleep (a wedged
 # driver call) does not, and the worker must not hang on it forever.
-_KILL_WAIT_S = 10.0
+KILL_WAIT_S = 10.0
+# A group that answers signal 0 after its leader exited is scanned for live (non-zombie) members
+# at most this often while a stop waits for it.
+_SCAN_EVERY_S = 0.5
 # How long the output reader may take to reach the end of the pipe once the job is gone.
 _READER_JOIN_S = 2.0
+
+
+def live_group_members(group_id: int) -> list[int]:
+    """Processes of the group that are not zombies, from ``/proc`` (Linux); elsewhere, the group
+    leader alone when it still answers signal 0.
+
+    Only called when ``killpg(group, 0)`` says the group still exists, which is rare: a full scan of
+    ``/proc`` is a few milliseconds.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        try:
+            os.killpg(group_id, 0)
+        except OSError:
+            return []
+        return [group_id]
+    members = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields[0] is the state (Z zombie, X dead), fields[2] the process group
+        if len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
 
 
 def exit_code_of(returncode: int) -> int:
@@ -65,14 +98,18 @@ class JobProcess:
         tail_bytes: int,
         grace_s: float,
         log_fields: Mapping[str, Any] | None = None,
+        kill_wait_s: float | None = None,
     ) -> None:
         self.command = command
         self.grace_s = grace_s
+        self.kill_wait_s = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
         self.tail = OutputTail(tail_bytes)
         self._stop_lock = threading.Lock()
         self._stopping = False
         self._stop_done = threading.Event()
         self._stopped_running = False
+        self._survived_kill = False
+        self._last_scan = -_SCAN_EVERY_S
         self._popen = subprocess.Popen(
             ["/bin/sh", "-c", command],
             env=dict(env),
@@ -138,6 +175,27 @@ class JobProcess:
     def _group_alive(self) -> bool:
         return self._signal_group(0)
 
+    def _group_gone(self) -> bool:
+        """No member of the job's group is left but zombies.
+
+        A zombie holds no GPU and no memory: it only waits for its parent (or, for an orphan, for
+        PID 1, which in a container may never reap it) to collect its exit status. Counting one
+        as alive would make every stop wait out its grace, and a dead job look unkillable.
+        """
+        if not self._group_alive():
+            return True
+        now = time.monotonic()
+        if now - self._last_scan < _SCAN_EVERY_S:
+            return False
+        self._last_scan = now
+        return not live_group_members(self.pid)
+
+    @property
+    def survived_kill(self) -> bool:
+        """True when a member of the group was still alive ``kill_wait_s`` after SIGKILL: stuck in
+        uninterruptible sleep (a driver call), so whatever device it holds is not coming back."""
+        return self._survived_kill
+
     def signal(self, signal_number: int) -> None:
         """Send one signal to the job's group (e.g. a checkpoint hint); no-op once it is gone."""
         self._signal_group(signal_number)
@@ -167,15 +225,23 @@ class JobProcess:
             return
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if self._popen.poll() is not None and not self._group_alive():
+            if self._popen.poll() is not None and self._group_gone():
                 return
             time.sleep(_POLL_S)
         if self._signal_group(signal.SIGKILL):
             logger.info("job did not stop within the grace period; sent SIGKILL", extra=self.fields)
-        try:
-            self._popen.wait(timeout=_KILL_WAIT_S)
-        except subprocess.TimeoutExpired:
-            logger.error("job survived SIGKILL (uninterruptible sleep?)", extra=self.fields)
+        deadline = time.monotonic() + self.kill_wait_s
+        while True:
+            if self._popen.poll() is not None and self._group_gone():
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+        self._survived_kill = True
+        logger.error(
+            "job survived SIGKILL (uninterruptible sleep?)",
+            extra={**self.fields, "survivors": live_group_members(self.pid)},
+        )
 
     def finish(self) -> str:
         """After the main process exited: end what is left of its group, then return the tail.
@@ -184,7 +250,7 @@ class JobProcess:
         exits gets the same SIGTERM, grace, SIGKILL sequence (it would also hold the output pipe
         open forever).
         """
-        if self._group_alive():
+        if not self._group_gone():
             if not self._stopping:
                 logger.info("job left processes behind; stopping them", extra=self.fields)
             self.stop()

@@ -2,9 +2,14 @@
 
 Each attempt has its own thread, so a slow report or a long stop of one job never delays the
 heartbeats of another. The thread owns the decision of what to report; other threads (the agent
-at shutdown, the heartbeat answer) only ask for a stop with a reason, and the first reason wins,
-except that losing the job (409) overrides everything: a job that is no longer ours is never
-reported on.
+at shutdown, the heartbeat answer, the job's watchdogs) only ask for a stop with a reason, and the
+first reason wins, except that losing the job (409) overrides everything: a job that is no longer
+ours is never reported on.
+
+A watchdog trip is reported as ``POST /jobs/{id}/watchdog`` with what the watchdog saw, and never
+also as done or failed: the server decides between a re-queue and a failure. If the job's process
+had already ended on its own when the stop began, its own outcome is reported instead: the trip
+raced with the exit and stopped nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from typing import Any
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.worker.executor import JobProcess
+from corral.worker.job_watch import JobProbe, JobWatch, build_watch
 from corral.worker.reporting import deliver
+from corral.worker.samplers import Samplers
+from corral.worker.watchdogs import Verdict
 from corral.worker.workspace import JobWorkspace
 
 logger = logging.getLogger("corral.worker.job")
@@ -32,6 +40,7 @@ class StopReason(enum.Enum):
     PREEMPT = "preempt"  # the server asked (preemption, cancel, gang drain): ack with the epoch
     LOST = "lost"  # 409/404: another attempt owns the job; report nothing
     SHUTDOWN = "shutdown"  # the worker is going away: report a failure so the job is re-queued
+    WATCHDOG = "watchdog"  # a watchdog tripped: report the trip, the server re-queues or fails
 
 
 def describe_exit(exit_code: int) -> str:
@@ -51,7 +60,11 @@ class JobRun:
         settings: WorkerSettings,
         worker_id: str,
         on_finished: Callable[[JobRun], None],
+        samplers: Samplers | None = None,
+        on_tripped: Callable[[JobRun], None] | None = None,
+        on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
     ) -> None:
+        self.claim = claim
         self.job_id: str = claim["id"]
         self.attempt = int(claim["attempt"])
         self.command: str = claim["command"]
@@ -62,6 +75,11 @@ class JobRun:
         self._settings = settings
         self._worker_id = worker_id
         self._on_finished = on_finished
+        self._samplers = samplers
+        self._on_tripped = on_tripped
+        self._on_gpus_unhealthy = on_gpus_unhealthy
+        self._watch: JobWatch | None = None
+        self.verdict: Verdict | None = None
         self._lock = threading.Lock()
         self._reason: StopReason | None = None
         self._epoch: int | None = None
@@ -76,8 +94,15 @@ class JobRun:
 
     # --- stopping --------------------------------------------------------------------------
 
+    @property
+    def tripped(self) -> bool:
+        """A watchdog stopped (or is stopping) this attempt: the worker no longer advertises it."""
+        return self.verdict is not None
+
     def request_stop(self, reason: StopReason, epoch: int | None = None) -> None:
         """Stop the job (SIGTERM, grace, SIGKILL) in the background; the first reason is kept."""
+        if self._watch is not None:
+            self._watch.stop()
         with self._lock:
             if reason == StopReason.LOST or self._reason is None:
                 self._reason = reason
@@ -92,6 +117,46 @@ class JobRun:
         self._stopper = threading.Thread(target=self._process.stop, name=f"stop-{self.job_id}", daemon=True)
         self._stopper.start()
         logger.info("stopping job", extra={**self.fields, "reason": self._reason.value})
+
+    def _watchdog_tripped(self, verdict: Verdict) -> None:
+        """From the watch thread: stop the job unless something else already is."""
+        with self._lock:
+            first = self._reason is None
+            if first:
+                self._reason = StopReason.WATCHDOG
+                self.verdict = verdict
+        if not first:
+            return
+        logger.warning(
+            "watchdog tripped; stopping the job",
+            extra={**self.fields, "watchdog": verdict.kind, "detail": verdict.detail},
+        )
+        if self._on_tripped is not None:
+            self._on_tripped(self)
+        self.request_stop(StopReason.WATCHDOG)
+
+    def _start_watch(self, process: JobProcess, workspace: JobWorkspace) -> None:
+        if self._samplers is None:
+            return
+        gpu = self._samplers.gpu
+        probe = JobProbe(
+            process.pid,
+            self._samplers.memory,
+            gpu.probe(self.gpu_indices) if gpu and self.gpu_indices else None,
+        )
+        self._watch = build_watch(
+            self._settings,
+            self.claim,
+            self.gpu_indices,
+            workspace.beat_file,
+            probe,
+            gpu.name if gpu is not None else None,
+            self.fields,
+        )
+        with self._lock:
+            stopping = self._reason is not None
+        if not stopping:
+            self._watch.start_thread(self._watchdog_tripped)
 
     # --- the attempt -----------------------------------------------------------------------
 
@@ -121,12 +186,17 @@ class JobRun:
             logger.info(
                 "job started", extra={**self.fields, "pid": process.pid, "gpu_indices": self.gpu_indices}
             )
+            self._start_watch(process, workspace)
             exit_code = self._supervise(process)
+            if self._watch is not None:
+                self._watch.stop()
             tail = process.finish()
             with self._lock:
                 stopper = self._stopper
             if stopper is not None:
                 stopper.join()
+            if process.survived_kill and self.gpu_indices and self._on_gpus_unhealthy is not None:
+                self._on_gpus_unhealthy(self)
             self._report(process, exit_code, tail)
         except Exception as error:
             # A bug or a host problem (disk full for the workspace): never leave the job running
@@ -140,6 +210,8 @@ class JobRun:
             if not lost:
                 self._report_failure(None, f"worker error: {error}", "")
         finally:
+            if self._watch is not None:
+                self._watch.stop()
             if workspace is not None:
                 workspace.remove()
             self.finished.set()
@@ -212,6 +284,9 @@ class JobRun:
             logger.info("job stopped after it was lost; nothing reported", extra=fields)
             return
         stopped = process.stopped_while_running
+        if reason == StopReason.WATCHDOG and stopped and self.verdict is not None:
+            self._report_trip(self.verdict, exit_code)
+            return
         if reason == StopReason.PREEMPT and stopped and epoch is not None:
             logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
             deliver(
@@ -230,6 +305,25 @@ class JobRun:
             )
             return
         self._report_failure(exit_code, describe_exit(exit_code), tail)
+
+    def _report_trip(self, verdict: Verdict, exit_code: int) -> None:
+        fields = {**self.fields, "exit_code": exit_code, "watchdog": verdict.kind}
+        answer = deliver(
+            lambda: self._client.watchdog(
+                self.job_id, self._worker_id, self.attempt, verdict.kind, verdict.detail
+            ),
+            "watchdog report",
+            fields,
+        )
+        if answer is not None:
+            logger.info(
+                "watchdog trip reported",
+                extra={
+                    **fields,
+                    "status": answer.get("status"),
+                    "watchdog_retries": answer.get("watchdog_retries"),
+                },
+            )
 
     def _report_failure(self, exit_code: int | None, error: str, tail: str) -> None:
         fields = {**self.fields, "exit_code": exit_code, "error": error}
