@@ -1,0 +1,164 @@
+"""Gangs over real HTTP: admission, rendezvous, drain, checkpoints (seeds 001 and 000)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+from tests.api.conftest import error_code, register
+
+
+def gang_workers(api, count=2, gpus=1):
+    for index in range(count):
+        api.post(
+            "/workers/register",
+            json={
+                "id": f"w{index}",
+                "address": f"10.0.0.{index + 1}",
+                "resources": {"gpus": gpus, "vram_mb": 1000, "cpus": 4},
+            },
+        ).raise_for_status()
+
+
+def submit_gang(api, size=2, **fields):
+    response = api.post(
+        "/jobs", json={"command": "train", "gang_size": size, "resources": {"gpus": 1}, **fields}
+    )
+    assert response.status_code == 201
+    return response.json()
+
+
+def claim(api, worker_id):
+    response = api.get("/jobs/next", params={"worker_id": worker_id})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def admitted_and_running(api, server, size=2):
+    gang_workers(api, size)
+    gang = submit_gang(api, size)
+    server.run_loop("admission")
+    return gang, [claim(api, f"w{index}") for index in range(size)]
+
+
+def fenced(job, **extra):
+    return {"worker_id": job["worker_id"], "attempt": job["attempt"], **extra}
+
+
+def test_admission_reserves_the_gang_and_claims_carry_the_rendezvous(api, server):
+    gang, tasks = admitted_and_running(api, server)
+    assert [task["id"] for task in tasks] == gang["tasks"]
+    rank0, rank1 = (task["env"] for task in tasks)
+    assert (rank0["RANK"], rank1["RANK"], rank0["WORLD_SIZE"]) == ("0", "1", "2")
+    assert rank0["MASTER_ADDR"] == rank1["MASTER_ADDR"] == "10.0.0.1"
+    assert rank0["MASTER_PORT"] == rank1["MASTER_PORT"] == "29500"
+    assert rank1["GANG_PEERS"] == "10.0.0.1,10.0.0.2"
+    assert rank1["CORRAL_GANG_ID"] == rank1["GANG_ID"] == gang["gang_id"]
+    assert (rank1["GANG_SIZE"], rank1["GANG_INDEX"], rank1["LOCAL_RANK"]) == ("2", "1", "0")
+    assert api.get(f"/gangs/{gang['gang_id']}").json()["status"] == "running"
+
+
+def test_a_gang_that_cannot_fit_waits_and_says_why(api, server):
+    gang_workers(api, 1)
+    gang = submit_gang(api, 3)
+    server.run_loop("admission")
+    task = api.get(f"/jobs/{gang['tasks'][0]}").json()
+    assert task["status"] == "blocked"
+    why = api.get(f"/jobs/{gang['tasks'][0]}/why").json()
+    assert why["status"] == "blocked"
+    assert why["reasons"][0]["code"] != "gang_waiting"
+
+
+def test_a_failing_rank_drains_the_gang_back_to_blocked(api, server, caplog):
+    caplog.set_level(logging.INFO, logger="corral")
+    gang, (rank0, rank1) = admitted_and_running(api, server)
+    failed = api.post(
+        f"/jobs/{rank1['id']}/fail", params=fenced(rank1), json={"exit_code": 1, "output_tail": "NCCL error"}
+    )
+    assert (failed.status_code, failed.json()["status"]) == (200, "preempted")
+    beat = api.post(f"/jobs/{rank0['id']}/heartbeat", params=fenced(rank0)).json()
+    assert beat == {"action": "preempt", "preemption_epoch": 1}
+    stale = api.post(f"/jobs/{rank0['id']}/preempted", params=fenced(rank0, epoch=0))
+    assert (stale.status_code, error_code(stale)) == (409, "stale_epoch")
+    assert (
+        api.post(f"/jobs/{rank0['id']}/preempted", params=fenced(rank0, epoch=1)).json()["status"]
+        == "preempted"
+    )
+    server.reap()
+    tasks = api.get(f"/gangs/{gang['gang_id']}").json()["tasks"]
+    assert [task["status"] for task in tasks] == ["blocked", "blocked"]
+    assert [task["attempts"] for task in tasks] == [0, 1]
+    messages = [
+        record.message for record in caplog.records if getattr(record, "gang_id", None) == gang["gang_id"]
+    ]
+    assert messages.index("gang drain started") < messages.index("gang drain completed")
+    assert messages.count("job preempted") == 2
+    metrics = api.get("/metrics").text
+    assert "corral_gangs_preempted_total 1.0" in metrics
+    assert 'corral_gang_preemptions_completed_total{outcome="blocked"} 1.0' in metrics
+    server.run_loop("admission")
+    assert api.get(f"/gangs/{gang['gang_id']}").json()["status"] == "reserved"
+    assert "gang reserved" in [record.message for record in caplog.records]
+
+
+def test_checkpoint_round_trip_into_the_next_attempt(api, server, settings):
+    settings.checkpoint_max_bytes = 1000
+    _, (rank0, rank1) = admitted_and_running(api, server)
+    path = f"/jobs/{rank0['id']}/checkpoint"
+    too_early = api.post(path, params=fenced(rank0, epoch=0), content=b"x")
+    assert (too_early.status_code, error_code(too_early)) == (409, "not_preempting")
+    api.post(f"/jobs/{rank1['id']}/fail", params=fenced(rank1), json={"exit_code": 1})
+    blob = bytes([0, 255, 10, 13]) * 10
+    assert api.post(path, params=fenced(rank0, epoch=1), content=b"").status_code == 400
+    assert api.post(path, params=fenced(rank0), content=blob).status_code == 400
+    too_big = api.post(path, params=fenced(rank0, epoch=1), content=b"x" * 1001)
+    assert (too_big.status_code, error_code(too_big)) == (413, "too_large")
+    wrong_epoch = api.post(path, params=fenced(rank0, epoch=2), content=blob)
+    assert (wrong_epoch.status_code, error_code(wrong_epoch)) == (409, "stale_epoch")
+    assert api.post(path, params=fenced(rank0, epoch=1), content=blob).status_code == 200
+    stored = api.get(path)
+    assert (stored.status_code, stored.content, stored.headers["content-type"]) == (
+        200,
+        blob,
+        "application/octet-stream",
+    )
+    assert api.get(f"/jobs/{rank1['id']}/checkpoint").status_code == 204
+    assert api.get("/jobs/j-missing/checkpoint").status_code == 404
+    assert "checkpoint" not in api.get(f"/jobs/{rank0['id']}").json()
+    assert api.get(f"/jobs/{rank0['id']}").json()["has_checkpoint"] is True
+    api.post(f"/jobs/{rank0['id']}/preempted", params=fenced(rank0, epoch=1))
+    server.reap()
+    server.run_loop("admission")
+    again = claim(api, "w0")
+    assert again["env"]["CORRAL_RESUME"] == "1"
+    assert base64.b64decode(again["env"]["CHECKPOINT_DATA"]) == blob
+
+
+def test_cancelling_a_running_gang_stops_every_rank(api, server):
+    gang, (rank0, rank1) = admitted_and_running(api, server)
+    cancelled = api.post(f"/gangs/{gang['gang_id']}/cancel").json()
+    assert [task["status"] for task in cancelled["tasks"]] == ["preempting", "preempting"]
+    for rank in (rank0, rank1):
+        api.post(f"/jobs/{rank['id']}/preempted", params=fenced(rank, epoch=1))
+    assert api.get(f"/gangs/{gang['gang_id']}").json()["status"] == "cancelled"
+
+
+def test_a_watchdog_trip_drains_the_gang(api, server):
+    _, (rank0, rank1) = admitted_and_running(api, server)
+    tripped = api.post(
+        f"/jobs/{rank0['id']}/watchdog", params=fenced(rank0), json={"kind": "stall", "detail": {}}
+    )
+    assert (tripped.json()["status"], tripped.json()["watchdog_retries"]) == ("preempted", 1)
+    assert api.post(f"/jobs/{rank1['id']}/heartbeat", params=fenced(rank1)).json()["action"] == "preempt"
+
+
+def test_single_jobs_do_not_start_on_capacity_held_for_a_waiting_gang(api, server, clock):
+    register(api, "w0", gpus=2, vram_mb=1000)
+    api.post("/jobs", json={"command": "x", "resources": {"gpus": 1}})
+    claim(api, "w0")
+    clock.advance(1)
+    submit_gang(api, 2)
+    server.run_loop("admission")
+    clock.advance(1)
+    api.post("/jobs", json={"command": "y", "resources": {"gpus": 1}})
+    assert api.get("/jobs/next", params={"worker_id": "w0"}).status_code == 204
