@@ -219,7 +219,7 @@ class Client:
 
     def upload_checkpoint(self, job_id: str, worker_id: str, attempt: int, epoch: int, data: bytes) -> None:
         """Store the checkpoint a stopping job wrote (opaque bytes; only while it is preempting)."""
-        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
+        params: dict[str, str | int] = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
         try:
             response = self._http.post(
                 f"/jobs/{job_id}/checkpoint",

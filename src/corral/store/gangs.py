@@ -16,28 +16,21 @@ from corral.domain.records import Hold, Job, Reason
 from corral.domain.resources import Resources
 from corral.domain.status import TERMINAL, Status
 from corral.store.base import AdmissionInputs, ClaimPolicy, Drain, DrainCompletion
-from corral.store.sql import (
-    _JOB_SELECT,
-    _REQUEUE_VALUES,
-    Raw,
-    SqlStore,
-    Transaction,
-    _EventSpec,
-    job_from_row,
-)
+from corral.store.operations import OperationsStore
+from corral.store.rows import JOB_SELECT, REQUEUE_VALUES, EventSpec, Raw, Transaction, job_from_row
 
 #: the first rendezvous port handed out on a worker (PyTorch's customary MASTER_PORT)
 FIRST_MASTER_PORT = 29500
-_BLOCKED_VALUES: dict[str, Any] = {**_REQUEUE_VALUES, "reserved_at": None, "drain_started_at": None}
+_BLOCKED_VALUES: dict[str, Any] = {**REQUEUE_VALUES, "reserved_at": None, "drain_started_at": None}
 
 
-class GangStore(SqlStore):
+class GangStore(OperationsStore):
     # --- reads ---------------------------------------------------------------------------
 
     def admission_inputs(self) -> AdmissionInputs:
         reader = self._read()
         rows = reader.execute(
-            f"SELECT {_JOB_SELECT} FROM jobs WHERE gang_id IN"
+            f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id IN"
             " (SELECT DISTINCT gang_id FROM jobs"
             "  WHERE gang_id IS NOT NULL AND status IN ('blocked', 'reserved'))"
             " ORDER BY gang_id, gang_index"
@@ -56,7 +49,7 @@ class GangStore(SqlStore):
     def _lock_gang(self, tx: Transaction, gang_id: str) -> list[Job]:
         """Every task of the gang, locked in id order (the deadlock-free order), by gang_index."""
         rows = tx.execute(
-            f"SELECT {_JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
+            f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
             (gang_id,),
         )
         return sorted((job_from_row(row) for row in rows), key=lambda job: job.gang_index or 0)
@@ -106,7 +99,7 @@ class GangStore(SqlStore):
                         "reserved_at": now,
                         "master_port": port,
                     },
-                    _EventSpec(
+                    EventSpec(
                         Reason("reserved", f"gang reserved on worker {worker_id}; waiting for its claim")
                     ),
                 )
@@ -190,7 +183,7 @@ class GangStore(SqlStore):
                         Status.RESERVED,
                         Status.BLOCKED,
                         dict(_BLOCKED_VALUES),
-                        _EventSpec(reason),
+                        EventSpec(reason),
                     )
                     assert job is not None
                     rolled.append(job)
@@ -244,7 +237,7 @@ class GangStore(SqlStore):
             if task.id == trigger_id and task.status == Status.RUNNING:
                 values = {**trigger_values, "preemption_epoch": epoch, "drain_started_at": now}
                 changed = self._transition(
-                    tx, task.id, now, Status.RUNNING, Status.PREEMPTED, values, _EventSpec(reason, epoch)
+                    tx, task.id, now, Status.RUNNING, Status.PREEMPTED, values, EventSpec(reason, epoch)
                 )
             elif task.status == Status.RUNNING and _silent_since_before(task, expired_before):
                 gone_reason = Reason(
@@ -256,7 +249,7 @@ class GangStore(SqlStore):
                     "attempt_refund": 1,
                 }
                 changed = self._transition(
-                    tx, task.id, now, Status.RUNNING, Status.PREEMPTED, values, _EventSpec(gone_reason, epoch)
+                    tx, task.id, now, Status.RUNNING, Status.PREEMPTED, values, EventSpec(gone_reason, epoch)
                 )
             elif task.status == Status.RUNNING:
                 peer_reason = Reason(
@@ -274,7 +267,7 @@ class GangStore(SqlStore):
                     Status.RUNNING,
                     Status.PREEMPTING,
                     values,
-                    _EventSpec(peer_reason, epoch),
+                    EventSpec(peer_reason, epoch),
                 )
             elif task.status in (Status.RESERVED, Status.PENDING):
                 peer_reason = (
@@ -287,7 +280,7 @@ class GangStore(SqlStore):
                     task.status,
                     Status.BLOCKED,
                     {**_BLOCKED_VALUES, "preemption_epoch": epoch},
-                    _EventSpec(peer_reason, epoch),
+                    EventSpec(peer_reason, epoch),
                 )
             if changed is not None:
                 transitioned.append(changed)
@@ -350,7 +343,7 @@ class GangStore(SqlStore):
             if task.status in TERMINAL or (task.status == target):
                 continue
             job = self._transition(
-                tx, task.id, now, task.status, target, dict(values), _EventSpec(reason, epoch)
+                tx, task.id, now, task.status, target, dict(values), EventSpec(reason, epoch)
             )
             if job is not None:
                 changed.append(job)
@@ -386,7 +379,7 @@ class GangStore(SqlStore):
                 (job_id, data, len(data), epoch, now),
             )
             rows = tx.execute(
-                f"UPDATE jobs SET has_checkpoint = 1 WHERE id = ? RETURNING {_JOB_SELECT}", (job_id,)
+                f"UPDATE jobs SET has_checkpoint = 1 WHERE id = ? RETURNING {JOB_SELECT}", (job_id,)
             )
             return job_from_row(rows[0])
 

@@ -1,6 +1,9 @@
-"""The SQL store shared by both backends: every query and every transition, written once.
+"""The SQL store shared by both backends: the transition machinery, submit and reads, and the job
+protocol (claim, heartbeat, done, fail, ack, cancel), written once.
 
-A backend supplies a connection, a transaction context and its dialect's few differences
+The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
+``OperationsStore`` (workers, watchdog trips, the reaper) -> ``GangStore`` (seeds 001 and 000) ->
+``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a transaction context and its dialect's few differences
 (placeholders, row locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL
 backend rewrites them once.
 
@@ -14,172 +17,41 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from corral.domain import errors
-from corral.domain.ids import new_gang_id, new_job_id, new_worker_id
-from corral.domain.records import Allocation, Constraints, Hold, Job, JobEvent, JobSpec, Reason, Worker
-from corral.domain.resources import Resources
-from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus, is_allowed
-from corral.store.base import (
-    ClaimPolicy,
-    Drain,
-    DrainCompletion,
-    JobFilter,
-    ReapReport,
-    SubmitResult,
-    Submitted,
-    WorkerRegistration,
-    WorkerView,
+from corral.domain.ids import new_gang_id, new_job_id
+from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
+from corral.domain.status import TERMINAL, Status, WorkerStatus, is_allowed
+from corral.store.base import ClaimPolicy, Drain, DrainCompletion, JobFilter, SubmitResult, Submitted
+from corral.store.rows import (
+    BATCH_STEP_S,
+    CLAIM_FIRST_PAGE,
+    CLAIM_MAX_PAGE,
+    EVENT_COUNT,
+    HOLDING_SQL,
+    INSERT_EVENT,
+    INSERT_JOB,
+    JOB_SELECT,
+    QUEUE_ORDER,
+    QUEUED,
+    REQUEUE_VALUES,
+    WAITING_FOR_GANG,
+    WORKER_SELECT,
+    EventSpec,
+    Raw,
+    Transaction,
+    allocation_from_row,
+    indices_text,
+    insert_row,
+    job_from_row,
+    submit_event,
+    to_json,
+    worker_from_row,
 )
-from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, MIGRATIONS, WORKER_COLUMNS
-
-_JOB_SELECT = ", ".join(JOB_COLUMNS)
-_EVENT_COUNT = JOB_COLUMNS.index("event_count")
-_WORKER_SELECT = ", ".join(WORKER_COLUMNS)
-_HOLDING_SQL = "('reserved', 'running', 'preempting')"
-_QUEUE_ORDER = "preemption_class DESC, priority DESC, queue_front DESC, submitted_at, id"
-# The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
-# so the claim reads one row first and widens the page only when constraints skip them.
-_CLAIM_FIRST_PAGE = 1
-_CLAIM_MAX_PAGE = 512
-# Within one batch, jobs are stamped this far apart so the batch's order is its queue order.
-_BATCH_STEP_S = 1e-6
-
-
-QUEUED = Reason("queued", "waiting for a worker with free capacity")
-WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
-
-
-class Transaction(Protocol):
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
-
-
-class Raw(str):
-    """A SET value written as SQL (``attempts + 1``) rather than bound as a parameter."""
-
-
-@dataclass(frozen=True)
-class _EventSpec:
-    reason: Reason | None = None
-    epoch: int | None = None
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def _indices_text(indices: Sequence[int]) -> str:
-    return ",".join(str(index) for index in indices)
-
-
-def _indices(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",")) if text else ()
-
-
-def job_from_row(row: Sequence[Any]) -> Job:
-    (
-        job_id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb, memory_mb,
-        cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,
-        max_retries, attempts, watchdog_retries, preempted_count, queue_front, worker_id, gpu_indices,
-        reservation_epoch, reserved_at, preemption_epoch, drain_started_at, cancel_requested,
-        submitted_at, started_at, finished_at, last_heartbeat_at, exit_code, error, output_tail,
-        reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
-        _event_count, master_port, attempt_refund,
-    ) = row  # fmt: skip
-    spec = JobSpec(
-        command=command,
-        name=name,
-        env=orjson.loads(env),
-        gang_size=gang_size,
-        resources=Resources(gpus, vram_mb, memory_mb, cpus),
-        constraints=Constraints(gpu_model=gpu_model, labels=orjson.loads(labels)),
-        pool=pool,
-        user=username,
-        priority=priority,
-        preemption_class=preemption_class,
-        checkpoint_mode=checkpoint_mode,
-        max_retries=max_retries,
-        budget_s=budget_s,
-        walltime_s=walltime_s,
-        stall_timeout_s=stall_timeout_s,
-    )
-    return Job(
-        id=job_id,
-        spec=spec,
-        status=Status(status),
-        submitted_at=submitted_at,
-        gang_id=gang_id,
-        gang_index=gang_index,
-        attempts=attempts,
-        watchdog_retries=watchdog_retries,
-        preempted_count=preempted_count,
-        queue_front=bool(queue_front),
-        worker_id=worker_id,
-        gpu_indices=tuple(int(part) for part in gpu_indices.split(",")) if gpu_indices else (),
-        reservation_epoch=reservation_epoch,
-        reserved_at=reserved_at,
-        preemption_epoch=preemption_epoch,
-        drain_started_at=drain_started_at,
-        cancel_requested=bool(cancel_requested),
-        started_at=started_at,
-        finished_at=finished_at,
-        last_heartbeat_at=last_heartbeat_at,
-        exit_code=exit_code,
-        error=error,
-        output_tail=output_tail,
-        reason=Reason(reason_code, reason_message or "") if reason_code else None,
-        has_checkpoint=bool(has_checkpoint),
-        progress=orjson.loads(progress) if progress else None,
-        master_port=master_port,
-        attempt_refund=bool(attempt_refund),
-    )
-
-
-def worker_from_row(row: Sequence[Any]) -> Worker:
-    (
-        worker_id, address, gpus, vram_mb, memory_mb, cpus, gpu_model, labels, status, registered_at,
-        last_heartbeat_at, flagged_dead_at, _gpu_stats, unhealthy_gpus,
-    ) = row  # fmt: skip
-    return Worker(
-        id=worker_id,
-        address=address,
-        resources=Resources(gpus, vram_mb, memory_mb, cpus),
-        gpu_model=gpu_model,
-        labels=orjson.loads(labels),
-        status=status,
-        registered_at=registered_at,
-        last_heartbeat_at=last_heartbeat_at,
-        flagged_dead_at=flagged_dead_at,
-        unhealthy_gpus=_indices(unhealthy_gpus),
-    )
-
-
-def _insert_row(job: Job) -> tuple[Any, ...]:
-    spec, resources = job.spec, job.spec.resources
-    reason = job.reason or QUEUED
-    return (
-        job.id, spec.name, spec.command, _json(spec.env), job.status.value,
-        job.gang_id, spec.gang_size, job.gang_index,
-        resources.gpus, resources.vram_mb, resources.memory_mb, resources.cpus,
-        spec.constraints.gpu_model, _json(spec.constraints.labels), spec.pool, spec.user,
-        spec.priority, spec.preemption_class, spec.checkpoint_mode, spec.max_retries,
-        job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
-        reason.code, reason.message,
-    )  # fmt: skip
-
-
-_INSERT_JOB = (
-    "INSERT INTO jobs (id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb,"
-    " memory_mb, cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,"
-    " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
-    " event_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
-)
-_INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+from corral.store.schema import EVENT_COLUMNS, MIGRATIONS
 
 
 class SqlStore(abc.ABC):
@@ -250,7 +122,7 @@ class SqlStore(abc.ABC):
         source: Status,
         target: Status,
         values: dict[str, Any],
-        event: _EventSpec,
+        event: EventSpec,
         fence: tuple[str, int] | None = None,
         expect: dict[str, Any] | None = None,
     ) -> Job | None:
@@ -280,7 +152,7 @@ class SqlStore(abc.ABC):
             params_where.append(value)
         rows = tx.execute(
             f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND {' AND '.join(where)}"
-            f" RETURNING {_JOB_SELECT}",
+            f" RETURNING {JOB_SELECT}",
             [*params, *params_where],
         )
         if not rows:
@@ -288,10 +160,10 @@ class SqlStore(abc.ABC):
         row = rows[0]
         job = job_from_row(row)
         tx.execute(
-            _INSERT_EVENT,
+            INSERT_EVENT,
             (
                 job_id,
-                row[_EVENT_COUNT],
+                row[EVENT_COUNT],
                 now,
                 source.value,
                 target.value,
@@ -308,7 +180,7 @@ class SqlStore(abc.ABC):
         """The job's row; ``lock`` holds it (``FOR UPDATE``) until the transaction ends, for a
         decision that reads the row and then writes it."""
         lock_clause = self.lock_clause_plain if lock else ""
-        rows = tx.execute(f"SELECT {_JOB_SELECT} FROM jobs WHERE id = ?{lock_clause}", (job_id,))
+        rows = tx.execute(f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{lock_clause}", (job_id,))
         if not rows:
             raise errors.NotFound(f"job {job_id} not found")
         return job_from_row(rows[0])
@@ -359,9 +231,9 @@ class SqlStore(abc.ABC):
                     tasks = [Job(new_job_id(), spec, Status.PENDING, stamp, reason=QUEUED)]
                     plan.append((None, tasks))
                 for job in tasks:
-                    job_rows.append(_insert_row(job))
-                    event_rows.append(_submit_event(job))
-                stamp += _BATCH_STEP_S
+                    job_rows.append(insert_row(job))
+                    event_rows.append(submit_event(job))
+                stamp += BATCH_STEP_S
             if idempotency_key is not None:
                 # Take the key first: a concurrent submit with the same key (another replica) waits
                 # here for ours to commit, then finds the key taken and replays our result.
@@ -369,14 +241,14 @@ class SqlStore(abc.ABC):
                 taken = tx.execute(
                     "INSERT INTO idempotency_keys (key, fingerprint, result, created_at) VALUES (?, ?, ?, ?)"
                     " ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (idempotency_key, fingerprint, _json(result), now),
+                    (idempotency_key, fingerprint, to_json(result), now),
                 )
                 if not taken:
                     replay = self._replay(tx, idempotency_key, fingerprint)
                     assert replay is not None
                     return replay
-            tx.executemany(_INSERT_JOB, job_rows)
-            tx.executemany(_INSERT_EVENT, event_rows)
+            tx.executemany(INSERT_JOB, job_rows)
+            tx.executemany(INSERT_EVENT, event_rows)
         return SubmitResult(
             items=tuple(
                 Submitted(job=jobs[0]) if gang_id is None else Submitted(gang_id=gang_id, tasks=tuple(jobs))
@@ -401,7 +273,7 @@ class SqlStore(abc.ABC):
         return SubmitResult(items=tuple(items), replayed=True)
 
     def get_job(self, job_id: str) -> Job | None:
-        rows = self._read().execute(f"SELECT {_JOB_SELECT} FROM jobs WHERE id = ?", (job_id,))
+        rows = self._read().execute(f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?", (job_id,))
         return job_from_row(rows[0]) if rows else None
 
     def list_jobs(self, filters: JobFilter, limit: int, after: tuple[float, str] | None) -> list[Job]:
@@ -423,13 +295,13 @@ class SqlStore(abc.ABC):
             params.extend([after[0], after[0], after[1]])
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._read().execute(
-            f"SELECT {_JOB_SELECT} FROM jobs {where} ORDER BY submitted_at, id LIMIT ?", [*params, limit]
+            f"SELECT {JOB_SELECT} FROM jobs {where} ORDER BY submitted_at, id LIMIT ?", [*params, limit]
         )
         return [job_from_row(row) for row in rows]
 
     def gang_tasks(self, gang_id: str) -> list[Job]:
         rows = self._read().execute(
-            f"SELECT {_JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY gang_index", (gang_id,)
+            f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY gang_index", (gang_id,)
         )
         return [job_from_row(row) for row in rows]
 
@@ -480,7 +352,7 @@ class SqlStore(abc.ABC):
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
                 return None
-            offset, page = 0, _CLAIM_FIRST_PAGE
+            offset, page = 0, CLAIM_FIRST_PAGE
             while True:
                 rows = tx.execute(
                     self.claim_candidates_sql(),
@@ -493,7 +365,7 @@ class SqlStore(abc.ABC):
                     job, gpu_indices = chosen
                     return self._start(tx, job, worker_id, gpu_indices, now, Status.PENDING)
                 offset += page
-                page = min(page * 8, _CLAIM_MAX_PAGE)
+                page = min(page * 8, CLAIM_MAX_PAGE)
 
     def claim_candidates_sql(self) -> str:
         """The claim's candidate query: pending jobs that fit the free capacity, in queue order.
@@ -502,10 +374,10 @@ class SqlStore(abc.ABC):
         the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
         """
         return (
-            f"SELECT {_JOB_SELECT} FROM jobs{self.queue_index_hint}"
+            f"SELECT {JOB_SELECT} FROM jobs{self.queue_index_hint}"
             " WHERE status = 'pending' AND gang_id IS NULL"
             " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
-            f" ORDER BY {_QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
+            f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
         )
 
     def _start(
@@ -519,7 +391,7 @@ class SqlStore(abc.ABC):
     ) -> Job | None:
         values: dict[str, Any] = {
             "worker_id": worker_id,
-            "gpu_indices": _indices_text(gpu_indices),
+            "gpu_indices": indices_text(gpu_indices),
             "attempts": Raw("attempts + 1"),
             "started_at": now,
             "last_heartbeat_at": now,
@@ -535,7 +407,7 @@ class SqlStore(abc.ABC):
             source,
             Status.RUNNING,
             values,
-            _EventSpec(reason=Reason("claimed", f"claimed by worker {worker_id}")),
+            EventSpec(reason=Reason("claimed", f"claimed by worker {worker_id}")),
             expect={"reservation_epoch": job.reservation_epoch} if source == Status.RESERVED else None,
         )
 
@@ -545,10 +417,10 @@ class SqlStore(abc.ABC):
         """Renew the lease of a running or preempting job held by this worker and attempt."""
         with self._transaction() as tx:
             assignments = "last_heartbeat_at = ?" + (", progress = ?" if progress is not None else "")
-            params: list[Any] = [now] + ([_json(progress)] if progress is not None else [])
+            params: list[Any] = [now] + ([to_json(progress)] if progress is not None else [])
             rows = tx.execute(
                 f"UPDATE jobs SET {assignments} WHERE id = ? AND worker_id = ? AND attempts = ?"
-                f" AND status IN ('running', 'preempting') RETURNING {_JOB_SELECT}",
+                f" AND status IN ('running', 'preempting') RETURNING {JOB_SELECT}",
                 [*params, job_id, worker_id, attempt],
             )
             if rows:
@@ -568,7 +440,7 @@ class SqlStore(abc.ABC):
                     source,
                     Status.DONE,
                     {"finished_at": now, "exit_code": 0},
-                    _EventSpec(reason=Reason("completed", "exited with code 0")),
+                    EventSpec(reason=Reason("completed", "exited with code 0")),
                     fence,
                 )
                 if job is not None:
@@ -611,7 +483,7 @@ class SqlStore(abc.ABC):
                     "retrying",
                     f"attempt {current.attempts} of {current.spec.max_retries} {outcome}; re-queued",
                 )
-                values = {**detail, **_REQUEUE_VALUES}
+                values = {**detail, **REQUEUE_VALUES}
             else:
                 target = Status.FAILED
                 reason = Reason(
@@ -619,7 +491,7 @@ class SqlStore(abc.ABC):
                 )
                 values = {**detail, "finished_at": now}
             job = self._transition(
-                tx, job_id, now, Status.RUNNING, target, values, _EventSpec(reason=reason), fence
+                tx, job_id, now, Status.RUNNING, target, values, EventSpec(reason=reason), fence
             )
             if job is None:
                 raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
@@ -642,7 +514,7 @@ class SqlStore(abc.ABC):
             Status.PREEMPTING,
             target,
             values,
-            _EventSpec(reason=reason, epoch=job.preemption_epoch),
+            EventSpec(reason=reason, epoch=job.preemption_epoch),
             fence,
             expect={"cancel_requested": int(job.cancel_requested)},
         )
@@ -677,7 +549,7 @@ class SqlStore(abc.ABC):
             job = self._load_job(tx, job_id, lock=True)
             if job.gang_id is not None:
                 rows = tx.execute(
-                    f"SELECT {_JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
+                    f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
                     (job.gang_id,),
                 )
                 targets = [job_from_row(row) for row in rows]
@@ -716,13 +588,13 @@ class SqlStore(abc.ABC):
                 Status.RUNNING,
                 Status.PREEMPTING,
                 {"preemption_epoch": epoch, "drain_started_at": now, "cancel_requested": 1},
-                _EventSpec(Reason("cancel_requested", "cancel requested; stopping the job"), epoch),
+                EventSpec(Reason("cancel_requested", "cancel requested; stopping the job"), epoch),
             )
         if job.status == Status.PREEMPTING:
             # Already being stopped (a drain or a preemption): the stop ends as a cancel instead.
             rows = tx.execute(
                 "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'preempting'"
-                f" RETURNING {_JOB_SELECT}",
+                f" RETURNING {JOB_SELECT}",
                 (job.id,),
             )
             return job_from_row(rows[0])
@@ -733,113 +605,8 @@ class SqlStore(abc.ABC):
             job.status,
             Status.CANCELLED,
             {"finished_at": now},
-            _EventSpec(Reason("cancelled", "cancelled by request")),
+            EventSpec(Reason("cancelled", "cancelled by request")),
         )
-
-    def watchdog_trip(
-        self,
-        job_id: str,
-        worker_id: str,
-        attempt: int,
-        now: float,
-        kind: str,
-        detail: str,
-        max_retries: int,
-    ) -> Job:
-        """A worker's watchdog stopped the job: re-queue it at the front, or fail it past the cap.
-
-        running -> pending with ``queue_front`` and ``watchdog_retries`` + 1 while
-        ``watchdog_retries < max_retries``, else running -> failed. A job that was being stopped
-        anyway (preempting) ends as that stop intended. Fenced like every worker report.
-        """
-        fence = (worker_id, attempt)
-        with self._transaction() as tx:
-            job = self._load_job(tx, job_id, lock=True)
-            if job.worker_id != worker_id or job.attempts != attempt:
-                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
-            if job.status == Status.PREEMPTING:
-                return self._finish_stop(tx, job, now, fence, f"{kind} watchdog stopped it: {detail}")
-            trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
-            if job.gang_id is not None:
-                return self._gang_watchdog_trip(tx, job, now, kind, detail, trip, max_retries, fence)
-            if job.watchdog_retries < max_retries:
-                target = Status.PENDING
-                reason = Reason(f"watchdog_{kind}", f"{trip}; re-queued at the front: {detail}")
-                values: dict[str, Any] = {
-                    **_REQUEUE_VALUES,
-                    "queue_front": 1,
-                    "watchdog_retries": Raw("watchdog_retries + 1"),
-                    "error": f"{kind} watchdog: {detail}",
-                }
-            else:
-                target = Status.FAILED
-                reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
-                values = {"finished_at": now, "error": f"{kind} watchdog: {detail}"}
-            result = self._transition(
-                tx, job_id, now, Status.RUNNING, target, values, _EventSpec(reason), fence
-            )
-            if result is None:
-                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
-            return result
-
-    def _gang_watchdog_trip(
-        self,
-        tx: Transaction,
-        job: Job,
-        now: float,
-        kind: str,
-        detail: str,
-        trip: str,
-        max_retries: int,
-        fence: tuple[str, int],
-    ) -> Job:
-        """A rank tripped: under the cap the gang drains and re-runs; past it the rank fails and the
-        drain completes the gang as failed."""
-        error = f"{kind} watchdog: {detail}"
-        if job.watchdog_retries < max_retries:
-            reason = Reason(f"watchdog_{kind}", f"{trip}; draining the gang: {detail}")
-            values = {"watchdog_retries": job.watchdog_retries + 1, "error": error}
-            return self._drain_for(tx, job, now, reason, values).trigger
-        reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
-        failed = self._transition(
-            tx,
-            job.id,
-            now,
-            Status.RUNNING,
-            Status.FAILED,
-            {"finished_at": now, "error": error},
-            _EventSpec(reason),
-            fence,
-        )
-        if failed is None:
-            raise self._explain_conflict(tx, job.id, fence, (Status.RUNNING,))
-        self._drain_for(tx, failed, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}"), {})
-        return failed
-
-    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
-        """Flag workers silent for ``after_s`` that still hold running jobs, once per episode.
-
-        A flag is set only where none is (a fresh heartbeat clears it, so a worker that goes
-        silent again is flagged again). Returns each newly flagged worker with its running jobs.
-        Nothing is killed or re-queued here: the lease reaper recovers the jobs.
-        """
-        with self._transaction() as tx:
-            rows = tx.execute(
-                "UPDATE workers SET flagged_dead_at = ?"
-                " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
-                " AND EXISTS (SELECT 1 FROM jobs"
-                "             WHERE jobs.worker_id = workers.id AND jobs.status = 'running')"
-                f" RETURNING {_WORKER_SELECT}",
-                (now, now - after_s),
-            )
-            flagged = sorted((worker_from_row(row) for row in rows), key=lambda worker: worker.id)
-            result = []
-            for worker in flagged:
-                count = tx.execute(
-                    "SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status = 'running'", (worker.id,)
-                )[0][0]
-                result.append((worker, int(count)))
-            return result
 
     # --- hooks the gang operations provide ----------------------------------------------
 
@@ -866,7 +633,7 @@ class SqlStore(abc.ABC):
 
     def _load_worker(self, tx: Transaction, worker_id: str, lock: bool = False) -> Worker:
         rows = tx.execute(
-            f"SELECT {_WORKER_SELECT} FROM workers WHERE id = ?{self.lock_clause_plain if lock else ''}",
+            f"SELECT {WORKER_SELECT} FROM workers WHERE id = ?{self.lock_clause_plain if lock else ''}",
             (worker_id,),
         )
         if not rows:
@@ -879,209 +646,14 @@ class SqlStore(abc.ABC):
     def _worker_allocations(self, tx: Transaction, worker_id: str) -> list[Allocation]:
         rows = tx.execute(
             "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
-            f" WHERE worker_id = ? AND status IN {_HOLDING_SQL}",
+            f" WHERE worker_id = ? AND status IN {HOLDING_SQL}",
             (worker_id,),
         )
-        return [_allocation_from_row(row) for row in rows]
+        return [allocation_from_row(row) for row in rows]
 
     def allocations(self) -> list[Allocation]:
         rows = self._read().execute(
             "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
-            f" WHERE status IN {_HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
+            f" WHERE status IN {HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
         )
-        return [_allocation_from_row(row) for row in rows]
-
-    def register_worker(self, registration: WorkerRegistration, now: float) -> Worker:
-        """Upsert by id: a re-register updates resources and revives an offline worker."""
-        resources = registration.resources
-        worker_id = registration.id or new_worker_id()
-        with self._transaction() as tx:
-            rows = tx.execute(
-                f"INSERT INTO workers ({_WORKER_SELECT})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '')"
-                " ON CONFLICT (id) DO UPDATE SET address = excluded.address, gpus = excluded.gpus,"
-                " vram_mb = excluded.vram_mb, memory_mb = excluded.memory_mb, cpus = excluded.cpus,"
-                " gpu_model = excluded.gpu_model, labels = excluded.labels,"
-                " status = CASE WHEN workers.status = 'draining' THEN 'draining' ELSE 'active' END,"
-                " last_heartbeat_at = excluded.last_heartbeat_at, flagged_dead_at = NULL,"
-                " unhealthy_gpus = ''"
-                f" RETURNING {_WORKER_SELECT}",
-                (
-                    worker_id, registration.address, resources.gpus, resources.vram_mb,
-                    resources.memory_mb, resources.cpus, registration.gpu_model,
-                    _json(registration.labels), now, now,
-                ),
-            )  # fmt: skip
-            return worker_from_row(rows[0])
-
-    def worker_heartbeat(
-        self,
-        worker_id: str,
-        now: float,
-        gpu_stats: list[dict[str, Any]] | None,
-        unhealthy_gpus: Sequence[int] | None = None,
-    ) -> Worker:
-        """Renew a worker's liveness: revives an offline worker, clears a dead flag, and records
-        the GPUs it reports unhealthy (a report only adds: a GPU comes back by re-registering)."""
-        with self._transaction() as tx:
-            if unhealthy_gpus:
-                known = self._load_worker(tx, worker_id).unhealthy_gpus
-                unhealthy_text = _indices_text(sorted(set(known) | set(unhealthy_gpus)))
-            else:
-                unhealthy_text = None
-            rows = tx.execute(
-                "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
-                " status = CASE WHEN status = 'offline' THEN 'active' ELSE status END,"
-                " gpu_stats = COALESCE(?, gpu_stats), unhealthy_gpus = COALESCE(?, unhealthy_gpus)"
-                f" WHERE id = ? RETURNING {_WORKER_SELECT}",
-                (now, _json(gpu_stats) if gpu_stats is not None else None, unhealthy_text, worker_id),
-            )
-            if not rows:
-                raise errors.NotFound(f"worker {worker_id} not found")
-            return worker_from_row(rows[0])
-
-    def drain_worker(self, worker_id: str) -> Worker:
-        with self._transaction() as tx:
-            rows = tx.execute(
-                f"UPDATE workers SET status = 'draining' WHERE id = ? RETURNING {_WORKER_SELECT}",
-                (worker_id,),
-            )
-            if not rows:
-                raise errors.NotFound(f"worker {worker_id} not found")
-            return worker_from_row(rows[0])
-
-    def get_worker(self, worker_id: str) -> WorkerView | None:
-        rows = self._read().execute(f"SELECT {_WORKER_SELECT} FROM workers WHERE id = ?", (worker_id,))
-        if not rows:
-            return None
-        return self._views([worker_from_row(rows[0])])[0]
-
-    def list_workers(self) -> list[WorkerView]:
-        rows = self._read().execute(f"SELECT {_WORKER_SELECT} FROM workers ORDER BY registered_at, id")
-        return self._views([worker_from_row(row) for row in rows])
-
-    def _views(self, workers: list[Worker]) -> list[WorkerView]:
-        by_worker: dict[str, list[Allocation]] = {}
-        for allocation in self.allocations():
-            by_worker.setdefault(allocation.worker_id, []).append(allocation)
-        views = []
-        for worker in workers:
-            held = by_worker.get(worker.id, [])
-            used = Resources()
-            for allocation in held:
-                used = used + allocation.resources
-            views.append(WorkerView(worker, used, tuple(allocation.job_id for allocation in held)))
-        return views
-
-    # --- the reaper ----------------------------------------------------------------------
-
-    def reap(
-        self, now: float, heartbeat_timeout_s: float, preempt_timeout_s: float, worker_offline_s: float
-    ) -> ReapReport:
-        """One reaper pass; each change is its own compare-and-set, so a pass is idempotent.
-
-        1. Running jobs whose lease expired (no heartbeat within ``heartbeat_timeout_s``): re-queued
-           while attempts remain, else failed.
-        2. Preempting jobs stuck past ``preempt_timeout_s``: force-drained (cancelled when a cancel
-           asked for the stop, else preempted).
-        3. Active workers silent for ``worker_offline_s``: offline.
-        """
-        requeued: list[Job] = []
-        failed: list[Job] = []
-        drained: list[Job] = []
-        drains: list[Drain] = []
-        reader = self._read()
-        stale = [
-            job_from_row(row)
-            for row in reader.execute(
-                f"SELECT {_JOB_SELECT} FROM jobs WHERE status = 'running'"
-                " AND COALESCE(last_heartbeat_at, started_at) < ? ORDER BY id",
-                (now - heartbeat_timeout_s,),
-            )
-        ]
-        for candidate in stale:
-            with self._transaction() as tx:
-                # Re-read under lock: a heartbeat or a report may have landed since the scan.
-                job = self._load_job(tx, candidate.id, lock=True)
-                last_contact = job.last_heartbeat_at or job.started_at or now
-                if job.status != Status.RUNNING or last_contact >= now - heartbeat_timeout_s:
-                    continue
-                silent = now - last_contact
-                fence = (job.worker_id or "", job.attempts)
-                if job.gang_id is not None:
-                    reason = Reason(
-                        "lease_expired", f"no heartbeat from worker {job.worker_id} for {silent:.0f}s"
-                    )
-                    drains.append(
-                        self._drain_for(tx, job, now, reason, {}, expired_before=now - heartbeat_timeout_s)
-                    )
-                    continue
-                if job.attempts < job.spec.max_retries:
-                    target, values, outcome = Status.PENDING, dict(_REQUEUE_VALUES), "re-queued"
-                else:
-                    target, values, outcome = Status.FAILED, {"finished_at": now}, "out of retries"
-                reason = Reason(
-                    "lease_expired", f"no heartbeat from worker {job.worker_id} for {silent:.0f}s; {outcome}"
-                )
-                result = self._transition(
-                    tx, job.id, now, Status.RUNNING, target, values, _EventSpec(reason), fence
-                )
-                if result is not None:
-                    (requeued if target == Status.PENDING else failed).append(result)
-        stuck = [
-            job_from_row(row)
-            for row in reader.execute(
-                f"SELECT {_JOB_SELECT} FROM jobs WHERE status = 'preempting' AND drain_started_at < ?"
-                " ORDER BY id",
-                (now - preempt_timeout_s,),
-            )
-        ]
-        for candidate in stuck:
-            with self._transaction() as tx:
-                job = self._load_job(tx, candidate.id, lock=True)
-                if job.status != Status.PREEMPTING or job.preemption_epoch != candidate.preemption_epoch:
-                    continue
-                how = f"force-drained after {preempt_timeout_s:.0f}s without an ack"
-                drained.append(self._finish_stop(tx, job, now, None, how))
-        # After the force-drain, so a gang whose last stuck task was just drained completes now.
-        completions = self.complete_drains(now)
-        with self._transaction() as tx:
-            offline = tx.execute(
-                "UPDATE workers SET status = 'offline' WHERE status = 'active' AND last_heartbeat_at < ?"
-                " RETURNING id",
-                (now - worker_offline_s,),
-            )
-        return ReapReport(
-            requeued=tuple(requeued),
-            failed=tuple(failed),
-            force_drained=tuple(drained),
-            offline_workers=tuple(sorted(row[0] for row in offline)),
-            drains=tuple(drains),
-            completions=tuple(completions),
-        )
-
-
-_REQUEUE_VALUES: dict[str, Any] = {
-    "worker_id": None,
-    "gpu_indices": "",
-    "started_at": None,
-    "last_heartbeat_at": None,
-}
-
-
-def _allocation_from_row(row: Sequence[Any]) -> Allocation:
-    return Allocation(
-        job_id=row[0],
-        worker_id=row[1],
-        resources=Resources(row[2], row[3], row[4], row[5]),
-        gpu_indices=tuple(int(part) for part in row[6].split(",")) if row[6] else (),
-        status=Status(row[7]),
-    )
-
-
-def _submit_event(job: Job) -> tuple[Any, ...]:
-    reason = job.reason or QUEUED
-    return (job.id, 1, job.submitted_at, None, job.status.value, reason.code, reason.message, None, None, 0)
-
-
-__all__ = ["HOLDING", "QUEUED", "Raw", "SqlStore", "Transaction", "job_from_row", "worker_from_row"]
+        return [allocation_from_row(row) for row in rows]

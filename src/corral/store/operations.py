@@ -1,0 +1,305 @@
+"""Worker bookkeeping and the server's sweeps: registration and heartbeats, watchdog trips, the
+dead-worker flag and the reaper. Each change is its own compare-and-set transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from corral.domain import errors
+from corral.domain.ids import new_worker_id
+from corral.domain.records import Allocation, Job, Reason, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.store.base import Drain, ReapReport, WorkerRegistration, WorkerView
+from corral.store.rows import (
+    JOB_SELECT,
+    REQUEUE_VALUES,
+    WORKER_SELECT,
+    EventSpec,
+    Raw,
+    Transaction,
+    indices_text,
+    job_from_row,
+    to_json,
+    worker_from_row,
+)
+from corral.store.sql import SqlStore
+
+
+class OperationsStore(SqlStore):
+    def watchdog_trip(
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        now: float,
+        kind: str,
+        detail: str,
+        max_retries: int,
+    ) -> Job:
+        """A worker's watchdog stopped the job: re-queue it at the front, or fail it past the cap.
+
+        running -> pending with ``queue_front`` and ``watchdog_retries`` + 1 while
+        ``watchdog_retries < max_retries``, else running -> failed. A job that was being stopped
+        anyway (preempting) ends as that stop intended. Fenced like every worker report.
+        """
+        fence = (worker_id, attempt)
+        with self._transaction() as tx:
+            job = self._load_job(tx, job_id, lock=True)
+            if job.worker_id != worker_id or job.attempts != attempt:
+                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
+            if job.status == Status.PREEMPTING:
+                return self._finish_stop(tx, job, now, fence, f"{kind} watchdog stopped it: {detail}")
+            trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
+            if job.gang_id is not None:
+                return self._gang_watchdog_trip(tx, job, now, kind, detail, trip, max_retries, fence)
+            if job.watchdog_retries < max_retries:
+                target = Status.PENDING
+                reason = Reason(f"watchdog_{kind}", f"{trip}; re-queued at the front: {detail}")
+                values: dict[str, Any] = {
+                    **REQUEUE_VALUES,
+                    "queue_front": 1,
+                    "watchdog_retries": Raw("watchdog_retries + 1"),
+                    "error": f"{kind} watchdog: {detail}",
+                }
+            else:
+                target = Status.FAILED
+                reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
+                values = {"finished_at": now, "error": f"{kind} watchdog: {detail}"}
+            result = self._transition(
+                tx, job_id, now, Status.RUNNING, target, values, EventSpec(reason), fence
+            )
+            if result is None:
+                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
+            return result
+
+    def _gang_watchdog_trip(
+        self,
+        tx: Transaction,
+        job: Job,
+        now: float,
+        kind: str,
+        detail: str,
+        trip: str,
+        max_retries: int,
+        fence: tuple[str, int],
+    ) -> Job:
+        """A rank tripped: under the cap the gang drains and re-runs; past it the rank fails and the
+        drain completes the gang as failed."""
+        error = f"{kind} watchdog: {detail}"
+        if job.watchdog_retries < max_retries:
+            reason = Reason(f"watchdog_{kind}", f"{trip}; draining the gang: {detail}")
+            values = {"watchdog_retries": job.watchdog_retries + 1, "error": error}
+            return self._drain_for(tx, job, now, reason, values).trigger
+        reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
+        failed = self._transition(
+            tx,
+            job.id,
+            now,
+            Status.RUNNING,
+            Status.FAILED,
+            {"finished_at": now, "error": error},
+            EventSpec(reason),
+            fence,
+        )
+        if failed is None:
+            raise self._explain_conflict(tx, job.id, fence, (Status.RUNNING,))
+        self._drain_for(tx, failed, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}"), {})
+        return failed
+
+    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
+        """Flag workers silent for ``after_s`` that still hold running jobs, once per episode.
+
+        A flag is set only where none is (a fresh heartbeat clears it, so a worker that goes
+        silent again is flagged again). Returns each newly flagged worker with its running jobs.
+        Nothing is killed or re-queued here: the lease reaper recovers the jobs.
+        """
+        with self._transaction() as tx:
+            rows = tx.execute(
+                "UPDATE workers SET flagged_dead_at = ?"
+                " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
+                " AND EXISTS (SELECT 1 FROM jobs"
+                "             WHERE jobs.worker_id = workers.id AND jobs.status = 'running')"
+                f" RETURNING {WORKER_SELECT}",
+                (now, now - after_s),
+            )
+            flagged = sorted((worker_from_row(row) for row in rows), key=lambda worker: worker.id)
+            result = []
+            for worker in flagged:
+                count = tx.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status = 'running'", (worker.id,)
+                )[0][0]
+                result.append((worker, int(count)))
+            return result
+
+    # --- workers -------------------------------------------------------------------------
+
+    def register_worker(self, registration: WorkerRegistration, now: float) -> Worker:
+        """Upsert by id: a re-register updates resources and revives an offline worker."""
+        resources = registration.resources
+        worker_id = registration.id or new_worker_id()
+        with self._transaction() as tx:
+            rows = tx.execute(
+                f"INSERT INTO workers ({WORKER_SELECT})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '')"
+                " ON CONFLICT (id) DO UPDATE SET address = excluded.address, gpus = excluded.gpus,"
+                " vram_mb = excluded.vram_mb, memory_mb = excluded.memory_mb, cpus = excluded.cpus,"
+                " gpu_model = excluded.gpu_model, labels = excluded.labels,"
+                " status = CASE WHEN workers.status = 'draining' THEN 'draining' ELSE 'active' END,"
+                " last_heartbeat_at = excluded.last_heartbeat_at, flagged_dead_at = NULL,"
+                " unhealthy_gpus = ''"
+                f" RETURNING {WORKER_SELECT}",
+                (
+                    worker_id, registration.address, resources.gpus, resources.vram_mb,
+                    resources.memory_mb, resources.cpus, registration.gpu_model,
+                    to_json(registration.labels), now, now,
+                ),
+            )  # fmt: skip
+            return worker_from_row(rows[0])
+
+    def worker_heartbeat(
+        self,
+        worker_id: str,
+        now: float,
+        gpu_stats: list[dict[str, Any]] | None,
+        unhealthy_gpus: Sequence[int] | None = None,
+    ) -> Worker:
+        """Renew a worker's liveness: revives an offline worker, clears a dead flag, and records
+        the GPUs it reports unhealthy (a report only adds: a GPU comes back by re-registering)."""
+        with self._transaction() as tx:
+            if unhealthy_gpus:
+                known = self._load_worker(tx, worker_id).unhealthy_gpus
+                unhealthy_text = indices_text(sorted(set(known) | set(unhealthy_gpus)))
+            else:
+                unhealthy_text = None
+            rows = tx.execute(
+                "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
+                " status = CASE WHEN status = 'offline' THEN 'active' ELSE status END,"
+                " gpu_stats = COALESCE(?, gpu_stats), unhealthy_gpus = COALESCE(?, unhealthy_gpus)"
+                f" WHERE id = ? RETURNING {WORKER_SELECT}",
+                (now, to_json(gpu_stats) if gpu_stats is not None else None, unhealthy_text, worker_id),
+            )
+            if not rows:
+                raise errors.NotFound(f"worker {worker_id} not found")
+            return worker_from_row(rows[0])
+
+    def drain_worker(self, worker_id: str) -> Worker:
+        with self._transaction() as tx:
+            rows = tx.execute(
+                f"UPDATE workers SET status = 'draining' WHERE id = ? RETURNING {WORKER_SELECT}",
+                (worker_id,),
+            )
+            if not rows:
+                raise errors.NotFound(f"worker {worker_id} not found")
+            return worker_from_row(rows[0])
+
+    def get_worker(self, worker_id: str) -> WorkerView | None:
+        rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers WHERE id = ?", (worker_id,))
+        if not rows:
+            return None
+        return self._views([worker_from_row(rows[0])])[0]
+
+    def list_workers(self) -> list[WorkerView]:
+        rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers ORDER BY registered_at, id")
+        return self._views([worker_from_row(row) for row in rows])
+
+    def _views(self, workers: list[Worker]) -> list[WorkerView]:
+        by_worker: dict[str, list[Allocation]] = {}
+        for allocation in self.allocations():
+            by_worker.setdefault(allocation.worker_id, []).append(allocation)
+        views = []
+        for worker in workers:
+            held = by_worker.get(worker.id, [])
+            used = Resources()
+            for allocation in held:
+                used = used + allocation.resources
+            views.append(WorkerView(worker, used, tuple(allocation.job_id for allocation in held)))
+        return views
+
+    # --- the reaper ----------------------------------------------------------------------
+
+    def reap(
+        self, now: float, heartbeat_timeout_s: float, preempt_timeout_s: float, worker_offline_s: float
+    ) -> ReapReport:
+        """One reaper pass; each change is its own compare-and-set, so a pass is idempotent.
+
+        1. Running jobs whose lease expired (no heartbeat within ``heartbeat_timeout_s``): re-queued
+           while attempts remain, else failed.
+        2. Preempting jobs stuck past ``preempt_timeout_s``: force-drained (cancelled when a cancel
+           asked for the stop, else preempted).
+        3. Active workers silent for ``worker_offline_s``: offline.
+        """
+        requeued: list[Job] = []
+        failed: list[Job] = []
+        drained: list[Job] = []
+        drains: list[Drain] = []
+        reader = self._read()
+        stale = [
+            job_from_row(row)
+            for row in reader.execute(
+                f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'running'"
+                " AND COALESCE(last_heartbeat_at, started_at) < ? ORDER BY id",
+                (now - heartbeat_timeout_s,),
+            )
+        ]
+        for candidate in stale:
+            with self._transaction() as tx:
+                # Re-read under lock: a heartbeat or a report may have landed since the scan.
+                job = self._load_job(tx, candidate.id, lock=True)
+                last_contact = job.last_heartbeat_at or job.started_at or now
+                if job.status != Status.RUNNING or last_contact >= now - heartbeat_timeout_s:
+                    continue
+                silent = now - last_contact
+                fence = (job.worker_id or "", job.attempts)
+                if job.gang_id is not None:
+                    reason = Reason(
+                        "lease_expired", f"no heartbeat from worker {job.worker_id} for {silent:.0f}s"
+                    )
+                    drains.append(
+                        self._drain_for(tx, job, now, reason, {}, expired_before=now - heartbeat_timeout_s)
+                    )
+                    continue
+                if job.attempts < job.spec.max_retries:
+                    target, values, outcome = Status.PENDING, dict(REQUEUE_VALUES), "re-queued"
+                else:
+                    target, values, outcome = Status.FAILED, {"finished_at": now}, "out of retries"
+                reason = Reason(
+                    "lease_expired", f"no heartbeat from worker {job.worker_id} for {silent:.0f}s; {outcome}"
+                )
+                result = self._transition(
+                    tx, job.id, now, Status.RUNNING, target, values, EventSpec(reason), fence
+                )
+                if result is not None:
+                    (requeued if target == Status.PENDING else failed).append(result)
+        stuck = [
+            job_from_row(row)
+            for row in reader.execute(
+                f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'preempting' AND drain_started_at < ?"
+                " ORDER BY id",
+                (now - preempt_timeout_s,),
+            )
+        ]
+        for candidate in stuck:
+            with self._transaction() as tx:
+                job = self._load_job(tx, candidate.id, lock=True)
+                if job.status != Status.PREEMPTING or job.preemption_epoch != candidate.preemption_epoch:
+                    continue
+                how = f"force-drained after {preempt_timeout_s:.0f}s without an ack"
+                drained.append(self._finish_stop(tx, job, now, None, how))
+        # After the force-drain, so a gang whose last stuck task was just drained completes now.
+        completions = self.complete_drains(now)
+        with self._transaction() as tx:
+            offline = tx.execute(
+                "UPDATE workers SET status = 'offline' WHERE status = 'active' AND last_heartbeat_at < ?"
+                " RETURNING id",
+                (now - worker_offline_s,),
+            )
+        return ReapReport(
+            requeued=tuple(requeued),
+            failed=tuple(failed),
+            force_drained=tuple(drained),
+            offline_workers=tuple(sorted(row[0] for row in offline)),
+            drains=tuple(drains),
+            completions=tuple(completions),
+        )

@@ -1,0 +1,182 @@
+"""Rows to records and back: the column lists, the shared SQL fragments, and the conversions every
+store module uses. No queries run here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from corral.domain.records import Allocation, Constraints, Job, JobSpec, Reason, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
+
+JOB_SELECT = ", ".join(JOB_COLUMNS)
+EVENT_COUNT = JOB_COLUMNS.index("event_count")
+WORKER_SELECT = ", ".join(WORKER_COLUMNS)
+HOLDING_SQL = "('reserved', 'running', 'preempting')"
+QUEUE_ORDER = "preemption_class DESC, priority DESC, queue_front DESC, submitted_at, id"
+# The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
+# so the claim reads one row first and widens the page only when constraints skip them.
+CLAIM_FIRST_PAGE = 1
+CLAIM_MAX_PAGE = 512
+# Within one batch, jobs are stamped this far apart so the batch's order is its queue order.
+BATCH_STEP_S = 1e-6
+
+
+QUEUED = Reason("queued", "waiting for a worker with free capacity")
+WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
+
+
+class Transaction(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+
+class Raw(str):
+    """A SET value written as SQL (``attempts + 1``) rather than bound as a parameter."""
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    reason: Reason | None = None
+    epoch: int | None = None
+
+
+def to_json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def indices_text(indices: Sequence[int]) -> str:
+    return ",".join(str(index) for index in indices)
+
+
+def parse_indices(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",")) if text else ()
+
+
+def job_from_row(row: Sequence[Any]) -> Job:
+    (
+        job_id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb, memory_mb,
+        cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,
+        max_retries, attempts, watchdog_retries, preempted_count, queue_front, worker_id, gpu_indices,
+        reservation_epoch, reserved_at, preemption_epoch, drain_started_at, cancel_requested,
+        submitted_at, started_at, finished_at, last_heartbeat_at, exit_code, error, output_tail,
+        reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
+        _event_count, master_port, attempt_refund,
+    ) = row  # fmt: skip
+    spec = JobSpec(
+        command=command,
+        name=name,
+        env=orjson.loads(env),
+        gang_size=gang_size,
+        resources=Resources(gpus, vram_mb, memory_mb, cpus),
+        constraints=Constraints(gpu_model=gpu_model, labels=orjson.loads(labels)),
+        pool=pool,
+        user=username,
+        priority=priority,
+        preemption_class=preemption_class,
+        checkpoint_mode=checkpoint_mode,
+        max_retries=max_retries,
+        budget_s=budget_s,
+        walltime_s=walltime_s,
+        stall_timeout_s=stall_timeout_s,
+    )
+    return Job(
+        id=job_id,
+        spec=spec,
+        status=Status(status),
+        submitted_at=submitted_at,
+        gang_id=gang_id,
+        gang_index=gang_index,
+        attempts=attempts,
+        watchdog_retries=watchdog_retries,
+        preempted_count=preempted_count,
+        queue_front=bool(queue_front),
+        worker_id=worker_id,
+        gpu_indices=tuple(int(part) for part in gpu_indices.split(",")) if gpu_indices else (),
+        reservation_epoch=reservation_epoch,
+        reserved_at=reserved_at,
+        preemption_epoch=preemption_epoch,
+        drain_started_at=drain_started_at,
+        cancel_requested=bool(cancel_requested),
+        started_at=started_at,
+        finished_at=finished_at,
+        last_heartbeat_at=last_heartbeat_at,
+        exit_code=exit_code,
+        error=error,
+        output_tail=output_tail,
+        reason=Reason(reason_code, reason_message or "") if reason_code else None,
+        has_checkpoint=bool(has_checkpoint),
+        progress=orjson.loads(progress) if progress else None,
+        master_port=master_port,
+        attempt_refund=bool(attempt_refund),
+    )
+
+
+def worker_from_row(row: Sequence[Any]) -> Worker:
+    (
+        worker_id, address, gpus, vram_mb, memory_mb, cpus, gpu_model, labels, status, registered_at,
+        last_heartbeat_at, flagged_dead_at, _gpu_stats, unhealthy_gpus,
+    ) = row  # fmt: skip
+    return Worker(
+        id=worker_id,
+        address=address,
+        resources=Resources(gpus, vram_mb, memory_mb, cpus),
+        gpu_model=gpu_model,
+        labels=orjson.loads(labels),
+        status=status,
+        registered_at=registered_at,
+        last_heartbeat_at=last_heartbeat_at,
+        flagged_dead_at=flagged_dead_at,
+        unhealthy_gpus=parse_indices(unhealthy_gpus),
+    )
+
+
+def insert_row(job: Job) -> tuple[Any, ...]:
+    spec, resources = job.spec, job.spec.resources
+    reason = job.reason or QUEUED
+    return (
+        job.id, spec.name, spec.command, to_json(spec.env), job.status.value,
+        job.gang_id, spec.gang_size, job.gang_index,
+        resources.gpus, resources.vram_mb, resources.memory_mb, resources.cpus,
+        spec.constraints.gpu_model, to_json(spec.constraints.labels), spec.pool, spec.user,
+        spec.priority, spec.preemption_class, spec.checkpoint_mode, spec.max_retries,
+        job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
+        reason.code, reason.message,
+    )  # fmt: skip
+
+
+INSERT_JOB = (
+    "INSERT INTO jobs (id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb,"
+    " memory_mb, cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,"
+    " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
+    " event_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+)
+INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+REQUEUE_VALUES: dict[str, Any] = {
+    "worker_id": None,
+    "gpu_indices": "",
+    "started_at": None,
+    "last_heartbeat_at": None,
+}
+
+
+def allocation_from_row(row: Sequence[Any]) -> Allocation:
+    return Allocation(
+        job_id=row[0],
+        worker_id=row[1],
+        resources=Resources(row[2], row[3], row[4], row[5]),
+        gpu_indices=tuple(int(part) for part in row[6].split(",")) if row[6] else (),
+        status=Status(row[7]),
+    )
+
+
+def submit_event(job: Job) -> tuple[Any, ...]:
+    reason = job.reason or QUEUED
+    return (job.id, 1, job.submitted_at, None, job.status.value, reason.code, reason.message, None, None, 0)
