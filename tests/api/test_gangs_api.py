@@ -162,3 +162,17 @@ def test_single_jobs_do_not_start_on_capacity_held_for_a_waiting_gang(api, serve
     clock.advance(1)
     api.post("/jobs", json={"command": "y", "resources": {"gpus": 1}})
     assert api.get("/jobs/next", params={"worker_id": "w0"}).status_code == 204
+
+
+def test_a_single_job_that_ends_before_the_hold_backfills(api, server, clock):
+    register(api, "w0", gpus=2, vram_mb=1000)
+    api.post("/jobs", json={"command": "x", "resources": {"gpus": 1}, "walltime_s": 600})
+    claim(api, "w0")
+    clock.advance(1)
+    submit_gang(api, 2)
+    server.run_loop("admission")
+    clock.advance(1)
+    too_long = api.post("/jobs", json={"command": "y", "resources": {"gpus": 1}, "walltime_s": 3600}).json()
+    short = api.post("/jobs", json={"command": "z", "resources": {"gpus": 1}, "walltime_s": 60}).json()
+    assert claim(api, "w0")["id"] == short["id"]
+    assert api.get(f"/jobs/{too_long['id']}").json()["status"] == "pending"

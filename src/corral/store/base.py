@@ -106,6 +106,9 @@ class AdmissionInputs:
     workers: tuple[Worker, ...]
     allocations: tuple[Any, ...]
     gangs: tuple[tuple[str, tuple[Job, ...]], ...]
+    #: job id -> expected end (start, or now when not started, plus declared walltime), for the
+    #: allocations that declared one
+    expected_ends: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ class Store(Protocol):
     def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]: ...
 
     # gangs (seeds 001 and 000)
-    def admission_inputs(self) -> AdmissionInputs: ...
+    def admission_inputs(self, now: float) -> AdmissionInputs: ...
     def reserve_gang(
         self,
         gang_id: str,

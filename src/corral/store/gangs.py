@@ -27,7 +27,7 @@ _BLOCKED_VALUES: dict[str, Any] = {**REQUEUE_VALUES, "reserved_at": None, "drain
 class GangStore(OperationsStore):
     # --- reads ---------------------------------------------------------------------------
 
-    def admission_inputs(self) -> AdmissionInputs:
+    def admission_inputs(self, now: float) -> AdmissionInputs:
         reader = self._read()
         rows = reader.execute(
             f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id IN"
@@ -40,10 +40,16 @@ class GangStore(OperationsStore):
             job = job_from_row(row)
             gangs.setdefault(job.gang_id or "", []).append(job)
         workers = tuple(view.worker for view in self.list_workers())
+        ends = reader.execute(
+            "SELECT id, COALESCE(started_at, ?) + walltime_s FROM jobs"
+            " WHERE status IN ('reserved', 'running', 'preempting') AND walltime_s IS NOT NULL",
+            (now,),
+        )
         return AdmissionInputs(
             workers=workers,
             allocations=tuple(self.allocations()),
             gangs=tuple((gang_id, tuple(tasks)) for gang_id, tasks in sorted(gangs.items())),
+            expected_ends={job_id: float(end) for job_id, end in ends},
         )
 
     def _lock_gang(self, tx: Transaction, gang_id: str) -> list[Job]:

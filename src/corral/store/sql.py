@@ -2,10 +2,10 @@
 protocol (claim, heartbeat, done, fail, ack, cancel), written once.
 
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
-``OperationsStore`` (workers, watchdog trips, the reaper) -> ``GangStore`` (seeds 001 and 000) ->
-``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a transaction context and its dialect's few differences
-(placeholders, row locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL
-backend rewrites them once.
+``OperationsStore`` (workers, watchdog trips, the reaper) -> ``GangStore`` (seeds 001 and 000)
+-> ``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a transaction context and
+its dialect's few differences (placeholders, row locks, introspection). Queries are written with
+``?`` placeholders; the PostgreSQL backend rewrites them once.
 
 Every transition goes through ``_transition``: one ``UPDATE ... WHERE id = ? AND status = ? [AND
 worker_id = ? AND attempts = ?] RETURNING ...`` (compare-and-set) followed by the ``job_events`` insert,

@@ -20,12 +20,13 @@ logger = logging.getLogger("corral.server.admission")
 
 def admission_tick(state: ServerState) -> None:
     now = state.clock.now()
-    inputs = state.store.admission_inputs()
+    inputs = state.store.admission_inputs(now)
     snapshot = Snapshot(
         now=now,
         workers=inputs.workers,
         allocations=inputs.allocations,
         gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in inputs.gangs),
+        expected_ends=inputs.expected_ends,
     )
     decisions = admission.decide(snapshot, state.settings.reservation_timeout_s)
     for rollback in decisions.rollbacks:

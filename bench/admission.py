@@ -1,0 +1,215 @@
+"""The gang admission cycle (pure core): time per cycle on a large snapshot.
+
+Builds, from a seed, a snapshot of ``--workers`` (2,000) active workers with ``--gpus`` (8) GPUs
+each, about ``--busy`` (half) of them running 1-3 single jobs, ``--gangs`` (1,000) blocked gangs of
+2-64 tasks asking for 1, 2, 4 or 8 GPUs per task (some with a label constraint, most with a
+walltime), ``--stale`` (10) gangs with an expired reservation, and ``--pending`` (20,000) pending
+single jobs. Then times ``corral.core.admission.decide`` on it ``--runs`` (7) times after one
+warm-up run and prints the time per cycle (median, max) against the target (< 200 ms), what the
+cycle decided, and the machine block. ``--profile`` runs one more cycle under cProfile and prints
+the top functions. No server, no store: only the core.
+
+    .venv/bin/python bench/admission.py
+    .venv/bin/python bench/admission.py --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+
+import harness
+import machine
+from corral.core.admission import decide
+from corral.core.decisions import AdmissionDecisions
+from corral.core.snapshot import Gang, Snapshot
+from corral.domain.records import Allocation, Constraints, Job, JobSpec, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status, WorkerStatus
+
+NOW = 1_700_000_000.0
+TIMEOUT_S = 30.0
+
+
+def build_snapshot(args: argparse.Namespace) -> Snapshot:
+    rng = random.Random(args.seed)
+    workers = [
+        Worker(
+            id=f"w-{index:05d}",
+            address=f"10.0.{index // 250}.{index % 250}",
+            resources=Resources(args.gpus, 81_920, 2_048_000, 12 * args.gpus),
+            gpu_model="H100",
+            labels={"zone": "a" if index % 2 == 0 else "b", "rack": f"r{index // 32:03d}"},
+            status=WorkerStatus.ACTIVE.value,
+            registered_at=NOW - 86_400,
+            last_heartbeat_at=NOW - 1,
+        )
+        for index in range(args.workers)
+    ]
+    allocations: list[Allocation] = []
+    ends: dict[str, float] = {}
+    job_number = 0
+    for worker in workers:
+        if rng.random() >= args.busy:
+            continue
+        free = list(range(args.gpus))
+        for _ in range(rng.randint(1, 3)):
+            gpus = min(rng.choice([1, 2, 4]), len(free))
+            if gpus == 0:
+                break
+            job_number += 1
+            job_id = f"j-run-{job_number:06d}"
+            taken, free = tuple(free[:gpus]), free[gpus:]
+            allocations.append(
+                Allocation(job_id, worker.id, Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus), taken)
+            )
+            if rng.random() < 0.7:
+                ends[job_id] = NOW + rng.uniform(-60, 6 * 3600)
+    gangs: list[Gang] = []
+    for index in range(args.gangs):
+        gpus = rng.choice([1, 2, 4, 8])
+        size = rng.randint(2, 64)
+        constraints = Constraints(labels={"zone": "a"}) if rng.random() < 0.1 else Constraints()
+        spec = JobSpec(
+            command="python train.py",
+            gang_size=size,
+            resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
+            constraints=constraints,
+            priority=rng.randint(0, 3),
+            preemption_class=rng.randint(3, 7),
+            walltime_s=rng.choice([None, 600.0, 1800.0, 3600.0, 4 * 3600.0]),
+        )
+        gang_id = f"g-{index:05d}"
+        submitted = NOW - rng.uniform(0, 86_400)
+        tasks = tuple(
+            Job(f"{gang_id}-t{rank:02d}", spec, Status.BLOCKED, submitted, gang_id, rank)
+            for rank in range(size)
+        )
+        gangs.append(Gang(gang_id, tasks))
+    for index in range(args.stale):
+        gang_id = f"g-stale-{index:03d}"
+        spec = JobSpec(command="python train.py", gang_size=2, resources=Resources(1, 0, 0, 8))
+        hosts = rng.sample(workers, 2)
+        tasks = tuple(
+            Job(
+                f"{gang_id}-t{rank}",
+                spec,
+                Status.RESERVED,
+                NOW - 600,
+                gang_id,
+                rank,
+                worker_id=hosts[rank].id,
+                gpu_indices=(args.gpus - 1,),
+                reserved_at=NOW - 120,
+            )
+            for rank in range(2)
+        )
+        gangs.append(Gang(gang_id, tasks))
+        allocations += [
+            Allocation(task.id, hosts[rank].id, spec.resources, task.gpu_indices, Status.RESERVED)
+            for rank, task in enumerate(tasks)
+        ]
+    pending = tuple(
+        Job(
+            f"j-pend-{index:06d}",
+            JobSpec(command="true", resources=Resources(rng.choice([0, 1, 2]), 0, 16_000, 4)),
+            Status.PENDING,
+            NOW - rng.uniform(0, 3600),
+        )
+        for index in range(args.pending)
+    )
+    rng.shuffle(gangs)
+    return Snapshot(NOW, tuple(workers), tuple(allocations), tuple(gangs), pending, ends)
+
+
+def summary(snapshot: Snapshot, decisions: AdmissionDecisions) -> list[str]:
+    tasks = sum(len(r.placements) for r in decisions.reservations)
+    specs = {task.id: task.spec for gang in snapshot.gangs for task in gang.tasks}
+    gpus = sum(specs[p.job_id].resources.gpus for r in decisions.reservations for p in r.placements)
+    free_gpus = sum(w.resources.gpus for w in snapshot.workers) - sum(
+        a.resources.gpus for a in snapshot.allocations
+    )
+    codes = Counter(w.reason.code for w in decisions.waiting)
+    expected = {h.expected_at for h in decisions.holds}
+    return [
+        f"  snapshot: {len(snapshot.workers)} workers, {len(snapshot.allocations)} allocations, "
+        f"{len(snapshot.gangs)} gangs ({sum(g.size for g in snapshot.gangs)} tasks), "
+        f"{len(snapshot.pending)} pending single jobs, {free_gpus} GPUs free",
+        f"  decided:  {len(decisions.rollbacks)} rollbacks, {len(decisions.reservations)} gangs reserved "
+        f"({tasks} tasks, {gpus} GPUs), {len(decisions.holds)} holds "
+        f"(expected_at {sorted(expected, key=lambda e: (e is None, e or 0))}), "
+        f"waiting {dict(sorted(codes.items()))}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workers", type=int, default=2000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--busy", type=float, default=0.5, help="share of workers running single jobs")
+    parser.add_argument("--gangs", type=int, default=1000)
+    parser.add_argument("--stale", type=int, default=10, help="gangs with an expired reservation")
+    parser.add_argument("--pending", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--target-ms", type=float, default=200.0)
+    parser.add_argument("--profile", action="store_true", help="one more cycle under cProfile")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() the snapshot before timing: the max without full collections walking it",
+    )
+    args = parser.parse_args(argv)
+
+    machine.print_machine()
+    harness.banner("admission cycle (pure core)")
+    started = time.perf_counter()
+    snapshot = build_snapshot(args)
+    print(f"  snapshot built in {time.perf_counter() - started:.2f} s (not timed below)")
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+        print(f"  gc.freeze(): {gc.get_freeze_count()} objects out of the collector's reach")
+    first = decide(snapshot, TIMEOUT_S)  # warm-up
+    times = []
+    for _ in range(args.runs):
+        started = time.perf_counter()
+        decisions = decide(snapshot, TIMEOUT_S)
+        times.append((time.perf_counter() - started) * 1000)
+        if decisions != first:
+            print("  ERROR: two cycles over the same snapshot decided differently")
+            return 1
+    for line in summary(snapshot, first):
+        print(line)
+    print(
+        harness.figure(
+            "time per cycle, median", statistics.median(times), "ms", args.target_ms, at_least=False
+        )
+    )
+    print(harness.figure("time per cycle, max", max(times), "ms", args.target_ms, at_least=False))
+    print(f"  runs: {', '.join(f'{t:.1f}' for t in times)} ms")
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        decide(snapshot, TIMEOUT_S)
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(15)
+        stats.sort_stats("cumulative").print_stats(15)
+        print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,629 @@
+"""The gang admission cycle: which blocked gangs to reserve this tick, on which workers and GPUs.
+
+``decide(snapshot, reservation_timeout_s)`` is pure: the snapshot in (``now`` included), decisions
+out, no I/O, no clock, no logging, and the same decisions for the same snapshot whatever the order
+of its tuples. The loop applies them in the order given: rollbacks, then reservations, then holds
+(replacing the previous cycle's), then the waiting reasons.
+
+1. **Roll back stale reservations.** A gang with a ``reserved`` task whose ``reserved_at`` is more
+   than ``reservation_timeout_s`` before ``now`` gets a ``Rollback`` of all its reserved tasks
+   (back to ``blocked``). Their allocations are dropped from this cycle's capacity at once.
+2. **Candidates**: the gangs whose tasks are all ``blocked`` (counting the ones just rolled back).
+   A gang with any task running, preempting, reserved (and fresh), done or failed is not one.
+3. **Order**: ``corral.core.ordering.gang_key`` (size, class, priority, submission time, id).
+4. **Capacity**: for each active worker, ``free_capacity`` after every allocation on it (reserved,
+   running and preempting jobs, single jobs included: workron's B7). Draining and offline workers
+   get nothing.
+5. **Place** each candidate against the capacity the earlier ones left, speculatively: task by
+   task in ``gang_index`` order, each on the best-fitting worker (see ``_Cluster.best``), a worker
+   taking several tasks when they fit; the gang is committed only when all N tasks are placed,
+   else every speculative take is given back. A gang asking for no resources at all is spread one
+   task per worker. GPU indices are the lowest free ones, as for single jobs.
+6. **Hold and backfill.** The first candidate that does not fit but could on idle workers (the
+   head of the queue) gets ``Hold``s on the workers it would use soonest (``_plan_hold``); the rest
+   of the cycle sees those workers' free capacity minus the held resources, except a gang whose
+   ``walltime_s`` ends by the hold's ``expected_at`` (``placement.may_backfill``, the rule the
+   claim applies to single jobs), which sees them whole. Every candidate not placed gets a
+   ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``, ``head_of_queue``,
+   ``held_for_gang``, ``insufficient_capacity``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
+
+from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
+from corral.core.ordering import in_gang_order
+from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill
+from corral.core.snapshot import Gang, Snapshot
+from corral.domain.records import Allocation, Constraints, Reason, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status, WorkerStatus
+
+_NOBODY: frozenset[int] = frozenset()
+#: Below any real quantity: ``(cpus, _FLOOR, _FLOOR)`` sorts before every index entry with ``cpus``.
+_FLOOR = -(1 << 62)
+
+#: What holds resources on a worker: (resources, expected end or None when unknown, job id).
+Holding = tuple[Resources, float | None, str]
+#: A speculative take: the worker's slot and the GPU indices given to the task.
+Take = tuple["_Slot", tuple[int, ...]]
+
+
+def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisions:
+    """One admission cycle over ``snapshot`` (the steps are in the module docstring)."""
+    now = snapshot.now
+    rollbacks, released = _stale_reservations(snapshot.gangs, now, reservation_timeout_s)
+    candidates = in_gang_order([gang for gang in snapshot.gangs if _is_candidate(gang, released)])
+    if not candidates:
+        return AdmissionDecisions(rollbacks=rollbacks)
+    active = sorted(
+        (worker for worker in snapshot.workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
+    )
+    if not active:
+        nobody = Reason("no_workers", "no active worker is registered: start one with `corral worker`")
+        return AdmissionDecisions(
+            rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, nobody) for gang in candidates)
+        )
+    cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now))
+    shapes = _Shapes(cluster.slots)
+    reservations: list[Reservation] = []
+    holds: list[Hold] = []
+    waiting: list[Waiting] = []
+    head: _HeadHold | None = None  # the head of the queue's holds, once it is known
+    for gang in candidates:
+        spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
+        request, constraints = spec.resources, spec.constraints
+        eligible = shapes.eligible(request, constraints)
+        backfill = head is not None and may_backfill(gang.tasks[0], head.holds, now)
+        placed, room = cluster.attempt(request, size, eligible, backfill, commit=True)
+        if placed is not None:
+            tasks = sorted(gang.tasks, key=lambda task: (task.gang_index or 0, task.id))
+            end = None if spec.walltime_s is None else now + spec.walltime_s
+            for task, (slot, _) in zip(tasks, placed, strict=True):
+                slot.holding.append((request, end, task.id))
+            reservations.append(
+                Reservation(
+                    gang.gang_id,
+                    tuple(
+                        TaskPlacement(task.id, slot.worker.id, indices)
+                        for task, (slot, indices) in zip(tasks, placed, strict=True)
+                    ),
+                )
+            )
+            continue
+        ever = shapes.ever_room(request, constraints)
+        if ever < size:
+            waiting.append(Waiting(gang.gang_id, _unschedulable(size, request, constraints, ever, active)))
+            continue
+        if head is None:
+            plan = _plan_hold(cluster, request, size, eligible, now)
+            if plan is None:  # idle workers could hold it, yet no plan: count it as never fitting
+                waiting.append(Waiting(gang.gang_id, _unschedulable(size, request, constraints, 0, active)))
+                continue
+            for slot, count in plan.tasks:
+                held = _times(request, count)
+                cluster.hold(slot, held)
+                holds.append(Hold(gang.gang_id, slot.worker.id, held, plan.expected_at))
+            head = _HeadHold(gang.gang_id, plan.expected_at, tuple(holds))
+            waiting.append(
+                Waiting(gang.gang_id, _head_reason(size, request, room, len(plan.tasks), plan, now))
+            )
+            continue
+        if not backfill and cluster.attempt(request, size, eligible, True, commit=False)[0] is not None:
+            waiting.append(Waiting(gang.gang_id, _held_reason(head, spec.walltime_s, now)))
+        else:
+            waiting.append(Waiting(gang.gang_id, _short_reason(size, request, room)))
+    return AdmissionDecisions(
+        rollbacks=rollbacks, reservations=tuple(reservations), holds=tuple(holds), waiting=tuple(waiting)
+    )
+
+
+# --- steps 1 and 2: stale reservations and candidates ----------------------------------------------
+
+
+def _stale_reservations(
+    gangs: Iterable[Gang], now: float, timeout_s: float
+) -> tuple[tuple[Rollback, ...], frozenset[str]]:
+    """A ``Rollback`` per gang with a reservation older than ``timeout_s``, in gang id order, and the
+    ids of the tasks it returns to ``blocked``."""
+    rollbacks: list[Rollback] = []
+    released: set[str] = set()
+    for gang in sorted(gangs, key=lambda g: g.gang_id):
+        reserved = sorted(
+            (task for task in gang.tasks if task.status == Status.RESERVED),
+            key=lambda task: (task.gang_index or 0, task.id),
+        )
+        stamps = [task.reserved_at for task in reserved if task.reserved_at is not None]
+        if not stamps or now - min(stamps) <= timeout_s:
+            continue
+        message = (
+            f"{len(reserved)} reserved task(s) not claimed within {timeout_s:g} s "
+            f"(reserved {now - min(stamps):.0f} s ago)"
+        )
+        running = sum(task.status in (Status.RUNNING, Status.PREEMPTING) for task in gang.tasks)
+        if running:
+            message += f"; {running} sibling task(s) already started: the gang must drain"
+        rollbacks.append(
+            Rollback(
+                gang.gang_id, tuple(task.id for task in reserved), Reason("reservation_expired", message)
+            )
+        )
+        released.update(task.id for task in reserved)
+    return tuple(rollbacks), frozenset(released)
+
+
+def _is_candidate(gang: Gang, released: frozenset[str]) -> bool:
+    return bool(gang.tasks) and all(
+        task.status == Status.BLOCKED or task.id in released for task in gang.tasks
+    )
+
+
+# --- step 4: capacity, and the index placement searches -----------------------------------------
+
+
+class _Slot:
+    """One active worker during the cycle: its free capacity in the what-if world (speculative takes
+    included), the allocations that hold it, and what the head of the queue holds on it."""
+
+    __slots__ = (
+        "cpus",
+        "empty",
+        "gpus",
+        "held",
+        "holding",
+        "indices",
+        "memory",
+        "order",
+        "worker",
+    )
+
+    def __init__(
+        self, order: int, worker: Worker, free: Capacity, empty: Resources, holding: list[Holding]
+    ) -> None:
+        self.order = order  # rank of the worker id among the active workers: the id tie-break
+        self.worker = worker
+        self.empty = empty  # free capacity when idle (unhealthy GPUs left out)
+        self.gpus = free.free.gpus
+        self.cpus = free.free.cpus
+        self.memory = free.free.memory_mb
+        self.indices = list(free.free_gpu_indices)
+        self.holding = holding
+        self.held: Resources | None = None
+
+    def view(self) -> tuple[int, int, int]:
+        """Free (GPUs, CPUs, memory) as work that may not backfill sees it: minus the head's hold,
+        never below zero for a resource the hold takes."""
+        if self.held is None:
+            return self.gpus, self.cpus, self.memory
+        return (
+            _after_hold(self.gpus, self.held.gpus),
+            _after_hold(self.cpus, self.held.cpus),
+            _after_hold(self.memory, self.held.memory_mb),
+        )
+
+
+def _after_hold(free: int, held: int) -> int:
+    return free if free < 0 else max(0, free - held)
+
+
+def _slots(
+    active: Sequence[Worker],
+    allocations: Iterable[Allocation],
+    released: frozenset[str],
+    expected_ends: Mapping[str, float],
+    now: float,
+) -> list[_Slot]:
+    by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in active}
+    for allocation in allocations:
+        on = by_worker.get(allocation.worker_id)
+        if on is not None and allocation.job_id not in released and allocation.status.holds_resources:
+            on.append(allocation)
+    idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
+    slots = []
+    for order, worker in enumerate(active):
+        key = (worker.resources, worker.unhealthy_gpus)
+        empty = idle.get(key)
+        if empty is None:
+            empty = idle[key] = free_capacity(worker, ())
+        held = by_worker[worker.id]
+        holding: list[Holding] = [
+            (
+                allocation.resources,
+                now if allocation.status == Status.PREEMPTING else expected_ends.get(allocation.job_id),
+                allocation.job_id,
+            )
+            for allocation in held
+        ]
+        free = free_capacity(worker, held) if held else empty
+        slots.append(_Slot(order, worker, free, empty.free, holding))
+    return slots
+
+
+class _Index:
+    """Workers by free capacity, for best fit: ``buckets[g]`` holds the workers with ``g`` free GPUs,
+    each bucket sorted by (free CPUs, free memory, order). Walking the buckets from the GPU count
+    asked upward and taking the first entry that fits yields the best fit, one comparator:
+
+    1. fewest free GPUs (so fewest left after placing: every task of a gang asks the same);
+    2. fewest free CPUs;
+    3. least free memory;
+    4. worker id (``order`` is the id's rank).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(size)]
+        self.entries: dict[int, tuple[int, tuple[int, int, int]]] = {}
+
+    def put(self, order: int, gpus: int, cpus: int, memory: int) -> None:
+        """(Re)file worker ``order``; a worker with fewer than zero free GPUs is left out."""
+        old = self.entries.pop(order, None)
+        if old is not None:
+            bucket = self.buckets[old[0]]
+            del bucket[bisect_left(bucket, old[1])]
+        if gpus >= 0:
+            entry = (cpus, memory, order)
+            insort(self.buckets[gpus], entry)
+            self.entries[order] = (gpus, entry)
+
+    def first(
+        self,
+        request: Resources,
+        eligible: list[bool] | None,
+        skip: AbstractSet[int],
+        passed: AbstractSet[int],
+    ) -> tuple[int, int, int, int] | None:
+        """The best fit for one task of ``request`` as (GPUs, CPUs, memory, order), or None."""
+        gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
+        probe = (cpus, _FLOOR, _FLOOR)
+        for have in range(gpus, len(self.buckets)):
+            bucket = self.buckets[have]
+            for at in range(bisect_left(bucket, probe), len(bucket)):
+                entry_cpus, entry_memory, order = bucket[at]
+                if entry_memory < memory or (eligible is not None and not eligible[order]):
+                    continue
+                if order in skip or order in passed:
+                    continue
+                return have, entry_cpus, entry_memory, order
+        return None
+
+
+class _Cluster:
+    """Every active worker's free capacity, indexed for best fit (``_Index``): ``view`` files every
+    worker as ``_Slot.view`` says (minus the head's hold), ``whole`` files the held workers again
+    at their whole free capacity, for backfill."""
+
+    def __init__(self, slots: list[_Slot]) -> None:
+        self.slots = slots
+        size = max((max(slot.gpus, slot.empty.gpus) for slot in slots), default=0) + 1
+        self.view = _Index(size)
+        self.whole = _Index(size)
+        self.held_slots: list[_Slot] = []
+        self.held_orders: set[int] = set()
+        #: per GPU count asked, the tasks held workers add when seen whole (``room_bound``)
+        self._held_extra: dict[int, int] = {}
+        for slot in slots:
+            self.view.put(slot.order, *slot.view())
+
+    def _reindex(self, slot: _Slot) -> None:
+        self.view.put(slot.order, *slot.view())
+        if slot.held is not None:
+            self.whole.put(slot.order, slot.gpus, slot.cpus, slot.memory)
+            self._held_extra.clear()
+
+    def hold(self, slot: _Slot, held: Resources) -> None:
+        slot.held = held
+        self.held_slots.append(slot)
+        self.held_orders.add(slot.order)
+        self._reindex(slot)
+
+    def _take(self, slot: _Slot, request: Resources) -> tuple[int, ...]:
+        slot.gpus -= request.gpus
+        slot.cpus -= request.cpus
+        slot.memory -= request.memory_mb
+        taken = tuple(slot.indices[: request.gpus])
+        del slot.indices[: request.gpus]
+        self._reindex(slot)
+        return taken
+
+    def _give_back(self, slot: _Slot, request: Resources, taken: tuple[int, ...]) -> None:
+        slot.gpus += request.gpus
+        slot.cpus += request.cpus
+        slot.memory += request.memory_mb
+        slot.indices = sorted(slot.indices + list(taken))
+        self._reindex(slot)
+
+    def room_bound(self, request: Resources, backfill: bool) -> int | None:
+        """At most this many tasks of ``request`` fit now, counting GPUs only (None: no GPUs asked,
+        no cheap bound). Cheap, so a gang that cannot fit is turned away without a search."""
+        want = request.gpus
+        if want == 0:
+            return None
+        buckets = self.view.buckets
+        bound = sum(len(buckets[gpus]) * (gpus // want) for gpus in range(want, len(buckets)))
+        if backfill:
+            extra = self._held_extra.get(want)
+            if extra is None:
+                extra = self._held_extra[want] = sum(
+                    max(0, slot.gpus) // want - max(0, slot.view()[0]) // want for slot in self.held_slots
+                )
+            bound += extra
+        return bound
+
+    def best(
+        self, request: Resources, eligible: list[bool] | None, backfill: bool, skip: set[int]
+    ) -> _Slot | None:
+        """The best-fitting worker with room for one task of ``request`` (``_Index``'s order), or
+        None. ``skip``: workers this gang may not use again. With ``backfill`` the held workers
+        count whole, without the hold."""
+        found = self.view.first(request, eligible, skip, self.held_orders if backfill else _NOBODY)
+        if backfill and self.held_slots:
+            whole = self.whole.first(request, eligible, skip, _NOBODY)
+            if whole is not None and (found is None or whole < found):
+                found = whole
+        return None if found is None else self.slots[found[3]]
+
+    def attempt(
+        self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool, commit: bool
+    ) -> tuple[list[Take] | None, _Room]:
+        """Speculate: place ``size`` tasks one by one; keep the takes only if all fit and ``commit``.
+        Returns the takes (None when the gang does not fit, or when not committing) and the room
+        found (exact after a search, an upper bound when the cheap bound turned the gang away)."""
+        bound = self.room_bound(request, backfill)
+        if bound is not None and bound < size:
+            return None, _Room(bound, exact=False)
+        spread = request == Resources()  # asks for nothing: one task per worker
+        placed: list[Take] = []
+        used: set[int] = set()
+        while len(placed) < size:
+            slot = self.best(request, eligible, backfill, used)
+            if slot is None:
+                break
+            placed.append((slot, self._take(slot, request)))
+            if spread:
+                used.add(slot.order)
+        room = _Room(len(placed), exact=True)
+        if len(placed) == size and commit:
+            return placed, room
+        for slot, taken in reversed(placed):
+            self._give_back(slot, request, taken)
+        return (placed if len(placed) == size else None), room
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    tasks: int
+    exact: bool
+
+
+class _Shapes:
+    """Active workers grouped by what they are when idle (capacity, GPU model, labels): the static
+    questions (which workers match a gang's constraints and VRAM, how many of its tasks idle workers
+    could ever hold) are answered once per shape, not once per worker."""
+
+    def __init__(self, slots: Sequence[_Slot]) -> None:
+        groups: dict[tuple[object, ...], int] = {}
+        self.representatives: list[_Slot] = []
+        self.counts: list[int] = []
+        self.shape_of: list[int] = []
+        for slot in slots:  # in worker id order: the shape numbering is deterministic
+            key = (slot.empty, slot.worker.gpu_model, tuple(sorted(slot.worker.labels.items())))
+            shape = groups.get(key)
+            if shape is None:
+                shape = groups[key] = len(self.representatives)
+                self.representatives.append(slot)
+                self.counts.append(0)
+            self.counts[shape] += 1
+            self.shape_of.append(shape)
+        self._eligible: dict[tuple[object, ...], list[bool] | None] = {}
+        self._ever: dict[tuple[object, ...], int] = {}
+
+    def _matching(self, request: Resources, constraints: Constraints) -> list[bool]:
+        return [
+            matches_constraints(slot.worker, constraints) is None
+            and (request.gpus == 0 or request.vram_mb <= slot.empty.vram_mb)
+            for slot in self.representatives
+        ]
+
+    def eligible(self, request: Resources, constraints: Constraints) -> list[bool] | None:
+        """Per worker order, whether the worker matches the constraints and the VRAM per GPU
+        (None: every worker does)."""
+        key = (
+            constraints.gpu_model,
+            tuple(sorted(constraints.labels.items())),
+            request.vram_mb if request.gpus else 0,
+        )
+        if key not in self._eligible:
+            matching = self._matching(request, constraints)
+            self._eligible[key] = None if all(matching) else [matching[shape] for shape in self.shape_of]
+        return self._eligible[key]
+
+    def ever_room(self, request: Resources, constraints: Constraints) -> int:
+        """How many tasks of ``request`` the active workers could hold if they were all idle."""
+        key = (request, constraints.gpu_model, tuple(sorted(constraints.labels.items())))
+        if key not in self._ever:
+            matching = self._matching(request, constraints)
+            self._ever[key] = sum(
+                count * _tasks_on(slot.empty, request)
+                for slot, count, ok in zip(self.representatives, self.counts, matching, strict=True)
+                if ok
+            )
+        return self._ever[key]
+
+
+def _tasks_on(free: Resources, request: Resources) -> int:
+    """How many tasks of ``request`` fit in ``free`` (one when the request is empty: spread)."""
+    if request.gpus > 0 and request.vram_mb > free.vram_mb:
+        return 0
+    pairs = ((free.gpus, request.gpus), (free.cpus, request.cpus), (free.memory_mb, request.memory_mb))
+    counts = [max(0, have) // want for have, want in pairs if want > 0]
+    return min(counts) if counts else 1
+
+
+# --- step 6: the head of the queue's hold -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _HoldPlan:
+    tasks: tuple[tuple[_Slot, int], ...]  # (worker, tasks it would take), in worker id order
+    expected_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _HeadHold:
+    gang_id: str
+    expected_at: float | None
+    holds: tuple[Hold, ...]
+
+
+def _plan_hold(
+    cluster: _Cluster, request: Resources, size: int, eligible: list[bool] | None, now: float
+) -> _HoldPlan | None:
+    """The workers the head of the queue would run on once the allocations in its way end.
+
+    Each worker that can hold a task at all (constraints, VRAM, and capacity when idle) offers its
+    k-th task at the time enough of its allocations have ended for k tasks to fit (ending soonest
+    first; reserved and running alike, this cycle's reservations included). The ``size`` offers
+    taken are the smallest by, in turn:
+
+    1. that time, known before unknown (an allocation in the way without a walltime);
+    2. the best fit on the idle worker (fewest GPUs, CPUs, memory left after the k tasks);
+    3. worker id.
+
+    Each worker's offers come in increasing time, so taking them from one heap gives the set whose
+    latest time (``expected_at``) is smallest. None when the idle workers cannot hold ``size`` tasks.
+    """
+    offers: list[tuple[int, float, int, int, int, int, int]] = []
+    for slot in cluster.slots:
+        if eligible is None or eligible[slot.order]:
+            slot.holding.sort(key=lambda item: (item[1] is None, item[1] or 0.0, item[2]))
+            offer = _offer(slot, request, 1, now)
+            if offer is not None:
+                offers.append(offer)
+    heapify(offers)
+    counts: dict[int, int] = {}
+    latest: float | None = now
+    for _ in range(size):
+        if not offers:
+            return None
+        unknown, ready, *_, order, count = heappop(offers)
+        counts[order] = count
+        latest = None if unknown or latest is None else max(latest, ready)
+        if request != Resources():
+            offer = _offer(cluster.slots[order], request, count + 1, now)
+            if offer is not None:
+                heappush(offers, offer)
+    return _HoldPlan(tuple((cluster.slots[order], counts[order]) for order in sorted(counts)), latest)
+
+
+def _offer(
+    slot: _Slot, request: Resources, count: int, now: float
+) -> tuple[int, float, int, int, int, int, int] | None:
+    """The heap entry for ``count`` tasks on ``slot`` (see ``_plan_hold``), None if it never fits."""
+    need = _times(request, count)
+    empty = slot.empty
+    if need.gpus > empty.gpus or need.cpus > empty.cpus or need.memory_mb > empty.memory_mb:
+        return None
+    gpus, cpus, memory = slot.gpus, slot.cpus, slot.memory
+    unknown, ready = 0, now
+    if gpus < need.gpus or cpus < need.cpus or memory < need.memory_mb:
+        for resources, end, _ in slot.holding:
+            gpus, cpus, memory = gpus + resources.gpus, cpus + resources.cpus, memory + resources.memory_mb
+            if end is None:
+                unknown = 1
+            else:
+                ready = max(ready, end)
+            if min(gpus, empty.gpus) >= need.gpus and cpus >= need.cpus and memory >= need.memory_mb:
+                break
+        else:  # the books do not add up (a stale allocation): it fits when idle, at an unknown time
+            unknown = 1
+    left = empty.minus(need)
+    return (unknown, 0.0 if unknown else ready, left.gpus, left.cpus, left.memory_mb, slot.order, count)
+
+
+def _times(request: Resources, count: int) -> Resources:
+    return Resources(request.gpus * count, request.vram_mb, request.memory_mb * count, request.cpus * count)
+
+
+# --- reasons --------------------------------------------------------------------------------------
+
+
+def _describe(request: Resources, constraints: Constraints | None = None) -> str:
+    parts = []
+    if request.gpus:
+        vram = f" with {request.vram_mb} MB VRAM each" if request.vram_mb else ""
+        parts.append(f"{request.gpus} GPU(s){vram}")
+    if request.cpus:
+        parts.append(f"{request.cpus} CPU(s)")
+    if request.memory_mb:
+        parts.append(f"{request.memory_mb} MB memory")
+    text = ", ".join(parts) or "no resources"
+    if constraints is not None and constraints.gpu_model is not None:
+        text += f", GPU model {constraints.gpu_model}"
+    if constraints is not None and constraints.labels:
+        text += ", labels " + ",".join(f"{key}={value}" for key, value in sorted(constraints.labels.items()))
+    return text
+
+
+def _unschedulable(
+    size: int, request: Resources, constraints: Constraints, ever: int, active: Sequence[Worker]
+) -> Reason:
+    if ever == 0:
+        largest = max(worker.resources.gpus for worker in active)
+        return Reason(
+            "unschedulable",
+            f"no active worker can ever hold a task: needs {_describe(request, constraints)}; "
+            f"the largest worker has {largest} GPU(s)",
+        )
+    return Reason(
+        "unschedulable",
+        f"needs {size} tasks of {_describe(request, constraints)} at once; "
+        f"the active workers could hold {ever} even if idle",
+    )
+
+
+def _room_text(room: _Room) -> str:
+    return f"room for {room.tasks} now" if room.exact else f"room for at most {room.tasks} now"
+
+
+def _short_reason(size: int, request: Resources, room: _Room) -> Reason:
+    return Reason(
+        "insufficient_capacity", f"needs {size} tasks of {_describe(request)} at once; {_room_text(room)}"
+    )
+
+
+def _when(expected_at: float | None, now: float) -> str:
+    if expected_at is None:
+        return "at an unknown time (a job in the way declared no walltime)"
+    return f"in about {max(0.0, expected_at - now):.0f} s"
+
+
+def _head_reason(
+    size: int, request: Resources, room: _Room, workers: int, plan: _HoldPlan, now: float
+) -> Reason:
+    return Reason(
+        "head_of_queue",
+        f"first in line: needs {size} tasks of {_describe(request)} at once; {_room_text(room)}; "
+        f"capacity held on {workers} worker(s), expected free {_when(plan.expected_at, now)}",
+    )
+
+
+def _held_reason(head: _HeadHold, walltime_s: float | None, now: float) -> Reason:
+    if head.expected_at is None:
+        rule = "nothing may backfill it"
+    elif walltime_s is None:
+        rule = "declare a walltime_s that ends before then to backfill"
+    else:
+        rule = f"its walltime_s ({walltime_s:g} s) ends after that"
+    return Reason(
+        "held_for_gang",
+        f"held capacity for gang {head.gang_id}: it would fit now, but that capacity is kept for the gang "
+        f"first in line, expected free {_when(head.expected_at, now)}; {rule}",
+    )
+
+
+__all__ = ["decide"]
