@@ -313,13 +313,21 @@ class GangStore(OperationsStore):
         ]
         completions = []
         for gang_id in gang_ids:
-            with self._transaction() as tx:
-                tasks = self._lock_gang(tx, gang_id)
-                statuses = {task.status for task in tasks}
-                if Status.PREEMPTED not in statuses or statuses & {Status.RUNNING, Status.PREEMPTING}:
-                    continue
-                completions.append(self._complete(tx, gang_id, tasks, now))
+            completion = self.complete_drain(gang_id, now)
+            if completion is not None:
+                completions.append(completion)
         return completions
+
+    def complete_drain(self, gang_id: str, now: float) -> DrainCompletion | None:
+        """Complete one gang's drain if nothing of it is left in flight (else None). Called right
+        after the last ack, so a drain ends as soon as its last rank has stopped, not at the next
+        reaper pass."""
+        with self._transaction() as tx:
+            tasks = self._lock_gang(tx, gang_id)
+            statuses = {task.status for task in tasks}
+            if Status.PREEMPTED not in statuses or statuses & {Status.RUNNING, Status.PREEMPTING}:
+                return None
+            return self._complete(tx, gang_id, tasks, now)
 
     def _complete(self, tx: Transaction, gang_id: str, tasks: list[Job], now: float) -> DrainCompletion:
         refunded = [task for task in tasks if task.attempt_refund]

@@ -205,6 +205,7 @@ class JobRun:
             logger.exception("job supervision failed", extra=self.fields)
             if self._process is not None:
                 self._process.stop()
+                self._process.close()
             with self._lock:
                 lost = self._reason == StopReason.LOST
             if not lost:

@@ -61,6 +61,15 @@ def record_preempted(job: Job) -> None:
     )
 
 
+def complete_if_drained(state: ServerState, job: Job) -> None:
+    """After a gang task stopped (acked, or was the drain's only running task), end the drain now."""
+    if job.gang_id is None:
+        return
+    completion = state.store.complete_drain(job.gang_id, state.clock.now())
+    if completion is not None:
+        record_completion(state, completion)
+
+
 def record_completion(state: ServerState, completion: DrainCompletion) -> None:
     state.metrics.gang_drains_completed.labels(outcome=completion.outcome).inc()
     if completion.drain_seconds is not None:

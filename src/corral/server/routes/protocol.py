@@ -25,7 +25,7 @@ from corral.domain.status import Status
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
-from corral.server.loops.drain import drain_started_by, record_preempted
+from corral.server.loops.drain import complete_if_drained, drain_started_by, record_preempted
 from corral.server.state import ServerState, state_of
 
 logger = logging.getLogger("corral.server.protocol")
@@ -152,6 +152,7 @@ async def fail(request: Request) -> Response:
     )
     _record_fail(state, job, worker_id, body.exit_code)
     drain_started_by(state, job)
+    complete_if_drained(state, job)
     state.released()
     return json_response(job_to_wire(job))
 
@@ -186,6 +187,7 @@ async def preempted(request: Request) -> Response:
         )
     else:
         record_preempted(job)
+        complete_if_drained(state, job)
     state.released()
     return json_response(job_to_wire(job))
 
@@ -223,6 +225,7 @@ async def watchdog(request: Request) -> Response:
     else:
         logger.warning("watchdog tripped", extra=fields)
     drain_started_by(state, job)
+    complete_if_drained(state, job)
     state.released()
     return json_response(job_to_wire(job))
 
