@@ -66,10 +66,14 @@ async def heartbeat(request: Request) -> Response:
     state = state_of(request)
     body = await parse_body(request, WorkerHeartbeatBody, optional=True)
     readings = [reading.model_dump() for reading in body.gpus] if body.gpus is not None else None
-    worker = state.store.worker_heartbeat(
-        request.path_params["worker_id"], state.clock.now(), readings, body.unhealthy_gpus
-    )
+    worker_id = request.path_params["worker_id"]
+    known: tuple[int, ...] = ()
     if body.unhealthy_gpus:
+        view = state.store.get_worker(worker_id)
+        known = view.worker.unhealthy_gpus if view is not None else ()
+    worker = state.store.worker_heartbeat(worker_id, state.clock.now(), readings, body.unhealthy_gpus)
+    if set(worker.unhealthy_gpus) - set(known):
+        # Once per newly reported GPU, not at every heartbeat that repeats it.
         logger.error(
             "worker reports unhealthy GPUs",
             extra={"worker_id": worker.id, "unhealthy_gpus": list(worker.unhealthy_gpus)},
