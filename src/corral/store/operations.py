@@ -198,15 +198,26 @@ class OperationsStore(SqlStore):
         rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers WHERE id = ?", (worker_id,))
         if not rows:
             return None
-        return self._views([worker_from_row(rows[0])])[0]
+        worker = worker_from_row(rows[0])
+        return self._views([worker], self._worker_allocations(self._read(), worker.id))[0]
 
     def list_workers(self) -> list[WorkerView]:
         rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers ORDER BY registered_at, id")
-        return self._views([worker_from_row(row) for row in rows])
+        return self._views([worker_from_row(row) for row in rows], self.allocations())
 
-    def _views(self, workers: list[Worker]) -> list[WorkerView]:
+    def workers_by_id(self, worker_ids: Sequence[str]) -> dict[str, Worker]:
+        """The named workers (unknown ids left out), without their allocations."""
+        if not worker_ids:
+            return {}
+        unique = sorted(set(worker_ids))
+        rows = self._read().execute(
+            f"SELECT {WORKER_SELECT} FROM workers WHERE id IN ({', '.join('?' for _ in unique)})", unique
+        )
+        return {worker.id: worker for worker in map(worker_from_row, rows)}
+
+    def _views(self, workers: list[Worker], allocations: list[Allocation]) -> list[WorkerView]:
         by_worker: dict[str, list[Allocation]] = {}
-        for allocation in self.allocations():
+        for allocation in allocations:
             by_worker.setdefault(allocation.worker_id, []).append(allocation)
         views = []
         for worker in workers:

@@ -63,8 +63,8 @@ def rendezvous_env(state: ServerState, job: Job) -> dict[str, str]:
     """What a torchrun-style program needs to find its peers: ranks, world size, and rank 0's
     address and port (the port chosen at reservation, stable for the attempt)."""
     tasks = state.store.gang_tasks(job.gang_id or "")
-    addresses = {view.worker.id: view.worker.address for view in state.store.list_workers()}
-    peers = [addresses.get(task.worker_id or "", "") for task in tasks]
+    workers = state.store.workers_by_id([task.worker_id for task in tasks if task.worker_id])
+    peers = [workers[task.worker_id].address if task.worker_id in workers else "" for task in tasks]
     same_worker = [task.id for task in tasks if task.worker_id == job.worker_id]
     return {
         "CORRAL_GANG_ID": job.gang_id or "",
