@@ -119,7 +119,8 @@ def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
     assert trigger.exit_code == 1
     tasks = store.gang_tasks(gang_id)
     assert [task.status for task in tasks] == [Status.PREEMPTING, Status.PREEMPTED, Status.PREEMPTING]
-    assert [task.attempt_refund for task in tasks] == [True, False, True]
+    assert [task.refunds for task in tasks] == [1, 0, 1]
+    assert [task.attempts_used for task in tasks] == [0, 1, 0], "peers are refunded, the trigger is not"
     assert {task.preemption_epoch for task in tasks} == {1}
     beat = store.heartbeat_job(task_ids[0], "w0", 1, NOW + 6, None)
     assert beat.status == Status.PREEMPTING, "the peer's worker still reports with the attempt it claimed"
@@ -131,7 +132,9 @@ def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
     (completion,) = store.complete_drains(NOW + 8)
     assert (completion.outcome, completion.drain_seconds) == ("blocked", 3.0)
     assert statuses(store, gang_id) == [Status.BLOCKED] * 3
-    assert [task.attempts for task in store.gang_tasks(gang_id)] == [0, 1, 0], "peers refunded, trigger not"
+    assert [task.attempts_used for task in store.gang_tasks(gang_id)] == [0, 1, 0], (
+        "peers refunded, trigger not"
+    )
     assert store.complete_drains(NOW + 9) == []
     for task_id in task_ids:
         assert_history_is_legal(store, task_id)
@@ -214,3 +217,66 @@ def test_holds_keep_capacity_for_a_gang_except_for_backfill(store):
     store.replace_holds([])
     assert store.claim("w0", NOW, POLICY).id == long_job.id
     assert store.list_holds() == []
+
+
+def test_a_refunded_peer_keeps_a_fence_no_later_attempt_reuses(store):
+    """The old process of a drained rank must never pass for the rank's next attempt."""
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    first = run_gang(store, gang_id, task_ids)
+    report = store.reap(NOW + 31, 30, 45, 600)
+    assert report.completions and report.completions[0].outcome == "blocked"
+    again = run_gang(store, gang_id, task_ids, NOW + 40)
+    assert again[1].attempts == first[1].attempts + 1, "the fence only grows"
+    with pytest.raises(errors.StaleAttempt):
+        store.heartbeat_job(task_ids[1], "w1", first[1].attempts, NOW + 41, None)
+    with pytest.raises(errors.StaleAttempt):
+        store.complete(task_ids[1], "w1", first[1].attempts, NOW + 41)
+
+
+def test_a_gang_with_an_ended_rank_and_a_rolled_back_one_fails_instead_of_waiting_forever(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    reserve(store, gang_id, task_ids)
+    store.claim("w0", NOW, POLICY)
+    store.complete(task_ids[0], "w0", 1, NOW + 1)
+    assert store.rollback_gang(gang_id, NOW + 31, 30)
+    (completion,) = store.complete_drains(NOW + 32)
+    assert completion.outcome == "failed"
+    assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
+
+
+def test_an_expired_reservation_counts_as_the_triggers_attempt(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2, max_retries=2)
+    for round_number in (1, 2):
+        now = NOW + 100 * round_number
+        reserve(store, gang_id, task_ids, now)
+        store.claim("w0", now, POLICY)
+        store.rollback_gang(gang_id, now + 31, 30)
+        store.ack_preempted(task_ids[0], "w0", round_number, round_number, now + 32)
+        store.complete_drain(gang_id, now + 32)
+    assert statuses(store, gang_id) == [Status.FAILED, Status.FAILED], (
+        "a worker that never claims cannot loop forever"
+    )
+
+
+def test_a_retried_watchdog_report_for_a_drained_rank_is_refused(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    run_gang(store, gang_id, task_ids)
+    tripped = store.watchdog_trip(task_ids[0], "w0", 1, NOW, "stall", "idle", max_retries=3)
+    assert (tripped.status, tripped.watchdog_retries, tripped.attempts_used) == (Status.PREEMPTED, 1, 0)
+    with pytest.raises(errors.NotRunning):
+        store.watchdog_trip(task_ids[0], "w0", 1, NOW, "stall", "idle", max_retries=3)
+
+
+def test_a_peer_finishing_during_the_drain_completes_it_as_failed(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    run_gang(store, gang_id, task_ids)
+    store.fail(task_ids[1], "w1", 1, NOW, 1, None, None)
+    store.complete(task_ids[0], "w0", 1, NOW + 1)
+    completion = store.complete_drain(gang_id, NOW + 1)
+    assert completion is not None and completion.outcome == "failed"
+    assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]

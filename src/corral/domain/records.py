@@ -89,8 +89,18 @@ class Job:
     progress: dict[str, Any] | None = None
     #: rendezvous port on rank 0's worker, chosen when the gang is reserved (gang tasks only)
     master_port: int | None = None
-    #: a drained peer's attempt, given back when its gang's drain completes
-    attempt_refund: bool = False
+    #: attempts given back (a drained gang peer's): ``attempts`` itself only grows, because it
+    #: is the fence of every worker report; the retry rule counts ``attempts_used``
+    refunds: int = 0
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts that count against ``max_retries``."""
+        return self.attempts - self.refunds
+
+    @property
+    def retries_left(self) -> bool:
+        return self.attempts_used < self.spec.max_retries
 
 
 @dataclass(frozen=True, slots=True)

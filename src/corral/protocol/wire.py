@@ -29,7 +29,8 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "preemption_class": spec.preemption_class,
         "checkpoint_mode": spec.checkpoint_mode,
         "max_retries": spec.max_retries,
-        "attempts": job.attempts,
+        # attempts that count against max_retries; the claim's ``attempt`` is the fence
+        "attempts": job.attempts_used,
         "watchdog_retries": job.watchdog_retries,
         "preempted_count": job.preempted_count,
         "worker_id": job.worker_id,

@@ -12,7 +12,6 @@ from starlette.requests import Request
 from corral.config import ServerSettings
 from corral.core.placement import ClaimPlacement
 from corral.domain.clock import Clock
-from corral.domain.records import Hold
 from corral.observability.metrics import Metrics
 from corral.server.signal import WorkSignal
 from corral.store import Store
@@ -30,8 +29,6 @@ class ServerState:
     started_monotonic: float = field(default_factory=time.monotonic)
     #: ask a background loop for a pass soon (set by the composition root; a no-op until then)
     wake_loop: Callable[[str], None] = field(default=lambda name: None)
-    #: the holds last written, so an unchanged cycle writes nothing
-    last_holds: tuple[Hold, ...] = ()
 
     def released(self) -> None:
         """Capacity may have come free: wake long-polling claims and the admission cycle."""

@@ -21,7 +21,7 @@ from corral.store.rows import JOB_SELECT, REQUEUE_VALUES, EventSpec, Raw, Transa
 
 #: the first rendezvous port handed out on a worker (PyTorch's customary MASTER_PORT)
 FIRST_MASTER_PORT = 29500
-_BLOCKED_VALUES: dict[str, Any] = {**REQUEUE_VALUES, "reserved_at": None, "drain_started_at": None}
+BLOCKED_VALUES: dict[str, Any] = {**REQUEUE_VALUES, "reserved_at": None, "drain_started_at": None}
 
 
 class GangStore(OperationsStore):
@@ -188,7 +188,7 @@ class GangStore(OperationsStore):
                         now,
                         Status.RESERVED,
                         Status.BLOCKED,
-                        dict(_BLOCKED_VALUES),
+                        dict(BLOCKED_VALUES),
                         EventSpec(reason),
                     )
                     assert job is not None
@@ -226,9 +226,9 @@ class GangStore(OperationsStore):
         1. A new preemption epoch shared by the gang: the highest of its tasks' plus one.
         2. The trigger, whose process is gone, goes straight to ``preempted`` (no ack can come) and
            keeps its attempt: that attempt is the real failure the retry budget must count.
-        3. Running peers go to ``preempting`` with the epoch (their next heartbeat says stop); their
-           attempt is given back when the drain completes (``attempt_refund``: until then their
-           workers still report with the attempt they claimed).
+        3. Running peers go to ``preempting`` with the epoch (their next heartbeat says stop) and
+           get their attempt back (``refunds`` + 1; ``attempts``, the fence their workers report
+           with, is untouched).
         4. Reserved and pending peers go back to ``blocked``; terminal and blocked tasks stay.
         5. With ``expired_before`` (a lease-expiry drain), running peers silent since before it are
            gone too: they go straight to ``preempted`` (refunded) instead of waiting out the
@@ -252,7 +252,7 @@ class GangStore(OperationsStore):
                 values = {
                     "preemption_epoch": epoch,
                     "drain_started_at": now,
-                    "attempt_refund": 1,
+                    "refunds": Raw("refunds + 1"),
                 }
                 changed = self._transition(
                     tx, task.id, now, Status.RUNNING, Status.PREEMPTED, values, EventSpec(gone_reason, epoch)
@@ -264,7 +264,7 @@ class GangStore(OperationsStore):
                 values = {
                     "preemption_epoch": epoch,
                     "drain_started_at": now,
-                    "attempt_refund": 1,
+                    "refunds": Raw("refunds + 1"),
                 }
                 changed = self._transition(
                     tx,
@@ -274,6 +274,13 @@ class GangStore(OperationsStore):
                     Status.PREEMPTING,
                     values,
                     EventSpec(peer_reason, epoch),
+                )
+            elif task.status in (Status.RESERVED, Status.PENDING) and task.id == trigger_id:
+                # The trigger never claimed its reservation: that counts as its attempt, or a worker
+                # that never claims would have the gang reserved and drained forever.
+                values = {**BLOCKED_VALUES, "preemption_epoch": epoch, "attempts": Raw("attempts + 1")}
+                changed = self._transition(
+                    tx, task.id, now, task.status, Status.BLOCKED, values, EventSpec(reason, epoch)
                 )
             elif task.status in (Status.RESERVED, Status.PENDING):
                 peer_reason = (
@@ -285,7 +292,7 @@ class GangStore(OperationsStore):
                     now,
                     task.status,
                     Status.BLOCKED,
-                    {**_BLOCKED_VALUES, "preemption_epoch": epoch},
+                    {**BLOCKED_VALUES, "preemption_epoch": epoch},
                     EventSpec(peer_reason, epoch),
                 )
             if changed is not None:
@@ -301,14 +308,18 @@ class GangStore(OperationsStore):
 
         A gang with a task preempting or preempted and none running or preempting goes back to
         ``blocked`` as a unit, or to ``failed`` when a task is out of retries or a task already ended
-        done or failed (those keep their own status). Idempotent: a completed gang has no preempted
-        task left, so a second pass finds nothing.
+        done or failed (those keep their own status). A gang with nothing in flight whose task ended
+        done or failed while others wait (a rank finished, then a sibling's reservation expired)
+        can never run whole again either: it fails the same way. Idempotent: a completed gang has
+        nothing left to complete, so a second pass finds nothing.
         """
         gang_ids = [
             row[0]
             for row in self._read().execute(
                 "SELECT DISTINCT gang_id FROM jobs WHERE gang_id IS NOT NULL"
-                " AND status IN ('preempting', 'preempted') ORDER BY gang_id"
+                " AND (status IN ('preempting', 'preempted') OR (status IN ('done', 'failed') AND gang_id IN"
+                "  (SELECT gang_id FROM jobs WHERE status IN ('blocked', 'reserved', 'pending'))))"
+                " ORDER BY gang_id"
             )
         ]
         completions = []
@@ -325,20 +336,15 @@ class GangStore(OperationsStore):
         with self._transaction() as tx:
             tasks = self._lock_gang(tx, gang_id)
             statuses = {task.status for task in tasks}
-            if Status.PREEMPTED not in statuses or statuses & {Status.RUNNING, Status.PREEMPTING}:
+            if statuses & {Status.RUNNING, Status.PREEMPTING}:
+                return None
+            stranded = statuses & {Status.DONE, Status.FAILED} and statuses - TERMINAL
+            if Status.PREEMPTED not in statuses and not stranded:
                 return None
             return self._complete(tx, gang_id, tasks, now)
 
     def _complete(self, tx: Transaction, gang_id: str, tasks: list[Job], now: float) -> DrainCompletion:
-        refunded = [task for task in tasks if task.attempt_refund]
-        for task in refunded:
-            tx.execute(
-                "UPDATE jobs SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,"
-                " attempt_refund = 0 WHERE id = ?",
-                (task.id,),
-            )
-        tasks = [self._load_job(tx, task.id) if task.attempt_refund else task for task in tasks]
-        exhausted = [task for task in tasks if task.attempts >= task.spec.max_retries]
+        exhausted = [task for task in tasks if not task.retries_left]
         ended = [task for task in tasks if task.status in (Status.DONE, Status.FAILED)]
         epoch = max(task.preemption_epoch for task in tasks)
         started = [task.drain_started_at for task in tasks if task.drain_started_at is not None]
@@ -351,7 +357,7 @@ class GangStore(OperationsStore):
             reason = Reason(
                 "gang_requeued", "gang drained; waiting for the admission cycle to place it again"
             )
-            outcome, target, values = "blocked", Status.BLOCKED, dict(_BLOCKED_VALUES)
+            outcome, target, values = "blocked", Status.BLOCKED, dict(BLOCKED_VALUES)
         changed = []
         for task in tasks:
             if task.status in TERMINAL or (task.status == target):

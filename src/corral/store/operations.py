@@ -46,11 +46,14 @@ class OperationsStore(SqlStore):
         """
         fence = (worker_id, attempt)
         with self._transaction() as tx:
-            job = self._load_job(tx, job_id, lock=True)
+            job = self._lock_for_change(tx, job_id)
             if job.worker_id != worker_id or job.attempts != attempt:
                 raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
             if job.status == Status.PREEMPTING:
                 return self._finish_stop(tx, job, now, fence, f"{kind} watchdog stopped it: {detail}")
+            if job.status != Status.RUNNING:
+                # A retried report for a trip already applied: nothing left to change.
+                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
             trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
             if job.gang_id is not None:
                 return self._gang_watchdog_trip(tx, job, now, kind, detail, trip, max_retries, fence)
@@ -86,11 +89,16 @@ class OperationsStore(SqlStore):
         fence: tuple[str, int],
     ) -> Job:
         """A rank tripped: under the cap the gang drains and re-runs; past it the rank fails and the
-        drain completes the gang as failed."""
+        drain completes the gang as failed. As for a single job, the watchdog budget alone decides:
+        the trip does not also spend the rank's attempt (it is refunded)."""
         error = f"{kind} watchdog: {detail}"
         if job.watchdog_retries < max_retries:
             reason = Reason(f"watchdog_{kind}", f"{trip}; draining the gang: {detail}")
-            values = {"watchdog_retries": job.watchdog_retries + 1, "error": error}
+            values = {
+                "watchdog_retries": job.watchdog_retries + 1,
+                "error": error,
+                "refunds": Raw("refunds + 1"),
+            }
             return self._drain_for(tx, job, now, reason, values).trigger
         reason = Reason(f"watchdog_{kind}", f"{trip}; out of watchdog retries: {detail}")
         failed = self._transition(
@@ -99,7 +107,7 @@ class OperationsStore(SqlStore):
             now,
             Status.RUNNING,
             Status.FAILED,
-            {"finished_at": now, "error": error},
+            {"finished_at": now, "error": error, "drain_started_at": now},
             EventSpec(reason),
             fence,
         )
@@ -120,7 +128,7 @@ class OperationsStore(SqlStore):
                 "UPDATE workers SET flagged_dead_at = ?"
                 " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
                 " AND EXISTS (SELECT 1 FROM jobs"
-                "             WHERE jobs.worker_id = workers.id AND jobs.status = 'running')"
+                "             WHERE jobs.worker_id = workers.id AND jobs.status IN ('running', 'preempting'))"
                 f" RETURNING {WORKER_SELECT}",
                 (now, now - after_s),
             )
@@ -128,7 +136,8 @@ class OperationsStore(SqlStore):
             result = []
             for worker in flagged:
                 count = tx.execute(
-                    "SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status = 'running'", (worker.id,)
+                    "SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status IN ('running', 'preempting')",
+                    (worker.id,),
                 )[0][0]
                 result.append((worker, int(count)))
             return result
@@ -257,7 +266,7 @@ class OperationsStore(SqlStore):
         for candidate in stale:
             with self._transaction() as tx:
                 # Re-read under lock: a heartbeat or a report may have landed since the scan.
-                job = self._load_job(tx, candidate.id, lock=True)
+                job = self._lock_for_change(tx, candidate.id)
                 last_contact = job.last_heartbeat_at or job.started_at or now
                 if job.status != Status.RUNNING or last_contact >= now - heartbeat_timeout_s:
                     continue
@@ -271,7 +280,7 @@ class OperationsStore(SqlStore):
                         self._drain_for(tx, job, now, reason, {}, expired_before=now - heartbeat_timeout_s)
                     )
                     continue
-                if job.attempts < job.spec.max_retries:
+                if job.retries_left:
                     target, values, outcome = Status.PENDING, dict(REQUEUE_VALUES), "re-queued"
                 else:
                     target, values, outcome = Status.FAILED, {"finished_at": now}, "out of retries"

@@ -66,7 +66,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reservation_epoch, reserved_at, preemption_epoch, drain_started_at, cancel_requested,
         submitted_at, started_at, finished_at, last_heartbeat_at, exit_code, error, output_tail,
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
-        _event_count, master_port, attempt_refund,
+        _event_count, master_port, refunds,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -113,7 +113,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         has_checkpoint=bool(has_checkpoint),
         progress=orjson.loads(progress) if progress else None,
         master_port=master_port,
-        attempt_refund=bool(attempt_refund),
+        refunds=refunds,
     )
 
 

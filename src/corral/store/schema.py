@@ -72,7 +72,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "stall_timeout_s",
     "event_count",
     "master_port",
-    "attempt_refund",
+    "refunds",
 )
 
 WORKER_COLUMNS: tuple[str, ...] = (
@@ -271,9 +271,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "gangs: rendezvous port, checkpoints, holds",
         (
             "ALTER TABLE jobs ADD COLUMN master_port INTEGER",
-            # A drained peer gets its attempt back when the drain completes (not at once: its
-            # worker still reports with the attempt it claimed, and the fence must keep matching).
-            "ALTER TABLE jobs ADD COLUMN attempt_refund INTEGER NOT NULL DEFAULT 0",
+            # Attempts given back to drained peers. ``attempts`` only ever grows (it is the fence
+            # every worker report is checked against); the retry rule reads attempts - refunds.
+            "ALTER TABLE jobs ADD COLUMN refunds INTEGER NOT NULL DEFAULT 0",
             # Checkpoints are opaque bytes of any content, kept apart from the job row so that no
             # job listing ever carries them.
             """

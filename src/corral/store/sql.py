@@ -185,6 +185,18 @@ class SqlStore(abc.ABC):
             raise errors.NotFound(f"job {job_id} not found")
         return job_from_row(rows[0])
 
+    def _lock_for_change(self, tx: Transaction, job_id: str) -> Job:
+        """The job's row, locked for a read-then-write decision.
+
+        A gang task's whole gang is locked first, in id order, like every gang operation does:
+        locking the one row first and the gang after would deadlock against a drain or a cancel
+        of the same gang on another replica.
+        """
+        job = self._load_job(tx, job_id)
+        if job.gang_id is None:
+            return self._load_job(tx, job_id, lock=True)
+        return next(task for task in self._lock_gang(tx, job.gang_id) if task.id == job_id)
+
     def _explain_conflict(
         self, tx: Transaction, job_id: str, fence: tuple[str, int] | None, wanted: Sequence[Status]
     ) -> errors.CorralError:
@@ -408,7 +420,11 @@ class SqlStore(abc.ABC):
             Status.RUNNING,
             values,
             EventSpec(reason=Reason("claimed", f"claimed by worker {worker_id}")),
-            expect={"reservation_epoch": job.reservation_epoch} if source == Status.RESERVED else None,
+            expect=(
+                {"reservation_epoch": job.reservation_epoch, "worker_id": worker_id}
+                if source == Status.RESERVED
+                else None
+            ),
         )
 
     def heartbeat_job(
@@ -466,7 +482,7 @@ class SqlStore(abc.ABC):
         """
         fence = (worker_id, attempt)
         with self._transaction() as tx:
-            current = self._load_job(tx, job_id, lock=True)
+            current = self._lock_for_change(tx, job_id)
             if current.worker_id != worker_id or current.attempts != attempt:
                 raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
             outcome = "exited" if exit_code is None else f"exited with code {exit_code}"
@@ -477,17 +493,17 @@ class SqlStore(abc.ABC):
                 # A rank failed: its peers must stop too. The retry decision is the drain's.
                 reason = Reason("task_failed", f"task {current.gang_index} {outcome}; draining the gang")
                 return self._drain_for(tx, current, now, reason, detail).trigger
-            if current.attempts < current.spec.max_retries:
+            if current.retries_left:
                 target = Status.PENDING
                 reason = Reason(
                     "retrying",
-                    f"attempt {current.attempts} of {current.spec.max_retries} {outcome}; re-queued",
+                    f"attempt {current.attempts_used} of {current.spec.max_retries} {outcome}; re-queued",
                 )
                 values = {**detail, **REQUEUE_VALUES}
             else:
                 target = Status.FAILED
                 reason = Reason(
-                    "failed", f"attempt {current.attempts} of {current.spec.max_retries} {outcome}"
+                    "failed", f"attempt {current.attempts_used} of {current.spec.max_retries} {outcome}"
                 )
                 values = {**detail, "finished_at": now}
             job = self._transition(
@@ -546,15 +562,8 @@ class SqlStore(abc.ABC):
         job (every task, for a gang) has already finished.
         """
         with self._transaction() as tx:
-            job = self._load_job(tx, job_id, lock=True)
-            if job.gang_id is not None:
-                rows = tx.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
-                    (job.gang_id,),
-                )
-                targets = [job_from_row(row) for row in rows]
-            else:
-                targets = [job]
+            job = self._lock_for_change(tx, job_id)
+            targets = self._lock_gang(tx, job.gang_id) if job.gang_id is not None else [job]
             if all(target.status in TERMINAL for target in targets):
                 raise errors.AlreadyTerminal(f"job {job_id} is already {job.status}")
             changed = []
@@ -625,6 +634,10 @@ class SqlStore(abc.ABC):
 
     @abc.abstractmethod
     def complete_drains(self, now: float) -> list[DrainCompletion]: ...
+
+    @abc.abstractmethod
+    def _lock_gang(self, tx: Transaction, gang_id: str) -> list[Job]:
+        """Every task of the gang, locked in id order, by gang_index."""
 
     @abc.abstractmethod
     def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]: ...

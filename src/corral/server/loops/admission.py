@@ -11,7 +11,7 @@ import logging
 
 from corral.core import admission
 from corral.core.snapshot import Gang, Snapshot
-from corral.server.loops.drain import record_drain
+from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
 from corral.store.base import Drain
 
@@ -42,6 +42,10 @@ def admission_tick(state: ServerState) -> None:
                     "reason": rollback.reason.message,
                 },
             )
+            # A sibling that already ended makes the rolled-back gang unable to run whole again.
+            completion = state.store.complete_drain(rollback.gang_id, now)
+            if completion is not None:
+                record_completion(state, completion)
     reserved_any = False
     for reservation in decisions.reservations:
         placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
@@ -62,9 +66,10 @@ def admission_tick(state: ServerState) -> None:
                 "reservation_epoch": reserved[0].reservation_epoch,
             },
         )
-    if decisions.holds != state.last_holds:
+    # Compared with the table, not with this replica's memory: holds written by a leader that
+    # has since stopped must not outlive it.
+    if list(decisions.holds) != state.store.list_holds():
         state.store.replace_holds(decisions.holds)
-        state.last_holds = decisions.holds
     for waiting in decisions.waiting:
         state.store.set_waiting_reason(waiting.gang_id, waiting.reason)
     if reserved_any:

@@ -36,10 +36,13 @@ def record_drain(state: ServerState, drain: Drain) -> None:
     state.released()
 
 
-def drain_started_by(state: ServerState, trigger: Job) -> None:
-    """A report (``/fail``, ``/watchdog``) moved a gang task out of running: if that started a drain,
-    tell its story. The transitioned tasks are the gang's tasks stamped with this drain."""
-    if trigger.gang_id is None or trigger.status not in (Status.PREEMPTED, Status.FAILED):
+def drain_started_by(state: ServerState, trigger: Job, now: float) -> None:
+    """A report (``/fail``, ``/watchdog``) made at ``now`` moved a gang task: if that report started
+    a drain (the drain is stamped with its time), tell its story. A peer that was already stopping
+    and reports its own exit started nothing."""
+    if trigger.gang_id is None or trigger.drain_started_at != now:
+        return
+    if trigger.status not in (Status.PREEMPTED, Status.FAILED):
         return
     tasks = state.store.gang_tasks(trigger.gang_id)
     epoch = max(task.preemption_epoch for task in tasks)

@@ -133,6 +133,7 @@ async def done(request: Request) -> Response:
     if job.started_at is not None and job.finished_at is not None:
         state.metrics.execution_duration.observe(max(0.0, job.finished_at - job.started_at))
     logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
+    complete_if_drained(state, job)
     state.released()
     return json_response(job_to_wire(job))
 
@@ -141,17 +142,18 @@ async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
+    now = state.clock.now()
     job = state.store.fail(
         request.path_params["job_id"],
         worker_id,
         attempt,
-        state.clock.now(),
+        now,
         body.exit_code,
         body.error,
         body.output_tail,
     )
     _record_fail(state, job, worker_id, body.exit_code)
-    drain_started_by(state, job)
+    drain_started_by(state, job, now)
     complete_if_drained(state, job)
     state.released()
     return json_response(job_to_wire(job))
@@ -198,18 +200,22 @@ async def watchdog(request: Request) -> Response:
     worker_id, attempt = fence(request)
     body = await parse_body(request, WatchdogBody)
     detail = body.detail if isinstance(body.detail, str) else orjson.dumps(body.detail or {}).decode()
+    now = state.clock.now()
     job = state.store.watchdog_trip(
         request.path_params["job_id"],
         worker_id,
         attempt,
-        state.clock.now(),
+        now,
         body.kind,
         detail[:4096],
         state.settings.watchdog_max_retries,
     )
-    outcome = {Status.PENDING: "requeued", Status.PREEMPTED: "requeued", Status.FAILED: "failed"}.get(
-        job.status, job.status.value
-    )
+    if job.status == Status.FAILED:
+        outcome = "failed"
+    elif job.status == Status.PENDING or job.drain_started_at == now:
+        outcome = "requeued"  # a single job back in the queue, or a rank whose gang drains to re-run
+    else:
+        outcome = job.status.value  # the job was already being stopped: the trip ended that stop
     state.metrics.watchdog_trips.labels(kind=body.kind, outcome=outcome).inc()
     fields = {
         "job_id": job.id,
@@ -224,7 +230,7 @@ async def watchdog(request: Request) -> Response:
         logger.error("watchdog tripped, job failed", extra=fields)
     else:
         logger.warning("watchdog tripped", extra=fields)
-    drain_started_by(state, job)
+    drain_started_by(state, job, now)
     complete_if_drained(state, job)
     state.released()
     return json_response(job_to_wire(job))
