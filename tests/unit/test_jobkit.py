@@ -1,12 +1,18 @@
-"""``corral.jobkit``: beat's rate limit, its no-op outside corral, and no dependencies."""
+"""``corral.jobkit``: beat's rate limit, its no-op outside corral, checkpoints (atomic saves, loads
+from the in file or ``CHECKPOINT_DATA``), the SIGTERM handler, and no dependencies."""
 
 from __future__ import annotations
 
+import base64
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from corral import jobkit
@@ -83,3 +89,188 @@ def test_the_torch_example_imports_torch_only_when_run():
     code = "import sys, corral.jobkit.torch; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+BLOB = b"\x00\xffstep=7\r\n\x80"
+
+
+@pytest.fixture
+def outside_corral(monkeypatch) -> None:
+    for name in ("CORRAL_CHECKPOINT_OUT", "CORRAL_CHECKPOINT_IN", "CHECKPOINT_DATA"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_checkpoint_path_is_the_out_file_or_none(monkeypatch, tmp_path: Path, outside_corral):
+    assert jobkit.checkpoint_path() is None
+    monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", "")
+    assert jobkit.checkpoint_path() is None
+    monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", str(tmp_path / "checkpoint.out"))
+    assert jobkit.checkpoint_path() == str(tmp_path / "checkpoint.out")
+
+
+def test_save_checkpoint_writes_the_bytes_and_replaces_the_last_one(
+    monkeypatch, tmp_path: Path, outside_corral
+):
+    out = tmp_path / "checkpoint.out"
+    monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", str(out))
+    jobkit.save_checkpoint(b"first, and longer than the second")
+    jobkit.save_checkpoint(BLOB)
+    assert out.read_bytes() == BLOB
+    jobkit.save_checkpoint(bytearray(b"\x01\x02"))
+    assert out.read_bytes() == b"\x01\x02"
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint.out"]
+
+
+def test_save_checkpoint_refuses_text(monkeypatch, tmp_path: Path, outside_corral):
+    monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", str(tmp_path / "checkpoint.out"))
+    with pytest.raises(TypeError, match="bytes"):
+        jobkit.save_checkpoint("step=7")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(monkeypatch, tmp_path: Path, outside_corral):
+    out = tmp_path / "checkpoint.out"
+    monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", str(out))
+    jobkit.save_checkpoint(b"good")
+
+    def interrupted(source: str, destination: str) -> None:
+        raise KeyboardInterrupt  # a signal between the write and the rename
+
+    monkeypatch.setattr(jobkit.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        jobkit.save_checkpoint(b"torn")
+    assert out.read_bytes() == b"good"
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint.out"]
+
+
+def test_save_checkpoint_outside_corral_warns_and_writes_nothing(tmp_path: Path, outside_corral):
+    with pytest.warns(RuntimeWarning, match="outside corral"):
+        assert jobkit.save_checkpoint(BLOB) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_checkpoint_prefers_the_in_file(monkeypatch, tmp_path: Path, outside_corral):
+    checkpoint_in = tmp_path / "checkpoint.in"
+    checkpoint_in.write_bytes(BLOB)
+    monkeypatch.setenv("CORRAL_CHECKPOINT_IN", str(checkpoint_in))
+    monkeypatch.setenv("CHECKPOINT_DATA", base64.b64encode(b"older inline copy").decode())
+    assert jobkit.load_checkpoint() == BLOB
+
+
+def test_load_checkpoint_falls_back_to_checkpoint_data(monkeypatch, tmp_path: Path, outside_corral):
+    monkeypatch.setenv("CHECKPOINT_DATA", base64.b64encode(BLOB).decode())
+    assert jobkit.load_checkpoint() == BLOB
+    monkeypatch.setenv("CORRAL_CHECKPOINT_IN", str(tmp_path / "missing"))
+    assert jobkit.load_checkpoint() == BLOB
+
+
+def test_load_checkpoint_on_a_first_run_is_none(monkeypatch, outside_corral):
+    assert jobkit.load_checkpoint() is None
+    monkeypatch.setenv("CHECKPOINT_DATA", "not base64!")
+    with pytest.warns(RuntimeWarning, match="base64"):
+        assert jobkit.load_checkpoint() is None
+
+
+def test_a_saved_checkpoint_loads_in_the_next_attempt(monkeypatch, tmp_path: Path, outside_corral):
+    """The worker moves the out file of one attempt to the in file of the next; bytes unchanged."""
+    monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", str(tmp_path / "out"))
+    jobkit.save_checkpoint(bytes(range(256)))
+    monkeypatch.setenv("CORRAL_CHECKPOINT_IN", str(tmp_path / "out"))
+    assert jobkit.load_checkpoint() == bytes(range(256))
+
+
+# --- on_preempt ------------------------------------------------------------------------------
+
+# Installs on_preempt (callback: save a checkpoint, log a line with the pid, sleep so a second
+# SIGTERM lands during it), optionally forks a child, says "ready", then spins.
+PREEMPTABLE = """
+import os, sys, time
+from corral import jobkit
+
+log = sys.argv[1]
+
+def save():
+    with open(log, "a") as out:
+        out.write(f"callback {os.getpid()}\\n")
+    jobkit.save_checkpoint(b"\\x00\\xffstep=7")
+    time.sleep(0.3)
+    print("saved")
+    if "--raise" in sys.argv:
+        raise RuntimeError("the save went wrong")
+
+assert jobkit.on_preempt(save) is save
+if "--fork" in sys.argv and os.fork() == 0:
+    with open(log + ".child", "w") as out:
+        out.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def run_preemptable(tmp_path: Path, *flags: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "CORRAL_CHECKPOINT_OUT": str(tmp_path / "checkpoint.out")}
+    process = subprocess.Popen(
+        [sys.executable, "-c", PREEMPTABLE, str(tmp_path / "log"), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def test_on_preempt_runs_the_callback_once_then_exits_143(tmp_path: Path):
+    process = run_preemptable(tmp_path)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)  # during the callback: ignored
+    stdout, stderr = process.communicate(timeout=10)
+
+    assert process.returncode == jobkit.PREEMPT_EXIT_CODE == 143, stderr
+    assert stdout == "saved\n"  # flushed before the exit
+    assert (tmp_path / "log").read_text() == f"callback {process.pid}\n"
+    assert (tmp_path / "checkpoint.out").read_bytes() == b"\x00\xffstep=7"
+
+
+def test_on_preempt_exits_143_even_when_the_callback_fails(tmp_path: Path):
+    process = run_preemptable(tmp_path, "--raise")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+
+    assert process.returncode == 143
+    assert "RuntimeError: the save went wrong" in stderr
+    assert (tmp_path / "checkpoint.out").read_bytes() == b"\x00\xffstep=7"
+
+
+def test_forked_children_die_of_sigterm_without_running_the_callback(tmp_path: Path):
+    """The worker signals the whole group: a forked data-loader must not save a checkpoint too."""
+    process = run_preemptable(tmp_path, "--fork")
+    child_file = tmp_path / "log.child"
+    deadline = time.monotonic() + 5
+    while not child_file.exists() or not child_file.read_text():
+        assert time.monotonic() < deadline, "the forked child never started"
+        time.sleep(0.02)
+    child = int(child_file.read_text())
+    os.killpg(process.pid, signal.SIGTERM)
+    process.communicate(timeout=10)
+
+    assert process.returncode == 143
+    assert (tmp_path / "log").read_text() == f"callback {process.pid}\n"
+    while not _gone(child):
+        assert time.monotonic() < deadline, "the forked child survived SIGTERM"
+        time.sleep(0.02)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -16,18 +16,62 @@ that never beats is never stall-tripped.
 ``beat`` is cheap enough to call on every training step: it writes at most once a second
 (``time.monotonic()`` decides, no system call otherwise) and does nothing outside corral (no
 ``CORRAL_BEAT_FILE``). Write errors are swallowed: progress reporting must never break a job.
+
+Checkpoints: when the server needs a running job to stop (its gang lost a member, a preemption, a
+cancel), the worker sends the job's process group SIGTERM, waits ``CORRAL_PREEMPT_GRACE_S``
+(15 s by default), then sends SIGKILL. Whatever the job left at ``checkpoint_path()`` by then is
+uploaded by the worker and handed to the job's next attempt, where ``load_checkpoint()`` returns
+it. The bytes are opaque to corral: pickle, ``torch.save`` into a buffer, JSON, anything::
+
+    from corral import jobkit
+
+    state = jobkit.load_checkpoint()          # None on a first run
+    step = int(state.decode()) if state else 0
+    jobkit.on_preempt(lambda: jobkit.save_checkpoint(str(step).encode()))
+    while step < total:
+        train_one_step(); step += 1
+
+``save_checkpoint`` may also be called at any time (every N steps): the last one saved is what is
+uploaded, even when the job is killed before its SIGTERM handler finishes. The server keeps at most
+``CORRAL_CHECKPOINT_MAX_BYTES`` (16 MiB by default); larger state belongs on shared storage, with
+its path in the checkpoint. A shell job needs none of this: ``trap 'echo 7 > "$CORRAL_CHECKPOINT_OUT";
+exit 143' TERM`` saves, ``cat "$CORRAL_CHECKPOINT_IN"`` loads.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import os
+import signal
+import sys
+import tempfile
 import threading
 import time
+import traceback
+import warnings
+from collections.abc import Callable
+from types import FrameType
+from typing import TypeVar
 
-__all__ = ["BEAT_INTERVAL_S", "beat"]
+__all__ = [
+    "BEAT_INTERVAL_S",
+    "PREEMPT_EXIT_CODE",
+    "beat",
+    "checkpoint_path",
+    "load_checkpoint",
+    "on_preempt",
+    "save_checkpoint",
+]
 
 #: The shortest time between two writes of the beat file, in seconds.
 BEAT_INTERVAL_S = 1.0
+#: The exit status after an ``on_preempt`` callback: 128 + SIGTERM, what a shell reports for a
+#: process that SIGTERM ended, so the job's exit reads the same with or without the handler.
+PREEMPT_EXIT_CODE = 128 + signal.SIGTERM
+
+_Callback = TypeVar("_Callback", bound=Callable[[], object])
 
 _lock = threading.Lock()
 _last_write = -float("inf")
@@ -65,3 +109,107 @@ def _reset() -> None:
     with _lock:
         _calls = 0
         _last_write = -float("inf")
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+def checkpoint_path() -> str | None:
+    """Where this attempt writes its checkpoint (``$CORRAL_CHECKPOINT_OUT``); None outside corral."""
+    return os.environ.get("CORRAL_CHECKPOINT_OUT") or None
+
+
+def load_checkpoint() -> bytes | None:
+    """The checkpoint an earlier attempt of this job saved; None on a first run or outside corral.
+
+    Read from the file at ``$CORRAL_CHECKPOINT_IN`` (the worker downloads it before the job starts),
+    else decoded from ``$CHECKPOINT_DATA`` (base64, which the server adds for checkpoints up to
+    64 KiB), so a job started by hand with only ``CHECKPOINT_DATA`` set resumes too.
+    """
+    path = os.environ.get("CORRAL_CHECKPOINT_IN")
+    if path:
+        try:
+            with open(path, "rb") as checkpoint:
+                return checkpoint.read()
+        except OSError:
+            pass
+    inline = os.environ.get("CHECKPOINT_DATA")
+    if inline:
+        try:
+            return base64.b64decode(inline, validate=True)
+        except (binascii.Error, ValueError):
+            warnings.warn("CHECKPOINT_DATA is not valid base64; ignored", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def save_checkpoint(data: bytes) -> None:
+    """Save ``data`` as this attempt's checkpoint, replacing any earlier one; the worker uploads it
+    when the job is stopped for a preemption.
+
+    Atomic: the bytes go to a temporary file next to ``$CORRAL_CHECKPOINT_OUT``, renamed over it
+    once complete, so a SIGKILL in the middle of a save leaves the previous checkpoint, never a torn
+    one. (No fsync: the file only has to outlive the process, not the host, and a fsync of a large
+    checkpoint could eat the grace period.) Outside corral it does nothing but warn.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a checkpoint is bytes, not {type(data).__name__}")
+    path = checkpoint_path()
+    if path is None:
+        warnings.warn(
+            "save_checkpoint outside corral (no CORRAL_CHECKPOINT_OUT); nothing saved",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+    directory, name = os.path.split(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as checkpoint:
+            checkpoint.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def on_preempt(callback: _Callback) -> _Callback:
+    """Run ``callback()`` when the worker sends the stop signal, then exit with status 143.
+
+    SIGTERM is the stop signal the worker sends when the job must stop (its gang lost a member, a
+    preemption, a cancel): save your checkpoint there, with ``save_checkpoint``. The callback runs
+    once (a second SIGTERM during it is ignored) and must finish within the grace period
+    (``CORRAL_PREEMPT_GRACE_S``), after which the worker sends SIGKILL. The process then exits with
+    ``os._exit(143)`` after flushing stdout and stderr: at once, even with non-daemon threads or
+    an ``except BaseException`` around the interrupted code, which a ``SystemExit`` would not get
+    past. An exception in the callback is printed and the exit is the same.
+
+    The worker signals the job's whole process group, so forked children (data-loader workers)
+    inherit this handler: in them it does not call ``callback`` but dies of SIGTERM as they would
+    have without it. Call from the main thread (Python only installs signal handlers there).
+    Returns ``callback``, so it also works as a decorator.
+    """
+    installer = os.getpid()
+    fired = False
+
+    def handle(signal_number: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if os.getpid() != installer:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if fired:
+            return
+        fired = True
+        try:
+            callback()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    stream.flush()
+            os._exit(PREEMPT_EXIT_CODE)
+
+    signal.signal(signal.SIGTERM, handle)
+    return callback

@@ -207,8 +207,13 @@ class Agent:
         run.start()
 
     def _job_finished(self, run: JobRun) -> None:
+        """Forget the run, unless its key already belongs to a newer run: a gang task whose drain
+        refunded its attempt is claimed again with the same attempt number, possibly on this
+        worker and before the run that acked the drain has finished."""
+        key = (run.job_id, run.attempt)
         with self._lock:
-            self._runs.pop((run.job_id, run.attempt), None)
+            if self._runs.get(key) is run:
+                del self._runs[key]
 
     def _job_tripped(self, run: JobRun) -> None:
         """Stop advertising the job now (``running_job_ids`` skips it) and say so at once."""

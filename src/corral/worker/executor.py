@@ -59,19 +59,19 @@ def live_group_members(group_id: int) -> list[int]:
         except OSError:
             return []
         return [group_id]
-    members = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # fields[0] is the state (Z zombie, X dead), fields[2] the process group
-        if len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry))
-    return members
+    return [int(entry) for entry in entries if entry.isdigit() and is_live_member(int(entry), group_id)]
+
+
+def is_live_member(pid: int, group_id: int) -> bool:
+    """``pid`` is a process of the group that is not a zombie, from ``/proc/PID/stat`` (False where
+    it cannot be read: the process is gone, or this is not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    # fields[0] is the state (Z zombie, X dead), fields[2] the process group
+    return len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X")
 
 
 def exit_code_of(returncode: int) -> int:
@@ -122,6 +122,8 @@ class JobProcess:
         self._stopped_running = False
         self._survived_kill = False
         self._last_scan = -_SCAN_EVERY_S
+        self._gone = False
+        self._members: list[int] = []
         self._popen = subprocess.Popen(
             ["/bin/sh", "-c", command],
             env=dict(env),
@@ -218,14 +220,30 @@ class JobProcess:
         A zombie holds no GPU and no memory: it only waits for its parent (or, for an orphan, for
         PID 1, which in a container may never reap it) to collect its exit status. Counting one
         as alive would make every stop wait out its grace, and a dead job look unkillable.
+
+        A full ``/proc`` scan runs at most every ``_SCAN_EVERY_S``, except when every member the
+        last scan found has died since (a cheap check of those few pids): then at once.
+
+        Only asked once the main process has exited. A gone group stays gone (nothing is left in
+        it to fork or to let a process join), so the verdict is kept: the run thread (``finish``)
+        and the stop thread both ask, and one's scan must not rate-limit the other's into waiting
+        out the grace for a group of zombies.
         """
+        if self._gone:
+            return True
         if not self._group_alive():
+            self._gone = True
             return True
         now = time.monotonic()
-        if now - self._last_scan < _SCAN_EVERY_S:
+        members_left = any(is_live_member(pid, self.pid) for pid in self._members)
+        if members_left and now - self._last_scan < _SCAN_EVERY_S:
             return False
+        # The members the last scan saw are gone (or it is time to look for new ones): scan now,
+        # so a job whose SIGTERM handler takes a moment is seen to end when it ends.
         self._last_scan = now
-        return not live_group_members(self.pid)
+        self._members = live_group_members(self.pid)
+        self._gone = not self._members
+        return self._gone
 
     @property
     def survived_kill(self) -> bool:

@@ -10,6 +10,10 @@ A watchdog trip is reported as ``POST /jobs/{id}/watchdog`` with what the watchd
 also as done or failed: the server decides between a re-queue and a failure. If the job's process
 had already ended on its own when the stop began, its own outcome is reported instead: the trip
 raced with the exit and stopped nothing.
+
+A stop the server asked for (``preempt`` on the heartbeat, epoch N) ends with the checkpoint the job
+left at ``CORRAL_CHECKPOINT_OUT`` uploaded for epoch N, then the ``/preempted?epoch=N`` ack, in that
+order (``corral.worker.checkpoints`` says why).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
+from corral.worker import checkpoints
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
 from corral.worker.reporting import deliver
@@ -164,8 +169,8 @@ class JobRun:
         workspace: JobWorkspace | None = None
         try:
             workspace = JobWorkspace(self.job_id, self.attempt)
-            has_checkpoint = workspace.fetch_checkpoint(
-                self._client, self.job_id, self.claim_env, self.fields
+            has_checkpoint = checkpoints.download(
+                self._client, self.job_id, self.claim_env, workspace.checkpoint_in, self.fields
             )
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
             try:
@@ -197,7 +202,7 @@ class JobRun:
                 stopper.join()
             if process.survived_kill and self.gpu_indices and self._on_gpus_unhealthy is not None:
                 self._on_gpus_unhealthy(self)
-            self._report(process, exit_code, tail)
+            self._report(process, exit_code, tail, workspace)
         except Exception as error:
             # A bug or a host problem (disk full for the workspace): never leave the job running
             # unsupervised, and tell the server so it can retry elsewhere instead of waiting
@@ -277,7 +282,7 @@ class JobRun:
 
     # --- the report ------------------------------------------------------------------------
 
-    def _report(self, process: JobProcess, exit_code: int, tail: str) -> None:
+    def _report(self, process: JobProcess, exit_code: int, tail: str, workspace: JobWorkspace) -> None:
         with self._lock:
             reason, epoch = self._reason, self._epoch
         fields = {**self.fields, "exit_code": exit_code}
@@ -290,6 +295,16 @@ class JobRun:
             return
         if reason == StopReason.PREEMPT and stopped and epoch is not None:
             logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
+            # Before the ack: the ack may complete the gang's drain and let the next attempt start.
+            checkpoints.upload(
+                self._client,
+                self.job_id,
+                self._worker_id,
+                self.attempt,
+                epoch,
+                workspace.checkpoint_out,
+                fields,
+            )
             deliver(
                 lambda: self._client.preempted(self.job_id, self._worker_id, self.attempt, epoch),
                 "preempted ack",

@@ -7,19 +7,11 @@ attempt ends, so nothing of one attempt leaks into the next or piles up on the h
 
 from __future__ import annotations
 
-import base64
-import binascii
-import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from corral.client import Client, ClientError
-
-logger = logging.getLogger("corral.worker.workspace")
 
 
 def visible_devices(gpu_indices: Sequence[int]) -> str:
@@ -48,34 +40,6 @@ class JobWorkspace:
         else:
             environment.pop("CORRAL_CHECKPOINT_IN", None)
         return environment
-
-    def fetch_checkpoint(
-        self, client: Client, job_id: str, claim_env: Mapping[str, str], fields: Any
-    ) -> bool:
-        """Write the stored checkpoint to ``checkpoint_in`` when the claim says there is one.
-
-        The server's copy is asked for first; the inline ``CHECKPOINT_DATA`` (small checkpoints
-        only) is the fallback when that download fails. False: the job starts without one.
-        """
-        if claim_env.get("CORRAL_RESUME") != "1":
-            return False
-        try:
-            response = client.request("GET", f"/jobs/{job_id}/checkpoint")
-            if response.status_code == 200:
-                self.checkpoint_in.write_bytes(response.content)
-                return True
-            return False
-        except ClientError as error:
-            logger.warning("could not download the job's checkpoint", extra={**fields, "error": str(error)})
-        inline = claim_env.get("CHECKPOINT_DATA")
-        if not inline:
-            return False
-        try:
-            self.checkpoint_in.write_bytes(base64.b64decode(inline, validate=True))
-        except (binascii.Error, ValueError):
-            logger.warning("CHECKPOINT_DATA is not valid base64; starting without it", extra=fields)
-            return False
-        return True
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
