@@ -207,9 +207,10 @@ class Agent:
         run.start()
 
     def _job_finished(self, run: JobRun) -> None:
-        """Forget the run, unless its key already belongs to a newer run: a gang task whose drain
-        refunded its attempt is claimed again with the same attempt number, possibly on this
-        worker and before the run that acked the drain has finished."""
+        """Forget the run, unless its key already belongs to another run. Attempt numbers only
+        grow, so that should never be; but a gang task is claimed again within moments of its
+        drain's ack, possibly on this worker before the acking run has finished, and a mix-up
+        there would hide the new run from the worker heartbeat and from shutdown."""
         key = (run.job_id, run.attempt)
         with self._lock:
             if self._runs.get(key) is run:
