@@ -382,17 +382,8 @@ class GangStore(OperationsStore):
     ) -> Job:
         """Store opaque bytes for the job's next attempt: only while it is preempting with this
         epoch, from the worker and attempt that hold it. One slot: a save replaces the last one."""
-        fence = (worker_id, attempt)
         with self._transaction() as tx:
-            job = self._load_job(tx, job_id, lock=True)
-            if job.worker_id != worker_id or job.attempts != attempt:
-                raise self._explain_conflict(tx, job_id, fence, (Status.PREEMPTING,))
-            if job.status != Status.PREEMPTING:
-                raise errors.NotPreempting(f"job {job_id} is {job.status}, not preempting")
-            if job.preemption_epoch != epoch:
-                raise errors.StaleEpoch(
-                    f"job {job_id} is at preemption epoch {job.preemption_epoch}, not {epoch}"
-                )
+            self._locked_preempting(tx, job_id, (worker_id, attempt), epoch)
             tx.execute("DELETE FROM checkpoints WHERE job_id = ?", (job_id,))
             tx.execute(
                 "INSERT INTO checkpoints (job_id, data, size, epoch, saved_at) VALUES (?, ?, ?, ?, ?)",

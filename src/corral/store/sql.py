@@ -540,18 +540,23 @@ class SqlStore(abc.ABC):
 
     def ack_preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int, now: float) -> Job:
         """The worker stopped a preempting job: preempting -> preempted (or cancelled)."""
-        fence = (worker_id, attempt)
         with self._transaction() as tx:
-            job = self._load_job(tx, job_id, lock=True)
-            if job.worker_id != worker_id or job.attempts != attempt:
-                raise self._explain_conflict(tx, job_id, fence, (Status.PREEMPTING,))
-            if job.status != Status.PREEMPTING:
-                raise errors.NotPreempting(f"job {job_id} is {job.status}, not preempting")
-            if job.preemption_epoch != epoch:
-                raise errors.StaleEpoch(
-                    f"job {job_id} is at preemption epoch {job.preemption_epoch}, not {epoch}"
-                )
-            return self._finish_stop(tx, job, now, fence, f"stopped by worker {worker_id}")
+            job = self._locked_preempting(tx, job_id, (worker_id, attempt), epoch)
+            return self._finish_stop(tx, job, now, (worker_id, attempt), f"stopped by worker {worker_id}")
+
+    def _locked_preempting(self, tx: Transaction, job_id: str, fence: tuple[str, int], epoch: int) -> Job:
+        """The job's locked row, when ``fence`` holds it and it is preempting at ``epoch``: the
+        precondition of a stopping worker's ack and checkpoint upload."""
+        job = self._load_job(tx, job_id, lock=True)
+        if job.worker_id != fence[0] or job.attempts != fence[1]:
+            raise self._explain_conflict(tx, job_id, fence, (Status.PREEMPTING,))
+        if job.status != Status.PREEMPTING:
+            raise errors.NotPreempting(f"job {job_id} is {job.status}, not preempting")
+        if job.preemption_epoch != epoch:
+            raise errors.StaleEpoch(
+                f"job {job_id} is at preemption epoch {job.preemption_epoch}, not {epoch}"
+            )
+        return job
 
     def cancel(self, job_id: str, now: float) -> list[Job]:
         """Cancel a job, or every task of its gang, in one transaction.
