@@ -10,7 +10,7 @@ from corral.domain import errors
 from corral.domain.ids import new_worker_id
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.resources import Resources
-from corral.domain.status import Status
+from corral.domain.status import TERMINAL, Status
 from corral.store.base import Drain, ReapReport, WorkerRegistration, WorkerView
 from corral.store.rows import (
     JOB_SELECT,
@@ -141,6 +141,72 @@ class OperationsStore(SqlStore):
                 )[0][0]
                 result.append((worker, int(count)))
             return result
+
+    # --- cancel --------------------------------------------------------------------------
+
+    def cancel(self, job_id: str, now: float) -> list[Job]:
+        """Cancel a job, or every task of its gang, in one transaction.
+
+        Jobs that are not running are cancelled at once. Running jobs go to ``preempting`` with
+        ``cancel_requested``: their next heartbeat tells the worker to stop them (SIGTERM, grace,
+        SIGKILL), and the worker's ack makes them ``cancelled``. 409 ``already_terminal`` when the
+        job (every task, for a gang) has already finished.
+        """
+        with self._transaction() as tx:
+            job = self._lock_for_change(tx, job_id)
+            targets = self._lock_gang(tx, job.gang_id) if job.gang_id is not None else [job]
+            if all(target.status in TERMINAL for target in targets):
+                raise errors.AlreadyTerminal(f"job {job_id} is already {job.status}")
+            changed = []
+            for target in targets:
+                result = self._cancel_one(tx, target, now)
+                if result is not None:
+                    changed.append(result)
+            # Rows are locked, so a compare-and-set cannot miss here; if one ever did, fail loudly
+            # (the transaction rolls back) rather than answer 200 for a cancel that did not happen.
+            expected = [target for target in targets if self._cancellable(target)]
+            if len(changed) != len(expected):
+                raise errors.Conflict(f"job {job_id} changed while it was being cancelled; retry")
+            return [result for result in changed if result.id == job_id] + [
+                result for result in changed if result.id != job_id
+            ]
+
+    @staticmethod
+    def _cancellable(job: Job) -> bool:
+        return job.status not in TERMINAL and not (job.status == Status.PREEMPTING and job.cancel_requested)
+
+    def _cancel_one(self, tx: Transaction, job: Job, now: float) -> Job | None:
+        """Cancel one job whose row this transaction holds; None when there is nothing to change."""
+        if job.status in TERMINAL or (job.status == Status.PREEMPTING and job.cancel_requested):
+            return None
+        if job.status == Status.RUNNING:
+            epoch = job.preemption_epoch + 1
+            return self._transition(
+                tx,
+                job.id,
+                now,
+                Status.RUNNING,
+                Status.PREEMPTING,
+                {"preemption_epoch": epoch, "drain_started_at": now, "cancel_requested": 1},
+                EventSpec(Reason("cancel_requested", "cancel requested; stopping the job"), epoch),
+            )
+        if job.status == Status.PREEMPTING:
+            # Already being stopped (a drain or a preemption): the stop ends as a cancel instead.
+            rows = tx.execute(
+                "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'preempting'"
+                f" RETURNING {JOB_SELECT}",
+                (job.id,),
+            )
+            return job_from_row(rows[0])
+        return self._transition(
+            tx,
+            job.id,
+            now,
+            job.status,
+            Status.CANCELLED,
+            {"finished_at": now},
+            EventSpec(Reason("cancelled", "cancelled by request")),
+        )
 
     # --- workers -------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """The SQL store shared by both backends: the transition machinery, submit and reads, and the job
-protocol (claim, heartbeat, done, fail, ack, cancel), written once.
+protocol (claim, heartbeat, done, fail, ack), written once.
 
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
-``OperationsStore`` (workers, watchdog trips, the reaper) -> ``GangStore`` (seeds 001 and 000)
+``OperationsStore`` (cancel, workers, watchdog trips, the reaper) -> ``GangStore`` (seeds 001 and 000)
 -> ``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a transaction context and
 its dialect's few differences (placeholders, row locks, introspection). Queries are written with
 ``?`` placeholders; the PostgreSQL backend rewrites them once.
@@ -24,7 +24,7 @@ import orjson
 from corral.domain import errors
 from corral.domain.ids import new_gang_id, new_job_id
 from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
-from corral.domain.status import TERMINAL, Status, WorkerStatus, is_allowed
+from corral.domain.status import Status, WorkerStatus, is_allowed
 from corral.store.base import ClaimPolicy, Drain, DrainCompletion, JobFilter, SubmitResult, Submitted
 from corral.store.rows import (
     BATCH_STEP_S,
@@ -557,70 +557,6 @@ class SqlStore(abc.ABC):
                 f"job {job_id} is at preemption epoch {job.preemption_epoch}, not {epoch}"
             )
         return job
-
-    def cancel(self, job_id: str, now: float) -> list[Job]:
-        """Cancel a job, or every task of its gang, in one transaction.
-
-        Jobs that are not running are cancelled at once. Running jobs go to ``preempting`` with
-        ``cancel_requested``: their next heartbeat tells the worker to stop them (SIGTERM, grace,
-        SIGKILL), and the worker's ack makes them ``cancelled``. 409 ``already_terminal`` when the
-        job (every task, for a gang) has already finished.
-        """
-        with self._transaction() as tx:
-            job = self._lock_for_change(tx, job_id)
-            targets = self._lock_gang(tx, job.gang_id) if job.gang_id is not None else [job]
-            if all(target.status in TERMINAL for target in targets):
-                raise errors.AlreadyTerminal(f"job {job_id} is already {job.status}")
-            changed = []
-            for target in targets:
-                result = self._cancel_one(tx, target, now)
-                if result is not None:
-                    changed.append(result)
-            # Rows are locked, so a compare-and-set cannot miss here; if one ever did, fail loudly
-            # (the transaction rolls back) rather than answer 200 for a cancel that did not happen.
-            expected = [target for target in targets if self._cancellable(target)]
-            if len(changed) != len(expected):
-                raise errors.Conflict(f"job {job_id} changed while it was being cancelled; retry")
-            return [result for result in changed if result.id == job_id] + [
-                result for result in changed if result.id != job_id
-            ]
-
-    @staticmethod
-    def _cancellable(job: Job) -> bool:
-        return job.status not in TERMINAL and not (job.status == Status.PREEMPTING and job.cancel_requested)
-
-    def _cancel_one(self, tx: Transaction, job: Job, now: float) -> Job | None:
-        """Cancel one job whose row this transaction holds; None when there is nothing to change."""
-        if job.status in TERMINAL or (job.status == Status.PREEMPTING and job.cancel_requested):
-            return None
-        if job.status == Status.RUNNING:
-            epoch = job.preemption_epoch + 1
-            return self._transition(
-                tx,
-                job.id,
-                now,
-                Status.RUNNING,
-                Status.PREEMPTING,
-                {"preemption_epoch": epoch, "drain_started_at": now, "cancel_requested": 1},
-                EventSpec(Reason("cancel_requested", "cancel requested; stopping the job"), epoch),
-            )
-        if job.status == Status.PREEMPTING:
-            # Already being stopped (a drain or a preemption): the stop ends as a cancel instead.
-            rows = tx.execute(
-                "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'preempting'"
-                f" RETURNING {JOB_SELECT}",
-                (job.id,),
-            )
-            return job_from_row(rows[0])
-        return self._transition(
-            tx,
-            job.id,
-            now,
-            job.status,
-            Status.CANCELLED,
-            {"finished_at": now},
-            EventSpec(Reason("cancelled", "cancelled by request")),
-        )
 
     # --- hooks the gang operations provide ----------------------------------------------
 
