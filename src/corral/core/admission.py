@@ -25,7 +25,7 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
    ``walltime_s`` ends by the hold's ``expected_at`` (``placement.may_backfill``, the rule the
    claim applies to single jobs), which sees them whole. Every candidate not placed gets a
    ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``, ``head_of_queue``,
-   ``held_for_gang``, ``insufficient_capacity``.
+   ``held_for_gang``, ``insufficient_capacity`` (worded in ``corral.core.admission_reasons``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 
+from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
 from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill
@@ -65,9 +66,8 @@ def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisio
         (worker for worker in snapshot.workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
     )
     if not active:
-        nobody = Reason("no_workers", "no active worker is registered: start one with `corral worker`")
         return AdmissionDecisions(
-            rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, nobody) for gang in candidates)
+            rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
         )
     cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now))
     shapes = _Shapes(cluster.slots)
@@ -98,12 +98,12 @@ def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisio
             continue
         ever = shapes.ever_room(request, constraints)
         if ever < size:
-            waiting.append(Waiting(gang.gang_id, _unschedulable(size, request, constraints, ever, active)))
+            waiting.append(Waiting(gang.gang_id, unschedulable(size, request, constraints, ever, active)))
             continue
         if head is None:
             plan = _plan_hold(cluster, request, size, eligible, now)
             if plan is None:  # idle workers could hold it, yet no plan: count it as never fitting
-                waiting.append(Waiting(gang.gang_id, _unschedulable(size, request, constraints, 0, active)))
+                waiting.append(Waiting(gang.gang_id, unschedulable(size, request, constraints, 0, active)))
                 continue
             for slot, count in plan.tasks:
                 held = _times(request, count)
@@ -111,13 +111,20 @@ def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisio
                 holds.append(Hold(gang.gang_id, slot.worker.id, held, plan.expected_at))
             head = _HeadHold(gang.gang_id, plan.expected_at, tuple(holds))
             waiting.append(
-                Waiting(gang.gang_id, _head_reason(size, request, room, len(plan.tasks), plan, now))
+                Waiting(
+                    gang.gang_id,
+                    head_reason(
+                        size, request, room.tasks, room.exact, len(plan.tasks), plan.expected_at, now
+                    ),
+                )
             )
             continue
         if not backfill and cluster.attempt(request, size, eligible, True, commit=False)[0] is not None:
-            waiting.append(Waiting(gang.gang_id, _held_reason(head, spec.walltime_s, now)))
+            waiting.append(
+                Waiting(gang.gang_id, held_reason(head.gang_id, head.expected_at, spec.walltime_s, now))
+            )
         else:
-            waiting.append(Waiting(gang.gang_id, _short_reason(size, request, room)))
+            waiting.append(Waiting(gang.gang_id, short_reason(size, request, room.tasks, room.exact)))
     return AdmissionDecisions(
         rollbacks=rollbacks, reservations=tuple(reservations), holds=tuple(holds), waiting=tuple(waiting)
     )
@@ -547,83 +554,6 @@ def _offer(
 
 def _times(request: Resources, count: int) -> Resources:
     return Resources(request.gpus * count, request.vram_mb, request.memory_mb * count, request.cpus * count)
-
-
-# --- reasons --------------------------------------------------------------------------------------
-
-
-def _describe(request: Resources, constraints: Constraints | None = None) -> str:
-    parts = []
-    if request.gpus:
-        vram = f" with {request.vram_mb} MB VRAM each" if request.vram_mb else ""
-        parts.append(f"{request.gpus} GPU(s){vram}")
-    if request.cpus:
-        parts.append(f"{request.cpus} CPU(s)")
-    if request.memory_mb:
-        parts.append(f"{request.memory_mb} MB memory")
-    text = ", ".join(parts) or "no resources"
-    if constraints is not None and constraints.gpu_model is not None:
-        text += f", GPU model {constraints.gpu_model}"
-    if constraints is not None and constraints.labels:
-        text += ", labels " + ",".join(f"{key}={value}" for key, value in sorted(constraints.labels.items()))
-    return text
-
-
-def _unschedulable(
-    size: int, request: Resources, constraints: Constraints, ever: int, active: Sequence[Worker]
-) -> Reason:
-    if ever == 0:
-        largest = max(worker.resources.gpus for worker in active)
-        return Reason(
-            "unschedulable",
-            f"no active worker can ever hold a task: needs {_describe(request, constraints)}; "
-            f"the largest worker has {largest} GPU(s)",
-        )
-    return Reason(
-        "unschedulable",
-        f"needs {size} tasks of {_describe(request, constraints)} at once; "
-        f"the active workers could hold {ever} even if idle",
-    )
-
-
-def _room_text(room: _Room) -> str:
-    return f"room for {room.tasks} now" if room.exact else f"room for at most {room.tasks} now"
-
-
-def _short_reason(size: int, request: Resources, room: _Room) -> Reason:
-    return Reason(
-        "insufficient_capacity", f"needs {size} tasks of {_describe(request)} at once; {_room_text(room)}"
-    )
-
-
-def _when(expected_at: float | None, now: float) -> str:
-    if expected_at is None:
-        return "at an unknown time (a job in the way declared no walltime)"
-    return f"in about {max(0.0, expected_at - now):.0f} s"
-
-
-def _head_reason(
-    size: int, request: Resources, room: _Room, workers: int, plan: _HoldPlan, now: float
-) -> Reason:
-    return Reason(
-        "head_of_queue",
-        f"first in line: needs {size} tasks of {_describe(request)} at once; {_room_text(room)}; "
-        f"capacity held on {workers} worker(s), expected free {_when(plan.expected_at, now)}",
-    )
-
-
-def _held_reason(head: _HeadHold, walltime_s: float | None, now: float) -> Reason:
-    if head.expected_at is None:
-        rule = "nothing may backfill it"
-    elif walltime_s is None:
-        rule = "declare a walltime_s that ends before then to backfill"
-    else:
-        rule = f"its walltime_s ({walltime_s:g} s) ends after that"
-    return Reason(
-        "held_for_gang",
-        f"held capacity for gang {head.gang_id}: it would fit now, but that capacity is kept for the gang "
-        f"first in line, expected free {_when(head.expected_at, now)}; {rule}",
-    )
 
 
 __all__ = ["decide"]
