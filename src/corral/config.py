@@ -64,7 +64,12 @@ class WorkerSettings(BaseSettings):
     gpu_model: str | None = Field(None, description="GPU model name (default: detected)")
     label: list[str] = Field(default_factory=list, description="label k=v (repeatable)")
     poll_s: float = Field(1.0, gt=0, description="pause between claims when the server is unreachable")
-    claim_wait_s: float = Field(20.0, ge=0, le=30, description="long-poll wait of each claim")
+    claim_wait_s: float = Field(
+        2.0,
+        ge=0,
+        le=30,
+        description="long-poll wait of each claim (also how long a shutdown may wait on one)",
+    )
     heartbeat_s: float = Field(5.0, gt=0, description="job heartbeat interval")
     worker_heartbeat_s: float = Field(15.0, gt=0, description="worker heartbeat interval")
     preempt_grace_s: float = Field(15.0, ge=0, description="SIGTERM to SIGKILL grace")

@@ -35,10 +35,6 @@ from corral.worker.samplers.process import ProcessTreeSampler
 
 logger = logging.getLogger("corral.worker.agent")
 
-# Each claim long-polls at most this long, so the claim loop sees a shutdown within about this
-# time. Shorter than the server's own long-poll cap costs little: the server re-reads the store
-# every second during a long-poll anyway, so only the HTTP round trips increase.
-CLAIM_SLICE_S = 2.0
 # How long shutdown waits for a claim in flight before it stops accepting claimed jobs.
 CLAIM_JOIN_S = 10.0
 # Reports and heartbeats should not hang for a long-poll's time when the server is slow.
@@ -159,7 +155,9 @@ class Agent:
         if not self._registered and not self.register():
             self.stopping.wait(self.settings.poll_s)
             return
-        wait_s = min(self.settings.claim_wait_s, CLAIM_SLICE_S)
+        # Short long-polls (2 s by default) let the claim loop see a shutdown within that time;
+        # they cost one HTTP round trip per interval and nothing in latency (a submit wakes them).
+        wait_s = self.settings.claim_wait_s
         try:
             claim = self._claims.claim(self.worker_id, wait_s=wait_s)
         except ServerUnreachable as error:
