@@ -80,15 +80,22 @@ class Client:
             )
         except httpx.TransportError as error:
             raise ServerUnreachable(self.server, error) from error
+        except httpx.HTTPError as error:  # an answer that cannot be read (bad encoding, protocol)
+            raise ApiError(0, "bad_response", f"unreadable answer from {self.server}: {error}") from error
         if response.status_code >= 400:
             raise _api_error(response)
         return response
 
     def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        """The decoded JSON answer; a body that is not JSON is ``ApiError`` ``bad_response`` (a proxy's
+        error page, a truncated answer), never an exception from the decoder."""
         response = self.request(method, path, body, **kwargs)
         if response.status_code == 204 or not response.content:
             return None
-        return orjson.loads(response.content)
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as error:
+            raise ApiError(response.status_code, "bad_response", f"answer is not JSON: {error}") from error
 
     # --- jobs and gangs --------------------------------------------------------------------
 
@@ -201,9 +208,14 @@ class Client:
         exit_code: int | None,
         error: str | None = None,
         output_tail: str | None = None,
+        release: bool = False,
     ) -> dict[str, Any]:
+        """Report a failed attempt; ``release`` hands the job back without spending the attempt
+        (the worker stopped it for its own reasons, e.g. a shutdown past its timeout)."""
         params = {"worker_id": worker_id, "attempt": attempt}
-        body = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+        body: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+        if release:
+            body["release"] = True
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/fail", body, params=params)
         return result
 

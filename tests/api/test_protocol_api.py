@@ -159,3 +159,13 @@ def test_reaper_requeues_an_expired_lease_and_fences_the_old_worker(api, server,
     zombie = api.post(f"/jobs/{job['id']}/done", params=fenced("w1", 1))
     assert (zombie.status_code, error_code(zombie)) == (409, "stale_attempt")
     assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"
+
+
+def test_release_hands_a_job_back_and_malformed_release_is_400(api):
+    register(api)
+    job = submit(api, max_retries=1)
+    claim(api)
+    bad = api.post(f"/jobs/{job['id']}/fail", params=fenced(), json={"release": "maybe"})
+    assert bad.status_code == 400
+    released = api.post(f"/jobs/{job['id']}/fail", params=fenced(), json={"exit_code": 143, "release": True})
+    assert (released.json()["status"], released.json()["attempts"]) == ("pending", 0)

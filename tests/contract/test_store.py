@@ -421,3 +421,14 @@ def test_dead_workers_are_flagged_once_until_a_heartbeat(store):
     store.worker_heartbeat("busy", NOW + 41, None)
     assert store.get_worker("busy").worker.flagged_dead_at is None
     assert [worker.id for worker, _ in store.flag_dead_workers(NOW + 80, 30)] == ["busy"]
+
+
+def test_a_released_job_goes_back_without_spending_its_attempt(store):
+    register(store)
+    job = submit_one(store, max_retries=1)
+    store.claim("w1", NOW, POLICY)
+    released = store.fail(job.id, "w1", 1, NOW, 143, "worker shut down", None, release=True)
+    assert (released.status, released.attempts_used, released.reason.code) == (Status.PENDING, 0, "released")
+    again = store.claim("w1", NOW, POLICY)
+    assert again.attempts == 2, "the fence still grows"
+    assert store.fail(job.id, "w1", 2, NOW, 1, None, None).status == Status.FAILED

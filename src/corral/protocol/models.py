@@ -167,6 +167,9 @@ class FailBody(_Strict):
     exit_code: int | None = Field(None, ge=-INT32_MAX, le=INT32_MAX)
     error: Output | None = Field(None, max_length=65536)
     output_tail: Output | None = Field(None, max_length=65536)
+    #: the worker gives the job back for its own reasons (it is shutting down): re-queue it
+    #: without spending the attempt
+    release: bool = False
 
 
 WATCHDOG_KINDS = ("budget", "stall", "gpu_health")

@@ -474,11 +474,14 @@ class SqlStore(abc.ABC):
         exit_code: int | None,
         error: str | None,
         output_tail: str | None,
+        release: bool = False,
     ) -> Job:
         """running -> pending (retry while ``attempts < max_retries``) or failed.
 
         A job that fails while it is being stopped (preempting) ends as the stop intended:
-        cancelled when a cancel asked for it, preempted otherwise.
+        cancelled when a cancel asked for it, preempted otherwise. ``release`` (the worker gave the
+        job back: it is shutting down) re-queues it with the attempt refunded; a gang task so
+        released drains its gang, refunded too.
         """
         fence = (worker_id, attempt)
         with self._transaction() as tx:
@@ -488,11 +491,25 @@ class SqlStore(abc.ABC):
             outcome = "exited" if exit_code is None else f"exited with code {exit_code}"
             if current.status == Status.PREEMPTING:
                 return self._finish_stop(tx, current, now, fence, "job exited while being stopped")
-            detail = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+            detail: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+            if release:
+                detail["refunds"] = Raw("refunds + 1")
             if current.gang_id is not None and current.status == Status.RUNNING:
                 # A rank failed: its peers must stop too. The retry decision is the drain's.
-                reason = Reason("task_failed", f"task {current.gang_index} {outcome}; draining the gang")
+                why = "was handed back by its worker" if release else outcome
+                reason = Reason("task_failed", f"task {current.gang_index} {why}; draining the gang")
                 return self._drain_for(tx, current, now, reason, detail).trigger
+            if release:
+                reason = Reason(
+                    "released", f"worker {worker_id} handed the job back ({error or outcome}); re-queued"
+                )
+                job = self._transition(
+                    tx, job_id, now, Status.RUNNING, Status.PENDING, {**detail, **REQUEUE_VALUES},
+                    EventSpec(reason=reason), fence,
+                )  # fmt: skip
+                if job is None:
+                    raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
+                return job
             if current.retries_left:
                 target = Status.PENDING
                 reason = Reason(

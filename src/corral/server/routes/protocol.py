@@ -151,6 +151,7 @@ async def fail(request: Request) -> Response:
         body.exit_code,
         body.error,
         body.output_tail,
+        body.release,
     )
     _record_fail(state, job, worker_id, body.exit_code)
     drain_started_by(state, job, now)
