@@ -173,11 +173,13 @@ def test_shutdown_timeout_stops_the_job_and_reports_it(server, client: Client, s
 
     assert worker.process.returncode == 0, worker.log()
     assert time.monotonic() - started < 8
-    failed = client.get_job(job["id"])
-    assert failed["status"] == "failed", failed
-    assert failed["error"] == "worker shut down"
-    assert failed["exit_code"] == 128 + signal.SIGTERM
-    assert "working" in failed["output_tail"]
+    # Handed back: re-queued without spending its only attempt (the stop was the worker's doing).
+    released = client.get_job(job["id"])
+    assert released["status"] == "pending", released
+    assert released["attempts"] == 0
+    assert released["error"] == "worker shut down"
+    assert released["exit_code"] == 128 + signal.SIGTERM
+    assert "working" in released["output_tail"]
 
 
 def test_second_signal_stops_jobs_at_once(server, client: Client, start_worker, tmp_path: Path):

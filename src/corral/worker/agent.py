@@ -27,7 +27,7 @@ from typing import Any
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
-from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, StopReason
+from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, MalformedClaim, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
 from corral.worker.samplers import Samplers, open_gpu_sampler
@@ -167,6 +167,7 @@ class Agent:
         except ApiError as error:
             if error.status == 404:
                 self._forget_registration("the server does not know this worker")
+                self.stopping.wait(self.settings.poll_s)
                 return
             logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
@@ -178,16 +179,20 @@ class Agent:
         self._start_job(claim)
 
     def _start_job(self, claim: dict[str, Any]) -> None:
-        run = JobRun(
-            claim,
-            self._api,
-            self.settings,
-            self.worker_id,
-            self._job_finished,
-            samplers=self.samplers,
-            on_tripped=self._job_tripped,
-            on_gpus_unhealthy=self._gpus_unhealthy,
-        )
+        try:
+            run = JobRun(
+                claim,
+                self._api,
+                self.settings,
+                self.worker_id,
+                self._job_finished,
+                samplers=self.samplers,
+                on_tripped=self._job_tripped,
+                on_gpus_unhealthy=self._gpus_unhealthy,
+            )
+        except MalformedClaim as malformed:
+            self._refuse_claim(malformed)
+            return
         with self._lock:
             accepted = self._accepting
             if accepted:
@@ -196,13 +201,30 @@ class Agent:
             # Claimed after shutdown stopped waiting for the claim loop: hand it straight back.
             logger.warning("job claimed during shutdown; handing it back", extra=run.fields)
             deliver(
-                lambda: self._api.fail(run.job_id, self.worker_id, run.attempt, None, SHUTDOWN_ERROR, ""),
+                lambda: self._api.fail(
+                    run.job_id, self.worker_id, run.attempt, None, SHUTDOWN_ERROR, "", release=True
+                ),
                 "fail report",
                 run.fields,
             )
             return
         logger.info("job claimed", extra={**run.fields, "command": run.command})
         run.start()
+
+    def _refuse_claim(self, malformed: MalformedClaim) -> None:
+        """A claim the worker cannot run: fail it (spending the attempt, as the next claim of the
+        same answer would fail the same way) rather than leave it running until its lease expires."""
+        job_id, attempt = malformed.job_id, malformed.attempt
+        fields = {**self.fields, "job_id": job_id, "attempt": attempt, "error": str(malformed)}
+        if job_id is None or attempt is None:
+            logger.error("malformed claim without a usable id and attempt; ignored", extra=fields)
+            return
+        logger.error("malformed claim; reporting it failed", extra=fields)
+        deliver(
+            lambda: self._api.fail(job_id, self.worker_id, attempt, None, str(malformed), ""),
+            "fail report",
+            fields,
+        )
 
     def _job_finished(self, run: JobRun) -> None:
         """Forget the run, unless its key already belongs to another run. Attempt numbers only
@@ -228,7 +250,12 @@ class Agent:
                 "GPUs marked unhealthy: the job's process survived SIGKILL; no more work on them",
                 extra={**run.fields, "gpu_indices": new, "unhealthy_gpus": unhealthy},
             )
-        self._heartbeat_wake.set()
+        # Now, before the job's report frees its GPUs on the server: a wake-up of the heartbeat
+        # thread could lose that race and let the server place new work on them.
+        try:
+            self._heartbeat_once()
+        except Exception:
+            logger.exception("worker heartbeat error", extra=self.fields)
 
     # --- the worker heartbeat --------------------------------------------------------------
 
@@ -276,8 +303,9 @@ class Agent:
         1. Stop the claim loop (it notices within a claim slice); a job it claims meanwhile runs.
         2. Wait for the running jobs, up to ``shutdown_timeout_s`` or until ``force`` is set
            (a second signal).
-        3. Stop what is still running (SIGTERM, grace, SIGKILL) and report each as failed with
-           "worker shut down", so the server re-queues it at once instead of after its lease.
+        3. Stop what is still running (SIGTERM, grace, SIGKILL) and hand each back (a ``fail`` with
+           ``release``, "worker shut down"), so the server re-queues it at once instead of after
+           its lease, without spending its attempt.
         """
         self.stopping.set()
         self._claim_thread.join(timeout=CLAIM_JOIN_S)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import psutil
+
 logger = logging.getLogger("corral.worker.executor")
 
 _POLL_S = 0.05
@@ -124,6 +126,9 @@ class JobProcess:
         self._last_scan = -_SCAN_EVERY_S
         self._gone = False
         self._members: list[int] = []
+        # The job's descendants when the stop began, wherever their process group (a GNU
+        # ``timeout`` or a ``bash -m`` moves its children to a group of their own).
+        self._descendants: list[psutil.Process] = []
         self._popen = subprocess.Popen(
             ["/bin/sh", "-c", command],
             env=dict(env),
@@ -268,26 +273,76 @@ class JobProcess:
             self._stop_done.wait()
             return self._stopped_running
         try:
-            self._stopped_running = self._popen.poll() is None
+            self._stopped_running = self._main_running()
             self._terminate_group(self.grace_s)
         finally:
             self._stop_done.set()
         return self._stopped_running
 
+    def _main_running(self) -> bool:
+        """The main process has not exited. ``Popen.poll()`` also answers None while another thread
+        holds Popen's reaping lock, so a None is checked against ``/proc`` (a zombie has exited)."""
+        if self._popen.poll() is not None:
+            return False
+        if not os.path.isdir(f"/proc/{os.getpid()}"):
+            return True  # not Linux: poll's word
+        return is_live_member(self.pid, self.pid)
+
+    def _snapshot_descendants(self) -> None:
+        try:
+            self._descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            self._descendants = []
+
+    def _live_descendants(self) -> list[psutil.Process]:
+        """The snapshot's processes still running (``is_running`` also checks the creation time, so
+        a reused PID is never taken for one of them)."""
+        alive = []
+        for process in self._descendants:
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except psutil.Error:
+                continue
+        return alive
+
+    def _signal_descendants(self, signal_number: int) -> None:
+        """Signal the snapshot's processes that left the job's group (the group signal reaches the
+        others)."""
+        for process in self._live_descendants():
+            try:
+                if os.getpgid(process.pid) == self.pid:
+                    continue
+                process.send_signal(signal_number)
+            except (psutil.Error, OSError):
+                continue
+
+    def _all_gone(self) -> bool:
+        return self._popen.poll() is not None and self._group_gone() and not self._live_descendants()
+
     def _terminate_group(self, grace_s: float) -> None:
-        if not self._signal_group(signal.SIGTERM):
+        if self._popen.poll() is not None and self._group_gone():
+            # Reaped and its group gone: the PID may already belong to someone else's group.
+            return
+        self._snapshot_descendants()
+        group_signalled = self._signal_group(signal.SIGTERM)
+        self._signal_descendants(signal.SIGTERM)
+        if not group_signalled and not self._live_descendants():
             self._popen.poll()
             return
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if self._popen.poll() is not None and self._group_gone():
+            if self._all_gone():
                 return
             time.sleep(_POLL_S)
-        if self._signal_group(signal.SIGKILL):
+        killed = self._signal_group(signal.SIGKILL)
+        strays = self._live_descendants()
+        self._signal_descendants(signal.SIGKILL)
+        if killed or strays:
             logger.info("job did not stop within the grace period; sent SIGKILL", extra=self.fields)
         deadline = time.monotonic() + self.kill_wait_s
         while True:
-            if self._popen.poll() is not None and self._group_gone():
+            if self._all_gone():
                 return
             if time.monotonic() >= deadline:
                 break
@@ -295,7 +350,10 @@ class JobProcess:
         self._survived_kill = True
         logger.error(
             "job survived SIGKILL (uninterruptible sleep?)",
-            extra={**self.fields, "survivors": live_group_members(self.pid)},
+            extra={
+                **self.fields,
+                "survivors": live_group_members(self.pid) + [p.pid for p in self._live_descendants()],
+            },
         )
 
     def finish(self) -> str:

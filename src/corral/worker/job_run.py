@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
@@ -39,6 +39,8 @@ from corral.worker.workspace import JobWorkspace
 logger = logging.getLogger("corral.worker.job")
 
 SHUTDOWN_ERROR = "worker shut down"
+
+_T = TypeVar("_T")
 
 
 class StopReason(enum.Enum):
@@ -57,6 +59,49 @@ def describe_exit(exit_code: int) -> str:
     return f"exited with code {exit_code}"
 
 
+class MalformedClaim(ValueError):
+    """The claim the server answered cannot be run; ``job_id``/``attempt`` when they were usable."""
+
+    def __init__(self, message: str, job_id: str | None, attempt: int | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.attempt = attempt
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"not an integer: {value!r}")
+    return value
+
+
+def parse_claim(claim: Any) -> tuple[str, int, str, list[int], dict[str, str]]:
+    """``(id, attempt, command, gpu_indices, env)`` of a claim; ``MalformedClaim`` when it is not one."""
+    if not isinstance(claim, dict):
+        raise MalformedClaim(f"claim is not an object: {type(claim).__name__}", None, None)
+    raw_id = claim.get("id")
+    job_id = raw_id if isinstance(raw_id, str) and raw_id else None
+    try:
+        attempt: int | None = _integer(claim.get("attempt"))
+    except ValueError:
+        attempt = None
+    try:
+        if job_id is None or attempt is None:
+            raise ValueError(f"bad id or attempt: {raw_id!r}, {claim.get('attempt')!r}")
+        command = claim.get("command")
+        if not isinstance(command, str) or not command:
+            raise ValueError(f"bad command: {command!r}")
+        raw_indices = claim.get("gpu_indices") or []
+        if not isinstance(raw_indices, list):
+            raise ValueError(f"bad gpu_indices: {raw_indices!r}")
+        gpu_indices = [_integer(index) for index in raw_indices]
+        env = claim.get("env") or {}
+        if not isinstance(env, dict):
+            raise ValueError(f"bad env: {env!r}")
+    except ValueError as error:
+        raise MalformedClaim(f"malformed claim: {error}", job_id, attempt) from error
+    return job_id, attempt, command, gpu_indices, {str(key): str(value) for key, value in env.items()}
+
+
 class JobRun:
     def __init__(
         self,
@@ -70,11 +115,7 @@ class JobRun:
         on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
     ) -> None:
         self.claim = claim
-        self.job_id: str = claim["id"]
-        self.attempt = int(claim["attempt"])
-        self.command: str = claim["command"]
-        self.gpu_indices = [int(index) for index in claim.get("gpu_indices") or []]
-        self.claim_env: dict[str, str] = claim.get("env") or {}
+        self.job_id, self.attempt, self.command, self.gpu_indices, self.claim_env = parse_claim(claim)
         self.fields = {"job_id": self.job_id, "worker_id": worker_id, "attempt": self.attempt}
         self._client = client
         self._settings = settings
@@ -91,6 +132,7 @@ class JobRun:
         self._process: JobProcess | None = None
         self._stopper: threading.Thread | None = None
         self._checkpoint_epochs_seen: set[int] = set()
+        self._reported = False  # a report (or the first try of one) went out: never send another
         self.finished = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"job-{self.job_id}", daemon=True)
 
@@ -111,7 +153,9 @@ class JobRun:
         with self._lock:
             if reason == StopReason.LOST or self._reason is None:
                 self._reason = reason
-            if reason == StopReason.PREEMPT and self._reason == StopReason.PREEMPT and epoch is not None:
+            if reason == StopReason.PREEMPT and epoch is not None:
+                # Even while another stop (shutdown, watchdog) is under way: the server is waiting
+                # for this epoch's ack.
                 self._epoch = epoch
             self._start_stopper()
 
@@ -195,14 +239,9 @@ class JobRun:
             exit_code = self._supervise(process)
             if self._watch is not None:
                 self._watch.stop()
-            tail = process.finish()
-            with self._lock:
-                stopper = self._stopper
-            if stopper is not None:
-                stopper.join()
-            if process.survived_kill and self.gpu_indices and self._on_gpus_unhealthy is not None:
-                self._on_gpus_unhealthy(self)
-            self._report(process, exit_code, tail, workspace)
+            # The lease must outlive a long stop of leftovers and the checkpoint upload.
+            tail, epoch = self._while_heartbeating(lambda: self._wind_down(process, workspace))
+            self._report(process, exit_code, tail, epoch)
         except Exception as error:
             # A bug or a host problem (disk full for the workspace): never leave the job running
             # unsupervised, and tell the server so it can retry elsewhere instead of waiting
@@ -213,7 +252,7 @@ class JobRun:
                 self._process.close()
             with self._lock:
                 lost = self._reason == StopReason.LOST
-            if not lost:
+            if not lost and not self._reported:
                 self._report_failure(None, f"worker error: {error}", "")
         finally:
             if self._watch is not None:
@@ -223,6 +262,64 @@ class JobRun:
             self.finished.set()
             self._on_finished(self)
 
+    def _while_heartbeating(self, work: Callable[[], _T]) -> _T:
+        """``work()`` in a helper thread while this one keeps the job's lease with heartbeats."""
+        results: list[_T] = []
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                results.append(work())
+            except BaseException as error:
+                errors.append(error)
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name=f"wind-down-{self.job_id}", daemon=True).start()
+        while not done.wait(self._settings.heartbeat_s):
+            self._beat_unless_lost()
+        if errors:
+            raise errors[0]
+        return results[0]
+
+    def _wind_down(self, process: JobProcess, workspace: JobWorkspace) -> tuple[str, int | None]:
+        """After the main process exited: end its leftovers, wait for the stop, and for a stop the
+        server asked for, upload the checkpoint. The tail, and the epoch to ack (None: no ack)."""
+        tail = process.finish()
+        with self._lock:
+            stopper = self._stopper
+        if stopper is not None:
+            stopper.join()
+        if process.survived_kill and self.gpu_indices and self._on_gpus_unhealthy is not None:
+            self._on_gpus_unhealthy(self)
+        with self._lock:
+            reason, epoch = self._reason, self._epoch
+        if reason == StopReason.LOST or epoch is None or not process.stopped_while_running:
+            return tail, None
+        # Before the ack: the ack may complete the gang's drain and let the next attempt start.
+        checkpoints.upload(
+            self._client,
+            self.job_id,
+            self._worker_id,
+            self.attempt,
+            epoch,
+            workspace.checkpoint_out,
+            {**self.fields, "preemption_epoch": epoch},
+        )
+        return tail, epoch
+
+    def _beat_unless_lost(self) -> None:
+        with self._lock:
+            lost = self._reason == StopReason.LOST
+        if lost:
+            return
+        try:
+            self._heartbeat()
+        except Exception:
+            # A heartbeat must never end a healthy job.
+            logger.exception("job heartbeat error", extra=self.fields)
+
     def _supervise(self, process: JobProcess) -> int:
         """Wait for the process, heartbeating every ``heartbeat_s``; its exit code."""
         interval = self._settings.heartbeat_s
@@ -231,10 +328,7 @@ class JobRun:
             exit_code = process.wait(next_beat - time.monotonic())
             if exit_code is not None:
                 return exit_code
-            with self._lock:
-                lost = self._reason == StopReason.LOST
-            if not lost:
-                self._heartbeat()
+            self._beat_unless_lost()
             next_beat = time.monotonic() + interval
 
     def _heartbeat(self) -> None:
@@ -257,14 +351,23 @@ class JobRun:
                     "job heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
                 )
             return
-        self._obey(answer or {})
+        self._obey(answer)
 
-    def _obey(self, answer: dict[str, Any]) -> None:
+    def _obey(self, answer: Any) -> None:
+        if answer is None:
+            return
+        if not isinstance(answer, dict):
+            logger.warning(
+                "malformed heartbeat answer ignored", extra={**self.fields, "answer": repr(answer)[:200]}
+            )
+            return
         action = answer.get("action")
         if action is None:
             return
         epoch = answer.get("preemption_epoch")
         fields = {**self.fields, "preemption_epoch": epoch}
+        if isinstance(epoch, bool):
+            epoch = None
         if action == "preempt" and isinstance(epoch, int):
             with self._lock:
                 first = self._reason is None
@@ -282,37 +385,31 @@ class JobRun:
 
     # --- the report ------------------------------------------------------------------------
 
-    def _report(self, process: JobProcess, exit_code: int, tail: str, workspace: JobWorkspace) -> None:
+    def _report(self, process: JobProcess, exit_code: int, tail: str, epoch: int | None) -> None:
+        """The one report of the attempt; ``epoch``: the stop the server asked for, to ack (its
+        checkpoint already uploaded)."""
         with self._lock:
-            reason, epoch = self._reason, self._epoch
+            reason = self._reason
         fields = {**self.fields, "exit_code": exit_code}
         if reason == StopReason.LOST:
             logger.info("job stopped after it was lost; nothing reported", extra=fields)
             return
+        self._reported = True
         stopped = process.stopped_while_running
-        if reason == StopReason.WATCHDOG and stopped and self.verdict is not None:
-            self._report_trip(self.verdict, exit_code)
-            return
-        if reason == StopReason.PREEMPT and stopped and epoch is not None:
+        if epoch is not None:
             logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
-            # Before the ack: the ack may complete the gang's drain and let the next attempt start.
-            checkpoints.upload(
-                self._client,
-                self.job_id,
-                self._worker_id,
-                self.attempt,
-                epoch,
-                workspace.checkpoint_out,
-                fields,
-            )
             deliver(
                 lambda: self._client.preempted(self.job_id, self._worker_id, self.attempt, epoch),
                 "preempted ack",
                 {**fields, "preemption_epoch": epoch},
             )
             return
+        if reason == StopReason.WATCHDOG and stopped and self.verdict is not None:
+            self._report_trip(self.verdict, exit_code)
+            return
         if reason == StopReason.SHUTDOWN and stopped:
-            self._report_failure(exit_code, SHUTDOWN_ERROR, tail)
+            # The worker's doing, not the job's: hand it back without spending its attempt.
+            self._report_failure(exit_code, SHUTDOWN_ERROR, tail, release=True)
             return
         if exit_code == 0:
             logger.info("job exited 0; reporting done", extra=fields)
@@ -331,7 +428,7 @@ class JobRun:
             "watchdog report",
             fields,
         )
-        if answer is not None:
+        if isinstance(answer, dict):
             logger.info(
                 "watchdog trip reported",
                 extra={
@@ -341,11 +438,15 @@ class JobRun:
                 },
             )
 
-    def _report_failure(self, exit_code: int | None, error: str, tail: str) -> None:
-        fields = {**self.fields, "exit_code": exit_code, "error": error}
+    def _report_failure(self, exit_code: int | None, error: str, tail: str, release: bool = False) -> None:
+        self._reported = True
+        fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release}
         logger.info("job failed; reporting", extra=fields)
+        options = {"release": True} if release else {}
         deliver(
-            lambda: self._client.fail(self.job_id, self._worker_id, self.attempt, exit_code, error, tail),
+            lambda: self._client.fail(
+                self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options
+            ),
             "fail report",
             fields,
         )

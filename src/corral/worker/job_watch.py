@@ -224,6 +224,14 @@ class JobWatch:
                 return
 
 
+def _positive_seconds(value: Any) -> float | None:
+    """A claim's duration when it is a finite positive number; None (the worker's default) else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
 def build_watch(
     settings: WorkerSettings,
     claim: Mapping[str, Any],
@@ -243,13 +251,13 @@ def build_watch(
     """
     thresholds = Thresholds(settings.gpu_idle_pct, settings.ram_delta_mb)
     holds_gpus = bool(gpu_indices)
-    job_budget = claim.get("budget_s")
+    job_budget = _positive_seconds(claim.get("budget_s"))
     budget = (
-        BudgetWatchdog(float(job_budget), "job")
-        if job_budget
+        BudgetWatchdog(job_budget, "job")
+        if job_budget is not None
         else BudgetWatchdog(settings.default_budget_s(holds_gpus), "worker")
     )
-    stall_timeout_s = float(claim.get("stall_timeout_s") or settings.stall_timeout_s)
+    stall_timeout_s = _positive_seconds(claim.get("stall_timeout_s")) or settings.stall_timeout_s
     stall = StallWatchdog(
         stall_timeout_s, settings.stall_confirm_samples, settings.stall_confirm_poll_s, thresholds
     )

@@ -3,7 +3,9 @@
 An outcome (done, fail, preempted) is the one message the server cannot get any other way: if it
 is lost, the job sits until its lease expires and is re-run. So a report that fails for transport
 reasons (or a 5xx) is retried with backoff. A 409 means the server has moved on (another attempt
-owns the job, or it already ended): retrying cannot help, so it is logged and dropped.
+owns the job, or it already ended): retrying cannot help, so it is logged and dropped. An answer
+that cannot be read (``bad_response``: a proxy's page, a truncated body) came after the server got
+the report: it counts as delivered, and is neither retried nor followed by another report.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def deliver(
         try:
             return send()
         except ApiError as error:
+            if error.code == "bad_response":
+                # The server answered, so it most likely took the report; sending it again could
+                # only be refused, or worse, count twice. Delivered, its answer unknown.
+                logger.warning(
+                    f"{what} delivered, but the server's answer was unreadable",
+                    extra={**fields, "code": error.code, "error": error.message},
+                )
+                return None
             if error.status == 409:
                 logger.warning(
                     f"{what} refused by the server ({error.code}); dropped",

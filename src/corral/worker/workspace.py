@@ -33,6 +33,9 @@ class JobWorkspace:
         """The worker's environment, then the claim's ``env``, then the variables the worker owns."""
         environment = {**os.environ, **{str(key): str(value) for key, value in claim_env.items()}}
         environment["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu_indices)
+        # CUDA's default order (fastest first) differs from NVML's (PCI bus), which the server's
+        # indices and the GPU sampler use.
+        environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         environment["CORRAL_BEAT_FILE"] = str(self.beat_file)
         environment["CORRAL_CHECKPOINT_OUT"] = str(self.checkpoint_out)
         if has_checkpoint_in:
