@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import orjson
+
+from corral.transport import Response, Transport, TransportError
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -44,11 +45,7 @@ class ApiError(ClientError):
 class Client:
     def __init__(self, server: str = DEFAULT_SERVER, timeout_s: float = 30.0) -> None:
         self.server = server.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.server,
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            headers={"content-type": "application/json"},
-        )
+        self._http = Transport(self.server, timeout_s)
 
     def __enter__(self) -> Client:
         return self
@@ -69,19 +66,12 @@ class Client:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
-    ) -> httpx.Response:
-        content = orjson.dumps(body) if body is not None else None
-        extra: dict[str, Any] = {}
-        if timeout_s is not None:
-            extra["timeout"] = httpx.Timeout(timeout_s, connect=5.0)
+    ) -> Response:
+        content = body if isinstance(body, bytes) else orjson.dumps(body) if body is not None else None
         try:
-            response = self._http.request(
-                method, path, content=content, params=params, headers=headers, **extra
-            )
-        except httpx.TransportError as error:
+            response = self._http.request(method, path, content, params, headers, timeout_s)
+        except TransportError as error:
             raise ServerUnreachable(self.server, error) from error
-        except httpx.HTTPError as error:  # an answer that cannot be read (bad encoding, protocol)
-            raise ApiError(0, "bad_response", f"unreadable answer from {self.server}: {error}") from error
         if response.status_code >= 400:
             raise _api_error(response)
         return response
@@ -231,18 +221,14 @@ class Client:
 
     def upload_checkpoint(self, job_id: str, worker_id: str, attempt: int, epoch: int, data: bytes) -> None:
         """Store the checkpoint a stopping job wrote (opaque bytes; only while it is preempting)."""
-        params: dict[str, str | int] = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
-        try:
-            response = self._http.post(
-                f"/jobs/{job_id}/checkpoint",
-                content=data,
-                params=params,
-                headers={"content-type": "application/octet-stream"},
-            )
-        except httpx.TransportError as error:
-            raise ServerUnreachable(self.server, error) from error
-        if response.status_code >= 400:
-            raise _api_error(response)
+        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
+        self.request(
+            "POST",
+            f"/jobs/{job_id}/checkpoint",
+            data,
+            params=params,
+            headers={"content-type": "application/octet-stream"},
+        )
 
     def download_checkpoint(self, job_id: str) -> bytes | None:
         """The job's stored checkpoint, or None when it has none."""
@@ -261,7 +247,7 @@ class Client:
         return result
 
 
-def _api_error(response: httpx.Response) -> ApiError:
+def _api_error(response: Response) -> ApiError:
     try:
         envelope = orjson.loads(response.content)["error"]
         return ApiError(response.status_code, envelope["code"], envelope["message"])

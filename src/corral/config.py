@@ -54,6 +54,13 @@ class ServerSettings(BaseSettings):
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
 
+    @field_validator("server")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
     server: str = Field("http://127.0.0.1:8765", description="URL of corral server")
     worker_id: str | None = Field(None, description="this worker's id (default: the host name)")
     worker_address: str | None = Field(None, description="address peers reach this host at")
