@@ -30,10 +30,19 @@ class ServerState:
     #: ask a background loop for a pass soon (set by the composition root; a no-op until then)
     wake_loop: Callable[[str], None] = field(default=lambda name: None)
 
-    def released(self) -> None:
-        """Capacity may have come free: wake long-polling claims and the admission cycle."""
+    #: whether the last admission pass saw a gang waiting (blocked or reserved tasks); while none
+    #: waits, a released slot has nothing for the admission cycle to do before its next tick
+    gangs_waiting: bool = True
+
+    def released(self, gang_waiting: bool = False) -> None:
+        """Capacity may have come free: wake long-polling claims, and the admission cycle when a
+        gang waits (or ``gang_waiting`` says one has just started to: a gang submit, a drain that
+        put one back in the queue)."""
         self.signal.notify()
-        self.wake_loop("admission")
+        if gang_waiting:
+            self.gangs_waiting = True
+        if self.gangs_waiting:
+            self.wake_loop("admission")
 
 
 def state_of(request: Request) -> ServerState:

@@ -21,6 +21,7 @@ logger = logging.getLogger("corral.server.admission")
 def admission_tick(state: ServerState) -> None:
     now = state.clock.now()
     inputs = state.store.admission_inputs(now)
+    state.gangs_waiting = bool(inputs.gangs)
     snapshot = Snapshot(
         now=now,
         workers=inputs.workers,

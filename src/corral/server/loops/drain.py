@@ -88,4 +88,4 @@ def record_completion(state: ServerState, completion: DrainCompletion) -> None:
         },
     )
     if completion.outcome == "blocked":
-        state.released()
+        state.released(gang_waiting=True)
