@@ -172,9 +172,6 @@ class FailBody(_Strict):
     release: bool = False
 
 
-WATCHDOG_KINDS = ("budget", "stall", "gpu_health")
-
-
 class WatchdogBody(_Strict):
     kind: Literal["budget", "stall", "gpu_health"]
     #: what the watchdog saw (readings, deadlines), kept in the job's event history

@@ -6,7 +6,6 @@ from typing import Any
 
 from corral.domain.clock import to_rfc3339
 from corral.domain.records import Job, JobEvent
-from corral.domain.resources import Resources
 from corral.domain.status import TERMINAL, Status
 
 
@@ -89,7 +88,3 @@ def gang_status(tasks: list[Job]) -> str:
     if statuses <= {Status.RESERVED}:
         return "reserved"
     return "blocked"
-
-
-def resources_to_wire(resources: Resources) -> dict[str, int]:
-    return resources.to_dict()

@@ -35,11 +35,11 @@ logger = logging.getLogger("corral.server")
 def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Jobs by status, workers by status, and the GPUs of active workers by state."""
     jobs_by_status = store.count_jobs_by_status()
-    views = store.list_workers()
+    workers = store.workers()
     workers_by_status: dict[str, int] = {}
-    for view in views:
-        workers_by_status[view.worker.status] = workers_by_status.get(view.worker.status, 0) + 1
-    active = {view.worker.id: view.worker for view in views if view.worker.status == WorkerStatus.ACTIVE}
+    for worker in workers:
+        workers_by_status[worker.status] = workers_by_status.get(worker.status, 0) + 1
+    active = {worker.id: worker for worker in workers if worker.status == WorkerStatus.ACTIVE}
     total = sum(worker.resources.gpus for worker in active.values())
     reserved = busy = 0
     for allocation in store.allocations():

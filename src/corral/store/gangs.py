@@ -39,7 +39,7 @@ class GangStore(OperationsStore):
         for row in rows:
             job = job_from_row(row)
             gangs.setdefault(job.gang_id or "", []).append(job)
-        workers = tuple(view.worker for view in self.list_workers())
+        workers = tuple(self.workers())
         ends = reader.execute(
             "SELECT id, COALESCE(started_at, ?) + walltime_s FROM jobs"
             " WHERE status IN ('reserved', 'running', 'preempting') AND walltime_s IS NOT NULL",

@@ -276,9 +276,14 @@ class OperationsStore(SqlStore):
         worker = worker_from_row(rows[0])
         return self._views([worker], self._worker_allocations(self._read(), worker.id))[0]
 
-    def list_workers(self) -> list[WorkerView]:
+    def workers(self) -> list[Worker]:
+        """Every registered worker, without what it holds (callers that read ``allocations()``
+        anyway need no second pass over them)."""
         rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers ORDER BY registered_at, id")
-        return self._views([worker_from_row(row) for row in rows], self.allocations())
+        return [worker_from_row(row) for row in rows]
+
+    def list_workers(self) -> list[WorkerView]:
+        return self._views(self.workers(), self.allocations())
 
     def workers_by_id(self, worker_ids: Sequence[str]) -> dict[str, Worker]:
         """The named workers (unknown ids left out), without their allocations."""

@@ -20,10 +20,6 @@ _worker_numbers = itertools.count(1)
 _gang_numbers = itertools.count(1)
 
 
-def job_spec(command: str = "true", **fields: Any) -> JobSpec:
-    return JobSpec(command=command, **fields)
-
-
 def cpu_job(cpus: int = 1, memory_mb: int = 0, **fields: Any) -> Job:
     return _job(Resources(cpus=cpus, memory_mb=memory_mb), **fields)
 

@@ -134,7 +134,7 @@ async def why(request: Request) -> Response:
     job = _job_or_404(state, request.path_params["job_id"])
     workers, allocations = [], []
     if job.status == Status.PENDING:
-        workers = [view.worker for view in state.store.list_workers()]
+        workers = state.store.workers()
         allocations = state.store.allocations()
     reasons = explain(job, workers, allocations)
     return json_response({"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]})
