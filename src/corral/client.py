@@ -219,9 +219,15 @@ class Client:
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/watchdog", body, params=params)
         return result
 
-    def upload_checkpoint(self, job_id: str, worker_id: str, attempt: int, epoch: int, data: bytes) -> None:
-        """Store the checkpoint a stopping job wrote (opaque bytes; only while it is preempting)."""
-        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
+    def upload_checkpoint(
+        self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes
+    ) -> None:
+        """Store the checkpoint a job wrote (opaque bytes), for its next attempt. With ``epoch``:
+        from a stop the server asked for; without: from the attempt however it ended, before its
+        final report."""
+        params: dict[str, Any] = {"worker_id": worker_id, "attempt": attempt}
+        if epoch is not None:
+            params["epoch"] = epoch
         self.request(
             "POST",
             f"/jobs/{job_id}/checkpoint",

@@ -110,7 +110,6 @@ def test_checkpoint_round_trip_into_the_next_attempt(api, server, settings):
     api.post(f"/jobs/{rank1['id']}/fail", params=fenced(rank1), json={"exit_code": 1})
     blob = bytes([0, 255, 10, 13]) * 10
     assert api.post(path, params=fenced(rank0, epoch=1), content=b"").status_code == 400
-    assert api.post(path, params=fenced(rank0), content=blob).status_code == 400
     too_big = api.post(path, params=fenced(rank0, epoch=1), content=b"x" * 1001)
     assert (too_big.status_code, error_code(too_big)) == (413, "too_large")
     wrong_epoch = api.post(path, params=fenced(rank0, epoch=2), content=blob)
@@ -132,6 +131,48 @@ def test_checkpoint_round_trip_into_the_next_attempt(api, server, settings):
     again = claim(api, "w0")
     assert again["env"]["CORRAL_RESUME"] == "1"
     assert base64.b64decode(again["env"]["CHECKPOINT_DATA"]) == blob
+
+
+def test_checkpoints_from_ranks_that_crashed_on_their_own_reach_every_rank(api, server):
+    """Rank 1 crashes; rank 0 dies by itself a moment later (its collective lost its peer), before
+    any heartbeat could ask it to stop. Both uploads, made without an epoch before each final
+    report, are kept, and every rank of the next attempt is told where to find both."""
+    gang, (rank0, rank1) = admitted_and_running(api, server)
+    upload = api.post(f"/jobs/{rank1['id']}/checkpoint", params=fenced(rank1), content=b"rank1 step 3")
+    assert upload.status_code == 200
+    assert upload.json() == {"job_id": rank1["id"], "bytes": 12, "preemption_epoch": None, "attempt": 1}
+    api.post(f"/jobs/{rank1['id']}/fail", params=fenced(rank1), json={"exit_code": 3}).raise_for_status()
+    # rank 0 is preempting now; its own crash still uploads, then reports
+    saved = api.post(f"/jobs/{rank0['id']}/checkpoint", params=fenced(rank0), content=b"rank0 step 3")
+    assert saved.is_success
+    ended = api.post(f"/jobs/{rank0['id']}/fail", params=fenced(rank0), json={"exit_code": 1})
+    assert ended.json()["status"] in ("preempted", "blocked")
+    late = api.post(f"/jobs/{rank0['id']}/checkpoint", params=fenced(rank0), content=b"too late")
+    assert late.status_code == 409
+    stale = api.post(f"/jobs/{rank0['id']}/checkpoint", params=fenced(rank0, attempt=7), content=b"x")
+    assert stale.status_code == 409
+    server.reap()
+    server.run_loop("admission")
+    again = [claim(api, f"w{index}") for index in range(2)]
+    for task in again:
+        assert task["env"]["CORRAL_RESUME"] == "1"
+        assert task["gang_checkpoints"] == [
+            {"gang_index": 0, "job_id": rank0["id"]},
+            {"gang_index": 1, "job_id": rank1["id"]},
+        ]
+    assert api.get(f"/jobs/{rank0['id']}/checkpoint").content == b"rank0 step 3"
+    assert api.get(f"/jobs/{rank1['id']}/checkpoint").content == b"rank1 step 3"
+    assert api.get(f"/gangs/{gang['gang_id']}").json()["status"] == "running"
+
+
+def test_a_done_job_keeps_the_checkpoint_its_attempt_wrote(api, server):
+    register(api)
+    job = api.post("/jobs", json={"command": "true"}).json()
+    running = claim(api, "w1")
+    assert running["gang_checkpoints"] == []
+    assert api.post(f"/jobs/{job['id']}/checkpoint", params=fenced(running), content=b"final").is_success
+    api.post(f"/jobs/{job['id']}/done", params=fenced(running)).raise_for_status()
+    assert api.get(f"/jobs/{job['id']}").json()["has_checkpoint"] is True
 
 
 def test_cancelling_a_running_gang_stops_every_rank(api, server):

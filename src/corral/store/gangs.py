@@ -378,16 +378,33 @@ class GangStore(OperationsStore):
     # --- checkpoints ---------------------------------------------------------------------
 
     def save_checkpoint(
-        self, job_id: str, worker_id: str, attempt: int, epoch: int, data: bytes, now: float
+        self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
     ) -> Job:
-        """Store opaque bytes for the job's next attempt: only while it is preempting with this
-        epoch, from the worker and attempt that hold it. One slot: a save replaces the last one."""
+        """Store opaque bytes for the job's next attempt, from the worker and attempt that hold it.
+
+        With ``epoch``: only while the job is preempting at that epoch (the stop the server asked
+        for). Without: from the current attempt however it is ending (a crash, a rank dying on its
+        own when its peer did, done), so only while that attempt has not made its final report:
+        the job is still running or preempting with this worker and attempt. One slot per job: a
+        save replaces the last one.
+        """
+        fence = (worker_id, attempt)
         with self._transaction() as tx:
-            self._locked_preempting(tx, job_id, (worker_id, attempt), epoch)
+            if epoch is not None:
+                job = self._locked_preempting(tx, job_id, fence, epoch)
+            else:
+                job = self._load_job(tx, job_id, lock=True)
+                if (
+                    job.worker_id != worker_id
+                    or job.attempts != attempt
+                    or job.status not in (Status.RUNNING, Status.PREEMPTING)
+                ):
+                    raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING, Status.PREEMPTING))
             tx.execute("DELETE FROM checkpoints WHERE job_id = ?", (job_id,))
             tx.execute(
-                "INSERT INTO checkpoints (job_id, data, size, epoch, saved_at) VALUES (?, ?, ?, ?, ?)",
-                (job_id, data, len(data), epoch, now),
+                "INSERT INTO checkpoints (job_id, data, size, epoch, saved_at, attempt)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, data, len(data), job.preemption_epoch if epoch is None else epoch, now, attempt),
             )
             rows = tx.execute(
                 f"UPDATE jobs SET has_checkpoint = 1 WHERE id = ? RETURNING {JOB_SELECT}", (job_id,)

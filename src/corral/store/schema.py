@@ -106,7 +106,7 @@ EVENT_COLUMNS: tuple[str, ...] = (
 )
 
 IDEMPOTENCY_COLUMNS: tuple[str, ...] = ("key", "fingerprint", "result", "created_at")
-CHECKPOINT_COLUMNS: tuple[str, ...] = ("job_id", "data", "size", "epoch", "saved_at")
+CHECKPOINT_COLUMNS: tuple[str, ...] = ("job_id", "data", "size", "epoch", "saved_at", "attempt")
 HOLD_COLUMNS: tuple[str, ...] = (
     "worker_id",
     "gang_id",
@@ -299,6 +299,15 @@ MIGRATIONS: tuple[Migration, ...] = (
                 PRIMARY KEY (worker_id, gang_id)
             )
             """,
+        ),
+    ),
+    Migration(
+        4,
+        "checkpoints from any end of an attempt",
+        (
+            # The attempt that saved the checkpoint: a checkpoint now comes from every end of an
+            # attempt (a crash, done), not only from a stop the server asked for at an epoch.
+            "ALTER TABLE checkpoints ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
         ),
     ),
 )

@@ -39,30 +39,36 @@ RECHECK_S = 1.0
 CHECKPOINT_ENV_MAX_BYTES = 64 * 1024
 
 
-def claim_env(state: ServerState, job: Job, server_url: str) -> dict[str, str]:
+def claim_env(state: ServerState, job: Job, server_url: str, tasks: list[Job] | None) -> dict[str, str]:
     """The environment a claimed job runs with: its own ``env`` plus corral's variables, the
-    rendezvous of its gang, and its checkpoint when one is stored."""
+    rendezvous of its gang (``tasks``: every task of it), and the resume flag when a checkpoint is
+    stored: its own, or for a gang rank any rank's (the "rank 0 saves, every rank loads" pattern)."""
     env = {
         **job.spec.env,
         "CORRAL_JOB_ID": job.id,
         "CORRAL_ATTEMPT": str(job.attempts),
         "CORRAL_SERVER": server_url,
     }
-    if job.gang_id is not None:
-        env.update(rendezvous_env(state, job))
+    if tasks is not None:
+        env.update(rendezvous_env(state, job, tasks))
+    if job.has_checkpoint or any(task.has_checkpoint for task in tasks or ()):
+        env["CORRAL_RESUME"] = "1"
     if job.has_checkpoint:
         data = state.store.get_checkpoint(job.id)
-        if data is not None:
-            env["CORRAL_RESUME"] = "1"
-            if len(data) <= CHECKPOINT_ENV_MAX_BYTES:
-                env["CHECKPOINT_DATA"] = base64.b64encode(data).decode()
+        if data is not None and len(data) <= CHECKPOINT_ENV_MAX_BYTES:
+            env["CHECKPOINT_DATA"] = base64.b64encode(data).decode()
     return env
 
 
-def rendezvous_env(state: ServerState, job: Job) -> dict[str, str]:
+def gang_checkpoints(tasks: list[Job] | None) -> list[dict[str, Any]]:
+    """The ranks of the gang that have a stored checkpoint, for the worker to fetch into
+    ``CORRAL_GANG_CHECKPOINT_DIR`` as ``rank-<gang_index>``."""
+    return [{"gang_index": task.gang_index, "job_id": task.id} for task in tasks or () if task.has_checkpoint]
+
+
+def rendezvous_env(state: ServerState, job: Job, tasks: list[Job]) -> dict[str, str]:
     """What a torchrun-style program needs to find its peers: ranks, world size, and rank 0's
     address and port (the port chosen at reservation, stable for the attempt)."""
-    tasks = state.store.gang_tasks(job.gang_id or "")
     workers = state.store.workers_by_id([task.worker_id for task in tasks if task.worker_id])
     peers = [workers[task.worker_id].address if task.worker_id in workers else "" for task in tasks]
     same_worker = [task.id for task in tasks if task.worker_id == job.worker_id]
@@ -106,9 +112,11 @@ async def claim(request: Request) -> Response:
         # A retry's wait would count its earlier runs too: only first starts measure the queue.
         state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
     logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
+    tasks = state.store.gang_tasks(job.gang_id) if job.gang_id is not None else None
     body = job_to_wire(job)
     body["attempt"] = job.attempts
-    body["env"] = claim_env(state, job, str(request.base_url).rstrip("/"))
+    body["env"] = claim_env(state, job, str(request.base_url).rstrip("/"), tasks)
+    body["gang_checkpoints"] = gang_checkpoints(tasks)
     return json_response(body)
 
 
@@ -238,11 +246,12 @@ async def watchdog(request: Request) -> Response:
 
 
 async def upload_checkpoint(request: Request) -> Response:
-    """Opaque bytes for the job's next attempt, while it is being stopped (current epoch only)."""
+    """Opaque bytes for the job's next attempt: with ``epoch``, from a stop the server asked for
+    (current epoch only); without, from the current attempt whatever way it is ending, until its
+    final report."""
     state = state_of(request)
     worker_id, attempt = fence(request)
-    epoch = query_int(request, "epoch")
-    assert epoch is not None
+    epoch = query_int(request, "epoch", required=False)
     data = await read_body(request, state.settings.checkpoint_max_bytes)
     if not data:
         raise errors.InvalidRequest("checkpoint body is empty", field="body")
@@ -251,9 +260,16 @@ async def upload_checkpoint(request: Request) -> Response:
     )
     logger.info(
         "checkpoint saved",
-        extra={"job_id": job.id, "gang_id": job.gang_id, "preemption_epoch": epoch, "bytes": len(data)},
+        extra={
+            "job_id": job.id,
+            "gang_id": job.gang_id,
+            "attempt": attempt,
+            "preemption_epoch": epoch,
+            "bytes": len(data),
+        },
     )
-    return json_response({"job_id": job.id, "bytes": len(data), "preemption_epoch": epoch})
+    answer = {"job_id": job.id, "bytes": len(data), "preemption_epoch": epoch, "attempt": attempt}
+    return json_response(answer)
 
 
 async def download_checkpoint(request: Request) -> Response:
