@@ -6,7 +6,7 @@ from tests.api.conftest import claim, error_code, register, submit
 
 WORKER_FIELDS = {
     "id", "address", "resources", "gpu_model", "labels", "status", "last_heartbeat_at", "registered_at",
-    "flagged_dead_at", "used", "running", "unhealthy_gpus",
+    "flagged_dead_at", "used", "running", "unhealthy_gpus", "gpu_stats",
 }  # fmt: skip
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core.drain import DrainStarted
 from corral.core.placement import ClaimPlacement
 from corral.domain import errors
 from corral.domain.records import Hold, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status
-from corral.store.base import Drain, WorkerRegistration
+from corral.server import changes
+from corral.store.base import WorkerRegistration
+from tests.contract import protocol
 from tests.contract.test_store import assert_history_is_legal
 
 NOW = 1_800_000_000.0
@@ -33,7 +36,7 @@ def submit_gang(store, size=3, gpus=1, max_retries=3, now=NOW):
 
 def reserve(store, gang_id, task_ids, now=NOW):
     placements = [(task_id, f"w{index}", (0,)) for index, task_id in enumerate(task_ids)]
-    return store.reserve_gang(gang_id, placements, now, POLICY)
+    return protocol.reserve_gang(store, gang_id, placements, now, POLICY)
 
 
 def run_gang(store, gang_id, task_ids, now=NOW):
@@ -78,19 +81,23 @@ def test_second_gang_gets_the_next_master_port_on_a_shared_worker(store):
     store.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
     first_id, first_tasks = submit_gang(store, size=1 + 1)
     placements = [(first_tasks[0], "w0", (0,)), (first_tasks[1], "w0", (1,))]
-    assert {job.master_port for job in store.reserve_gang(first_id, placements, NOW, POLICY)} == {29500}
+    assert {job.master_port for job in protocol.reserve_gang(store, first_id, placements, NOW, POLICY)} == {
+        29500
+    }
     store.register_worker(WorkerRegistration("w0", "h", Resources(4, 1000, 8192, 8)), NOW)
     second_id, second_tasks = submit_gang(store, size=2)
     placements = [(second_tasks[0], "w0", (2,)), (second_tasks[1], "w0", (3,))]
-    assert {job.master_port for job in store.reserve_gang(second_id, placements, NOW, POLICY)} == {29501}
+    assert {job.master_port for job in protocol.reserve_gang(store, second_id, placements, NOW, POLICY)} == {
+        29501
+    }
 
 
 def test_stale_reservation_rolls_back_to_blocked(store):
     workers(store, 3)
     gang_id, task_ids = submit_gang(store)
     reserve(store, gang_id, task_ids)
-    assert store.rollback_gang(gang_id, NOW + 10, 30) == []
-    rolled = store.rollback_gang(gang_id, NOW + 31, 30)
+    assert protocol.rollback_gang(store, gang_id, NOW + 10, 30) == ()
+    rolled = protocol.rollback_gang(store, gang_id, NOW + 31, 30)
     assert [job.status for job in rolled] == [Status.BLOCKED] * 3
     assert {job.worker_id for job in rolled} == {None}
     for task_id in task_ids:
@@ -104,8 +111,8 @@ def test_stale_reservation_with_running_siblings_drains_the_gang(store):
     reserve(store, gang_id, task_ids)
     store.claim("w0", NOW, POLICY)
     store.claim("w1", NOW, POLICY)
-    drain = store.rollback_gang(gang_id, NOW + 31, 30)
-    assert isinstance(drain, Drain)
+    drain = protocol.rollback_gang(store, gang_id, NOW + 31, 30)
+    assert isinstance(drain, DrainStarted)
     assert drain.trigger.id == task_ids[2]
     assert statuses(store, gang_id) == [Status.PREEMPTING, Status.PREEMPTING, Status.BLOCKED]
 
@@ -114,7 +121,7 @@ def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
     workers(store, 3)
     gang_id, task_ids = submit_gang(store)
     run_gang(store, gang_id, task_ids)
-    trigger = store.fail(task_ids[1], "w1", 1, NOW + 5, 1, "rank 1 crashed", "Traceback...")
+    trigger = protocol.fail(store, task_ids[1], "w1", 1, NOW + 5, 1, "rank 1 crashed", "Traceback...")
     assert (trigger.status, trigger.preemption_epoch, trigger.attempts) == (Status.PREEMPTED, 1, 1)
     assert trigger.exit_code == 1
     tasks = store.gang_tasks(gang_id)
@@ -122,20 +129,20 @@ def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
     assert [task.refunds for task in tasks] == [1, 0, 1]
     assert [task.attempts_used for task in tasks] == [0, 1, 0], "peers are refunded, the trigger is not"
     assert {task.preemption_epoch for task in tasks} == {1}
-    beat = store.heartbeat_job(task_ids[0], "w0", 1, NOW + 6, None)
+    beat = protocol.heartbeat_job(store, task_ids[0], "w0", 1, NOW + 6, None)
     assert beat.status == Status.PREEMPTING, "the peer's worker still reports with the attempt it claimed"
     with pytest.raises(errors.StaleEpoch):
-        store.ack_preempted(task_ids[0], "w0", 1, 2, NOW + 7)
-    store.ack_preempted(task_ids[0], "w0", 1, 1, NOW + 7)
-    assert store.complete_drains(NOW + 7) == [], "task 2 is still stopping"
-    store.ack_preempted(task_ids[2], "w2", 1, 1, NOW + 8)
-    (completion,) = store.complete_drains(NOW + 8)
-    assert (completion.outcome, completion.drain_seconds) == ("blocked", 3.0)
+        protocol.ack_preempted(store, task_ids[0], "w0", 1, 2, NOW + 7)
+    first_ack = changes.acknowledge_stop(store, task_ids[0], "w0", 1, 1, NOW + 7)
+    assert first_ack.completion is None, "task 2 is still stopping"
+    last_ack = changes.acknowledge_stop(store, task_ids[2], "w2", 1, 1, NOW + 8)
+    completion = last_ack.completion
+    assert (completion.outcome, completion.drain_seconds) == ("blocked", 3.0), "the last ack ends the drain"
     assert statuses(store, gang_id) == [Status.BLOCKED] * 3
     assert [task.attempts_used for task in store.gang_tasks(gang_id)] == [0, 1, 0], (
         "peers refunded, trigger not"
     )
-    assert store.complete_drains(NOW + 9) == []
+    assert protocol.complete_drains(store, NOW + 9) == []
     for task_id in task_ids:
         assert_history_is_legal(store, task_id)
 
@@ -147,9 +154,11 @@ def test_the_same_rank_failing_max_retries_times_fails_the_gang(store):
     for round_number in (1, 2):
         claimed = run_gang(store, gang_id, task_ids, NOW + round_number)
         attempt = claimed[0].attempts
-        store.fail(task_ids[0], "w0", attempt, NOW + round_number, 1, None, None)
-        store.ack_preempted(task_ids[1], "w1", claimed[1].attempts, round_number, NOW + round_number)
-        outcomes.append(store.complete_drains(NOW + round_number)[0].outcome)
+        protocol.fail(store, task_ids[0], "w0", attempt, NOW + round_number, 1, None, None)
+        acked = changes.acknowledge_stop(
+            store, task_ids[1], "w1", claimed[1].attempts, round_number, NOW + round_number
+        )
+        outcomes.append(acked.completion.outcome)
     assert outcomes == ["blocked", "failed"]
     assert statuses(store, gang_id) == [Status.FAILED, Status.FAILED]
 
@@ -158,10 +167,9 @@ def test_a_done_task_makes_the_drained_gang_fail_keeping_its_done(store):
     workers(store, 2)
     gang_id, task_ids = submit_gang(store, size=2)
     run_gang(store, gang_id, task_ids)
-    store.complete(task_ids[0], "w0", 1, NOW + 1)
-    store.fail(task_ids[1], "w1", 1, NOW + 2, 1, None, None)
-    (completion,) = store.complete_drains(NOW + 2)
-    assert completion.outcome == "failed"
+    protocol.complete(store, task_ids[0], "w0", 1, NOW + 1)
+    failed = changes.report_failure(store, task_ids[1], "w1", 1, NOW + 2, 1)
+    assert failed.drain is not None and failed.completion.outcome == "failed"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
 
 
@@ -169,13 +177,13 @@ def test_reaper_drains_a_gang_whose_rank_went_silent_and_completes_in_one_pass(s
     workers(store, 3)
     gang_id, task_ids = submit_gang(store)
     run_gang(store, gang_id, task_ids)
-    store.heartbeat_job(task_ids[0], "w0", 1, NOW + 25, None)
-    report = store.reap(NOW + 31, 30, 45, 600)
+    protocol.heartbeat_job(store, task_ids[0], "w0", 1, NOW + 25, None)
+    report = protocol.reap(store, NOW + 31, 30, 45, 600)
     (drain,) = report.drains
     assert drain.trigger.id in task_ids[1:]
     # Both silent ranks are gone: straight to preempted; the live one is told to stop.
     assert sorted(statuses(store, gang_id)) == sorted([Status.PREEMPTING, Status.PREEMPTED, Status.PREEMPTED])
-    report = store.reap(NOW + 31 + 46, 1000, 45, 600)
+    report = protocol.reap(store, NOW + 31 + 46, 1000, 45, 600)
     assert [job.id for job in report.force_drained] == [task_ids[0]]
     assert [completion.outcome for completion in report.completions] == ["blocked"]
     assert statuses(store, gang_id) == [Status.BLOCKED] * 3
@@ -187,13 +195,13 @@ def test_checkpoint_only_while_preempting_with_the_current_epoch(store):
     run_gang(store, gang_id, task_ids)
     payload = bytes(range(256)) * 10
     with pytest.raises(errors.NotPreempting):
-        store.save_checkpoint(task_ids[0], "w0", 1, 0, payload, NOW)
-    store.fail(task_ids[1], "w1", 1, NOW, 1, None, None)
+        protocol.save_checkpoint(store, task_ids[0], "w0", 1, 0, payload, NOW)
+    protocol.fail(store, task_ids[1], "w1", 1, NOW, 1, None, None)
     with pytest.raises(errors.StaleEpoch):
-        store.save_checkpoint(task_ids[0], "w0", 1, 2, payload, NOW)
+        protocol.save_checkpoint(store, task_ids[0], "w0", 1, 2, payload, NOW)
     with pytest.raises(errors.StaleAttempt):
-        store.save_checkpoint(task_ids[0], "w1", 1, 1, payload, NOW)
-    saved = store.save_checkpoint(task_ids[0], "w0", 1, 1, payload, NOW)
+        protocol.save_checkpoint(store, task_ids[0], "w1", 1, 1, payload, NOW)
+    saved = protocol.save_checkpoint(store, task_ids[0], "w0", 1, 1, payload, NOW)
     assert saved.has_checkpoint
     assert store.get_checkpoint(task_ids[0]) == payload
     assert store.get_checkpoint(task_ids[1]) is None
@@ -224,14 +232,14 @@ def test_a_refunded_peer_keeps_a_fence_no_later_attempt_reuses(store):
     workers(store, 2)
     gang_id, task_ids = submit_gang(store, size=2)
     first = run_gang(store, gang_id, task_ids)
-    report = store.reap(NOW + 31, 30, 45, 600)
+    report = protocol.reap(store, NOW + 31, 30, 45, 600)
     assert report.completions and report.completions[0].outcome == "blocked"
     again = run_gang(store, gang_id, task_ids, NOW + 40)
     assert again[1].attempts == first[1].attempts + 1, "the fence only grows"
     with pytest.raises(errors.StaleAttempt):
-        store.heartbeat_job(task_ids[1], "w1", first[1].attempts, NOW + 41, None)
+        protocol.heartbeat_job(store, task_ids[1], "w1", first[1].attempts, NOW + 41, None)
     with pytest.raises(errors.StaleAttempt):
-        store.complete(task_ids[1], "w1", first[1].attempts, NOW + 41)
+        protocol.complete(store, task_ids[1], "w1", first[1].attempts, NOW + 41)
 
 
 def test_a_gang_with_an_ended_rank_and_a_rolled_back_one_fails_instead_of_waiting_forever(store):
@@ -239,10 +247,10 @@ def test_a_gang_with_an_ended_rank_and_a_rolled_back_one_fails_instead_of_waitin
     gang_id, task_ids = submit_gang(store, size=2)
     reserve(store, gang_id, task_ids)
     store.claim("w0", NOW, POLICY)
-    store.complete(task_ids[0], "w0", 1, NOW + 1)
-    assert store.rollback_gang(gang_id, NOW + 31, 30)
-    (completion,) = store.complete_drains(NOW + 32)
-    assert completion.outcome == "failed"
+    protocol.complete(store, task_ids[0], "w0", 1, NOW + 1)
+    drain, completion, rolled = changes.roll_back_stale(store, gang_id, NOW + 31, 30)
+    assert drain is not None and rolled == ()
+    assert completion.outcome == "failed", "a finished rank: the gang can never run whole again"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
 
 
@@ -253,9 +261,9 @@ def test_an_expired_reservation_counts_as_the_triggers_attempt(store):
         now = NOW + 100 * round_number
         reserve(store, gang_id, task_ids, now)
         store.claim("w0", now, POLICY)
-        store.rollback_gang(gang_id, now + 31, 30)
-        store.ack_preempted(task_ids[0], "w0", round_number, round_number, now + 32)
-        store.complete_drain(gang_id, now + 32)
+        protocol.rollback_gang(store, gang_id, now + 31, 30)
+        protocol.ack_preempted(store, task_ids[0], "w0", round_number, round_number, now + 32)
+        protocol.complete_drain(store, gang_id, now + 32)
     assert statuses(store, gang_id) == [Status.FAILED, Status.FAILED], (
         "a worker that never claims cannot loop forever"
     )
@@ -265,18 +273,17 @@ def test_a_retried_watchdog_report_for_a_drained_rank_is_refused(store):
     workers(store, 2)
     gang_id, task_ids = submit_gang(store, size=2)
     run_gang(store, gang_id, task_ids)
-    tripped = store.watchdog_trip(task_ids[0], "w0", 1, NOW, "stall", "idle", max_retries=3)
+    tripped = protocol.watchdog_trip(store, task_ids[0], "w0", 1, NOW, "stall", "idle", max_retries=3)
     assert (tripped.status, tripped.watchdog_retries, tripped.attempts_used) == (Status.PREEMPTED, 1, 0)
     with pytest.raises(errors.NotRunning):
-        store.watchdog_trip(task_ids[0], "w0", 1, NOW, "stall", "idle", max_retries=3)
+        protocol.watchdog_trip(store, task_ids[0], "w0", 1, NOW, "stall", "idle", max_retries=3)
 
 
 def test_a_peer_finishing_during_the_drain_completes_it_as_failed(store):
     workers(store, 2)
     gang_id, task_ids = submit_gang(store, size=2)
     run_gang(store, gang_id, task_ids)
-    store.fail(task_ids[1], "w1", 1, NOW, 1, None, None)
-    store.complete(task_ids[0], "w0", 1, NOW + 1)
-    completion = store.complete_drain(gang_id, NOW + 1)
+    protocol.fail(store, task_ids[1], "w1", 1, NOW, 1, None, None)
+    completion = changes.report_done(store, task_ids[0], "w0", 1, NOW + 1).completion
     assert completion is not None and completion.outcome == "failed"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]

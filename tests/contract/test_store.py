@@ -9,12 +9,13 @@ import pytest
 
 from corral.core.placement import ClaimPlacement
 from corral.domain import errors
-from corral.domain.records import Constraints, JobSpec
+from corral.domain.records import Constraints, GpuReading, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status, is_allowed
 from corral.store import open_store
 from corral.store.base import JobFilter, WorkerRegistration
 from corral.store.schema import DECLARED_INDEXES, DECLARED_SCHEMA
+from tests.contract import protocol
 
 NOW = 1_800_000_000.0
 POLICY = ClaimPlacement()
@@ -126,7 +127,7 @@ def test_claim_respects_capacity_and_assigns_distinct_gpus(store):
     assert {first.id, second.id} == {jobs[0].id, jobs[1].id}
     assert sorted(first.gpu_indices + second.gpu_indices) == [0, 1]
     assert store.claim("w1", NOW, POLICY) is None
-    store.complete(first.id, "w1", 1, NOW)
+    protocol.complete(store, first.id, "w1", 1, NOW)
     third = store.claim("w1", NOW, POLICY)
     assert third.id == jobs[2].id
     assert third.gpu_indices == first.gpu_indices
@@ -200,11 +201,11 @@ def test_reports_from_a_stale_attempt_or_worker_change_nothing(store):
     store.claim("w1", NOW, POLICY)
     for worker_id, attempt in (("w1", 2), ("w2", 1)):
         with pytest.raises(errors.StaleAttempt):
-            store.heartbeat_job(job.id, worker_id, attempt, NOW, None)
+            protocol.heartbeat_job(store, job.id, worker_id, attempt, NOW, None)
         with pytest.raises(errors.StaleAttempt):
-            store.complete(job.id, worker_id, attempt, NOW)
+            protocol.complete(store, job.id, worker_id, attempt, NOW)
         with pytest.raises(errors.StaleAttempt):
-            store.fail(job.id, worker_id, attempt, NOW, 1, None, None)
+            protocol.fail(store, job.id, worker_id, attempt, NOW, 1, None, None)
     assert store.get_job(job.id).status == Status.RUNNING
     assert len(store.job_events(job.id)) == 2
 
@@ -213,13 +214,13 @@ def test_done_then_done_again_is_not_running(store):
     register(store)
     job = submit_one(store)
     store.claim("w1", NOW, POLICY)
-    assert store.complete(job.id, "w1", 1, NOW + 3).status == Status.DONE
+    assert protocol.complete(store, job.id, "w1", 1, NOW + 3).status == Status.DONE
     with pytest.raises(errors.NotRunning):
-        store.complete(job.id, "w1", 1, NOW + 4)
+        protocol.complete(store, job.id, "w1", 1, NOW + 4)
     with pytest.raises(errors.NotRunning):
-        store.heartbeat_job(job.id, "w1", 1, NOW, None)
+        protocol.heartbeat_job(store, job.id, "w1", 1, NOW, None)
     with pytest.raises(errors.NotFound):
-        store.complete("j-missing", "w1", 1, NOW)
+        protocol.complete(store, "j-missing", "w1", 1, NOW)
     finished = store.get_job(job.id)
     assert (finished.finished_at, finished.exit_code) == (NOW + 3, 0)
     assert_history_is_legal(store, job.id)
@@ -229,7 +230,7 @@ def test_heartbeat_renews_the_lease_and_records_progress(store):
     register(store)
     job = submit_one(store)
     store.claim("w1", NOW, POLICY)
-    beat = store.heartbeat_job(job.id, "w1", 1, NOW + 7, {"step": 12})
+    beat = protocol.heartbeat_job(store, job.id, "w1", 1, NOW + 7, {"step": 12})
     assert (beat.last_heartbeat_at, beat.progress) == (NOW + 7, {"step": 12})
 
 
@@ -240,7 +241,7 @@ def test_fail_retries_while_attempts_remain(store, max_retries):
     statuses = []
     for attempt in range(1, max(max_retries, 1) + 1):
         assert store.claim("w1", NOW, POLICY).attempts == attempt
-        statuses.append(store.fail(job.id, "w1", attempt, NOW, 2, "exit 2", "tail").status)
+        statuses.append(protocol.fail(store, job.id, "w1", attempt, NOW, 2, "exit 2", "tail").status)
     assert statuses == [Status.PENDING] * (max(max_retries, 1) - 1) + [Status.FAILED]
     failed = store.get_job(job.id)
     assert (failed.exit_code, failed.output_tail, failed.reason.code) == (2, "tail", "failed")
@@ -253,31 +254,31 @@ def test_fail_retries_while_attempts_remain(store, max_retries):
 
 def test_cancel_pending_is_immediate_and_terminal_is_refused(store):
     job = submit_one(store)
-    assert [changed.status for changed in store.cancel(job.id, NOW)] == [Status.CANCELLED]
+    assert [changed.status for changed in protocol.cancel(store, job.id, NOW)] == [Status.CANCELLED]
     with pytest.raises(errors.AlreadyTerminal):
-        store.cancel(job.id, NOW)
+        protocol.cancel(store, job.id, NOW)
     with pytest.raises(errors.NotFound):
-        store.cancel("j-missing", NOW)
+        protocol.cancel(store, "j-missing", NOW)
 
 
 def test_cancel_running_stops_through_the_worker(store):
     register(store)
     job = submit_one(store)
     store.claim("w1", NOW, POLICY)
-    (stopping,) = store.cancel(job.id, NOW + 1)
+    (stopping,) = protocol.cancel(store, job.id, NOW + 1)
     assert (stopping.status, stopping.preemption_epoch, stopping.cancel_requested) == (
         Status.PREEMPTING,
         1,
         True,
     )
-    assert store.heartbeat_job(job.id, "w1", 1, NOW + 2, None).status == Status.PREEMPTING
+    assert protocol.heartbeat_job(store, job.id, "w1", 1, NOW + 2, None).status == Status.PREEMPTING
     with pytest.raises(errors.StaleEpoch):
-        store.ack_preempted(job.id, "w1", 1, 7, NOW + 3)
+        protocol.ack_preempted(store, job.id, "w1", 1, 7, NOW + 3)
     with pytest.raises(errors.StaleAttempt):
-        store.ack_preempted(job.id, "w1", 2, 1, NOW + 3)
-    assert store.ack_preempted(job.id, "w1", 1, 1, NOW + 3).status == Status.CANCELLED
+        protocol.ack_preempted(store, job.id, "w1", 2, 1, NOW + 3)
+    assert protocol.ack_preempted(store, job.id, "w1", 1, 1, NOW + 3).status == Status.CANCELLED
     with pytest.raises(errors.NotPreempting):
-        store.ack_preempted(job.id, "w1", 1, 1, NOW + 4)
+        protocol.ack_preempted(store, job.id, "w1", 1, 1, NOW + 4)
     assert_history_is_legal(store, job.id)
 
 
@@ -285,17 +286,17 @@ def test_a_job_that_finishes_while_being_cancelled_keeps_its_result(store):
     register(store)
     job = submit_one(store)
     store.claim("w1", NOW, POLICY)
-    store.cancel(job.id, NOW)
-    assert store.complete(job.id, "w1", 1, NOW).status == Status.DONE
+    protocol.cancel(store, job.id, NOW)
+    assert protocol.complete(store, job.id, "w1", 1, NOW).status == Status.DONE
     other = submit_one(store)
     store.claim("w1", NOW, POLICY)
-    store.cancel(other.id, NOW)
-    assert store.fail(other.id, "w1", 1, NOW, 143, "terminated", None).status == Status.CANCELLED
+    protocol.cancel(store, other.id, NOW)
+    assert protocol.fail(store, other.id, "w1", 1, NOW, 143, "terminated", None).status == Status.CANCELLED
 
 
 def test_cancelling_a_gang_task_cancels_the_gang(store):
     item = store.submit([spec(gang_size=2)], NOW).items[0]
-    changed = store.cancel(item.tasks[1].id, NOW)
+    changed = protocol.cancel(store, item.tasks[1].id, NOW)
     assert changed[0].id == item.tasks[1].id
     assert {task.status for task in store.gang_tasks(item.gang_id)} == {Status.CANCELLED}
 
@@ -307,15 +308,15 @@ def test_reaper_requeues_then_fails_expired_leases(store):
     register(store)
     job = submit_one(store, max_retries=2)
     store.claim("w1", NOW, POLICY)
-    assert store.reap(NOW + 29, 30, 45, 600).requeued == ()
-    report = store.reap(NOW + 31, 30, 45, 600)
+    assert protocol.reap(store, NOW + 29, 30, 45, 600).requeued == ()
+    report = protocol.reap(store, NOW + 31, 30, 45, 600)
     assert [requeued.id for requeued in report.requeued] == [job.id]
     assert store.get_job(job.id).reason.code == "lease_expired"
-    assert store.reap(NOW + 31, 30, 45, 600).requeued == ()  # idempotent
+    assert protocol.reap(store, NOW + 31, 30, 45, 600).requeued == ()  # idempotent
     store.claim("w1", NOW + 40, POLICY)
-    store.heartbeat_job(job.id, "w1", 2, NOW + 60, None)
-    assert store.reap(NOW + 80, 30, 45, 600).failed == ()
-    report = store.reap(NOW + 91, 30, 45, 600)
+    protocol.heartbeat_job(store, job.id, "w1", 2, NOW + 60, None)
+    assert protocol.reap(store, NOW + 80, 30, 45, 600).failed == ()
+    report = protocol.reap(store, NOW + 91, 30, 45, 600)
     assert [failed.id for failed in report.failed] == [job.id]
     assert store.get_job(job.id).status == Status.FAILED
     assert_history_is_legal(store, job.id)
@@ -325,17 +326,19 @@ def test_reaper_force_drains_a_stop_nobody_acked(store):
     register(store)
     job = submit_one(store)
     store.claim("w1", NOW, POLICY)
-    store.cancel(job.id, NOW)
-    assert store.reap(NOW + 44, 1000, 45, 600).force_drained == ()
-    (drained,) = store.reap(NOW + 46, 1000, 45, 600).force_drained
+    protocol.cancel(store, job.id, NOW)
+    assert protocol.reap(store, NOW + 44, 1000, 45, 600).force_drained == ()
+    (drained,) = protocol.reap(store, NOW + 46, 1000, 45, 600).force_drained
     assert drained.status == Status.CANCELLED
 
 
 def test_workers_go_offline_and_come_back(store):
     register(store)
-    assert store.reap(NOW + 61, 30, 45, 60).offline_workers == ("w1",)
+    assert protocol.reap(store, NOW + 61, 30, 45, 60).offline_workers == ("w1",)
     assert store.get_worker("w1").worker.status == "offline"
-    assert store.worker_heartbeat("w1", NOW + 62, [{"index": 0, "util_pct": 5.0}]).status == "active"
+    beat = store.worker_heartbeat("w1", NOW + 62, [{"index": 0, "util_pct": 5.0}])
+    assert beat.worker.status == "active"
+    assert beat.worker.gpu_stats == (GpuReading(0, 5.0, None),)
     register(store)  # re-register keeps registered_at
     assert store.get_worker("w1").worker.registered_at == NOW
     with pytest.raises(errors.NotFound):
@@ -399,13 +402,15 @@ def test_watchdog_trip_requeues_at_the_front_then_fails(store):
     job = submit_one(store)
     submit_one(store)
     store.claim("w1", NOW, POLICY)
-    first = store.watchdog_trip(job.id, "w1", 1, NOW, "budget", "ran 3600s of 3600s", max_retries=1)
+    first = protocol.watchdog_trip(store, job.id, "w1", 1, NOW, "budget", "ran 3600s of 3600s", max_retries=1)
     assert (first.status, first.watchdog_retries, first.queue_front) == (Status.PENDING, 1, True)
     again = store.claim("w1", NOW, POLICY)
     assert (again.id, again.queue_front) == (job.id, False)
     with pytest.raises(errors.StaleAttempt):
-        store.watchdog_trip(job.id, "w1", 1, NOW, "budget", "late", max_retries=1)
-    second = store.watchdog_trip(job.id, "w1", 2, NOW, "budget", "ran 3600s of 3600s", max_retries=1)
+        protocol.watchdog_trip(store, job.id, "w1", 1, NOW, "budget", "late", max_retries=1)
+    second = protocol.watchdog_trip(
+        store, job.id, "w1", 2, NOW, "budget", "ran 3600s of 3600s", max_retries=1
+    )
     assert (second.status, second.reason.code) == (Status.FAILED, "watchdog_budget")
     assert_history_is_legal(store, job.id)
 
@@ -427,8 +432,8 @@ def test_a_released_job_goes_back_without_spending_its_attempt(store):
     register(store)
     job = submit_one(store, max_retries=1)
     store.claim("w1", NOW, POLICY)
-    released = store.fail(job.id, "w1", 1, NOW, 143, "worker shut down", None, release=True)
+    released = protocol.fail(store, job.id, "w1", 1, NOW, 143, "worker shut down", None, release=True)
     assert (released.status, released.attempts_used, released.reason.code) == (Status.PENDING, 0, "released")
     again = store.claim("w1", NOW, POLICY)
     assert again.attempts == 2, "the fence still grows"
-    assert store.fail(job.id, "w1", 2, NOW, 1, None, None).status == Status.FAILED
+    assert protocol.fail(store, job.id, "w1", 2, NOW, 1, None, None).status == Status.FAILED

@@ -290,9 +290,9 @@ def test_a_checkpoint_written_on_sigterm_is_in_the_next_attempt(start_server, st
     assert (tmp_path / "data-0-2").read_bytes() == CHECKPOINT
     assert (tmp_path / "loaded-0-2").read_bytes() == CHECKPOINT
     assert stored == CHECKPOINT
-    # The crashing rank wrote none: it resumes without one.
+    # The crashing rank wrote none of its own; it is told to resume (rank 0 has one) without one.
     seen1 = json.loads((tmp_path / "seen-1-2.json").read_text())
-    assert (seen1["resume"], seen1["in_path"], seen1["has_data"]) == (None, None, False)
+    assert (seen1["resume"], seen1["in_path"], seen1["has_data"]) == ("1", None, False)
     assert stored_for_rank1 is None
     # The handler saved and exited at once: no SIGKILL, the stop ended with the handler's 143.
     [stopped] = log_records(workers, "job stopped; acknowledging")

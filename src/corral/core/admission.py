@@ -6,14 +6,17 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
 (replacing the previous cycle's), then the waiting reasons.
 
 1. **Roll back stale reservations.** A gang with a ``reserved`` task whose ``reserved_at`` is more
-   than ``reservation_timeout_s`` before ``now`` gets a ``Rollback`` of all its reserved tasks
-   (back to ``blocked``). Their allocations are dropped from this cycle's capacity at once.
+   than ``reservation_timeout_s`` before ``now`` (``drain.stale_tasks``) gets a ``Rollback`` of all
+   its reserved tasks (back to ``blocked``; the loop applies ``drain.stale_reservation``, which
+   drains the gang instead when a sibling already started). Their allocations are dropped from
+   this cycle's capacity at once.
 2. **Candidates**: the gangs whose tasks are all ``blocked`` (counting the ones just rolled back).
    A gang with any task running, preempting, reserved (and fresh), done or failed is not one.
-3. **Order**: ``corral.core.ordering.gang_key`` (size, class, priority, submission time, id).
-4. **Capacity**: for each active worker, ``free_capacity`` after every allocation on it (reserved,
-   running and preempting jobs, single jobs included: workron's B7). Draining and offline workers
-   get nothing.
+3. **Order**: ``corral.core.ordering.gang_key`` (size, class, priority, front-of-queue, submission
+   time, id).
+4. **Capacity**: for each usable worker (``usable``: active, not flagged dead), ``free_capacity``
+   after every allocation on it (reserved, running and preempting jobs, single jobs included:
+   workron's B7). Draining, offline and flagged workers get nothing.
 5. **Place** each candidate against the capacity the earlier ones left, speculatively: task by
    task in ``gang_index`` order, each on the best-fitting worker (see ``_Cluster.best``), a worker
    taking several tasks when they fit; the gang is committed only when all N tasks are placed,
@@ -36,6 +39,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 
+from corral.core import drain
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
@@ -62,9 +66,7 @@ def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisio
     candidates = in_gang_order([gang for gang in snapshot.gangs if _is_candidate(gang, released)])
     if not candidates:
         return AdmissionDecisions(rollbacks=rollbacks)
-    active = sorted(
-        (worker for worker in snapshot.workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
-    )
+    active = sorted((worker for worker in snapshot.workers if usable(worker)), key=lambda w: w.id)
     if not active:
         return AdmissionDecisions(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
@@ -136,22 +138,17 @@ def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisio
 def _stale_reservations(
     gangs: Iterable[Gang], now: float, timeout_s: float
 ) -> tuple[tuple[Rollback, ...], frozenset[str]]:
-    """A ``Rollback`` per gang with a reservation older than ``timeout_s``, in gang id order, and the
-    ids of the tasks it returns to ``blocked``."""
+    """A ``Rollback`` per gang with a reservation older than ``timeout_s`` (``drain.stale_tasks``,
+    the rule the rollback applies again under lock), in gang id order, and the ids of the tasks it
+    returns to ``blocked``."""
     rollbacks: list[Rollback] = []
     released: set[str] = set()
     for gang in sorted(gangs, key=lambda g: g.gang_id):
-        reserved = sorted(
-            (task for task in gang.tasks if task.status == Status.RESERVED),
-            key=lambda task: (task.gang_index or 0, task.id),
-        )
-        stamps = [task.reserved_at for task in reserved if task.reserved_at is not None]
-        if not stamps or now - min(stamps) <= timeout_s:
+        stale = drain.stale_tasks(gang.tasks, now, timeout_s)
+        if not stale:
             continue
-        message = (
-            f"{len(reserved)} reserved task(s) not claimed within {timeout_s:g} s "
-            f"(reserved {now - min(stamps):.0f} s ago)"
-        )
+        reserved = [task for task in gang.tasks if task.status == Status.RESERVED]
+        message = f"{len(stale)} reserved task(s) not claimed within {timeout_s:g} s"
         running = sum(task.status in (Status.RUNNING, Status.PREEMPTING) for task in gang.tasks)
         if running:
             message += f"; {running} sibling task(s) already started: the gang must drain"
@@ -162,6 +159,12 @@ def _stale_reservations(
         )
         released.update(task.id for task in reserved)
     return tuple(rollbacks), frozenset(released)
+
+
+def usable(worker: Worker) -> bool:
+    """A worker admission may reserve on: active, and not flagged dead (its heartbeat froze while it
+    holds running jobs: a reservation there would only expire)."""
+    return worker.status == WorkerStatus.ACTIVE and worker.flagged_dead_at is None
 
 
 def _is_candidate(gang: Gang, released: frozenset[str]) -> bool:

@@ -7,18 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral.core.placement import Placement, free_capacity, place
-from corral.domain.records import Allocation, Job, Reason, Worker
+from corral.core.placement import Placement, first_fit, free_capacity, place
+from corral.domain.records import Allocation, Hold, Job, Reason, Worker
 from corral.domain.status import Status, WorkerStatus
 
 
-def explain_pending(job: Job, workers: Sequence[Worker], allocations: Sequence[Allocation]) -> list[Reason]:
-    """Reasons a pending job has not started, best first.
+def explain_pending(
+    job: Job,
+    workers: Sequence[Worker],
+    allocations: Sequence[Allocation],
+    holds: Sequence[Hold] = (),
+    now: float = 0.0,
+) -> list[Reason]:
+    """Reasons a pending job has not started, best first, by the rule every claim applies
+    (``placement.first_fit``: capacity held for a waiting gang included).
 
     1. No active worker at all.
     2. No active worker could run it even if empty (too big, constraints): it will wait forever.
-    3. Some worker has room now: it starts at that worker's next claim.
-    4. Otherwise it waits for capacity held by other jobs.
+    3. Some worker has room now, by the claim's own rule: it starts at that worker's next claim.
+    4. Some worker has room, but only capacity held for a waiting gang, which this job may not
+       backfill: it waits for the gang.
+    5. Otherwise it waits for capacity held by other jobs.
     """
     active = sorted(
         (worker for worker in workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
@@ -29,11 +38,13 @@ def explain_pending(job: Job, workers: Sequence[Worker], allocations: Sequence[A
     by_worker: dict[str, list[Allocation]] = {}
     for allocation in allocations:
         by_worker.setdefault(allocation.worker_id, []).append(allocation)
+    holds_by_worker: dict[str, list[Hold]] = {}
+    for hold in holds:
+        holds_by_worker.setdefault(hold.worker_id, []).append(hold)
     could_ever: list[Worker] = []
     refusals: list[Reason] = []
     for worker in active:
-        empty = free_capacity(worker, [])
-        decision = place(request, constraints, worker, empty)
+        decision = place(request, constraints, worker, free_capacity(worker, []))
         if isinstance(decision, Placement):
             could_ever.append(worker)
         else:
@@ -46,13 +57,20 @@ def explain_pending(job: Job, workers: Sequence[Worker], allocations: Sequence[A
             f"{request.memory_mb} MB, {request.cpus} CPU(s); the largest worker has {largest_gpus} GPU(s))",
         )
         return [summary, *refusals[:3]]
+    held_back: list[tuple[Worker, list[Hold]]] = []
     for worker in could_ever:
         capacity = free_capacity(worker, by_worker.get(worker.id, []))
-        if isinstance(place(request, constraints, worker, capacity), Placement):
+        on_worker = holds_by_worker.get(worker.id, [])
+        if isinstance(first_fit(job, worker, capacity, on_worker, now), Placement):
             return [
                 Reason("fits_now", f"worker {worker.id} has room: the job starts at its next claim"),
                 *([job.reason] if job.reason else []),
             ]
+        if on_worker and isinstance(place(request, constraints, worker, capacity), Placement):
+            held_back.append((worker, on_worker))
+    if held_back:
+        worker, on_worker = held_back[0]
+        return [held_for_gang(job, worker, on_worker, len(held_back), now)]
     return [
         Reason(
             "waiting_for_capacity",
@@ -62,8 +80,37 @@ def explain_pending(job: Job, workers: Sequence[Worker], allocations: Sequence[A
     ]
 
 
-def explain(job: Job, workers: Sequence[Worker], allocations: Sequence[Allocation]) -> list[Reason]:
+def held_for_gang(job: Job, worker: Worker, holds: Sequence[Hold], count: int, now: float) -> Reason:
+    """Room exists, but it is kept for the gang first in line (seed 001's hold), and this job may
+    not backfill it: no declared walltime, or one that ends after the gang is expected to start."""
+    gang_ids = ", ".join(sorted({hold.gang_id for hold in holds}))
+    expected = [hold.expected_at for hold in holds]
+    if any(at is None for at in expected):
+        rule = "nothing may backfill it (when it frees up is unknown)"
+    else:
+        at = max(at for at in expected if at is not None)
+        walltime = job.spec.walltime_s
+        expected_free = f"expected free in {max(0.0, at - now):.0f} s"
+        rule = (
+            f"{expected_free}; declare a walltime_s that ends before then to backfill"
+            if walltime is None
+            else f"{expected_free}, before this job's walltime_s ({walltime:g} s) ends"
+        )
+    return Reason(
+        "held_for_gang",
+        f"worker {worker.id}{f' (and {count - 1} more)' if count > 1 else ''} has room, but it is held "
+        f"for gang {gang_ids}; {rule}",
+    )
+
+
+def explain(
+    job: Job,
+    workers: Sequence[Worker],
+    allocations: Sequence[Allocation],
+    holds: Sequence[Hold] = (),
+    now: float = 0.0,
+) -> list[Reason]:
     """Why ``job`` is where it is: live reasons for a pending job, else its last recorded reason."""
     if job.status == Status.PENDING:
-        return explain_pending(job, workers, allocations)
+        return explain_pending(job, workers, allocations, holds, now)
     return [job.reason] if job.reason else []

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from corral.core import lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
+from corral.domain.transitions import Transition
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +112,16 @@ def may_backfill(job: Job, holds: Sequence[Hold], now: float) -> bool:
 
 
 class ClaimPlacement:
-    """The claim's policy, handed to the store: free capacity, then the first candidate that fits.
+    """The claim's policy, handed to the store: free capacity, then the first candidate that fits,
+    then how it starts (``corral.core.lifecycle.start``).
 
-    Candidates arrive in queue order (``corral.core.ordering``), so the first one that fits is the
-    job the queue says should run next on this worker. Capacity held for a waiting gang is only
+    Candidates arrive in queue order (``corral.domain.queue_order``), so the first one that fits is
+    the job the queue says should run next on this worker. Capacity held for a waiting gang is only
     used by a job that backfills (``may_backfill``).
     """
+
+    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition:
+        return lifecycle.start(job, worker_id, gpu_indices, now)
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
@@ -123,10 +129,17 @@ class ClaimPlacement:
     def choose(
         self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float
     ) -> tuple[Job, tuple[int, ...]] | None:
-        unheld = without_holds(capacity, holds) if holds else capacity
         for job in candidates:
-            usable = capacity if holds and may_backfill(job, holds, now) else unheld
-            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
+            decision = first_fit(job, worker, capacity, holds, now)
             if isinstance(decision, Placement):
                 return job, decision.gpu_indices
         return None
+
+
+def first_fit(
+    job: Job, worker: Worker, capacity: Capacity, holds: Sequence[Hold], now: float
+) -> Placement | Reason:
+    """Where ``job`` would go on ``worker`` at a claim now: the claim's own rule (``ClaimPlacement``),
+    held capacity included, so ``why`` never says "fits" where every claim would refuse."""
+    usable = capacity if not holds or may_backfill(job, holds, now) else without_holds(capacity, holds)
+    return place(job.spec.resources, job.spec.constraints, worker, usable)

@@ -92,6 +92,12 @@ class Job:
     #: attempts given back (a drained gang peer's): ``attempts`` itself only grows, because it
     #: is the fence of every worker report; the retry rule counts ``attempts_used``
     refunds: int = 0
+    #: how many status changes the row has seen (its event count): a change decided on one version
+    #: is applied only to that version (compare-and-set), whatever else moved since
+    version: int = 1
+    #: the job's GPU utilisation and its process tree's memory, as its last heartbeat reported
+    gpu_util_pct: float | None = None
+    rss_mb: float | None = None
 
     @property
     def attempts_used(self) -> int:
@@ -101,6 +107,15 @@ class Job:
     @property
     def retries_left(self) -> bool:
         return self.attempts_used < self.spec.max_retries
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU of a worker as its last heartbeat read it (NVML): utilisation and memory in use."""
+
+    index: int
+    util_pct: float | None = None
+    mem_used_mb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +131,8 @@ class Worker:
     flagged_dead_at: float | None = None
     #: GPU indices the worker reported unusable: placement never hands them out
     unhealthy_gpus: tuple[int, ...] = ()
+    #: what its last heartbeat read of each GPU (empty without a GPU sampler)
+    gpu_stats: tuple[GpuReading, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,9 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "reason": job.reason.to_dict() if job.reason else None,
         "has_checkpoint": job.has_checkpoint,
         "progress": job.progress,
+        # what its last heartbeat reported: GPU utilisation (%) and its process tree's memory (MB)
+        "gpu_util_pct": job.gpu_util_pct,
+        "rss_mb": job.rss_mb,
         "budget_s": spec.budget_s,
         "walltime_s": spec.walltime_s,
         "stall_timeout_s": spec.stall_timeout_s,

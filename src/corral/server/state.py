@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from corral.config import ServerSettings
-from corral.core.placement import ClaimPlacement
 from corral.domain.clock import Clock
 from corral.observability.metrics import Metrics
 from corral.server.signal import WorkSignal
@@ -24,7 +23,6 @@ class ServerState:
     clock: Clock
     metrics: Metrics = field(default_factory=Metrics)
     signal: WorkSignal = field(default_factory=WorkSignal)
-    placement: ClaimPlacement = field(default_factory=ClaimPlacement)
     instance_id: str = field(default_factory=lambda: secrets.token_hex(4))
     started_monotonic: float = field(default_factory=time.monotonic)
     #: ask a background loop for a pass soon (set by the composition root; a no-op until then)

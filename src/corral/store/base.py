@@ -1,22 +1,27 @@
 """The Store protocol: every read and every state change corral makes, and nothing else.
 
-Every state change is one transaction that compare-and-sets on status (and on worker and attempt for
-worker reports) and appends a ``job_events`` row in the same transaction. A change whose
-precondition no longer holds raises a ``Conflict`` subclass and writes nothing.
-
-The store holds no policy: the claim asks a ``ClaimPolicy`` (the core's placement functions, passed in
-by the server) which candidate fits, so the store stays free of scheduling decisions and the core
-free of SQL.
+The store holds no policy. Every change of a job's status is decided by a function of
+``corral.core`` that the server hands in: ``change`` / ``change_gang`` lock the rows the decision
+reads, call it, and apply the ``Plan`` it returns in the same transaction (a compare-and-set per
+transition, with its event row); the claim asks a ``ClaimPolicy`` (the core's placement and claim
+rule) which candidate fits and how it starts. A decision that refuses (a stale report) raises a
+``Conflict`` subclass and nothing is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
+from corral.domain.transitions import Outcome, Plan, Transition
+
+#: a decision about one job: the job and, for a gang task, every task of its gang (locked)
+JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
+#: a decision about a gang: its tasks, locked, in ``gang_index`` order
+GangDecision = Callable[[tuple[Job, ...]], Plan[Outcome]]
 
 
 class CapacityView(Protocol):
@@ -43,6 +48,32 @@ class ClaimPolicy(Protocol[CapacityT]):
         holds: Sequence[Hold],
         now: float,
     ) -> tuple[Job, tuple[int, ...]] | None: ...
+
+    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition:
+        """The claim's transition: pending or reserved -> running."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """What a job heartbeat reports besides "alive" (each None when not reported)."""
+
+    progress: dict[str, Any] | None = None
+    gpu_util_pct: float | None = None
+    rss_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerBeat:
+    """A worker heartbeat as the store recorded it: the worker now, when the server heard from it
+    before this one, and the jobs the store holds running on it that its ``running`` list left out
+    (empty when it sent no list), for the core to judge."""
+
+    worker: Worker
+    previous_contact: float | None
+    #: the GPUs it had reported unhealthy before this heartbeat
+    previous_unhealthy: tuple[int, ...] = ()
+    unlisted: tuple[Job, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,18 +118,6 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
-class ReapReport:
-    """What one reaper pass changed, for metrics and logs."""
-
-    requeued: tuple[Job, ...] = ()
-    failed: tuple[Job, ...] = ()
-    force_drained: tuple[Job, ...] = ()
-    offline_workers: tuple[str, ...] = ()
-    drains: tuple[Drain, ...] = ()
-    completions: tuple[DrainCompletion, ...] = ()
-
-
-@dataclass(frozen=True)
 class AdmissionInputs:
     """What the admission cycle reads: active capacity, every allocation, and the gangs that have a
     blocked or reserved task (each with all of its tasks, in ``gang_index`` order)."""
@@ -111,31 +130,16 @@ class AdmissionInputs:
     expected_ends: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Drain:
-    """A drain that started: the gang, its new shared epoch, the trigger, and every task it moved."""
-
-    gang_id: str
-    epoch: int
-    trigger: Job
-    transitioned: tuple[Job, ...]
-
-
-@dataclass(frozen=True)
-class DrainCompletion:
-    gang_id: str
-    outcome: str  # "blocked" or "failed"
-    epoch: int
-    drain_seconds: float | None
-    tasks: tuple[Job, ...]
-
-
 class Store(Protocol):
     dialect: str
 
     def migrate(self) -> None: ...
     def close(self) -> None: ...
     def ping(self, timeout_s: float) -> None: ...
+
+    # applying the core's decisions
+    def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome: ...
+    def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome: ...
 
     def submit(
         self,
@@ -150,25 +154,15 @@ class Store(Protocol):
     def job_events(self, job_id: str) -> list[JobEvent]: ...
     def count_jobs_by_status(self) -> dict[str, int]: ...
 
+    # the job protocol
     def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None: ...
     def heartbeat_job(
-        self, job_id: str, worker_id: str, attempt: int, now: float, progress: dict[str, Any] | None
+        self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...
-    def complete(self, job_id: str, worker_id: str, attempt: int, now: float) -> Job: ...
-    def fail(
-        self,
-        job_id: str,
-        worker_id: str,
-        attempt: int,
-        now: float,
-        exit_code: int | None,
-        error: str | None,
-        output_tail: str | None,
-        release: bool = False,
-    ) -> Job: ...
-    def ack_preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int, now: float) -> Job: ...
-    def cancel(self, job_id: str, now: float) -> list[Job]: ...
+    def save_checkpoint(self, job_id: str, data: bytes, now: float, decide: JobDecision[Job]) -> Job: ...
+    def get_checkpoint(self, job_id: str) -> bytes | None: ...
 
+    # workers
     def register_worker(self, registration: WorkerRegistration, now: float) -> Worker: ...
     def worker_heartbeat(
         self,
@@ -176,32 +170,9 @@ class Store(Protocol):
         now: float,
         gpu_stats: list[dict[str, Any]] | None,
         unhealthy_gpus: Sequence[int] | None = None,
-    ) -> Worker: ...
-    def watchdog_trip(
-        self, job_id: str, worker_id: str, attempt: int, now: float, kind: str, detail: str, max_retries: int
-    ) -> Job: ...
+        running: Sequence[str] | None = None,
+    ) -> WorkerBeat: ...
     def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]: ...
-
-    # gangs (seeds 001 and 000)
-    def admission_inputs(self, now: float) -> AdmissionInputs: ...
-    def reserve_gang(
-        self,
-        gang_id: str,
-        placements: Sequence[tuple[str, str, tuple[int, ...]]],
-        now: float,
-        policy: ClaimPolicy[Any],
-    ) -> list[Job] | None: ...
-    def rollback_gang(self, gang_id: str, now: float, reservation_timeout_s: float) -> Drain | list[Job]: ...
-    def complete_drains(self, now: float) -> list[DrainCompletion]: ...
-    def complete_drain(self, gang_id: str, now: float) -> DrainCompletion | None: ...
-    def save_checkpoint(
-        self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
-    ) -> Job: ...
-    def get_checkpoint(self, job_id: str) -> bytes | None: ...
-    def replace_holds(self, holds: Sequence[Hold]) -> None: ...
-    def list_holds(self) -> list[Hold]: ...
-    def set_waiting_reason(self, gang_id: str, reason: Reason) -> None: ...
-    def try_lead(self, loop: str) -> bool: ...
     def drain_worker(self, worker_id: str) -> Worker: ...
     def get_worker(self, worker_id: str) -> WorkerView | None: ...
     def workers(self) -> list[Worker]: ...
@@ -209,6 +180,22 @@ class Store(Protocol):
     def workers_by_id(self, worker_ids: Sequence[str]) -> dict[str, Worker]: ...
     def allocations(self) -> list[Allocation]: ...
 
-    def reap(
-        self, now: float, heartbeat_timeout_s: float, preempt_timeout_s: float, worker_offline_s: float
-    ) -> ReapReport: ...
+    # the reaper's reads (each candidate is decided again, under lock, by the core)
+    def expired_leases(self, cutoff: float) -> list[str]: ...
+    def stuck_stops(self, cutoff: float) -> list[tuple[str, int]]: ...
+    def gangs_to_complete(self) -> list[str]: ...
+    def mark_offline(self, cutoff: float) -> list[str]: ...
+
+    # gangs (seeds 001 and 000)
+    def admission_inputs(self, now: float) -> AdmissionInputs: ...
+    def reserve_gang(
+        self,
+        gang_id: str,
+        placements: Sequence[tuple[str, str, tuple[int, ...]]],
+        policy: ClaimPolicy[Any],
+        decide: Callable[[tuple[Job, ...], set[int]], Plan[tuple[Job, ...] | None]],
+    ) -> tuple[Job, ...] | None: ...
+    def replace_holds(self, holds: Sequence[Hold]) -> None: ...
+    def list_holds(self) -> list[Hold]: ...
+    def set_waiting_reason(self, gang_id: str, reason: Reason) -> None: ...
+    def try_lead(self, loop: str) -> bool: ...

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from corral.domain.records import Allocation, Constraints, Job, JobSpec, Reason, Worker
+from corral.domain.queue_order import order_by_sql
+from corral.domain.records import Allocation, Constraints, GpuReading, Job, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
@@ -18,7 +19,7 @@ JOB_SELECT = ", ".join(JOB_COLUMNS)
 EVENT_COUNT = JOB_COLUMNS.index("event_count")
 WORKER_SELECT = ", ".join(WORKER_COLUMNS)
 HOLDING_SQL = "('reserved', 'running', 'preempting')"
-QUEUE_ORDER = "preemption_class DESC, priority DESC, queue_front DESC, submitted_at, id"
+QUEUE_ORDER = order_by_sql()
 # The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
 # so the claim reads one row first and widens the page only when constraints skip them.
 CLAIM_FIRST_PAGE = 1
@@ -66,7 +67,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reservation_epoch, reserved_at, preemption_epoch, drain_started_at, cancel_requested,
         submitted_at, started_at, finished_at, last_heartbeat_at, exit_code, error, output_tail,
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
-        _event_count, master_port, refunds,
+        event_count, master_port, refunds, gpu_util_pct, rss_mb,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -114,13 +115,55 @@ def job_from_row(row: Sequence[Any]) -> Job:
         progress=orjson.loads(progress) if progress else None,
         master_port=master_port,
         refunds=refunds,
+        version=event_count,
+        gpu_util_pct=gpu_util_pct,
+        rss_mb=rss_mb,
     )
+
+
+def mutable_columns(job: Job) -> dict[str, Any]:
+    """The columns a transition may change, as the row stores them (the spec never changes)."""
+    reason = job.reason
+    return {
+        "status": job.status.value,
+        "attempts": job.attempts,
+        "watchdog_retries": job.watchdog_retries,
+        "preempted_count": job.preempted_count,
+        "queue_front": int(job.queue_front),
+        "worker_id": job.worker_id,
+        "gpu_indices": indices_text(job.gpu_indices),
+        "reservation_epoch": job.reservation_epoch,
+        "reserved_at": job.reserved_at,
+        "preemption_epoch": job.preemption_epoch,
+        "drain_started_at": job.drain_started_at,
+        "cancel_requested": int(job.cancel_requested),
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "last_heartbeat_at": job.last_heartbeat_at,
+        "exit_code": job.exit_code,
+        "error": job.error,
+        "output_tail": job.output_tail,
+        "reason_code": reason.code if reason else None,
+        "reason_message": reason.message if reason else None,
+        "has_checkpoint": int(job.has_checkpoint),
+        "progress": to_json(job.progress) if job.progress is not None else None,
+        "master_port": job.master_port,
+        "refunds": job.refunds,
+        "gpu_util_pct": job.gpu_util_pct,
+        "rss_mb": job.rss_mb,
+    }
+
+
+def changed_columns(before: Job, after: Job) -> dict[str, Any]:
+    """What ``after`` changes of ``before``, column by column."""
+    old = mutable_columns(before)
+    return {column: value for column, value in mutable_columns(after).items() if old[column] != value}
 
 
 def worker_from_row(row: Sequence[Any]) -> Worker:
     (
         worker_id, address, gpus, vram_mb, memory_mb, cpus, gpu_model, labels, status, registered_at,
-        last_heartbeat_at, flagged_dead_at, _gpu_stats, unhealthy_gpus,
+        last_heartbeat_at, flagged_dead_at, gpu_stats, unhealthy_gpus,
     ) = row  # fmt: skip
     return Worker(
         id=worker_id,
@@ -133,6 +176,10 @@ def worker_from_row(row: Sequence[Any]) -> Worker:
         last_heartbeat_at=last_heartbeat_at,
         flagged_dead_at=flagged_dead_at,
         unhealthy_gpus=parse_indices(unhealthy_gpus),
+        gpu_stats=tuple(
+            GpuReading(reading["index"], reading.get("util_pct"), reading.get("mem_used_mb"))
+            for reading in (orjson.loads(gpu_stats) if gpu_stats else ())
+        ),
     )
 
 
@@ -157,14 +204,6 @@ INSERT_JOB = (
     " event_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
 )
 INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-
-
-REQUEUE_VALUES: dict[str, Any] = {
-    "worker_id": None,
-    "gpu_indices": "",
-    "started_at": None,
-    "last_heartbeat_at": None,
-}
 
 
 def allocation_from_row(row: Sequence[Any]) -> Allocation:

@@ -73,6 +73,8 @@ JOB_COLUMNS: tuple[str, ...] = (
     "event_count",
     "master_port",
     "refunds",
+    "gpu_util_pct",
+    "rss_mb",
 )
 
 WORKER_COLUMNS: tuple[str, ...] = (
@@ -308,6 +310,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             # The attempt that saved the checkpoint: a checkpoint now comes from every end of an
             # attempt (a crash, done), not only from a stop the server asked for at an epoch.
             "ALTER TABLE checkpoints ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+        ),
+    ),
+    Migration(
+        5,
+        "what a job's heartbeat reports",
+        (
+            # The GPU utilisation and process-tree memory of a running job, from its heartbeats:
+            # shown by `corral show` and the dashboard.
+            "ALTER TABLE jobs ADD COLUMN gpu_util_pct DOUBLE PRECISION",
+            "ALTER TABLE jobs ADD COLUMN rss_mb DOUBLE PRECISION",
         ),
     ),
 )

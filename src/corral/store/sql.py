@@ -1,16 +1,18 @@
-"""The SQL store shared by both backends: the transition machinery, submit and reads, and the job
-protocol (claim, heartbeat, done, fail, ack), written once.
+"""The SQL store shared by both backends: applying the core's decisions, submit and reads, the
+claim and the job heartbeat, written once.
 
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
-``OperationsStore`` (cancel, workers, watchdog trips, the reaper) -> ``GangStore`` (seeds 001 and 000)
--> ``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a transaction context and
-its dialect's few differences (placeholders, row locks, introspection). Queries are written with
-``?`` placeholders; the PostgreSQL backend rewrites them once.
+``OperationsStore`` (workers, the reaper's reads, the dead-worker flag) -> ``GangStore``
+(reservations, checkpoints, holds, leadership) -> ``SqliteStore`` / ``PostgresStore``. A backend
+supplies a connection, a transaction context and its dialect's few differences (placeholders, row
+locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites
+them once.
 
-Every transition goes through ``_transition``: one ``UPDATE ... WHERE id = ? AND status = ? [AND
-worker_id = ? AND attempts = ?] RETURNING ...`` (compare-and-set) followed by the ``job_events`` insert,
-in the caller's transaction. Zero rows updated means a precondition failed; ``_explain_conflict``
-reads the row once to say which one, and nothing has been written.
+The store decides nothing about a job's next status: ``change`` locks the rows a decision needs
+(the job, and its gang's in id order), hands them to a decision function of ``corral.core`` passed
+in by the server, and applies the plan it returns through ``_apply``, the one place a job's row
+changes status: a compare-and-set on status and version, and the ``job_events`` row, in the same
+transaction. The claim works the same way through its ``ClaimPolicy``.
 """
 
 from __future__ import annotations
@@ -24,27 +26,33 @@ import orjson
 from corral.domain import errors
 from corral.domain.ids import new_gang_id, new_job_id
 from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
+from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus, is_allowed
-from corral.store.base import ClaimPolicy, Drain, DrainCompletion, JobFilter, SubmitResult, Submitted
+from corral.domain.transitions import Outcome, Plan, Transition
+from corral.store.base import (
+    ClaimPolicy,
+    GangDecision,
+    JobDecision,
+    JobFilter,
+    JobReport,
+    SubmitResult,
+    Submitted,
+)
 from corral.store.rows import (
     BATCH_STEP_S,
     CLAIM_FIRST_PAGE,
     CLAIM_MAX_PAGE,
-    EVENT_COUNT,
     HOLDING_SQL,
     INSERT_EVENT,
     INSERT_JOB,
     JOB_SELECT,
     QUEUE_ORDER,
     QUEUED,
-    REQUEUE_VALUES,
     WAITING_FOR_GANG,
     WORKER_SELECT,
-    EventSpec,
-    Raw,
     Transaction,
     allocation_from_row,
-    indices_text,
+    changed_columns,
     insert_row,
     job_from_row,
     submit_event,
@@ -112,69 +120,66 @@ class SqlStore(abc.ABC):
                     (migration.version, migration.name),
                 )
 
-    # --- transitions ---------------------------------------------------------------------
+    # --- applying the core's decisions ---------------------------------------------------
 
-    def _transition(
-        self,
-        tx: Transaction,
-        job_id: str,
-        now: float,
-        source: Status,
-        target: Status,
-        values: dict[str, Any],
-        event: EventSpec,
-        fence: tuple[str, int] | None = None,
-        expect: dict[str, Any] | None = None,
-    ) -> Job | None:
-        """Compare-and-set one job from ``source`` to ``target``; append its event.
+    def _apply(self, tx: Transaction, transition: Transition) -> Job:
+        """Write one transition: the one place a job's row changes status.
 
-        Returns the updated job, or ``None`` when the precondition did not hold (nothing written).
+        A compare-and-set on the row's status and version (the event count): the decision was made
+        on exactly that row, so it applies to exactly that row. A status change is checked against
+        the status table and appends its ``job_events`` row; a change of fields alone writes none.
+        A missed compare-and-set means the row moved under a decision that was supposed to hold it
+        locked: it raises ``Conflict`` and the whole transaction rolls back.
         """
-        if not is_allowed(source, target):
-            raise AssertionError(f"transition {source} -> {target} is not in the table")
-        assignments = ["status = ?", "event_count = event_count + 1"]
-        params: list[Any] = [target.value]
-        if event.reason is not None:
-            values = {"reason_code": event.reason.code, "reason_message": event.reason.message, **values}
-        for column, value in values.items():
-            if isinstance(value, Raw):
-                assignments.append(f"{column} = {value}")
-            else:
-                assignments.append(f"{column} = ?")
-                params.append(value)
-        where = ["status = ?"]
-        params_where: list[Any] = [job_id, source.value]
-        if fence is not None:
-            where += ["worker_id = ?", "attempts = ?"]
-            params_where += [fence[0], fence[1]]
-        for column, value in (expect or {}).items():
-            where.append(f"{column} = ?")
-            params_where.append(value)
+        before, after = transition.before, transition.after
+        moves = transition.changes_status
+        if moves and not is_allowed(before.status, after.status):
+            raise AssertionError(f"transition {before.status} -> {after.status} is not in the table")
+        changes = changed_columns(before, after)
+        if not changes:
+            return before
+        assignments = [f"{column} = ?" for column in changes]
+        if moves:
+            assignments.append("event_count = event_count + 1")
         rows = tx.execute(
-            f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND {' AND '.join(where)}"
+            f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND status = ? AND event_count = ?"
             f" RETURNING {JOB_SELECT}",
-            [*params, *params_where],
+            [*changes.values(), before.id, before.status.value, before.version],
         )
         if not rows:
-            return None
-        row = rows[0]
-        job = job_from_row(row)
-        tx.execute(
-            INSERT_EVENT,
-            (
-                job_id,
-                row[EVENT_COUNT],
-                now,
-                source.value,
-                target.value,
-                event.reason.code if event.reason else None,
-                event.reason.message if event.reason else None,
-                event.epoch,
-                job.worker_id,
-                job.attempts,
-            ),
-        )
+            raise errors.Conflict(f"job {before.id} changed while it was being decided on; retry")
+        job = job_from_row(rows[0])
+        if moves:
+            reason = transition.reason
+            tx.execute(
+                INSERT_EVENT,
+                (
+                    job.id, job.version, transition.at, before.status.value, job.status.value,
+                    reason.code if reason else None, reason.message if reason else None,
+                    transition.epoch, job.worker_id, job.attempts,
+                ),
+            )  # fmt: skip
         return job
+
+    def _apply_plan(self, tx: Transaction, plan: Plan[Outcome]) -> Outcome:
+        for transition in plan.transitions:
+            self._apply(tx, transition)
+        return plan.outcome
+
+    def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome:
+        """Lock the job (and every task of its gang), let ``decide`` choose, apply its plan: one
+        transaction. A ``Conflict`` raised by ``decide`` leaves everything as it was."""
+        with self._transaction() as tx:
+            job, gang = self._lock_for_change(tx, job_id)
+            return self._apply_plan(tx, decide(job, gang))
+
+    def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome:
+        """As ``change``, for a decision about a whole gang (a stale reservation, a drain's end)."""
+        with self._transaction() as tx:
+            tasks = self._lock_gang(tx, gang_id)
+            if not tasks:
+                raise errors.NotFound(f"gang {gang_id} not found")
+            return self._apply_plan(tx, decide(tuple(tasks)))
 
     def _load_job(self, tx: Transaction, job_id: str, lock: bool = False) -> Job:
         """The job's row; ``lock`` holds it (``FOR UPDATE``) until the transaction ends, for a
@@ -185,8 +190,8 @@ class SqlStore(abc.ABC):
             raise errors.NotFound(f"job {job_id} not found")
         return job_from_row(rows[0])
 
-    def _lock_for_change(self, tx: Transaction, job_id: str) -> Job:
-        """The job's row, locked for a read-then-write decision.
+    def _lock_for_change(self, tx: Transaction, job_id: str) -> tuple[Job, tuple[Job, ...]]:
+        """The job's row and, for a gang task, its gang's rows, locked for a read-then-write decision.
 
         A gang task's whole gang is locked first, in id order, like every gang operation does:
         locking the one row first and the gang after would deadlock against a drain or a cancel
@@ -194,22 +199,17 @@ class SqlStore(abc.ABC):
         """
         job = self._load_job(tx, job_id)
         if job.gang_id is None:
-            return self._load_job(tx, job_id, lock=True)
-        return next(task for task in self._lock_gang(tx, job.gang_id) if task.id == job_id)
+            return self._load_job(tx, job_id, lock=True), ()
+        tasks = tuple(self._lock_gang(tx, job.gang_id))
+        return next(task for task in tasks if task.id == job_id), tasks
 
-    def _explain_conflict(
-        self, tx: Transaction, job_id: str, fence: tuple[str, int] | None, wanted: Sequence[Status]
-    ) -> errors.CorralError:
-        """Why a compare-and-set updated nothing: unknown job, stale attempt, or wrong status."""
-        job = self._load_job(tx, job_id)
-        if fence is not None and (job.worker_id != fence[0] or job.attempts != fence[1]):
-            return errors.StaleAttempt(
-                f"job {job_id} is at attempt {job.attempts} on worker {job.worker_id}, "
-                f"not attempt {fence[1]} on worker {fence[0]}: stop it"
-            )
-        if Status.PREEMPTING in wanted and Status.RUNNING not in wanted:
-            return errors.NotPreempting(f"job {job_id} is {job.status}, not preempting")
-        return errors.NotRunning(f"job {job_id} is {job.status}, not running")
+    def _lock_gang(self, tx: Transaction, gang_id: str) -> list[Job]:
+        """Every task of the gang, locked in id order (the deadlock-free order), by gang_index."""
+        rows = tx.execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY id{self.lock_clause_plain}",
+            (gang_id,),
+        )
+        return sorted((job_from_row(row) for row in rows), key=lambda job: job.gang_index or 0)
 
     # --- submit and read -----------------------------------------------------------------
 
@@ -358,7 +358,7 @@ class SqlStore(abc.ABC):
             )
             if reserved:
                 task = self._load_job(tx, reserved[0], lock=True)
-                return self._start(tx, task, worker_id, task.gpu_indices, now, Status.RESERVED)
+                return self._apply(tx, policy.start(task, worker_id, task.gpu_indices, now))
             capacity = policy.capacity(worker, allocations)
             holds = self.holds_on(tx, worker_id)
             free = capacity.free
@@ -375,7 +375,7 @@ class SqlStore(abc.ABC):
                 chosen = policy.choose(worker, capacity, [job_from_row(row) for row in rows], holds, now)
                 if chosen is not None:
                     job, gpu_indices = chosen
-                    return self._start(tx, job, worker_id, gpu_indices, now, Status.PENDING)
+                    return self._apply(tx, policy.start(job, worker_id, gpu_indices, now))
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
 
@@ -392,213 +392,39 @@ class SqlStore(abc.ABC):
             f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
         )
 
-    def _start(
-        self,
-        tx: Transaction,
-        job: Job,
-        worker_id: str,
-        gpu_indices: Sequence[int],
-        now: float,
-        source: Status,
-    ) -> Job | None:
-        values: dict[str, Any] = {
-            "worker_id": worker_id,
-            "gpu_indices": indices_text(gpu_indices),
-            "attempts": Raw("attempts + 1"),
-            "started_at": now,
-            "last_heartbeat_at": now,
-            "queue_front": 0,
-            "exit_code": None,
-            "reason_code": None,
-            "reason_message": None,
-        }
-        return self._transition(
-            tx,
-            job.id,
-            now,
-            source,
-            Status.RUNNING,
-            values,
-            EventSpec(reason=Reason("claimed", f"claimed by worker {worker_id}")),
-            expect=(
-                {"reservation_epoch": job.reservation_epoch, "worker_id": worker_id}
-                if source == Status.RESERVED
-                else None
-            ),
-        )
+    def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
+        """Renew the lease of a running or preempting job held by this worker and attempt, with what
+        the heartbeat reports (progress, GPU utilisation, memory). One statement on the hot path.
 
-    def heartbeat_job(
-        self, job_id: str, worker_id: str, attempt: int, now: float, progress: dict[str, Any] | None
-    ) -> Job:
-        """Renew the lease of a running or preempting job held by this worker and attempt."""
+        Returns the job as it is now: renewed, or, when the row did not match (another attempt owns
+        the job, it ended), untouched, for the core to say why the heartbeat is refused.
+        """
+        assignments = ["last_heartbeat_at = ?"]
+        params: list[Any] = [now]
+        for column, value in (
+            ("progress", to_json(report.progress) if report.progress is not None else None),
+            ("gpu_util_pct", report.gpu_util_pct),
+            ("rss_mb", report.rss_mb),
+        ):
+            if value is not None:
+                assignments.append(f"{column} = ?")
+                params.append(value)
         with self._transaction() as tx:
-            assignments = "last_heartbeat_at = ?" + (", progress = ?" if progress is not None else "")
-            params: list[Any] = [now] + ([to_json(progress)] if progress is not None else [])
             rows = tx.execute(
-                f"UPDATE jobs SET {assignments} WHERE id = ? AND worker_id = ? AND attempts = ?"
+                f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
                 f" AND status IN ('running', 'preempting') RETURNING {JOB_SELECT}",
                 [*params, job_id, worker_id, attempt],
             )
-            if rows:
-                return job_from_row(rows[0])
-            raise self._explain_conflict(tx, job_id, (worker_id, attempt), (Status.RUNNING,))
+            return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
 
-    def complete(self, job_id: str, worker_id: str, attempt: int, now: float) -> Job:
-        """running (or preempting: it finished before it was stopped) -> done."""
-        fence = (worker_id, attempt)
-        with self._transaction() as tx:
-            job = None
-            for source in (Status.RUNNING, Status.PREEMPTING):
-                job = self._transition(
-                    tx,
-                    job_id,
-                    now,
-                    source,
-                    Status.DONE,
-                    {"finished_at": now, "exit_code": 0},
-                    EventSpec(reason=Reason("completed", "exited with code 0")),
-                    fence,
-                )
-                if job is not None:
-                    break
-            if job is None:
-                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
-            return job
-
-    def fail(
-        self,
-        job_id: str,
-        worker_id: str,
-        attempt: int,
-        now: float,
-        exit_code: int | None,
-        error: str | None,
-        output_tail: str | None,
-        release: bool = False,
-    ) -> Job:
-        """running -> pending (retry while ``attempts < max_retries``) or failed.
-
-        A job that fails while it is being stopped (preempting) ends as the stop intended:
-        cancelled when a cancel asked for it, preempted otherwise. ``release`` (the worker gave the
-        job back: it is shutting down) re-queues it with the attempt refunded; a gang task so
-        released drains its gang, refunded too.
-        """
-        fence = (worker_id, attempt)
-        with self._transaction() as tx:
-            current = self._lock_for_change(tx, job_id)
-            if current.worker_id != worker_id or current.attempts != attempt:
-                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
-            outcome = "exited" if exit_code is None else f"exited with code {exit_code}"
-            if current.status == Status.PREEMPTING:
-                return self._finish_stop(tx, current, now, fence, "job exited while being stopped")
-            detail: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
-            if release:
-                detail["refunds"] = Raw("refunds + 1")
-            if current.gang_id is not None and current.status == Status.RUNNING:
-                # A rank failed: its peers must stop too. The retry decision is the drain's.
-                why = "was handed back by its worker" if release else outcome
-                reason = Reason("task_failed", f"task {current.gang_index} {why}; draining the gang")
-                return self._drain_for(tx, current, now, reason, detail).trigger
-            if release:
-                reason = Reason(
-                    "released", f"worker {worker_id} handed the job back ({error or outcome}); re-queued"
-                )
-                job = self._transition(
-                    tx, job_id, now, Status.RUNNING, Status.PENDING, {**detail, **REQUEUE_VALUES},
-                    EventSpec(reason=reason), fence,
-                )  # fmt: skip
-                if job is None:
-                    raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
-                return job
-            if current.retries_left:
-                target = Status.PENDING
-                reason = Reason(
-                    "retrying",
-                    f"attempt {current.attempts_used} of {current.spec.max_retries} {outcome}; re-queued",
-                )
-                values = {**detail, **REQUEUE_VALUES}
-            else:
-                target = Status.FAILED
-                reason = Reason(
-                    "failed", f"attempt {current.attempts_used} of {current.spec.max_retries} {outcome}"
-                )
-                values = {**detail, "finished_at": now}
-            job = self._transition(
-                tx, job_id, now, Status.RUNNING, target, values, EventSpec(reason=reason), fence
-            )
-            if job is None:
-                raise self._explain_conflict(tx, job_id, fence, (Status.RUNNING,))
-            return job
-
-    def _finish_stop(
-        self, tx: Transaction, job: Job, now: float, fence: tuple[str, int] | None, how: str
-    ) -> Job:
-        """preempting -> cancelled (a cancel asked for the stop) or preempted."""
-        if job.cancel_requested:
-            target, reason = Status.CANCELLED, Reason("cancelled", f"cancelled; {how}")
-            values: dict[str, Any] = {"finished_at": now}
-        else:
-            target, reason = Status.PREEMPTED, Reason("preempted", how)
-            values = {}
-        updated = self._transition(
-            tx,
-            job.id,
-            now,
-            Status.PREEMPTING,
-            target,
-            values,
-            EventSpec(reason=reason, epoch=job.preemption_epoch),
-            fence,
-            expect={"cancel_requested": int(job.cancel_requested)},
+    def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]:
+        """The capacity held on a worker for waiting gangs (written by the admission leader)."""
+        rows = tx.execute(
+            "SELECT worker_id, gang_id, gpus, vram_mb, memory_mb, cpus, expected_at FROM holds"
+            " WHERE worker_id = ? ORDER BY gang_id",
+            (worker_id,),
         )
-        if updated is None:
-            raise self._explain_conflict(tx, job.id, fence, (Status.PREEMPTING,))
-        return updated
-
-    def ack_preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int, now: float) -> Job:
-        """The worker stopped a preempting job: preempting -> preempted (or cancelled)."""
-        with self._transaction() as tx:
-            job = self._locked_preempting(tx, job_id, (worker_id, attempt), epoch)
-            return self._finish_stop(tx, job, now, (worker_id, attempt), f"stopped by worker {worker_id}")
-
-    def _locked_preempting(self, tx: Transaction, job_id: str, fence: tuple[str, int], epoch: int) -> Job:
-        """The job's locked row, when ``fence`` holds it and it is preempting at ``epoch``: the
-        precondition of a stopping worker's ack and checkpoint upload."""
-        job = self._load_job(tx, job_id, lock=True)
-        if job.worker_id != fence[0] or job.attempts != fence[1]:
-            raise self._explain_conflict(tx, job_id, fence, (Status.PREEMPTING,))
-        if job.status != Status.PREEMPTING:
-            raise errors.NotPreempting(f"job {job_id} is {job.status}, not preempting")
-        if job.preemption_epoch != epoch:
-            raise errors.StaleEpoch(
-                f"job {job_id} is at preemption epoch {job.preemption_epoch}, not {epoch}"
-            )
-        return job
-
-    # --- hooks the gang operations provide ----------------------------------------------
-
-    @abc.abstractmethod
-    def _drain_for(
-        self,
-        tx: Transaction,
-        trigger: Job,
-        now: float,
-        reason: Reason,
-        trigger_values: dict[str, Any],
-        expired_before: float | None = None,
-    ) -> Drain:
-        """Start the drain of ``trigger``'s gang in the caller's transaction; peers whose lease
-        also expired (last contact before ``expired_before``) are treated like the trigger."""
-
-    @abc.abstractmethod
-    def complete_drains(self, now: float) -> list[DrainCompletion]: ...
-
-    @abc.abstractmethod
-    def _lock_gang(self, tx: Transaction, gang_id: str) -> list[Job]:
-        """Every task of the gang, locked in id order, by gang_index."""
-
-    @abc.abstractmethod
-    def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]: ...
+        return [Hold(row[1], row[0], Resources(row[2], row[3], row[4], row[5]), row[6]) for row in rows]
 
     # --- workers -------------------------------------------------------------------------
 

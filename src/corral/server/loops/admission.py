@@ -11,9 +11,9 @@ import logging
 
 from corral.core import admission
 from corral.core.snapshot import Gang, Snapshot
+from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
-from corral.store.base import Drain
 
 logger = logging.getLogger("corral.server.admission")
 
@@ -31,26 +31,26 @@ def admission_tick(state: ServerState) -> None:
     )
     decisions = admission.decide(snapshot, state.settings.reservation_timeout_s)
     for rollback in decisions.rollbacks:
-        result = state.store.rollback_gang(rollback.gang_id, now, state.settings.reservation_timeout_s)
-        if isinstance(result, Drain):
-            record_drain(state, result)
-        elif result:
+        started, completion, rolled = changes.roll_back_stale(
+            state.store, rollback.gang_id, now, state.settings.reservation_timeout_s
+        )
+        if started is not None:
+            record_drain(state, started)
+        if rolled:
             logger.warning(
                 "gang reservation rolled back",
                 extra={
                     "gang_id": rollback.gang_id,
-                    "job_ids": [job.id for job in result],
+                    "job_ids": [job.id for job in rolled],
                     "reason": rollback.reason.message,
                 },
             )
-            # A sibling that already ended makes the rolled-back gang unable to run whole again.
-            completion = state.store.complete_drain(rollback.gang_id, now)
-            if completion is not None:
-                record_completion(state, completion)
+        if completion is not None:
+            record_completion(state, completion)
     reserved_any = False
     for reservation in decisions.reservations:
         placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
-        reserved = state.store.reserve_gang(reservation.gang_id, placements, now, state.placement)
+        reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, now)
         if reserved is None:
             logger.info(
                 "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}

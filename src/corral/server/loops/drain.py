@@ -2,22 +2,35 @@
 
 ``gang drain started`` (trigger_job_id, transitioned) -> ``job preempted`` per task ->
 ``gang drain completed`` (outcome) -> ``gang reserved`` (gang_size), all with ``gang_id`` and
-``preemption_epoch``.
+``preemption_epoch``. Each is told from the typed outcome the core returned, never guessed from
+the rows afterwards.
 """
 
 from __future__ import annotations
 
 import logging
 
+from corral.core.drain import DrainCompleted, DrainStarted
+from corral.core.lifecycle import Reported
 from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.server.state import ServerState
-from corral.store.base import Drain, DrainCompletion
 
 logger = logging.getLogger("corral.server.drain")
 
 
-def record_drain(state: ServerState, drain: Drain) -> None:
+def record_reported(state: ServerState, reported: Reported) -> None:
+    """Tell what a decision did to a gang: the drain it started, the stop it ended, the drain it
+    completed. A single job's outcome is the caller's to tell."""
+    if reported.drain is not None:
+        record_drain(state, reported.drain)
+    if reported.preempted:
+        record_preempted(reported.job)
+    if reported.completion is not None:
+        record_completion(state, reported.completion)
+
+
+def record_drain(state: ServerState, drain: DrainStarted) -> None:
     state.metrics.gangs_preempted.inc()
     state.metrics.preemptions.labels(reason="gang").inc()
     logger.warning(
@@ -36,22 +49,6 @@ def record_drain(state: ServerState, drain: Drain) -> None:
     state.released()
 
 
-def drain_started_by(state: ServerState, trigger: Job, now: float) -> None:
-    """A report (``/fail``, ``/watchdog``) made at ``now`` moved a gang task: if that report started
-    a drain (the drain is stamped with its time), tell its story. A peer that was already stopping
-    and reports its own exit started nothing."""
-    if trigger.gang_id is None or trigger.drain_started_at != now:
-        return
-    if trigger.status not in (Status.PREEMPTED, Status.FAILED):
-        return
-    tasks = state.store.gang_tasks(trigger.gang_id)
-    epoch = max(task.preemption_epoch for task in tasks)
-    transitioned = tuple(task for task in tasks if task.preemption_epoch == epoch)
-    record_drain(
-        state, Drain(gang_id=trigger.gang_id, epoch=epoch, trigger=trigger, transitioned=transitioned)
-    )
-
-
 def record_preempted(job: Job) -> None:
     logger.info(
         "job preempted",
@@ -64,19 +61,14 @@ def record_preempted(job: Job) -> None:
     )
 
 
-def complete_if_drained(state: ServerState, job: Job) -> None:
-    """After a gang task stopped (acked, or was the drain's only running task), end the drain now."""
-    if job.gang_id is None:
-        return
-    completion = state.store.complete_drain(job.gang_id, state.clock.now())
-    if completion is not None:
-        record_completion(state, completion)
-
-
-def record_completion(state: ServerState, completion: DrainCompletion) -> None:
+def record_completion(state: ServerState, completion: DrainCompleted) -> None:
     state.metrics.gang_drains_completed.labels(outcome=completion.outcome).inc()
     if completion.drain_seconds is not None:
         state.metrics.gang_drain_seconds.observe(completion.drain_seconds)
+    # A rank's watchdog trip under the cap is settled here: re-queued with the gang, or not.
+    trip_outcome = "requeued" if completion.outcome == "blocked" else "failed"
+    for kind in completion.watchdog_trips:
+        state.metrics.watchdog_trips.labels(kind=kind, outcome=trip_outcome).inc()
     log = logger.error if completion.outcome == "failed" else logger.info
     log(
         "gang drain completed",

@@ -1,7 +1,7 @@
-"""The reaper: expired leases, stuck stops, silent workers (see ``Store.reap``).
+"""The reaper: expired leases, stuck stops, drains to complete, silent workers.
 
-The pass itself is in the store (each change a compare-and-set, so two replicas reaping at once
-cannot double-apply); this tick turns its report into metrics and log lines.
+The pass is ``changes.reap`` (each candidate decided by the core on its locked row, so two replicas
+reaping at once cannot double-apply); this tick turns its report into metrics and log lines.
 """
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 
 from corral.config import ServerSettings
+from corral.core.lifecycle import Reported
 from corral.domain.status import Status
-from corral.server.loops.drain import record_completion, record_drain, record_preempted
+from corral.server import changes
+from corral.server.loops.drain import record_completion, record_reported
 from corral.server.state import ServerState
 
 logger = logging.getLogger("corral.server.reaper")
@@ -18,22 +20,17 @@ logger = logging.getLogger("corral.server.reaper")
 
 def reaper_tick(state: ServerState) -> None:
     settings = state.settings
-    report = state.store.reap(
+    report = changes.reap(
+        state.store,
         state.clock.now(),
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         preempt_timeout_s=settings.preempt_timeout_s,
         worker_offline_s=settings.worker_offline_s,
     )
-    for job in report.requeued:
-        state.metrics.jobs_reaped.labels(outcome="requeued").inc()
-        logger.warning("stale heartbeat, re-queuing", extra={"job_id": job.id, "attempt": job.attempts})
-    for job in report.failed:
-        state.metrics.jobs_reaped.labels(outcome="failed").inc()
-        logger.error(
-            "stale heartbeat, marking failed",
-            extra={"job_id": job.id, "worker_id": job.worker_id, "attempt": job.attempts},
-        )
-    for job in report.force_drained:
+    for lost in report.lost:
+        record_lost(state, lost, "stale heartbeat")
+    for reported in report.force_drained:
+        job = reported.job
         if job.gang_id is not None:
             state.metrics.gang_force_drained.inc()
         logger.warning(
@@ -45,10 +42,7 @@ def reaper_tick(state: ServerState) -> None:
                 "preemption_epoch": job.preemption_epoch,
             },
         )
-        if job.status == Status.PREEMPTED:
-            record_preempted(job)
-    for drain in report.drains:
-        record_drain(state, drain)
+        record_reported(state, reported)
     for completion in report.completions:
         record_completion(state, completion)
     if report.offline_workers:
@@ -56,8 +50,24 @@ def reaper_tick(state: ServerState) -> None:
             "marked stale workers offline",
             extra={"count": len(report.offline_workers), "worker_ids": list(report.offline_workers)},
         )
-    if report.requeued or report.force_drained or report.completions:
+    if report.changed:
         state.released()
+
+
+def record_lost(state: ServerState, lost: Reported, why: str) -> None:
+    """A job whose worker is gone (lease expired, or the worker no longer lists it): a single job
+    re-queued or failed, a gang task's drain."""
+    job = lost.job
+    if job.gang_id is None and job.status == Status.PENDING:
+        state.metrics.jobs_reaped.labels(outcome="requeued").inc()
+        logger.warning(f"{why}, re-queuing", extra={"job_id": job.id, "attempt": job.attempts})
+    elif job.gang_id is None and job.status == Status.FAILED:
+        state.metrics.jobs_reaped.labels(outcome="failed").inc()
+        logger.error(
+            f"{why}, marking failed",
+            extra={"job_id": job.id, "worker_id": job.worker_id, "attempt": job.attempts},
+        )
+    record_reported(state, lost)
 
 
 def dead_worker_sweep_tick(state: ServerState) -> None:

@@ -19,6 +19,7 @@ from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
+from corral.server import changes
 from corral.server.http import decode_body, json_response, query_int, read_body
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
@@ -132,15 +133,16 @@ async def job_events(request: Request) -> Response:
 async def why(request: Request) -> Response:
     state = state_of(request)
     job = _job_or_404(state, request.path_params["job_id"])
-    workers, allocations = [], []
+    workers, allocations, holds = [], [], []
     if job.status == Status.PENDING:
         workers = state.store.workers()
         allocations = state.store.allocations()
-    reasons = explain(job, workers, allocations)
+        holds = state.store.list_holds()
+    reasons = explain(job, workers, allocations, holds, state.clock.now())
     return json_response({"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]})
 
 
-def _record_cancel(state: ServerState, changed: list[Job]) -> None:
+def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
     for job in changed:
         if job.status == Status.CANCELLED:
             state.metrics.jobs_cancelled.inc()
@@ -161,7 +163,7 @@ def _record_cancel(state: ServerState, changed: list[Job]) -> None:
 async def cancel_job(request: Request) -> Response:
     state = state_of(request)
     job_id = request.path_params["job_id"]
-    changed = state.store.cancel(job_id, state.clock.now())
+    changed = changes.cancel(state.store, job_id, state.clock.now())
     _record_cancel(state, changed)
     current = state.store.get_job(job_id)
     assert current is not None
@@ -194,7 +196,7 @@ async def cancel_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
     tasks = _gang_or_404(state, gang_id)
-    _record_cancel(state, state.store.cancel(tasks[0].id, state.clock.now()))
+    _record_cancel(state, changes.cancel(state.store, tasks[0].id, state.clock.now()))
     return json_response(_gang_to_wire(gang_id, state.store.gang_tasks(gang_id)))
 
 

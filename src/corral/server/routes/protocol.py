@@ -19,14 +19,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.core import lifecycle
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
+from corral.server import changes
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
-from corral.server.loops.drain import complete_if_drained, drain_started_by, record_preempted
+from corral.server.loops.drain import record_reported
 from corral.server.state import ServerState, state_of
+from corral.store.base import JobReport
 
 logger = logging.getLogger("corral.server.protocol")
 
@@ -97,7 +100,7 @@ async def claim(request: Request) -> Response:
     deadline = time.monotonic() + wait
     while True:
         woken = state.signal.current()
-        job = state.store.claim(worker_id, state.clock.now(), state.placement)
+        job = changes.claim(state.store, worker_id, state.clock.now())
         if job is not None:
             break
         remaining = deadline - time.monotonic()
@@ -124,24 +127,26 @@ async def job_heartbeat(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, JobHeartbeatBody, optional=True)
-    job = state.store.heartbeat_job(
-        request.path_params["job_id"], worker_id, attempt, state.clock.now(), body.progress
+    report = JobReport(progress=body.progress, gpu_util_pct=body.gpu_util_pct, rss_mb=body.rss_mb)
+    job = changes.heartbeat(
+        state.store, request.path_params["job_id"], worker_id, attempt, state.clock.now(), report
     )
-    answer: dict[str, Any] = {}
-    if job.status == Status.PREEMPTING:
-        answer = {"action": "preempt", "preemption_epoch": job.preemption_epoch}
-    return json_response(answer)
+    epoch = lifecycle.stop_request(job)
+    return json_response({} if epoch is None else {"action": "preempt", "preemption_epoch": epoch})
 
 
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
-    job = state.store.complete(request.path_params["job_id"], worker_id, attempt, state.clock.now())
+    reported = changes.report_done(
+        state.store, request.path_params["job_id"], worker_id, attempt, state.clock.now()
+    )
+    job = reported.job
     state.metrics.jobs_completed.inc()
     if job.started_at is not None and job.finished_at is not None:
         state.metrics.execution_duration.observe(max(0.0, job.finished_at - job.started_at))
     logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
-    complete_if_drained(state, job)
+    record_reported(state, reported)
     state.released()
     return json_response(job_to_wire(job))
 
@@ -150,26 +155,25 @@ async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
-    now = state.clock.now()
-    job = state.store.fail(
+    reported = changes.report_failure(
+        state.store,
         request.path_params["job_id"],
         worker_id,
         attempt,
-        now,
+        state.clock.now(),
         body.exit_code,
         body.error,
         body.output_tail,
         body.release,
     )
-    _record_fail(state, job, worker_id, body.exit_code)
-    drain_started_by(state, job, now)
-    complete_if_drained(state, job)
+    _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
+    record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(job))
+    return json_response(job_to_wire(reported.job))
 
 
-def _record_fail(state: ServerState, job: Job, worker_id: str, exit_code: int | None) -> None:
-    fields = {"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts, "exit_code": exit_code}
+def _record_fail(state: ServerState, job: Job, worker_id: str, attempt: int, exit_code: int | None) -> None:
+    fields = {"job_id": job.id, "worker_id": worker_id, "attempt": attempt, "exit_code": exit_code}
     if job.status == Status.PENDING:
         state.metrics.jobs_retried.inc()
         logger.warning("job failed, re-queuing", extra=fields)
@@ -188,17 +192,16 @@ async def preempted(request: Request) -> Response:
     worker_id, attempt = fence(request)
     epoch = query_int(request, "epoch")
     assert epoch is not None
-    job = state.store.ack_preempted(
-        request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now()
+    reported = changes.acknowledge_stop(
+        state.store, request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now()
     )
-    if job.status == Status.CANCELLED:
+    job = reported.job
+    if reported.completion is None and job.status == Status.CANCELLED:
         state.metrics.jobs_cancelled.inc()
         logger.info(
             "job cancelled", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch}
         )
-    else:
-        record_preempted(job)
-        complete_if_drained(state, job)
+    record_reported(state, reported)
     state.released()
     return json_response(job_to_wire(job))
 
@@ -209,29 +212,25 @@ async def watchdog(request: Request) -> Response:
     worker_id, attempt = fence(request)
     body = await parse_body(request, WatchdogBody)
     detail = body.detail if isinstance(body.detail, str) else orjson.dumps(body.detail or {}).decode()
-    now = state.clock.now()
-    job = state.store.watchdog_trip(
+    reported = changes.report_trip(
+        state.store,
         request.path_params["job_id"],
         worker_id,
         attempt,
-        now,
+        state.clock.now(),
         body.kind,
         detail[:4096],
         state.settings.watchdog_max_retries,
     )
-    if job.status == Status.FAILED:
-        outcome = "failed"
-    elif job.status == Status.PENDING or job.drain_started_at == now:
-        outcome = "requeued"  # a single job back in the queue, or a rank whose gang drains to re-run
-    else:
-        outcome = job.status.value  # the job was already being stopped: the trip ended that stop
-    state.metrics.watchdog_trips.labels(kind=body.kind, outcome=outcome).inc()
+    job = reported.job
+    if reported.trip_outcome is not None:
+        state.metrics.watchdog_trips.labels(kind=body.kind, outcome=reported.trip_outcome).inc()
     fields = {
         "job_id": job.id,
         "worker_id": worker_id,
         "attempt": attempt,
         "kind": body.kind,
-        "outcome": outcome,
+        "outcome": reported.trip_outcome or ("draining" if reported.drain else job.status.value),
         "watchdog_retries": job.watchdog_retries,
         "detail": body.detail,
     }
@@ -239,8 +238,7 @@ async def watchdog(request: Request) -> Response:
         logger.error("watchdog tripped, job failed", extra=fields)
     else:
         logger.warning("watchdog tripped", extra=fields)
-    drain_started_by(state, job, now)
-    complete_if_drained(state, job)
+    record_reported(state, reported)
     state.released()
     return json_response(job_to_wire(job))
 
@@ -255,8 +253,8 @@ async def upload_checkpoint(request: Request) -> Response:
     data = await read_body(request, state.settings.checkpoint_max_bytes)
     if not data:
         raise errors.InvalidRequest("checkpoint body is empty", field="body")
-    job = state.store.save_checkpoint(
-        request.path_params["job_id"], worker_id, attempt, epoch, data, state.clock.now()
+    job = changes.save_checkpoint(
+        state.store, request.path_params["job_id"], worker_id, attempt, epoch, data, state.clock.now()
     )
     logger.info(
         "checkpoint saved",

@@ -12,7 +12,9 @@ from starlette.routing import Route
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
+from corral.server import changes
 from corral.server.http import json_response, parse_body
+from corral.server.loops.reaper import record_lost
 from corral.server.state import state_of
 from corral.store.base import WorkerRegistration, WorkerView
 
@@ -34,6 +36,10 @@ def worker_to_wire(view: WorkerView) -> dict[str, Any]:
         "used": view.used.to_dict(),
         "running": list(view.running),
         "unhealthy_gpus": list(worker.unhealthy_gpus),
+        "gpu_stats": [
+            {"index": reading.index, "util_pct": reading.util_pct, "mem_used_mb": reading.mem_used_mb}
+            for reading in worker.gpu_stats
+        ],
     }
 
 
@@ -67,17 +73,27 @@ async def heartbeat(request: Request) -> Response:
     body = await parse_body(request, WorkerHeartbeatBody, optional=True)
     readings = [reading.model_dump() for reading in body.gpus] if body.gpus is not None else None
     worker_id = request.path_params["worker_id"]
-    known: tuple[int, ...] = ()
-    if body.unhealthy_gpus:
-        view = state.store.get_worker(worker_id)
-        known = view.worker.unhealthy_gpus if view is not None else ()
-    worker = state.store.worker_heartbeat(worker_id, state.clock.now(), readings, body.unhealthy_gpus)
-    if set(worker.unhealthy_gpus) - set(known):
+    now = state.clock.now()
+    applied = changes.worker_heartbeat(
+        state.store,
+        worker_id,
+        now,
+        state.settings.heartbeat_timeout_s,
+        readings,
+        body.unhealthy_gpus,
+        body.running,
+    )
+    worker = applied.beat.worker
+    if body.unhealthy_gpus and set(body.unhealthy_gpus) - set(applied.beat.previous_unhealthy):
         # Once per newly reported GPU, not at every heartbeat that repeats it.
         logger.error(
             "worker reports unhealthy GPUs",
             extra={"worker_id": worker.id, "unhealthy_gpus": list(worker.unhealthy_gpus)},
         )
+    for gone in applied.gone:
+        record_lost(state, gone, f"worker {worker_id} no longer runs the job")
+    if applied.gone:
+        state.released()
     return json_response({})
 
 

@@ -1,0 +1,499 @@
+"""Every decision about a job's next status, as pure functions: rows in, a ``Plan`` out.
+
+Each function takes the job as the store read it under lock (and, for a gang task, every task of
+its gang, in ``gang_index`` order), the report or the time, and returns the transitions to apply
+with a typed outcome the caller turns into metrics and log lines. A report that the state does not
+allow raises a ``Conflict`` (409), and nothing is written. The store applies the plan (one
+compare-and-set per transition, its event row, in one transaction); the simulator applies the same
+plans to its own records, so what it predicts is what the server does.
+
+Where each rule of the seeds lives:
+
+- the claim (pending or reserved -> running, ``attempts`` + 1: the fence): ``start``;
+- the fence every worker report is checked against: ``check_fence``;
+- seed 000's retry rule (retry while counted attempts < ``max_retries``): ``report_failure``;
+- a worker handing a job back without spending its attempt: ``report_failure(release=True)``;
+- a watchdog trip (seed 004: re-queue at the front while under the cap, else fail; the trip spends
+  only the watchdog cap, never an attempt): ``report_trip``;
+- the stop the server asked for ending (ack, or the job exiting while stopped): ``acknowledge_stop``,
+  ``finish_stop``; the force-drain of a stop nobody acks: ``force_drain``;
+- the lease reaper's outcomes: ``lease_expired``; a job its worker says it no longer runs (seed 004's
+  busy ghost): ``gone_from_worker``;
+- cancel: ``cancel``;
+- the gang drain, its completion rule, stale reservations: ``corral.core.drain``, called from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from corral.core import drain
+from corral.core.drain import DrainCompleted, DrainStarted
+from corral.domain import errors
+from corral.domain.records import Job, Reason
+from corral.domain.status import TERMINAL, Status
+from corral.domain.transitions import Plan, Transition, applied, move
+
+__all__ = [
+    "Reported",
+    "accept_checkpoint",
+    "acknowledge_stop",
+    "cancel",
+    "check_fence",
+    "check_heartbeat",
+    "force_drain",
+    "ghost_cutoff",
+    "gone_from_worker",
+    "lease_expired",
+    "report_done",
+    "report_failure",
+    "report_trip",
+    "start",
+    "stop_request",
+]
+
+#: what a job loses when it goes back to the queue
+REQUEUED: dict[str, object] = {
+    "worker_id": None,
+    "gpu_indices": (),
+    "started_at": None,
+    "last_heartbeat_at": None,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """What one decision did to a job: the job as it is now, the drain it started and the drain it
+    completed (gang tasks), and, for a watchdog trip, the outcome the trip counts as (``requeued``
+    or ``failed``; None when the drain's completion decides it, or the job was being stopped
+    anyway)."""
+
+    job: Job
+    drain: DrainStarted | None = None
+    completion: DrainCompleted | None = None
+    trip_outcome: str | None = None
+    #: the decision ended a stop the server had asked for with the job ``preempted``
+    preempted: bool = False
+
+
+# --- the fence --------------------------------------------------------------------------------
+
+
+def check_fence(job: Job, worker_id: str, attempt: int) -> None:
+    """A report must come from the worker and attempt that hold the job now; a stale one is refused
+    (409 ``stale_attempt``) and the worker stops its copy."""
+    if job.worker_id != worker_id or job.attempts != attempt:
+        raise errors.StaleAttempt(
+            f"job {job.id} is at attempt {job.attempts} on worker {job.worker_id}, "
+            f"not attempt {attempt} on worker {worker_id}: stop it"
+        )
+
+
+def _not_running(job: Job) -> errors.Conflict:
+    return errors.NotRunning(f"job {job.id} is {job.status}, not running")
+
+
+# --- the claim --------------------------------------------------------------------------------
+
+
+def start(job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition:
+    """pending -> running (any worker it fits) or reserved -> running (its assigned worker). The new
+    attempt number is the fence of every report the worker makes for it."""
+    return move(
+        job,
+        now,
+        Reason("claimed", f"claimed by worker {worker_id}"),
+        status=Status.RUNNING,
+        worker_id=worker_id,
+        gpu_indices=tuple(gpu_indices),
+        attempts=job.attempts + 1,
+        started_at=now,
+        last_heartbeat_at=now,
+        queue_front=False,
+        exit_code=None,
+        reason=None,
+    )
+
+
+def check_heartbeat(job: Job, worker_id: str, attempt: int) -> None:
+    """A job heartbeat renews the lease of the attempt that holds the job while it runs or is being
+    stopped; any other is refused, and the worker stops its copy."""
+    check_fence(job, worker_id, attempt)
+    if job.status not in (Status.RUNNING, Status.PREEMPTING):
+        raise _not_running(job)
+
+
+def stop_request(job: Job) -> int | None:
+    """The preemption epoch a heartbeat answer asks the worker to stop at, or None to carry on."""
+    return job.preemption_epoch if job.status == Status.PREEMPTING else None
+
+
+def ghost_cutoff(previous_contact: float | None, now: float, lease_s: float) -> float | None:
+    """A job its worker's heartbeat does not list is gone when it has not heartbeated since this:
+    since the worker's previous heartbeat (so the worker had a whole interval to list a job it
+    had just claimed), and for at least a third of the lease (two missed job heartbeats at the
+    default intervals). None: no previous heartbeat to judge by."""
+    if previous_contact is None:
+        return None
+    return min(previous_contact, now - lease_s / 3)
+
+
+# --- reports from the worker --------------------------------------------------------------------
+
+
+def report_done(job: Job, gang: Sequence[Job], worker_id: str, attempt: int, now: float) -> Plan[Reported]:
+    """running (or preempting: it finished before it was stopped, and keeps its result) -> done."""
+    check_fence(job, worker_id, attempt)
+    if job.status not in (Status.RUNNING, Status.PREEMPTING):
+        raise _not_running(job)
+    done = move(
+        job, now, Reason("completed", "exited with code 0"), status=Status.DONE, finished_at=now, exit_code=0
+    )
+    return _then_complete((done,), gang, now, Reported(done.after))
+
+
+def report_failure(
+    job: Job,
+    gang: Sequence[Job],
+    worker_id: str,
+    attempt: int,
+    now: float,
+    exit_code: int | None,
+    error: str | None,
+    output_tail: str | None,
+    release: bool = False,
+) -> Plan[Reported]:
+    """The attempt ended badly: running -> pending (retry) or failed; a gang task drains its gang.
+
+    1. A job that was being stopped (preempting) ends as the stop intended (``finish_stop``).
+    2. ``release`` (the worker gave the job back for its own reasons: a shutdown) re-queues it with
+       the attempt refunded; a gang task so released drains its gang, refunded too.
+    3. A gang task that failed drains its gang (``corral.core.drain``): the retry decision is the
+       drain completion's.
+    4. A single job is retried while its counted attempts are under ``max_retries``, else failed.
+    """
+    check_fence(job, worker_id, attempt)
+    if job.status == Status.PREEMPTING:
+        return finish_stop(job, gang, now, "job exited while being stopped")
+    if job.status != Status.RUNNING:
+        raise _not_running(job)
+    outcome = "exited" if exit_code is None else f"exited with code {exit_code}"
+    detail: dict[str, object] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+    if release:
+        detail["refunds"] = job.refunds + 1
+    if job.gang_id is not None:
+        why = "was handed back by its worker" if release else outcome
+        reason = Reason("task_failed", f"task {job.gang_index} {why}; draining the gang")
+        return _drain_and_complete(job, gang, now, reason, detail)
+    if release:
+        reason = Reason("released", f"worker {worker_id} handed the job back ({error or outcome}); re-queued")
+        return _single(move(job, now, reason, status=Status.PENDING, **detail, **REQUEUED))
+    counted = f"attempt {job.attempts_used} of {job.spec.max_retries} {outcome}"
+    if job.retries_left:
+        transition = move(
+            job, now, Reason("retrying", f"{counted}; re-queued"), status=Status.PENDING, **detail, **REQUEUED
+        )
+    else:
+        transition = move(
+            job, now, Reason("failed", counted), status=Status.FAILED, **detail, finished_at=now
+        )
+    return _single(transition)
+
+
+def report_trip(
+    job: Job,
+    gang: Sequence[Job],
+    worker_id: str,
+    attempt: int,
+    now: float,
+    kind: str,
+    detail: str,
+    max_retries: int,
+) -> Plan[Reported]:
+    """A worker's watchdog stopped the job (seed 004): re-queued at the front of its queue with
+    ``watchdog_retries`` + 1 while under ``max_retries``, else failed.
+
+    The trip spends the watchdog cap alone, never one of the job's ``max_retries`` (its attempt is
+    refunded), for a single job and a gang rank alike. A rank's trip under the cap drains the gang,
+    which the completion puts back at the front of its queue; past the cap the rank fails and the
+    drain completes the gang as failed. A job that was being stopped anyway ends as that stop
+    intended; a retried report of a trip already applied is refused.
+    """
+    check_fence(job, worker_id, attempt)
+    if job.status == Status.PREEMPTING:
+        return finish_stop(job, gang, now, f"{kind} watchdog stopped it: {detail}")
+    if job.status != Status.RUNNING:
+        raise _not_running(job)
+    trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
+    error = f"{kind} watchdog: {detail}"
+    code = f"watchdog_{kind}"
+    under_cap = job.watchdog_retries < max_retries
+    if job.gang_id is not None:
+        if under_cap:
+            fields = {
+                "watchdog_retries": job.watchdog_retries + 1,
+                "error": error,
+                "refunds": job.refunds + 1,
+            }
+            return _drain_and_complete(
+                job, gang, now, Reason(code, f"{trip}; draining the gang: {detail}"), fields
+            )
+        failed = move(
+            job,
+            now,
+            Reason(code, f"{trip}; out of watchdog retries: {detail}"),
+            status=Status.FAILED,
+            finished_at=now,
+            error=error,
+            drain_started_at=now,
+        )
+        rest = applied(gang, (failed,))
+        drained, started = drain.start_drain(
+            rest, job.id, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}")
+        )
+        transitions = (failed, *drained)
+        return _then_complete(
+            transitions, gang, now, Reported(failed.after, drain=started, trip_outcome="failed")
+        )
+    if under_cap:
+        transition = move(
+            job,
+            now,
+            Reason(code, f"{trip}; re-queued at the front: {detail}"),
+            status=Status.PENDING,
+            **REQUEUED,
+            queue_front=True,
+            watchdog_retries=job.watchdog_retries + 1,
+            refunds=job.refunds + 1,
+            error=error,
+        )
+        return Plan((transition,), Reported(transition.after, trip_outcome="requeued"))
+    transition = move(
+        job,
+        now,
+        Reason(code, f"{trip}; out of watchdog retries: {detail}"),
+        status=Status.FAILED,
+        finished_at=now,
+        error=error,
+    )
+    return Plan((transition,), Reported(transition.after, trip_outcome="failed"))
+
+
+def acknowledge_stop(
+    job: Job, gang: Sequence[Job], worker_id: str, attempt: int, epoch: int, now: float
+) -> Plan[Reported]:
+    """The worker stopped a preempting job at ``epoch``: preempting -> preempted (or cancelled)."""
+    check_stop_epoch(job, worker_id, attempt, epoch)
+    return finish_stop(job, gang, now, f"stopped by worker {worker_id}")
+
+
+def check_stop_epoch(job: Job, worker_id: str, attempt: int, epoch: int) -> None:
+    """The precondition of a stopping worker's ack and epoch checkpoint: its attempt, preempting, at
+    the current epoch (a late ack of an earlier round is refused, seed 000)."""
+    check_fence(job, worker_id, attempt)
+    if job.status != Status.PREEMPTING:
+        raise errors.NotPreempting(f"job {job.id} is {job.status}, not preempting")
+    if job.preemption_epoch != epoch:
+        raise errors.StaleEpoch(f"job {job.id} is at preemption epoch {job.preemption_epoch}, not {epoch}")
+
+
+def accept_checkpoint(
+    job: Job, gang: Sequence[Job], worker_id: str, attempt: int, epoch: int | None, now: float
+) -> Plan[Job]:
+    """Whether a checkpoint upload may be stored, and the job marked as having one (``gang`` is not
+    read: a checkpoint is one rank's own).
+
+    With ``epoch``: from a stop the server asked for, at that epoch. Without: from the current
+    attempt however it is ending (a crash, a rank dying on its own when its peer did, done), so
+    only until that attempt's final report: while the job is still running or preempting.
+    """
+    if epoch is not None:
+        check_stop_epoch(job, worker_id, attempt, epoch)
+    else:
+        check_fence(job, worker_id, attempt)
+        if job.status not in (Status.RUNNING, Status.PREEMPTING):
+            raise _not_running(job)
+    if job.has_checkpoint:
+        return Plan((), job)
+    transition = move(job, now, None, has_checkpoint=True)
+    return Plan((transition,), transition.after)
+
+
+# --- stops -------------------------------------------------------------------------------------
+
+
+def finish_stop(job: Job, gang: Sequence[Job], now: float, how: str) -> Plan[Reported]:
+    """preempting -> cancelled (a cancel asked for the stop) or preempted; for a gang task, the
+    drain completes at once when this was its last rank in flight."""
+    if job.cancel_requested:
+        transition = move(
+            job,
+            now,
+            Reason("cancelled", f"cancelled; {how}"),
+            job.preemption_epoch,
+            status=Status.CANCELLED,
+            finished_at=now,
+        )
+    else:
+        transition = move(job, now, Reason("preempted", how), job.preemption_epoch, status=Status.PREEMPTED)
+    preempted = transition.after.status == Status.PREEMPTED
+    return _then_complete((transition,), gang, now, Reported(transition.after, preempted=preempted))
+
+
+def force_drain(
+    job: Job, gang: Sequence[Job], now: float, timeout_s: float, epoch: int
+) -> Plan[Reported | None]:
+    """A stop nobody acknowledged within ``timeout_s`` (its worker died mid-drain) ends anyway, so
+    that it stops holding the gang's drain open. None when the job moved on meanwhile (acked, or a
+    newer stop at another epoch)."""
+    if job.status != Status.PREEMPTING or job.preemption_epoch != epoch:
+        return Plan((), None)
+    if job.drain_started_at is None or job.drain_started_at >= now - timeout_s:
+        return Plan((), None)
+    plan = finish_stop(job, gang, now, f"force-drained after {timeout_s:.0f}s without an ack")
+    return Plan(plan.transitions, plan.outcome)
+
+
+# --- the reaper and the worker's own report ----------------------------------------------------------
+
+
+def lease_expired(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Reported | None]:
+    """A running job without a heartbeat for ``timeout_s`` (its worker died or lost the network):
+    a single job is retried while attempts remain, else failed; a gang task drains its gang, with
+    every peer whose lease lapsed too treated as gone. None when the lease is fresh after all."""
+    if job.status != Status.RUNNING:
+        return Plan((), None)
+    last_contact = job.last_heartbeat_at or job.started_at or now
+    if last_contact >= now - timeout_s:
+        return Plan((), None)
+    silent = f"no heartbeat from worker {job.worker_id} for {now - last_contact:.0f}s"
+    return _lost(job, gang, now, silent, expired_before=now - timeout_s)
+
+
+def gone_from_worker(
+    job: Job, gang: Sequence[Job], worker_id: str, silent_since: float, now: float
+) -> Plan[Reported | None]:
+    """The job's worker says it no longer runs the job (its heartbeat's ``running`` list leaves it
+    out, seed 004's busy ghost: a worker restarted under the same id, a run it lost track of), and
+    the job has not heartbeated since ``silent_since``: it is gone now, not when its lease lapses.
+
+    A running job is lost as if its lease had expired; a preempting one has stopped. None when the
+    job moved on meanwhile (reported, re-claimed, or heartbeated after all).
+    """
+    if job.worker_id != worker_id or job.status not in (Status.RUNNING, Status.PREEMPTING):
+        return Plan((), None)
+    if (job.last_heartbeat_at or job.started_at or now) >= silent_since:
+        return Plan((), None)
+    if job.status == Status.PREEMPTING:
+        plan = finish_stop(job, gang, now, f"worker {worker_id} no longer runs it")
+        return Plan(plan.transitions, plan.outcome)
+    return _lost(job, gang, now, f"worker {worker_id} no longer runs it (its heartbeat does not list it)")
+
+
+def _lost(
+    job: Job, gang: Sequence[Job], now: float, what: str, expired_before: float | None = None
+) -> Plan[Reported | None]:
+    if job.gang_id is not None:
+        plan = _drain_and_complete(job, gang, now, Reason("lease_expired", what), {}, expired_before)
+        return Plan(plan.transitions, plan.outcome)
+    if job.retries_left:
+        transition = move(
+            job, now, Reason("lease_expired", f"{what}; re-queued"), status=Status.PENDING, **REQUEUED
+        )
+    else:
+        transition = move(
+            job,
+            now,
+            Reason("lease_expired", f"{what}; out of retries"),
+            status=Status.FAILED,
+            finished_at=now,
+        )
+    return Plan((transition,), Reported(transition.after))
+
+
+# --- cancel ------------------------------------------------------------------------------------
+
+
+def cancel(job: Job, gang: Sequence[Job], now: float) -> Plan[tuple[Job, ...]]:
+    """Cancel a job, or every task of its gang. Jobs that are not running are cancelled at once;
+    running jobs go to ``preempting`` with ``cancel_requested`` (their next heartbeat tells the
+    worker to stop them; the ack makes them ``cancelled``); a job already being stopped ends as a
+    cancel instead. 409 ``already_terminal`` when there is nothing left to cancel. The outcome: the
+    jobs that changed, the one asked for first."""
+    targets = tuple(gang) if job.gang_id is not None else (job,)
+    if all(target.status in TERMINAL for target in targets):
+        raise errors.AlreadyTerminal(f"job {job.id} is already {job.status}")
+    transitions = []
+    for target in targets:
+        if target.status in TERMINAL or (target.status == Status.PREEMPTING and target.cancel_requested):
+            continue
+        if target.status == Status.RUNNING:
+            epoch = target.preemption_epoch + 1
+            transitions.append(
+                move(
+                    target,
+                    now,
+                    Reason("cancel_requested", "cancel requested; stopping the job"),
+                    epoch,
+                    status=Status.PREEMPTING,
+                    preemption_epoch=epoch,
+                    drain_started_at=now,
+                    cancel_requested=True,
+                )
+            )
+        elif target.status == Status.PREEMPTING:
+            transitions.append(move(target, now, None, cancel_requested=True))
+        else:
+            transitions.append(
+                move(
+                    target,
+                    now,
+                    Reason("cancelled", "cancelled by request"),
+                    status=Status.CANCELLED,
+                    finished_at=now,
+                )
+            )
+    changed = [transition.after for transition in transitions]
+    ordered = [target for target in changed if target.id == job.id] + [
+        target for target in changed if target.id != job.id
+    ]
+    return Plan(tuple(transitions), tuple(ordered))
+
+
+# --- shared steps -------------------------------------------------------------------------------
+
+
+def _single(transition: Transition) -> Plan[Reported]:
+    return Plan((transition,), Reported(transition.after))
+
+
+def _drain_and_complete(
+    trigger: Job,
+    gang: Sequence[Job],
+    now: float,
+    reason: Reason,
+    trigger_fields: dict[str, object],
+    expired_before: float | None = None,
+) -> Plan[Reported]:
+    transitions, started = drain.start_drain(gang, trigger.id, now, reason, trigger_fields, expired_before)
+    return _then_complete(transitions, gang, now, Reported(started.trigger, drain=started))
+
+
+def _then_complete(
+    transitions: tuple[Transition, ...], gang: Sequence[Job], now: float, reported: Reported
+) -> Plan[Reported]:
+    """``transitions``, then, for a gang task, the drain completion they make possible, in the same
+    plan: a drain ends as soon as its last rank has stopped, not at the next reaper pass."""
+    if reported.job.gang_id is None or not gang:
+        return Plan(transitions, reported)
+    after = applied(gang, transitions)
+    completion = drain.complete(after, now)
+    if completion is None:
+        return Plan(transitions, reported)
+    job = next(
+        (moved.after for moved in completion.transitions if moved.after.id == reported.job.id), reported.job
+    )
+    return Plan(
+        transitions + completion.transitions, replace(reported, job=job, completion=completion.outcome)
+    )

@@ -1,0 +1,61 @@
+"""What the core decides and the store applies: a job's record before and after, and why.
+
+The core never writes: it returns ``Transition`` values inside a ``Plan``. The store applies each one
+in the caller's transaction with a compare-and-set on the row's status and ``version``, appends the
+event row, and hands back the plan's outcome. The simulator applies the same values to its own
+records, so both run the very rules of ``corral.core.lifecycle``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
+
+from corral.domain.records import Job, Reason
+
+Outcome = TypeVar("Outcome")
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """``before`` becomes ``after``. A status change is checked against the status table and
+    recorded as an event (``reason``, ``epoch``) at ``at``; a change of fields alone (a cancel asked
+    of a job already stopping, a stored checkpoint) writes no event."""
+
+    before: Job
+    after: Job
+    at: float
+    reason: Reason | None = None
+    epoch: int | None = None
+
+    @property
+    def changes_status(self) -> bool:
+        return self.before.status != self.after.status
+
+
+def move(
+    job: Job, at: float, event_reason: Reason | None, event_epoch: int | None = None, /, **fields: Any
+) -> Transition:
+    """The transition of ``job`` to ``replace(job, **fields)``, recorded with ``event_reason`` and
+    ``event_epoch``. A status change bumps the version and, unless ``fields`` names a ``reason``,
+    records the event's reason on the row too."""
+    if "status" in fields and fields["status"] != job.status:
+        fields.setdefault("reason", event_reason)
+        fields["version"] = job.version + 1
+    return Transition(job, replace(job, **fields), at, event_reason, event_epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan(Generic[Outcome]):
+    """A decision: the transitions to apply, in order, and what they mean for the caller."""
+
+    transitions: tuple[Transition, ...]
+    outcome: Outcome
+
+
+def applied(jobs: Sequence[Job], transitions: Iterable[Transition]) -> tuple[Job, ...]:
+    """``jobs`` as they are once ``transitions`` are applied (same order): the what-if view a rule
+    that follows another one decides on (a drain, then its completion, in one plan)."""
+    after = {transition.after.id: transition.after for transition in transitions}
+    return tuple(after.get(job.id, job) for job in jobs)

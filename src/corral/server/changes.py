@@ -1,0 +1,201 @@
+"""The server's state changes: each one a decision of ``corral.core`` applied through the store.
+
+Routes and loops call these, then turn the typed outcome into metrics and log lines; the contract
+tests call them too, so the store and the core are tested together the way the server uses them.
+Nothing here decides a job's next status: it picks the core function, binds what the request or
+the clock says, and hands it to the store, which locks the rows, calls it and applies its plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from corral.core import drain, lifecycle
+from corral.core.drain import DrainCompleted, DrainStarted
+from corral.core.lifecycle import Reported
+from corral.core.placement import ClaimPlacement
+from corral.domain.records import Job
+from corral.store import Store
+from corral.store.base import JobReport, WorkerBeat
+
+PLACEMENT = ClaimPlacement()
+
+
+def report_done(store: Store, job_id: str, worker_id: str, attempt: int, now: float) -> Reported:
+    return store.change(job_id, partial(lifecycle.report_done, worker_id=worker_id, attempt=attempt, now=now))
+
+
+def report_failure(
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    now: float,
+    exit_code: int | None,
+    error: str | None = None,
+    output_tail: str | None = None,
+    release: bool = False,
+) -> Reported:
+    decide = partial(
+        lifecycle.report_failure,
+        worker_id=worker_id,
+        attempt=attempt,
+        now=now,
+        exit_code=exit_code,
+        error=error,
+        output_tail=output_tail,
+        release=release,
+    )
+    return store.change(job_id, decide)
+
+
+def report_trip(
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    now: float,
+    kind: str,
+    detail: str,
+    max_retries: int,
+) -> Reported:
+    decide = partial(
+        lifecycle.report_trip,
+        worker_id=worker_id,
+        attempt=attempt,
+        now=now,
+        kind=kind,
+        detail=detail,
+        max_retries=max_retries,
+    )
+    return store.change(job_id, decide)
+
+
+def acknowledge_stop(
+    store: Store, job_id: str, worker_id: str, attempt: int, epoch: int, now: float
+) -> Reported:
+    decide = partial(lifecycle.acknowledge_stop, worker_id=worker_id, attempt=attempt, epoch=epoch, now=now)
+    return store.change(job_id, decide)
+
+
+def heartbeat(store: Store, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
+    """Renew the lease; the job as it is now. Refused (409) when the attempt no longer holds it."""
+    job = store.heartbeat_job(job_id, worker_id, attempt, now, report)
+    lifecycle.check_heartbeat(job, worker_id, attempt)
+    return job
+
+
+def save_checkpoint(
+    store: Store, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
+) -> Job:
+    decide = partial(lifecycle.accept_checkpoint, worker_id=worker_id, attempt=attempt, epoch=epoch, now=now)
+    return store.save_checkpoint(job_id, data, now, decide)
+
+
+def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
+    """Cancel a job or its whole gang; the jobs that changed, the one asked for first."""
+    return store.change(job_id, partial(lifecycle.cancel, now=now))
+
+
+def claim(store: Store, worker_id: str, now: float) -> Job | None:
+    return store.claim(worker_id, now, PLACEMENT)
+
+
+def reserve_gang(
+    store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: float
+) -> tuple[Job, ...] | None:
+    """Reserve a gang where the admission cycle placed it, all tasks or none."""
+    where = {job_id: (worker_id, indices) for job_id, worker_id, indices in placements}
+    return store.reserve_gang(
+        gang_id,
+        placements,
+        PLACEMENT,
+        lambda tasks, ports: drain.reserve(tasks, where, drain.first_free_port(ports), now),
+    )
+
+
+def roll_back_stale(
+    store: Store, gang_id: str, now: float, timeout_s: float
+) -> tuple[DrainStarted | None, DrainCompleted | None, tuple[Job, ...]]:
+    """A reservation unclaimed past ``timeout_s``: rolled back, or the gang drained (see
+    ``drain.stale_reservation``). Nothing when it was claimed meanwhile."""
+    return store.change_gang(gang_id, partial(drain.stale_reservation, now=now, timeout_s=timeout_s))
+
+
+def complete_drain(store: Store, gang_id: str, now: float) -> DrainCompleted | None:
+    return store.change_gang(gang_id, partial(drain.completion, now=now))
+
+
+@dataclass
+class WorkerHeartbeat:
+    """A worker heartbeat as applied: what the store recorded, and the jobs found gone from the
+    worker (its ``running`` list left them out and they stopped heartbeating: seed 004's ghosts)."""
+
+    beat: WorkerBeat
+    gone: list[Reported] = field(default_factory=list)
+
+
+def worker_heartbeat(
+    store: Store,
+    worker_id: str,
+    now: float,
+    lease_s: float,
+    gpu_stats: list[dict[str, object]] | None = None,
+    unhealthy_gpus: Sequence[int] | None = None,
+    running: Sequence[str] | None = None,
+) -> WorkerHeartbeat:
+    beat = store.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+    result = WorkerHeartbeat(beat)
+    cutoff = lifecycle.ghost_cutoff(beat.previous_contact, now, lease_s)
+    if cutoff is None:
+        return result
+    for job in beat.unlisted:
+        decide = partial(lifecycle.gone_from_worker, worker_id=worker_id, silent_since=cutoff, now=now)
+        outcome = store.change(job.id, decide)
+        if outcome is not None:
+            result.gone.append(outcome)
+    return result
+
+
+@dataclass
+class ReapReport:
+    """What one reaper pass changed, for metrics and logs."""
+
+    lost: list[Reported] = field(default_factory=list)
+    force_drained: list[Reported] = field(default_factory=list)
+    completions: list[DrainCompleted] = field(default_factory=list)
+    offline_workers: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.lost or self.force_drained or self.completions)
+
+
+def reap(
+    store: Store, now: float, heartbeat_timeout_s: float, preempt_timeout_s: float, worker_offline_s: float
+) -> ReapReport:
+    """One reaper pass; each change is its own transaction, decided again on the locked rows, so a
+    pass is idempotent and two replicas reaping at once cannot double-apply.
+
+    1. Running jobs whose lease expired (``lifecycle.lease_expired``).
+    2. Stops nobody acknowledged within ``preempt_timeout_s`` (``lifecycle.force_drain``).
+    3. Gangs with a drain to complete (``drain.completion``): after 2, so a gang whose last stuck
+       task was just force-drained completes in the same pass.
+    4. Active workers silent for ``worker_offline_s``: offline.
+    """
+    report = ReapReport()
+    lease = partial(lifecycle.lease_expired, now=now, timeout_s=heartbeat_timeout_s)
+    for job_id in store.expired_leases(now - heartbeat_timeout_s):
+        if (lost := store.change(job_id, lease)) is not None:
+            report.lost.append(lost)
+    for job_id, epoch in store.stuck_stops(now - preempt_timeout_s):
+        stop = partial(lifecycle.force_drain, now=now, timeout_s=preempt_timeout_s, epoch=epoch)
+        if (drained := store.change(job_id, stop)) is not None:
+            report.force_drained.append(drained)
+    for gang_id in store.gangs_to_complete():
+        if (completion := complete_drain(store, gang_id, now)) is not None:
+            report.completions.append(completion)
+    report.offline_workers = store.mark_offline(now - worker_offline_s)
+    return report
