@@ -108,3 +108,40 @@ def test_unhealthy_gpus_are_not_placed(api, reported):
     assert api.get("/workers/w1").json()["unhealthy_gpus"] == sorted(reported), "heartbeats only add"
     register(api, gpus=2, vram_mb=1000)
     assert api.get("/workers/w1").json()["unhealthy_gpus"] == []
+
+
+def test_a_trip_spends_the_watchdog_cap_not_a_retry(api, settings):
+    """With max_retries=2, two stall trips and then the first real failure must leave a retry: the
+    trips are the watchdog's to count (they used to spend the job's attempts, and it failed)."""
+    settings.watchdog_max_retries = 3
+    register(api)
+    job = submit(api, max_retries=2)
+    for attempt in (1, 2):
+        claim(api)
+        assert trip(api, job["id"], attempt=attempt).json()["status"] == "pending"
+    claim(api)
+    failed = api.post(
+        f"/jobs/{job['id']}/fail", params={"worker_id": "w1", "attempt": 3}, json={"exit_code": 1}
+    ).json()
+    assert (failed["status"], failed["attempts"], failed["watchdog_retries"]) == ("pending", 1, 2)
+    claim(api)
+    last = api.post(
+        f"/jobs/{job['id']}/fail", params={"worker_id": "w1", "attempt": 4}, json={"exit_code": 1}
+    ).json()
+    assert (last["status"], last["attempts"]) == ("failed", 2)
+
+
+def test_a_worker_whose_jobs_heartbeat_is_not_flagged_dead(api, server, clock, settings):
+    """The worker's own heartbeat comes every 15 s with a 15 s request timeout, so one slow round
+    trip can leave 30 s between two; its jobs' heartbeats (every 5 s) show it alive meanwhile."""
+    register(api)
+    job = submit(api)
+    claim(api)
+    for _ in range(4):
+        clock.advance(settings.dead_worker_after_s / 3)
+        api.post(f"/jobs/{job['id']}/heartbeat", params={"worker_id": "w1", "attempt": 1}).raise_for_status()
+    server.run_loop("dead_worker_sweep")
+    assert api.get("/workers/w1").json()["flagged_dead_at"] is None
+    clock.advance(settings.dead_worker_after_s + 1)
+    server.run_loop("dead_worker_sweep")
+    assert api.get("/workers/w1").json()["flagged_dead_at"] is not None, "silent in every way: flagged"

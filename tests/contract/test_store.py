@@ -437,3 +437,21 @@ def test_a_released_job_goes_back_without_spending_its_attempt(store):
     again = store.claim("w1", NOW, POLICY)
     assert again.attempts == 2, "the fence still grows"
     assert protocol.fail(store, job.id, "w1", 2, NOW, 1, None, None).status == Status.FAILED
+
+
+def test_claims_follow_the_core_queue_order(store):
+    """The claim's ORDER BY and the core's sort key come from one declaration
+    (``corral.domain.queue_order``): a claim always takes the job the core puts first."""
+    from random import Random
+
+    from corral.core.ordering import in_queue_order
+
+    rng = Random(3)
+    register(store, cpus=1000)
+    specs = [spec(preemption_class=rng.randint(0, 10), priority=rng.randint(-2, 2)) for _ in range(60)]
+    ids = [item.job.id for item in store.submit(specs, NOW).items]
+    tripped = [store.claim("w1", NOW, POLICY) for _ in range(6)]
+    for claimed in tripped:  # re-queued at the front of their class and priority by a watchdog trip
+        protocol.watchdog_trip(store, claimed.id, "w1", claimed.attempts, NOW, "stall", "", max_retries=3)
+    expected = [job.id for job in in_queue_order([store.get_job(job_id) for job_id in ids])]
+    assert [store.claim("w1", NOW, POLICY).id for _ in ids] == expected

@@ -14,7 +14,7 @@ from corral.core.admission import decide
 from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import in_gang_order
 from corral.core.placement import Placement, free_capacity, place
-from corral.core.snapshot import Snapshot
+from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Constraints
 from corral.domain.status import Status, WorkerStatus
 from corral.testing.factories import (
@@ -273,6 +273,30 @@ def draining_and_offline_workers_get_nothing() -> tuple[Snapshot, Expect]:
     )
 
 
+def flagged_dead_workers_get_nothing() -> tuple[Snapshot, Expect]:
+    """A worker whose heartbeat froze while it holds running jobs is flagged dead: a reservation
+    there would only sit until it expires."""
+    alive = gpu_worker(gpus=8)
+    flagged = replace(gpu_worker(gpus=8), flagged_dead_at=NOW - 5)
+    g = gang(size=2, gpus=8, gang_id="g-alive")
+    one = gang(size=1 + 1, gpus=4, gang_id="g-half")
+    return admission_snapshot([flagged, alive], [g, one]), Expect(
+        reserved={"g-half": [alive.id, alive.id]}, waiting={"g-alive": "unschedulable"}
+    )
+
+
+def tripped_gang_before_an_older_one() -> tuple[Snapshot, Expect]:
+    """A gang put back at the front by a watchdog trip goes before an older gang of its size,
+    class and priority (as a tripped single job does in its queue)."""
+    workers = gpu_workers(2, gpus=8)
+    older = gang(size=2, gpus=8, submitted_at=NOW - 100, gang_id="g-older")
+    tripped = gang(size=2, gpus=8, submitted_at=NOW - 10, gang_id="g-tripped")
+    front = Gang(tripped.gang_id, tuple(replace(task, queue_front=True) for task in tripped.tasks))
+    return admission_snapshot(workers, [older, front]), Expect(
+        reserved={"g-tripped": ids(workers)}, waiting={"g-older": "head_of_queue"}
+    )
+
+
 def no_active_worker() -> tuple[Snapshot, Expect]:
     g = gang(size=2, gpus=1, gang_id="g-alone")
     return admission_snapshot([gpu_worker(status=WorkerStatus.OFFLINE)], [g]), Expect(
@@ -320,6 +344,8 @@ SCENARIOS: list[Callable[[], tuple[Snapshot, Expect]]] = [
     partial_failure_gives_everything_back,
     too_big_even_without_the_hold,
     draining_and_offline_workers_get_nothing,
+    flagged_dead_workers_get_nothing,
+    tripped_gang_before_an_older_one,
     no_active_worker,
     empty_request_spreads_one_per_worker,
     cpu_gang_on_cpu_workers,
