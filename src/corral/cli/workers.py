@@ -8,7 +8,7 @@ from typing import Any
 from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect
 
-HEADERS = ("ID", "STATUS", "GPUS", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING")
+HEADERS = ("ID", "STATUS", "GPUS", "GPU-UTIL", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING")
 
 
 def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
@@ -16,7 +16,10 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         "workers",
         parents=[parent],
         help="list workers",
-        description="List workers. GPUS, CPUS and MEM (MB) are used/total.",
+        description=(
+            "List workers. GPUS, CPUS and MEM (MB) are used/total; GPU-UTIL is the utilisation of each "
+            "GPU as the worker's last heartbeat read it (- without a GPU sampler)."
+        ),
     )
     parser.add_argument("--dead", action="store_true", help="only workers flagged dead (flagged_dead_at set)")
     add_json_flag(parser)
@@ -42,8 +45,17 @@ def _row(worker: dict[str, Any]) -> list[str]:
         worker["id"],
         status,
         f"{used['gpus']}/{total['gpus']}",
+        _utilisation(worker.get("gpu_stats") or []),
         f"{used['cpus']}/{total['cpus']}",
         f"{used['memory_mb']}/{total['memory_mb']}",
         output.short_time(worker["last_heartbeat_at"]),
         str(len(worker["running"])),
     ]
+
+
+def _utilisation(readings: list[dict[str, Any]]) -> str:
+    """``87,0,12%`` by GPU index; ``-`` when the worker reports none."""
+    values = [reading.get("util_pct") for reading in sorted(readings, key=lambda reading: reading["index"])]
+    if not values or all(value is None for value in values):
+        return output.MISSING
+    return ",".join("?" if value is None else f"{value:.0f}" for value in values) + "%"
