@@ -2,7 +2,7 @@
 
 ``--help`` lists every field of ``ServerSettings`` and ``WorkerSettings`` as a flag with its
 ``CORRAL_*`` twin, so a field nothing reads is a documented switch that silently does nothing
-(the review found eleven: auth and preemption knobs for features not written yet). A field counts
+(eleven once were: auth and preemption knobs for features not yet written). A field counts
 as read when code outside ``config.py`` reads it from a settings object (``settings.port``,
 ``self._settings.heartbeat_s``, ``state.settings.db``), or when a method of the settings class
 that reads it (``default_budget_s`` reads ``budget_s``) is itself called outside ``config.py``.
