@@ -47,17 +47,20 @@ def test_long_poll_wakes_on_submit(api, server):
     result = {}
 
     def poll():
-        started = time.monotonic()
         response = api.get("/jobs/next", params={"worker_id": "w1", "wait": 10})
-        result["status"], result["elapsed"] = response.status_code, time.monotonic() - started
+        result["status"], result["answered_at"] = response.status_code, time.monotonic()
 
     poller = threading.Thread(target=poll)
     poller.start()
-    time.sleep(0.3)
+    time.sleep(0.3)  # the poll is parked, its next store re-check ~0.7 s away
+    submitted_at = time.monotonic()
     submit(api)
     poller.join(timeout=10)
     assert result["status"] == 200
-    assert result["elapsed"] < 5  # woken by the submit, not by the 10 s deadline
+    # The one timed assertion the suite allows: without a wake the claim still finds the job at its
+    # next store re-check (RECHECK_S, 1 s, in server/routes/protocol.py), so only an answer well
+    # under that tells a working wake from a broken one.
+    assert result["answered_at"] - submitted_at < 0.5
 
 
 def test_long_poll_answers_204_at_its_deadline(api):

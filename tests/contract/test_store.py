@@ -14,7 +14,6 @@ from corral.domain.resources import Resources
 from corral.domain.status import Status, is_allowed
 from corral.store import open_store
 from corral.store.base import JobFilter, WorkerRegistration
-from corral.store.schema import DECLARED_INDEXES, DECLARED_SCHEMA
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
@@ -48,24 +47,6 @@ def assert_history_is_legal(store, job_id):
         assert is_allowed(event.from_status, event.to_status), (event.from_status, event.to_status)
         previous = event.to_status
     return events
-
-
-# --- schema -------------------------------------------------------------------------------
-
-
-def test_migrations_build_the_declared_schema(store):
-    assert store.table_columns() == {table: columns for table, columns in DECLARED_SCHEMA.items()}
-    assert store.index_names() == DECLARED_INDEXES
-
-
-def test_migrate_twice_changes_nothing(store_url, store):
-    job = submit_one(store)
-    again = open_store(store_url)
-    try:
-        assert again.get_job(job.id) == job
-        assert again.table_columns() == store.table_columns()
-    finally:
-        again.close()
 
 
 # --- submit ---------------------------------------------------------------------------------
@@ -369,14 +350,6 @@ def test_list_filters_and_cursor(store):
     running = store.list_jobs(JobFilter(status=("running",), worker_id="w1"), 100, None)
     assert [job.id for job in running] == [jobs[0].id]
     assert store.count_jobs_by_status() == {"pending": 6, "running": 1}
-
-
-@pytest.mark.postgres
-def test_postgres_claim_query_uses_the_queue_index(postgres_store):
-    store = postgres_store
-    store.submit([spec(resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
-    plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
-    assert "jobs_queue" in plan, plan
 
 
 @pytest.mark.postgres

@@ -6,10 +6,12 @@ the failure paths (server dies at start, port already served) need only the serv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -26,10 +28,21 @@ pytestmark = pytest.mark.e2e
 START_TIMEOUT_S = 30.0
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def _other_loopback_host() -> str:
+    """A loopback address other than the default 127.0.0.1 where the OS has one (Linux: all of
+    127/8), so a server that ignored ``CORRAL_HOST`` would not answer there; else 127.0.0.1."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.2", 0))
+        except OSError:
+            return "127.0.0.1"
+    return "127.0.0.2"
 
 
 def _environment() -> dict[str, str]:
@@ -51,11 +64,11 @@ def _corral(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 class _Up:
     """``corral up`` in the background, its stdout read line by line on a thread."""
 
-    def __init__(self, cwd: Path, *argv: str) -> None:
+    def __init__(self, cwd: Path, *argv: str, settings: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "corral", "up", *argv],
             cwd=cwd,
-            env=_environment(),
+            env={**_environment(), **(settings or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -193,3 +206,40 @@ def test_up_refuses_a_port_another_server_answers(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=15)
+
+
+@pytest.mark.timeout(150)
+def test_up_serves_where_the_corral_variables_say(tmp_path: Path) -> None:
+    host = _other_loopback_host()
+    port = _free_port(host)
+    url = f"http://{host}:{port}"
+    database = tmp_path / "from-environment.db"
+    settings = {"CORRAL_HOST": host, "CORRAL_PORT": str(port), "CORRAL_DB": f"sqlite:///{database}"}
+    up = _Up(tmp_path, settings=settings)
+    try:
+        assert up.wait_for_line("corral is up", START_TIMEOUT_S) == f"corral is up: {url}"
+
+        submitted = _corral("submit", "--server", url, "--name", "where", "--", "true", cwd=tmp_path)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            stored = connection.execute("SELECT name FROM jobs WHERE id = ?", (job_id,)).fetchall()
+        assert stored == [("where",)]
+        assert not (tmp_path / "corral.db").exists()  # the default store was never opened
+
+        up.process.send_signal(signal.SIGTERM)
+        assert up.process.wait(timeout=90) == 0
+    finally:
+        up.kill_everything()
+
+
+def test_up_refuses_corral_port_0_as_it_could_not_wait_on_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from corral.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CORRAL_PORT", "0")
+    assert main(["up"]) == 1
+    assert "needs a fixed port" in capsys.readouterr().err
+    assert not (tmp_path / "corral-server.log").exists()  # nothing was started

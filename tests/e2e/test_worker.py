@@ -144,22 +144,36 @@ def test_several_jobs_run_at_once_on_one_worker(server, client: Client, start_wo
     assert [job["status"] for job in finished] == ["done"] * 3, finished
 
 
-def test_sigterm_lets_the_running_job_finish_then_exits_0(
+def test_sigterm_lets_the_running_job_finish_but_claims_nothing_new_then_exits_0(
     server, client: Client, start_worker, tmp_path: Path
 ):
-    worker = start_worker(server.url, "w1")
-    job = client.submit({"command": f"echo up > {tmp_path}/up; sleep 1; echo finished"})
+    worker = start_worker(server.url, "w1", "--shutdown-timeout-s", "30")
+    release = tmp_path / "job.release"
+    job = client.submit(
+        {"command": f"echo up > {tmp_path}/up; {barrier(tmp_path, 'release', 1)}; echo finished"}
+    )
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     worker.signal(signal.SIGTERM)
-    worker.process.wait(timeout=15)
+    # The claim loop has stopped (a claim already in flight at the signal may still run its job).
+    wait_for(lambda: "shutting down: waiting for running jobs" in worker.log(), 15, "the claim loop to stop")
+    # Submitted while the worker is alive, idle enough to take it, and still running `job`:
+    # a worker that kept claiming would be woken by this submit and take it at once.
     late = client.submit({"command": "true"})
+    time.sleep(0.3)
+    assert client.get_job(late["id"])["status"] == "pending"
+    release.touch()
+    worker.process.wait(timeout=15)
 
     assert worker.process.returncode == 0, worker.log()
     assert client.get_job(job["id"])["status"] == "done"
-    time.sleep(0.3)
-    assert client.get_job(late["id"])["status"] == "pending"
     assert "worker stopped" in worker.log()
+    untouched = client.get_job(late["id"])
+    assert (untouched["status"], untouched["attempts"], untouched["worker_id"]) == ("pending", 0, None)
+    # ...and it was claimable all along: the next worker takes it.
+    start_worker(server.url, "w2")
+    finished = wait_status(client, late["id"], {"done", "failed"})
+    assert (finished["status"], finished["worker_id"]) == ("done", "w2"), finished
 
 
 def test_shutdown_timeout_stops_the_job_and_reports_it(server, client: Client, start_worker, tmp_path: Path):

@@ -6,9 +6,16 @@ their own process groups so a Ctrl-C in the terminal reaches only ``up``, which 
 order: the worker first (it stops its jobs and reports them while the server still listens), then
 the server. A second Ctrl-C kills what is left at once.
 
+The server's settings are the server's own: ``--db``, ``--host`` and ``--port`` are passed on
+only when given, so ``CORRAL_DB``, ``CORRAL_HOST``, ``CORRAL_PORT`` (and every other ``CORRAL_*``
+the server reads) reach the child through the environment exactly as they would reach
+``corral server``. The URL ``up`` polls and prints is resolved the same way (flag, else variable,
+else default) by the server's own settings class, so the two cannot disagree.
+
 Steps: 1. refuse if a server already answers at the URL; 2. start the server, logging to
 ``corral-server.log``; 3. wait for ``/health`` (exit 1 with the log's last lines if the server dies);
-4. start the worker (id ``local``), logging to ``corral-worker.log``; 5. wait for a signal or a death.
+4. start the worker (id ``CORRAL_WORKER_ID``, else ``local``), logging to ``corral-worker.log``;
+5. wait for a signal or a death.
 """
 
 from __future__ import annotations
@@ -43,18 +50,18 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         "up",
         help="start a local server and worker",
         description=(
-            f"Start `corral server` and one local `corral worker` (id {WORKER_ID}), wait until the server "
-            f"answers, then run until Ctrl-C or SIGTERM. Logs go to {SERVER_LOG} and {WORKER_LOG} "
+            f"Start `corral server` and one local `corral worker` (id CORRAL_WORKER_ID, else {WORKER_ID}), "
+            "wait until the server answers, then run until Ctrl-C or SIGTERM. Both read their other "
+            f"settings from CORRAL_* (see `corral server --help`). Logs go to {SERVER_LOG} and {WORKER_LOG} "
             "in the current directory."
         ),
     )
+    # No defaults here: a flag not given must leave the server's CORRAL_* variable in charge.
+    parser.add_argument("--db", help="store URL or SQLite file [env CORRAL_DB; default sqlite:///corral.db]")
+    parser.add_argument("--host", help="address the server listens on [env CORRAL_HOST; default 127.0.0.1]")
     parser.add_argument(
-        "--db", default="sqlite:///corral.db", help="store URL or SQLite file [default sqlite:///corral.db]"
+        "--port", type=_port, help="port the server listens on [env CORRAL_PORT; default 8765]"
     )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address the server listens on [default 127.0.0.1]"
-    )
-    parser.add_argument("--port", type=_port, default=8765, help="port the server listens on [default 8765]")
     parser.set_defaults(run=run)
 
 
@@ -135,7 +142,15 @@ class _Signals:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    url = f"http://{_client_host(arguments.host)}:{arguments.port}"
+    host, port = _listen_address(arguments)
+    if port == 0:
+        print(
+            "corral: `corral up` needs a fixed port to wait on (CORRAL_PORT=0 asks for any free one); "
+            "use --port or set CORRAL_PORT",
+            file=sys.stderr,
+        )
+        return exit_codes.REFUSED
+    url = f"http://{_client_host(host)}:{port}"
     if _answers(url):
         print(f"corral: a server already answers at {url}; stop it or use --port", file=sys.stderr)
         return exit_codes.REFUSED
@@ -143,10 +158,7 @@ def run(arguments: argparse.Namespace) -> int:
     signals.install()
     children: list[_Child] = []
     try:
-        server_arguments = ["--db", _store_url(arguments.db), "--host", arguments.host]
-        server = _Child(
-            "server", [*server_arguments, "--port", str(arguments.port)], Path(SERVER_LOG).resolve()
-        )
+        server = _Child("server", _server_arguments(arguments), Path(SERVER_LOG).resolve())
         children.append(server)
         if not _wait_until_healthy(url, server, signals.stop):
             if signals.stop.is_set():
@@ -159,7 +171,10 @@ def run(arguments: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return exit_codes.REFUSED
-        worker_arguments = ["--server", url, "--worker-id", WORKER_ID]
+        # --server always: the worker serves this server, whatever CORRAL_SERVER says for clients.
+        worker_arguments = ["--server", url]
+        if not os.environ.get("CORRAL_WORKER_ID"):
+            worker_arguments += ["--worker-id", WORKER_ID]
         children.append(_Child("worker", worker_arguments, Path(WORKER_LOG).resolve()))
         _announce(url)
         while not signals.stop.wait(0.2):
@@ -175,8 +190,36 @@ def run(arguments: argparse.Namespace) -> int:
         signals.restore()
 
 
+def _listen_address(arguments: argparse.Namespace) -> tuple[str, int]:
+    """The host and port the server will listen on: the flag, else ``CORRAL_*``, else the default.
+
+    Resolved by ``ServerSettings`` itself (imported here, not at the top: the other commands never
+    pay for pydantic-settings), so ``up`` waits on exactly the address the child binds. A bad
+    variable stops ``up`` with the server's own message naming it.
+    """
+    from corral.config import ServerSettings, load
+
+    flags = argparse.Namespace(host=arguments.host, port=arguments.port)
+    settings: ServerSettings = load(ServerSettings, flags)
+    return settings.host, settings.port
+
+
+def _server_arguments(arguments: argparse.Namespace) -> list[str]:
+    """Only the flags the user gave: the rest of the server's settings come from its environment."""
+    server_arguments = []
+    if arguments.db is not None:
+        server_arguments += ["--db", _store_url(arguments.db)]
+    if arguments.host is not None:
+        server_arguments += ["--host", arguments.host]
+    if arguments.port is not None:
+        server_arguments += ["--port", str(arguments.port)]
+    return server_arguments
+
+
 def _announce(url: str) -> None:
-    server_flag = "" if url == DEFAULT_SERVER else f" --server {url}"
+    # The hint omits --server only when a bare `corral submit` here would reach this server.
+    client_default = os.environ.get("CORRAL_SERVER") or DEFAULT_SERVER
+    server_flag = "" if url == client_default.rstrip("/") else f" --server {url}"
     print(f"corral is up: {url}", flush=True)
     print(f"  next: corral submit{server_flag} -- echo hello")
     print(f"        corral jobs{server_flag}")

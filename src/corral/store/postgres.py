@@ -18,6 +18,7 @@ from typing import Any
 
 from corral.domain import errors
 from corral.store.gangs import GangStore
+from corral.store.schema import Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
@@ -183,8 +184,89 @@ class PostgresStore(GangStore):
         )
         return {row[0] for row in rows}
 
-    def explain(self, sql: str, params: Sequence[Any]) -> str:
-        """The plan of ``sql`` on fresh statistics (for the index guard tests)."""
+    # --- the catalogue in the declaration's terms (for the migration test) -------------------
+
+    def column_definitions(self) -> dict[str, tuple[Column, ...]]:
+        """Every table's columns in order, as ``schema.Column`` (types and defaults in the DDL's
+        spelling: ``bytea`` is the declaration's ``BLOB``, ``''::text`` its ``''``)."""
+        rows = self._tx.execute(
+            "SELECT table_name, column_name, data_type, is_nullable, column_default"
+            " FROM information_schema.columns"
+            " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"
+        )
+        definitions: dict[str, list[Column]] = {}
+        for table, name, data_type, nullable, default in rows:
+            column = Column(
+                name,
+                _DDL_TYPES.get(data_type, data_type.upper()),
+                nullable == "NO",
+                None if default is None else _without_casts(default),
+            )
+            definitions.setdefault(table, []).append(column)
+        return {table: tuple(columns) for table, columns in definitions.items()}
+
+    def primary_keys(self) -> dict[str, tuple[str, ...]]:
+        rows = self._tx.execute(
+            "SELECT table_class.relname, pg_get_indexdef(index.indexrelid, key.position, true)"
+            " FROM pg_index AS index"
+            " JOIN pg_class AS table_class ON table_class.oid = index.indrelid"
+            " CROSS JOIN LATERAL generate_series(1, index.indnkeyatts) AS key(position)"
+            " WHERE table_class.relnamespace = current_schema()::regnamespace AND index.indisprimary"
+            " ORDER BY table_class.relname, key.position"
+        )
+        keys: dict[str, list[str]] = {}
+        for table, column in rows:
+            keys.setdefault(table, []).append(column)
+        return {table: tuple(columns) for table, columns in keys.items()}
+
+    def index_definitions(self) -> dict[str, Index]:
+        """Every index but the primary keys', as ``schema.Index``: a key is descending when bit 1
+        of its ``indoption`` is set; the partial predicate is PostgreSQL's own rendering, brought
+        back to the DDL's words (casts dropped, ``= ANY (ARRAY[...])`` read as ``IN (...)``)."""
+        rows = self._tx.execute(
+            "SELECT index_class.relname, table_class.relname, index.indisunique,"
+            " pg_get_expr(index.indpred, index.indrelid, true),"
+            " pg_get_indexdef(index.indexrelid, key.position, true),"
+            " (index.indoption[key.position - 1] & 1) = 1"
+            " FROM pg_index AS index"
+            " JOIN pg_class AS index_class ON index_class.oid = index.indexrelid"
+            " JOIN pg_class AS table_class ON table_class.oid = index.indrelid"
+            " CROSS JOIN LATERAL generate_series(1, index.indnkeyatts) AS key(position)"
+            " WHERE table_class.relnamespace = current_schema()::regnamespace AND NOT index.indisprimary"
+            " ORDER BY index_class.relname, key.position"
+        )
+        keys: dict[str, list[str]] = {}
+        described: dict[str, tuple[str, bool, str | None]] = {}
+        for name, table, unique, predicate, column, descending in rows:
+            keys.setdefault(name, []).append(column + (" DESC" if descending else ""))
+            described[name] = (table, unique, predicate)
+        return {
+            name: Index(table, tuple(keys[name]), _ddl_predicate(predicate), unique)
+            for name, (table, unique, predicate) in described.items()
+        }
+
+    def explain(self, sql: str, params: Sequence[Any]) -> dict[str, Any]:
+        """The root node of ``sql``'s plan (``EXPLAIN (FORMAT JSON)``) on fresh statistics, for the
+        plan guard tests: each node has its ``Node Type`` and its children under ``Plans``."""
         self._tx.execute("ANALYZE jobs")
-        rows = self._tx.execute("EXPLAIN " + sql, params)
-        return "\n".join(row[0] for row in rows)
+        rows = self._tx.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        plan: dict[str, Any] = rows[0][0][0]["Plan"]
+        return plan
+
+
+# information_schema's type names -> the migrations' DDL spelling (the rest only change case).
+_DDL_TYPES = {"bytea": "BLOB"}
+
+
+def _without_casts(expression: str) -> str:
+    """``'pending'::text`` -> ``'pending'``: PostgreSQL adds the casts when it stores an expression."""
+    return re.sub(r"::[a-z_]+(?: (?:precision|varying))?(?:\[\])?", "", expression)
+
+
+def _ddl_predicate(predicate: str | None) -> str | None:
+    """A partial index's predicate as the DDL wrote it: PostgreSQL stores ``status IN ('a', 'b')``
+    as ``status = ANY (ARRAY['a'::text, 'b'::text])``."""
+    if predicate is None:
+        return None
+    plain = _without_casts(predicate)
+    return re.sub(r"(\w+) = ANY \(ARRAY\[(.*?)\]\)", r"\1 IN (\2)", plain)

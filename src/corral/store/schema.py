@@ -1,9 +1,11 @@
 """The declared schema and the migrations that build it.
 
 Both backends run the same migration list; the only dialect difference in DDL is the blob type,
-written ``{blob}``. ``DECLARED_SCHEMA`` is what the migrations must produce: a test applies every
-migration to an empty database of each backend and compares the result with it, so a migration that
-drifts from the declaration fails CI. A new migration is appended (never edited) and the declaration
+written ``{blob}``. ``DECLARED_COLUMNS``, ``DECLARED_PRIMARY_KEYS`` and ``DECLARED_INDEXES`` are what
+the migrations must produce: ``tests/contract/test_schema.py`` applies every migration to an empty
+database of each backend and compares column types, nullability and defaults, keys and index
+definitions with them, so a migration that drifts from the declaration (or builds something
+different on one backend) fails CI. A new migration is appended (never edited) and the declaration
 updated with it.
 
 Timestamps are DOUBLE PRECISION seconds since the Unix epoch (UTC): exact to the microsecond, the
@@ -12,6 +14,7 @@ same on both backends, and cheap to compare in SQL.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -24,121 +27,199 @@ class Migration:
     postgres_statements: tuple[str, ...] = ()
 
 
-JOB_COLUMNS: tuple[str, ...] = (
-    "id",
-    "name",
-    "command",
-    "env",
-    "status",
-    "gang_id",
-    "gang_size",
-    "gang_index",
-    "gpus",
-    "vram_mb",
-    "memory_mb",
-    "cpus",
-    "gpu_model",
-    "labels",
-    "pool",
-    "username",
-    "priority",
-    "preemption_class",
-    "checkpoint_mode",
-    "max_retries",
-    "attempts",
-    "watchdog_retries",
-    "preempted_count",
-    "queue_front",
-    "worker_id",
-    "gpu_indices",
-    "reservation_epoch",
-    "reserved_at",
-    "preemption_epoch",
-    "drain_started_at",
-    "cancel_requested",
-    "submitted_at",
-    "started_at",
-    "finished_at",
-    "last_heartbeat_at",
-    "exit_code",
-    "error",
-    "output_tail",
-    "reason_code",
-    "reason_message",
-    "has_checkpoint",
-    "progress",
-    "budget_s",
-    "walltime_s",
-    "stall_timeout_s",
-    "event_count",
-    "master_port",
-    "refunds",
-    "gpu_util_pct",
-    "rss_mb",
+@dataclass(frozen=True)
+class Column:
+    """A column as both backends must report it.
+
+    ``type`` is spelled as in the migrations' DDL (``TEXT``, ``INTEGER``, ``BIGINT``, ``DOUBLE
+    PRECISION``, and ``BLOB`` for ``{blob}``); ``default`` is the SQL literal (``0``, ``''``) or
+    None. The backends translate their own catalogue into this form (``column_definitions``).
+    """
+
+    name: str
+    type: str
+    not_null: bool = False
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class Index:
+    """An index as both backends must report it: its table, its keys in order (``"priority DESC"``
+    for a descending key), the predicate of a partial index as written after ``WHERE`` in the
+    DDL, and whether it is unique. Primary keys are declared per table, not here."""
+
+    table: str
+    keys: tuple[str, ...]
+    where: str | None = None
+    unique: bool = False
+
+
+_COLUMN_DDL = re.compile(
+    r"(?P<name>\w+) (?P<type>DOUBLE PRECISION|[A-Z]+)(?P<not_null> NOT NULL)?(?: DEFAULT (?P<default>\S+))?"
 )
 
-WORKER_COLUMNS: tuple[str, ...] = (
-    "id",
-    "address",
-    "gpus",
-    "vram_mb",
-    "memory_mb",
-    "cpus",
-    "gpu_model",
-    "labels",
-    "status",
-    "registered_at",
-    "last_heartbeat_at",
-    "flagged_dead_at",
-    "gpu_stats",
-    "unhealthy_gpus",
-)
 
-EVENT_COLUMNS: tuple[str, ...] = (
-    "job_id",
-    "seq",
-    "at",
-    "from_status",
-    "to_status",
-    "reason_code",
-    "reason_message",
-    "epoch",
-    "worker_id",
-    "attempt",
-)
+def columns(*definitions: str) -> tuple[Column, ...]:
+    """Columns written as their line of a ``CREATE TABLE`` reads: ``"attempts INTEGER NOT NULL
+    DEFAULT 0"``. Only that grammar is accepted, so a typo fails at import, not in a test."""
+    parsed = []
+    for definition in definitions:
+        match = _COLUMN_DDL.fullmatch(definition)
+        if match is None:
+            raise ValueError(f"column declaration {definition!r} is not 'name TYPE [NOT NULL] [DEFAULT x]'")
+        parsed.append(Column(match["name"], match["type"], match["not_null"] is not None, match["default"]))
+    return tuple(parsed)
 
-IDEMPOTENCY_COLUMNS: tuple[str, ...] = ("key", "fingerprint", "result", "created_at")
-CHECKPOINT_COLUMNS: tuple[str, ...] = ("job_id", "data", "size", "epoch", "saved_at", "attempt")
-HOLD_COLUMNS: tuple[str, ...] = (
-    "worker_id",
-    "gang_id",
-    "gpus",
-    "vram_mb",
-    "memory_mb",
-    "cpus",
-    "expected_at",
-)
 
-DECLARED_SCHEMA: dict[str, tuple[str, ...]] = {
-    "schema_migrations": ("version", "name", "applied_at"),
-    "jobs": JOB_COLUMNS,
-    "workers": WORKER_COLUMNS,
-    "job_events": EVENT_COLUMNS,
-    "idempotency_keys": IDEMPOTENCY_COLUMNS,
-    "checkpoints": CHECKPOINT_COLUMNS,
-    "holds": HOLD_COLUMNS,
+# What the migrations must build, table by table, columns in their order in the table (a column a
+# migration adds comes last). Adding a column is one line here, beside its ALTER TABLE in a new
+# migration below; the column-name tuples the SQL is built from (JOB_COLUMNS, ...) follow from
+# it. A primary-key column is declared NOT NULL (PostgreSQL enforces it; SQLite only for INTEGER
+# keys, so its catalogue is read the same way).
+DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
+    "schema_migrations": columns(
+        "version INTEGER NOT NULL",
+        "name TEXT NOT NULL",
+        "applied_at DOUBLE PRECISION NOT NULL",
+    ),
+    "jobs": columns(
+        "id TEXT NOT NULL",
+        "name TEXT",
+        "command TEXT NOT NULL",
+        "env TEXT NOT NULL",
+        "status TEXT NOT NULL",
+        "gang_id TEXT",
+        "gang_size INTEGER NOT NULL",
+        "gang_index INTEGER",
+        "gpus INTEGER NOT NULL",
+        "vram_mb INTEGER NOT NULL",
+        "memory_mb INTEGER NOT NULL",
+        "cpus INTEGER NOT NULL",
+        "gpu_model TEXT",
+        "labels TEXT NOT NULL",
+        "pool TEXT NOT NULL",
+        "username TEXT",
+        "priority INTEGER NOT NULL",
+        "preemption_class INTEGER NOT NULL",
+        "checkpoint_mode TEXT NOT NULL",
+        "max_retries INTEGER NOT NULL",
+        "attempts INTEGER NOT NULL DEFAULT 0",
+        "watchdog_retries INTEGER NOT NULL DEFAULT 0",
+        "preempted_count INTEGER NOT NULL DEFAULT 0",
+        "queue_front INTEGER NOT NULL DEFAULT 0",
+        "worker_id TEXT",
+        "gpu_indices TEXT NOT NULL DEFAULT ''",
+        "reservation_epoch BIGINT NOT NULL DEFAULT 0",
+        "reserved_at DOUBLE PRECISION",
+        "preemption_epoch BIGINT NOT NULL DEFAULT 0",
+        "drain_started_at DOUBLE PRECISION",
+        "cancel_requested INTEGER NOT NULL DEFAULT 0",
+        "submitted_at DOUBLE PRECISION NOT NULL",
+        "started_at DOUBLE PRECISION",
+        "finished_at DOUBLE PRECISION",
+        "last_heartbeat_at DOUBLE PRECISION",
+        "exit_code INTEGER",
+        "error TEXT",
+        "output_tail TEXT",
+        "reason_code TEXT",
+        "reason_message TEXT",
+        "has_checkpoint INTEGER NOT NULL DEFAULT 0",
+        "progress TEXT",
+        "budget_s DOUBLE PRECISION",
+        "walltime_s DOUBLE PRECISION",
+        "stall_timeout_s DOUBLE PRECISION",
+        "event_count INTEGER NOT NULL DEFAULT 0",
+        "master_port INTEGER",  # migration 3
+        "refunds INTEGER NOT NULL DEFAULT 0",  # migration 3
+        "gpu_util_pct DOUBLE PRECISION",  # migration 5
+        "rss_mb DOUBLE PRECISION",  # migration 5
+    ),
+    "workers": columns(
+        "id TEXT NOT NULL",
+        "address TEXT NOT NULL",
+        "gpus INTEGER NOT NULL",
+        "vram_mb INTEGER NOT NULL",
+        "memory_mb INTEGER NOT NULL",
+        "cpus INTEGER NOT NULL",
+        "gpu_model TEXT",
+        "labels TEXT NOT NULL",
+        "status TEXT NOT NULL",
+        "registered_at DOUBLE PRECISION NOT NULL",
+        "last_heartbeat_at DOUBLE PRECISION",
+        "flagged_dead_at DOUBLE PRECISION",
+        "gpu_stats TEXT",
+        "unhealthy_gpus TEXT NOT NULL DEFAULT ''",  # migration 2
+    ),
+    "job_events": columns(
+        "job_id TEXT NOT NULL",
+        "seq INTEGER NOT NULL",
+        "at DOUBLE PRECISION NOT NULL",
+        "from_status TEXT",
+        "to_status TEXT NOT NULL",
+        "reason_code TEXT",
+        "reason_message TEXT",
+        "epoch BIGINT",
+        "worker_id TEXT",
+        "attempt INTEGER NOT NULL",
+    ),
+    "idempotency_keys": columns(
+        "key TEXT NOT NULL",
+        "fingerprint TEXT NOT NULL",
+        "result TEXT NOT NULL",
+        "created_at DOUBLE PRECISION NOT NULL",
+    ),
+    "checkpoints": columns(  # migration 3
+        "job_id TEXT NOT NULL",
+        "data BLOB NOT NULL",
+        "size INTEGER NOT NULL",
+        "epoch BIGINT NOT NULL",
+        "saved_at DOUBLE PRECISION NOT NULL",
+        "attempt INTEGER NOT NULL DEFAULT 0",  # migration 4
+    ),
+    "holds": columns(  # migration 3
+        "worker_id TEXT NOT NULL",
+        "gang_id TEXT NOT NULL",
+        "gpus INTEGER NOT NULL",
+        "vram_mb INTEGER NOT NULL",
+        "memory_mb INTEGER NOT NULL",
+        "cpus INTEGER NOT NULL",
+        "expected_at DOUBLE PRECISION",
+    ),
 }
 
-DECLARED_INDEXES: frozenset[str] = frozenset(
-    {
-        "jobs_queue",
-        "jobs_holding",
-        "jobs_status_submitted",
-        "jobs_submitted",
-        "jobs_gang",
-        "jobs_pool_submitted",
-    }
-)
+DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
+    "schema_migrations": ("version",),
+    "jobs": ("id",),
+    "workers": ("id",),
+    "job_events": ("job_id", "seq"),
+    "idempotency_keys": ("key",),
+    "checkpoints": ("job_id",),
+    "holds": ("worker_id", "gang_id"),
+}
+
+DECLARED_INDEXES: dict[str, Index] = {
+    "jobs_queue": Index(
+        "jobs",
+        ("preemption_class DESC", "priority DESC", "queue_front DESC", "submitted_at", "id"),
+        where="status = 'pending'",
+    ),
+    "jobs_holding": Index("jobs", ("worker_id",), where="status IN ('reserved', 'running', 'preempting')"),
+    "jobs_status_submitted": Index("jobs", ("status", "submitted_at", "id")),
+    "jobs_submitted": Index("jobs", ("submitted_at", "id")),
+    "jobs_gang": Index("jobs", ("gang_id", "gang_index"), where="gang_id IS NOT NULL"),
+    "jobs_pool_submitted": Index("jobs", ("pool", "submitted_at", "id")),
+}
+
+#: table -> column names in order (what the migration test compared before types were declared)
+DECLARED_SCHEMA: dict[str, tuple[str, ...]] = {
+    table: tuple(column.name for column in declared) for table, declared in DECLARED_COLUMNS.items()
+}
+JOB_COLUMNS = DECLARED_SCHEMA["jobs"]
+WORKER_COLUMNS = DECLARED_SCHEMA["workers"]
+EVENT_COLUMNS = DECLARED_SCHEMA["job_events"]
+IDEMPOTENCY_COLUMNS = DECLARED_SCHEMA["idempotency_keys"]
+CHECKPOINT_COLUMNS = DECLARED_SCHEMA["checkpoints"]
+HOLD_COLUMNS = DECLARED_SCHEMA["holds"]
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(

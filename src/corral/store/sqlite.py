@@ -7,6 +7,7 @@ compare-and-set safe without row locks. One connection is used from one thread a
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,7 @@ from typing import Any
 
 from corral.domain import errors
 from corral.store.gangs import GangStore
+from corral.store.schema import Column, Index
 
 
 class _SqliteTransaction:
@@ -99,3 +101,54 @@ class SqliteStore(GangStore):
             "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'"
         )
         return {row[0] for row in rows}
+
+    # --- the catalogue in the declaration's terms (for the migration test) -------------------
+
+    def _tables(self) -> list[str]:
+        rows = self._tx.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+        )
+        return [row[0] for row in rows]
+
+    def column_definitions(self) -> dict[str, tuple[Column, ...]]:
+        """Every table's columns in order, as ``schema.Column``.
+
+        A primary-key column reads NOT NULL: SQLite lets a non-INTEGER key hold NULL (a legacy
+        quirk; corral never writes one) where PostgreSQL forbids it, and the declaration states the
+        intent once for both.
+        """
+        definitions = {}
+        for table in self._tables():
+            rows = self._tx.execute(f"PRAGMA table_info({table})")
+            definitions[table] = tuple(
+                Column(name, declared_type.upper(), bool(not_null) or key_position > 0, default)
+                for _, name, declared_type, not_null, default, key_position in rows
+            )
+        return definitions
+
+    def primary_keys(self) -> dict[str, tuple[str, ...]]:
+        keys = {}
+        for table in self._tables():
+            rows = self._tx.execute(f"PRAGMA table_info({table})")
+            keys[table] = tuple(row[1] for row in sorted(rows, key=lambda row: row[5]) if row[5] > 0)
+        return keys
+
+    def index_definitions(self) -> dict[str, Index]:
+        """Every index made by ``CREATE INDEX`` (not the ones SQLite makes for keys), as
+        ``schema.Index``: keys from ``PRAGMA index_xinfo``, the partial predicate from the stored
+        DDL (SQLite keeps the statement's text, so only its whitespace is normalised)."""
+        definitions = {}
+        for table in self._tables():
+            for _, name, unique, origin, _partial in self._tx.execute(f"PRAGMA index_list({table})"):
+                if origin != "c":
+                    continue
+                keys = tuple(
+                    column + (" DESC" if descending else "")
+                    for _, _, column, descending, _, is_key in self._tx.execute(f"PRAGMA index_xinfo({name})")
+                    if is_key
+                )
+                (ddl,) = self._tx.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,))[0]
+                where = re.search(r"\bWHERE\b(.*)$", ddl, re.DOTALL | re.IGNORECASE)
+                predicate = " ".join(where.group(1).split()) if where else None
+                definitions[name] = Index(table, keys, predicate, bool(unique))
+        return definitions

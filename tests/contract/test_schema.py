@@ -1,0 +1,86 @@
+"""The schema the migrations build, on SQLite and PostgreSQL, and the plan of the claim query.
+
+The declaration lives in ``corral.store.schema`` (``DECLARED_COLUMNS``, ``DECLARED_PRIMARY_KEYS``,
+``DECLARED_INDEXES``); each backend reads its own catalogue back in the declaration's terms
+(``column_definitions``, ``primary_keys``, ``index_definitions``), so one comparison covers both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from corral.domain.records import JobSpec
+from corral.domain.resources import Resources
+from corral.store import open_store
+from corral.store.schema import (
+    DECLARED_COLUMNS,
+    DECLARED_INDEXES,
+    DECLARED_PRIMARY_KEYS,
+    DECLARED_SCHEMA,
+    Column,
+    columns,
+)
+
+NOW = 1_800_000_000.0
+
+
+def test_migrations_build_the_declared_columns(store):
+    built = store.column_definitions()
+    for table, declared in DECLARED_COLUMNS.items():
+        assert built.get(table) == declared, table
+    assert set(built) == set(DECLARED_COLUMNS)
+    assert store.table_columns() == DECLARED_SCHEMA
+
+
+def test_migrations_build_the_declared_primary_keys(store):
+    assert store.primary_keys() == DECLARED_PRIMARY_KEYS
+
+
+def test_migrations_build_the_declared_indexes(store):
+    built = store.index_definitions()
+    for name, declared in DECLARED_INDEXES.items():
+        assert built.get(name) == declared, name
+    assert set(built) == set(DECLARED_INDEXES)
+    assert store.index_names() == set(DECLARED_INDEXES)
+
+
+def test_a_column_is_declared_as_its_ddl_line_and_a_typo_fails_at_once():
+    assert columns("attempts INTEGER NOT NULL DEFAULT 0", "reserved_at DOUBLE PRECISION") == (
+        Column("attempts", "INTEGER", not_null=True, default="0"),
+        Column("reserved_at", "DOUBLE PRECISION"),
+    )
+    with pytest.raises(ValueError, match="attempts integer"):
+        columns("attempts integer")
+
+
+def test_migrate_twice_changes_nothing(store_url, store):
+    job = store.submit([JobSpec(command="true")], NOW).items[0].job
+    again = open_store(store_url)
+    try:
+        assert again.get_job(job.id) == job
+        assert again.column_definitions() == store.column_definitions()
+        assert again.index_definitions() == store.index_definitions()
+    finally:
+        again.close()
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan tree, depth first."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+@pytest.mark.postgres
+def test_postgres_claim_query_walks_the_queue_index_without_sorting(postgres_store):
+    store = postgres_store
+    store.submit([JobSpec(command="true", resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
+    # Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset.
+    plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
+    nodes = list(plan_nodes(plan))
+    node_types = [node["Node Type"] for node in nodes]
+    assert not [kind for kind in node_types if "Sort" in kind], node_types  # the index gives the order
+    assert "jobs_queue" in {node.get("Index Name") for node in nodes}, plan
