@@ -8,6 +8,7 @@ every process group a test registers with ``reap_groups`` is killed, so nothing 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -217,3 +218,47 @@ def wait_status(client: Client, job_id: str, statuses: set[str], timeout_s: floa
         return job if job["status"] in statuses else None
 
     return wait_for(check, timeout_s, f"job {job_id} to reach {sorted(statuses)}")
+
+
+# --- gangs -----------------------------------------------------------------------------------
+
+FAST_SERVER_FLAGS = ("--admission-tick-s", "0.2", "--reaper-tick-s", "0.2")
+
+
+def gang_cluster(
+    start_server: Callable[..., ServerProcess],
+    start_worker: Callable[..., WorkerProcess],
+    *worker_flags: str,
+) -> tuple[ServerProcess, list[WorkerProcess]]:
+    server = start_server(*FAST_SERVER_FLAGS)
+    workers = [start_worker(server.url, f"w{index}", *worker_flags) for index in range(2)]
+    return server, workers
+
+
+def submit_gang(client: Client, command: str, **fields: Any) -> list[str]:
+    submitted = client.submit({"command": command, "gang_size": 2, "max_retries": 3, **fields})
+    tasks: list[str] = submitted["tasks"]
+    return tasks
+
+
+def wait_gang(client: Client, task_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Poll the task's gang until it is done or failed; the gang."""
+    gang_id = client.get_job(task_id)["gang_id"]
+
+    def ended() -> dict[str, Any] | None:
+        gang = client.gang(gang_id)
+        return gang if gang["status"] in ("done", "failed", "cancelled") else None
+
+    return wait_for(ended, timeout_s, f"gang {gang_id} to end")
+
+
+def log_records(workers: list[WorkerProcess], message: str) -> list[dict[str, Any]]:
+    """The workers' JSON log lines that say ``message``."""
+    records = []
+    for worker in workers:
+        for line in worker.log().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("message") == message:
+                    records.append(record)
+    return records

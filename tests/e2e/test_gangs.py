@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,17 @@ import pytest
 from corral.client import Client
 from tests.e2e.conftest import (
     ServerProcess,
-    WorkerProcess,
     clean_environment,
+    gang_cluster,
+    log_records,
     process_gone,
+    submit_gang,
     wait_for,
+    wait_gang,
 )
 
 pytestmark = pytest.mark.e2e
 
-FAST_SERVER_FLAGS = ("--admission-tick-s", "0.2", "--reaper-tick-s", "0.2")
 GPU_WORKER_FLAGS = ("--gpus", "1", "--vram-mb", "16000", "--gpu-model", "FakeGPU")
 CHECKPOINT = b"\x00\xffstep=7"
 
@@ -45,48 +46,9 @@ CRASH_RANK_1 = (
 )
 
 
-def gang_cluster(
-    start_server: Callable[..., ServerProcess],
-    start_worker: Callable[..., WorkerProcess],
-    *worker_flags: str,
-) -> tuple[ServerProcess, list[WorkerProcess]]:
-    server = start_server(*FAST_SERVER_FLAGS)
-    workers = [start_worker(server.url, f"w{index}", *worker_flags) for index in range(2)]
-    return server, workers
-
-
-def submit_gang(client: Client, command: str, **fields: Any) -> list[str]:
-    submitted = client.submit({"command": command, "gang_size": 2, "max_retries": 3, **fields})
-    tasks: list[str] = submitted["tasks"]
-    return tasks
-
-
 def wait_file(path: Path, timeout_s: float = 10.0) -> Path:
     wait_for(path.exists, timeout_s, f"{path.name} to appear")
     return path
-
-
-def wait_gang(client: Client, task_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Poll the task's gang until it is done or failed; the gang."""
-    gang_id = client.get_job(task_id)["gang_id"]
-
-    def ended() -> dict[str, Any] | None:
-        gang = client.gang(gang_id)
-        return gang if gang["status"] in ("done", "failed", "cancelled") else None
-
-    return wait_for(ended, timeout_s, f"gang {gang_id} to end")
-
-
-def log_records(workers: list[WorkerProcess], message: str) -> list[dict[str, Any]]:
-    """The workers' JSON log lines that say ``message``."""
-    records = []
-    for worker in workers:
-        for line in worker.log().splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                if record.get("message") == message:
-                    records.append(record)
-    return records
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -260,7 +222,11 @@ seen = {
     "in_path": os.environ.get("CORRAL_CHECKPOINT_IN"),
     "out_path": os.environ.get("CORRAL_CHECKPOINT_OUT"),
     "has_data": "CHECKPOINT_DATA" in os.environ,
+    "gang_dir": sorted(os.listdir(os.environ["CORRAL_GANG_CHECKPOINT_DIR"])),
 }
+rank0 = jobkit.load_gang_checkpoint(0)
+if rank0 is not None:
+    open(f"{out}/gang-rank-0-{rank}-{run}", "wb").write(rank0)
 open(f"{out}/seen-{rank}-{run}.json", "w").write(json.dumps(seen))
 if seen["in_path"]:
     open(f"{out}/in-{rank}-{run}", "wb").write(open(seen["in_path"], "rb").read())
@@ -290,13 +256,70 @@ def test_a_checkpoint_written_on_sigterm_is_in_the_next_attempt(start_server, st
     assert (tmp_path / "data-0-2").read_bytes() == CHECKPOINT
     assert (tmp_path / "loaded-0-2").read_bytes() == CHECKPOINT
     assert stored == CHECKPOINT
-    # The crashing rank wrote none of its own; it is told to resume (rank 0 has one) without one.
+    # The crashing rank wrote none: it has no checkpoint of its own, but is told to resume (a rank
+    # of its gang has one) and finds rank 0's in the gang directory, as rank 0 does.
     seen1 = json.loads((tmp_path / "seen-1-2.json").read_text())
     assert (seen1["resume"], seen1["in_path"], seen1["has_data"]) == ("1", None, False)
     assert stored_for_rank1 is None
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"seen-{rank}-2.json").read_text())["gang_dir"] == ["rank-0"]
+        assert (tmp_path / f"gang-rank-0-{rank}-2").read_bytes() == CHECKPOINT
     # The handler saved and exited at once: no SIGKILL, the stop ended with the handler's 143.
     [stopped] = log_records(workers, "job stopped; acknowledging")
     assert (stopped["job_id"], stopped["exit_code"]) == (rank0, 143)
     assert not log_records(workers, "job did not stop within the grace period; sent SIGKILL")
     [uploaded] = log_records(workers, "checkpoint uploaded")
     assert (uploaded["job_id"], uploaded["bytes"]) == (rank0, len(CHECKPOINT))
+
+
+# --- e. ranks that die on their own keep their checkpoints -----------------------------------
+
+# Each rank runs steps 1..6, saving its step to $CORRAL_CHECKPOINT_OUT after each, and resumes after
+# the step in its own checkpoint, else in its rank's file in the gang directory. A run that did not
+# resume dies at step 3: rank 1 crashes right after saving it; rank 0 exits 1 by itself a moment
+# later, as a rank whose collective lost its peer does, long before a heartbeat could stop it.
+# What each attempt saw goes to $d/seen-$r-$n, the steps it ran to $d/steps-$r-$n.
+STEPS_THAT_DIE_AT_3 = (
+    'start=0; from=none; own="$CORRAL_GANG_CHECKPOINT_DIR/rank-$r"; '
+    'if [ -n "$CORRAL_CHECKPOINT_IN" ]; then start=$(cat "$CORRAL_CHECKPOINT_IN"); from=own; '
+    'elif [ -f "$own" ]; then start=$(cat "$own"); from=gang; fi; '
+    'echo "resume=${CORRAL_RESUME:-0} start=$start from=$from '
+    'gang=$(ls "$CORRAL_GANG_CHECKPOINT_DIR" | tr "\\n" " ")" > $d/seen-$r-$n; '
+    "step=$start; "
+    "while [ $step -lt 6 ]; do step=$((step+1)); "
+    'echo $step > "$CORRAL_CHECKPOINT_OUT"; echo $step >> $d/steps-$r-$n; '
+    "if [ $step = 3 ] && [ $start = 0 ]; then "
+    "[ $r = 1 ] && { echo crashed > $d/crashed-1-$n; exit 3; }; "
+    "i=0; while [ ! -e $d/crashed-1-$n ] && [ $i -lt 1000 ]; do i=$((i+1)); sleep 0.01; done; "
+    "sleep 0.05; exit 1; fi; "
+    "sleep 0.05; done"
+)
+
+
+def test_ranks_that_die_on_their_own_resume_from_their_checkpoints(
+    start_server, start_worker, tmp_path: Path
+):
+    server, _ = gang_cluster(start_server, start_worker)
+    command = RANK_AND_ATTEMPT.format(dir=tmp_path) + STEPS_THAT_DIE_AT_3
+    with Client(server.url) as client:
+        rank0, rank1 = submit_gang(client, command, max_retries=2)
+        gang = wait_gang(client, rank0, timeout_s=30)
+        events = {rank: client.events(job_id) for rank, job_id in ((0, rank0), (1, rank1))}
+
+    seen = {path.name: path.read_text().strip() for path in tmp_path.glob("seen-*")}
+    steps = {path.name: path.read_text().split() for path in tmp_path.glob("steps-*")}
+    assert gang["status"] == "done", (gang["status"], seen, steps)
+    for rank in (0, 1):
+        assert steps[f"steps-{rank}-1"] == ["1", "2", "3"]
+        assert steps[f"steps-{rank}-2"] == ["4", "5", "6"]
+        # Each resumed from its own checkpoint, and sees both ranks' in the gang directory.
+        assert seen[f"seen-{rank}-1"] == "resume=0 start=0 from=none gang="
+        assert seen[f"seen-{rank}-2"] == "resume=1 start=3 from=own gang=rank-0 rank-1"
+    # One drain: each rank stopped once, in one preemption epoch, and ran twice.
+    for rank, history in events.items():
+        targets = [event["to"] for event in history]
+        assert targets.count("preempted") == 1 and targets.count("running") == 2, (rank, targets)
+    epochs = {
+        event["epoch"] for history in events.values() for event in history if event["to"] == "preempted"
+    }
+    assert len(epochs) == 1, events

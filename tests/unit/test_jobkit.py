@@ -1,5 +1,6 @@
 """``corral.jobkit``: beat's rate limit, its no-op outside corral, checkpoints (atomic saves, loads
-from the in file or ``CHECKPOINT_DATA``), the SIGTERM handler, and no dependencies."""
+from the in file or ``CHECKPOINT_DATA``, a gang rank's from the gang directory), the SIGTERM
+handler, and no dependencies."""
 
 from __future__ import annotations
 
@@ -98,7 +99,12 @@ BLOB = b"\x00\xffstep=7\r\n\x80"
 
 @pytest.fixture
 def outside_corral(monkeypatch) -> None:
-    for name in ("CORRAL_CHECKPOINT_OUT", "CORRAL_CHECKPOINT_IN", "CHECKPOINT_DATA"):
+    for name in (
+        "CORRAL_CHECKPOINT_OUT",
+        "CORRAL_CHECKPOINT_IN",
+        "CHECKPOINT_DATA",
+        "CORRAL_GANG_CHECKPOINT_DIR",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -108,6 +114,18 @@ def test_checkpoint_path_is_the_out_file_or_none(monkeypatch, tmp_path: Path, ou
     assert jobkit.checkpoint_path() is None
     monkeypatch.setenv("CORRAL_CHECKPOINT_OUT", str(tmp_path / "checkpoint.out"))
     assert jobkit.checkpoint_path() == str(tmp_path / "checkpoint.out")
+
+
+def test_a_gang_checkpoint_is_the_rank_file_when_it_exists(monkeypatch, tmp_path: Path, outside_corral):
+    assert jobkit.gang_checkpoint_path(0) is None
+    assert jobkit.load_gang_checkpoint(0) is None
+    monkeypatch.setenv("CORRAL_GANG_CHECKPOINT_DIR", str(tmp_path))
+    (tmp_path / "rank-0").write_bytes(BLOB)
+    assert jobkit.gang_checkpoint_path(0) == str(tmp_path / "rank-0")
+    assert jobkit.load_gang_checkpoint(0) == BLOB
+    # rank 1 wrote none: its file is absent
+    assert jobkit.gang_checkpoint_path(1) is None
+    assert jobkit.load_gang_checkpoint(1) is None
 
 
 def test_save_checkpoint_writes_the_bytes_and_replaces_the_last_one(

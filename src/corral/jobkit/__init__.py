@@ -17,25 +17,38 @@ that never beats is never stall-tripped.
 (``time.monotonic()`` decides, no system call otherwise) and does nothing outside corral (no
 ``CORRAL_BEAT_FILE``). Write errors are swallowed: progress reporting must never break a job.
 
-Checkpoints: when the server needs a running job to stop (its gang lost a member, a preemption, a
-cancel), the worker sends the job's process group SIGTERM, waits ``CORRAL_PREEMPT_GRACE_S``
-(15 s by default), then sends SIGKILL. Whatever the job left at ``checkpoint_path()`` by then is
-uploaded by the worker and handed to the job's next attempt, where ``load_checkpoint()`` returns
-it. The bytes are opaque to corral: pickle, ``torch.save`` into a buffer, JSON, anything::
+Checkpoints: whatever the job left at ``checkpoint_path()`` (``$CORRAL_CHECKPOINT_OUT``) when its
+attempt ends is uploaded by the worker and handed to the job's next attempt, where
+``load_checkpoint()`` returns it. Every end counts: an exit of its own (0 or a crash), a crash of
+a gang peer that makes this rank's collective fail, a watchdog trip, the worker shutting down, and
+a stop the server asked for (its gang lost a member, a preemption, a cancel), where the worker
+sends the job's process group SIGTERM, waits ``CORRAL_PREEMPT_GRACE_S`` (15 s by default), then
+SIGKILL. So the robust pattern is to save after every step (or every N steps): nothing then
+depends on a signal handler getting to run. The bytes are opaque to corral: pickle, ``torch.save``
+into a buffer, JSON, anything::
 
     from corral import jobkit
 
     state = jobkit.load_checkpoint()          # None on a first run
     step = int(state.decode()) if state else 0
-    jobkit.on_preempt(lambda: jobkit.save_checkpoint(str(step).encode()))
     while step < total:
         train_one_step(); step += 1
+        jobkit.save_checkpoint(str(step).encode())
 
-``save_checkpoint`` may also be called at any time (every N steps): the last one saved is what is
-uploaded, even when the job is killed before its SIGTERM handler finishes. The server keeps at most
-``CORRAL_CHECKPOINT_MAX_BYTES`` (16 MiB by default); larger state belongs on shared storage, with
-its path in the checkpoint. A shell job needs none of this: ``trap 'echo 7 > "$CORRAL_CHECKPOINT_OUT";
-exit 143' TERM`` saves, ``cat "$CORRAL_CHECKPOINT_IN"`` loads.
+``on_preempt(callback)`` adds a last save when the stop signal comes (state that is too costly to
+save at every step). The last checkpoint saved is what is uploaded, even when the job is killed
+before its SIGTERM handler finishes. The server keeps at most ``CORRAL_CHECKPOINT_MAX_BYTES``
+(16 MiB by default); larger state belongs on shared storage, with its path in the checkpoint.
+
+A gang rank also sees the latest checkpoint of every rank of its gang: ``gang_checkpoint_path(rank)``
+is the file in ``$CORRAL_GANG_CHECKPOINT_DIR`` (``rank-<rank>``) or None, and
+``load_gang_checkpoint(rank)`` its bytes. That makes the usual "rank 0 saves the model, every rank
+loads it" work without shared storage::
+
+    state = jobkit.load_gang_checkpoint(0) or jobkit.load_checkpoint()
+
+A shell job needs none of this: ``echo $step > "$CORRAL_CHECKPOINT_OUT"`` saves, ``cat
+"$CORRAL_CHECKPOINT_IN"`` or ``cat "$CORRAL_GANG_CHECKPOINT_DIR/rank-0"`` loads.
 """
 
 from __future__ import annotations
@@ -60,7 +73,9 @@ __all__ = [
     "PREEMPT_EXIT_CODE",
     "beat",
     "checkpoint_path",
+    "gang_checkpoint_path",
     "load_checkpoint",
+    "load_gang_checkpoint",
     "on_preempt",
     "save_checkpoint",
 ]
@@ -142,9 +157,33 @@ def load_checkpoint() -> bytes | None:
     return None
 
 
+def gang_checkpoint_path(rank: int) -> str | None:
+    """The file holding gang rank ``rank``'s latest checkpoint (``$CORRAL_GANG_CHECKPOINT_DIR/
+    rank-<rank>``, downloaded by the worker before the job started); None when that rank has none,
+    outside a gang, or outside corral."""
+    directory = os.environ.get("CORRAL_GANG_CHECKPOINT_DIR")
+    if not directory:
+        return None
+    path = os.path.join(directory, f"rank-{int(rank)}")
+    return path if os.path.isfile(path) else None
+
+
+def load_gang_checkpoint(rank: int) -> bytes | None:
+    """The bytes of gang rank ``rank``'s latest checkpoint; None when there is none (see
+    ``gang_checkpoint_path``)."""
+    path = gang_checkpoint_path(rank)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as checkpoint:
+            return checkpoint.read()
+    except OSError:
+        return None
+
+
 def save_checkpoint(data: bytes) -> None:
     """Save ``data`` as this attempt's checkpoint, replacing any earlier one; the worker uploads it
-    when the job is stopped for a preemption.
+    when the attempt ends, however it ends.
 
     Atomic: the bytes go to a temporary file next to ``$CORRAL_CHECKPOINT_OUT``, renamed over it
     once complete, so a SIGKILL in the middle of a save leaves the previous checkpoint, never a torn

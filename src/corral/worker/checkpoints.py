@@ -1,18 +1,34 @@
 """Moving a job's checkpoint between its workspace and the server: bytes end to end, never text.
 
 Why the worker carries checkpoints and not the job: a job only writes one file
-(``CORRAL_CHECKPOINT_OUT``) and reads another (``CORRAL_CHECKPOINT_IN``). It needs no HTTP client,
-no token, no idea of attempts or preemption epochs, and a shell job can checkpoint with ``cat``.
+(``CORRAL_CHECKPOINT_OUT``) and reads others (``CORRAL_CHECKPOINT_IN``, and for a gang rank the
+files in ``CORRAL_GANG_CHECKPOINT_DIR``). It needs no HTTP client, no token, no idea of attempts or
+preemption epochs, and a shell job can checkpoint with ``cat``.
+
+The upload happens at every end of an attempt, not only at a stop the server asked for: a rank
+that crashes, the rank whose crash starts a gang's drain, a rank whose collective fails on its own
+a moment later (long before a heartbeat could tell it to stop), a job that exits 0, a watchdog
+trip, a shutdown hand-back. Any of them may be the only state the next attempt can resume from;
+a gang whose ranks all die on their own would otherwise restart from scratch, crash at the same
+step, and fail once out of retries. Only a job that was lost (another attempt owns it) uploads
+nothing: the server would refuse it, and what it wrote is not the current attempt's.
 
 The upload happens after the job's process group is gone, so nothing can still be writing the
-file, and before the ``/preempted`` ack: the ack may be the one that completes the gang's drain,
-after which the next attempt can be claimed at once, and its claim must find the checkpoint
-stored. A refused upload (413 too large, 409 stale epoch) is logged and the ack still goes: a gang
-that restarts from an older checkpoint (or from scratch) is better than a gang stuck in its drain.
+file, and before the attempt's final report (done, fail, watchdog, the ``/preempted`` ack): the
+server accepts an attempt's checkpoint only until that report, and the report may be the one that
+completes the gang's drain, after which the next attempt can be claimed at once and its claim must
+find the checkpoint stored. A stop the server asked for uploads with its preemption epoch (the
+server checks it against the drain); every other end uploads without one, fenced by the attempt.
+A refused upload (413 too large, 409 stale) is logged and the report still goes: a gang that
+restarts from an older checkpoint (or from scratch) is better than a gang stuck in its drain.
 
-The download happens before the process starts, when the claim says ``CORRAL_RESUME=1``. The
-server's copy is the source (it has no size limit but the server's); the claim's inline
-``CHECKPOINT_DATA`` (small checkpoints only) is the fallback when the server cannot be reached.
+The downloads happen before the process starts: the job's own checkpoint when the claim says
+``CORRAL_RESUME=1``, where the server's copy is the source (it has no size limit but the
+server's) and the claim's inline ``CHECKPOINT_DATA`` (small checkpoints only) the fallback when
+the server cannot be reached; and for a gang rank, every rank's checkpoint the claim lists in
+``gang_checkpoints``, each as ``rank-<gang_index>``, so "rank 0 saves, every rank loads" works. A
+peer's checkpoint that cannot be fetched is logged and the job starts anyway: it can still resume
+from what it has, and a job held back by a transfer helps nobody.
 """
 
 from __future__ import annotations
@@ -20,6 +36,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,12 +84,13 @@ def upload(
     job_id: str,
     worker_id: str,
     attempt: int,
-    epoch: int,
+    epoch: int | None,
     path: Path,
     fields: Mapping[str, Any],
     tries: int = TRANSFER_TRIES,
 ) -> bool:
-    """Upload the checkpoint the stopped job wrote at ``path``, for preemption ``epoch``.
+    """Upload the checkpoint the ended job wrote at ``path``: for preemption ``epoch`` when the
+    attempt ended in a stop the server asked for, else (None) for the attempt however it ended.
 
     True when the server stored it; False when there was none or the upload failed (logged).
     """
@@ -122,6 +140,76 @@ def download(
     destination.write_bytes(data)
     logger.info("checkpoint downloaded", extra={**fields, "bytes": len(data), "source": source})
     return True
+
+
+def gang_ranks(listed: Any, fields: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """``(gang_index, job_id)`` of every well-formed entry of a claim's ``gang_checkpoints``; a
+    malformed list or entry is logged and skipped (a missing peer checkpoint is no reason to refuse
+    a job that can still start)."""
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        logger.warning("malformed gang_checkpoints ignored", extra={**fields, "value": repr(listed)[:200]})
+        return []
+    ranks = []
+    for entry in listed:
+        index = entry.get("gang_index") if isinstance(entry, dict) else None
+        job_id = entry.get("job_id") if isinstance(entry, dict) else None
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            index = None
+        if index is None or not isinstance(job_id, str) or not job_id:
+            logger.warning(
+                "malformed gang_checkpoints entry ignored", extra={**fields, "entry": repr(entry)[:200]}
+            )
+            continue
+        ranks.append((index, job_id))
+    return ranks
+
+
+def download_gang(
+    client: Client,
+    ranks: list[tuple[int, str]],
+    directory: Path,
+    own: tuple[str, Path] | None,
+    fields: Mapping[str, Any],
+    tries: int = TRANSFER_TRIES,
+) -> list[int]:
+    """Write each listed rank's stored checkpoint to ``directory/rank-<gang_index>``; the ranks
+    written, in order.
+
+    ``own``: the job's id and the file its own checkpoint was already downloaded to, copied rather
+    than fetched twice. A rank whose checkpoint cannot be fetched is logged and left out; once one
+    transfer has failed every try (the server is unreachable or failing), the rest get one try
+    each, so a large gang does not hold its start for minutes of backoff.
+    """
+    written = []
+    for index, job_id in ranks:
+        target = directory / f"rank-{index}"
+        rank_fields = {**fields, "gang_index": index, "rank_job_id": job_id}
+        if own is not None and own[0] == job_id:
+            shutil.copyfile(own[1], target)
+            written.append(index)
+            continue
+
+        def fetch(job_id: str = job_id) -> dict[str, Any]:
+            return {"data": client.download_checkpoint(job_id)}
+
+        answer = deliver(fetch, "gang checkpoint download", rank_fields, tries=tries)
+        if answer is None:
+            tries = 1
+            logger.warning(
+                "starting without this rank's checkpoint: it could not be fetched", extra=rank_fields
+            )
+            continue
+        data: bytes | None = answer["data"]
+        if not data:
+            logger.warning("the server has no checkpoint for this rank any more", extra=rank_fields)
+            continue
+        target.write_bytes(data)
+        written.append(index)
+    if written:
+        logger.info("gang checkpoints downloaded", extra={**fields, "ranks": written})
+    return written
 
 
 def _inline(claim_env: Mapping[str, str], fields: Mapping[str, Any]) -> bytes | None:

@@ -11,9 +11,14 @@ also as done or failed: the server decides between a re-queue and a failure. If 
 had already ended on its own when the stop began, its own outcome is reported instead: the trip
 raced with the exit and stopped nothing.
 
-A stop the server asked for (``preempt`` on the heartbeat, epoch N) ends with the checkpoint the job
-left at ``CORRAL_CHECKPOINT_OUT`` uploaded for epoch N, then the ``/preempted?epoch=N`` ack, in that
-order (``corral.worker.checkpoints`` says why).
+Every end of an attempt but a lost job uploads the checkpoint the job left at
+``CORRAL_CHECKPOINT_OUT``, after its process group is gone and before the final report, with the
+lease kept alive by heartbeats meanwhile: a stop the server asked for (``preempt`` on the
+heartbeat, epoch N) uploads for epoch N, then acks ``/preempted?epoch=N``; an exit of its own
+(done or a crash, even while the gang drains), a watchdog trip and a shutdown hand-back upload
+without an epoch, then report done, fail or the trip (``corral.worker.checkpoints`` says why, and
+why in that order). Before the process starts, the job's own checkpoint is fetched to
+``CORRAL_CHECKPOINT_IN``, and for a gang rank every rank's into ``CORRAL_GANG_CHECKPOINT_DIR``.
 """
 
 from __future__ import annotations
@@ -213,9 +218,8 @@ class JobRun:
         workspace: JobWorkspace | None = None
         try:
             workspace = JobWorkspace(self.job_id, self.attempt)
-            has_checkpoint = checkpoints.download(
-                self._client, self.job_id, self.claim_env, workspace.checkpoint_in, self.fields
-            )
+            # Transfers can take a while for a large gang: the lease must outlive them too.
+            has_checkpoint = self._while_heartbeating(lambda: self._fetch_checkpoints(workspace))
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
             try:
                 process = JobProcess(
@@ -253,6 +257,8 @@ class JobRun:
             with self._lock:
                 lost = self._reason == StopReason.LOST
             if not lost and not self._reported:
+                if self._process is not None and workspace is not None:
+                    self._upload_after_error(workspace)
                 self._report_failure(None, f"worker error: {error}", "")
         finally:
             if self._watch is not None:
@@ -276,16 +282,31 @@ class JobRun:
             finally:
                 done.set()
 
-        threading.Thread(target=target, name=f"wind-down-{self.job_id}", daemon=True).start()
+        threading.Thread(target=target, name=f"lease-{self.job_id}", daemon=True).start()
         while not done.wait(self._settings.heartbeat_s):
             self._beat_unless_lost()
         if errors:
             raise errors[0]
         return results[0]
 
+    def _fetch_checkpoints(self, workspace: JobWorkspace) -> bool:
+        """Before the start: the job's own checkpoint to ``CORRAL_CHECKPOINT_IN`` (True when it is
+        there), and for a gang rank every listed rank's into ``CORRAL_GANG_CHECKPOINT_DIR``."""
+        has_checkpoint = checkpoints.download(
+            self._client, self.job_id, self.claim_env, workspace.checkpoint_in, self.fields
+        )
+        if not self.claim_env.get("CORRAL_GANG_ID"):
+            return has_checkpoint
+        workspace.gang_checkpoint_dir.mkdir(exist_ok=True)
+        ranks = checkpoints.gang_ranks(self.claim.get("gang_checkpoints"), self.fields)
+        own = (self.job_id, workspace.checkpoint_in) if has_checkpoint else None
+        checkpoints.download_gang(self._client, ranks, workspace.gang_checkpoint_dir, own, self.fields)
+        return has_checkpoint
+
     def _wind_down(self, process: JobProcess, workspace: JobWorkspace) -> tuple[str, int | None]:
-        """After the main process exited: end its leftovers, wait for the stop, and for a stop the
-        server asked for, upload the checkpoint. The tail, and the epoch to ack (None: no ack)."""
+        """After the main process exited: end its leftovers, wait for the stop, and upload the
+        checkpoint the job wrote, however the attempt ended (unless the job was lost). The tail,
+        and the epoch to ack (None: no ack, the report is done, fail or a watchdog trip)."""
         tail = process.finish()
         with self._lock:
             stopper = self._stopper
@@ -295,19 +316,39 @@ class JobRun:
             self._on_gpus_unhealthy(self)
         with self._lock:
             reason, epoch = self._reason, self._epoch
-        if reason == StopReason.LOST or epoch is None or not process.stopped_while_running:
+        if reason == StopReason.LOST:
             return tail, None
-        # Before the ack: the ack may complete the gang's drain and let the next attempt start.
+        # A stop the server asked for that really stopped the job is acked with its epoch; a job
+        # that had ended on its own first reports its own outcome, like any other end.
+        ack = epoch if epoch is not None and process.stopped_while_running else None
+        # Before the report: the server takes the attempt's checkpoint only until then, and the
+        # report may complete the gang's drain and let the next attempt start.
         checkpoints.upload(
             self._client,
             self.job_id,
             self._worker_id,
             self.attempt,
-            epoch,
+            ack,
             workspace.checkpoint_out,
-            {**self.fields, "preemption_epoch": epoch},
+            self.fields,
         )
-        return tail, epoch
+        return tail, ack
+
+    def _upload_after_error(self, workspace: JobWorkspace) -> None:
+        """The checkpoint of an attempt whose supervision failed, before its failure report: best
+        effort, a second error here must not keep the report from going out."""
+        try:
+            checkpoints.upload(
+                self._client,
+                self.job_id,
+                self._worker_id,
+                self.attempt,
+                None,
+                workspace.checkpoint_out,
+                self.fields,
+            )
+        except Exception:
+            logger.exception("checkpoint upload after a supervision error failed", extra=self.fields)
 
     def _beat_unless_lost(self) -> None:
         with self._lock:
@@ -386,8 +427,8 @@ class JobRun:
     # --- the report ------------------------------------------------------------------------
 
     def _report(self, process: JobProcess, exit_code: int, tail: str, epoch: int | None) -> None:
-        """The one report of the attempt; ``epoch``: the stop the server asked for, to ack (its
-        checkpoint already uploaded)."""
+        """The one report of the attempt, made after its checkpoint was uploaded; ``epoch``: the
+        stop the server asked for, to ack."""
         with self._lock:
             reason = self._reason
         fields = {**self.fields, "exit_code": exit_code}

@@ -1,8 +1,9 @@
 """A job's private directory and the environment it runs with.
 
 Every attempt gets a fresh temporary directory for the files corral hands to the job (the beat
-file, where a checkpoint goes, the stored checkpoint to resume from); it is removed when the
-attempt ends, so nothing of one attempt leaks into the next or piles up on the host.
+file, where a checkpoint goes, the stored checkpoint to resume from, and for a gang rank the
+directory of every rank's checkpoint); it is removed when the attempt ends, so nothing of one
+attempt leaks into the next or piles up on the host.
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ class JobWorkspace:
         self.beat_file = self.directory / "beat"
         self.checkpoint_out = self.directory / "checkpoint.out"
         self.checkpoint_in = self.directory / "checkpoint.in"
+        self.gang_checkpoint_dir = self.directory / "gang-checkpoints"
 
     def environment(
         self, claim_env: Mapping[str, str], gpu_indices: Sequence[int], has_checkpoint_in: bool
     ) -> dict[str, str]:
-        """The worker's environment, then the claim's ``env``, then the variables the worker owns."""
+        """The worker's environment, then the claim's ``env``, then the variables the worker owns.
+
+        A gang rank (the claim has ``CORRAL_GANG_ID``) always gets ``CORRAL_GANG_CHECKPOINT_DIR``,
+        created here, empty when no rank has a checkpoint yet: a job can test for a file in it
+        without first testing the variable.
+        """
         environment = {**os.environ, **{str(key): str(value) for key, value in claim_env.items()}}
         environment["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu_indices)
         # CUDA's default order (fastest first) differs from NVML's (PCI bus), which the server's
@@ -42,6 +49,11 @@ class JobWorkspace:
             environment["CORRAL_CHECKPOINT_IN"] = str(self.checkpoint_in)
         else:
             environment.pop("CORRAL_CHECKPOINT_IN", None)
+        if claim_env.get("CORRAL_GANG_ID"):
+            self.gang_checkpoint_dir.mkdir(exist_ok=True)
+            environment["CORRAL_GANG_CHECKPOINT_DIR"] = str(self.gang_checkpoint_dir)
+        else:
+            environment.pop("CORRAL_GANG_CHECKPOINT_DIR", None)
         return environment
 
     def remove(self) -> None:

@@ -1,0 +1,93 @@
+"""A scripted stand-in for ``corral.client.Client`` on the worker's side: the calls a worker makes,
+recorded in order, each answered as the test scripts it.
+
+Why a fake and not a real server: a worker test asks "what did the worker send, in what order"
+(the upload before the report, nothing after a 409, a download that fails), which a recording
+answers directly and a server only through its state. The fake has the methods of ``Client`` that
+the worker uses, with the same signatures, so a test passes it where a ``Client`` goes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+Answer = bytes | Exception | None
+
+
+class FakeClient:
+    """The SDK calls the worker makes, recorded in ``calls`` as ``(name, *arguments)``.
+
+    Scripting: ``heartbeat_answer`` (what every job heartbeat answers) or ``heartbeat_error``
+    (raised instead, e.g. ``ApiError(409, ...)`` for a lost job); ``upload_error`` (raised by every
+    checkpoint upload); ``download_answer`` (the job's checkpoint: bytes, None for 204, or an
+    exception to raise) and ``downloads`` (the same, per job id, for gang peers).
+    """
+
+    def __init__(self, heartbeat: Any = None) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.heartbeat_answer: Any = heartbeat if heartbeat is not None else {}
+        self.heartbeat_error: Exception | None = None
+        self.upload_error: Exception | None = None
+        self.download_answer: Answer = None
+        self.downloads: dict[str, Answer] = {}
+        self.lock = threading.Lock()
+
+    def _record(self, *call: Any) -> None:
+        with self.lock:
+            self.calls.append(call)
+
+    def names(self) -> list[str]:
+        """The names of the calls made, job heartbeats left out (their number depends on timing)."""
+        with self.lock:
+            return [call[0] for call in self.calls if call[0] != "job_heartbeat"]
+
+    def reports(self) -> list[tuple[Any, ...]]:
+        """The calls made, job heartbeats left out."""
+        with self.lock:
+            return [call for call in self.calls if call[0] != "job_heartbeat"]
+
+    # --- the job protocol ------------------------------------------------------------------
+
+    def job_heartbeat(self, job_id: str, worker_id: str, attempt: int) -> Any:
+        self._record("job_heartbeat", job_id)
+        if self.heartbeat_error is not None:
+            raise self.heartbeat_error
+        return self.heartbeat_answer
+
+    def upload_checkpoint(
+        self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes
+    ) -> None:
+        self._record("upload_checkpoint", job_id, worker_id, attempt, epoch, data)
+        if self.upload_error is not None:
+            raise self.upload_error
+
+    def download_checkpoint(self, job_id: str) -> bytes | None:
+        self._record("download_checkpoint", job_id)
+        answer = self.downloads.get(job_id, self.download_answer)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> dict[str, Any]:
+        self._record("preempted", job_id, worker_id, attempt, epoch)
+        return {"status": "preempted"}
+
+    def done(self, job_id: str, worker_id: str, attempt: int) -> dict[str, Any]:
+        self._record("done", job_id)
+        return {"status": "done"}
+
+    def fail(self, job_id: str, worker_id: str, attempt: int, *rest: Any, **options: Any) -> dict[str, Any]:
+        self._record("fail", job_id, *rest, *sorted(options.items()))
+        return {"status": "failed"}
+
+    def watchdog(
+        self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None
+    ) -> dict[str, Any]:
+        self._record("watchdog", job_id, kind)
+        return {"status": "pending", "watchdog_retries": 1}
+
+    # --- the worker ------------------------------------------------------------------------
+
+    def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
+        self._record("worker_heartbeat", worker_id, body)

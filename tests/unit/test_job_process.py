@@ -1,0 +1,66 @@
+"""A job's process group: nothing of it outlives a stop (not even a child that left the group),
+nothing is signalled once the group is gone, and a stop racing with the exit is not taken for a
+stop of a running job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import psutil
+
+from corral.worker import executor
+from corral.worker.executor import JobProcess
+
+# --- stray process groups and reused PIDs ----------------------------------------------------
+
+
+def test_a_child_in_its_own_group_does_not_outlive_the_stop():
+    process = JobProcess("timeout 100 sleep 101; true", dict(os.environ), 1024, grace_s=0.5)
+    deadline = time.monotonic() + 10
+    while len(children := psutil.Process(process.pid).children(recursive=True)) < 2:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.02)
+    assert any(os.getpgid(child.pid) != process.pid for child in children)
+    try:
+        assert process.stop()
+        process.finish()
+        time.sleep(0.1)
+        alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert alive == []
+    finally:
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def test_a_reaped_job_whose_group_is_gone_is_sent_nothing(monkeypatch):
+    process = JobProcess("exit 0", dict(os.environ), 1024, grace_s=0.5)
+    assert process.wait(5) == 0
+    process.finish()
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(executor.os, "killpg", lambda group, number: sent.append((group, number)))
+    assert not process.stop()
+    assert sent == []
+
+
+# --- a stop that races with the exit ---------------------------------------------------------
+
+
+def test_an_exit_hidden_by_the_reaping_lock_is_not_taken_for_a_running_job():
+    process = JobProcess("exit 0", dict(os.environ), 1024, grace_s=0.5)
+    deadline = time.monotonic() + 5
+    # Exited but not reaped (a zombie), while another thread "holds" the lock: poll says None.
+    while executor.is_live_member(process.pid, process.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    real_poll = process._popen.poll
+    process._popen.poll = lambda: None  # type: ignore[method-assign]
+    try:
+        assert not process.stop()
+    finally:
+        process._popen.poll = real_poll  # type: ignore[method-assign]
+    assert process.wait(5) == 0
+    process.finish()
+    assert not process.stopped_while_running

@@ -1,0 +1,112 @@
+"""What an attempt reports, and that it reports once: malformed heartbeat answers, reports whose
+answers blow up, the shutdown hand-back, the lease while leftovers are stopped after the main
+process exited, and a stop the server asks for while another stop is under way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.client import ApiError
+from corral.testing.fake_client import FakeClient
+from corral.worker.job_run import StopReason
+from corral.worker.reporting import deliver
+from corral.worker.watchdogs import Verdict
+from tests.unit.worker_support import FIELDS, finish, make_run, wait_for_file
+
+# --- malformed answers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [["preempt"], "preempt", 7])
+def test_a_malformed_heartbeat_answer_does_not_kill_the_job(answer: Any):
+    client = FakeClient()
+    client.heartbeat_answer = answer
+    run = make_run(client, "sleep 0.3")
+    run.start()
+    finish(run)
+    assert client.names() == ["done"]
+    assert any(call[0] == "job_heartbeat" for call in client.calls)
+
+
+def test_an_unreadable_answer_to_a_report_counts_as_delivered():
+    sends: list[int] = []
+
+    def send() -> dict[str, Any]:
+        sends.append(1)
+        raise ApiError(200, "bad_response", "answer is not JSON")
+
+    assert deliver(send, "done report", FIELDS, sleep=lambda _: None) is None
+    assert len(sends) == 1
+
+
+class BrokenDoneClient(FakeClient):
+    def done(self, job_id: str, worker_id: str, attempt: int) -> Any:
+        self._record("done", job_id)
+        raise RuntimeError("answer decoded into something unexpected")
+
+    def watchdog(self, *args: Any, **options: Any) -> Any:
+        self._record("watchdog", *args)
+        return ["not", "a", "dict"]
+
+
+def test_a_report_that_blows_up_is_not_followed_by_a_fail_report():
+    client = BrokenDoneClient()
+    run = make_run(client, "true")
+    run.start()
+    finish(run)
+    assert client.names() == ["done"]
+
+
+def test_a_malformed_answer_to_a_trip_report_is_logged_not_raised():
+    client = BrokenDoneClient()
+    run = make_run(client, "true")
+    run._report_trip(Verdict("budget", True, {"budget_s": 1}), 143)
+    assert client.names() == ["watchdog"]
+
+
+# --- shutdown hands the job back -------------------------------------------------------------
+
+
+def test_a_job_stopped_at_shutdown_is_released(tmp_path: Path):
+    client = FakeClient()
+    run = make_run(client, f"touch {tmp_path}/up; sleep 30")
+    run.start()
+    wait_for_file(tmp_path / "up")
+    run.request_stop(StopReason.SHUTDOWN)
+    finish(run)
+    assert client.names() == ["fail"]
+    assert client.calls[-1][2:4] == (143, "worker shut down")
+    assert client.calls[-1][-1] == ("release", True)
+
+
+# --- the lease outlives the post-exit work ---------------------------------------------------
+
+
+def test_heartbeats_continue_while_leftovers_are_stopped():
+    client = FakeClient()
+    # The main process exits at once; its background child ignores SIGTERM, so the stop of the
+    # leftovers waits out the whole grace before SIGKILL.
+    run = make_run(client, "(trap '' TERM; sleep 30) & exit 0", preempt_grace_s=0.6)
+    run.start()
+    finish(run)
+    assert client.names() == ["done"]
+    beats = [call for call in client.calls if call[0] == "job_heartbeat"]
+    assert len(beats) >= 4, beats
+
+
+# --- a preempt during another stop -----------------------------------------------------------
+
+
+def test_a_preempt_during_a_shutdown_stop_is_acked(tmp_path: Path):
+    client = FakeClient()
+    command = f"trap 'sleep 0.3; exit 143' TERM; touch {tmp_path}/up; while :; do sleep 0.05; done"
+    run = make_run(client, command, preempt_grace_s=2.0)
+    run.start()
+    wait_for_file(tmp_path / "up")
+    run.request_stop(StopReason.SHUTDOWN)
+    run.request_stop(StopReason.PREEMPT, 4)
+    finish(run)
+    assert client.names() == ["preempted"]
+    assert client.calls[-1] == ("preempted", "j-1", "w1", 1, 4)

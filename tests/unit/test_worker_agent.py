@@ -1,0 +1,89 @@
+"""The agent around the attempts: claims during shutdown handed back, unhealthy GPUs said before
+the report frees them, a 404 on claim that waits instead of spinning, malformed claims failed (or
+ignored when they cannot be reported)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from corral.client import ApiError
+from corral.testing.fake_client import FakeClient
+from tests.unit.worker_support import make_agent, make_run
+
+
+def test_a_job_claimed_during_shutdown_is_released():
+    client = FakeClient()
+    agent = make_agent(client)
+    agent._accepting = False
+    agent._start_job({"id": "j-1", "attempt": 2, "command": "true"})
+    assert client.calls == [("fail", "j-1", None, "worker shut down", "", ("release", True))]
+
+
+# --- unhealthy GPUs are said before the report -----------------------------------------------
+
+
+def test_unhealthy_gpus_are_heartbeated_at_once():
+    client = FakeClient()
+    agent = make_agent(client)
+    agent._registered = True
+    run = make_run(client, "true")
+    run.gpu_indices = [1]
+    agent._gpus_unhealthy(run)  # the heartbeat thread is not even started
+    assert client.calls == [("worker_heartbeat", "w1", {"running": [], "unhealthy_gpus": [1]})]
+
+
+# --- a 404 on claim does not spin ------------------------------------------------------------
+
+
+class NotFoundClaims:
+    def __init__(self) -> None:
+        self.claims = 0
+
+    def claim(self, worker_id: str, wait_s: float = 0.0) -> Any:
+        self.claims += 1
+        raise ApiError(404, "not_found", "unknown worker")
+
+
+def test_a_404_on_claim_waits_before_registering_again():
+    agent = make_agent(FakeClient(), poll_s=0.3)
+    claims = NotFoundClaims()
+    agent._claims = claims  # type: ignore[assignment]
+    agent._registered = True
+    started = time.monotonic()
+    agent._claim_once()
+    assert time.monotonic() - started >= 0.25
+    assert claims.claims == 1
+    assert not agent._registered
+
+
+# --- malformed claims ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        {"id": "j-1", "attempt": 3},
+        {"id": "j-1", "attempt": 3, "command": "true", "gpu_indices": ["a"]},
+        {"id": "j-1", "attempt": 3, "command": "true", "gpu_indices": "0,1"},
+        {"id": "j-1", "attempt": 3, "command": "true", "env": ["A=1"]},
+    ],
+)
+def test_a_malformed_claim_is_failed_at_once(claim: dict[str, Any]):
+    client = FakeClient()
+    agent = make_agent(client)
+    agent._start_job(claim)
+    assert client.names() == ["fail"]
+    call = client.calls[-1]
+    assert call[1] == "j-1" and call[2] is None and call[3].startswith("malformed claim")
+    assert ("release", True) not in call
+    assert agent.running_job_ids() == []
+
+
+@pytest.mark.parametrize("claim", [{"id": "j-1", "attempt": "x", "command": "true"}, ["j-1"], {"attempt": 1}])
+def test_a_claim_without_usable_id_and_attempt_is_not_reported(claim: Any):
+    client = FakeClient()
+    make_agent(client)._start_job(claim)
+    assert client.calls == []
