@@ -246,3 +246,25 @@ def test_a_killed_group_of_zombies_is_gone(tmp_path: Path):
     assert not process.survived_kill
     assert time.monotonic() - started < 2
     process.finish()
+
+
+def test_a_running_job_shows_its_step_gpu_and_memory(server, client: Client, start_worker, tmp_path: Path):
+    """What the worker samples for its watchdogs reaches the job object through its heartbeats,
+    and the worker's GPU readings reach the worker object."""
+    gpu_file = tmp_path / "gpu.json"
+    set_gpu(gpu_file, 64.0)
+    start_watched_worker(
+        start_worker, server, gpu_file, *GPU_FLAGS, *NO_HEALTH_FLAGS, "--worker-heartbeat-s", "0.2"
+    )
+    release = tmp_path / "release"
+    command = f'echo 17 > "$CORRAL_BEAT_FILE"; while [ ! -e {release} ]; do sleep 0.05; done'
+    job = client.submit({"command": command, "resources": {"gpus": 1}})
+    shown = wait_for(
+        lambda: (current := client.get_job(job["id"]))["progress"] and current["rss_mb"] and current,
+        what="the job's readings",
+    )
+    assert (shown["progress"], shown["gpu_util_pct"]) == ({"step": 17}, 64.0)
+    worker = wait_for(lambda: (current := client.worker("w1"))["gpu_stats"] and current, what="GPU readings")
+    assert worker["gpu_stats"] == [{"index": 0, "util_pct": 64.0, "mem_used_mb": 1000.0}]
+    release.touch()
+    assert wait_status(client, job["id"], {"done", "failed"})["status"] == "done"

@@ -1,6 +1,7 @@
 """What an attempt reports, and that it reports once: malformed heartbeat answers, reports whose
 answers blow up, the shutdown hand-back, the lease while leftovers are stopped after the main
-process exited, and a stop the server asks for while another stop is under way."""
+process exited, a stop the server asks for while another stop is under way, and what the
+heartbeats carry."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from typing import Any
 import pytest
 
 from corral.client import ApiError
+from corral.config import WorkerSettings
 from corral.testing.fake_client import FakeClient
-from corral.worker.job_run import StopReason
+from corral.worker.job_run import JobRun, StopReason
 from corral.worker.reporting import deliver
+from corral.worker.samplers import Samplers
+from corral.worker.samplers.fake import FakeGpuSampler
+from corral.worker.samplers.process import ProcessTreeSampler
 from corral.worker.watchdogs import Verdict
 from tests.unit.worker_support import FIELDS, finish, make_run, wait_for_file
 
@@ -110,3 +115,23 @@ def test_a_preempt_during_a_shutdown_stop_is_acked(tmp_path: Path):
     finish(run)
     assert client.names() == ["preempted"]
     assert client.calls[-1] == ("preempted", "j-1", "w1", 1, 4)
+
+
+def test_heartbeats_carry_the_step_the_gpus_and_the_memory(tmp_path: Path):
+    """The server shows what the job's heartbeats report (``corral show``): the last step beaten,
+    the utilisation of the job's GPUs and its process tree's memory."""
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text('{"util_pct": 73.5, "mem_used_mb": 1000}')
+    client = FakeClient()
+    samplers = Samplers(gpu=FakeGpuSampler(gpu_file), memory=ProcessTreeSampler())
+    claim = {"id": "j-1", "attempt": 1, "command": 'echo 42 > "$CORRAL_BEAT_FILE"; sleep 0.6', "env": {}}
+    claim["gpu_indices"] = [0]
+    settings = WorkerSettings(heartbeat_s=0.05, preempt_grace_s=0.5)
+    run = JobRun(claim, client, settings, "w1", lambda run: None, samplers=samplers)
+    run.start()
+    finish(run)
+    reported = [body for body in client.heartbeat_bodies if "progress" in body]
+    assert reported, client.heartbeat_bodies
+    assert reported[-1]["progress"] == {"step": 42}
+    assert reported[-1]["gpu_util_pct"] == 73.5
+    assert reported[-1]["rss_mb"] > 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from corral.worker.samplers import MIB, GpuReading, open_gpu_sampler
+from corral.worker.samplers import MIB, DeviceReading, GpuReading, open_gpu_sampler
 from corral.worker.samplers.fake import FakeGpuSampler
 from corral.worker.samplers.nvml import NvmlSampler
 from corral.worker.samplers.process import ProcessTreeSampler
@@ -217,3 +217,19 @@ def test_nvml_skips_a_failing_device_and_gives_no_reading_when_none_answers(monk
     sampler, _ = nvml_sampler(monkeypatch, devices)
     assert sampler.probe([0, 5]).read(set()) == GpuReading(20, 100)
     assert sampler.probe([5]).read(set()) is None
+
+
+def test_each_gpu_of_the_worker_is_read_for_its_heartbeat(monkeypatch, tmp_path: Path):
+    devices = {0: {"util": 91, "used_mb": 7000, "processes": [], "samples": []}}
+    sampler, _ = nvml_sampler(monkeypatch, devices)
+    assert sampler.read_devices([0, 1]) == [DeviceReading(0, 91, 7000)], (
+        "a GPU that cannot be read is left out"
+    )
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text('{"util_pct": 40, "mem_used_mb": 10}')
+    assert FakeGpuSampler(gpu_file).read_devices([0, 1]) == [
+        DeviceReading(0, 40, 10),
+        DeviceReading(1, 40, 10),
+    ]
+    gpu_file.write_text("{")
+    assert FakeGpuSampler(gpu_file).read_devices([0, 1]) == []

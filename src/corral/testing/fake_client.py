@@ -31,6 +31,7 @@ class FakeClient:
         self.upload_error: Exception | None = None
         self.download_answer: Answer = None
         self.downloads: dict[str, Answer] = {}
+        self.heartbeat_bodies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def _record(self, *call: Any) -> None:
@@ -49,8 +50,11 @@ class FakeClient:
 
     # --- the job protocol ------------------------------------------------------------------
 
-    def job_heartbeat(self, job_id: str, worker_id: str, attempt: int) -> Any:
+    def job_heartbeat(
+        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
+    ) -> Any:
         self._record("job_heartbeat", job_id)
+        self.heartbeat_bodies.append(body or {})
         if self.heartbeat_error is not None:
             raise self.heartbeat_error
         return self.heartbeat_answer

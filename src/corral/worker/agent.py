@@ -271,10 +271,27 @@ class Agent:
                 logger.exception("worker heartbeat error", extra=self.fields)
 
     def heartbeat_body(self) -> dict[str, Any]:
+        """Alive, running these jobs (the server re-queues at once a job it holds here that the list
+        leaves out and that stopped heartbeating), these GPUs unusable, each GPU reading so."""
         body: dict[str, Any] = {"running": self.running_job_ids()}
         unhealthy = self.unhealthy_gpus()
         if unhealthy:
             body["unhealthy_gpus"] = unhealthy
+        if self.samplers.gpu is not None and self.offer.gpus > 0:
+            try:
+                readings = self.samplers.gpu.read_devices(range(self.offer.gpus))
+            except Exception:
+                logger.debug("GPU readings for the worker heartbeat failed", extra=self.fields, exc_info=True)
+                readings = []
+            body["gpus"] = [
+                {"index": reading.index, "util_pct": round(min(100.0, max(0.0, reading.util_pct)), 1)}
+                | (
+                    {"mem_used_mb": round(reading.memory_used_mb, 1)}
+                    if reading.memory_used_mb is not None
+                    else {}
+                )
+                for reading in readings
+            ]
         return body
 
     def _heartbeat_once(self) -> None:

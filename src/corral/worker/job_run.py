@@ -130,6 +130,7 @@ class JobRun:
         self._on_tripped = on_tripped
         self._on_gpus_unhealthy = on_gpus_unhealthy
         self._watch: JobWatch | None = None
+        self._probe: JobProbe | None = None
         self.verdict: Verdict | None = None
         self._lock = threading.Lock()
         self._reason: StopReason | None = None
@@ -198,6 +199,7 @@ class JobRun:
             self._samplers.memory,
             gpu.probe(self.gpu_indices) if gpu and self.gpu_indices else None,
         )
+        self._probe = probe
         self._watch = build_watch(
             self._settings,
             self.claim,
@@ -374,7 +376,9 @@ class JobRun:
 
     def _heartbeat(self) -> None:
         try:
-            answer = self._client.job_heartbeat(self.job_id, self._worker_id, self.attempt)
+            answer = self._client.job_heartbeat(
+                self.job_id, self._worker_id, self.attempt, self._heartbeat_body()
+            )
         except ServerUnreachable as error:
             logger.warning(
                 "job heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
@@ -393,6 +397,26 @@ class JobRun:
                 )
             return
         self._obey(answer)
+
+    def _heartbeat_body(self) -> dict[str, Any]:
+        """What the heartbeat tells besides "alive": the last step the job beat, its GPUs'
+        utilisation and its process tree's memory (shown by ``corral show``). A reading that fails
+        is left out: it must never cost the job its lease."""
+        body: dict[str, Any] = {}
+        watch, probe = self._watch, self._probe
+        try:
+            step = watch.beat_file.step() if watch is not None else None
+            if step is not None and step.lstrip("-").isdigit():
+                body["progress"] = {"step": int(step)}
+            reading = probe.read() if probe is not None else None
+        except Exception:
+            logger.debug("job reading for the heartbeat failed", extra=self.fields, exc_info=True)
+            return body
+        if reading is not None and reading.gpu_util_pct is not None:
+            body["gpu_util_pct"] = round(min(100.0, max(0.0, reading.gpu_util_pct)), 1)
+        if reading is not None and reading.memory_mb is not None:
+            body["rss_mb"] = round(max(0.0, reading.memory_mb), 1)
+        return body
 
     def _obey(self, answer: Any) -> None:
         if answer is None:

@@ -37,6 +37,15 @@ class GpuReading:
 
 
 @dataclass(frozen=True)
+class DeviceReading:
+    """One GPU of the worker as a whole (every process on it): what the worker heartbeat reports."""
+
+    index: int
+    util_pct: float
+    memory_used_mb: float | None = None
+
+
+@dataclass(frozen=True)
 class TreeReading:
     """One read of a job's process tree: its resident memory (MB) and the processes it holds."""
 
@@ -56,6 +65,10 @@ class GpuSampler(Protocol):
     name: str
 
     def probe(self, gpu_indices: Sequence[int]) -> GpuProbe: ...
+
+    def read_devices(self, gpu_indices: Sequence[int]) -> list[DeviceReading]:
+        """Each GPU's own utilisation and memory in use; a GPU that cannot be read is left out."""
+        ...
 
     def close(self) -> None: ...
 

@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.worker.samplers import GpuReading
+from corral.worker.samplers import DeviceReading, GpuReading
 
 
 def _number(value: Any) -> float | None:
@@ -46,6 +46,12 @@ class FakeGpuSampler:
 
     def probe(self, gpu_indices: Sequence[int]) -> FakeGpuProbe:
         return FakeGpuProbe(self.path)
+
+    def read_devices(self, gpu_indices: Sequence[int]) -> list[DeviceReading]:
+        reading = FakeGpuProbe(self.path).read(())
+        if reading is None:
+            return []
+        return [DeviceReading(index, reading.util_pct, reading.memory_used_mb) for index in gpu_indices]
 
     def close(self) -> None:
         """Nothing to release: the file is opened per read."""

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from corral.worker.samplers import MIB, GpuReading
+from corral.worker.samplers import MIB, DeviceReading, GpuReading
 
 logger = logging.getLogger("corral.worker.samplers.nvml")
 
@@ -60,6 +60,19 @@ class NvmlSampler:
 
     def probe(self, gpu_indices: Sequence[int]) -> NvmlProbe:
         return NvmlProbe(self._nvml, gpu_indices)
+
+    def read_devices(self, gpu_indices: Sequence[int]) -> list[DeviceReading]:
+        readings = []
+        for index in gpu_indices:
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as error:
+                logger.debug("NVML read failed", extra={"gpu_index": index, "error": str(error)})
+                continue
+            readings.append(DeviceReading(index, float(rates.gpu), memory.used / MIB))
+        return readings
 
     def close(self) -> None:
         try:
