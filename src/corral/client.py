@@ -1,23 +1,44 @@
 """The Python SDK: a typed HTTP client for every route of ``shared/API.md``.
 
-The CLI and the worker use it too, so the SDK is exercised by every end-to-end test. Errors come
-back as ``ApiError`` with the server's stable ``code``; a server that cannot be reached is
-``ServerUnreachable``.
+Every answer comes back as its model of the wire contract (``corral.protocol.answers``): a
+``JobAnswer``, a ``WorkerAnswer``, a ``ClaimAnswer``... The CLI and the worker use it too, so the
+SDK is exercised by every end-to-end test. Errors come back as ``ApiError`` with the server's stable
+``code`` (``bad_response`` for an answer that is not JSON or breaks its model); a server that cannot
+be reached is ``ServerUnreachable``.
 
     from corral.client import Client
     with Client("http://127.0.0.1:8765") as corral:
         job = corral.submit({"command": "python train.py", "resources": {"gpus": 1}})
-        print(corral.why(job["id"]))
+        print(corral.why(job.id).reasons[0].message)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from pydantic import ValidationError
 
+from corral.protocol.answers import (
+    Answer,
+    CheckpointSaved,
+    ClaimAnswer,
+    EventAnswer,
+    EventsAnswer,
+    GangAnswer,
+    GangSubmitted,
+    HealthAnswer,
+    HeartbeatAnswer,
+    JobAnswer,
+    JobPage,
+    WhyAnswer,
+    WorkerAnswer,
+    WorkerPage,
+)
 from corral.transport import Response, Transport, TransportError
+
+AnswerT = TypeVar("AnswerT", bound=Answer)
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -33,13 +54,15 @@ class ServerUnreachable(ClientError):
 
 
 class ApiError(ClientError):
-    """The server answered with an error status and envelope."""
+    """The server answered with an error status and envelope, or (code ``bad_response``) with an
+    answer the SDK could not read; ``body`` is the decoded answer when there was one."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.body = body
 
 
 class Client:
@@ -76,10 +99,15 @@ class Client:
             raise _api_error(response)
         return response
 
-    def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        """The decoded JSON answer; a body that is not JSON is ``ApiError`` ``bad_response`` (a proxy's
-        error page, a truncated answer), never an exception from the decoder."""
+    def _answer(
+        self, model: type[AnswerT], method: str, path: str, body: Any = None, **kwargs: Any
+    ) -> AnswerT:
+        """The answer parsed into its model of the wire contract; one that is not JSON or breaks
+        the model is ``ApiError`` ``bad_response`` (with the decoded body, when there is one)."""
         response = self.request(method, path, body, **kwargs)
+        return _parse(model, response, self._decode(response))
+
+    def _decode(self, response: Response) -> Any:
         if response.status_code == 204 or not response.content:
             return None
         try:
@@ -89,106 +117,95 @@ class Client:
 
     # --- jobs and gangs --------------------------------------------------------------------
 
-    def submit(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        """Submit one job (or a gang when ``gang_size`` > 1). Returns the job, or ``{gang_id, tasks}``."""
+    def submit(self, job: dict[str, Any], idempotency_key: str | None = None) -> JobAnswer | GangSubmitted:
+        """Submit one job (or a gang when ``gang_size`` > 1): the job, or the gang's id and task ids."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        result: dict[str, Any] = self._json("POST", "/jobs", job, headers=headers)
-        return result
+        response = self.request("POST", "/jobs", job, headers=headers)
+        return _submitted(response, self._decode(response))
 
     def submit_batch(
         self, jobs: list[dict[str, Any]], idempotency_key: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[JobAnswer | GangSubmitted]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        result = self._json("POST", "/jobs/batch", {"jobs": jobs}, headers=headers, timeout_s=120.0)
-        items: list[dict[str, Any]] = result["items"]
-        return items
+        response = self.request("POST", "/jobs/batch", {"jobs": jobs}, headers=headers, timeout_s=120.0)
+        data = self._decode(response)
+        items = data.get("items") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise ApiError(response.status_code, "bad_response", "answer has no items list", data)
+        return [_submitted(response, item) for item in items]
 
-    def list_jobs_page(self, limit: int = 500, after: str | None = None, **filters: Any) -> dict[str, Any]:
+    def list_jobs_page(self, limit: int = 500, after: str | None = None, **filters: Any) -> JobPage:
         params = {key: value for key, value in filters.items() if value is not None}
         params["limit"] = limit
         if after:
             params["after"] = after
-        result: dict[str, Any] = self._json("GET", "/jobs", params=params)
-        return result
+        return self._answer(JobPage, "GET", "/jobs", params=params)
 
-    def iter_jobs(self, page_size: int = 500, **filters: Any) -> Iterator[dict[str, Any]]:
+    def iter_jobs(self, page_size: int = 500, **filters: Any) -> Iterator[JobAnswer]:
         """Every job matching ``filters``, following the cursor page by page."""
         after = None
         while True:
             page = self.list_jobs_page(limit=page_size, after=after, **filters)
-            yield from page["items"]
-            after = page["next"]
+            yield from page.items
+            after = page.next
             if not after:
                 return
 
-    def get_job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}")
-        return result
+    def get_job(self, job_id: str) -> JobAnswer:
+        return self._answer(JobAnswer, "GET", f"/jobs/{job_id}")
 
-    def events(self, job_id: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self._json("GET", f"/jobs/{job_id}/events")["items"]
-        return items
+    def events(self, job_id: str) -> list[EventAnswer]:
+        return self._answer(EventsAnswer, "GET", f"/jobs/{job_id}/events").items
 
-    def why(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/why")
-        return result
+    def why(self, job_id: str) -> WhyAnswer:
+        return self._answer(WhyAnswer, "GET", f"/jobs/{job_id}/why")
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/cancel")
-        return result
+    def cancel(self, job_id: str) -> JobAnswer:
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/cancel")
 
-    def gang(self, gang_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/gangs/{gang_id}")
-        return result
+    def gang(self, gang_id: str) -> GangAnswer:
+        return self._answer(GangAnswer, "GET", f"/gangs/{gang_id}")
 
-    def cancel_gang(self, gang_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/gangs/{gang_id}/cancel")
-        return result
+    def cancel_gang(self, gang_id: str) -> GangAnswer:
+        return self._answer(GangAnswer, "POST", f"/gangs/{gang_id}/cancel")
 
     # --- workers ---------------------------------------------------------------------------
 
-    def register_worker(self, registration: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", "/workers/register", registration)
-        return result
+    def register_worker(self, registration: dict[str, Any]) -> WorkerAnswer:
+        return self._answer(WorkerAnswer, "POST", "/workers/register", registration)
 
     def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
         self.request("POST", f"/workers/{worker_id}/heartbeat", body or {})
 
-    def workers(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self._json("GET", "/workers")["items"]
-        return items
+    def workers(self) -> list[WorkerAnswer]:
+        return self._answer(WorkerPage, "GET", "/workers").items
 
-    def worker(self, worker_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/workers/{worker_id}")
-        return result
+    def worker(self, worker_id: str) -> WorkerAnswer:
+        return self._answer(WorkerAnswer, "GET", f"/workers/{worker_id}")
 
-    def drain_worker(self, worker_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/workers/{worker_id}/drain")
-        return result
+    def drain_worker(self, worker_id: str) -> WorkerAnswer:
+        return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/drain")
 
     # --- the job protocol (workers) -------------------------------------------------------
 
-    def claim(self, worker_id: str, wait_s: float = 0.0) -> dict[str, Any] | None:
+    def claim(self, worker_id: str, wait_s: float = 0.0) -> ClaimAnswer | None:
         """Claim work: the job with ``attempt``, ``gpu_indices`` and ``env``, or ``None``."""
         params: dict[str, Any] = {"worker_id": worker_id}
         if wait_s > 0:
             params["wait"] = wait_s
-        result: dict[str, Any] | None = self._json(
-            "GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0
-        )
-        return result
+        response = self.request("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+        data = self._decode(response)
+        return None if data is None else _parse(ClaimAnswer, response, data)
 
     def job_heartbeat(
         self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    ) -> HeartbeatAnswer:
         params = {"worker_id": worker_id, "attempt": attempt}
-        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
-        return result
+        return self._answer(HeartbeatAnswer, "POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
 
-    def done(self, job_id: str, worker_id: str, attempt: int) -> dict[str, Any]:
+    def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
         params = {"worker_id": worker_id, "attempt": attempt}
-        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/done", {}, params=params)
-        return result
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/done", {}, params=params)
 
     def fail(
         self,
@@ -199,41 +216,36 @@ class Client:
         error: str | None = None,
         output_tail: str | None = None,
         release: bool = False,
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         """Report a failed attempt; ``release`` hands the job back without spending the attempt
         (the worker stopped it for its own reasons, e.g. a shutdown past its timeout)."""
         params = {"worker_id": worker_id, "attempt": attempt}
         body: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
         if release:
             body["release"] = True
-        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/fail", body, params=params)
-        return result
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/fail", body, params=params)
 
     def watchdog(
         self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         """Report a watchdog trip (``budget`` / ``stall`` / ``gpu_health``) after stopping the job.
         Returns the job: re-queued at the front of the queue, or failed past the retry cap."""
         params = {"worker_id": worker_id, "attempt": attempt}
         body = {"kind": kind, "detail": detail}
-        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/watchdog", body, params=params)
-        return result
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/watchdog", body, params=params)
 
     def upload_checkpoint(
         self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes
-    ) -> None:
+    ) -> CheckpointSaved:
         """Store the checkpoint a job wrote (opaque bytes), for its next attempt. With ``epoch``:
         from a stop the server asked for; without: from the attempt however it ended, before its
         final report."""
         params: dict[str, Any] = {"worker_id": worker_id, "attempt": attempt}
         if epoch is not None:
             params["epoch"] = epoch
-        self.request(
-            "POST",
-            f"/jobs/{job_id}/checkpoint",
-            data,
-            params=params,
-            headers={"content-type": "application/octet-stream"},
+        headers = {"content-type": "application/octet-stream"}
+        return self._answer(
+            CheckpointSaved, "POST", f"/jobs/{job_id}/checkpoint", data, params=params, headers=headers
         )
 
     def download_checkpoint(self, job_id: str) -> bytes | None:
@@ -241,16 +253,33 @@ class Client:
         response = self.request("GET", f"/jobs/{job_id}/checkpoint")
         return None if response.status_code == 204 else response.content
 
-    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> dict[str, Any]:
+    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> JobAnswer:
         params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
-        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/preempted", params=params)
-        return result
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/preempted", params=params)
 
     # --- operations ------------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/health")
-        return result
+    def health(self) -> HealthAnswer:
+        return self._answer(HealthAnswer, "GET", "/health")
+
+
+def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "answer"
+        raise ApiError(
+            response.status_code, "bad_response", f"answer breaks the {model.__name__} schema at {where}: "
+            f"{first['msg']}", data,
+        ) from error  # fmt: skip
+
+
+def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:
+    """A submit's item: a gang's ``{gang_id, tasks}``, else the job."""
+    if isinstance(data, dict) and "command" not in data and "gang_id" in data:
+        return _parse(GangSubmitted, response, data)
+    return _parse(JobAnswer, response, data)
 
 
 def _api_error(response: Response) -> ApiError:

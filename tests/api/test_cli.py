@@ -17,6 +17,7 @@ import pytest
 from corral.cli import jobs
 from corral.cli.main import main
 from corral.client import Client
+from corral.protocol.answers import WorkerAnswer
 
 
 def corral(server: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -58,7 +59,7 @@ def test_submit_sends_every_flag(server, client, capsys):
     assert job["command"] == "python train.py --lr 3e-4 --note 'two words'"
     assert job["name"] == "train"
     assert job["env"] == {"A": "1", "B": "x=y"}
-    assert job["resources"] == {"gpus": 2, "vram_mb": 1000, "memory_mb": 2048, "cpus": 4}
+    assert job.resources.to_wire() == {"gpus": 2, "vram_mb": 1000, "memory_mb": 2048, "cpus": 4}
     assert job["constraints"]["gpu_model"] == "H100"
     assert job["constraints"]["labels"] == {"zone": "a", "rack": "7"}
     assert (job["pool"], job["priority"], job["preemption_class"]) == ("team/x", 7, 3)
@@ -75,7 +76,7 @@ def test_submit_single_argument_is_a_shell_line_and_defaults_come_from_the_serve
     assert code == 0
     job = client.get_job(out.strip())
     assert job["command"] == "echo a | wc -c"
-    assert job["resources"] == {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0}
+    assert job.resources.to_wire() == {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0}
     assert (job["pool"], job["preemption_class"], job["checkpoint_mode"], job["max_retries"]) == (
         "default",
         5,
@@ -244,8 +245,8 @@ def test_show_events_why(server, client, capsys):
     assert fields["status"].strip() == "pending"
     assert fields["resources"].strip() == "gpus=0 vram_mb=0 memory_mb=0 cpus=1"
     assert fields["env"].strip() == "K=V"
-    assert set(client.get_job(job["id"])) <= set(fields)
-    assert corral_json(server, capsys, "show", job["id"]) == client.get_job(job["id"])
+    assert set(client.get_job(job["id"]).to_wire()) <= set(fields)
+    assert corral_json(server, capsys, "show", job["id"]) == client.get_job(job["id"]).to_wire()
 
     code, out, _ = corral(server, capsys, "why", job["id"])
     assert code == 0
@@ -324,7 +325,9 @@ def test_workers_dead_lists_only_flagged_workers(capsys, monkeypatch):
         _worker("alive", flagged_dead_at=None),
         _worker("gone", flagged_dead_at="2024-01-01T00:00:00.000Z"),
     ]
-    monkeypatch.setattr(Client, "workers", lambda self: workers)
+    monkeypatch.setattr(
+        Client, "workers", lambda self: [WorkerAnswer.model_validate(each) for each in workers]
+    )
     assert main(["workers", "--dead"]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [row.split()[:3] for row in rows] == [["gone", "offline", "(dead)"]]
@@ -338,6 +341,7 @@ def _worker(worker_id: str, flagged_dead_at: str | None) -> dict[str, Any]:
         "resources": nothing,
         "used": nothing,
         "last_heartbeat_at": None,
+        "registered_at": "2024-01-01T00:00:00.000Z",
         "flagged_dead_at": flagged_dead_at,
         "running": [],
     }

@@ -17,6 +17,7 @@ import pytest
 
 from corral.client import Client
 from corral.config import WorkerSettings
+from corral.testing.fake_client import FakeClient, claim_answer
 from corral.worker import executor
 from corral.worker.agent import Agent
 from corral.worker.job_run import JobRun
@@ -151,38 +152,16 @@ def test_a_job_that_never_beats_is_never_stall_tripped(server, client: Client, s
 # --- parts with real processes, no server ------------------------------------------------------
 
 
-class RecordingClient:
-    """What a ``JobRun`` calls on the server, recorded; every answer is a plain success."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-
-    def job_heartbeat(self, *args: Any) -> dict[str, Any]:
-        return {}
-
-    def watchdog(self, *args: Any) -> dict[str, Any]:
-        self.calls.append(("watchdog", args))
-        return {"status": "pending", "watchdog_retries": 1}
-
-    def done(self, *args: Any) -> dict[str, Any]:
-        self.calls.append(("done", args))
-        return {}
-
-    def fail(self, *args: Any) -> dict[str, Any]:
-        self.calls.append(("fail", args))
-        return {}
-
-
 def run_job(command: str, settings: WorkerSettings, gpus: list[int], gpu_file: Path | None = None):
-    client = RecordingClient()
+    client = FakeClient()
     finished = threading.Event()
     tripped: list[JobRun] = []
     unhealthy: list[JobRun] = []
-    claim = {"id": "j-1", "attempt": 1, "command": command, "gpu_indices": gpus, "budget_s": 0.5}
+    claim = claim_answer(command=command, gpu_indices=gpus, budget_s=0.5)
     samplers = Samplers(FakeGpuSampler(gpu_file) if gpu_file else None, ProcessTreeSampler())
     run = JobRun(
         claim,
-        client,  # type: ignore[arg-type]
+        client,
         settings,
         "w1",
         lambda _: finished.set(),
@@ -199,9 +178,10 @@ def test_a_trip_is_reported_as_a_trip_only(tmp_path: Path):
     settings = WorkerSettings(heartbeat_s=0.2, preempt_grace_s=0.2)
     run, client, tripped, unhealthy = run_job("exec sleep 30", settings, [])
 
-    assert [name for name, _ in client.calls] == ["watchdog"]
-    job_id, worker_id, attempt, kind, detail = client.calls[0][1]
-    assert (job_id, worker_id, attempt, kind) == ("j-1", "w1", 1, "budget")
+    assert client.names() == ["watchdog"]
+    [trip] = client.trips
+    detail = trip["detail"]
+    assert (trip["job_id"], trip["worker_id"], trip["attempt"], trip["kind"]) == ("j-1", "w1", 1, "budget")
     assert detail["budget_s"] == 0.5 and detail["budget_source"] == "job"
     assert detail["elapsed_s"] >= 0.5 and detail["deadline_at"].endswith("Z")
     assert tripped == [run] and run.tripped and unhealthy == []
@@ -217,7 +197,7 @@ def test_a_job_that_survives_sigkill_marks_its_gpus_unhealthy(monkeypatch, tmp_p
     run, client, _tripped, unhealthy = run_job("exec sleep 30", settings, [1, 3], gpu_file)
 
     assert unhealthy == [run]
-    assert [name for name, _ in client.calls] == ["watchdog"]
+    assert client.names() == ["watchdog"]
 
     agent = Agent(settings, "w1", "127.0.0.1", Offer(4, 4096, 4, 1000, "FakeGPU"))
     agent._gpus_unhealthy(run)
@@ -265,6 +245,6 @@ def test_a_running_job_shows_its_step_gpu_and_memory(server, client: Client, sta
     )
     assert (shown["progress"], shown["gpu_util_pct"]) == ({"step": 17}, 64.0)
     worker = wait_for(lambda: (current := client.worker("w1"))["gpu_stats"] and current, what="GPU readings")
-    assert worker["gpu_stats"] == [{"index": 0, "util_pct": 64.0, "mem_used_mb": 1000.0}]
+    assert worker.to_wire()["gpu_stats"] == [{"index": 0, "util_pct": 64.0, "mem_used_mb": 1000.0}]
     release.touch()
     assert wait_status(client, job["id"], {"done", "failed"})["status"] == "done"

@@ -12,7 +12,7 @@ import pytest
 
 from corral.client import ApiError
 from corral.config import WorkerSettings
-from corral.testing.fake_client import FakeClient
+from corral.testing.fake_client import FakeClient, claim_answer
 from corral.worker.job_run import JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.samplers import Samplers
@@ -24,8 +24,9 @@ from tests.unit.worker_support import FIELDS, finish, make_run, wait_for_file
 # --- malformed answers -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("answer", [["preempt"], "preempt", 7])
+@pytest.mark.parametrize("answer", [["preempt"], "preempt", 7, {"action": "explode"}])
 def test_a_malformed_heartbeat_answer_does_not_kill_the_job(answer: Any):
+    """The SDK refuses an answer that breaks the contract (``bad_response``); the job runs on."""
     client = FakeClient()
     client.heartbeat_answer = answer
     run = make_run(client, "sleep 0.3")
@@ -53,7 +54,7 @@ class BrokenDoneClient(FakeClient):
 
     def watchdog(self, *args: Any, **options: Any) -> Any:
         self._record("watchdog", *args)
-        return ["not", "a", "dict"]
+        raise ApiError(200, "bad_response", "answer breaks the JobAnswer schema", ["not", "a", "job"])
 
 
 def test_a_report_that_blows_up_is_not_followed_by_a_fail_report():
@@ -124,8 +125,7 @@ def test_heartbeats_carry_the_step_the_gpus_and_the_memory(tmp_path: Path):
     gpu_file.write_text('{"util_pct": 73.5, "mem_used_mb": 1000}')
     client = FakeClient()
     samplers = Samplers(gpu=FakeGpuSampler(gpu_file), memory=ProcessTreeSampler())
-    claim = {"id": "j-1", "attempt": 1, "command": 'echo 42 > "$CORRAL_BEAT_FILE"; sleep 0.6', "env": {}}
-    claim["gpu_indices"] = [0]
+    claim = claim_answer(command='echo 42 > "$CORRAL_BEAT_FILE"; sleep 0.6', gpu_indices=[0])
     settings = WorkerSettings(heartbeat_s=0.05, preempt_grace_s=0.5)
     run = JobRun(claim, client, settings, "w1", lambda run: None, samplers=samplers)
     run.start()

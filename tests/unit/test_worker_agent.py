@@ -8,9 +8,12 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from corral.client import ApiError
-from corral.testing.fake_client import FakeClient
+from corral.protocol.answers import ClaimAnswer
+from corral.testing.fake_client import FakeClient, claim_answer
+from corral.worker.agent import Agent
 from tests.unit.worker_support import make_agent, make_run
 
 
@@ -18,7 +21,7 @@ def test_a_job_claimed_during_shutdown_is_released():
     client = FakeClient()
     agent = make_agent(client)
     agent._accepting = False
-    agent._start_job({"id": "j-1", "attempt": 2, "command": "true"})
+    agent._start_job(claim_answer(attempt=2))
     assert client.calls == [("fail", "j-1", None, "worker shut down", "", ("release", True))]
 
 
@@ -62,6 +65,30 @@ def test_a_404_on_claim_waits_before_registering_again():
 # --- malformed claims ------------------------------------------------------------------------
 
 
+class ClaimingClient(FakeClient):
+    """Claims answer what the test scripts, through the real SDK's parsing: a claim that breaks the
+    contract comes back as ``ApiError`` ``bad_response`` with the raw answer."""
+
+    def __init__(self, claim: Any) -> None:
+        super().__init__()
+        self.claim_body = claim
+
+    def claim(self, worker_id: str, wait_s: float = 0.0) -> Any:
+        self._record("claim", worker_id)
+        try:
+            return ClaimAnswer.model_validate(self.claim_body)
+        except ValidationError as error:
+            raise ApiError(200, "bad_response", str(error), self.claim_body) from error
+
+
+def claiming_agent(claim: Any) -> tuple[Agent, ClaimingClient]:
+    client = ClaimingClient(claim)
+    agent = make_agent(client)
+    agent._claims = client
+    agent._registered = True
+    return agent, client
+
+
 @pytest.mark.parametrize(
     "claim",
     [
@@ -72,10 +99,9 @@ def test_a_404_on_claim_waits_before_registering_again():
     ],
 )
 def test_a_malformed_claim_is_failed_at_once(claim: dict[str, Any]):
-    client = FakeClient()
-    agent = make_agent(client)
-    agent._start_job(claim)
-    assert client.names() == ["fail"]
+    agent, client = claiming_agent(claim)
+    agent._claim_once()
+    assert client.names() == ["claim", "fail"]
     call = client.calls[-1]
     assert call[1] == "j-1" and call[2] is None and call[3].startswith("malformed claim")
     assert ("release", True) not in call
@@ -84,6 +110,6 @@ def test_a_malformed_claim_is_failed_at_once(claim: dict[str, Any]):
 
 @pytest.mark.parametrize("claim", [{"id": "j-1", "attempt": "x", "command": "true"}, ["j-1"], {"attempt": 1}])
 def test_a_claim_without_usable_id_and_attempt_is_not_reported(claim: Any):
-    client = FakeClient()
-    make_agent(client)._start_job(claim)
-    assert client.calls == []
+    agent, client = claiming_agent(claim)
+    agent._claim_once()
+    assert client.names() == ["claim"]

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -279,26 +278,6 @@ def test_a_gang_rank_without_listed_checkpoints_gets_an_empty_directory(tmp_path
     run_attempt(client, command, {"CORRAL_GANG_ID": "g-1"}, gang_checkpoints=[])
     assert (tmp_path / "listing").read_text() == ""
     assert client.names() == ["done"]
-
-
-@pytest.mark.parametrize(
-    "listed",
-    [
-        "rank-0",
-        [{"gang_index": "0", "job_id": "j-0"}],
-        [{"gang_index": True, "job_id": "j-0"}],
-        [{"gang_index": -1, "job_id": "j-0"}],
-        [{"gang_index": 0, "job_id": ""}],
-        [["j-0"]],
-    ],
-)
-def test_malformed_gang_checkpoints_are_skipped(listed: Any):
-    assert checkpoints.gang_ranks(listed, FIELDS) == []
-
-
-def test_well_formed_entries_survive_malformed_neighbours():
-    listed = [{"gang_index": 0, "job_id": "j-0"}, None, {"gang_index": 3, "job_id": "j-3"}]
-    assert checkpoints.gang_ranks(listed, FIELDS) == [(0, "j-0"), (3, "j-3")]
 
 
 # --- the stop --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.config import WorkerSettings
+from corral.testing.fake_client import claim_answer
 from corral.worker.agent import Agent
 from corral.worker.job_run import JobRun
 from corral.worker.resources import Offer
@@ -26,13 +27,13 @@ def make_run(
     that are ``WorkerSettings`` fields tune the worker (fast heartbeats and grace by default); the
     others go into the claim."""
     settings = {"heartbeat_s": 0.05, "preempt_grace_s": 0.5}
-    claim: dict[str, Any] = {"id": "j-1", "attempt": 1, "command": command, "env": env or {}}
+    claim: dict[str, Any] = {"job_id": "j-1", "attempt": 1, "command": command, "env": env or {}}
     for name, value in claim_and_settings.items():
         if name in WorkerSettings.model_fields:
             settings[name] = value
         else:
             claim[name] = value
-    return JobRun(claim, client, WorkerSettings(**settings), "w1", lambda run: None)
+    return JobRun(claim_answer(**claim), client, WorkerSettings(**settings), "w1", lambda run: None)
 
 
 def finish(run: JobRun) -> None:

@@ -32,9 +32,9 @@ def run(arguments: argparse.Namespace) -> int:
         for job_id in arguments.jobs:
             try:
                 if job_id.startswith("g-"):
-                    print(f"{job_id}: {client.cancel_gang(job_id)['status']}")
+                    print(f"{job_id}: {client.cancel_gang(job_id).status}")
                 else:
-                    print(f"{job_id}: {client.cancel(job_id)['status']}")
+                    print(f"{job_id}: {client.cancel(job_id).status}")
             except ApiError as error:
                 print(f"corral: {error.code}: {error.message}", file=sys.stderr)
                 code = exit_codes.REFUSED

@@ -27,13 +27,13 @@ def run(arguments: argparse.Namespace) -> int:
         return exit_codes.OK
     rows = [
         [
-            output.short_time(event["at"]),
-            output.cell(event["from"]),
-            event["to"],
-            output.truncate(output.reason_text(event["reason"]), _REASON_WIDTH),
-            output.cell(event["worker_id"]),
-            output.cell(event["attempt"]),
-            output.cell(event["epoch"]),
+            output.short_time(event.at),
+            output.cell(event.from_status),
+            event.to,
+            output.truncate(output.reason_text(event.reason), _REASON_WIDTH),
+            output.cell(event.worker_id),
+            output.cell(event.attempt),
+            output.cell(event.epoch),
         ]
         for event in items
     ]

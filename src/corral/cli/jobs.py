@@ -13,6 +13,7 @@ from typing import Any
 
 from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect
+from corral.protocol.answers import JobAnswer, JobPage
 
 HEADERS = ("ID", "STATUS", "ATTEMPTS", "GPUS", "WORKER", "SUBMITTED", "NAME/COMMAND", "REASON")
 _ALL_PAGE_SIZE = 1000
@@ -41,30 +42,28 @@ def run(arguments: argparse.Namespace) -> int:
         "pool": arguments.pool,
         "worker_id": arguments.worker,
     }
-    page: dict[str, Any]
     with connect(arguments) as client:
         if arguments.all:
-            page = {"items": list(client.iter_jobs(page_size=_ALL_PAGE_SIZE, **filters)), "next": None}
+            page = JobPage(items=list(client.iter_jobs(page_size=_ALL_PAGE_SIZE, **filters)), next=None)
         else:
             page = client.list_jobs_page(limit=arguments.limit, **filters)
     if arguments.json:
         output.print_json(page)
         return exit_codes.OK
-    output.print_table(HEADERS, [row(job) for job in page["items"]])
-    if page["next"]:
-        print(f"(first {len(page['items'])} jobs shown: --all for every one)", file=sys.stderr)
+    output.print_table(HEADERS, [row(job) for job in page.items])
+    if page.next:
+        print(f"(first {len(page.items)} jobs shown: --all for every one)", file=sys.stderr)
     return exit_codes.OK
 
 
-def row(job: dict[str, Any]) -> list[str]:
-    reason = job.get("reason")
+def row(job: JobAnswer) -> list[str]:
     return [
-        job["id"],
-        job["status"],
-        str(job["attempts"]),
-        str(job["resources"]["gpus"]),
-        output.cell(job["worker_id"]),
-        output.short_time(job["submitted_at"]),
-        output.truncate(job["name"] or job["command"], _COMMAND_WIDTH),
-        output.truncate(output.reason_text(reason), _REASON_WIDTH) if reason else output.MISSING,
+        job.id,
+        job.status,
+        str(job.attempts),
+        str(job.resources.gpus),
+        output.cell(job.worker_id),
+        output.short_time(job.submitted_at),
+        output.truncate(job.name or job.command, _COMMAND_WIDTH),
+        output.truncate(output.reason_text(job.reason), _REASON_WIDTH) if job.reason else output.MISSING,
     ]

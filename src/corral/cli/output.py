@@ -12,12 +12,25 @@ from typing import Any
 
 import orjson
 
+from corral.protocol.answers import Answer, ReasonAnswer
+
 MISSING = "-"
 
 
 def print_json(value: Any) -> None:
-    """The server's answer as indented JSON, one document per call."""
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    """The server's answer as indented JSON, one document per call (field names as on the wire)."""
+    sys.stdout.write(orjson.dumps(plain(value), option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def plain(value: Any) -> Any:
+    """Typed answers (and lists or dicts of them) as the JSON data they came from."""
+    if isinstance(value, Answer):
+        return value.to_wire()
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -53,11 +66,11 @@ def short_time(timestamp: str | None) -> str:
     return timestamp.replace("T", " ").split(".")[0].rstrip("Z")
 
 
-def reason_text(reason: Mapping[str, Any] | None) -> str:
-    """A reason object ``{code, message}`` as ``code: message``."""
-    if not reason:
+def reason_text(reason: ReasonAnswer | None) -> str:
+    """A reason ``{code, message}`` as ``code: message``."""
+    if reason is None:
         return MISSING
-    return f"{reason.get('code')}: {reason.get('message')}"
+    return f"{reason.code}: {reason.message}"
 
 
 def pairs(mapping: Mapping[str, Any] | None) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from corral.cli import exit_codes, jobs, output
 from corral.cli.options import add_json_flag, connect
+from corral.protocol.answers import GangAnswer, JobAnswer, ReasonAnswer
 
 # Fields shown as key=value pairs rather than JSON.
 _PAIRED = ("resources", "constraints", "env", "progress")
@@ -22,6 +23,7 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    answer: GangAnswer | JobAnswer
     with connect(arguments) as client:
         if arguments.job.startswith("g-"):
             answer = client.gang(arguments.job)
@@ -29,11 +31,11 @@ def run(arguments: argparse.Namespace) -> int:
             answer = client.get_job(arguments.job)
     if arguments.json:
         output.print_json(answer)
-    elif "gang_id" in answer and "tasks" in answer:
-        print(f"gang_id: {answer['gang_id']}\nsize: {answer['size']}\nstatus: {answer['status']}\n")
-        output.print_table(jobs.HEADERS, [jobs.row(task) for task in answer["tasks"]])
+    elif isinstance(answer, GangAnswer):
+        print(f"gang_id: {answer.gang_id}\nsize: {answer.size}\nstatus: {answer.status}\n")
+        output.print_table(jobs.HEADERS, [jobs.row(task) for task in answer.tasks])
     else:
-        print_fields(answer)
+        print_fields(answer.to_wire())
     return exit_codes.OK
 
 
@@ -44,7 +46,7 @@ def print_fields(job: dict[str, Any]) -> None:
         if key in _PAIRED:
             text = output.pairs(value)
         elif key == "reason":
-            text = output.reason_text(value)
+            text = output.reason_text(ReasonAnswer.model_validate(value) if value else None)
         elif isinstance(value, list):
             text = ", ".join(str(item) for item in value) or output.MISSING
         elif isinstance(value, str) and "\n" in value:

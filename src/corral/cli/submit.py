@@ -18,6 +18,7 @@ from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect, key_value
 from corral.client import Client
 from corral.domain.status import TERMINAL
+from corral.protocol.answers import GangAnswer, GangSubmitted, JobAnswer
 
 # (flag, body field, type, help) for the top-level scalar fields of the submit body.
 _SCALAR_FIELDS: tuple[tuple[str, str, type, str], ...] = (
@@ -115,53 +116,53 @@ def run(arguments: argparse.Namespace) -> int:
         if not arguments.wait:
             if arguments.json:
                 output.print_json(answer)
-            elif _is_gang(answer):
-                print(answer["gang_id"])
-                print("\n".join(answer["tasks"]))
+            elif isinstance(answer, GangSubmitted):
+                print(answer.gang_id)
+                print("\n".join(answer.tasks))
             else:
-                print(answer["id"])
+                print(answer.id)
             return exit_codes.OK
         if not arguments.json:
-            print(answer.get("gang_id") or answer["id"], file=sys.stderr, flush=True)
+            print(
+                answer.gang_id if isinstance(answer, GangSubmitted) else answer.id,
+                file=sys.stderr,
+                flush=True,
+            )
         return _wait(client, answer, arguments.json)
 
 
-def _wait(client: Client, answer: dict[str, Any], as_json: bool) -> int:
+def _wait(client: Client, answer: JobAnswer | GangSubmitted, as_json: bool) -> int:
     """Poll (backing off to every 2 s) until every task is terminal; print the outcome."""
     delay = _FIRST_POLL_S
+    final: JobAnswer | GangAnswer
     while True:
-        if _is_gang(answer):
-            final = client.gang(answer["gang_id"])
-            tasks = final["tasks"]
+        if isinstance(answer, GangSubmitted):
+            final = client.gang(answer.gang_id)
+            tasks = final.tasks
         else:
-            final = client.get_job(answer["id"])
+            final = client.get_job(answer.id)
             tasks = [final]
-        if all(task["status"] in TERMINAL for task in tasks):
+        if all(task.status in TERMINAL for task in tasks):
             break
         time.sleep(delay)
         delay = min(delay * 1.5, _MAX_POLL_S)
     if as_json:
         output.print_json(final)
     else:
-        if _is_gang(final):
-            print(f"{final['gang_id']}: {final['status']}")
+        if isinstance(final, GangAnswer):
+            print(f"{final.gang_id}: {final.status}")
         for task in tasks:
-            print(f"{task['id']}: {_outcome(task)}")
-    succeeded = all(task["status"] == "done" for task in tasks)
+            print(f"{task.id}: {_outcome(task)}")
+    succeeded = all(task.status == "done" for task in tasks)
     return exit_codes.OK if succeeded else exit_codes.REFUSED
 
 
-def _is_gang(answer: dict[str, Any]) -> bool:
-    """A gang answer (submit's ``{gang_id, tasks}`` or ``GET /gangs``) lists tasks; a job does not."""
-    return "tasks" in answer
-
-
-def _outcome(job: dict[str, Any]) -> str:
+def _outcome(job: JobAnswer) -> str:
     """``done``, or ``failed (exit 3): <error>`` / ``cancelled: <reason>`` so the why is on one line."""
-    text: str = job["status"]
-    if job.get("exit_code") is not None and job["status"] != "done":
-        text += f" (exit {job['exit_code']})"
-    detail = job.get("error") or (job.get("reason") or {}).get("message")
-    if detail and job["status"] != "done":
+    text: str = job.status
+    if job.exit_code is not None and job.status != "done":
+        text += f" (exit {job.exit_code})"
+    detail = job.error or (job.reason.message if job.reason else None)
+    if detail and job.status != "done":
         text += f": {output.truncate(detail, 200)}"
     return text

@@ -24,7 +24,7 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.json:
         output.print_json(answer)
         return exit_codes.OK
-    print(f"{arguments.job}: {answer['status']}")
-    for reason in answer["reasons"]:
+    print(f"{arguments.job}: {answer.status}")
+    for reason in answer.reasons:
         print(f"  {output.reason_text(reason)}")
     return exit_codes.OK

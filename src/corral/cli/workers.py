@@ -7,6 +7,7 @@ from typing import Any
 
 from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect
+from corral.protocol.answers import GpuStatAnswer, WorkerAnswer
 
 HEADERS = ("ID", "STATUS", "GPUS", "GPU-UTIL", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING")
 
@@ -30,7 +31,7 @@ def run(arguments: argparse.Namespace) -> int:
     with connect(arguments) as client:
         items = client.workers()
     if arguments.dead:
-        items = [worker for worker in items if worker.get("flagged_dead_at")]
+        items = [worker for worker in items if worker.flagged_dead_at]
     if arguments.json:
         output.print_json({"items": items})
         return exit_codes.OK
@@ -38,24 +39,24 @@ def run(arguments: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
-def _row(worker: dict[str, Any]) -> list[str]:
-    used, total = worker["used"], worker["resources"]
-    status = worker["status"] + (" (dead)" if worker.get("flagged_dead_at") else "")
+def _row(worker: WorkerAnswer) -> list[str]:
+    used, total = worker.used, worker.resources
+    status = worker.status + (" (dead)" if worker.flagged_dead_at else "")
     return [
-        worker["id"],
+        worker.id,
         status,
-        f"{used['gpus']}/{total['gpus']}",
-        _utilisation(worker.get("gpu_stats") or []),
-        f"{used['cpus']}/{total['cpus']}",
-        f"{used['memory_mb']}/{total['memory_mb']}",
-        output.short_time(worker["last_heartbeat_at"]),
-        str(len(worker["running"])),
+        f"{used.gpus}/{total.gpus}",
+        _utilisation(worker.gpu_stats),
+        f"{used.cpus}/{total.cpus}",
+        f"{used.memory_mb}/{total.memory_mb}",
+        output.short_time(worker.last_heartbeat_at),
+        str(len(worker.running)),
     ]
 
 
-def _utilisation(readings: list[dict[str, Any]]) -> str:
+def _utilisation(readings: list[GpuStatAnswer]) -> str:
     """``87,0,12%`` by GPU index; ``-`` when the worker reports none."""
-    values = [reading.get("util_pct") for reading in sorted(readings, key=lambda reading: reading["index"])]
+    values = [reading.util_pct for reading in sorted(readings, key=lambda reading: reading.index)]
     if not values or all(value is None for value in values):
         return output.MISSING
     return ",".join("?" if value is None else f"{value:.0f}" for value in values) + "%"

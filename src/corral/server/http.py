@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.domain import errors
+from corral.protocol.answers import Answer, ErrorAnswer, ErrorDetail
 from corral.protocol.models import describe_error
 
 logger = logging.getLogger("corral.server")
@@ -33,8 +34,19 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
 
 
+def answer(model: type[Answer], content: dict[str, Any], status: int = 200) -> Response:
+    """Send ``content`` once it holds to its model of the wire contract (``corral.protocol.answers``).
+
+    A server answer that breaks its own schema is a defect: it fails here, as a 500 with a request
+    id and the trace in the log, instead of reaching a client that would choke on it.
+    """
+    model.model_validate(content)
+    return json_response(content, status)
+
+
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    return json_response({"error": {"code": code, "message": message}}, status, headers)
+    envelope = ErrorAnswer(error=ErrorDetail(code=code, message=message))
+    return json_response(envelope.to_wire(), status, headers)
 
 
 async def read_body(request: Request, limit: int = DEFAULT_BODY_LIMIT) -> bytes:

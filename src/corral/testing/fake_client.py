@@ -12,11 +12,43 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pydantic import ValidationError
+
+from corral.client import ApiError
+from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer, JobAnswer
+
 Answer = bytes | Exception | None
+
+
+def job_answer(job_id: str = "j-1", status: str = "running", **fields: Any) -> JobAnswer:
+    """A job object as the server answers it, with only what a test cares about given."""
+    base: dict[str, Any] = {
+        "id": job_id,
+        "command": "true",
+        "status": status,
+        "submitted_at": "2026-01-01T00:00:00.000Z",
+    }
+    return JobAnswer.model_validate({**base, **fields})
+
+
+def claim_answer(job_id: str = "j-1", attempt: int = 1, command: str = "true", **fields: Any) -> ClaimAnswer:
+    """A claim as ``GET /jobs/next`` answers it (running, at ``attempt``), with only what a test
+    cares about given."""
+    base: dict[str, Any] = {
+        "id": job_id,
+        "attempt": attempt,
+        "command": command,
+        "status": "running",
+        "submitted_at": "2026-01-01T00:00:00.000Z",
+    }
+    return ClaimAnswer.model_validate({**base, **fields})
 
 
 class FakeClient:
     """The SDK calls the worker makes, recorded in ``calls`` as ``(name, *arguments)``.
+
+    Answers are the SDK's typed ones; a scripted heartbeat answer that breaks the contract is
+    raised as ``ApiError`` ``bad_response``, as the SDK does.
 
     Scripting: ``heartbeat_answer`` (what every job heartbeat answers) or ``heartbeat_error``
     (raised instead, e.g. ``ApiError(409, ...)`` for a lost job); ``upload_error`` (raised by every
@@ -32,6 +64,8 @@ class FakeClient:
         self.download_answer: Answer = None
         self.downloads: dict[str, Answer] = {}
         self.heartbeat_bodies: list[dict[str, Any]] = []
+        #: every watchdog report, whole (``calls`` keeps the job id and kind)
+        self.trips: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def _record(self, *call: Any) -> None:
@@ -57,7 +91,10 @@ class FakeClient:
         self.heartbeat_bodies.append(body or {})
         if self.heartbeat_error is not None:
             raise self.heartbeat_error
-        return self.heartbeat_answer
+        try:
+            return HeartbeatAnswer.model_validate(self.heartbeat_answer)
+        except ValidationError as error:
+            raise ApiError(200, "bad_response", str(error), self.heartbeat_answer) from error
 
     def upload_checkpoint(
         self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes
@@ -73,23 +110,26 @@ class FakeClient:
             raise answer
         return answer
 
-    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> dict[str, Any]:
+    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> JobAnswer:
         self._record("preempted", job_id, worker_id, attempt, epoch)
-        return {"status": "preempted"}
+        return job_answer(job_id, "preempted")
 
-    def done(self, job_id: str, worker_id: str, attempt: int) -> dict[str, Any]:
+    def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
         self._record("done", job_id)
-        return {"status": "done"}
+        return job_answer(job_id, "done")
 
-    def fail(self, job_id: str, worker_id: str, attempt: int, *rest: Any, **options: Any) -> dict[str, Any]:
+    def fail(self, job_id: str, worker_id: str, attempt: int, *rest: Any, **options: Any) -> JobAnswer:
         self._record("fail", job_id, *rest, *sorted(options.items()))
-        return {"status": "failed"}
+        return job_answer(job_id, "failed")
 
     def watchdog(
         self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         self._record("watchdog", job_id, kind)
-        return {"status": "pending", "watchdog_retries": 1}
+        self.trips.append(
+            {"job_id": job_id, "worker_id": worker_id, "attempt": attempt, "kind": kind, "detail": detail}
+        )
+        return job_answer(job_id, "pending", watchdog_retries=1)
 
     # --- the worker ------------------------------------------------------------------------
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
-from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, MalformedClaim, StopReason
+from corral.protocol.answers import ClaimAnswer
+from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
 from corral.worker.samplers import Samplers, open_gpu_sampler
@@ -169,6 +170,9 @@ class Agent:
                 self._forget_registration("the server does not know this worker")
                 self.stopping.wait(self.settings.poll_s)
                 return
+            if error.code == "bad_response" and error.status == 200:
+                self._refuse_claim(error)
+                return
             logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
             return
@@ -178,21 +182,17 @@ class Agent:
             return
         self._start_job(claim)
 
-    def _start_job(self, claim: dict[str, Any]) -> None:
-        try:
-            run = JobRun(
-                claim,
-                self._api,
-                self.settings,
-                self.worker_id,
-                self._job_finished,
-                samplers=self.samplers,
-                on_tripped=self._job_tripped,
-                on_gpus_unhealthy=self._gpus_unhealthy,
-            )
-        except MalformedClaim as malformed:
-            self._refuse_claim(malformed)
-            return
+    def _start_job(self, claim: ClaimAnswer) -> None:
+        run = JobRun(
+            claim,
+            self._api,
+            self.settings,
+            self.worker_id,
+            self._job_finished,
+            samplers=self.samplers,
+            on_tripped=self._job_tripped,
+            on_gpus_unhealthy=self._gpus_unhealthy,
+        )
         with self._lock:
             accepted = self._accepting
             if accepted:
@@ -211,17 +211,24 @@ class Agent:
         logger.info("job claimed", extra={**run.fields, "command": run.command})
         run.start()
 
-    def _refuse_claim(self, malformed: MalformedClaim) -> None:
-        """A claim the worker cannot run: fail it (spending the attempt, as the next claim of the
-        same answer would fail the same way) rather than leave it running until its lease expires."""
-        job_id, attempt = malformed.job_id, malformed.attempt
-        fields = {**self.fields, "job_id": job_id, "attempt": attempt, "error": str(malformed)}
+    def _refuse_claim(self, malformed: ApiError) -> None:
+        """A claim the worker cannot read (it breaks the wire contract): fail it, spending the
+        attempt, as the next claim of the same answer would fail the same way, rather than leave it
+        running until its lease expires. Its id and attempt are read off the raw answer when usable."""
+        raw = malformed.body if isinstance(malformed.body, dict) else {}
+        job_id = raw.get("id") if isinstance(raw.get("id"), str) and raw.get("id") else None
+        attempt = raw.get("attempt")
+        if isinstance(attempt, bool) or not isinstance(attempt, int):
+            attempt = None
+        fields = {**self.fields, "job_id": job_id, "attempt": attempt, "error": malformed.message}
         if job_id is None or attempt is None:
             logger.error("malformed claim without a usable id and attempt; ignored", extra=fields)
             return
         logger.error("malformed claim; reporting it failed", extra=fields)
         deliver(
-            lambda: self._api.fail(job_id, self.worker_id, attempt, None, str(malformed), ""),
+            lambda: self._api.fail(
+                job_id, self.worker_id, attempt, None, f"malformed claim: {malformed.message}", ""
+            ),
             "fail report",
             fields,
         )

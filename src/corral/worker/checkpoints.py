@@ -142,30 +142,6 @@ def download(
     return True
 
 
-def gang_ranks(listed: Any, fields: Mapping[str, Any]) -> list[tuple[int, str]]:
-    """``(gang_index, job_id)`` of every well-formed entry of a claim's ``gang_checkpoints``; a
-    malformed list or entry is logged and skipped (a missing peer checkpoint is no reason to refuse
-    a job that can still start)."""
-    if listed is None:
-        return []
-    if not isinstance(listed, list):
-        logger.warning("malformed gang_checkpoints ignored", extra={**fields, "value": repr(listed)[:200]})
-        return []
-    ranks = []
-    for entry in listed:
-        index = entry.get("gang_index") if isinstance(entry, dict) else None
-        job_id = entry.get("job_id") if isinstance(entry, dict) else None
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            index = None
-        if index is None or not isinstance(job_id, str) or not job_id:
-            logger.warning(
-                "malformed gang_checkpoints entry ignored", extra={**fields, "entry": repr(entry)[:200]}
-            )
-            continue
-        ranks.append((index, job_id))
-    return ranks
-
-
 def download_gang(
     client: Client,
     ranks: list[tuple[int, str]],

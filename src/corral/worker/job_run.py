@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
+from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
@@ -64,53 +65,10 @@ def describe_exit(exit_code: int) -> str:
     return f"exited with code {exit_code}"
 
 
-class MalformedClaim(ValueError):
-    """The claim the server answered cannot be run; ``job_id``/``attempt`` when they were usable."""
-
-    def __init__(self, message: str, job_id: str | None, attempt: int | None) -> None:
-        super().__init__(message)
-        self.job_id = job_id
-        self.attempt = attempt
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"not an integer: {value!r}")
-    return value
-
-
-def parse_claim(claim: Any) -> tuple[str, int, str, list[int], dict[str, str]]:
-    """``(id, attempt, command, gpu_indices, env)`` of a claim; ``MalformedClaim`` when it is not one."""
-    if not isinstance(claim, dict):
-        raise MalformedClaim(f"claim is not an object: {type(claim).__name__}", None, None)
-    raw_id = claim.get("id")
-    job_id = raw_id if isinstance(raw_id, str) and raw_id else None
-    try:
-        attempt: int | None = _integer(claim.get("attempt"))
-    except ValueError:
-        attempt = None
-    try:
-        if job_id is None or attempt is None:
-            raise ValueError(f"bad id or attempt: {raw_id!r}, {claim.get('attempt')!r}")
-        command = claim.get("command")
-        if not isinstance(command, str) or not command:
-            raise ValueError(f"bad command: {command!r}")
-        raw_indices = claim.get("gpu_indices") or []
-        if not isinstance(raw_indices, list):
-            raise ValueError(f"bad gpu_indices: {raw_indices!r}")
-        gpu_indices = [_integer(index) for index in raw_indices]
-        env = claim.get("env") or {}
-        if not isinstance(env, dict):
-            raise ValueError(f"bad env: {env!r}")
-    except ValueError as error:
-        raise MalformedClaim(f"malformed claim: {error}", job_id, attempt) from error
-    return job_id, attempt, command, gpu_indices, {str(key): str(value) for key, value in env.items()}
-
-
 class JobRun:
     def __init__(
         self,
-        claim: dict[str, Any],
+        claim: ClaimAnswer,
         client: Client,
         settings: WorkerSettings,
         worker_id: str,
@@ -120,7 +78,8 @@ class JobRun:
         on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
     ) -> None:
         self.claim = claim
-        self.job_id, self.attempt, self.command, self.gpu_indices, self.claim_env = parse_claim(claim)
+        self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
+        self.gpu_indices, self.claim_env = list(claim.gpu_indices), dict(claim.env)
         self.fields = {"job_id": self.job_id, "worker_id": worker_id, "attempt": self.attempt}
         self._client = client
         self._settings = settings
@@ -300,7 +259,7 @@ class JobRun:
         if not self.claim_env.get("CORRAL_GANG_ID"):
             return has_checkpoint
         workspace.gang_checkpoint_dir.mkdir(exist_ok=True)
-        ranks = checkpoints.gang_ranks(self.claim.get("gang_checkpoints"), self.fields)
+        ranks = [(rank.gang_index, rank.job_id) for rank in self.claim.gang_checkpoints]
         own = (self.job_id, workspace.checkpoint_in) if has_checkpoint else None
         checkpoints.download_gang(self._client, ranks, workspace.gang_checkpoint_dir, own, self.fields)
         return has_checkpoint
@@ -418,35 +377,25 @@ class JobRun:
             body["rss_mb"] = round(max(0.0, reading.memory_mb), 1)
         return body
 
-    def _obey(self, answer: Any) -> None:
-        if answer is None:
+    def _obey(self, answer: HeartbeatAnswer) -> None:
+        """Do what the heartbeat answer asks (the SDK has already checked it against the contract)."""
+        if answer.action is None:
             return
-        if not isinstance(answer, dict):
-            logger.warning(
-                "malformed heartbeat answer ignored", extra={**self.fields, "answer": repr(answer)[:200]}
-            )
-            return
-        action = answer.get("action")
-        if action is None:
-            return
-        epoch = answer.get("preemption_epoch")
+        epoch = answer.preemption_epoch
         fields = {**self.fields, "preemption_epoch": epoch}
-        if isinstance(epoch, bool):
-            epoch = None
-        if action == "preempt" and isinstance(epoch, int):
+        if epoch is None:
+            logger.warning(
+                "heartbeat action without an epoch ignored", extra={**fields, "action": answer.action}
+            )
+        elif answer.action == "preempt":
             with self._lock:
                 first = self._reason is None
             if first:
                 logger.info("server asked to stop the job", extra=fields)
             self.request_stop(StopReason.PREEMPT, epoch)
-        elif action == "checkpoint" and isinstance(epoch, int):
-            if epoch not in self._checkpoint_epochs_seen:
-                self._checkpoint_epochs_seen.add(epoch)
-                logger.warning(
-                    "checkpoint requested; this worker does not take checkpoints yet", extra=fields
-                )
-        else:
-            logger.warning("unknown heartbeat action ignored", extra={**fields, "action": action})
+        elif epoch not in self._checkpoint_epochs_seen:
+            self._checkpoint_epochs_seen.add(epoch)
+            logger.warning("checkpoint requested; this worker does not take checkpoints yet", extra=fields)
 
     # --- the report ------------------------------------------------------------------------
 
@@ -493,14 +442,10 @@ class JobRun:
             "watchdog report",
             fields,
         )
-        if isinstance(answer, dict):
+        if answer is not None:
             logger.info(
                 "watchdog trip reported",
-                extra={
-                    **fields,
-                    "status": answer.get("status"),
-                    "watchdog_retries": answer.get("watchdog_retries"),
-                },
+                extra={**fields, "status": answer.status, "watchdog_retries": answer.watchdog_retries},
             )
 
     def _report_failure(self, exit_code: int | None, error: str, tail: str, release: bool = False) -> None:

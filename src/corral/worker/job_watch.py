@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from corral.config import WorkerSettings
 from corral.domain.clock import to_rfc3339
@@ -232,9 +232,15 @@ def _positive_seconds(value: Any) -> float | None:
     return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
+class ClaimFields(Protocol):
+    """What ``build_watch`` reads of a claim (a ``ClaimAnswer``, or a plain mapping in tests)."""
+
+    def get(self, name: str, default: Any = None) -> Any: ...
+
+
 def build_watch(
     settings: WorkerSettings,
-    claim: Mapping[str, Any],
+    claim: ClaimFields,
     gpu_indices: Sequence[int],
     beat_path: Path,
     probe: JobProbe,

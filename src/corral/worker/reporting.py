@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.client import ApiError, ServerUnreachable
 
@@ -24,13 +24,16 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 
 
+_Answer = TypeVar("_Answer")
+
+
 def deliver(
-    send: Callable[[], dict[str, Any]],
+    send: Callable[[], _Answer],
     what: str,
     fields: Mapping[str, Any],
     tries: int = REPORT_TRIES,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any] | None:
+) -> _Answer | None:
     """Call ``send`` until it succeeds, is refused, or ``tries`` are spent; its answer or None."""
     delay = FIRST_BACKOFF_S
     for attempt in range(1, tries + 1):

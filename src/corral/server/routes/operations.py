@@ -12,7 +12,8 @@ from starlette.routing import Route
 
 from corral import __version__
 from corral.domain import errors
-from corral.server.http import error_response, json_response
+from corral.protocol.answers import HealthAnswer
+from corral.server.http import answer, error_response, json_response
 from corral.server.state import state_of
 
 READY_TIMEOUT_S = 1.0
@@ -20,14 +21,15 @@ READY_TIMEOUT_S = 1.0
 
 async def health(request: Request) -> Response:
     state = state_of(request)
-    return json_response(
+    return answer(
+        HealthAnswer,
         {
             "status": "ok",
             "instance_id": state.instance_id,
             "uptime_s": round(time.monotonic() - state.started_monotonic, 3),
             "version": __version__,
             "store": state.store.dialect,
-        }
+        },
     )
 
 

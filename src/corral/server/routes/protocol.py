@@ -23,10 +23,11 @@ from corral.core import lifecycle
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
+from corral.protocol.answers import CheckpointSaved, ClaimAnswer, HeartbeatAnswer, JobAnswer
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
-from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
+from corral.server.http import answer, fence, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobReport
@@ -120,7 +121,7 @@ async def claim(request: Request) -> Response:
     body["attempt"] = job.attempts
     body["env"] = claim_env(state, job, str(request.base_url).rstrip("/"), tasks)
     body["gang_checkpoints"] = gang_checkpoints(tasks)
-    return json_response(body)
+    return answer(ClaimAnswer, body)
 
 
 async def job_heartbeat(request: Request) -> Response:
@@ -132,7 +133,7 @@ async def job_heartbeat(request: Request) -> Response:
         state.store, request.path_params["job_id"], worker_id, attempt, state.clock.now(), report
     )
     epoch = lifecycle.stop_request(job)
-    return json_response({} if epoch is None else {"action": "preempt", "preemption_epoch": epoch})
+    return answer(HeartbeatAnswer, {} if epoch is None else {"action": "preempt", "preemption_epoch": epoch})
 
 
 async def done(request: Request) -> Response:
@@ -148,7 +149,7 @@ async def done(request: Request) -> Response:
     logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
     record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(job))
+    return answer(JobAnswer, job_to_wire(job))
 
 
 async def fail(request: Request) -> Response:
@@ -169,7 +170,7 @@ async def fail(request: Request) -> Response:
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
     record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(reported.job))
+    return answer(JobAnswer, job_to_wire(reported.job))
 
 
 def _record_fail(state: ServerState, job: Job, worker_id: str, attempt: int, exit_code: int | None) -> None:
@@ -203,7 +204,7 @@ async def preempted(request: Request) -> Response:
         )
     record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(job))
+    return answer(JobAnswer, job_to_wire(job))
 
 
 async def watchdog(request: Request) -> Response:
@@ -240,7 +241,7 @@ async def watchdog(request: Request) -> Response:
         logger.warning("watchdog tripped", extra=fields)
     record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(job))
+    return answer(JobAnswer, job_to_wire(job))
 
 
 async def upload_checkpoint(request: Request) -> Response:
@@ -266,8 +267,8 @@ async def upload_checkpoint(request: Request) -> Response:
             "bytes": len(data),
         },
     )
-    answer = {"job_id": job.id, "bytes": len(data), "preemption_epoch": epoch, "attempt": attempt}
-    return json_response(answer)
+    saved = {"job_id": job.id, "bytes": len(data), "preemption_epoch": epoch, "attempt": attempt}
+    return answer(CheckpointSaved, saved)
 
 
 async def download_checkpoint(request: Request) -> Response:

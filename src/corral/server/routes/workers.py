@@ -11,9 +11,10 @@ from starlette.routing import Route
 
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
+from corral.protocol.answers import WorkerAnswer, WorkerPage
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
-from corral.server.http import json_response, parse_body
+from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.state import state_of
 from corral.store.base import WorkerRegistration, WorkerView
@@ -65,7 +66,7 @@ async def register(request: Request) -> Response:
     )
     logger.info("worker registered", extra={"worker_id": worker.id, "resources": worker.resources.to_dict()})
     state.released()
-    return json_response(worker_to_wire(_view(request, worker.id)), 201)
+    return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)), 201)
 
 
 async def heartbeat(request: Request) -> Response:
@@ -99,18 +100,18 @@ async def heartbeat(request: Request) -> Response:
 
 async def list_workers(request: Request) -> Response:
     views = state_of(request).store.list_workers()
-    return json_response({"items": [worker_to_wire(view) for view in views], "next": None})
+    return answer(WorkerPage, {"items": [worker_to_wire(view) for view in views], "next": None})
 
 
 async def get_worker(request: Request) -> Response:
-    return json_response(worker_to_wire(_view(request, request.path_params["worker_id"])))
+    return answer(WorkerAnswer, worker_to_wire(_view(request, request.path_params["worker_id"])))
 
 
 async def drain(request: Request) -> Response:
     state = state_of(request)
     worker = state.store.drain_worker(request.path_params["worker_id"])
     logger.info("worker draining", extra={"worker_id": worker.id})
-    return json_response(worker_to_wire(_view(request, worker.id)))
+    return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
 
 
 routes = [

@@ -1,0 +1,226 @@
+"""Answer models of the wire contract (``shared/API.md``): what the server says, typed once.
+
+The server checks its answers against these models before they leave (``corral.server.http``), the
+SDK (``corral.client``) and the worker parse what they receive into them, and the OpenAPI
+description is generated from them, so the three cannot drift apart. They accept fields they do not
+know (``extra="allow"``): API.md allows additions, and a client older than its server must keep
+working. A field that is there but has the wrong type is an error: an answer that breaks its own
+schema is a defect on the server's side, and ``bad_response`` on the client's.
+
+Item access (``job["id"]``) works beside attribute access (``job.id``), read-only, for scripts
+written against the SDK when it answered plain dictionaries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Answer(BaseModel):
+    """Base of every answer: unknown fields kept, values read-only."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        extra = self.model_extra or {}
+        if name in extra:
+            return extra[name]
+        aliases = {field.alias: key for key, field in type(self).model_fields.items() if field.alias}
+        if name in aliases:
+            return getattr(self, aliases[name])
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def to_wire(self) -> dict[str, Any]:
+        """The answer as JSON-ready data, as the server sent it: field names as on the wire, and
+        no default filled in for a field it left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class ResourcesAnswer(Answer):
+    gpus: int = 0
+    vram_mb: int = 0
+    memory_mb: int = 0
+    cpus: int = 0
+
+
+class ConstraintsAnswer(Answer):
+    gpu_model: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ReasonAnswer(Answer):
+    code: str
+    message: str
+
+
+class JobAnswer(Answer):
+    """The job object (API.md "Jobs and gangs"). Times are RFC 3339 strings in UTC."""
+
+    id: str
+    name: str | None = None
+    command: str
+    env: dict[str, str] = Field(default_factory=dict)
+    status: Literal[
+        "pending", "blocked", "reserved", "running", "preempting", "preempted", "done", "failed", "cancelled"
+    ]
+    gang_id: str | None = None
+    gang_size: int = 1
+    gang_index: int | None = None
+    resources: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
+    constraints: ConstraintsAnswer = Field(default_factory=ConstraintsAnswer)
+    pool: str = "default"
+    user: str | None = None
+    priority: int = 0
+    preemption_class: int = 5
+    checkpoint_mode: str = "none"
+    max_retries: int = 3
+    attempts: int = 0
+    watchdog_retries: int = 0
+    preempted_count: int = 0
+    worker_id: str | None = None
+    gpu_indices: list[int] = Field(default_factory=list)
+    reservation_epoch: int = 0
+    reserved_at: str | None = None
+    preemption_epoch: int = 0
+    drain_started_at: str | None = None
+    submitted_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    last_heartbeat_at: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    output_tail: str | None = None
+    reason: ReasonAnswer | None = None
+    has_checkpoint: bool = False
+    progress: dict[str, Any] | None = None
+    budget_s: float | None = None
+    walltime_s: float | None = None
+    stall_timeout_s: float | None = None
+    cancel_requested: bool = False
+    gpu_util_pct: float | None = None
+    rss_mb: float | None = None
+
+
+class GangCheckpoint(Answer):
+    """A rank of the gang that has a stored checkpoint (``GET /jobs/{job_id}/checkpoint``)."""
+
+    gang_index: int
+    job_id: str
+
+
+class ClaimAnswer(JobAnswer):
+    """``GET /jobs/next``: the job, the attempt every report of it carries, its environment."""
+
+    attempt: int
+    env: dict[str, str] = Field(default_factory=dict)
+    gang_checkpoints: list[GangCheckpoint] = Field(default_factory=list)
+
+
+class HeartbeatAnswer(Answer):
+    """``POST /jobs/{id}/heartbeat``: carry on (no action), or stop / checkpoint at the epoch."""
+
+    action: Literal["preempt", "checkpoint"] | None = None
+    preemption_epoch: int | None = None
+    deadline_s: float | None = None
+
+
+class GangAnswer(Answer):
+    gang_id: str
+    size: int
+    status: str
+    tasks: list[JobAnswer]
+
+
+class GangSubmitted(Answer):
+    """``POST /jobs`` of a gang: its id and its task ids in ``gang_index`` order."""
+
+    gang_id: str
+    tasks: list[str]
+
+
+class EventAnswer(Answer):
+    at: str
+    from_status: str | None = Field(None, alias="from")
+    to: str
+    reason: ReasonAnswer | None = None
+    epoch: int | None = None
+    worker_id: str | None = None
+    attempt: int = 0
+
+
+class EventsAnswer(Answer):
+    items: list[EventAnswer]
+
+
+class WhyAnswer(Answer):
+    status: str
+    reasons: list[ReasonAnswer]
+
+
+class GpuStatAnswer(Answer):
+    index: int
+    util_pct: float | None = None
+    mem_used_mb: float | None = None
+
+
+class WorkerAnswer(Answer):
+    """The worker object (API.md "Workers")."""
+
+    id: str
+    address: str = ""
+    resources: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
+    gpu_model: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    status: Literal["active", "offline", "draining"]
+    last_heartbeat_at: str | None = None
+    registered_at: str
+    flagged_dead_at: str | None = None
+    used: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
+    running: list[str] = Field(default_factory=list)
+    unhealthy_gpus: list[int] = Field(default_factory=list)
+    gpu_stats: list[GpuStatAnswer] = Field(default_factory=list)
+
+
+class JobPage(Answer):
+    items: list[JobAnswer]
+    next: str | None = None
+
+
+class WorkerPage(Answer):
+    items: list[WorkerAnswer]
+    next: str | None = None
+
+
+class CheckpointSaved(Answer):
+    job_id: str
+    bytes: int
+    preemption_epoch: int | None = None
+    attempt: int
+
+
+class HealthAnswer(Answer):
+    status: str
+    instance_id: str
+    uptime_s: float
+    version: str
+
+
+class ErrorDetail(Answer):
+    code: str
+    message: str
+
+
+class ErrorAnswer(Answer):
+    """Every error: the status code plus this envelope with a stable ``code``."""
+
+    error: ErrorDetail
