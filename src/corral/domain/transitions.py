@@ -28,6 +28,9 @@ class Transition:
     at: float
     reason: Reason | None = None
     epoch: int | None = None
+    #: the fields of ``Job`` the transition sets (``move`` fills it in): the store writes those
+    #: columns only; None: compare the two records to find them
+    fields: frozenset[str] | None = None
 
     @property
     def changes_status(self) -> bool:
@@ -43,7 +46,7 @@ def move(
     if "status" in fields and fields["status"] != job.status:
         fields.setdefault("reason", event_reason)
         fields["version"] = job.version + 1
-    return Transition(job, replace(job, **fields), at, event_reason, event_epoch)
+    return Transition(job, replace(job, **fields), at, event_reason, event_epoch, frozenset(fields))
 
 
 @dataclass(frozen=True, slots=True)

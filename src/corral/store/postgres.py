@@ -18,7 +18,7 @@ from typing import Any
 
 from corral.domain import errors
 from corral.store.gangs import GangStore
-from corral.store.schema import Column, Index
+from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
@@ -75,6 +75,19 @@ class PostgresStore(GangStore):
     blob_type = "BYTEA"
     lock_clause = " FOR UPDATE SKIP LOCKED"
     lock_clause_plain = " FOR UPDATE"
+
+    def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
+        """The compare-and-set and its event row in one statement (one round trip): the event is
+        inserted only for the row the update matched."""
+        if event is None:
+            return bool(tx.execute(update, params))
+        statement = (
+            f"WITH moved AS ({update}), event AS ("
+            f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer, ?::double precision,"
+            " ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved)"
+            " SELECT id FROM moved"
+        )
+        return bool(tx.execute(statement, [*params, *event[1:]]))
 
     def __init__(self, url: str) -> None:
         if psycopg is None:

@@ -3,7 +3,7 @@ store module uses. No queries run here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,6 +13,7 @@ from corral.domain.queue_order import order_by_sql
 from corral.domain.records import Allocation, Constraints, GpuReading, Job, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status
+from corral.domain.transitions import Transition
 from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
 
 JOB_SELECT = ", ".join(JOB_COLUMNS)
@@ -121,43 +122,54 @@ def job_from_row(row: Sequence[Any]) -> Job:
     )
 
 
-def mutable_columns(job: Job) -> dict[str, Any]:
-    """The columns a transition may change, as the row stores them (the spec never changes)."""
-    reason = job.reason
-    return {
-        "status": job.status.value,
-        "attempts": job.attempts,
-        "watchdog_retries": job.watchdog_retries,
-        "preempted_count": job.preempted_count,
-        "queue_front": int(job.queue_front),
-        "worker_id": job.worker_id,
-        "gpu_indices": indices_text(job.gpu_indices),
-        "reservation_epoch": job.reservation_epoch,
-        "reserved_at": job.reserved_at,
-        "preemption_epoch": job.preemption_epoch,
-        "drain_started_at": job.drain_started_at,
-        "cancel_requested": int(job.cancel_requested),
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "last_heartbeat_at": job.last_heartbeat_at,
-        "exit_code": job.exit_code,
-        "error": job.error,
-        "output_tail": job.output_tail,
-        "reason_code": reason.code if reason else None,
-        "reason_message": reason.message if reason else None,
-        "has_checkpoint": int(job.has_checkpoint),
-        "progress": to_json(job.progress) if job.progress is not None else None,
-        "master_port": job.master_port,
-        "refunds": job.refunds,
-        "gpu_util_pct": job.gpu_util_pct,
-        "rss_mb": job.rss_mb,
-    }
+#: each field of ``Job`` a transition may set, and the columns (with their stored values) it is
+#: written as; the spec never changes
+_COLUMNS_OF_FIELD: dict[str, Callable[[Job], dict[str, Any]]] = {
+    "status": lambda job: {"status": job.status.value},
+    "attempts": lambda job: {"attempts": job.attempts},
+    "watchdog_retries": lambda job: {"watchdog_retries": job.watchdog_retries},
+    "preempted_count": lambda job: {"preempted_count": job.preempted_count},
+    "queue_front": lambda job: {"queue_front": int(job.queue_front)},
+    "worker_id": lambda job: {"worker_id": job.worker_id},
+    "gpu_indices": lambda job: {"gpu_indices": indices_text(job.gpu_indices)},
+    "reservation_epoch": lambda job: {"reservation_epoch": job.reservation_epoch},
+    "reserved_at": lambda job: {"reserved_at": job.reserved_at},
+    "preemption_epoch": lambda job: {"preemption_epoch": job.preemption_epoch},
+    "drain_started_at": lambda job: {"drain_started_at": job.drain_started_at},
+    "cancel_requested": lambda job: {"cancel_requested": int(job.cancel_requested)},
+    "started_at": lambda job: {"started_at": job.started_at},
+    "finished_at": lambda job: {"finished_at": job.finished_at},
+    "last_heartbeat_at": lambda job: {"last_heartbeat_at": job.last_heartbeat_at},
+    "exit_code": lambda job: {"exit_code": job.exit_code},
+    "error": lambda job: {"error": job.error},
+    "output_tail": lambda job: {"output_tail": job.output_tail},
+    "reason": lambda job: {
+        "reason_code": job.reason.code if job.reason else None,
+        "reason_message": job.reason.message if job.reason else None,
+    },
+    "has_checkpoint": lambda job: {"has_checkpoint": int(job.has_checkpoint)},
+    "progress": lambda job: {"progress": to_json(job.progress) if job.progress is not None else None},
+    "master_port": lambda job: {"master_port": job.master_port},
+    "refunds": lambda job: {"refunds": job.refunds},
+    "gpu_util_pct": lambda job: {"gpu_util_pct": job.gpu_util_pct},
+    "rss_mb": lambda job: {"rss_mb": job.rss_mb},
+    "version": lambda job: {},  # event_count, bumped by the store with the status change
+}
 
 
-def changed_columns(before: Job, after: Job) -> dict[str, Any]:
-    """What ``after`` changes of ``before``, column by column."""
-    old = mutable_columns(before)
-    return {column: value for column, value in mutable_columns(after).items() if old[column] != value}
+def changed_columns(transition: Transition) -> dict[str, Any]:
+    """The columns ``transition`` writes, with their values: the fields it names, else every field
+    whose value differs between its two records."""
+    before, after = transition.before, transition.after
+    fields = transition.fields
+    if fields is None:
+        fields = frozenset(
+            name for name in _COLUMNS_OF_FIELD if getattr(before, name) != getattr(after, name)
+        )
+    columns: dict[str, Any] = {}
+    for name in fields:
+        columns.update(_COLUMNS_OF_FIELD[name](after))
+    return columns
 
 
 def worker_from_row(row: Sequence[Any]) -> Worker:

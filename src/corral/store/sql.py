@@ -126,40 +126,50 @@ class SqlStore(abc.ABC):
         """Write one transition: the one place a job's row changes status.
 
         A compare-and-set on the row's status and version (the event count): the decision was made
-        on exactly that row, so it applies to exactly that row. A status change is checked against
-        the status table and appends its ``job_events`` row; a change of fields alone writes none.
-        A missed compare-and-set means the row moved under a decision that was supposed to hold it
-        locked: it raises ``Conflict`` and the whole transaction rolls back.
+        on exactly that row, so it applies to exactly that row, and the row is then exactly
+        ``transition.after``. A status change is checked against the status table and appends its
+        ``job_events`` row; a change of fields alone writes none. A missed compare-and-set means the
+        row moved under a decision that was supposed to hold it locked: it raises ``Conflict`` and
+        the whole transaction rolls back.
         """
         before, after = transition.before, transition.after
         moves = transition.changes_status
         if moves and not is_allowed(before.status, after.status):
             raise AssertionError(f"transition {before.status} -> {after.status} is not in the table")
-        changes = changed_columns(before, after)
+        changes = changed_columns(transition)
         if not changes:
-            return before
+            return after
         assignments = [f"{column} = ?" for column in changes]
         if moves:
             assignments.append("event_count = event_count + 1")
-        rows = tx.execute(
+        update = (
             f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND status = ? AND event_count = ?"
-            f" RETURNING {JOB_SELECT}",
-            [*changes.values(), before.id, before.status.value, before.version],
+            " RETURNING id"
         )
-        if not rows:
+        params = [*changes.values(), before.id, before.status.value, before.version]
+        event = self._event_values(transition) if moves else None
+        if not self._write(tx, update, params, event):
             raise errors.Conflict(f"job {before.id} changed while it was being decided on; retry")
-        job = job_from_row(rows[0])
-        if moves:
-            reason = transition.reason
-            tx.execute(
-                INSERT_EVENT,
-                (
-                    job.id, job.version, transition.at, before.status.value, job.status.value,
-                    reason.code if reason else None, reason.message if reason else None,
-                    transition.epoch, job.worker_id, job.attempts,
-                ),
-            )  # fmt: skip
-        return job
+        return after
+
+    @staticmethod
+    def _event_values(transition: Transition) -> tuple[Any, ...]:
+        """The ``job_events`` row of a status change, in ``EVENT_COLUMNS`` order."""
+        after, reason = transition.after, transition.reason
+        return (
+            after.id, after.version, transition.at, transition.before.status.value, after.status.value,
+            reason.code if reason else None, reason.message if reason else None,
+            transition.epoch, after.worker_id, after.attempts,
+        )  # fmt: skip
+
+    def _write(self, tx: Transaction, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
+        """Run the compare-and-set ``update`` and, when it matched, insert ``event``; whether it
+        matched. Two statements here; PostgreSQL makes them one round trip."""
+        if not tx.execute(update, params):
+            return False
+        if event is not None:
+            tx.execute(INSERT_EVENT, event)
+        return True
 
     def _apply_plan(self, tx: Transaction, plan: Plan[Outcome]) -> Outcome:
         for transition in plan.transitions:
@@ -197,10 +207,14 @@ class SqlStore(abc.ABC):
         locking the one row first and the gang after would deadlock against a drain or a cancel
         of the same gang on another replica.
         """
-        job = self._load_job(tx, job_id)
-        if job.gang_id is None:
-            return self._load_job(tx, job_id, lock=True), ()
-        tasks = tuple(self._lock_gang(tx, job.gang_id))
+        rows = tx.execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE id = ? AND gang_id IS NULL{self.lock_clause_plain}",
+            (job_id,),
+        )
+        if rows:  # a single job, locked in the same read
+            return job_from_row(rows[0]), ()
+        job = self._load_job(tx, job_id)  # a gang task (gang_id never changes), or NotFound
+        tasks = tuple(self._lock_gang(tx, job.gang_id or ""))
         return next(task for task in tasks if task.id == job_id), tasks
 
     def _lock_gang(self, tx: Transaction, gang_id: str) -> list[Job]:
@@ -349,7 +363,16 @@ class SqlStore(abc.ABC):
         replicas never hand out the same job.
         """
         with self._transaction() as tx:
-            worker = self._load_worker(tx, worker_id, lock=True)
+            # The worker, locked, and whether any capacity is held on it: holds exist only while a
+            # gang waits, so the common claim skips reading them.
+            rows = tx.execute(
+                f"SELECT {WORKER_SELECT}, EXISTS (SELECT 1 FROM holds WHERE holds.worker_id = workers.id)"
+                f" FROM workers WHERE id = ?{self.lock_clause_plain}",
+                (worker_id,),
+            )
+            if not rows:
+                raise errors.NotFound(f"worker {worker_id} not found")
+            worker, held = worker_from_row(rows[0][:-1]), bool(rows[0][-1])
             if worker.status == WorkerStatus.DRAINING:
                 return None
             allocations = self._worker_allocations(tx, worker_id)
@@ -360,7 +383,7 @@ class SqlStore(abc.ABC):
                 task = self._load_job(tx, reserved[0], lock=True)
                 return self._apply(tx, policy.start(task, worker_id, task.gpu_indices, now))
             capacity = policy.capacity(worker, allocations)
-            holds = self.holds_on(tx, worker_id)
+            holds = self.holds_on(tx, worker_id) if held else []
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
                 return None
