@@ -131,12 +131,13 @@ def first_free_port(used: set[int], first: int = 29500) -> int:
 def stale_tasks(tasks: Sequence[Job], now: float, timeout_s: float) -> tuple[Job, ...]:
     """The reserved tasks whose reservation is older than ``timeout_s``: the one staleness rule,
     used by the admission cycle on its snapshot and again under lock when the rollback is applied."""
+    cutoff = now - timeout_s
     return tuple(
-        task
-        for task in tasks
-        if task.status == Status.RESERVED
-        and task.reserved_at is not None
-        and now - task.reserved_at > timeout_s
+        [
+            task
+            for task in tasks
+            if task.status == Status.RESERVED and task.reserved_at is not None and task.reserved_at < cutoff
+        ]
     )
 
 
