@@ -7,12 +7,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.core import lifecycle
 from corral.core.drain import DrainCompleted, DrainStarted
-from corral.domain.records import Job
+from corral.domain.records import Job, JobSpec
 from corral.domain.status import Status
 from corral.server import changes
 from corral.store import Store
 from corral.store.base import JobReport
+
+
+def submit(store: Store, specs: list[JobSpec], now: float, key: str | None = None, fingerprint: str = ""):
+    """Submit as the server does: the core makes the jobs, the store inserts them."""
+    return store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
 
 
 def complete(store: Store, job_id: str, worker_id: str, attempt: int, now: float) -> Job:

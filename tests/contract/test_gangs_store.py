@@ -27,7 +27,8 @@ def workers(store, count, gpus=1, address="10.0.0.{}"):
 
 
 def submit_gang(store, size=3, gpus=1, max_retries=3, now=NOW):
-    item = store.submit(
+    item = protocol.submit(
+        store,
         [JobSpec(command="train", gang_size=size, resources=Resources(gpus=gpus), max_retries=max_retries)],
         now,
     ).items[0]
@@ -61,7 +62,7 @@ def test_reserve_is_all_or_nothing(store):
 
 def test_reserve_refuses_capacity_taken_since_the_snapshot(store):
     workers(store, 3)
-    store.submit([JobSpec(command="single", resources=Resources(gpus=1))], NOW)
+    protocol.submit(store, [JobSpec(command="single", resources=Resources(gpus=1))], NOW)
     store.claim("w2", NOW, POLICY)
     gang_id, task_ids = submit_gang(store, now=NOW + 1)
     assert reserve(store, gang_id, task_ids) is None
@@ -213,11 +214,15 @@ def test_holds_keep_capacity_for_a_gang_except_for_backfill(store):
     store.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
     store.replace_holds([Hold("g-head", "w0", Resources(gpus=2), expected_at=NOW + 100)])
     long_job = (
-        store.submit([JobSpec(command="long", resources=Resources(gpus=1), walltime_s=500)], NOW).items[0].job
+        protocol.submit(store, [JobSpec(command="long", resources=Resources(gpus=1), walltime_s=500)], NOW)
+        .items[0]
+        .job
     )
     assert store.claim("w0", NOW, POLICY) is None
     short = (
-        store.submit([JobSpec(command="short", resources=Resources(gpus=1), walltime_s=50)], NOW + 1)
+        protocol.submit(
+            store, [JobSpec(command="short", resources=Resources(gpus=1), walltime_s=50)], NOW + 1
+        )
         .items[0]
         .job
     )

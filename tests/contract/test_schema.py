@@ -23,6 +23,7 @@ from corral.store.schema import (
     Column,
     columns,
 )
+from tests.contract import protocol
 
 NOW = 1_800_000_000.0
 
@@ -57,7 +58,7 @@ def test_a_column_is_declared_as_its_ddl_line_and_a_typo_fails_at_once():
 
 
 def test_migrate_twice_changes_nothing(store_url, store):
-    job = store.submit([JobSpec(command="true")], NOW).items[0].job
+    job = protocol.submit(store, [JobSpec(command="true")], NOW).items[0].job
     again = open_store(store_url)
     try:
         assert again.get_job(job.id) == job
@@ -77,7 +78,9 @@ def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 @pytest.mark.postgres
 def test_postgres_claim_query_walks_the_queue_index_without_sorting(postgres_store):
     store = postgres_store
-    store.submit([JobSpec(command="true", resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
+    protocol.submit(
+        store, [JobSpec(command="true", resources=Resources(cpus=index % 3)) for index in range(5000)], NOW
+    )
     # Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset.
     plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
     nodes = list(plan_nodes(plan))

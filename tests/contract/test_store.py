@@ -35,7 +35,7 @@ _submissions = itertools.count()
 
 def submit_one(store, **fields):
     """Submit one job, each a millisecond after the previous, so queue order is submission order."""
-    return store.submit([spec(**fields)], NOW + next(_submissions) / 1000).items[0].job
+    return protocol.submit(store, [spec(**fields)], NOW + next(_submissions) / 1000).items[0].job
 
 
 def assert_history_is_legal(store, job_id):
@@ -63,7 +63,7 @@ def test_submit_single_job_is_pending_with_its_event(store):
 
 
 def test_submit_gang_creates_blocked_tasks_in_index_order(store):
-    item = store.submit([spec(gang_size=3)], NOW).items[0]
+    item = protocol.submit(store, [spec(gang_size=3)], NOW).items[0]
     assert item.gang_id.startswith("g-")
     tasks = store.gang_tasks(item.gang_id)
     assert [task.id for task in tasks] == [task.id for task in item.tasks]
@@ -72,19 +72,19 @@ def test_submit_gang_creates_blocked_tasks_in_index_order(store):
 
 
 def test_batch_keeps_its_order_in_the_queue(store):
-    result = store.submit([spec(name=str(index)) for index in range(20)], NOW)
+    result = protocol.submit(store, [spec(name=str(index)) for index in range(20)], NOW)
     listed = store.list_jobs(JobFilter(), 100, None)
     assert [job.id for job in listed] == [item.job.id for item in result.items]
 
 
 def test_idempotency_key_replays_the_first_result(store):
-    first = store.submit([spec()], NOW, "key-1", "fingerprint")
-    second = store.submit([spec()], NOW + 1, "key-1", "fingerprint")
+    first = protocol.submit(store, [spec()], NOW, "key-1", "fingerprint")
+    second = protocol.submit(store, [spec()], NOW + 1, "key-1", "fingerprint")
     assert second.replayed
     assert second.items[0].job.id == first.items[0].job.id
     assert len(store.list_jobs(JobFilter(), 100, None)) == 1
     with pytest.raises(errors.Conflict):
-        store.submit([spec(command="other")], NOW, "key-1", "another fingerprint")
+        protocol.submit(store, [spec(command="other")], NOW, "key-1", "another fingerprint")
 
 
 # --- claim ----------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_claim_sets_attempt_worker_and_lease(store):
 
 
 def test_concurrent_claims_never_hand_out_a_job_twice(store_url, store):
-    store.submit([spec() for _ in range(120)], NOW)
+    protocol.submit(store, [spec() for _ in range(120)], NOW)
     for index in range(4):
         register(store, f"w{index}", cpus=1000)
     claimed: list[str] = []
@@ -276,7 +276,7 @@ def test_a_job_that_finishes_while_being_cancelled_keeps_its_result(store):
 
 
 def test_cancelling_a_gang_task_cancels_the_gang(store):
-    item = store.submit([spec(gang_size=2)], NOW).items[0]
+    item = protocol.submit(store, [spec(gang_size=2)], NOW).items[0]
     changed = protocol.cancel(store, item.tasks[1].id, NOW)
     assert changed[0].id == item.tasks[1].id
     assert {task.status for task in store.gang_tasks(item.gang_id)} == {Status.CANCELLED}
@@ -422,7 +422,7 @@ def test_claims_follow_the_core_queue_order(store):
     rng = Random(3)
     register(store, cpus=1000)
     specs = [spec(preemption_class=rng.randint(0, 10), priority=rng.randint(-2, 2)) for _ in range(60)]
-    ids = [item.job.id for item in store.submit(specs, NOW).items]
+    ids = [item.job.id for item in protocol.submit(store, specs, NOW).items]
     tripped = [store.claim("w1", NOW, POLICY) for _ in range(6)]
     for claimed in tripped:  # re-queued at the front of their class and priority by a watchdog trip
         protocol.watchdog_trip(store, claimed.id, "w1", claimed.attempts, NOW, "stall", "", max_retries=3)

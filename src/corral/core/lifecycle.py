@@ -9,6 +9,7 @@ plans to its own records, so what it predicts is what the server does.
 
 Where each rule of the seeds lives:
 
+- the submit (a single job ``pending``, a gang's tasks ``blocked``): ``submitted``;
 - the claim (pending or reserved -> running, ``attempts`` + 1: the fence): ``start``;
 - the fence every worker report is checked against: ``check_fence``;
 - seed 000's retry rule (retry while counted attempts < ``max_retries``): ``report_failure``;
@@ -31,9 +32,10 @@ from dataclasses import dataclass, replace
 from corral.core import drain
 from corral.core.drain import DrainCompleted, DrainStarted
 from corral.domain import errors
-from corral.domain.records import Job, Reason
+from corral.domain.ids import new_gang_id, new_job_id
+from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import TERMINAL, Status
-from corral.domain.transitions import Plan, Transition, applied, move
+from corral.domain.transitions import Plan, Submission, Transition, applied, move
 
 __all__ = [
     "Reported",
@@ -51,6 +53,7 @@ __all__ = [
     "report_trip",
     "start",
     "stop_request",
+    "submitted",
 ]
 
 #: what a job loses when it goes back to the queue
@@ -92,6 +95,32 @@ def check_fence(job: Job, worker_id: str, attempt: int) -> None:
 
 def _not_running(job: Job) -> errors.Conflict:
     return errors.NotRunning(f"job {job.id} is {job.status}, not running")
+
+
+# --- submit -----------------------------------------------------------------------------------
+
+#: within one request, jobs are stamped this far apart, so the request's order is their queue order
+BATCH_STEP_S = 1e-6
+QUEUED = Reason("queued", "waiting for a worker with free capacity")
+WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
+
+
+def submitted(specs: Sequence[JobSpec], now: float) -> tuple[Submission, ...]:
+    """The jobs a submit creates, in request order: a single job ``pending`` (any worker it fits may
+    claim it), a gang's ``gang_size`` tasks ``blocked`` until the admission cycle reserves them all."""
+    submissions: list[Submission] = []
+    for offset, spec in enumerate(specs):
+        stamp = now + offset * BATCH_STEP_S
+        if spec.gang_size > 1:
+            gang_id = new_gang_id()
+            tasks = tuple(
+                Job(new_job_id(), spec, Status.BLOCKED, stamp, gang_id, index, reason=WAITING_FOR_GANG)
+                for index in range(spec.gang_size)
+            )
+            submissions.append((gang_id, tasks))
+        else:
+            submissions.append((None, (Job(new_job_id(), spec, Status.PENDING, stamp, reason=QUEUED),)))
+    return tuple(submissions)
 
 
 # --- the claim --------------------------------------------------------------------------------

@@ -49,6 +49,10 @@ def move(
     return Transition(job, replace(job, **fields), at, event_reason, event_epoch, frozenset(fields))
 
 
+#: what one item of a submit creates: a gang's id and its tasks, or None and the single job
+Submission = tuple[str | None, tuple[Job, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class Plan(Generic[Outcome]):
     """A decision: the transitions to apply, in order, and what they mean for the caller."""

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
+from corral.domain.records import Allocation, Hold, Job, JobEvent, Reason, Worker
 from corral.domain.resources import Resources
-from corral.domain.transitions import Outcome, Plan, Transition
+from corral.domain.transitions import Outcome, Plan, Submission, Transition
 
 #: a decision about one job: the job and, for a gang task, every task of its gang (locked)
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
@@ -143,7 +143,7 @@ class Store(Protocol):
 
     def submit(
         self,
-        specs: Sequence[JobSpec],
+        submissions: Sequence[Submission],
         now: float,
         idempotency_key: str | None = None,
         fingerprint: str = "",

@@ -25,12 +25,6 @@ QUEUE_ORDER = order_by_sql()
 # so the claim reads one row first and widens the page only when constraints skip them.
 CLAIM_FIRST_PAGE = 1
 CLAIM_MAX_PAGE = 512
-# Within one batch, jobs are stamped this far apart so the batch's order is its queue order.
-BATCH_STEP_S = 1e-6
-
-
-QUEUED = Reason("queued", "waiting for a worker with free capacity")
-WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
 
 
 class Transaction(Protocol):
@@ -197,7 +191,7 @@ def worker_from_row(row: Sequence[Any]) -> Worker:
 
 def insert_row(job: Job) -> tuple[Any, ...]:
     spec, resources = job.spec, job.spec.resources
-    reason = job.reason or QUEUED
+    reason = job.reason
     return (
         job.id, spec.name, spec.command, to_json(spec.env), job.status.value,
         job.gang_id, spec.gang_size, job.gang_index,
@@ -205,7 +199,7 @@ def insert_row(job: Job) -> tuple[Any, ...]:
         spec.constraints.gpu_model, to_json(spec.constraints.labels), spec.pool, spec.user,
         spec.priority, spec.preemption_class, spec.checkpoint_mode, spec.max_retries,
         job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
-        reason.code, reason.message,
+        reason.code if reason else None, reason.message if reason else None,
     )  # fmt: skip
 
 
@@ -229,5 +223,6 @@ def allocation_from_row(row: Sequence[Any]) -> Allocation:
 
 
 def submit_event(job: Job) -> tuple[Any, ...]:
-    reason = job.reason or QUEUED
-    return (job.id, 1, job.submitted_at, None, job.status.value, reason.code, reason.message, None, None, 0)
+    reason = job.reason
+    code, message = (reason.code, reason.message) if reason else (None, None)
+    return (job.id, 1, job.submitted_at, None, job.status.value, code, message, None, None, 0)

@@ -24,11 +24,10 @@ from typing import Any
 import orjson
 
 from corral.domain import errors
-from corral.domain.ids import new_gang_id, new_job_id
-from corral.domain.records import Allocation, Hold, Job, JobEvent, JobSpec, Reason, Worker
+from corral.domain.records import Allocation, Hold, Job, JobEvent, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus, is_allowed
-from corral.domain.transitions import Outcome, Plan, Transition
+from corral.domain.transitions import Outcome, Plan, Submission, Transition
 from corral.store.base import (
     ClaimPolicy,
     GangDecision,
@@ -39,7 +38,6 @@ from corral.store.base import (
     Submitted,
 )
 from corral.store.rows import (
-    BATCH_STEP_S,
     CLAIM_FIRST_PAGE,
     CLAIM_MAX_PAGE,
     HOLDING_SQL,
@@ -47,8 +45,6 @@ from corral.store.rows import (
     INSERT_JOB,
     JOB_SELECT,
     QUEUE_ORDER,
-    QUEUED,
-    WAITING_FOR_GANG,
     WORKER_SELECT,
     Transaction,
     allocation_from_row,
@@ -229,37 +225,21 @@ class SqlStore(abc.ABC):
 
     def submit(
         self,
-        specs: Sequence[JobSpec],
+        submissions: Sequence[Submission],
         now: float,
         idempotency_key: str | None = None,
         fingerprint: str = "",
     ) -> SubmitResult:
-        """Create every job and gang of ``specs`` in one transaction, or none.
+        """Insert every job and gang of ``submissions`` (``corral.core.lifecycle.submitted``) in one
+        transaction, or none.
 
         With an idempotency key, a key already stored returns the jobs it created the first time
         (``replayed``); the same key with a different request is a conflict.
         """
         with self._transaction() as tx:
-            job_rows: list[tuple[Any, ...]] = []
-            event_rows: list[tuple[Any, ...]] = []
-            plan: list[tuple[str | None, list[Job]]] = []
-            stamp = now
-            for spec in specs:
-                if spec.gang_size > 1:
-                    gang_id = new_gang_id()
-                    task_ids = [new_job_id() for _ in range(spec.gang_size)]
-                    tasks = [
-                        Job(task_id, spec, Status.BLOCKED, stamp, gang_id, index, reason=WAITING_FOR_GANG)
-                        for index, task_id in enumerate(task_ids)
-                    ]
-                    plan.append((gang_id, tasks))
-                else:
-                    tasks = [Job(new_job_id(), spec, Status.PENDING, stamp, reason=QUEUED)]
-                    plan.append((None, tasks))
-                for job in tasks:
-                    job_rows.append(insert_row(job))
-                    event_rows.append(submit_event(job))
-                stamp += BATCH_STEP_S
+            plan = [(gang_id, list(jobs)) for gang_id, jobs in submissions]
+            job_rows = [insert_row(job) for _, jobs in plan for job in jobs]
+            event_rows = [submit_event(job) for _, jobs in plan for job in jobs]
             if idempotency_key is not None:
                 # Take the key first: a concurrent submit with the same key (another replica) waits
                 # here for ours to commit, then finds the key taken and replays our result.

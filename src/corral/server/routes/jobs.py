@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.core import lifecycle
 from corral.core.explain import explain
 from corral.domain import errors
 from corral.domain.records import Job
@@ -53,7 +54,9 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise errors.InvalidRequest("Idempotency-Key must be 1 to 256 characters", field="Idempotency-Key")
-    result = state.store.submit(specs, state.clock.now(), key, _fingerprint(request, body) if key else "")
+    now = state.clock.now()
+    fingerprint = _fingerprint(request, body) if key else ""
+    result = state.store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
     if not result.replayed:
         tasks = sum(spec.gang_size for spec in specs)
         state.metrics.jobs_submitted.inc(tasks)
