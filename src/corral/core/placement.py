@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from corral.core import lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
+from corral.domain.status import Status
 from corral.domain.transitions import Transition
 
 
@@ -125,6 +126,12 @@ class ClaimPlacement:
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
+
+    def reserved_task(self, allocations: Sequence[Allocation]) -> str | None:
+        """A gang task reserved on the worker goes first (its gang waits for it, seed 001); of
+        several, the lowest id."""
+        reserved = [allocation.job_id for allocation in allocations if allocation.status == Status.RESERVED]
+        return min(reserved) if reserved else None
 
     def choose(
         self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float

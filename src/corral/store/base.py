@@ -40,6 +40,10 @@ class ClaimPolicy(Protocol[CapacityT]):
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
 
+    def reserved_task(self, allocations: Sequence[Allocation]) -> str | None:
+        """The task reserved for this worker that its claim starts before any pending job."""
+        ...
+
     def choose(
         self,
         worker: Worker,

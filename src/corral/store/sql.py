@@ -356,11 +356,9 @@ class SqlStore(abc.ABC):
             if worker.status == WorkerStatus.DRAINING:
                 return None
             allocations = self._worker_allocations(tx, worker_id)
-            reserved = sorted(
-                allocation.job_id for allocation in allocations if allocation.status == Status.RESERVED
-            )
-            if reserved:
-                task = self._load_job(tx, reserved[0], lock=True)
+            reserved = policy.reserved_task(allocations)
+            if reserved is not None:
+                task = self._load_job(tx, reserved, lock=True)
                 return self._apply(tx, policy.start(task, worker_id, task.gpu_indices, now))
             capacity = policy.capacity(worker, allocations)
             holds = self.holds_on(tx, worker_id) if held else []
