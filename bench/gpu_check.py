@@ -86,7 +86,9 @@ def check_readings(args: argparse.Namespace, work: Path) -> bool:
     started = time.monotonic()
     watch.start_thread(lambda verdict: trips.append((time.monotonic() - started, verdict)))
     seen_busy = False
+    busy_reads = flickers = 0  # reads while the device was busy, and those the job's view said 0%
     idle_since: float | None = None
+    quiet: list[float] = []  # the current run of idle reads (three in a row: the job went idle)
     while job.poll() is None:
         time.sleep(0.5)
         elapsed = time.monotonic() - started
@@ -99,17 +101,24 @@ def check_readings(args: argparse.Namespace, work: Path) -> bool:
             f" | device {devices}"
         )
         util = reading.gpu_util_pct
+        if devices and devices[0].util_pct > 90:
+            busy_reads += 1
+            flickers += util is not None and util < 5
         if util is not None and util > 50:
             seen_busy = True
+            quiet.clear()
         elif seen_busy and idle_since is None and util is not None and util < 5:
-            idle_since = elapsed
+            quiet.append(elapsed)
+            if len(quiet) == 3:
+                idle_since = quiet[0]
     watch.stop()
     sampler.close()
     print(f"job exit {job.returncode}; busy seen {seen_busy}; idle from t={idle_since}")
+    print(f"reads of a busy device that the job's view called idle: {flickers} of {busy_reads}")
     for at, verdict in trips:
         print(f"  GPU-health trip at t={at:.1f}s: {verdict}")
     early = [at for at, _ in trips if idle_since is None or at < idle_since]
-    ok = seen_busy and idle_since is not None and bool(trips) and not early
+    ok = seen_busy and idle_since is not None and bool(trips) and not early and flickers <= 1
     print("readings and watchdog:", "PASS" if ok else "FAIL")
     return ok
 

@@ -15,7 +15,7 @@ import pytest
 
 from corral.worker.samplers import MIB, DeviceReading, GpuReading, open_gpu_sampler
 from corral.worker.samplers.fake import FakeGpuSampler
-from corral.worker.samplers.nvml import NvmlSampler
+from corral.worker.samplers.nvml import STALE_SAMPLE_S, NvmlProbe, NvmlSampler
 from corral.worker.samplers.process import ProcessTreeSampler
 from tests.e2e.conftest import wait_for
 
@@ -183,12 +183,18 @@ def test_nvml_uses_the_jobs_processes_where_the_driver_reports_them(monkeypatch)
         }
     }
     sampler, module = nvml_sampler(monkeypatch, devices)
-    probe = sampler.probe([0])
+    now = [100.0]
+    probe = NvmlProbe(module, [0], clock=lambda: now[0])
     assert probe.read({10, 11}) == GpuReading(4, 3000)
-    # Only samples newer than the last seen are asked for; none newer means idle.
+    # Only samples newer than the last seen are asked for. None newer: the driver samples each
+    # process now and then, so the last figure stands for a while (a busy H200 read 0.5 s apart
+    # had no new sample half of the time), then the GPU counts as idle.
+    assert probe.read({10, 11}) == GpuReading(4, 3000)
+    now[0] += STALE_SAMPLE_S
     assert probe.read({10, 11}) == GpuReading(0, 3000)
     assert [call for call in module.calls if call[0] == "utilisation"] == [
         ("utilisation", 0, 0),
+        ("utilisation", 0, 300),
         ("utilisation", 0, 300),
     ]
     sampler.close()

@@ -7,8 +7,11 @@ the driver attributes to the job's processes. On each of the job's GPUs:
    those of the job's process tree;
 2. when some are there, the device's figures are the job's: utilisation is the highest ``smUtil``
    of the job's processes among the samples taken since this probe's previous read
-   (``nvmlDeviceGetProcessUtilization`` with the last timestamp seen; "no sample since" is an idle
-   GPU), and memory is the sum of their ``usedGpuMemory``;
+   (``nvmlDeviceGetProcessUtilization`` with the last timestamp seen), and memory is the sum of
+   their ``usedGpuMemory``. The driver does not sample every process at every moment: on an H200
+   at 100% it answered "no sample since" to about half the reads made 0.5 s apart. So "no sample
+   since" repeats the last figure while it is younger than ``STALE_SAMPLE_S``, and only then means
+   an idle GPU; read as idle at once, a busy job looked idle to the stall watchdog's confirmation;
 3. otherwise (no CUDA context yet, a driver that does not report processes, or PIDs from another
    PID namespace, as in a container, where NVML reports host PIDs) fall back to the device:
    ``nvmlDeviceGetUtilizationRates().gpu`` and ``nvmlDeviceGetMemoryInfo().used``. The GPUs are
@@ -25,13 +28,16 @@ worker counted when it registered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from corral.worker.samplers import MIB, DeviceReading, GpuReading
 
 logger = logging.getLogger("corral.worker.samplers.nvml")
 
+# How long a process-utilisation figure stands in for the reads that get no new sample.
+STALE_SAMPLE_S = 3.0
 # pynvml.NVML_ERROR_NOT_FOUND: "no sample newer than the timestamp" for process utilisation.
 _NOT_FOUND = 6
 # pynvml's wrapper raises NVMLError(NVML_SUCCESS) when the driver answers the size query with
@@ -82,12 +88,17 @@ class NvmlSampler:
 
 
 class NvmlProbe:
-    def __init__(self, nvml: Any, gpu_indices: Sequence[int]) -> None:
+    def __init__(
+        self, nvml: Any, gpu_indices: Sequence[int], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._nvml = nvml
         self._indices = list(gpu_indices)
         self._handles: dict[int, Any] = {}
+        self._clock = clock
         # Per device: the newest process-utilisation sample already seen (microseconds).
         self._last_seen: dict[int, int] = {}
+        # Per device: the last figure a new sample gave, and when (``clock``).
+        self._last_figure: dict[int, tuple[float, float]] = {}
 
     def read(self, pids: Collection[int]) -> GpuReading | None:
         utilisations: list[float] = []
@@ -132,14 +143,23 @@ class NvmlProbe:
         ]
 
     def _process_utilisation(self, index: int, handle: Any, pids: set[int]) -> float | None:
-        """Highest ``smUtil`` of the job's processes since the last read; None: not supported."""
+        """Highest ``smUtil`` of the job's processes since the last read (the last figure, while
+        recent, when the driver has no new sample); None: not supported."""
         try:
             samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, self._last_seen.get(index, 0))
         except self._nvml.NVMLError as error:
             nothing_since = (getattr(self._nvml, "NVML_ERROR_NOT_FOUND", _NOT_FOUND), _SUCCESS)
             if getattr(error, "value", None) in nothing_since:
-                return 0.0
+                return self._recent_figure(index)
             return None
-        if samples:
-            self._last_seen[index] = max(int(sample.timeStamp) for sample in samples)
-        return float(max((sample.smUtil for sample in samples if int(sample.pid) in pids), default=0))
+        if not samples:
+            return self._recent_figure(index)
+        self._last_seen[index] = max(int(sample.timeStamp) for sample in samples)
+        figure = float(max((sample.smUtil for sample in samples if int(sample.pid) in pids), default=0))
+        self._last_figure[index] = (figure, self._clock())
+        return figure
+
+    def _recent_figure(self, index: int) -> float:
+        """No new sample: the last figure while it is younger than ``STALE_SAMPLE_S``, else idle."""
+        figure, at = self._last_figure.get(index, (0.0, -float("inf")))
+        return figure if self._clock() - at < STALE_SAMPLE_S else 0.0
