@@ -258,32 +258,10 @@ def report_trip(
     error = f"{kind} watchdog: {detail}"
     code = f"watchdog_{kind}"
     under_cap = job.watchdog_retries < max_retries
-    if job.gang_id is not None:
-        if under_cap:
-            fields = {
-                "watchdog_retries": job.watchdog_retries + 1,
-                "error": error,
-                "refunds": job.refunds + 1,
-            }
-            return _drain_and_complete(
-                job, gang, now, Reason(code, f"{trip}; draining the gang: {detail}"), fields
-            )
-        failed = move(
-            job,
-            now,
-            Reason(code, f"{trip}; out of watchdog retries: {detail}"),
-            status=Status.FAILED,
-            finished_at=now,
-            error=error,
-            drain_started_at=now,
-        )
-        rest = applied(gang, (failed,))
-        drained, started = drain.start_drain(
-            rest, job.id, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}")
-        )
-        transitions = (failed, *drained)
-        return _then_complete(
-            transitions, gang, now, Reported(failed.after, drain=started, trip_outcome="failed")
+    if under_cap and job.gang_id is not None:
+        fields = {"watchdog_retries": job.watchdog_retries + 1, "error": error, "refunds": job.refunds + 1}
+        return _drain_and_complete(
+            job, gang, now, Reason(code, f"{trip}; draining the gang: {detail}"), fields
         )
     if under_cap:
         transition = move(
@@ -298,15 +276,25 @@ def report_trip(
             error=error,
         )
         return Plan((transition,), Reported(transition.after, trip_outcome="requeued"))
-    transition = move(
+    # Past the cap: the job fails; a rank's gang drains, and its completion fails the gang.
+    stamp = {"drain_started_at": now} if job.gang_id is not None else {}
+    failed = move(
         job,
         now,
         Reason(code, f"{trip}; out of watchdog retries: {detail}"),
         status=Status.FAILED,
         finished_at=now,
         error=error,
+        **stamp,
     )
-    return Plan((transition,), Reported(transition.after, trip_outcome="failed"))
+    if job.gang_id is None:
+        return Plan((failed,), Reported(failed.after, trip_outcome="failed"))
+    drained, started = drain.start_drain(
+        applied(gang, (failed,)), job.id, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}")
+    )
+    return _then_complete(
+        (failed, *drained), gang, now, Reported(failed.after, drain=started, trip_outcome="failed")
+    )
 
 
 def acknowledge_stop(
