@@ -53,15 +53,30 @@ def test_a_listed_or_beating_job_is_left_alone(api, clock, settings):
 
 def test_a_job_claimed_just_before_a_heartbeat_is_not_taken_for_a_ghost(api, clock):
     """The worker built its heartbeat before the claim's answer reached it: the job is not listed
-    yet, but it has not been silent since the worker's previous heartbeat."""
+    yet, but it has not been silent since the worker's previous heartbeat (a rule on the lease
+    alone would take it: claimed 14 s ago, a third of the lease is 10 s)."""
     register(api)
     api.post("/workers/w1/heartbeat", json={"running": []}).raise_for_status()
-    clock.advance(14)
+    clock.advance(1)
     job = submit(api)
     claim(api)
-    clock.advance(1)
+    clock.advance(14)
     api.post("/workers/w1/heartbeat", json={"running": []}).raise_for_status()
     assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"
+
+
+def test_two_heartbeats_a_moment_apart_make_no_ghost_of_a_job_that_beat_just_before(api, clock):
+    """A worker sends an extra heartbeat at once (it marks a GPU unhealthy): the job's last beat is
+    older than that previous heartbeat, but only by a moment (a rule on the previous heartbeat
+    alone would take it); it must be silent for a third of the lease too."""
+    register(api)
+    job = submit(api)
+    running = claim(api)
+    clock.advance(3)
+    api.post("/workers/w1/heartbeat", json={"running": [job["id"]]}).raise_for_status()
+    clock.advance(1)
+    api.post("/workers/w1/heartbeat", json={"running": []}).raise_for_status()
+    assert api.get(f"/jobs/{running['id']}").json()["status"] == "running"
 
 
 def test_heartbeat_readings_are_shown(api):

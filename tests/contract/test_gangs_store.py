@@ -11,6 +11,7 @@ from corral.domain.records import Hold, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.server import changes
+from corral.store import open_store
 from corral.store.base import WorkerRegistration
 from tests.contract import protocol
 from tests.contract.test_store import assert_history_is_legal
@@ -292,3 +293,56 @@ def test_a_peer_finishing_during_the_drain_completes_it_as_failed(store):
     completion = changes.report_done(store, task_ids[0], "w0", 1, NOW + 1).completion
     assert completion is not None and completion.outcome == "failed"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
+
+
+class RacingPlacement(ClaimPlacement):
+    """The claim's policy, with another replica acting on the gang at the worst moment: after the
+    claim has read the worker's allocations, before it locks the reserved task."""
+
+    def __init__(self, act) -> None:
+        self.act = act
+
+    def reserved_task(self, allocations):
+        chosen = super().reserved_task(allocations)
+        if chosen is not None:
+            self.act()
+        return chosen
+
+
+@pytest.mark.postgres
+def test_a_claim_does_not_start_a_reservation_cancelled_since_it_read_the_worker(postgres_store):
+    store = postgres_store
+    other = open_store(store.url, migrate=False)
+    try:
+        workers(store, 2)
+        gang_id, task_ids = submit_gang(store, size=2)
+        reserve(store, gang_id, task_ids)
+        racing = RacingPlacement(lambda: protocol.cancel(other, task_ids[0], NOW))
+        assert store.claim("w0", NOW, racing) is None, "it was a 500: cancelled -> running"
+        assert statuses(store, gang_id) == [Status.CANCELLED] * 2
+    finally:
+        other.close()
+
+
+@pytest.mark.postgres
+def test_a_claim_does_not_start_a_reservation_moved_to_another_worker(postgres_store):
+    """Seed 001's stale claim: the reservation was rolled back and the rank re-reserved on w2; the
+    old worker must not run it (it did, on the GPUs chosen for w2, and w2's reservation was lost)."""
+    store = postgres_store
+    other = open_store(store.url, migrate=False)
+    try:
+        workers(store, 3)
+        gang_id, task_ids = submit_gang(store, size=2)
+        reserve(store, gang_id, task_ids)
+
+        def move_rank_zero() -> None:
+            protocol.rollback_gang(other, gang_id, NOW + 31, 30)
+            placements = [(task_ids[0], "w2", (0,)), (task_ids[1], "w1", (0,))]
+            assert protocol.reserve_gang(other, gang_id, placements, NOW + 31) is not None
+
+        assert store.claim("w0", NOW + 32, RacingPlacement(move_rank_zero)) is None
+        rank_zero = store.get_job(task_ids[0])
+        assert (rank_zero.status, rank_zero.worker_id) == (Status.RESERVED, "w2")
+        assert store.claim("w2", NOW + 33, POLICY).id == task_ids[0]
+    finally:
+        other.close()

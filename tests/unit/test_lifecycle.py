@@ -40,7 +40,12 @@ def gang(size: int = 2, max_retries: int = 3) -> tuple[Job, ...]:
 
 
 def running(task: Job, worker_id: str = "w1", now: float = NOW) -> Job:
-    return lifecycle.start(task, worker_id, (0,), now).after
+    """``task`` claimed by ``worker_id`` (a gang task, as if reserved there first)."""
+    if task.status == Status.BLOCKED:
+        task = replace(task, status=Status.RESERVED, worker_id=worker_id, reserved_at=now)
+    started = lifecycle.start(task, worker_id, (0,), now)
+    assert started is not None
+    return started.after
 
 
 def run_gang(tasks: tuple[Job, ...]) -> tuple[Job, ...]:
@@ -199,37 +204,141 @@ def test_a_lease_expiry_treats_every_silent_peer_as_gone():
 # --- a random walk: whatever happens, every plan is legal and the gang ends once ------------------------
 
 
-def test_random_reports_keep_every_history_legal_and_end_the_gang_once():
+def _step(tasks: tuple[Job, ...], rng: random.Random, now: float) -> Plan[object] | None:
+    """One random thing happening to a gang: a report from a live rank, a cancel, a reaper pass, a
+    stale reservation, or (once it is wholly blocked) the admission cycle and the claims."""
+    statuses = {task.status for task in tasks}
+    if statuses == {Status.BLOCKED}:
+        placements = {task.id: (f"w{task.gang_index}", (0,)) for task in tasks}
+        return drain.reserve(tasks, placements, 29500, now)
+    reserved = [task for task in tasks if task.status == Status.RESERVED]
+    if reserved and rng.random() < 0.7:
+        task = rng.choice(reserved)
+        started = lifecycle.start(task, task.worker_id or "", (0,), now)
+        return Plan((started,), None) if started else None
+    if reserved and rng.random() < 0.5:
+        return drain.stale_reservation(tasks, now + 1000, 30)
+    live = [task for task in tasks if task.status in (Status.RUNNING, Status.PREEMPTING)]
+    if not live or rng.random() < 0.05:
+        return lifecycle.cancel(tasks[0], tasks, now) if not statuses <= TERMINAL else None
+    task = rng.choice(live)
+    worker, attempt = task.worker_id or "", task.attempts
+    action = rng.choice(["done", "fail", "release", "trip", "ack", "lease", "force"])
+    if action == "done":
+        return lifecycle.report_done(task, tasks, worker, attempt, now)
+    if action in ("fail", "release"):
+        return lifecycle.report_failure(task, tasks, worker, attempt, now, 1, None, None, action == "release")
+    if action == "trip":
+        return lifecycle.report_trip(task, tasks, worker, attempt, now, "stall", "", 2)
+    if action == "ack":
+        return lifecycle.acknowledge_stop(task, tasks, worker, attempt, task.preemption_epoch, now)
+    if action == "lease":
+        return lifecycle.lease_expired(task, tasks, now + 100, 30)  # type: ignore[return-value]
+    return lifecycle.force_drain(task, tasks, now + 100, 45, task.preemption_epoch)  # type: ignore[return-value]
+
+
+def test_random_histories_stay_legal_and_every_gang_ends_once():
+    """Gangs run, fail, trip, drain, get cancelled, re-run, many times over: every plan is legal
+    and chains on its rows, ``attempts`` never shrinks, a gang with nothing in flight is wholly
+    back in the queue or ended, and every gang ends within its retries and watchdog cap."""
     rng = random.Random(7)
-    for _ in range(300):
-        tasks = run_gang(gang(rng.randint(2, 4), max_retries=rng.randint(1, 3)))
+    for _ in range(400):
+        tasks = gang(rng.randint(2, 4), max_retries=rng.randint(0, 3))
         now = NOW
-        for _step in range(12):
+        for _step_number in range(200):
             now += 1
-            live = [task for task in tasks if task.status in (Status.RUNNING, Status.PREEMPTING)]
-            if not live:
-                break
-            task = rng.choice(live)
-            worker = task.worker_id or ""
-            action = rng.choice(["done", "fail", "trip", "ack", "lease"])
+            before = {task.id: task.attempts for task in tasks}
             try:
-                if action == "done":
-                    plan = lifecycle.report_done(task, tasks, worker, task.attempts, now)
-                elif action == "fail":
-                    plan = lifecycle.report_failure(task, tasks, worker, task.attempts, now, 1, None, None)
-                elif action == "trip":
-                    plan = lifecycle.report_trip(task, tasks, worker, task.attempts, now, "stall", "", 2)
-                elif action == "ack":
-                    plan = lifecycle.acknowledge_stop(
-                        task, tasks, worker, task.attempts, task.preemption_epoch, now
-                    )
-                else:
-                    plan = lifecycle.lease_expired(task, tasks, now + 100, 30)  # type: ignore[assignment]
+                plan = _step(tasks, rng, now)
             except errors.Conflict:
                 continue
+            if plan is None:
+                continue
             tasks = apply(tasks, plan)
-        statuses = {task.status for task in tasks}
-        if statuses & {Status.RUNNING, Status.PREEMPTING, Status.RESERVED}:
-            continue
-        # nothing in flight: the gang is wholly back in the queue, or it has ended
-        assert statuses <= {Status.BLOCKED} or statuses <= TERMINAL, statuses
+            assert all(task.attempts >= before[task.id] for task in tasks), "attempts only grow"
+            statuses = {task.status for task in tasks}
+            if not statuses & {Status.RUNNING, Status.PREEMPTING, Status.RESERVED}:
+                assert statuses <= {Status.BLOCKED} or statuses <= TERMINAL, statuses
+            if statuses <= TERMINAL:
+                break
+        assert {task.status for task in tasks} <= TERMINAL, "every gang ends: retries and the cap bound it"
+
+
+# --- found in review -------------------------------------------------------------------------------
+
+
+def test_a_claim_starts_only_a_pending_job_or_one_reserved_on_this_worker():
+    """Seed 001: a reservation rolled back, or moved to another worker, is not claimed."""
+    pending = job()
+    reserved = replace(job(), status=Status.RESERVED, worker_id="w1", reserved_at=NOW)
+    assert lifecycle.start(pending, "w9", (), NOW) is not None
+    assert lifecycle.start(reserved, "w1", (), NOW) is not None
+    assert lifecycle.start(reserved, "w2", (), NOW) is None
+    assert lifecycle.start(replace(reserved, status=Status.BLOCKED), "w1", (), NOW) is None
+    assert lifecycle.start(replace(reserved, status=Status.CANCELLED), "w1", (), NOW) is None
+
+
+@pytest.mark.parametrize("end", ["trip", "release"])
+def test_a_gang_with_max_retries_0_is_requeued_by_a_drain_that_cost_no_attempt(end):
+    """0 and 1 both mean one attempt: a drain begun by a trip under the cap (or a worker handing
+    its rank back) refunds everybody, so the gang goes back to the queue, as a single job does."""
+    tasks = run_gang(gang(2, max_retries=0))
+    if end == "trip":
+        plan = lifecycle.report_trip(tasks[0], tasks, "w0", 1, NOW, "stall", "idle", max_retries=3)
+    else:
+        plan = lifecycle.report_failure(tasks[0], tasks, "w0", 1, NOW, None, "shutdown", None, release=True)
+    tasks = apply(tasks, plan)
+    acked = lifecycle.acknowledge_stop(tasks[1], tasks, "w1", 1, 1, NOW + 1)
+    assert acked.outcome.completion is not None and acked.outcome.completion.outcome == "blocked"
+
+
+def test_a_gang_re_queued_at_the_front_loses_the_spot_after_a_drain_without_a_trip():
+    tasks = tuple(replace(task, queue_front=True) for task in run_gang(gang(2)))
+    tasks = apply(tasks, lifecycle.report_failure(tasks[0], tasks, "w0", 1, NOW, 1, None, None))
+    tasks = apply(tasks, lifecycle.acknowledge_stop(tasks[1], tasks, "w1", 1, 1, NOW + 1))
+    assert [(task.status, task.queue_front) for task in tasks] == [(Status.BLOCKED, False)] * 2
+
+
+def test_a_rank_that_ends_while_being_stopped_keeps_what_it_reported():
+    tasks = run_gang(gang(2))
+    tasks = apply(tasks, lifecycle.report_failure(tasks[0], tasks, "w0", 1, NOW, 3, "boom", None))
+    plan = lifecycle.report_failure(tasks[1], tasks, "w1", 1, NOW, 1, "peer lost", "tail")
+    stopped = next(t.after for t in plan.transitions if t.after.id == "j-1" and t.changes_status)
+    assert (stopped.status, stopped.exit_code, stopped.error, stopped.output_tail) == (
+        Status.PREEMPTED,
+        1,
+        "peer lost",
+        "tail",
+    )
+
+
+def test_a_trip_past_the_cap_beside_finished_peers_tells_of_no_drain():
+    tasks = run_gang(gang(2))
+    tasks = (tasks[0], replace(tasks[1], status=Status.DONE))
+    plan = lifecycle.report_trip(tasks[0], tasks, "w0", 1, NOW, "budget", "late", max_retries=0)
+    assert (plan.outcome.job.status, plan.outcome.drain, plan.outcome.trip_outcome) == (
+        Status.FAILED,
+        None,
+        "failed",
+    )
+
+
+# --- the busy ghost ---------------------------------------------------------------------------------
+
+
+def test_the_ghost_cutoff_is_the_previous_heartbeat_and_at_least_a_third_of_the_lease():
+    assert lifecycle.ghost_cutoff(None, NOW, 30) is None
+    assert lifecycle.ghost_cutoff(NOW - 15, NOW, 30) == NOW - 15
+    assert lifecycle.ghost_cutoff(NOW - 1, NOW, 30) == NOW - 10
+
+
+def test_a_job_gone_from_its_worker_is_lost_unless_it_moved_on():
+    silent = replace(running(job()), last_heartbeat_at=NOW - 20)
+    lost = lifecycle.gone_from_worker(silent, (), "w1", NOW - 15, NOW)
+    assert lost.outcome is not None and lost.outcome.job.status == Status.PENDING
+    beating = replace(silent, last_heartbeat_at=NOW - 1)
+    assert lifecycle.gone_from_worker(beating, (), "w1", NOW - 15, NOW).outcome is None
+    assert lifecycle.gone_from_worker(silent, (), "w2", NOW - 15, NOW).outcome is None
+    stopping = replace(silent, status=Status.PREEMPTING, preemption_epoch=1)
+    stopped = lifecycle.gone_from_worker(stopping, (), "w1", NOW - 15, NOW)
+    assert stopped.outcome is not None and stopped.outcome.job.status == Status.PREEMPTED

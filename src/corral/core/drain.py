@@ -2,8 +2,8 @@
 
 Every function takes the gang's tasks as read under lock (``gang_index`` order) and returns the
 transitions to apply; nothing here reads a clock or a database. ``corral.core.lifecycle`` calls
-them when a report or a reaper pass touches a gang task, the admission loop calls them for stale
-reservations, and the simulator calls them on its own records.
+them when a report or a reaper pass touches a gang task, and the admission loop for stale
+reservations and waiting reasons; a simulator can call them on its own records.
 
 The drain (seed 000's PreemptGang), in steps:
 
@@ -41,6 +41,7 @@ __all__ = [
     "DrainStarted",
     "complete",
     "completion",
+    "note_waiting",
     "reserve",
     "stale_reservation",
     "start_drain",
@@ -114,6 +115,19 @@ def reserve(
             )
         )
     return Plan(tuple(transitions), tuple(transition.after for transition in transitions))
+
+
+def note_waiting(tasks: Sequence[Job], reason: Reason, now: float) -> Plan[None]:
+    """Why a blocked gang was not placed this cycle (``corral why``), on each blocked task that
+    does not say so already: no status change, so no event row."""
+    return Plan(
+        tuple(
+            move(task, now, None, reason=reason)
+            for task in tasks
+            if task.status == Status.BLOCKED and task.reason != reason
+        ),
+        None,
+    )
 
 
 def first_free_port(used: set[int], first: int = 29500) -> int:
@@ -295,8 +309,8 @@ def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
                 transitions.append(
                     move(task, now, reason, epoch, status=Status.BLOCKED, **BLOCKED, queue_front=front)
                 )
-            elif front and not task.queue_front:
-                transitions.append(move(task, now, None, queue_front=True))
+            elif task.queue_front != front:  # set, or cleared after an earlier trip's re-queue
+                transitions.append(move(task, now, None, queue_front=front))
     return Plan(
         tuple(transitions),
         DrainCompleted(

@@ -4,8 +4,9 @@ Each function takes the job as the store read it under lock (and, for a gang tas
 its gang, in ``gang_index`` order), the report or the time, and returns the transitions to apply
 with a typed outcome the caller turns into metrics and log lines. A report that the state does not
 allow raises a ``Conflict`` (409), and nothing is written. The store applies the plan (one
-compare-and-set per transition, its event row, in one transaction); the simulator applies the same
-plans to its own records, so what it predicts is what the server does.
+compare-and-set per transition, its event row, in one transaction); a simulator can apply the
+same plans to its own records (``corral.domain.transitions.applied``), so that what it predicts is
+what the server does.
 
 Where each rule of the seeds lives:
 
@@ -26,7 +27,7 @@ Where each rule of the seeds lives:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from corral.core import drain
@@ -34,7 +35,7 @@ from corral.core.drain import DrainCompleted, DrainStarted
 from corral.domain import errors
 from corral.domain.ids import new_gang_id, new_job_id
 from corral.domain.records import Job, JobSpec, Reason
-from corral.domain.status import TERMINAL, Status
+from corral.domain.status import LEASED, TERMINAL, Status
 from corral.domain.transitions import Plan, Submission, Transition, applied, move
 
 __all__ = [
@@ -126,9 +127,13 @@ def submitted(specs: Sequence[JobSpec], now: float) -> tuple[Submission, ...]:
 # --- the claim --------------------------------------------------------------------------------
 
 
-def start(job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition:
-    """pending -> running (any worker it fits) or reserved -> running (its assigned worker). The new
-    attempt number is the fence of every report the worker makes for it."""
+def start(job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition | None:
+    """pending -> running (any worker it fits) or reserved -> running (the worker it is reserved
+    on, seed 001: a reservation rolled back, or moved to another worker, is not claimed); None when
+    neither holds. The new attempt number is the fence of every report the worker makes for it."""
+    reserved_here = job.status == Status.RESERVED and job.worker_id == worker_id
+    if job.status != Status.PENDING and not reserved_here:
+        return None
     return move(
         job,
         now,
@@ -149,7 +154,7 @@ def check_heartbeat(job: Job, worker_id: str, attempt: int) -> None:
     """A job heartbeat renews the lease of the attempt that holds the job while it runs or is being
     stopped; any other is refused, and the worker stops its copy."""
     check_fence(job, worker_id, attempt)
-    if job.status not in (Status.RUNNING, Status.PREEMPTING):
+    if job.status not in LEASED:
         raise _not_running(job)
 
 
@@ -204,7 +209,8 @@ def report_failure(
     """
     check_fence(job, worker_id, attempt)
     if job.status == Status.PREEMPTING:
-        return finish_stop(job, gang, now, "job exited while being stopped")
+        report = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+        return finish_stop(job, gang, now, "job exited while being stopped", report)
     if job.status != Status.RUNNING:
         raise _not_running(job)
     outcome = "exited" if exit_code is None else f"exited with code {exit_code}"
@@ -251,7 +257,8 @@ def report_trip(
     """
     check_fence(job, worker_id, attempt)
     if job.status == Status.PREEMPTING:
-        return finish_stop(job, gang, now, f"{kind} watchdog stopped it: {detail}")
+        error = f"{kind} watchdog: {detail}"
+        return finish_stop(job, gang, now, f"{kind} watchdog stopped it: {detail}", {"error": error})
     if job.status != Status.RUNNING:
         raise _not_running(job)
     trip = f"{kind} watchdog tripped ({job.watchdog_retries + 1} of {max_retries + 1})"
@@ -292,9 +299,9 @@ def report_trip(
     drained, started = drain.start_drain(
         applied(gang, (failed,)), job.id, now, Reason("gang_drain", f"task {job.gang_index} failed: {error}")
     )
-    return _then_complete(
-        (failed, *drained), gang, now, Reported(failed.after, drain=started, trip_outcome="failed")
-    )
+    # A drain with nothing left to stop (every peer had ended) is no drain to tell of.
+    reported = Reported(failed.after, drain=started if drained else None, trip_outcome="failed")
+    return _then_complete((failed, *drained), gang, now, reported)
 
 
 def acknowledge_stop(
@@ -340,9 +347,13 @@ def accept_checkpoint(
 # --- stops -------------------------------------------------------------------------------------
 
 
-def finish_stop(job: Job, gang: Sequence[Job], now: float, how: str) -> Plan[Reported]:
-    """preempting -> cancelled (a cancel asked for the stop) or preempted; for a gang task, the
-    drain completes at once when this was its last rank in flight."""
+def finish_stop(
+    job: Job, gang: Sequence[Job], now: float, how: str, report: Mapping[str, object] | None = None
+) -> Plan[Reported]:
+    """preempting -> cancelled (a cancel asked for the stop) or preempted, keeping what the worker
+    reported of the end (``report``: exit code, error, output tail); for a gang task, the drain
+    completes at once when this was its last rank in flight."""
+    fields = report or {}
     if job.cancel_requested:
         transition = move(
             job,
@@ -351,9 +362,12 @@ def finish_stop(job: Job, gang: Sequence[Job], now: float, how: str) -> Plan[Rep
             job.preemption_epoch,
             status=Status.CANCELLED,
             finished_at=now,
+            **fields,
         )
     else:
-        transition = move(job, now, Reason("preempted", how), job.preemption_epoch, status=Status.PREEMPTED)
+        transition = move(
+            job, now, Reason("preempted", how), job.preemption_epoch, status=Status.PREEMPTED, **fields
+        )
     preempted = transition.after.status == Status.PREEMPTED
     return _then_complete((transition,), gang, now, Reported(transition.after, preempted=preempted))
 

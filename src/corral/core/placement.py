@@ -121,7 +121,7 @@ class ClaimPlacement:
     used by a job that backfills (``may_backfill``).
     """
 
-    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition:
+    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition | None:
         return lifecycle.start(job, worker_id, gpu_indices, now)
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:

@@ -106,7 +106,9 @@ class Job:
 
     @property
     def retries_left(self) -> bool:
-        return self.attempts_used < self.spec.max_retries
+        """Seed 000's rule: a failed attempt is retried while the counted attempts are under
+        ``max_retries``; 0 and 1 both mean one attempt, so a job refunded to none has one left."""
+        return self.attempts_used < max(1, self.spec.max_retries)
 
 
 @dataclass(frozen=True, slots=True)

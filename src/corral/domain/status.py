@@ -32,6 +32,8 @@ class Status(StrEnum):
 
 TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
 HOLDING = frozenset({Status.RESERVED, Status.RUNNING, Status.PREEMPTING})
+#: a job whose attempt holds a lease: its heartbeats renew it (and a stop is answered through them)
+LEASED = frozenset({Status.RUNNING, Status.PREEMPTING})
 NON_TERMINAL = frozenset(set(Status) - TERMINAL)
 
 ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {

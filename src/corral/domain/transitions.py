@@ -2,8 +2,8 @@
 
 The core never writes: it returns ``Transition`` values inside a ``Plan``. The store applies each one
 in the caller's transaction with a compare-and-set on the row's status and ``version``, appends the
-event row, and hands back the plan's outcome. The simulator applies the same values to its own
-records, so both run the very rules of ``corral.core.lifecycle``.
+event row, and hands back the plan's outcome. A simulator can apply the same values to its own
+records (``applied``), so that both run the very rules of ``corral.core.lifecycle``.
 """
 
 from __future__ import annotations

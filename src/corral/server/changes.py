@@ -16,7 +16,7 @@ from corral.core import drain, lifecycle
 from corral.core.drain import DrainCompleted, DrainStarted
 from corral.core.lifecycle import Reported
 from corral.core.placement import ClaimPlacement
-from corral.domain.records import Job
+from corral.domain.records import Job, Reason
 from corral.store import Store
 from corral.store.base import JobReport, WorkerBeat
 
@@ -122,6 +122,10 @@ def roll_back_stale(
     """A reservation unclaimed past ``timeout_s``: rolled back, or the gang drained (see
     ``drain.stale_reservation``). Nothing when it was claimed meanwhile."""
     return store.change_gang(gang_id, partial(drain.stale_reservation, now=now, timeout_s=timeout_s))
+
+
+def note_waiting(store: Store, gang_id: str, reason: Reason, now: float) -> None:
+    store.change_gang(gang_id, partial(drain.note_waiting, reason=reason, now=now))
 
 
 def complete_drain(store: Store, gang_id: str, now: float) -> DrainCompleted | None:

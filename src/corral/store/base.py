@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from corral.domain.records import Allocation, Hold, Job, JobEvent, Reason, Worker
+from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker
 from corral.domain.resources import Resources
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
 
@@ -53,8 +53,9 @@ class ClaimPolicy(Protocol[CapacityT]):
         now: float,
     ) -> tuple[Job, tuple[int, ...]] | None: ...
 
-    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition:
-        """The claim's transition: pending or reserved -> running."""
+    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition | None:
+        """The claim's transition (pending, or reserved for this worker -> running); None when the
+        job may not be started by this worker."""
         ...
 
 
@@ -201,5 +202,4 @@ class Store(Protocol):
     ) -> tuple[Job, ...] | None: ...
     def replace_holds(self, holds: Sequence[Hold]) -> None: ...
     def list_holds(self) -> list[Hold]: ...
-    def set_waiting_reason(self, gang_id: str, reason: Reason) -> None: ...
     def try_lead(self, loop: str) -> bool: ...

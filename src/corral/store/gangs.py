@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from corral.domain import errors
-from corral.domain.records import Hold, Job, Reason
+from corral.domain.records import Hold, Job
 from corral.domain.resources import Resources
 from corral.domain.transitions import Plan
 from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision
@@ -125,8 +125,10 @@ class GangStore(OperationsStore):
         """Store opaque bytes for the job's next attempt when ``decide`` (the core's acceptance rule,
         which refuses a stale upload) allows it. One slot per job: a save replaces the last one."""
         with self._transaction() as tx:
-            job, gang = self._lock_for_change(tx, job_id)
-            plan = decide(job, gang)
+            # The job's row alone: a checkpoint is one rank's, and its peers' heartbeats need not
+            # wait for a large upload (holding one row, this transaction waits for no other lock).
+            job = self._load_job(tx, job_id, lock=True)
+            plan = decide(job, ())
             tx.execute("DELETE FROM checkpoints WHERE job_id = ?", (job_id,))
             tx.execute(
                 "INSERT INTO checkpoints (job_id, data, size, epoch, saved_at, attempt)"
@@ -163,17 +165,6 @@ class GangStore(OperationsStore):
             " ORDER BY worker_id, gang_id"
         )
         return [Hold(row[1], row[0], Resources(row[2], row[3], row[4], row[5]), row[6]) for row in rows]
-
-    # --- gang reasons ----------------------------------------------------------------------
-
-    def set_waiting_reason(self, gang_id: str, reason: Reason) -> None:
-        """Record why a blocked gang was not placed (no status change, so no event row)."""
-        with self._transaction() as tx:
-            tx.execute(
-                "UPDATE jobs SET reason_code = ?, reason_message = ? WHERE gang_id = ? AND status = 'blocked'"
-                " AND (reason_code IS NULL OR reason_code <> ? OR reason_message <> ?)",
-                (reason.code, reason.message, gang_id, reason.code, reason.message),
-            )
 
     # --- leadership ----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from corral.domain.resources import Resources
 from corral.store.base import WorkerBeat, WorkerRegistration, WorkerView
 from corral.store.rows import (
     JOB_SELECT,
+    LEASED_SQL,
     WORKER_SELECT,
     indices_text,
     job_from_row,
@@ -76,8 +77,7 @@ class OperationsStore(SqlStore):
             if running is not None:
                 listed = set(running)
                 held = tx.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs"
-                    " WHERE worker_id = ? AND status IN ('running', 'preempting')",
+                    f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}",
                     (worker_id,),
                 )
                 unlisted = tuple(job for job in map(job_from_row, held) if job.id not in listed)
@@ -141,7 +141,7 @@ class OperationsStore(SqlStore):
     #: shows the worker alive
     NO_JOB_CONTACT_SQL = (
         "NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.worker_id = workers.id"
-        " AND jobs.status IN ('running', 'preempting') AND jobs.last_heartbeat_at >= ?)"
+        f" AND jobs.status IN {LEASED_SQL} AND jobs.last_heartbeat_at >= ?)"
     )
 
     def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
@@ -159,7 +159,7 @@ class OperationsStore(SqlStore):
                 "UPDATE workers SET flagged_dead_at = ?"
                 " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
                 " AND EXISTS (SELECT 1 FROM jobs"
-                "             WHERE jobs.worker_id = workers.id AND jobs.status IN ('running', 'preempting'))"
+                f"             WHERE jobs.worker_id = workers.id AND jobs.status IN {LEASED_SQL})"
                 f" AND {self.NO_JOB_CONTACT_SQL}"
                 f" RETURNING {WORKER_SELECT}",
                 (now, now - after_s, now - after_s),
@@ -168,7 +168,7 @@ class OperationsStore(SqlStore):
             result = []
             for worker in flagged:
                 count = tx.execute(
-                    "SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status IN ('running', 'preempting')",
+                    f"SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}",
                     (worker.id,),
                 )[0][0]
                 result.append((worker, int(count)))

@@ -44,6 +44,7 @@ from corral.store.rows import (
     INSERT_EVENT,
     INSERT_JOB,
     JOB_SELECT,
+    LEASED_SQL,
     QUEUE_ORDER,
     WORKER_SELECT,
     Transaction,
@@ -358,8 +359,16 @@ class SqlStore(abc.ABC):
             allocations = self._worker_allocations(tx, worker_id)
             reserved = policy.reserved_task(allocations)
             if reserved is not None:
-                task = self._load_job(tx, reserved, lock=True)
-                return self._apply(tx, policy.start(task, worker_id, task.gpu_indices, now))
+                # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
+                # re-reservation that waits for this worker's row) is never waited for here; and a
+                # task that changed since the read above is no longer ours to start.
+                rows = tx.execute(
+                    f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,)
+                )
+                task = job_from_row(rows[0]) if rows else None
+                started = policy.start(task, worker_id, task.gpu_indices, now) if task else None
+                if started is not None:
+                    return self._apply(tx, started)
             capacity = policy.capacity(worker, allocations)
             holds = self.holds_on(tx, worker_id) if held else []
             free = capacity.free
@@ -376,7 +385,10 @@ class SqlStore(abc.ABC):
                 chosen = policy.choose(worker, capacity, [job_from_row(row) for row in rows], holds, now)
                 if chosen is not None:
                     job, gpu_indices = chosen
-                    return self._apply(tx, policy.start(job, worker_id, gpu_indices, now))
+                    started = policy.start(job, worker_id, gpu_indices, now)
+                    if started is None:  # the candidates are pending and locked: cannot happen
+                        raise errors.Conflict(f"job {job.id} cannot be started; retry")
+                    return self._apply(tx, started)
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
 
@@ -413,7 +425,7 @@ class SqlStore(abc.ABC):
         with self._transaction() as tx:
             rows = tx.execute(
                 f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
-                f" AND status IN ('running', 'preempting') RETURNING {JOB_SELECT}",
+                f" AND status IN {LEASED_SQL} RETURNING {JOB_SELECT}",
                 [*params, job_id, worker_id, attempt],
             )
             return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)

@@ -71,7 +71,11 @@ def admission_tick(state: ServerState) -> None:
     # has since stopped must not outlive it.
     if list(decisions.holds) != state.store.list_holds():
         state.store.replace_holds(decisions.holds)
+    tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
     for waiting in decisions.waiting:
-        state.store.set_waiting_reason(waiting.gang_id, waiting.reason)
+        # Only where the snapshot shows a blocked task saying something else (the common cycle
+        # changes nothing); the core decides again on the locked rows.
+        if any(task.reason != waiting.reason for task in tasks_of.get(waiting.gang_id, ())):
+            changes.note_waiting(state.store, waiting.gang_id, waiting.reason, now)
     if reserved_any:
         state.signal.notify()
