@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from corral.protocol.answers import CheckpointSaved, ClaimAnswer, HeartbeatAnswer, JobAnswer
 from tests.api.conftest import claim, error_code, register, submit
 
 
@@ -172,3 +173,35 @@ def test_release_hands_a_job_back_and_malformed_release_is_400(api):
     assert bad.status_code == 400
     released = api.post(f"/jobs/{job['id']}/fail", params=fenced(), json={"exit_code": 143, "release": True})
     assert (released.json()["status"], released.json()["attempts"]) == ("pending", 0)
+
+
+def test_every_answer_of_the_job_protocol_holds_to_its_model(api):
+    """The server does not check these on the hot path (the worker's SDK does); this test does."""
+    register(api)
+    submitted = submit(api, env={"A": "1"}, walltime_s=60)
+    claimed = ClaimAnswer.model_validate(claim(api))
+    fence = {"worker_id": "w1", "attempt": claimed.attempt}
+    path = f"/jobs/{submitted['id']}"
+    HeartbeatAnswer.model_validate(api.post(f"{path}/heartbeat", params=fence, json={}).json())
+    CheckpointSaved.model_validate(api.post(f"{path}/checkpoint", params=fence, content=b"state").json())
+    api.post(f"{path}/cancel").raise_for_status()
+    stop = HeartbeatAnswer.model_validate(api.post(f"{path}/heartbeat", params=fence, json={}).json())
+    assert stop.action == "preempt"
+    acked = api.post(f"{path}/preempted", params={**fence, "epoch": stop.preemption_epoch})
+    assert JobAnswer.model_validate(acked.json()).status == "cancelled"
+    second = submit(api)
+    claim(api)
+    done = api.post(f"/jobs/{second['id']}/done", params={"worker_id": "w1", "attempt": 1})
+    assert JobAnswer.model_validate(done.json()).status == "done"
+    third = submit(api, max_retries=1)
+    claim(api)
+    failed = api.post(
+        f"/jobs/{third['id']}/fail", params={"worker_id": "w1", "attempt": 1}, json={"exit_code": 2}
+    )
+    assert JobAnswer.model_validate(failed.json()).status == "failed"
+    fourth = submit(api)
+    claim(api)
+    tripped = api.post(
+        f"/jobs/{fourth['id']}/watchdog", params={"worker_id": "w1", "attempt": 1}, json={"kind": "budget"}
+    )
+    assert JobAnswer.model_validate(tripped.json()).status == "pending"

@@ -1,5 +1,11 @@
 """The job protocol spoken by workers: claim (long-poll), heartbeat, done, fail, preempted.
 
+Its answers (``ClaimAnswer``, ``HeartbeatAnswer``, ``JobAnswer``, ``CheckpointSaved`` of
+``corral.protocol.answers``) are not checked against their models here: their one consumer,
+corral's worker, parses each with those models (``corral.client``: a broken answer is refused as
+``bad_response``), and checking them twice cost ~5% of a job's server CPU on the hot path
+(``bench/protocol.py``). Every other route's answer is checked by the server (``http.answer``).
+
 Every report but the claim is fenced by ``worker_id`` and ``attempt``: the store's compare-and-set
 refuses a report from a worker or attempt that is no longer the job's (409 ``stale_attempt``), and
 the worker stops that job.
@@ -23,11 +29,10 @@ from corral.core import lifecycle
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
-from corral.protocol.answers import CheckpointSaved, ClaimAnswer, HeartbeatAnswer, JobAnswer
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
-from corral.server.http import answer, fence, parse_body, query_float, query_int, read_body
+from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobReport
@@ -121,7 +126,7 @@ async def claim(request: Request) -> Response:
     body["attempt"] = job.attempts
     body["env"] = claim_env(state, job, str(request.base_url).rstrip("/"), tasks)
     body["gang_checkpoints"] = gang_checkpoints(tasks)
-    return answer(ClaimAnswer, body)
+    return json_response(body)
 
 
 async def job_heartbeat(request: Request) -> Response:
@@ -133,7 +138,7 @@ async def job_heartbeat(request: Request) -> Response:
         state.store, request.path_params["job_id"], worker_id, attempt, state.clock.now(), report
     )
     epoch = lifecycle.stop_request(job)
-    return answer(HeartbeatAnswer, {} if epoch is None else {"action": "preempt", "preemption_epoch": epoch})
+    return json_response({} if epoch is None else {"action": "preempt", "preemption_epoch": epoch})
 
 
 async def done(request: Request) -> Response:
@@ -149,7 +154,7 @@ async def done(request: Request) -> Response:
     logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
     record_reported(state, reported)
     state.released()
-    return answer(JobAnswer, job_to_wire(job))
+    return json_response(job_to_wire(job))
 
 
 async def fail(request: Request) -> Response:
@@ -170,7 +175,7 @@ async def fail(request: Request) -> Response:
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
     record_reported(state, reported)
     state.released()
-    return answer(JobAnswer, job_to_wire(reported.job))
+    return json_response(job_to_wire(reported.job))
 
 
 def _record_fail(state: ServerState, job: Job, worker_id: str, attempt: int, exit_code: int | None) -> None:
@@ -204,7 +209,7 @@ async def preempted(request: Request) -> Response:
         )
     record_reported(state, reported)
     state.released()
-    return answer(JobAnswer, job_to_wire(job))
+    return json_response(job_to_wire(job))
 
 
 async def watchdog(request: Request) -> Response:
@@ -241,7 +246,7 @@ async def watchdog(request: Request) -> Response:
         logger.warning("watchdog tripped", extra=fields)
     record_reported(state, reported)
     state.released()
-    return answer(JobAnswer, job_to_wire(job))
+    return json_response(job_to_wire(job))
 
 
 async def upload_checkpoint(request: Request) -> Response:
@@ -268,7 +273,7 @@ async def upload_checkpoint(request: Request) -> Response:
         },
     )
     saved = {"job_id": job.id, "bytes": len(data), "preemption_epoch": epoch, "attempt": attempt}
-    return answer(CheckpointSaved, saved)
+    return json_response(saved)
 
 
 async def download_checkpoint(request: Request) -> Response:
