@@ -12,7 +12,9 @@ Where each rule of the seeds lives:
 
 - the submit (a single job ``pending``, a gang's tasks ``blocked``): ``submitted``;
 - the claim (pending or reserved -> running, ``attempts`` + 1: the fence): ``start``;
-- the fence every worker report is checked against: ``check_fence``;
+- the fence every worker report is checked against: ``check_fence``; which heartbeats renew a
+  lease and what they answer: ``check_heartbeat``, ``stop_request``; which checkpoint uploads are
+  kept (from a stop at its epoch, or from any end of the current attempt): ``accept_checkpoint``;
 - seed 000's retry rule (retry while counted attempts < ``max_retries``): ``report_failure``;
 - a worker handing a job back without spending its attempt: ``report_failure(release=True)``;
 - a watchdog trip (seed 004: re-queue at the front while under the cap, else fail; the trip spends
