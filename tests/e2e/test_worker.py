@@ -223,8 +223,9 @@ def test_killed_worker_job_is_requeued_and_finished_by_another(
     )
     with Client(server.url) as client:
         job = client.submit({"command": command})
-        wait_for(lambda: (tmp_path / "pid-1").exists(), 10, "the first attempt to start")
-        reap_groups.append(int((tmp_path / "pid-1").read_text()))
+        # The file exists a moment before the shell has written its pid into it.
+        pid = wait_for(lambda: (tmp_path / "pid-1").exists() and (tmp_path / "pid-1").read_text().strip(), 10)
+        reap_groups.append(int(pid))
 
         first.process.kill()
         first.process.wait(timeout=10)
