@@ -4,7 +4,6 @@ store module uses. No queries run here."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -17,7 +16,6 @@ from corral.domain.transitions import Transition
 from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
 
 JOB_SELECT = ", ".join(JOB_COLUMNS)
-EVENT_COUNT = JOB_COLUMNS.index("event_count")
 WORKER_SELECT = ", ".join(WORKER_COLUMNS)
 
 
@@ -38,16 +36,6 @@ CLAIM_MAX_PAGE = 512
 class Transaction(Protocol):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
-
-
-class Raw(str):
-    """A SET value written as SQL (``attempts + 1``) rather than bound as a parameter."""
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    reason: Reason | None = None
-    epoch: int | None = None
 
 
 def to_json(value: Any) -> str:

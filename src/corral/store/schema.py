@@ -217,9 +217,6 @@ DECLARED_SCHEMA: dict[str, tuple[str, ...]] = {
 JOB_COLUMNS = DECLARED_SCHEMA["jobs"]
 WORKER_COLUMNS = DECLARED_SCHEMA["workers"]
 EVENT_COLUMNS = DECLARED_SCHEMA["job_events"]
-IDEMPOTENCY_COLUMNS = DECLARED_SCHEMA["idempotency_keys"]
-CHECKPOINT_COLUMNS = DECLARED_SCHEMA["checkpoints"]
-HOLD_COLUMNS = DECLARED_SCHEMA["holds"]
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(

@@ -238,13 +238,14 @@ class SqlStore(abc.ABC):
         (``replayed``); the same key with a different request is a conflict.
         """
         with self._transaction() as tx:
-            plan = [(gang_id, list(jobs)) for gang_id, jobs in submissions]
-            job_rows = [insert_row(job) for _, jobs in plan for job in jobs]
-            event_rows = [submit_event(job) for _, jobs in plan for job in jobs]
+            job_rows = [insert_row(job) for _, jobs in submissions for job in jobs]
+            event_rows = [submit_event(job) for _, jobs in submissions for job in jobs]
             if idempotency_key is not None:
                 # Take the key first: a concurrent submit with the same key (another replica) waits
                 # here for ours to commit, then finds the key taken and replays our result.
-                result = [{"gang_id": gang_id, "jobs": [job.id for job in jobs]} for gang_id, jobs in plan]
+                result = [
+                    {"gang_id": gang_id, "jobs": [job.id for job in jobs]} for gang_id, jobs in submissions
+                ]
                 taken = tx.execute(
                     "INSERT INTO idempotency_keys (key, fingerprint, result, created_at) VALUES (?, ?, ?, ?)"
                     " ON CONFLICT (key) DO NOTHING RETURNING key",
@@ -258,8 +259,8 @@ class SqlStore(abc.ABC):
             tx.executemany(INSERT_EVENT, event_rows)
         return SubmitResult(
             items=tuple(
-                Submitted(job=jobs[0]) if gang_id is None else Submitted(gang_id=gang_id, tasks=tuple(jobs))
-                for gang_id, jobs in plan
+                Submitted(job=jobs[0]) if gang_id is None else Submitted(gang_id=gang_id, tasks=jobs)
+                for gang_id, jobs in submissions
             )
         )
 

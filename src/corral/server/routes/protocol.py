@@ -202,7 +202,7 @@ async def preempted(request: Request) -> Response:
         state.store, request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now()
     )
     job = reported.job
-    if reported.completion is None and job.status == Status.CANCELLED:
+    if job.status == Status.CANCELLED:
         state.metrics.jobs_cancelled.inc()
         logger.info(
             "job cancelled", extra={"job_id": job.id, "worker_id": worker_id, "preemption_epoch": epoch}
