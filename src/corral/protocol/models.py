@@ -161,6 +161,12 @@ class JobHeartbeatBody(_Strict):
     progress: dict[str, Any] | None = None
     gpu_util_pct: float | None = Field(None, ge=0, le=100)
     rss_mb: float | None = Field(None, ge=0)
+    #: when the job last saved a checkpoint on its worker (epoch seconds: the modification time of
+    #: ``CORRAL_CHECKPOINT_OUT``): the preemption planner's cost counts the work since then
+    checkpoint_at: float | None = Field(None, ge=0)
+    #: during a preemption's checkpoint phase, the job asks for this many more seconds
+    #: (``jobkit.defer``); the server grants up to ``CORRAL_MAX_DEFERRAL_S`` in all
+    defer_s: float | None = Field(None, ge=0, le=86400)
 
 
 class FailBody(_Strict):
