@@ -24,9 +24,7 @@ class ServerSettings(BaseSettings):
 
     A setting arrives with the code that reads it (``tests/unit/test_every_setting_is_read.py``
     fails on a field nothing outside this module reads). Still to come with their issues:
-    authentication (``CORRAL_AUTH_TOKENS``), preemption and fair share (``CORRAL_MAX_VICTIMS``,
-    ``CORRAL_NEAR_COMPLETION_S``, the starvation and satisfaction defaults) and
-    ``CORRAL_CHECKPOINT_TIMEOUT_S``.
+    authentication (``CORRAL_AUTH_TOKENS``) and fair share (the satisfaction thresholds).
     """
 
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
@@ -43,6 +41,18 @@ class ServerSettings(BaseSettings):
     preempt_timeout_s: float = Field(45.0, gt=0, description="a preempting job is force-drained after")
     watchdog_max_retries: int = Field(3, ge=0, description="watchdog re-queues before a job fails")
     checkpoint_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest checkpoint body")
+    # Preemption (seed 003): planned by the admission cycle.
+    max_victims: int = Field(3, ge=1, description="jobs or whole gangs one preemption may stop, at most")
+    near_completion_s: float = Field(
+        300.0, ge=0, description="a job this close to its declared walltime is never preempted"
+    )
+    preemptive_backoff_s: float = Field(
+        5.0, ge=0, description="at most one preemptive placement per worker per this many seconds"
+    )
+    checkpoint_timeout_s: float = Field(
+        600.0, gt=0, description="a preemption victim's checkpoint phase (extended 50% once)"
+    )
+    max_deferral_s: float = Field(300.0, ge=0, description="extra checkpoint time a victim may ask for")
     log_level: str = Field("info", description="debug, info, warning or error")
     access_log: bool = Field(False, description="log every HTTP request")
 

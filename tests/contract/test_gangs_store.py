@@ -302,8 +302,8 @@ class RacingPlacement(ClaimPlacement):
     def __init__(self, act) -> None:
         self.act = act
 
-    def reserved_task(self, allocations):
-        chosen = super().reserved_task(allocations)
+    def reserved_task(self, worker, allocations):
+        chosen = super().reserved_task(worker, allocations)
         if chosen is not None:
             self.act()
         return chosen

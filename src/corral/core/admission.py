@@ -36,16 +36,17 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from heapq import heapify, heappop, heappush
 
-from corral.core import drain
+from corral.core import drain, preemption
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
 from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill
+from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
-from corral.domain.records import Allocation, Constraints, Reason, Worker
+from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
 
@@ -59,8 +60,85 @@ Holding = tuple[Resources, float | None, str]
 Take = tuple["_Slot", tuple[int, ...]]
 
 
-def decide(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisions:
-    """One admission cycle over ``snapshot`` (the steps are in the module docstring)."""
+def decide(
+    snapshot: Snapshot, reservation_timeout_s: float, preemption_settings: PreemptionSettings | None = None
+) -> AdmissionDecisions:
+    """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
+    ``preemption_settings``, the preemption planner (step 7) over what it left waiting."""
+    admitted = _admit_gangs(snapshot, reservation_timeout_s)
+    single_rollbacks = tuple(
+        job.id
+        for job in snapshot.holding
+        if job.gang_id is None and drain.is_stale(job, snapshot.now, reservation_timeout_s)
+    )
+    if preemption_settings is None:
+        return replace(admitted, single_rollbacks=single_rollbacks)
+    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings)
+
+
+def _preempt(
+    snapshot: Snapshot,
+    admitted: AdmissionDecisions,
+    single_rollbacks: tuple[str, ...],
+    settings: PreemptionSettings,
+) -> AdmissionDecisions:
+    """Step 7: the gangs the regular placement left waiting (those that could ever fit) and the
+    pending single jobs are the preemption planner's preemptors; a gang it makes room for is
+    reserved by the preemption instead, so its waiting reason and holds go."""
+    never = {"no_workers", "unschedulable"}
+    tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
+    preemptors = [
+        preemption.Preemptor(waiting.gang_id, in_index_order(tasks_of[waiting.gang_id]))
+        for waiting in admitted.waiting
+        if waiting.reason.code not in never and waiting.gang_id in tasks_of
+    ]
+    preemptors.extend(preemption.Preemptor(job.id, (job,)) for job in snapshot.pending)
+    extra = tuple(  # this cycle's reservations hold their capacity already
+        Allocation(
+            place.job_id,
+            place.worker_id,
+            tasks_of[reservation.gang_id][0].spec.resources,
+            place.gpu_indices,
+            Status.RESERVED,
+        )
+        for reservation in admitted.reservations
+        for place in reservation.placements
+    )
+    planned = preemption.plan(
+        preemption.PlanInputs(
+            now=snapshot.now,
+            workers=snapshot.workers,
+            holding=snapshot.holding,
+            preemptors=tuple(preemptors),
+            settings=settings,
+            pools=snapshot.pools,
+            extra=extra,
+            last_preemptive=snapshot.last_preemptive,
+        )
+    )
+    served = {found.preemptor for found in planned.preemptions}
+    reasons = dict(planned.waiting)
+    waiting = tuple(
+        Waiting(entry.gang_id, reasons.get(entry.gang_id, entry.reason))
+        for entry in admitted.waiting
+        if entry.gang_id not in served
+    )
+    return replace(
+        admitted,
+        holds=tuple(hold for hold in admitted.holds if hold.gang_id not in served),
+        waiting=waiting,
+        preemptions=planned.preemptions,
+        single_rollbacks=single_rollbacks,
+        single_waiting=tuple((key, reason) for key, reason in planned.waiting if key not in tasks_of),
+    )
+
+
+def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
+    return tuple(sorted(tasks, key=lambda task: (task.gang_index or 0, task.id)))
+
+
+def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisions:
+    """Steps 1 to 6 of the module docstring."""
     now = snapshot.now
     rollbacks, released = _stale_reservations(snapshot.gangs, now, reservation_timeout_s)
     candidates = in_gang_order([gang for gang in snapshot.gangs if _is_candidate(gang, released)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from corral.domain.records import Hold, Reason
 
@@ -35,7 +36,8 @@ class Rollback:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """A gang that was not placed this cycle, and why (for ``corral why`` and the dashboard)."""
+    """A gang (or a single job a preemption could not make room for) that was not placed this
+    cycle, and why (for ``corral why`` and the dashboard)."""
 
     gang_id: str
     reason: Reason
@@ -46,4 +48,11 @@ class AdmissionDecisions:
     rollbacks: tuple[Rollback, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     holds: tuple[Hold, ...] = ()
+    #: gangs (by gang id) and single jobs (by job id) not placed this cycle, and why
     waiting: tuple[Waiting, ...] = ()
+    #: the preemption planner's decisions (``corral.core.preemption.Preemption``)
+    preemptions: tuple[Any, ...] = ()
+    #: single jobs whose reservation (a preemptor's) went stale: back to pending
+    single_rollbacks: tuple[str, ...] = ()
+    #: pending single jobs a preemption could not make room for, and why (job id, reason)
+    single_waiting: tuple[tuple[str, Reason], ...] = ()

@@ -57,6 +57,15 @@ BLOCKED: dict[str, object] = {
     "last_heartbeat_at": None,
     "reserved_at": None,
     "drain_started_at": None,
+    "victims_deadline": None,
+}
+#: what a preemption victim loses when it goes back to the queue: its preemptor, its checkpoint phase
+VICTIM_CLEARED: dict[str, object] = {
+    "preempted_for": None,
+    "checkpoint_requested_at": None,
+    "checkpoint_deadline": None,
+    "checkpoint_extended": False,
+    "checkpoint_deferred_s": 0.0,
 }
 
 
@@ -85,17 +94,25 @@ class DrainCompleted:
     drain_seconds: float | None
     tasks: tuple[Job, ...]
     watchdog_trips: tuple[str, ...] = ()
+    #: a preemption victim re-queued: the job or gang it was stopped for
+    preempted_for: str | None = None
 
 
 # --- reserve -------------------------------------------------------------------------------
 
 
 def reserve(
-    tasks: Sequence[Job], placements: dict[str, tuple[str, tuple[int, ...]]], master_port: int, now: float
+    tasks: Sequence[Job],
+    placements: dict[str, tuple[str, tuple[int, ...]]],
+    master_port: int,
+    now: float,
+    why: str = "gang reserved on worker {worker}; waiting for its claim",
+    victims_deadline: float | None = None,
 ) -> Plan[tuple[Job, ...] | None]:
     """Every task from ``blocked`` to ``reserved`` on its worker (``placements``: job id -> worker,
     GPU indices), or nothing when a task is no longer blocked or the placements do not cover the
-    gang exactly (a claim or another replica got there first since the snapshot)."""
+    gang exactly (a claim or another replica got there first since the snapshot). A preemptor's
+    reservation waits for its victims: ``victims_deadline`` (``corral.core.preemption``)."""
     if set(placements) != {task.id for task in tasks} or any(task.status != Status.BLOCKED for task in tasks):
         return Plan((), None)
     transitions = []
@@ -105,13 +122,14 @@ def reserve(
             move(
                 task,
                 now,
-                Reason("reserved", f"gang reserved on worker {worker_id}; waiting for its claim"),
+                Reason("reserved", why.format(worker=worker_id)),
                 status=Status.RESERVED,
                 worker_id=worker_id,
                 gpu_indices=tuple(gpu_indices),
                 reservation_epoch=task.reservation_epoch + 1,
                 reserved_at=now,
                 master_port=master_port,
+                victims_deadline=victims_deadline,
             )
         )
     return Plan(tuple(transitions), tuple(transition.after for transition in transitions))
@@ -144,15 +162,16 @@ def first_free_port(used: set[int], first: int = 29500) -> int:
 
 def stale_tasks(tasks: Sequence[Job], now: float, timeout_s: float) -> tuple[Job, ...]:
     """The reserved tasks whose reservation is older than ``timeout_s``: the one staleness rule,
-    used by the admission cycle on its snapshot and again under lock when the rollback is applied."""
-    cutoff = now - timeout_s
-    return tuple(
-        [
-            task
-            for task in tasks
-            if task.status == Status.RESERVED and task.reserved_at is not None and task.reserved_at < cutoff
-        ]
-    )
+    used by the admission cycle on its snapshot and again under lock when the rollback is applied.
+    A preemptor's reservation counts from the time its victims must have left (``victims_deadline``),
+    not from when it was made: it cannot be claimed before they have."""
+    return tuple([task for task in tasks if is_stale(task, now, timeout_s)])
+
+
+def is_stale(task: Job, now: float, timeout_s: float) -> bool:
+    if task.status != Status.RESERVED or task.reserved_at is None:
+        return False
+    return max(task.reserved_at, task.victims_deadline or 0.0) < now - timeout_s
 
 
 def stale_reservation(
@@ -276,6 +295,7 @@ def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
     stranded = bool(statuses & {Status.DONE, Status.FAILED}) and bool(statuses - TERMINAL)
     if Status.PREEMPTED not in statuses and not stranded:
         return None
+    preempted_for = next((task.preempted_for for task in tasks if task.preempted_for), None)
     exhausted = [task for task in tasks if not task.retries_left and task.status not in TERMINAL]
     ended = [task for task in tasks if task.status in (Status.DONE, Status.FAILED)]
     epoch = max(task.preemption_epoch for task in tasks)
@@ -304,11 +324,31 @@ def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
         # A drain that began with a watchdog trip puts the gang at the front of its queue, as a
         # tripped single job is.
         front = bool(tripped)
+        if preempted_for is not None:
+            reason = Reason(
+                "preempted_requeued",
+                f"gang preempted for {preempted_for}; re-queued with its submission time kept",
+            )
         for task in tasks:
             if task.status != Status.BLOCKED:
+                victim: dict[str, object] = {}
+                if task.preempted_for is not None:
+                    victim = {**VICTIM_CLEARED, "preempted_count": task.preempted_count + 1}
                 transitions.append(
-                    move(task, now, reason, epoch, status=Status.BLOCKED, **BLOCKED, queue_front=front)
+                    move(
+                        task,
+                        now,
+                        reason,
+                        epoch,
+                        status=Status.BLOCKED,
+                        **BLOCKED,
+                        queue_front=front,
+                        **victim,
+                    )
                 )
+            elif task.preempted_for is not None:
+                cleared = {**VICTIM_CLEARED, "preempted_count": task.preempted_count + 1}
+                transitions.append(move(task, now, None, queue_front=front, **cleared))
             elif task.queue_front != front:  # set, or cleared after an earlier trip's re-queue
                 transitions.append(move(task, now, None, queue_front=front))
     return Plan(
@@ -320,5 +360,6 @@ def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
             drain_seconds=now - min(started) if started else None,
             tasks=tuple(transition.after for transition in transitions if transition.changes_status),
             watchdog_trips=tripped,
+            preempted_for=preempted_for if outcome == "blocked" else None,
         ),
     )

@@ -13,7 +13,8 @@ Where each rule of the seeds lives:
 - the submit (a single job ``pending``, a gang's tasks ``blocked``): ``submitted``;
 - the claim (pending or reserved -> running, ``attempts`` + 1: the fence): ``start``;
 - the fence every worker report is checked against: ``check_fence``; which heartbeats renew a
-  lease and what they answer: ``check_heartbeat``, ``stop_request``; which checkpoint uploads are
+  lease and what they answer (a preemption's checkpoint phase included): ``check_heartbeat``,
+  ``heartbeat_action``; which checkpoint uploads are
   kept (from a stop at its epoch, or from any end of the current attempt): ``accept_checkpoint``;
 - seed 000's retry rule (retry while counted attempts < ``max_retries``): ``report_failure``;
 - a worker handing a job back without spending its attempt: ``report_failure(release=True)``;
@@ -33,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from corral.core import drain
-from corral.core.drain import DrainCompleted, DrainStarted
+from corral.core.drain import VICTIM_CLEARED, DrainCompleted, DrainStarted
 from corral.domain import errors
 from corral.domain.ids import new_gang_id, new_job_id
 from corral.domain.records import Job, JobSpec, Reason
@@ -41,6 +42,8 @@ from corral.domain.status import LEASED, TERMINAL, Status
 from corral.domain.transitions import Plan, Submission, Transition, applied, move
 
 __all__ = [
+    "CheckpointAccepted",
+    "HeartbeatAction",
     "Reported",
     "accept_checkpoint",
     "acknowledge_stop",
@@ -50,12 +53,14 @@ __all__ = [
     "force_drain",
     "ghost_cutoff",
     "gone_from_worker",
+    "heartbeat_action",
     "lease_expired",
+    "note_waiting",
     "report_done",
     "report_failure",
     "report_trip",
+    "stale_single_reservation",
     "start",
-    "stop_request",
     "submitted",
 ]
 
@@ -81,6 +86,10 @@ class Reported:
     trip_outcome: str | None = None
     #: the decision ended a stop the server had asked for with the job ``preempted``
     preempted: bool = False
+    #: a preemption victim's checkpoint phase ended without a checkpoint (the job stopped first)
+    failed_checkpoint: bool = False
+    #: a preemption victim went back to the queue
+    requeued: bool = False
 
 
 # --- the fence --------------------------------------------------------------------------------
@@ -149,6 +158,7 @@ def start(job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> T
         queue_front=False,
         exit_code=None,
         reason=None,
+        victims_deadline=None,
     )
 
 
@@ -160,9 +170,66 @@ def check_heartbeat(job: Job, worker_id: str, attempt: int) -> None:
         raise _not_running(job)
 
 
-def stop_request(job: Job) -> int | None:
-    """The preemption epoch a heartbeat answer asks the worker to stop at, or None to carry on."""
-    return job.preemption_epoch if job.status == Status.PREEMPTING else None
+@dataclass(frozen=True, slots=True)
+class HeartbeatAction:
+    """What a heartbeat answers: carry on (``action`` None), ``checkpoint`` before the stop (with
+    the seconds left, ``deadline_s``), or ``preempt``. ``failed_checkpoint``: this heartbeat ended a
+    checkpoint phase that got no checkpoint (counted, and shown by ``why``)."""
+
+    job: Job
+    action: str | None = None
+    epoch: int | None = None
+    deadline_s: float | None = None
+    failed_checkpoint: bool = False
+
+
+def heartbeat_action(
+    job: Job, now: float, defer_s: float | None, checkpoint_timeout_s: float, max_deferral_s: float
+) -> Plan[HeartbeatAction]:
+    """The answer to a heartbeat of a job being stopped, and the checkpoint phase's clock (seed 003):
+
+    - ``defer_s`` (the job asked for more time, ``jobkit.defer``) pushes the deadline to at least
+      ``now + defer_s``, up to ``max_deferral_s`` granted in all;
+    - at the deadline, a job still beating (this heartbeat) gets one extension of 50% of
+      ``checkpoint_timeout_s``;
+    - past it, the phase ends without a checkpoint (``checkpoint_failures`` + 1) and the stop begins:
+      the force-drain timer counts from now, never cutting the phase short.
+    """
+    if job.status != Status.PREEMPTING:
+        return Plan((), HeartbeatAction(job))
+    epoch = job.preemption_epoch
+    deadline = job.checkpoint_deadline
+    if deadline is None:
+        return Plan((), HeartbeatAction(job, "preempt", epoch))
+    fields: dict[str, object] = {}
+    if defer_s and job.checkpoint_deferred_s < max_deferral_s:
+        grant = min(defer_s, max_deferral_s - job.checkpoint_deferred_s)
+        fields["checkpoint_deferred_s"] = job.checkpoint_deferred_s + grant
+        deadline = max(deadline, now + grant)
+    if now >= deadline and not job.checkpoint_extended:
+        deadline += checkpoint_timeout_s * 0.5
+        fields["checkpoint_extended"] = True
+    if now < deadline:
+        if deadline != job.checkpoint_deadline:
+            fields["checkpoint_deadline"] = deadline
+        if not fields:
+            return Plan((), HeartbeatAction(job, "checkpoint", epoch, deadline - now))
+        transition = move(job, now, None, **fields)
+        return Plan((transition,), HeartbeatAction(transition.after, "checkpoint", epoch, deadline - now))
+    waited = now - (job.checkpoint_requested_at or now)
+    transition = move(
+        job,
+        now,
+        None,
+        **fields,
+        checkpoint_deadline=None,
+        checkpoint_failures=job.checkpoint_failures + 1,
+        drain_started_at=now,
+        reason=Reason(
+            "checkpoint_timed_out", f"no checkpoint {waited:.0f} s after it was asked for; stopping"
+        ),
+    )
+    return Plan((transition,), HeartbeatAction(transition.after, "preempt", epoch, failed_checkpoint=True))
 
 
 def ghost_cutoff(previous_contact: float | None, now: float, lease_s: float) -> float | None:
@@ -324,9 +391,22 @@ def check_stop_epoch(job: Job, worker_id: str, attempt: int, epoch: int) -> None
         raise errors.StaleEpoch(f"job {job.id} is at preemption epoch {job.preemption_epoch}, not {epoch}")
 
 
+#: how many past checkpoint phases a job remembers (their median is its expected checkpoint time)
+CHECKPOINT_HISTORY = 10
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAccepted:
+    """A stored checkpoint: the job as it is now, and how long the checkpoint phase it ended took
+    (None when it ended none)."""
+
+    job: Job
+    phase_seconds: float | None = None
+
+
 def accept_checkpoint(
     job: Job, gang: Sequence[Job], worker_id: str, attempt: int, epoch: int | None, now: float
-) -> Plan[Job]:
+) -> Plan[CheckpointAccepted]:
     """Whether a checkpoint upload may be stored, and the job marked as having one (``gang`` is not
     read: a checkpoint is one rank's own).
 
@@ -340,10 +420,53 @@ def accept_checkpoint(
         check_fence(job, worker_id, attempt)
         if job.status not in (Status.RUNNING, Status.PREEMPTING):
             raise _not_running(job)
+    if job.checkpoint_deadline is not None:
+        # The checkpoint phase of a preemption ends here: the stop begins (its force-drain timer
+        # with it), and how long it took goes into the job's expected checkpoint time.
+        took = max(0.0, now - (job.checkpoint_requested_at or now))
+        transition = move(
+            job,
+            now,
+            None,
+            has_checkpoint=True,
+            checkpoint_deadline=None,
+            checkpoint_durations=(*job.checkpoint_durations, took)[-CHECKPOINT_HISTORY:],
+            last_checkpoint_at=now,
+            drain_started_at=now,
+        )
+        return Plan((transition,), CheckpointAccepted(transition.after, took))
     if job.has_checkpoint:
-        return Plan((), job)
+        return Plan((), CheckpointAccepted(job))
     transition = move(job, now, None, has_checkpoint=True)
+    return Plan((transition,), CheckpointAccepted(transition.after))
+
+
+def stale_single_reservation(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Job | None]:
+    """A single job reserved by a preemption (its victims have left by ``victims_deadline``) and not
+    claimed ``timeout_s`` after that: back to ``pending`` (``drain.is_stale``, the gangs' rule).
+    None when it was claimed or cancelled meanwhile."""
+    if job.gang_id is not None or not drain.is_stale(job, now, timeout_s):
+        return Plan((), None)
+    transition = move(
+        job,
+        now,
+        Reason(
+            "reservation_expired", f"reserved on worker {job.worker_id} and not claimed in time; re-queued"
+        ),
+        status=Status.PENDING,
+        **REQUEUED,
+        reserved_at=None,
+        victims_deadline=None,
+    )
     return Plan((transition,), transition.after)
+
+
+def note_waiting(job: Job, gang: Sequence[Job], reason: Reason, now: float) -> Plan[None]:
+    """Why a pending single job was not placed by the cycle (a preemptor with no victim set), for
+    ``corral why``: no status change, so no event row; nothing when it says so already."""
+    if job.status != Status.PENDING or job.reason == reason:
+        return Plan((), None)
+    return Plan((move(job, now, None, reason=reason),), None)
 
 
 # --- stops -------------------------------------------------------------------------------------
@@ -354,8 +477,13 @@ def finish_stop(
 ) -> Plan[Reported]:
     """preempting -> cancelled (a cancel asked for the stop) or preempted, keeping what the worker
     reported of the end (``report``: exit code, error, output tail); for a gang task, the drain
-    completes at once when this was its last rank in flight."""
-    fields = report or {}
+    completes at once when this was its last rank in flight; a preempted single victim of the
+    planner goes back to the queue at once (``_requeue_victim``). A victim that stopped during its
+    checkpoint phase failed to checkpoint (counted)."""
+    fields = dict(report or {})
+    failed_checkpoint = job.checkpoint_deadline is not None
+    if failed_checkpoint:
+        fields.update(checkpoint_deadline=None, checkpoint_failures=job.checkpoint_failures + 1)
     if job.cancel_requested:
         transition = move(
             job,
@@ -371,7 +499,30 @@ def finish_stop(
             job, now, Reason("preempted", how), job.preemption_epoch, status=Status.PREEMPTED, **fields
         )
     preempted = transition.after.status == Status.PREEMPTED
-    return _then_complete((transition,), gang, now, Reported(transition.after, preempted=preempted))
+    reported = Reported(transition.after, preempted=preempted, failed_checkpoint=failed_checkpoint)
+    if preempted and job.gang_id is None and job.preempted_for is not None:
+        requeued = _requeue_victim(transition.after, now)
+        return Plan((transition, requeued), replace(reported, job=requeued.after, requeued=True))
+    return _then_complete((transition,), gang, now, reported)
+
+
+def _requeue_victim(job: Job, now: float) -> Transition:
+    """A preempted single job goes back to the queue (seed 003): its submission time kept, the
+    preemption counted, its attempt refunded (a preemption never spends a retry), its checkpoint
+    handed to the next attempt."""
+    resume = "resuming from its checkpoint" if job.has_checkpoint else "starting over (no checkpoint)"
+    return move(
+        job,
+        now,
+        Reason("preempted_requeued", f"preempted for {job.preempted_for}; re-queued, {resume}"),
+        job.preemption_epoch,
+        status=Status.PENDING,
+        **REQUEUED,
+        **VICTIM_CLEARED,
+        drain_started_at=None,
+        preempted_count=job.preempted_count + 1,
+        refunds=job.refunds + 1,
+    )
 
 
 def force_drain(
@@ -382,7 +533,9 @@ def force_drain(
     newer stop at another epoch)."""
     if job.status != Status.PREEMPTING or job.preemption_epoch != epoch:
         return Plan((), None)
-    if job.drain_started_at is None or job.drain_started_at >= now - timeout_s:
+    # A checkpoint phase under way is never cut short: the stop's timer starts when it ends.
+    began = job.checkpoint_deadline if job.checkpoint_deadline is not None else job.drain_started_at
+    if began is None or began >= now - timeout_s:
         return Plan((), None)
     plan = finish_stop(job, gang, now, f"force-drained after {timeout_s:.0f}s without an ack")
     return Plan(plan.transitions, plan.outcome)

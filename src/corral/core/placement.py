@@ -127,11 +127,14 @@ class ClaimPlacement:
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
 
-    def reserved_task(self, allocations: Sequence[Allocation]) -> str | None:
-        """A gang task reserved on the worker goes first (its gang waits for it, seed 001); of
-        several, the lowest id."""
-        reserved = [allocation.job_id for allocation in allocations if allocation.status == Status.RESERVED]
-        return min(reserved) if reserved else None
+    def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
+        """A task reserved on the worker goes first (its gang waits for it, seed 001); of several,
+        the lowest id. A preemptor's reservation is started only once its victims have left: its
+        GPU indices and resources are free of every other allocation on the worker."""
+        for allocation in sorted(allocations, key=lambda allocation: allocation.job_id):
+            if allocation.status == Status.RESERVED and _room_left_for(allocation, worker, allocations):
+                return allocation.job_id
+        return None
 
     def choose(
         self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float
@@ -150,3 +153,11 @@ def first_fit(
     held capacity included, so ``why`` never says "fits" where every claim would refuse."""
     usable = capacity if not holds or may_backfill(job, holds, now) else without_holds(capacity, holds)
     return place(job.spec.resources, job.spec.constraints, worker, usable)
+
+
+def _room_left_for(reserved: Allocation, worker: Worker, allocations: Sequence[Allocation]) -> bool:
+    others = [allocation for allocation in allocations if allocation.job_id != reserved.job_id]
+    capacity = free_capacity(worker, others)
+    return capacity.free.covers(reserved.resources) and set(reserved.gpu_indices) <= set(
+        capacity.free_gpu_indices
+    )

@@ -9,9 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from corral.domain.records import Allocation, Job, Worker
 from corral.domain.resources import Resources
+
+
+class PoolView(Protocol):
+    """What the core reads of a pool (``corral.domain.pools.Pool`` provides it)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def guarantee(self) -> Resources: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +51,9 @@ class Snapshot:
     pending single jobs (for holds and backfill); ``workers`` every registered worker (the policies
     use the active ones).
 
+    ``pending`` holds the pending single jobs that may preempt (the store reads those whose class is
+    at least the lowest running one, in queue order).
+
     ``expected_ends`` says, by job id, when an allocation is expected to give its resources back:
     ``started_at + walltime_s`` for a job that declared a walltime, ``now + walltime_s`` for one
     reserved but not started yet. A job absent from it has no known end (no walltime). Gang holds
@@ -53,3 +67,10 @@ class Snapshot:
     gangs: tuple[Gang, ...]
     pending: tuple[Job, ...] = ()
     expected_ends: Mapping[str, float] = field(default_factory=dict)
+    #: every job holding resources, whole rows (the preemption planner's victims; reserved single
+    #: jobs whose reservation may go stale)
+    holding: tuple[Job, ...] = ()
+    #: pools by path (``corral.domain.pools``), for the planner's sensitive, service and borrowing rules
+    pools: Mapping[str, PoolView] = field(default_factory=dict)
+    #: worker id -> when it last had a preemptive placement (the per-worker backoff)
+    last_preemptive: Mapping[str, float] = field(default_factory=dict)

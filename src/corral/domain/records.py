@@ -98,6 +98,23 @@ class Job:
     #: the job's GPU utilisation and its process tree's memory, as its last heartbeat reported
     gpu_util_pct: float | None = None
     rss_mb: float | None = None
+    #: a preemption victim: the job or gang (its id) it is being stopped for
+    preempted_for: str | None = None
+    #: a preemptor reserved on capacity its victims still hold: the reservation does not expire
+    #: before this time (the victims' checkpoint phase and stop), and is not claimed before they left
+    victims_deadline: float | None = None
+    #: a victim's checkpoint phase (seed 003): when the checkpoint was asked for, and the time the
+    #: server stops waiting for it (None: no phase under way); the one 50% extension, the deferrals
+    checkpoint_requested_at: float | None = None
+    checkpoint_deadline: float | None = None
+    checkpoint_extended: bool = False
+    checkpoint_deferred_s: float = 0.0
+    #: how long its past checkpoint phases took, oldest first (at most ``CHECKPOINT_HISTORY``)
+    checkpoint_durations: tuple[float, ...] = ()
+    #: when the job last saved a checkpoint on its worker, as its heartbeats report it
+    last_checkpoint_at: float | None = None
+    #: checkpoint phases that ended without a checkpoint (late or failed)
+    checkpoint_failures: int = 0
 
     @property
     def attempts_used(self) -> int:

@@ -47,6 +47,22 @@ class Metrics:
         self.preemptions = Counter(
             "corral_preemptions_total", "Running jobs told to stop, by reason", ["reason"], registry=registry
         )
+        self.preemption_checkpoint_duration = Histogram(
+            "corral_preemption_checkpoint_duration_seconds",
+            "From a preemption's checkpoint request to the checkpoint received",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 900, 1800),
+            registry=registry,
+        )
+        self.preemption_victim_requeue = Counter(
+            "corral_preemption_victim_requeue_total",
+            "Preempted jobs and gangs put back in the queue",
+            registry=registry,
+        )
+        self.preemption_failed_checkpoint = Counter(
+            "corral_preemption_failed_checkpoint_total",
+            "Preemption checkpoint phases that ended without a checkpoint (late, or the job stopped first)",
+            registry=registry,
+        )
         self.queue_wait = Histogram(
             "corral_job_queue_wait_seconds", "Submission to claim", buckets=_WAIT_BUCKETS, registry=registry
         )

@@ -8,15 +8,17 @@ the clock says, and hands it to the store, which locks the rows, calls it and ap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from corral.core import drain, lifecycle
 from corral.core.drain import DrainCompleted, DrainStarted
-from corral.core.lifecycle import Reported
+from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.placement import ClaimPlacement
+from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
 from corral.domain.records import Job, Reason
+from corral.domain.transitions import Plan
 from corral.store import Store
 from corral.store.base import JobReport, WorkerBeat
 
@@ -80,18 +82,81 @@ def acknowledge_stop(
     return store.change(job_id, decide)
 
 
-def heartbeat(store: Store, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
-    """Renew the lease; the job as it is now. Refused (409) when the attempt no longer holds it."""
+def heartbeat(
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    now: float,
+    report: JobReport,
+    defer_s: float | None = None,
+    checkpoint_timeout_s: float = 600.0,
+    max_deferral_s: float = 300.0,
+) -> HeartbeatAction:
+    """Renew the lease (one statement), then say what the worker must do. Refused (409) when the
+    attempt no longer holds the job. Only a checkpoint phase that moves (a deferral, its extension,
+    its end) writes again, decided once more on the locked row."""
     job = store.heartbeat_job(job_id, worker_id, attempt, now, report)
     lifecycle.check_heartbeat(job, worker_id, attempt)
-    return job
+    phase = partial(
+        lifecycle.heartbeat_action,
+        now=now,
+        defer_s=defer_s,
+        checkpoint_timeout_s=checkpoint_timeout_s,
+        max_deferral_s=max_deferral_s,
+    )
+    first = phase(job)
+    if not first.transitions:
+        return first.outcome
+
+    def decide(locked: Job, gang: tuple[Job, ...]) -> Plan[HeartbeatAction]:
+        lifecycle.check_heartbeat(locked, worker_id, attempt)
+        return phase(locked)
+
+    return store.change(job_id, decide)
 
 
 def save_checkpoint(
     store: Store, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
-) -> Job:
+) -> CheckpointAccepted:
     decide = partial(lifecycle.accept_checkpoint, worker_id=worker_id, attempt=attempt, epoch=epoch, now=now)
     return store.save_checkpoint(job_id, data, now, decide)
+
+
+def preempt(
+    store: Store, preemption: Preemption, jobs: Mapping[str, Job], now: float, checkpoint_timeout_s: float
+) -> PreemptionStarted | None:
+    """Apply one decision of the preemption planner, all of it or nothing (``start_preemption``).
+    ``jobs``: the snapshot's rows, to know which preemptor and victims are gangs."""
+    gang_ids = sorted(
+        {
+            job.gang_id
+            for job_id in (*preemption.job_ids, *(i for victim in preemption.victims for i in victim.job_ids))
+            if (job := jobs.get(job_id)) is not None and job.gang_id is not None
+        }
+    )
+    job_ids = sorted({*preemption.job_ids, *(i for victim in preemption.victims for i in victim.job_ids)})
+    rank_zero = next(
+        (place.worker_id for place in preemption.placements if place.job_id == preemption.job_ids[0]), None
+    )
+    port_worker = rank_zero if len(preemption.job_ids) > 1 else None
+    decide = partial(start_preemption, preemption, now=now, checkpoint_timeout_s=checkpoint_timeout_s)
+    return store.preempt(
+        job_ids,
+        gang_ids,
+        sorted({place.worker_id for place in preemption.placements}),
+        port_worker,
+        lambda locked, workers, ports: decide(locked, workers, ports),
+    )
+
+
+def roll_back_single(store: Store, job_id: str, now: float, timeout_s: float) -> Job | None:
+    """A single job's reservation (a preemptor's) unclaimed past its time: back to pending."""
+    return store.change(job_id, partial(lifecycle.stale_single_reservation, now=now, timeout_s=timeout_s))
+
+
+def note_single_waiting(store: Store, job_id: str, reason: Reason, now: float) -> None:
+    store.change(job_id, partial(lifecycle.note_waiting, reason=reason, now=now))
 
 
 def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:

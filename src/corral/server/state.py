@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from corral.config import ServerSettings
+from corral.core.preemption import PreemptionSettings
 from corral.domain.clock import Clock
 from corral.observability.metrics import Metrics
 from corral.server.signal import WorkSignal
@@ -31,6 +32,21 @@ class ServerState:
     #: whether the last admission pass saw a gang waiting (blocked or reserved tasks); while none
     #: waits, a released slot has nothing for the admission cycle to do before its next tick
     gangs_waiting: bool = True
+    #: worker id -> when the admission cycle last made a preemptive placement on it (the backoff).
+    #: Kept by the loop leader in memory: a new leader may preempt on a worker once more within
+    #: one backoff, nothing worse.
+    last_preemptive: dict[str, float] = field(default_factory=dict)
+
+    def preemption_settings(self) -> PreemptionSettings:
+        settings = self.settings
+        return PreemptionSettings(
+            max_victims=settings.max_victims,
+            near_completion_s=settings.near_completion_s,
+            backoff_s=settings.preemptive_backoff_s,
+            checkpoint_timeout_s=settings.checkpoint_timeout_s,
+            max_deferral_s=settings.max_deferral_s,
+            preempt_timeout_s=settings.preempt_timeout_s,
+        )
 
     def released(self, gang_waiting: bool = False) -> None:
         """Capacity may have come free: wake long-polling claims, and the admission cycle when a

@@ -22,6 +22,11 @@ from corral.domain.transitions import Outcome, Plan, Submission, Transition
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
 GangDecision = Callable[[tuple[Job, ...]], Plan[Outcome]]
+#: a preemption's decision: the locked jobs by id, the locked workers with their allocations, the
+#: rendezvous ports in use on a gang preemptor's rank 0 worker
+PreemptionDecision = Callable[
+    [dict[str, Job], dict[str, tuple[Worker, list[Allocation]]], set[int]], Plan[Outcome]
+]
 
 
 class CapacityView(Protocol):
@@ -40,7 +45,7 @@ class ClaimPolicy(Protocol[CapacityT]):
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
 
-    def reserved_task(self, allocations: Sequence[Allocation]) -> str | None:
+    def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
         """The task reserved for this worker that its claim starts before any pending job."""
         ...
 
@@ -66,6 +71,8 @@ class JobReport:
     progress: dict[str, Any] | None = None
     gpu_util_pct: float | None = None
     rss_mb: float | None = None
+    #: when the job last saved a checkpoint on its worker
+    checkpoint_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,11 @@ class AdmissionInputs:
     #: job id -> expected end (start, or now when not started, plus declared walltime), for the
     #: allocations that declared one
     expected_ends: dict[str, float] = field(default_factory=dict)
+    #: every job holding resources (reserved, running, preempting), whole rows: the preemption
+    #: planner's victims and the reservations it may roll back
+    holding: tuple[Job, ...] = ()
+    #: pending single jobs that may preempt (class at least the lowest running class), queue order
+    pending: tuple[Job, ...] = ()
 
 
 class Store(Protocol):
@@ -164,7 +176,9 @@ class Store(Protocol):
     def heartbeat_job(
         self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...
-    def save_checkpoint(self, job_id: str, data: bytes, now: float, decide: JobDecision[Job]) -> Job: ...
+    def save_checkpoint(
+        self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]
+    ) -> Outcome: ...
     def get_checkpoint(self, job_id: str) -> bytes | None: ...
 
     # workers
@@ -200,6 +214,14 @@ class Store(Protocol):
         policy: ClaimPolicy[Any],
         decide: Callable[[tuple[Job, ...], set[int]], Plan[tuple[Job, ...] | None]],
     ) -> tuple[Job, ...] | None: ...
+    def preempt(
+        self,
+        job_ids: Sequence[str],
+        gang_ids: Sequence[str],
+        worker_ids: Sequence[str],
+        port_worker: str | None,
+        decide: PreemptionDecision[Outcome],
+    ) -> Outcome: ...
     def replace_holds(self, holds: Sequence[Hold]) -> None: ...
     def list_holds(self) -> list[Hold]: ...
     def try_lead(self, loop: str) -> bool: ...

@@ -13,12 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from corral.domain import errors
-from corral.domain.records import Hold, Job
+from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
-from corral.domain.transitions import Plan
-from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision
+from corral.domain.status import Status
+from corral.domain.transitions import Outcome, Plan
+from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision, PreemptionDecision
 from corral.store.operations import OperationsStore
-from corral.store.rows import JOB_SELECT, Transaction, job_from_row
+from corral.store.rows import HOLDING_SQL, JOB_SELECT, QUEUE_ORDER, Transaction, job_from_row
+
+#: pending single jobs the admission cycle reads as possible preemptors, at most, in queue order
+PREEMPTOR_CANDIDATES = 1000
 
 
 class GangStore(OperationsStore):
@@ -37,16 +41,39 @@ class GangStore(OperationsStore):
             job = job_from_row(row)
             gangs.setdefault(job.gang_id or "", []).append(job)
         workers = tuple(self.workers())
-        ends = reader.execute(
-            "SELECT id, COALESCE(started_at, ?) + walltime_s FROM jobs"
-            " WHERE status IN ('reserved', 'running', 'preempting') AND walltime_s IS NOT NULL",
-            (now,),
+        holding = tuple(
+            job_from_row(row)
+            for row in reader.execute(
+                f"SELECT {JOB_SELECT} FROM jobs WHERE status IN {HOLDING_SQL}"
+                " AND worker_id IS NOT NULL ORDER BY id"
+            )
         )
+        expected_ends = {
+            job.id: (job.started_at if job.started_at is not None else now) + job.spec.walltime_s
+            for job in holding
+            if job.spec.walltime_s is not None
+        }
+        running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
+        pending: tuple[Job, ...] = ()
+        if running:  # single jobs that might preempt: none can take from a class above theirs
+            pending = tuple(
+                job_from_row(row)
+                for row in reader.execute(
+                    f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
+                    f" AND preemption_class >= ? ORDER BY {QUEUE_ORDER} LIMIT ?",
+                    (min(running), PREEMPTOR_CANDIDATES),
+                )
+            )
         return AdmissionInputs(
             workers=workers,
-            allocations=tuple(self.allocations()),
+            allocations=tuple(
+                Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+                for job in holding
+            ),
             gangs=tuple((gang_id, tuple(tasks)) for gang_id, tasks in sorted(gangs.items())),
-            expected_ends={job_id: float(end) for job_id, end in ends},
+            expected_ends=expected_ends,
+            holding=holding,
+            pending=pending,
         )
 
     # --- reserve and roll back -----------------------------------------------------------
@@ -119,9 +146,43 @@ class GangStore(OperationsStore):
         )
         return {int(row[0]) for row in rows}
 
+    # --- preemption ----------------------------------------------------------------------
+
+    def preempt(
+        self,
+        job_ids: Sequence[str],
+        gang_ids: Sequence[str],
+        worker_ids: Sequence[str],
+        port_worker: str | None,
+        decide: PreemptionDecision[Outcome],
+    ) -> Outcome:
+        """Apply one preemption in one transaction: lock the preemptor's and the victims' rows (the
+        jobs ``job_ids`` and every task of ``gang_ids``, in id order, as every gang operation
+        locks), then the placement workers in id order with their allocations, and let ``decide``
+        (``corral.core.preemption.start_preemption``) check that nothing moved and say what changes.
+        ``port_worker``: rank 0's worker of a gang preemptor, whose rendezvous ports are in use."""
+        with self._transaction() as tx:
+            marks = ", ".join("?" for _ in job_ids) or "NULL"
+            gang_marks = ", ".join("?" for _ in gang_ids) or "NULL"
+            rows = tx.execute(
+                f"SELECT {JOB_SELECT} FROM jobs WHERE id IN ({marks}) OR gang_id IN ({gang_marks})"
+                f" ORDER BY id{self.lock_clause_plain}",
+                [*job_ids, *gang_ids],
+            )
+            jobs = {job.id: job for job in (job_from_row(row) for row in rows)}
+            workers: dict[str, tuple[Worker, list[Allocation]]] = {}
+            for worker_id in sorted(set(worker_ids)):
+                try:
+                    worker = self._load_worker(tx, worker_id, lock=True)
+                except errors.NotFound:
+                    continue
+                workers[worker_id] = (worker, self._worker_allocations(tx, worker_id))
+            ports = self._master_ports_on(tx, port_worker) if port_worker else set()
+            return self._apply_plan(tx, decide(jobs, workers, ports))
+
     # --- checkpoints ---------------------------------------------------------------------
 
-    def save_checkpoint(self, job_id: str, data: bytes, now: float, decide: JobDecision[Job]) -> Job:
+    def save_checkpoint(self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]) -> Outcome:
         """Store opaque bytes for the job's next attempt when ``decide`` (the core's acceptance rule,
         which refuses a stale upload) allows it. One slot per job: a save replaces the last one."""
         with self._transaction() as tx:

@@ -190,7 +190,8 @@ class OperationsStore(SqlStore):
     def stuck_stops(self, cutoff: float) -> list[tuple[str, int]]:
         """Preempting jobs whose stop began before ``cutoff``, with the epoch of that stop."""
         rows = self._read().execute(
-            "SELECT id, preemption_epoch FROM jobs WHERE status = 'preempting' AND drain_started_at < ?"
+            "SELECT id, preemption_epoch FROM jobs WHERE status = 'preempting'"
+            " AND COALESCE(checkpoint_deadline, drain_started_at) < ?"
             " ORDER BY id",
             (cutoff,),
         )

@@ -58,7 +58,9 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reservation_epoch, reserved_at, preemption_epoch, drain_started_at, cancel_requested,
         submitted_at, started_at, finished_at, last_heartbeat_at, exit_code, error, output_tail,
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
-        event_count, master_port, refunds, gpu_util_pct, rss_mb,
+        event_count, master_port, refunds, gpu_util_pct, rss_mb, preempted_for, victims_deadline,
+        checkpoint_requested_at, checkpoint_deadline, checkpoint_extended, checkpoint_deferred_s,
+        checkpoint_durations, last_checkpoint_at, checkpoint_failures,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -109,7 +111,20 @@ def job_from_row(row: Sequence[Any]) -> Job:
         version=event_count,
         gpu_util_pct=gpu_util_pct,
         rss_mb=rss_mb,
+        preempted_for=preempted_for,
+        victims_deadline=victims_deadline,
+        checkpoint_requested_at=checkpoint_requested_at,
+        checkpoint_deadline=checkpoint_deadline,
+        checkpoint_extended=bool(checkpoint_extended),
+        checkpoint_deferred_s=checkpoint_deferred_s,
+        checkpoint_durations=_parse_durations(checkpoint_durations),
+        last_checkpoint_at=last_checkpoint_at,
+        checkpoint_failures=checkpoint_failures,
     )
+
+
+def _parse_durations(text: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in text.split(",")) if text else ()
 
 
 #: each field of ``Job`` a transition may set, and the columns (with their stored values) it is
@@ -143,6 +158,17 @@ _COLUMNS_OF_FIELD: dict[str, Callable[[Job], dict[str, Any]]] = {
     "refunds": lambda job: {"refunds": job.refunds},
     "gpu_util_pct": lambda job: {"gpu_util_pct": job.gpu_util_pct},
     "rss_mb": lambda job: {"rss_mb": job.rss_mb},
+    "preempted_for": lambda job: {"preempted_for": job.preempted_for},
+    "victims_deadline": lambda job: {"victims_deadline": job.victims_deadline},
+    "checkpoint_requested_at": lambda job: {"checkpoint_requested_at": job.checkpoint_requested_at},
+    "checkpoint_deadline": lambda job: {"checkpoint_deadline": job.checkpoint_deadline},
+    "checkpoint_extended": lambda job: {"checkpoint_extended": int(job.checkpoint_extended)},
+    "checkpoint_deferred_s": lambda job: {"checkpoint_deferred_s": job.checkpoint_deferred_s},
+    "checkpoint_durations": lambda job: {
+        "checkpoint_durations": ",".join(f"{value:.3f}" for value in job.checkpoint_durations)
+    },
+    "last_checkpoint_at": lambda job: {"last_checkpoint_at": job.last_checkpoint_at},
+    "checkpoint_failures": lambda job: {"checkpoint_failures": job.checkpoint_failures},
     "version": lambda job: {},  # event_count, bumped by the store with the status change
 }
 

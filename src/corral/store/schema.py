@@ -133,6 +133,15 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "refunds INTEGER NOT NULL DEFAULT 0",  # migration 3
         "gpu_util_pct DOUBLE PRECISION",  # migration 5
         "rss_mb DOUBLE PRECISION",  # migration 5
+        "preempted_for TEXT",  # migration 7
+        "victims_deadline DOUBLE PRECISION",  # migration 7
+        "checkpoint_requested_at DOUBLE PRECISION",  # migration 7
+        "checkpoint_deadline DOUBLE PRECISION",  # migration 7
+        "checkpoint_extended INTEGER NOT NULL DEFAULT 0",  # migration 7
+        "checkpoint_deferred_s DOUBLE PRECISION NOT NULL DEFAULT 0",  # migration 7
+        "checkpoint_durations TEXT NOT NULL DEFAULT ''",  # migration 7
+        "last_checkpoint_at DOUBLE PRECISION",  # migration 7
+        "checkpoint_failures INTEGER NOT NULL DEFAULT 0",  # migration 7
     ),
     "workers": columns(
         "id TEXT NOT NULL",
@@ -398,6 +407,27 @@ MIGRATIONS: tuple[Migration, ...] = (
             # shown by `corral show` and the dashboard.
             "ALTER TABLE jobs ADD COLUMN gpu_util_pct DOUBLE PRECISION",
             "ALTER TABLE jobs ADD COLUMN rss_mb DOUBLE PRECISION",
+        ),
+    ),
+    Migration(
+        7,
+        "class-based preemption",
+        (
+            # A victim: the job or gang it is being stopped for. A preemptor reserved on capacity
+            # its victims still hold: its reservation does not expire before this time.
+            "ALTER TABLE jobs ADD COLUMN preempted_for TEXT",
+            "ALTER TABLE jobs ADD COLUMN victims_deadline DOUBLE PRECISION",
+            # The checkpoint phase of a victim (seed 003): asked at, ends at (once extended by
+            # 50%, plus the deferrals the job asked for), and what past phases took (for the cost).
+            "ALTER TABLE jobs ADD COLUMN checkpoint_requested_at DOUBLE PRECISION",
+            "ALTER TABLE jobs ADD COLUMN checkpoint_deadline DOUBLE PRECISION",
+            "ALTER TABLE jobs ADD COLUMN checkpoint_extended INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE jobs ADD COLUMN checkpoint_deferred_s DOUBLE PRECISION NOT NULL DEFAULT 0",
+            "ALTER TABLE jobs ADD COLUMN checkpoint_durations TEXT NOT NULL DEFAULT ''",
+            # When the job last saved a checkpoint on its worker (its heartbeats say), and how many
+            # checkpoint phases ended without one.
+            "ALTER TABLE jobs ADD COLUMN last_checkpoint_at DOUBLE PRECISION",
+            "ALTER TABLE jobs ADD COLUMN checkpoint_failures INTEGER NOT NULL DEFAULT 0",
         ),
     ),
 )

@@ -358,7 +358,7 @@ class SqlStore(abc.ABC):
             if worker.status == WorkerStatus.DRAINING:
                 return None
             allocations = self._worker_allocations(tx, worker_id)
-            reserved = policy.reserved_task(allocations)
+            reserved = policy.reserved_task(worker, allocations)
             if reserved is not None:
                 # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
                 # re-reservation that waits for this worker's row) is never waited for here; and a
@@ -419,6 +419,7 @@ class SqlStore(abc.ABC):
             ("progress", to_json(report.progress) if report.progress is not None else None),
             ("gpu_util_pct", report.gpu_util_pct),
             ("rss_mb", report.rss_mb),
+            ("last_checkpoint_at", report.checkpoint_at),
         ):
             if value is not None:
                 assignments.append(f"{column} = ?")

@@ -8,8 +8,10 @@ and is simply made again, correctly, on the next pass.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from corral.core import admission
+from corral.core.preemption import Preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
@@ -27,9 +29,12 @@ def admission_tick(state: ServerState) -> None:
         workers=inputs.workers,
         allocations=inputs.allocations,
         gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in inputs.gangs),
+        pending=inputs.pending,
         expected_ends=inputs.expected_ends,
+        holding=inputs.holding,
+        last_preemptive=state.last_preemptive,
     )
-    decisions = admission.decide(snapshot, state.settings.reservation_timeout_s)
+    decisions = admission.decide(snapshot, state.settings.reservation_timeout_s, state.preemption_settings())
     for rollback in decisions.rollbacks:
         started, completion, rolled = changes.roll_back_stale(
             state.store, rollback.gang_id, now, state.settings.reservation_timeout_s
@@ -67,6 +72,16 @@ def admission_tick(state: ServerState) -> None:
                 "reservation_epoch": reserved[0].reservation_epoch,
             },
         )
+    for job_id in decisions.single_rollbacks:
+        if (
+            changes.roll_back_single(state.store, job_id, now, state.settings.reservation_timeout_s)
+            is not None
+        ):
+            logger.warning("reservation rolled back", extra={"job_id": job_id})
+            state.signal.notify()
+    reserved_any = _apply_preemptions(state, decisions.preemptions, snapshot, now) or reserved_any
+    for job_id, reason in decisions.single_waiting:
+        changes.note_single_waiting(state.store, job_id, reason, now)
     # Compared with the table, not with this replica's memory: holds written by a leader that
     # has since stopped must not outlive it.
     if list(decisions.holds) != state.store.list_holds():
@@ -79,3 +94,41 @@ def admission_tick(state: ServerState) -> None:
             changes.note_waiting(state.store, waiting.gang_id, waiting.reason, now)
     if reserved_any:
         state.signal.notify()
+
+
+def _apply_preemptions(
+    state: ServerState, preemptions: Sequence[Preemption], snapshot: Snapshot, now: float
+) -> bool:
+    """Each preemption in its own transaction, all of it or nothing; metrics and the log lines that
+    tell who was stopped for whom, and why. True when any preemptor was reserved."""
+    jobs = {job.id: job for job in snapshot.holding}
+    jobs.update((job.id, job) for job in snapshot.pending)
+    jobs.update((task.id, task) for gang in snapshot.gangs for task in gang.tasks)
+    started_any = False
+    for preemption in preemptions:
+        started = changes.preempt(state.store, preemption, jobs, now, state.settings.checkpoint_timeout_s)
+        if started is None:
+            logger.info(
+                "preemption lost a race; planning again next pass", extra={"preemptor": preemption.preemptor}
+            )
+            continue
+        started_any = True
+        for worker_id in preemption.worker_ids:
+            state.last_preemptive[worker_id] = now
+        for victim in preemption.victims:
+            state.metrics.preemptions.labels(reason=victim.reason).inc()
+            logger.warning(
+                "job preempted for another",
+                extra={
+                    "victim": victim.key,
+                    "job_ids": list(victim.job_ids),
+                    "preemptor": preemption.preemptor,
+                    "reason": victim.reason,
+                    "victim_class": victim.preemption_class,
+                    "cost_gpu_s": round(victim.cost, 1),
+                },
+            )
+    cutoff = now - state.settings.preemptive_backoff_s
+    for worker_id in [worker_id for worker_id, at in state.last_preemptive.items() if at <= cutoff]:
+        del state.last_preemptive[worker_id]
+    return started_any

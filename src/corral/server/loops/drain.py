@@ -26,6 +26,14 @@ def record_reported(state: ServerState, reported: Reported) -> None:
         record_drain(state, reported.drain)
     if reported.preempted:
         record_preempted(reported.job)
+    if reported.failed_checkpoint:
+        state.metrics.preemption_failed_checkpoint.inc()
+    if reported.requeued:
+        state.metrics.preemption_victim_requeue.inc()
+        logger.info(
+            "preempted job re-queued",
+            extra={"job_id": reported.job.id, "preempted_count": reported.job.preempted_count},
+        )
     if reported.completion is not None:
         record_completion(state, reported.completion)
 
@@ -79,5 +87,7 @@ def record_completion(state: ServerState, completion: DrainCompleted) -> None:
             "drain_s": round(completion.drain_seconds, 3) if completion.drain_seconds is not None else None,
         },
     )
+    if completion.preempted_for is not None:
+        state.metrics.preemption_victim_requeue.inc()
     if completion.outcome == "blocked":
         state.released(gang_waiting=True)

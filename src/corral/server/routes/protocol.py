@@ -25,7 +25,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from corral.core import lifecycle
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
@@ -133,12 +132,36 @@ async def job_heartbeat(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, JobHeartbeatBody, optional=True)
-    report = JobReport(progress=body.progress, gpu_util_pct=body.gpu_util_pct, rss_mb=body.rss_mb)
-    job = changes.heartbeat(
-        state.store, request.path_params["job_id"], worker_id, attempt, state.clock.now(), report
+    report = JobReport(
+        progress=body.progress,
+        gpu_util_pct=body.gpu_util_pct,
+        rss_mb=body.rss_mb,
+        checkpoint_at=body.checkpoint_at,
     )
-    epoch = lifecycle.stop_request(job)
-    return json_response({} if epoch is None else {"action": "preempt", "preemption_epoch": epoch})
+    settings = state.settings
+    action = changes.heartbeat(
+        state.store,
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        state.clock.now(),
+        report,
+        defer_s=body.defer_s,
+        checkpoint_timeout_s=settings.checkpoint_timeout_s,
+        max_deferral_s=settings.max_deferral_s,
+    )
+    if action.failed_checkpoint:
+        state.metrics.preemption_failed_checkpoint.inc()
+        logger.warning(
+            "preemption checkpoint timed out",
+            extra={"job_id": action.job.id, "preemption_epoch": action.epoch, "worker_id": worker_id},
+        )
+    if action.action is None:
+        return json_response({})
+    answer: dict[str, object] = {"action": action.action, "preemption_epoch": action.epoch}
+    if action.deadline_s is not None:
+        answer["deadline_s"] = round(action.deadline_s, 3)
+    return json_response(answer)
 
 
 async def done(request: Request) -> Response:
@@ -259,9 +282,12 @@ async def upload_checkpoint(request: Request) -> Response:
     data = await read_body(request, state.settings.checkpoint_max_bytes)
     if not data:
         raise errors.InvalidRequest("checkpoint body is empty", field="body")
-    job = changes.save_checkpoint(
+    accepted = changes.save_checkpoint(
         state.store, request.path_params["job_id"], worker_id, attempt, epoch, data, state.clock.now()
     )
+    job = accepted.job
+    if accepted.phase_seconds is not None:
+        state.metrics.preemption_checkpoint_duration.observe(accepted.phase_seconds)
     logger.info(
         "checkpoint saved",
         extra={

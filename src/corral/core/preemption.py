@@ -1,0 +1,891 @@
+"""The preemption planner (seed 003, with DESIGN.md's "Preemption: corral's choices"): which running
+work to stop so that higher work that cannot be placed can run, and nothing more.
+
+``plan(inputs)`` is pure: the cycle's snapshot in (after the regular placement of the admission
+cycle), decisions out. It runs inside the admission cycle, over the whole cluster at once, not per
+heartbeat, so it sees every candidate victim and every waiting preemptor together.
+
+**Preemptors**, in order (class highest first, then priority, then the queue order): the blocked
+gangs the regular placement could not place, and the pending single jobs that fit no worker's free
+capacity. A preemptor that fits somewhere without anyone stopping is left to the claim or to the
+next cycle: preemption is a last resort.
+
+**Victims** come in units: a single job, or a whole gang (every task it has running or reserved;
+a gang is never sliced). A unit may be taken from preemptor P (class N, pool Q) when:
+
+- ``priority``: its class is < N; or ``reclaim``: Q is below its guarantee with P's request added,
+  and the unit runs on capacity its own pool borrows (beyond its pool's guarantee), class <= N;
+- it is not class 10, not in a ``sensitive`` pool, not a ``service`` pool's allocation on the pool's
+  own (guaranteed) capacity, not ``checkpoint: none`` with class >= 7, not within
+  ``near_completion_s`` of its declared walltime, not already being stopped;
+- its worker is usable and had no preemptive placement within ``backoff_s`` (nor earlier this
+  cycle): at most one preemptive placement per worker per backoff.
+
+**The cost** of a unit, in GPU-seconds lost (``cost``): for a job that checkpoints, its GPUs times
+its expected checkpoint time (the median of its past checkpoint phases, else 300 s for ``auto`` and
+600 s for ``manual``); otherwise its GPUs times the time since its last checkpoint (or its start);
+plus a penalty that grows steeply once 90% of a declared walltime is used. One comparator orders the
+units (``victim_key``): class ascending, cost ascending, newest first, id.
+
+**The victim set** of a worker for one task of P: that worker's eligible units in comparator order,
+taken until the task fits in the worker's free capacity plus what they free, then put back in
+reverse order where the task still fits without them (minimal), at most ``max_victims`` units. P's
+tasks are placed first on free capacity, then on the best worker sets (the set's worst class, its
+cost, its size, the worker id); a gang preemptor gets room for every task or nobody is touched, and
+in all at most ``max_victims`` units. The units are put back once more over the whole set, so no
+unit is stopped that P does not need. If no set exists, P waits and its reason says why.
+
+The loop applies each ``Preemption`` in one transaction (``decide_preemption``): the victims go
+``preempting`` (each with the job or gang it is stopped for, and, when it checkpoints, its checkpoint
+phase), and P is reserved on the capacity they hold, with ``victims_deadline``: the claim starts it
+once they have left, and its reservation does not expire before then. No lower job slips in while
+the victims stop: the worker's books count both the victims and P's reservation.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from corral.core import drain
+from corral.core.decisions import TaskPlacement
+from corral.core.placement import Capacity, free_capacity, matches_constraints
+from corral.core.snapshot import PoolView
+from corral.domain.records import Allocation, Job, Reason, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.domain.transitions import Plan, Transition, move
+
+__all__ = [
+    "NEVER_PREEMPTED_CLASS",
+    "PlanInputs",
+    "Preemption",
+    "PreemptionPlan",
+    "PreemptionSettings",
+    "PreemptionStarted",
+    "Preemptor",
+    "Victim",
+    "cost",
+    "non_preemptible",
+    "plan",
+    "start_preemption",
+    "victim_key",
+]
+
+#: class 10 is never preempted (seed 003)
+NEVER_PREEMPTED_CLASS = 10
+#: ``checkpoint: none`` at or above this class cannot be preempted (all progress would be lost)
+HIGH_CLASS = 7
+#: expected checkpoint time of a job that has not checkpointed under corral yet, by mode
+DEFAULT_CHECKPOINT_S = {"auto": 300.0, "manual": 600.0}
+#: once this fraction of a declared walltime is used, stopping the job gets steeply dearer
+LATE_FRACTION = 0.9
+#: the penalty's steepness: at 100% of the walltime the job costs this many walltimes more
+LATE_PENALTY = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSettings:
+    max_victims: int = 3
+    near_completion_s: float = 300.0
+    backoff_s: float = 5.0
+    #: how long the victims may take to leave: a checkpoint phase (its timeout, the 50% extension,
+    #: the deferrals) and then the stop, which is force-drained after ``preempt_timeout_s``
+    checkpoint_timeout_s: float = 600.0
+    max_deferral_s: float = 300.0
+    preempt_timeout_s: float = 45.0
+
+    def victims_leave_within(self, checkpointing: bool) -> float:
+        """The longest the victims of one preemption can hold their capacity."""
+        phase = self.checkpoint_timeout_s * 1.5 + self.max_deferral_s if checkpointing else 0.0
+        return phase + self.preempt_timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """Work waiting to be placed: a pending single job (``key`` its id) or a blocked gang (``key``
+    its gang id, ``tasks`` in ``gang_index`` order)."""
+
+    key: str
+    tasks: tuple[Job, ...]
+
+    @property
+    def first(self) -> Job:
+        return self.tasks[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """One unit to stop: a single job (``key`` its id) or a whole gang (``key`` its gang id), the
+    jobs it stops (its running and reserved tasks), its class, its cost, and the trigger."""
+
+    key: str
+    job_ids: tuple[str, ...]
+    preemption_class: int
+    cost: float
+    reason: str  # "priority" or "reclaim"
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop ``victims`` so that ``preemptor`` runs on ``placements`` (one per task)."""
+
+    preemptor: str
+    job_ids: tuple[str, ...]
+    placements: tuple[TaskPlacement, ...]
+    victims: tuple[Victim, ...]
+    #: the victims' workers: each had its one preemptive placement of the backoff
+    worker_ids: tuple[str, ...]
+    #: P's reservation does not expire before this: the victims have left by then
+    victims_deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    preemptions: tuple[Preemption, ...] = ()
+    #: preemptors for which no victim set exists this cycle, and why
+    waiting: tuple[tuple[str, Reason], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """The planner's snapshot. ``holding``: every job holding resources (reserved, running,
+    preempting), with this cycle's new reservations as ``extra`` allocations; ``pools`` by path
+    (a path not there: kind ``batch``, no guarantee); ``last_preemptive``: worker id -> when it
+    last had a preemptive placement (the backoff)."""
+
+    now: float
+    workers: tuple[Worker, ...]
+    holding: tuple[Job, ...]
+    preemptors: tuple[Preemptor, ...]
+    settings: PreemptionSettings = field(default_factory=PreemptionSettings)
+    pools: Mapping[str, PoolView] = field(default_factory=dict)
+    extra: tuple[Allocation, ...] = ()
+    last_preemptive: Mapping[str, float] = field(default_factory=dict)
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+def cost(job: Job, now: float) -> float:
+    """GPU-seconds lost by stopping ``job`` now (module docstring)."""
+    gpus = job.spec.resources.gpus
+    started = job.started_at if job.started_at is not None else now
+    if job.spec.checkpoint_mode in DEFAULT_CHECKPOINT_S:
+        past = job.checkpoint_durations
+        lost = statistics.median(past) if past else DEFAULT_CHECKPOINT_S[job.spec.checkpoint_mode]
+    else:
+        since = max(started, job.last_checkpoint_at or started)
+        lost = max(0.0, now - since)
+    total = gpus * lost
+    walltime = job.spec.walltime_s
+    if walltime:
+        used = (now - started) / walltime
+        if used > LATE_FRACTION:
+            total += gpus * walltime * LATE_PENALTY * (used - LATE_FRACTION) / (1 - LATE_FRACTION)
+    return total
+
+
+def non_preemptible(job: Job, now: float, near_completion_s: float, pool: PoolView | None) -> str | None:
+    """Why ``job`` may never be a victim, or None when it may be (the class and borrowing tests
+    depend on the preemptor and are made apart)."""
+    if job.spec.preemption_class >= NEVER_PREEMPTED_CLASS:
+        return "class 10 is never preempted"
+    if pool is not None and pool.kind == "sensitive":
+        return "a sensitive pool's work is never preempted"
+    if job.spec.checkpoint_mode == "none" and job.spec.preemption_class >= HIGH_CLASS:
+        return "class 7 and above without checkpoints is not preemptible"
+    walltime = job.spec.walltime_s
+    started = job.started_at
+    if walltime is not None and started is not None and started + walltime - now < near_completion_s:
+        return f"within {near_completion_s:g} s of its walltime"
+    return None
+
+
+VictimKey = tuple[int, float, float, str]
+
+
+def victim_key(unit: _Unit) -> VictimKey:
+    """The one victim comparator: class ascending, cost ascending, newest first, id."""
+    return (unit.preemption_class, unit.cost, -unit.started_at, unit.key)
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Unit:
+    key: str
+    jobs: tuple[Job, ...]
+    preemption_class: int
+    cost: float
+    started_at: float
+    pool: str
+    #: worker id -> what the unit frees there (resources, GPU indices)
+    frees: dict[str, tuple[Resources, tuple[int, ...]]]
+    borrowed: bool
+    checkpoints: bool
+
+
+@dataclass(slots=True)
+class _Free:
+    """A worker's free capacity during the plan (reservations of earlier preemptions taken out)."""
+
+    worker: Worker
+    capacity: Capacity
+
+
+def plan(inputs: PlanInputs) -> PreemptionPlan:
+    """The cycle's preemptions (module docstring)."""
+    if not inputs.preemptors:
+        return PreemptionPlan()
+    planner = _Planner(inputs)
+    preemptions: list[Preemption] = []
+    waiting: list[tuple[str, Reason]] = []
+    for preemptor in sorted(inputs.preemptors, key=_preemptor_key):
+        found = planner.place(preemptor)
+        if isinstance(found, Preemption):
+            preemptions.append(found)
+        elif found is not None:
+            waiting.append((preemptor.key, found))
+    return PreemptionPlan(tuple(preemptions), tuple(waiting))
+
+
+def _preemptor_key(preemptor: Preemptor) -> tuple[int, int, int, float, str]:
+    first = preemptor.first
+    return (
+        -first.spec.preemption_class,
+        -first.spec.priority,
+        0 if first.queue_front else 1,
+        first.submitted_at,
+        preemptor.key,
+    )
+
+
+class _Planner:
+    """One cycle's search. Worker victim sets are computed once per preemptor shape (class, request,
+    constraints, pool when it reclaims) and reused: a worker or unit used by an earlier preemptor of
+    the cycle is skipped, never recomputed (it is in its backoff for the rest of the cycle anyway)."""
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        self.inputs = inputs
+        self.now = inputs.now
+        self.settings = inputs.settings
+        usable = [w for w in inputs.workers if w.status == "active" and w.flagged_dead_at is None]
+        by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in usable}
+        for job in inputs.holding:
+            if job.worker_id in by_worker:
+                by_worker[job.worker_id].append(_allocation(job))
+        for allocation in inputs.extra:
+            if allocation.worker_id in by_worker:
+                by_worker[allocation.worker_id].append(allocation)
+        self.free = {
+            worker.id: _Free(worker, free_capacity(worker, by_worker[worker.id]))
+            for worker in sorted(usable, key=lambda w: w.id)
+        }
+        #: workers with a free GPU: the only ones where a GPU task may fit without a victim
+        self.gpu_room = {worker_id for worker_id, free in self.free.items() if free.capacity.free.gpus > 0}
+        backoff = inputs.settings.backoff_s
+        self.backoff = {
+            worker_id for worker_id, at in inputs.last_preemptive.items() if at > self.now - backoff
+        }
+        #: workers whose capacity this cycle's preemptions changed: their cached sets are stale
+        self.touched: set[str] = set()
+        self.used_units: set[str] = set()
+        self.units_on: dict[str, list[_Unit]] = {}
+        units = sorted(_units(inputs, self.free).values(), key=victim_key)
+        for unit in units:
+            for worker_id in unit.frees:
+                self.units_on.setdefault(worker_id, []).append(unit)
+        self.usage = _pool_gpus(inputs.holding)
+        self.lowest_class = min((unit.preemption_class for unit in units), default=NEVER_PREEMPTED_CLASS)
+        self._eligible: dict[tuple[object, ...], list[str]] = {}
+        self._sets: dict[tuple[object, ...], _Sets] = {}
+
+    # -- one preemptor ---------------------------------------------------------------------
+
+    def place(self, preemptor: Preemptor) -> Preemption | Reason | None:
+        spec = preemptor.first.spec
+        request, size = spec.resources, len(preemptor.tasks)
+        eligible = self._eligible_workers(preemptor.first)
+        if not eligible:
+            return None  # the admission cycle or ``why`` already says it can never fit
+        room = self._room(eligible, request)
+        if sum(room.values()) >= size:
+            return None  # it fits without anyone stopping: the claim or the next cycle places it
+        reclaiming = self._reclaims(preemptor.first, size)
+        if spec.preemption_class <= self.lowest_class and not reclaiming:
+            return None  # nothing below it to take from: it waits for capacity like any job
+        sets = self._worker_sets(preemptor.first, eligible, reclaiming)
+        chosen: list[_Unit] = []
+        missing = size - sum(room.values())
+        for worker_set in sets.ordered:
+            if missing <= 0:
+                break
+            if worker_set.worker_id in self.touched or any(
+                unit.key in self.used_units for unit in worker_set.units
+            ):
+                continue
+            new = [unit for unit in worker_set.units if unit not in chosen]
+            if len(chosen) + len(new) > self.settings.max_victims:
+                continue
+            chosen.extend(new)
+            missing -= worker_set.tasks - room.get(worker_set.worker_id, 0)
+        if missing > 0:
+            return self._no_set(preemptor, sets)
+        workers = set(room) | {worker_id for unit in chosen for worker_id in unit.frees}
+        chosen = self._put_back(chosen, workers, request, size)
+        placements = self._placements(preemptor, chosen, workers, request)
+        if placements is None:  # the put-back left less than it counted: cannot happen
+            return self._no_set(preemptor, sets)
+        return self._commit(preemptor, chosen, placements, reclaiming)
+
+    def _eligible_workers(self, first: Job) -> list[str]:
+        """The usable workers matching the job's constraints and VRAM (cached per shape)."""
+        spec = first.spec
+        key = (
+            spec.constraints.gpu_model,
+            tuple(sorted(spec.constraints.labels.items())),
+            spec.resources.vram_mb if spec.resources.gpus else 0,
+        )
+        found = self._eligible.get(key)
+        if found is None:
+            found = self._eligible[key] = [
+                worker_id
+                for worker_id, free in self.free.items()
+                if matches_constraints(free.worker, spec.constraints) is None
+                and (spec.resources.gpus == 0 or spec.resources.vram_mb <= free.worker.resources.vram_mb)
+            ]
+        return found
+
+    def _room(self, eligible: Sequence[str], request: Resources) -> dict[str, int]:
+        """Tasks of ``request`` each eligible worker holds now, where it holds any."""
+        if request.gpus > 0:
+            allowed = set(eligible)
+            pool: Iterable[str] = (worker_id for worker_id in self.gpu_room if worker_id in allowed)
+        else:
+            pool = eligible
+        room = {}
+        for worker_id in pool:
+            count = _tasks_fitting(self.free[worker_id].capacity.free, request)
+            if count:
+                room[worker_id] = count
+        return room
+
+    def _reclaims(self, first: Job, size: int) -> bool:
+        """P's pool is below its guarantee even with P running: it may reclaim borrowed capacity."""
+        pool = self.inputs.pools.get(first.spec.pool)
+        if pool is None or pool.guarantee.gpus <= 0:
+            return False
+        wanted = self.usage.get(first.spec.pool, 0) + first.spec.resources.gpus * size
+        return wanted <= pool.guarantee.gpus
+
+    def _reason(self, unit: _Unit, first: Job, reclaiming: bool) -> str | None:
+        """The trigger under which ``unit`` may be taken for ``first`` ("priority", "reclaim"), or
+        None when it may not."""
+        preemptor_class = first.spec.preemption_class
+        if reclaiming and unit.borrowed and unit.pool != first.spec.pool:
+            return "reclaim" if unit.preemption_class <= preemptor_class else None
+        pool = self.inputs.pools.get(unit.pool)
+        if pool is not None and pool.kind == "service" and not unit.borrowed:
+            return None
+        return "priority" if unit.preemption_class < preemptor_class else None
+
+    def _worker_sets(self, first: Job, eligible: Sequence[str], reclaiming: bool) -> _Sets:
+        """For each eligible worker, its minimal victim set for one more task, best first."""
+        spec = first.spec
+        key = (
+            spec.preemption_class,
+            spec.resources,
+            spec.constraints.gpu_model,
+            tuple(sorted(spec.constraints.labels.items())),
+            spec.pool if reclaiming else None,
+        )
+        cached = self._sets.get(key)
+        if cached is not None:
+            return cached
+        request = spec.resources
+        ordered: list[_WorkerSet] = []
+        in_backoff = 0
+        for worker_id in eligible:
+            units = [
+                unit for unit in self.units_on.get(worker_id, ()) if self._reason(unit, first, reclaiming)
+            ]
+            if not units:
+                continue
+            if worker_id in self.backoff or any(
+                other in self.backoff for unit in units for other in unit.frees
+            ):
+                in_backoff += 1
+                continue
+            found = self._worker_set(worker_id, units, request)
+            if found is not None:
+                ordered.append(found)
+        ordered.sort(key=lambda worker_set: worker_set.key)
+        sets = self._sets[key] = _Sets(ordered, in_backoff)
+        return sets
+
+    def _worker_set(self, worker_id: str, units: Sequence[_Unit], request: Resources) -> _WorkerSet | None:
+        free = self.free[worker_id].capacity.free
+        have = _tasks_fitting(free, request)
+        taken: list[_Unit] = []
+        freed = free
+        for unit in units:
+            taken.append(unit)
+            freed = _plus(freed, unit.frees[worker_id][0])
+            if _tasks_fitting(freed, request) > have:
+                break
+        else:
+            return None
+        for unit in reversed(taken[:-1]):  # put back what the task does not need
+            without = _plus(freed, unit.frees[worker_id][0], subtract=True)
+            if _tasks_fitting(without, request) > have:
+                taken.remove(unit)
+                freed = without
+        if len(taken) > self.settings.max_victims:
+            return None
+        key = (
+            max(unit.preemption_class for unit in taken),
+            sum(unit.cost for unit in taken),
+            len(taken),
+            worker_id,
+        )
+        return _WorkerSet(worker_id, tuple(taken), _tasks_fitting(freed, request), key)
+
+    def _put_back(self, chosen: list[_Unit], workers: set[str], request: Resources, size: int) -> list[_Unit]:
+        """Across the whole set, drop every unit P's tasks fit without (most expensive first)."""
+        kept = sorted(chosen, key=victim_key)
+        for unit in reversed(list(kept)):
+            trial = [other for other in kept if other is not unit]
+            capacity = self._freed_capacity(trial, workers)
+            if sum(_tasks_fitting(free, request) for free, _ in capacity.values()) >= size:
+                kept = trial
+        return kept
+
+    def _freed_capacity(
+        self, chosen: Sequence[_Unit], workers: set[str]
+    ) -> dict[str, tuple[Resources, tuple[int, ...]]]:
+        capacity = {
+            worker_id: (self.free[worker_id].capacity.free, self.free[worker_id].capacity.free_gpu_indices)
+            for worker_id in sorted(workers)
+        }
+        for unit in chosen:
+            for worker_id, (resources, indices) in unit.frees.items():
+                have, have_indices = capacity[worker_id]
+                capacity[worker_id] = (
+                    _plus(have, resources),
+                    tuple(sorted(set(have_indices) | set(indices))),
+                )
+        return capacity
+
+    def _placements(
+        self, preemptor: Preemptor, chosen: Sequence[_Unit], workers: set[str], request: Resources
+    ) -> list[TaskPlacement] | None:
+        """Each task on a worker: free capacity plus what the chosen units free, the workers the
+        victims free first (so the freed room is what P uses), then by id."""
+        capacity = self._freed_capacity(chosen, workers)
+        freed_workers = {worker_id for unit in chosen for worker_id in unit.frees}
+        order = sorted(capacity, key=lambda worker_id: (worker_id not in freed_workers, worker_id))
+        placements: list[TaskPlacement] = []
+        tasks = iter(preemptor.tasks)
+        task = next(tasks, None)
+        for worker_id in order:
+            free, indices = capacity[worker_id]
+            while task is not None and _tasks_fitting(free, request) >= 1:
+                placements.append(TaskPlacement(task.id, worker_id, tuple(indices[: request.gpus])))
+                indices = indices[request.gpus :]
+                free = _plus(free, request, subtract=True)
+                task = next(tasks, None)
+                if request == Resources():
+                    break  # a task asking for nothing: one per worker
+        return placements if task is None else None
+
+    def _commit(
+        self,
+        preemptor: Preemptor,
+        chosen: Sequence[_Unit],
+        placements: Sequence[TaskPlacement],
+        reclaiming: bool,
+    ) -> Preemption:
+        first = preemptor.first
+        victims = tuple(
+            Victim(
+                unit.key,
+                tuple(job.id for job in unit.jobs),
+                unit.preemption_class,
+                unit.cost,
+                self._reason(unit, first, reclaiming) or "priority",
+            )
+            for unit in chosen
+        )
+        worker_ids = tuple(sorted({worker_id for unit in chosen for worker_id in unit.frees}))
+        request = first.spec.resources
+        for unit in chosen:
+            self.used_units.add(unit.key)
+            for worker_id, (resources, indices) in unit.frees.items():
+                free = self.free[worker_id]
+                free.capacity = Capacity(
+                    _plus(free.capacity.free, resources),
+                    tuple(sorted(set(free.capacity.free_gpu_indices) | set(indices))),
+                )
+        for placement in placements:  # the room P takes is no one else's this cycle
+            free = self.free[placement.worker_id]
+            taken = set(placement.gpu_indices)
+            free.capacity = Capacity(
+                _plus(free.capacity.free, request, subtract=True),
+                tuple(index for index in free.capacity.free_gpu_indices if index not in taken),
+            )
+        for worker_id in {placement.worker_id for placement in placements} | set(worker_ids):
+            self.touched.add(worker_id)
+            if self.free[worker_id].capacity.free.gpus > 0:
+                self.gpu_room.add(worker_id)
+            else:
+                self.gpu_room.discard(worker_id)
+        self.backoff.update(worker_ids)
+        self.usage[first.spec.pool] = self.usage.get(first.spec.pool, 0) + request.gpus * len(placements)
+        checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs)
+        return Preemption(
+            preemptor=preemptor.key,
+            job_ids=tuple(task.id for task in preemptor.tasks),
+            placements=tuple(placements),
+            victims=victims,
+            worker_ids=worker_ids,
+            victims_deadline=self.now + self.settings.victims_leave_within(checkpointing),
+        )
+
+    def _no_set(self, preemptor: Preemptor, sets: _Sets) -> Reason:
+        first = preemptor.first
+        size = len(preemptor.tasks)
+        what = f"its {size} tasks" if size > 1 else "it"
+        if not sets.ordered and sets.in_backoff:
+            return Reason(
+                "preemption_backoff",
+                f"no free room for {what}; the workers running lower-class work had a preemptive"
+                f" placement in the last {self.settings.backoff_s:g} s (at most one per worker per"
+                " backoff)",
+            )
+        return Reason(
+            "no_victim_set",
+            f"no free room for {what}, and no set of at most {self.settings.max_victims} preemptible"
+            f" jobs or gangs of a class below {first.spec.preemption_class} would make room (class 10,"
+            " sensitive pools, jobs near their walltime and class 7+ jobs without checkpoints are"
+            " never preempted)",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sets:
+    ordered: list[_WorkerSet]
+    #: eligible workers with candidate victims, skipped because of the backoff
+    in_backoff: int
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerSet:
+    worker_id: str
+    units: tuple[_Unit, ...]
+    #: tasks of the preemptor the worker holds once the units are gone
+    tasks: int
+    key: tuple[int, float, int, str]
+
+
+# --- units, capacity arithmetic ---------------------------------------------------------------
+
+
+def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
+    """The victim candidates: running single jobs and gangs with every task started or reserved and
+    none being stopped, on usable workers, that nothing protects (``non_preemptible``)."""
+    now, settings = inputs.now, inputs.settings
+    groups: dict[str, list[Job]] = {}
+    for job in inputs.holding:
+        groups.setdefault(job.gang_id or job.id, []).append(job)
+    borrowed = _borrowed(inputs.holding, inputs.pools)
+    units: dict[str, _Unit] = {}
+    for key, jobs in groups.items():
+        if any(job.status != Status.RUNNING for job in jobs if job.gang_id is None):
+            continue
+        if any(job.status == Status.PREEMPTING or job.victims_deadline is not None for job in jobs):
+            continue
+        if not any(job.status == Status.RUNNING for job in jobs):
+            continue
+        if any(job.worker_id not in free for job in jobs):
+            continue
+        first = jobs[0]
+        if first.gang_id is not None and len(jobs) != first.spec.gang_size:
+            continue  # a gang partly ended or partly waiting is not taken apart
+        if any(
+            non_preemptible(job, now, settings.near_completion_s, inputs.pools.get(job.spec.pool))
+            for job in jobs
+        ):
+            continue
+        frees: dict[str, tuple[Resources, tuple[int, ...]]] = {}
+        for job in jobs:
+            worker_id = job.worker_id or ""
+            resources, indices = frees.get(worker_id, (Resources(), ()))
+            frees[worker_id] = (_plus(resources, job.spec.resources), indices + job.gpu_indices)
+        units[key] = _Unit(
+            key=key,
+            jobs=tuple(jobs),
+            preemption_class=first.spec.preemption_class,
+            cost=sum(cost(job, now) for job in jobs if job.status == Status.RUNNING),
+            started_at=max(job.started_at or now for job in jobs),
+            pool=first.spec.pool,
+            frees=frees,
+            borrowed=any(job.id in borrowed for job in jobs),
+            checkpoints=first.spec.checkpoint_mode != "none",
+        )
+    return units
+
+
+def _borrowed(holding: Sequence[Job], pools: Mapping[str, PoolView]) -> set[str]:
+    """The jobs running on capacity their pool borrows: per pool, its allocations oldest first,
+    the ones past its guaranteed GPUs (a pool without a guarantee borrows all it runs)."""
+    by_pool: dict[str, list[Job]] = {}
+    for job in holding:
+        by_pool.setdefault(job.spec.pool, []).append(job)
+    borrowed: set[str] = set()
+    for path, jobs in by_pool.items():
+        pool = pools.get(path)
+        guarantee = pool.guarantee.gpus if pool is not None else 0
+        used = 0
+        for job in sorted(jobs, key=lambda job: (job.started_at or job.reserved_at or 0.0, job.id)):
+            used += job.spec.resources.gpus
+            if used > guarantee:
+                borrowed.add(job.id)
+    return borrowed
+
+
+def _pool_gpus(holding: Sequence[Job]) -> dict[str, int]:
+    usage: dict[str, int] = {}
+    for job in holding:
+        usage[job.spec.pool] = usage.get(job.spec.pool, 0) + job.spec.resources.gpus
+    return usage
+
+
+def _allocation(job: Job) -> Allocation:
+    return Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+
+
+def _plus(free: Resources, resources: Resources, subtract: bool = False) -> Resources:
+    sign = -1 if subtract else 1
+    return Resources(
+        free.gpus + sign * resources.gpus,
+        free.vram_mb,
+        free.memory_mb + sign * resources.memory_mb,
+        free.cpus + sign * resources.cpus,
+    )
+
+
+def _tasks_fitting(free: Resources, request: Resources) -> int:
+    pairs = ((free.gpus, request.gpus), (free.cpus, request.cpus), (free.memory_mb, request.memory_mb))
+    counts = [max(0, have) // want for have, want in pairs if want > 0]
+    return min(counts) if counts else 1
+
+
+# --- applying a preemption ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionStarted:
+    """A preemption applied: the preemptor's tasks as reserved, and the victims' jobs as stopped
+    (``preempting``; a victim gang's reserved tasks ``blocked``), by victim."""
+
+    preemption: Preemption
+    reserved: tuple[Job, ...]
+    stopped: tuple[Job, ...]
+
+
+def start_preemption(
+    preemption: Preemption,
+    jobs: Mapping[str, Job],
+    workers: Mapping[str, tuple[Worker, Sequence[Allocation]]],
+    ports_used: set[int],
+    now: float,
+    checkpoint_timeout_s: float,
+) -> Plan[PreemptionStarted | None]:
+    """Apply ``preemption`` to the rows read under lock (the preemptor's, every victim's, whole
+    gangs; the placement workers with their allocations), all of it or nothing (None) when anything
+    moved since the plan: the preemptor is no longer waiting, a victim is no longer running as
+    planned, or the capacity P needs is not what is free plus what the victims free.
+
+    Victims go ``preempting`` with a new preemption epoch, the job or gang they stop for, their
+    attempt refunded (a preemption never spends a retry) and, when they checkpoint, their checkpoint
+    phase (``checkpoint_timeout_s``); a victim gang's reserved tasks go back to ``blocked``. The
+    preemptor is reserved where the plan placed it, with its ``victims_deadline``.
+    """
+    tasks = [jobs.get(job_id) for job_id in preemption.job_ids]
+    if any(task is None for task in tasks):
+        return Plan((), None)
+    waiting = [task for task in tasks if task is not None]
+    first = waiting[0]
+    gang = first.gang_id is not None
+    if gang:
+        whole = sorted(
+            (job for job in jobs.values() if job.gang_id == first.gang_id), key=lambda j: j.gang_index or 0
+        )
+        if [job.id for job in whole] != list(preemption.job_ids) or any(
+            j.status != Status.BLOCKED for j in whole
+        ):
+            return Plan((), None)
+    elif first.status != Status.PENDING:
+        return Plan((), None)
+    victims = _victim_rows(preemption, jobs)
+    if victims is None or not _room_is_there(preemption, waiting, victims, workers):
+        return Plan((), None)
+    transitions: list[Transition] = []
+    for victim, rows in zip(preemption.victims, victims, strict=True):
+        transitions.extend(_stop_victim(victim, rows, preemption, now, checkpoint_timeout_s))
+    names = ", ".join(victim.key for victim in preemption.victims)
+    why = f"reserved on worker {{worker}} by preemption: waiting for {names} to stop"
+    placements = {place.job_id: (place.worker_id, place.gpu_indices) for place in preemption.placements}
+    if gang:
+        reserved = drain.reserve(
+            waiting, placements, drain.first_free_port(ports_used), now, why, preemption.victims_deadline
+        )
+        transitions.extend(reserved.transitions)
+    else:
+        worker_id, indices = placements[first.id]
+        transitions.append(
+            move(
+                first,
+                now,
+                Reason("reserved", why.format(worker=worker_id)),
+                status=Status.RESERVED,
+                worker_id=worker_id,
+                gpu_indices=indices,
+                reservation_epoch=first.reservation_epoch + 1,
+                reserved_at=now,
+                victims_deadline=preemption.victims_deadline,
+            )
+        )
+    moved = [transition.after for transition in transitions]
+    reserved_ids = set(preemption.job_ids)
+    return Plan(
+        tuple(transitions),
+        PreemptionStarted(
+            preemption,
+            tuple(job for job in moved if job.id in reserved_ids),
+            tuple(job for job in moved if job.id not in reserved_ids),
+        ),
+    )
+
+
+def _victim_rows(preemption: Preemption, jobs: Mapping[str, Job]) -> list[tuple[Job, ...]] | None:
+    """Each victim's rows (a gang's every task), or None when one is no longer what was planned:
+    every job it stops still holding its resources and none of them already being stopped."""
+    found: list[tuple[Job, ...]] = []
+    for victim in preemption.victims:
+        rows = [jobs.get(job_id) for job_id in victim.job_ids]
+        if any(row is None for row in rows):
+            return None
+        held = tuple(row for row in rows if row is not None)
+        if held[0].gang_id is not None:
+            held = tuple(
+                sorted(
+                    (j for j in jobs.values() if j.gang_id == held[0].gang_id),
+                    key=lambda j: j.gang_index or 0,
+                )
+            )
+            if len(held) != held[0].spec.gang_size:
+                return None
+        if any(row.status not in (Status.RUNNING, Status.RESERVED) for row in held):
+            return None
+        if not any(row.status == Status.RUNNING for row in held) or set(victim.job_ids) != {
+            row.id for row in held
+        }:
+            return None
+        found.append(held)
+    return found
+
+
+def _room_is_there(
+    preemption: Preemption,
+    tasks: Sequence[Job],
+    victims: Sequence[tuple[Job, ...]],
+    workers: Mapping[str, tuple[Worker, Sequence[Allocation]]],
+) -> bool:
+    """On each worker P is placed on: free capacity, once the victims' allocations are left out,
+    covers P's tasks there, GPU indices included."""
+    leaving = {job.id for rows in victims for job in rows}
+    request = tasks[0].spec.resources
+    by_worker: dict[str, list[TaskPlacement]] = {}
+    for place in preemption.placements:
+        by_worker.setdefault(place.worker_id, []).append(place)
+    for worker_id, places in by_worker.items():
+        if worker_id not in workers:
+            return False
+        worker, allocations = workers[worker_id]
+        if worker.status != "active":
+            return False
+        staying = [allocation for allocation in allocations if allocation.job_id not in leaving]
+        capacity = free_capacity(worker, staying)
+        needed = Resources()
+        indices: list[int] = []
+        for place in places:
+            needed = needed + request
+            indices.extend(place.gpu_indices)
+        if not capacity.free.covers(needed) or not set(indices) <= set(capacity.free_gpu_indices):
+            return False
+        if len(indices) != len(set(indices)):
+            return False
+    return True
+
+
+def _stop_victim(
+    victim: Victim, rows: Sequence[Job], preemption: Preemption, now: float, checkpoint_timeout_s: float
+) -> list[Transition]:
+    epoch = max(row.preemption_epoch for row in rows) + 1
+    if victim.reason == "priority":
+        message = (
+            f"preempted by {preemption.preemptor} (a higher preemption class) for priority;"
+            f" cost {victim.cost:.0f} GPU-seconds"
+        )
+    else:
+        message = (
+            f"preempted by {preemption.preemptor} to reclaim its pool's guaranteed capacity this job"
+            f" borrowed; cost {victim.cost:.0f} GPU-seconds"
+        )
+    transitions: list[Transition] = []
+    for row in rows:
+        if row.status == Status.RUNNING:
+            checkpoints = row.spec.checkpoint_mode != "none"
+            phase: dict[str, object] = {}
+            if checkpoints:
+                phase = {
+                    "checkpoint_requested_at": now,
+                    "checkpoint_deadline": now + checkpoint_timeout_s,
+                    "checkpoint_extended": False,
+                    "checkpoint_deferred_s": 0.0,
+                }
+            transitions.append(
+                move(
+                    row,
+                    now,
+                    Reason(
+                        f"preempted_{victim.reason}",
+                        message + ("; checkpointing first" if checkpoints else ""),
+                    ),
+                    epoch,
+                    status=Status.PREEMPTING,
+                    preemption_epoch=epoch,
+                    drain_started_at=now,
+                    preempted_for=preemption.preemptor,
+                    refunds=row.refunds + 1,
+                    **phase,
+                )
+            )
+        else:  # a victim gang's task reserved but not started: back to waiting with its gang
+            transitions.append(
+                move(
+                    row,
+                    now,
+                    Reason(f"preempted_{victim.reason}", message),
+                    epoch,
+                    status=Status.BLOCKED,
+                    **drain.BLOCKED,
+                    preemption_epoch=epoch,
+                    preempted_for=preemption.preemptor,
+                )
+            )
+    return transitions
