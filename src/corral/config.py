@@ -50,7 +50,7 @@ class ServerSettings(BaseSettings):
         5.0, ge=0, description="at most one preemptive placement per worker per this many seconds"
     )
     checkpoint_timeout_s: float = Field(
-        600.0, gt=0, description="a preemption victim's checkpoint phase (extended 50% once)"
+        600.0, gt=0, description="a preemption victim's checkpoint phase (extended by half, once)"
     )
     max_deferral_s: float = Field(300.0, ge=0, description="extra checkpoint time a victim may ask for")
     log_level: str = Field("info", description="debug, info, warning or error")

@@ -65,13 +65,13 @@ def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
 def heartbeat_job(
     store: Store, job_id: str, worker_id: str, attempt: int, now: float, progress: dict | None = None
 ) -> Job:
-    return changes.heartbeat(store, job_id, worker_id, attempt, now, JobReport(progress=progress))
+    return changes.heartbeat(store, job_id, worker_id, attempt, now, JobReport(progress=progress)).job
 
 
 def save_checkpoint(
     store: Store, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
 ) -> Job:
-    return changes.save_checkpoint(store, job_id, worker_id, attempt, epoch, data, now)
+    return changes.save_checkpoint(store, job_id, worker_id, attempt, epoch, data, now).job
 
 
 def reserve_gang(store: Store, gang_id: str, placements, now: float, policy: object = None):
