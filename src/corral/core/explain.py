@@ -110,7 +110,20 @@ def explain(
     holds: Sequence[Hold] = (),
     now: float = 0.0,
 ) -> list[Reason]:
-    """Why ``job`` is where it is: live reasons for a pending job, else its last recorded reason."""
-    if job.status == Status.PENDING:
-        return explain_pending(job, workers, allocations, holds, now)
-    return [job.reason] if job.reason else []
+    """Why ``job`` is where it is: live reasons for a pending job, else its last recorded reason;
+    then what its preemptions cost it, when it was preempted (seed 003: a failed or late checkpoint
+    is visible)."""
+    reasons = explain_pending(job, workers, allocations, holds, now) if job.status == Status.PENDING else []
+    if job.status != Status.PENDING and job.reason:
+        reasons.append(job.reason)
+    if job.checkpoint_failures:
+        reasons.append(
+            Reason(
+                "checkpoint_failed",
+                f"{job.checkpoint_failures} preemption checkpoint(s) came late or not at all: the job lost"
+                " the work since its last checkpoint",
+            )
+        )
+    if job.preempted_count:
+        reasons.append(Reason("preempted_before", f"preempted {job.preempted_count} time(s) so far"))
+    return reasons
