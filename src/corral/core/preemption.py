@@ -47,13 +47,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 from corral.core import drain
 from corral.core.decisions import TaskPlacement
 from corral.core.placement import Capacity, free_capacity, matches_constraints
 from corral.core.snapshot import PoolView
 from corral.domain.records import Allocation, Job, Reason, Worker
-from corral.domain.resources import Resources
+from corral.domain.resources import ZERO, Resources
 from corral.domain.status import Status
 from corral.domain.transitions import Plan, Transition, move
 
@@ -69,6 +70,7 @@ __all__ = [
     "cost",
     "non_preemptible",
     "plan",
+    "preemptor_key",
     "start_preemption",
     "victim_key",
 ]
@@ -146,6 +148,9 @@ class PreemptionPlan:
     preemptions: tuple[Preemption, ...] = ()
     #: preemptors for which no victim set exists this cycle, and why
     waiting: tuple[tuple[str, Reason], ...] = ()
+    #: preemptors that fit without anyone stopping, and the free room the plan set aside for them
+    #: (the claim or the next cycle places them; no lower preemptor counts on that room)
+    fitting: tuple[tuple[str, tuple[TaskPlacement, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,16 +248,18 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
     planner = _Planner(inputs)
     preemptions: list[Preemption] = []
     waiting: list[tuple[str, Reason]] = []
-    for preemptor in sorted(inputs.preemptors, key=_preemptor_key):
+    for preemptor in sorted(inputs.preemptors, key=preemptor_key):
         found = planner.place(preemptor)
         if isinstance(found, Preemption):
             preemptions.append(found)
         elif found is not None:
             waiting.append((preemptor.key, found))
-    return PreemptionPlan(tuple(preemptions), tuple(waiting))
+    return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting))
 
 
-def _preemptor_key(preemptor: Preemptor) -> tuple[int, int, int, float, str]:
+def preemptor_key(preemptor: Preemptor) -> tuple[int, int, int, float, str]:
+    """The order preemptors are served in: class, then priority, highest first; front-of-queue
+    re-queues first; then submission time and id."""
     first = preemptor.first
     return (
         -first.spec.preemption_class,
@@ -274,9 +281,16 @@ class _Planner:
         self.settings = inputs.settings
         usable = [w for w in inputs.workers if w.status == "active" and w.flagged_dead_at is None]
         by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in usable}
+        #: workers where earlier preemptions' victims are still stopping: their room is not free
+        #: yet (a preemptor placed there is reserved, and waits for them)
+        self.stopping: set[str] = set()
         for job in inputs.holding:
-            if job.worker_id in by_worker:
-                by_worker[job.worker_id].append(_allocation(job))
+            if job.worker_id not in by_worker:
+                continue
+            if job.status == Status.PREEMPTING and job.preempted_for is not None:
+                self.stopping.add(job.worker_id or "")
+                continue  # a victim stopping: its room is as good as free, and nobody else's
+            by_worker[job.worker_id].append(_allocation(job))
         for allocation in inputs.extra:
             if allocation.worker_id in by_worker:
                 by_worker[allocation.worker_id].append(allocation)
@@ -299,7 +313,12 @@ class _Planner:
             for worker_id in unit.frees:
                 self.units_on.setdefault(worker_id, []).append(unit)
         self.usage = _pool_gpus(inputs.holding)
-        self.lowest_class = min((unit.preemption_class for unit in units), default=NEVER_PREEMPTED_CLASS)
+        #: below every running job's class, nothing may be taken: such a job just waits for capacity
+        self.lowest_class = min(
+            (job.spec.preemption_class for job in inputs.holding if job.status == Status.RUNNING),
+            default=NEVER_PREEMPTED_CLASS,
+        )
+        self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
         self._eligible: dict[tuple[object, ...], list[str]] = {}
         self._sets: dict[tuple[object, ...], _Sets] = {}
 
@@ -313,33 +332,85 @@ class _Planner:
             return None  # the admission cycle or ``why`` already says it can never fit
         room = self._room(eligible, request)
         if sum(room.values()) >= size:
-            return None  # it fits without anyone stopping: the claim or the next cycle places it
+            if not self.stopping.intersection(room) or self._fits_now(preemptor, room):
+                # It fits without anyone stopping: the claim or the next cycle places it. The room
+                # is set aside in this plan's books, so no lower preemptor counts on it.
+                fitting = self._placements(preemptor, [], set(room), request) or []
+                self._take_room(fitting, request)
+                self.fitting.append((preemptor.key, tuple(fitting)))
+                return None
+            # It fits once victims of earlier preemptions have left: reserved there, nobody else
+            # takes that room, and nobody more is stopped for it.
+            waiting_room = self._placements(preemptor, [], set(room), request)
+            if waiting_room is not None:
+                return self._commit(preemptor, [], waiting_room, False)
         reclaiming = self._reclaims(preemptor.first, size)
         if spec.preemption_class <= self.lowest_class and not reclaiming:
             return None  # nothing below it to take from: it waits for capacity like any job
         sets = self._worker_sets(preemptor.first, eligible, reclaiming)
         chosen: list[_Unit] = []
         missing = size - sum(room.values())
-        for worker_set in sets.ordered:
-            if missing <= 0:
-                break
-            if worker_set.worker_id in self.touched or any(
-                unit.key in self.used_units for unit in worker_set.units
-            ):
+        # Best set first; a worker that gave one task may give the next (its set recomputed on
+        # what the chosen units already free there), so a gang's tasks may share a worker.
+        heap = [(cached.key, cached) for cached in sets.ordered]
+        while missing > 0 and heap:
+            key, cached = heappop(heap)
+            worker_set = self._still_valid(cached, preemptor.first, reclaiming, chosen)
+            if worker_set is None:
                 continue
-            new = [unit for unit in worker_set.units if unit not in chosen]
-            if len(chosen) + len(new) > self.settings.max_victims:
+            if worker_set.key != key and heap and worker_set.key > heap[0][0]:
+                heappush(heap, (worker_set.key, worker_set))  # worse than it was: wait its turn
                 continue
-            chosen.extend(new)
-            missing -= worker_set.tasks - room.get(worker_set.worker_id, 0)
+            if len(chosen) + len(worker_set.units) > self.settings.max_victims:
+                continue
+            chosen.extend(worker_set.units)
+            missing -= worker_set.tasks - worker_set.had
+            if missing > 0:
+                again = self._still_valid(worker_set, preemptor.first, reclaiming, chosen)
+                if again is not None:
+                    heappush(heap, (again.key, again))
         if missing > 0:
-            return self._no_set(preemptor, sets)
+            return self._no_set(preemptor, eligible, reclaiming)
         workers = set(room) | {worker_id for unit in chosen for worker_id in unit.frees}
         chosen = self._put_back(chosen, workers, request, size)
         placements = self._placements(preemptor, chosen, workers, request)
         if placements is None:  # the put-back left less than it counted: cannot happen
-            return self._no_set(preemptor, sets)
+            return self._no_set(preemptor, eligible, reclaiming)
         return self._commit(preemptor, chosen, placements, reclaiming)
+
+    def _take_room(self, placements: Sequence[TaskPlacement], request: Resources) -> None:
+        """The room these placements use is no one else's this cycle."""
+        for placement in placements:
+            free = self.free[placement.worker_id]
+            taken = set(placement.gpu_indices)
+            free.capacity = Capacity(
+                _plus(free.capacity.free, request, subtract=True),
+                tuple(index for index in free.capacity.free_gpu_indices if index not in taken),
+            )
+            self._touch(placement.worker_id)
+
+    def _touch(self, worker_id: str) -> None:
+        self.touched.add(worker_id)
+        if self.free[worker_id].capacity.free.gpus > 0:
+            self.gpu_room.add(worker_id)
+        else:
+            self.gpu_room.discard(worker_id)
+
+    def _fits_now(self, preemptor: Preemptor, room: Mapping[str, int]) -> bool:
+        """Whether the tasks fit on ``room``'s workers counting the stopping victims as still there."""
+        request = preemptor.first.spec.resources
+        tasks = 0
+        for worker_id in room:
+            free = self.free[worker_id]
+            if worker_id in self.stopping:
+                capacity = free.capacity.free
+                for job in self.inputs.holding:
+                    if job.worker_id == worker_id and job.status == Status.PREEMPTING and job.preempted_for:
+                        capacity = _plus(capacity, job.spec.resources, subtract=True)
+                tasks += _tasks_fitting(capacity, request)
+            else:
+                tasks += room[worker_id]
+        return tasks >= len(preemptor.tasks)
 
     def _eligible_workers(self, first: Job) -> list[str]:
         """The usable workers matching the job's constraints and VRAM (cached per shape)."""
@@ -407,27 +478,58 @@ class _Planner:
             return cached
         request = spec.resources
         ordered: list[_WorkerSet] = []
-        in_backoff = 0
         for worker_id in eligible:
-            units = [
-                unit for unit in self.units_on.get(worker_id, ()) if self._reason(unit, first, reclaiming)
-            ]
-            if not units:
+            units = self._candidates(worker_id, first, reclaiming)
+            if worker_id in self.backoff:
                 continue
-            if worker_id in self.backoff or any(
-                other in self.backoff for unit in units for other in unit.frees
-            ):
-                in_backoff += 1
-                continue
-            found = self._worker_set(worker_id, units, request)
+            found = self._worker_set(worker_id, units, request) if units else None
             if found is not None:
                 ordered.append(found)
         ordered.sort(key=lambda worker_set: worker_set.key)
-        sets = self._sets[key] = _Sets(ordered, in_backoff)
+        sets = self._sets[key] = _Sets(ordered)
         return sets
 
-    def _worker_set(self, worker_id: str, units: Sequence[_Unit], request: Resources) -> _WorkerSet | None:
-        free = self.free[worker_id].capacity.free
+    def _still_valid(
+        self, cached: _WorkerSet, first: Job, reclaiming: bool, chosen: Sequence[_Unit]
+    ) -> _WorkerSet | None:
+        """A cached set as it stands now: gone when its worker had a preemptive placement this
+        cycle; recomputed when a placement used the worker's free room, one of its units was taken,
+        or units already chosen for this preemptor free room there (then for one task more)."""
+        worker_id = cached.worker_id
+        if worker_id in self.backoff:
+            return None
+        here = [unit for unit in chosen if worker_id in unit.frees]
+        fresh = worker_id not in self.touched and all(self._free_to_take(unit) for unit in cached.units)
+        if fresh and not here and not any(unit in chosen for unit in cached.units):
+            return cached
+        units = [unit for unit in self._candidates(worker_id, first, reclaiming) if unit not in chosen]
+        if not units:
+            return None
+        freed = Resources()
+        for unit in here:
+            freed = _plus(freed, unit.frees[worker_id][0])
+        return self._worker_set(worker_id, units, first.spec.resources, freed)
+
+    def _candidates(self, worker_id: str, first: Job, reclaiming: bool) -> list[_Unit]:
+        """The units on ``worker_id`` that ``first`` may take now, in comparator order."""
+        return [
+            unit
+            for unit in self.units_on.get(worker_id, ())
+            if self._free_to_take(unit) and self._reason(unit, first, reclaiming)
+        ]
+
+    def _free_to_take(self, unit: _Unit) -> bool:
+        """Not taken by an earlier preemption, and on no worker in its backoff."""
+        return unit.key not in self.used_units and not any(
+            worker_id in self.backoff for worker_id in unit.frees
+        )
+
+    def _worker_set(
+        self, worker_id: str, units: Sequence[_Unit], request: Resources, freed_already: Resources = ZERO
+    ) -> _WorkerSet | None:
+        """The minimal set of ``units`` (in comparator order) whose going makes room for one more
+        task on ``worker_id`` than its free capacity (plus ``freed_already``) holds, or None."""
+        free = _plus(self.free[worker_id].capacity.free, freed_already)
         have = _tasks_fitting(free, request)
         taken: list[_Unit] = []
         freed = free
@@ -451,7 +553,7 @@ class _Planner:
             len(taken),
             worker_id,
         )
-        return _WorkerSet(worker_id, tuple(taken), _tasks_fitting(freed, request), key)
+        return _WorkerSet(worker_id, tuple(taken), have, _tasks_fitting(freed, request), key)
 
     def _put_back(self, chosen: list[_Unit], workers: set[str], request: Resources, size: int) -> list[_Unit]:
         """Across the whole set, drop every unit P's tasks fit without (most expensive first)."""
@@ -529,22 +631,14 @@ class _Planner:
                     _plus(free.capacity.free, resources),
                     tuple(sorted(set(free.capacity.free_gpu_indices) | set(indices))),
                 )
-        for placement in placements:  # the room P takes is no one else's this cycle
-            free = self.free[placement.worker_id]
-            taken = set(placement.gpu_indices)
-            free.capacity = Capacity(
-                _plus(free.capacity.free, request, subtract=True),
-                tuple(index for index in free.capacity.free_gpu_indices if index not in taken),
-            )
-        for worker_id in {placement.worker_id for placement in placements} | set(worker_ids):
-            self.touched.add(worker_id)
-            if self.free[worker_id].capacity.free.gpus > 0:
-                self.gpu_room.add(worker_id)
-            else:
-                self.gpu_room.discard(worker_id)
+        self._take_room(placements, request)
+        for worker_id in worker_ids:
+            self._touch(worker_id)
         self.backoff.update(worker_ids)
         self.usage[first.spec.pool] = self.usage.get(first.spec.pool, 0) + request.gpus * len(placements)
-        checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs)
+        checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs) or (
+            not chosen  # placed on room still held by stopping victims: they may be checkpointing
+        )
         return Preemption(
             preemptor=preemptor.key,
             job_ids=tuple(task.id for task in preemptor.tasks),
@@ -554,16 +648,21 @@ class _Planner:
             victims_deadline=self.now + self.settings.victims_leave_within(checkpointing),
         )
 
-    def _no_set(self, preemptor: Preemptor, sets: _Sets) -> Reason:
+    def _no_set(self, preemptor: Preemptor, eligible: Sequence[str], reclaiming: bool) -> Reason:
         first = preemptor.first
         size = len(preemptor.tasks)
         what = f"its {size} tasks" if size > 1 else "it"
-        if not sets.ordered and sets.in_backoff:
+        allowed = set(eligible)
+        if any(
+            worker_id in allowed
+            and any(self._reason(unit, first, reclaiming) for unit in self.units_on.get(worker_id, ()))
+            for worker_id in self.backoff
+        ):
             return Reason(
                 "preemption_backoff",
-                f"no free room for {what}; the workers running lower-class work had a preemptive"
+                f"no free room for {what}; workers running work it may preempt had a preemptive"
                 f" placement in the last {self.settings.backoff_s:g} s (at most one per worker per"
-                " backoff)",
+                " backoff): it is tried again next cycle",
             )
         return Reason(
             "no_victim_set",
@@ -577,15 +676,14 @@ class _Planner:
 @dataclass(frozen=True, slots=True)
 class _Sets:
     ordered: list[_WorkerSet]
-    #: eligible workers with candidate victims, skipped because of the backoff
-    in_backoff: int
 
 
 @dataclass(frozen=True, slots=True)
 class _WorkerSet:
     worker_id: str
     units: tuple[_Unit, ...]
-    #: tasks of the preemptor the worker holds once the units are gone
+    #: tasks of the preemptor the worker holds before and once the units are gone
+    had: int
     tasks: int
     key: tuple[int, float, int, str]
 
@@ -807,7 +905,7 @@ def _room_is_there(
 ) -> bool:
     """On each worker P is placed on: free capacity, once the victims' allocations are left out,
     covers P's tasks there, GPU indices included."""
-    leaving = {job.id for rows in victims for job in rows}
+    leaving = {job.id for rows in victims for job in rows}  # and whatever is being stopped already
     request = tasks[0].spec.resources
     by_worker: dict[str, list[TaskPlacement]] = {}
     for place in preemption.placements:
@@ -818,7 +916,11 @@ def _room_is_there(
         worker, allocations = workers[worker_id]
         if worker.status != "active":
             return False
-        staying = [allocation for allocation in allocations if allocation.job_id not in leaving]
+        staying = [
+            allocation
+            for allocation in allocations
+            if allocation.job_id not in leaving and allocation.status != Status.PREEMPTING
+        ]
         capacity = free_capacity(worker, staying)
         needed = Resources()
         indices: list[int] = []

@@ -1,0 +1,474 @@
+"""The preemption planner as a pure function: named scenarios, then properties over random clusters."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import pytest
+
+from corral.core import preemption
+from corral.core.decisions import TaskPlacement
+from corral.core.placement import free_capacity
+from corral.core.preemption import PlanInputs, Preemption, PreemptionSettings, Preemptor, cost, plan
+from corral.domain.records import Allocation, Constraints, Job, JobSpec, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.testing.factories import gpu_worker
+
+NOW = 10_000.0
+
+
+@dataclass(frozen=True)
+class Pool:
+    kind: str = "batch"
+    guarantee: Resources = Resources()
+
+
+def spec(gpus: int = 1, cls: int = 5, **fields: object) -> JobSpec:
+    return JobSpec(command="true", resources=Resources(gpus=gpus), preemption_class=cls, **fields)  # type: ignore[arg-type]
+
+
+def running(
+    worker: Worker,
+    indices: Sequence[int],
+    cls: int = 2,
+    started: float = NOW - 600,
+    job_id: str | None = None,
+    **fields: object,
+) -> Job:
+    return Job(
+        id=job_id or f"j-run-{worker.id}-{'-'.join(map(str, indices))}",
+        spec=spec(len(indices), cls, **fields),
+        status=Status.RUNNING,
+        submitted_at=0.0,
+        worker_id=worker.id,
+        gpu_indices=tuple(indices),
+        started_at=started,
+        attempts=1,
+    )
+
+
+def waiting(gpus: int = 1, cls: int = 7, job_id: str = "j-want", **fields: object) -> Job:
+    return Job(id=job_id, spec=spec(gpus, cls, **fields), status=Status.PENDING, submitted_at=NOW - 5)
+
+
+def gang_tasks(
+    gang_id: str, size: int, gpus: int, cls: int, workers: Sequence[Worker] | None = None
+) -> tuple[Job, ...]:
+    tasks = []
+    for index in range(size):
+        worker = workers[index] if workers else None
+        tasks.append(
+            Job(
+                id=f"{gang_id}-t{index}",
+                spec=replace(spec(gpus, cls), gang_size=size),
+                status=Status.RUNNING if worker else Status.BLOCKED,
+                submitted_at=0.0,
+                gang_id=gang_id,
+                gang_index=index,
+                worker_id=worker.id if worker else None,
+                gpu_indices=tuple(range(gpus)) if worker else (),
+                started_at=NOW - 300 if worker else None,
+                attempts=1 if worker else 0,
+            )
+        )
+    return tuple(tasks)
+
+
+def planned(
+    workers: Sequence[Worker],
+    holding: Sequence[Job],
+    preemptors: Sequence[Preemptor],
+    settings: PreemptionSettings | None = None,
+    pools: Mapping[str, Pool] | None = None,
+    last_preemptive: Mapping[str, float] | None = None,
+) -> preemption.PreemptionPlan:
+    return plan(
+        PlanInputs(
+            now=NOW,
+            workers=tuple(workers),
+            holding=tuple(holding),
+            preemptors=tuple(preemptors),
+            settings=settings or PreemptionSettings(),
+            pools=dict(pools or {}),
+            last_preemptive=dict(last_preemptive or {}),
+        )
+    )
+
+
+def single(job: Job) -> Preemptor:
+    return Preemptor(job.id, (job,))
+
+
+# --- scenarios --------------------------------------------------------------------------------
+
+
+def test_a_higher_class_job_takes_exactly_one_gpu_from_the_cheapest_lower_job() -> None:
+    worker = gpu_worker(gpus=4, worker_id="w1")
+    holding = [running(worker, [index], cls=2, started=NOW - 100 * (index + 1)) for index in range(4)]
+    result = planned([worker], holding, [single(waiting(gpus=1, cls=7))])
+    (found,) = result.preemptions
+    (victim,) = found.victims
+    # no checkpoints: the cost is the work since start, so the newest job (index 0) is cheapest
+    assert victim.job_ids == (holding[0].id,)
+    assert victim.reason == "priority"
+    assert found.placements == (TaskPlacement("j-want", "w1", (0,)),)
+    assert found.worker_ids == ("w1",)
+
+
+@pytest.mark.parametrize(
+    ("victim_fields", "why"),
+    [
+        ({"cls": 5}, "same class"),
+        ({"cls": 6}, "higher class"),
+        ({"cls": 10}, "class 10"),
+        ({"cls": 4, "walltime_s": 800.0}, "within near_completion_s of its walltime"),
+    ],
+)
+def test_never_upward_within_class_class_10_or_near_completion(
+    victim_fields: dict[str, object], why: str
+) -> None:
+    worker = gpu_worker(gpus=1, worker_id="w1")
+    fields = dict(victim_fields)
+    cls = int(fields.pop("cls"))  # type: ignore[call-overload]
+    holding = [running(worker, [0], cls=cls, started=NOW - 600, **fields)]
+    result = planned([worker], holding, [single(waiting(gpus=1, cls=5 if cls < 5 else 5))])
+    assert result.preemptions == (), why
+
+
+def test_a_class_7_job_without_checkpoints_is_never_a_victim_but_one_that_checkpoints_is() -> None:
+    worker = gpu_worker(gpus=1, worker_id="w1")
+    protected = [running(worker, [0], cls=7, checkpoint_mode="none")]
+    assert planned([worker], protected, [single(waiting(cls=9))]).preemptions == ()
+    exposed = [running(worker, [0], cls=7, checkpoint_mode="auto")]
+    (found,) = planned([worker], exposed, [single(waiting(cls=9))]).preemptions
+    assert found.victims[0].job_ids == (exposed[0].id,)
+
+
+def test_a_sensitive_pools_work_is_never_preempted() -> None:
+    worker = gpu_worker(gpus=1, worker_id="w1")
+    holding = [running(worker, [0], cls=0, pool="secret")]
+    result = planned([worker], holding, [single(waiting(cls=9))], pools={"secret": Pool(kind="sensitive")})
+    assert result.preemptions == ()
+    assert result.waiting and result.waiting[0][1].code == "no_victim_set"
+
+
+def test_no_victim_set_within_max_victims_touches_nobody() -> None:
+    worker = gpu_worker(gpus=8, worker_id="w1")
+    holding = [running(worker, [index], cls=0) for index in range(8)]
+    result = planned([worker], holding, [single(waiting(gpus=8, cls=9))])
+    assert result.preemptions == ()
+    assert [reason.code for _, reason in result.waiting] == ["no_victim_set"]
+    bigger = planned([worker], holding, [single(waiting(gpus=8, cls=9))], PreemptionSettings(max_victims=8))
+    assert len(bigger.preemptions[0].victims) == 8
+
+
+def test_the_victim_set_is_minimal_what_was_not_needed_is_put_back() -> None:
+    worker = gpu_worker(gpus=4, worker_id="w1")
+    # cheapest first: a 1-GPU job (new), then a 3-GPU job (new), then the 2-GPU... the set for 3
+    # GPUs: the 1-GPU job alone does not fit 3, the 3-GPU job does, and the 1-GPU one goes back
+    small = running(worker, [0], cls=1, started=NOW - 10, job_id="j-small")
+    large = running(worker, [1, 2, 3], cls=1, started=NOW - 20, job_id="j-large")
+    result = planned([worker], [small, large], [single(waiting(gpus=3, cls=7))])
+    (found,) = result.preemptions
+    assert [victim.key for victim in found.victims] == ["j-large"]
+    assert found.placements[0].gpu_indices == (1, 2, 3)
+
+
+def test_a_gang_preemptor_gets_room_for_every_task_or_nobody_is_touched() -> None:
+    workers = [gpu_worker(gpus=8, worker_id=f"w{index}") for index in range(2)]
+    holding = [running(worker, range(half * 4, half * 4 + 4), cls=2) for worker in workers for half in (0, 1)]
+    tasks = gang_tasks("g-want", 3, 4, cls=7)
+    result = planned(workers, holding, [Preemptor("g-want", tasks)])
+    (found,) = result.preemptions
+    assert len(found.victims) == 3, "three 4-GPU slots for three tasks: exactly three victims"
+    assert sorted(place.job_id for place in found.placements) == [task.id for task in tasks]
+    too_big = gang_tasks("g-huge", 5, 4, cls=7)
+    result = planned(workers, holding, [Preemptor("g-huge", too_big)])
+    assert result.preemptions == (), "four slots in the cluster cannot hold five tasks"
+
+
+def test_a_gang_victim_is_taken_whole_never_sliced() -> None:
+    workers = [gpu_worker(gpus=8, worker_id=f"w{index}") for index in range(2)]
+    victim = gang_tasks("g-low", 2, 8, cls=1, workers=workers)
+    result = planned(workers, victim, [single(waiting(gpus=8, cls=6))])
+    (found,) = result.preemptions
+    assert found.victims[0].key == "g-low"
+    assert set(found.victims[0].job_ids) == {task.id for task in victim}
+    assert found.worker_ids == ("w0", "w1"), "both of the gang's workers had a preemptive placement"
+
+
+def test_constraints_are_honoured_victims_only_where_the_preemptor_may_run() -> None:
+    h100 = gpu_worker(gpus=1, worker_id="w-h100", gpu_model="H100")
+    a100 = gpu_worker(gpus=1, worker_id="w-a100", gpu_model="A100")
+    holding = [running(h100, [0], cls=0, started=NOW - 1), running(a100, [0], cls=2, started=NOW - 5000)]
+    want = waiting(cls=7, constraints=Constraints(gpu_model="A100"))
+    (found,) = planned([h100, a100], holding, [single(want)]).preemptions
+    assert found.victims[0].job_ids == (holding[1].id,), "the cheaper H100 job cannot make room for it"
+
+
+def test_one_preemptive_placement_per_worker_per_backoff() -> None:
+    worker = gpu_worker(gpus=2, worker_id="w1")
+    holding = [running(worker, [index], cls=0) for index in range(2)]
+    two = [single(waiting(cls=7, job_id="j-a")), single(waiting(cls=7, job_id="j-b"))]
+    result = planned([worker], holding, two)
+    assert len(result.preemptions) == 1
+    assert [reason.code for _, reason in result.waiting] == ["preemption_backoff"]
+    later = planned([worker], holding, two, last_preemptive={"w1": NOW - 2})
+    assert later.preemptions == ()
+    after = planned([worker], holding, two, last_preemptive={"w1": NOW - 6})
+    assert len(after.preemptions) == 1
+
+
+def test_a_job_that_fits_somewhere_preempts_nobody() -> None:
+    busy, idle = gpu_worker(gpus=1, worker_id="w1"), gpu_worker(gpus=1, worker_id="w2")
+    result = planned([busy, idle], [running(busy, [0], cls=0)], [single(waiting(cls=9))])
+    assert result.preemptions == () and result.waiting == ()
+    assert result.fitting == (("j-want", (TaskPlacement("j-want", "w2", (0,)),)),)
+
+
+def test_reclaim_takes_borrowed_capacity_back_for_a_pool_below_its_guarantee() -> None:
+    worker = gpu_worker(gpus=2, worker_id="w1")
+    borrower = [running(worker, [index], cls=5, pool="b", started=NOW - 100 - index) for index in range(2)]
+    pools = {"a": Pool(guarantee=Resources(gpus=2)), "b": Pool()}
+    want = waiting(cls=5, pool="a")
+    (found,) = planned([worker], borrower, [single(want)], pools=pools).preemptions
+    assert found.victims[0].reason == "reclaim"
+    assert found.victims[0].job_ids == (borrower[0].id,), "newest first among equal cost"
+    # without a guarantee, class 5 cannot take from class 5
+    assert planned([worker], borrower, [single(want)], pools={"b": Pool()}).preemptions == ()
+
+
+def test_a_service_pool_is_preempted_only_on_borrowed_capacity() -> None:
+    worker = gpu_worker(gpus=2, worker_id="w1")
+    service = [
+        running(worker, [index], cls=1, pool="svc", started=NOW - 100 * (index + 1)) for index in range(2)
+    ]
+    home = {"svc": Pool(kind="service", guarantee=Resources(gpus=2))}
+    assert planned([worker], service, [single(waiting(cls=9))], pools=home).preemptions == ()
+    half = {"svc": Pool(kind="service", guarantee=Resources(gpus=1))}
+    (found,) = planned([worker], service, [single(waiting(cls=9))], pools=half).preemptions
+    assert found.victims[0].job_ids == (service[0].id,), "the newer allocation is the borrowed one"
+
+
+def test_cost_counts_gpu_seconds_since_the_last_checkpoint_or_the_checkpoint_time() -> None:
+    worker = gpu_worker(gpus=8, worker_id="w1")
+    plain = running(worker, [0, 1], cls=1, started=NOW - 1000)
+    assert cost(plain, NOW) == 2 * 1000
+    assert cost(replace(plain, last_checkpoint_at=NOW - 100), NOW) == 2 * 100
+    auto = running(worker, [0, 1], cls=1, started=NOW - 1000, checkpoint_mode="auto")
+    assert cost(auto, NOW) == 2 * 300
+    assert cost(replace(auto, checkpoint_durations=(10.0, 20.0, 90.0)), NOW) == 2 * 20
+    assert cost(running(worker, [0], cls=1, checkpoint_mode="manual"), NOW) == 600
+    late = running(worker, [0], cls=1, started=NOW - 950, walltime_s=1000.0)
+    assert cost(late, NOW) > 5 * cost(running(worker, [0], cls=1, started=NOW - 950), NOW), (
+        "95% of its walltime used"
+    )
+
+
+# --- properties over random clusters ---------------------------------------------------------
+
+
+def _random_case(seed: int) -> tuple[list[Worker], list[Job], list[Preemptor], dict[str, Pool]]:
+    rng = random.Random(seed)
+    workers = [
+        gpu_worker(
+            gpus=rng.choice([2, 4, 8]), worker_id=f"w{index:02d}", gpu_model=rng.choice(["H100", "A100"])
+        )
+        for index in range(rng.randint(1, 8))
+    ]
+    pools = {
+        "p0": Pool(),
+        "p1": Pool(guarantee=Resources(gpus=rng.choice([0, 4, 8]))),
+        "p2": Pool(kind="sensitive"),
+    }
+    holding: list[Job] = []
+    for worker in workers:
+        index = 0
+        while index < worker.resources.gpus:
+            if rng.random() < 0.15:
+                index += 1
+                continue
+            gpus = min(rng.choice([1, 1, 2, 4]), worker.resources.gpus - index)
+            holding.append(
+                running(
+                    worker,
+                    range(index, index + gpus),
+                    cls=rng.randint(0, 10),
+                    started=NOW - rng.uniform(1, 5000),
+                    pool=rng.choice(list(pools)),
+                    checkpoint_mode=rng.choice(["none", "auto", "manual"]),
+                    walltime_s=rng.choice([None, 2000.0, 6000.0]),
+                )
+            )
+            index += gpus
+    if len(workers) >= 2 and rng.random() < 0.5:  # a running gang across two idle-ish workers
+        pair = [worker for worker in workers if not any(job.worker_id == worker.id for job in holding)][:2]
+        if len(pair) == 2:
+            holding.extend(gang_tasks(f"g-run{seed}", 2, 2, cls=rng.randint(0, 4), workers=pair))
+    preemptors: list[Preemptor] = []
+    for index in range(rng.randint(1, 6)):
+        model = rng.choice([None, "H100", "A100"])
+        if rng.random() < 0.3:
+            size = rng.randint(2, 3)
+            tasks = gang_tasks(f"g-{seed}-{index}", size, rng.choice([1, 2, 4]), cls=rng.randint(3, 10))
+            preemptors.append(Preemptor(tasks[0].gang_id or "", tasks))
+        else:
+            job = waiting(
+                gpus=rng.choice([1, 2, 4, 8]),
+                cls=rng.randint(1, 10),
+                job_id=f"j-{seed}-{index}",
+                pool=rng.choice(["p0", "p1"]),
+                constraints=Constraints(gpu_model=model),
+            )
+            preemptors.append(single(job))
+    return workers, holding, preemptors, pools
+
+
+def _free(worker: Worker, holding: Sequence[Job], gone: set[str], added: Sequence[Allocation]) -> Resources:
+    allocations = [
+        Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+        for job in holding
+        if job.worker_id == worker.id and job.id not in gone
+    ]
+    allocations.extend(allocation for allocation in added if allocation.worker_id == worker.id)
+    return free_capacity(worker, allocations).free
+
+
+def _check_fit(
+    found: Preemption,
+    request: Resources,
+    workers: Mapping[str, Worker],
+    holding: Sequence[Job],
+    gone: set[str],
+    added: list[Allocation],
+) -> bool:
+    trial = list(added)
+    for place in found.placements:
+        worker = workers[place.worker_id]
+        others = [
+            Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+            for job in holding
+            if job.worker_id == worker.id and job.id not in gone
+        ] + [allocation for allocation in trial if allocation.worker_id == worker.id]
+        capacity = free_capacity(worker, others)
+        if not capacity.free.covers(request) or not set(place.gpu_indices) <= set(capacity.free_gpu_indices):
+            return False
+        trial.append(Allocation(place.job_id, place.worker_id, request, place.gpu_indices, Status.RESERVED))
+    added[:] = trial
+    return True
+
+
+@pytest.mark.parametrize("seed", range(1000))
+def test_properties_over_random_clusters(seed: int) -> None:
+    """Never preempts for a preemptor that then does not fit; never upward, never within a class
+    (but for a reclaim), never class 10, sensitive or near completion; gangs whole; at most
+    ``max_victims``; minimal; one preemptive placement per worker; and applying the plan and
+    planning again preempts nothing more (no loops)."""
+    workers, holding, preemptors, pools = _random_case(seed)
+    settings = PreemptionSettings()
+    result = planned(workers, holding, preemptors, settings, pools)
+    by_worker = {worker.id: worker for worker in workers}
+    by_id = {job.id: job for job in holding}
+    by_key = {preemptor.key: preemptor for preemptor in preemptors}
+    gone: set[str] = set()
+    added: list[Allocation] = []
+    used_workers: set[str] = set()
+    found_for = {found.preemptor: found for found in result.preemptions}
+    set_aside = dict(result.fitting)
+    for preemptor in sorted(preemptors, key=preemption.preemptor_key):
+        if preemptor.key in set_aside:  # the room the plan kept for a preemptor that fits as it is
+            request = preemptor.first.spec.resources
+            added.extend(
+                Allocation(place.job_id, place.worker_id, request, place.gpu_indices, Status.RESERVED)
+                for place in set_aside[preemptor.key]
+            )
+            continue
+        if preemptor.key not in found_for:
+            continue
+        found = found_for[preemptor.key]
+        first = preemptor.first
+        assert len(found.victims) <= settings.max_victims
+        assert not used_workers & set(found.worker_ids), "one preemptive placement per worker per cycle"
+        used_workers.update(found.worker_ids)
+        for victim in found.victims:
+            jobs = [by_id[job_id] for job_id in victim.job_ids]
+            for job in jobs:
+                assert job.spec.preemption_class < 10
+                assert pools.get(job.spec.pool, Pool()).kind != "sensitive"
+                assert (
+                    preemption.non_preemptible(job, NOW, settings.near_completion_s, pools.get(job.spec.pool))
+                    is None
+                )
+                if victim.reason == "priority":
+                    assert job.spec.preemption_class < first.spec.preemption_class
+                else:
+                    assert job.spec.preemption_class <= first.spec.preemption_class
+            if jobs[0].gang_id is not None:
+                assert {job.id for job in holding if job.gang_id == jobs[0].gang_id} == set(victim.job_ids)
+        victim_jobs = {job_id for victim in found.victims for job_id in victim.job_ids}
+        request = first.spec.resources
+        assert _check_fit(found, request, by_worker, holding, gone | victim_jobs, list(added)), "P must fit"
+        for victim in found.victims:  # minimal: without any one victim, P does not fit
+            kept = victim_jobs - set(victim.job_ids)
+            assert not _fits_anywhere(by_key[found.preemptor], by_worker, holding, gone | kept, added), (
+                victim.key
+            )
+        gone |= victim_jobs
+        _check_fit(found, request, by_worker, holding, gone, added)
+    # Apply: victims stopping, preemptors reserved; planning again preempts nothing more.
+    served = {found.preemptor for found in result.preemptions}
+    stopped_for = {
+        job_id: found.preemptor
+        for found in result.preemptions
+        for victim in found.victims
+        for job_id in victim.job_ids
+    }
+    stopping = [
+        replace(job, status=Status.PREEMPTING, preempted_for=stopped_for[job.id]) if job.id in gone else job
+        for job in holding
+    ]
+    reserved = [
+        replace(
+            task,
+            status=Status.RESERVED,
+            worker_id=place.worker_id,
+            gpu_indices=place.gpu_indices,
+            victims_deadline=NOW + 100,
+        )
+        for found in result.preemptions
+        for place in found.placements
+        for task in by_key[found.preemptor].tasks
+        if task.id == place.job_id
+    ]
+    last = {worker_id: NOW for found in result.preemptions for worker_id in found.worker_ids}
+    again = planned(
+        workers,
+        stopping + reserved,
+        [preemptor for preemptor in preemptors if preemptor.key not in served],
+        settings,
+        pools,
+        last,
+    )
+    stopped_again = [victim.key for found in again.preemptions for victim in found.victims]
+    assert stopped_again == [], "re-planning on the applied result preempts nothing more"
+
+
+def _fits_anywhere(
+    preemptor: Preemptor,
+    workers: Mapping[str, Worker],
+    holding: Sequence[Job],
+    gone: set[str],
+    added: Sequence[Allocation],
+) -> bool:
+    request = preemptor.first.spec.resources
+    tasks = 0
+    for worker in workers.values():
+        if preemptor.first.spec.constraints.gpu_model not in (None, worker.gpu_model):
+            continue
+        free = _free(worker, holding, gone, added)
+        counts = [free.gpus // request.gpus] if request.gpus else [1]
+        tasks += max(0, min(counts))
+    return tasks >= len(preemptor.tasks)
