@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -23,7 +23,7 @@ NOW = 10_000.0
 @dataclass(frozen=True)
 class Pool:
     kind: str = "batch"
-    guarantee: Resources = Resources()
+    guarantee: Resources = field(default_factory=Resources)
 
 
 def spec(gpus: int = 1, cls: int = 5, **fields: object) -> JobSpec:
@@ -134,7 +134,7 @@ def test_never_upward_within_class_class_10_or_near_completion(
     fields = dict(victim_fields)
     cls = int(fields.pop("cls"))  # type: ignore[call-overload]
     holding = [running(worker, [0], cls=cls, started=NOW - 600, **fields)]
-    result = planned([worker], holding, [single(waiting(gpus=1, cls=5 if cls < 5 else 5))])
+    result = planned([worker], holding, [single(waiting(gpus=1, cls=5))])
     assert result.preemptions == (), why
 
 
