@@ -508,8 +508,8 @@ def finish_stop(
 
 def _requeue_victim(job: Job, now: float) -> Transition:
     """A preempted single job goes back to the queue (seed 003): its submission time kept, the
-    preemption counted, its attempt refunded (a preemption never spends a retry), its checkpoint
-    handed to the next attempt."""
+    preemption counted, its checkpoint handed to the next attempt (its attempt was refunded when it
+    was told to stop: a preemption never spends a retry)."""
     resume = "resuming from its checkpoint" if job.has_checkpoint else "starting over (no checkpoint)"
     return move(
         job,
@@ -521,7 +521,6 @@ def _requeue_victim(job: Job, now: float) -> Transition:
         **VICTIM_CLEARED,
         drain_started_at=None,
         preempted_count=job.preempted_count + 1,
-        refunds=job.refunds + 1,
     )
 
 

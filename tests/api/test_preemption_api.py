@@ -1,0 +1,168 @@
+"""Class-based preemption over real HTTP (seed 003): the planner in the admission cycle, the
+checkpoint phase in the heartbeat answers, the victim's re-queue, the preemptor held its room."""
+
+from __future__ import annotations
+
+import httpx
+
+from corral.testing.server import ServerThread
+from tests.api.conftest import register, submit
+
+
+def fenced(job: dict, **extra: object) -> dict:
+    return {"worker_id": job["worker_id"], "attempt": job["attempt"], **extra}
+
+
+def claim(api: httpx.Client, worker_id: str) -> httpx.Response:
+    return api.get("/jobs/next", params={"worker_id": worker_id})
+
+
+def beat(api: httpx.Client, job: dict, **body: object) -> dict:
+    response = api.post(f"/jobs/{job['id']}/heartbeat", params=fenced(job), json=body or None)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def job_of(api: httpx.Client, job_id: str) -> dict:
+    return api.get(f"/jobs/{job_id}").json()
+
+
+def low_job_running(api: httpx.Client, clock, worker_id: str = "w1", **fields: object) -> dict:
+    low = submit(api, resources={"gpus": 1}, preemption_class=2, **fields)
+    running = claim(api, worker_id)
+    assert running.status_code == 200 and running.json()["id"] == low["id"]
+    clock.advance(60)
+    return running.json()
+
+
+def test_a_class_7_job_takes_a_class_2_jobs_gpu_which_checkpoints_stops_and_resumes(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    register(api, "w1", gpus=1, vram_mb=1000)
+    low = low_job_running(api, clock, checkpoint="auto")
+    high = submit(api, resources={"gpus": 1}, preemption_class=7)
+    server.run_loop("admission")
+
+    victim = job_of(api, low["id"])
+    assert victim["status"] == "preempting"
+    assert victim["reason"]["code"] == "preempted_priority"
+    assert high["id"] in victim["reason"]["message"] and "checkpointing first" in victim["reason"]["message"]
+    preemptor = job_of(api, high["id"])
+    assert (preemptor["status"], preemptor["worker_id"], preemptor["gpu_indices"]) == ("reserved", "w1", [0])
+    assert claim(api, "w1").status_code == 204, "the preemptor waits until its victim has left the GPU"
+
+    answer = beat(api, low)
+    assert answer["action"] == "checkpoint" and answer["preemption_epoch"] == 1
+    assert 599 <= answer["deadline_s"] <= 600
+    clock.advance(7)
+    upload = api.post(f"/jobs/{low['id']}/checkpoint", params=fenced(low, epoch=1), content=b"step 41")
+    assert upload.status_code == 200, upload.text
+    assert beat(api, low) == {"action": "preempt", "preemption_epoch": 1}
+    api.post(f"/jobs/{low['id']}/preempted", params=fenced(low, epoch=1)).raise_for_status()
+
+    requeued = job_of(api, low["id"])
+    assert requeued["status"] == "pending"
+    assert (requeued["preempted_count"], requeued["has_checkpoint"]) == (1, True)
+    assert requeued["attempts"] == 0, "a preemption never spends a retry"
+    assert requeued["submitted_at"] == low["submitted_at"], "its place in the queue is kept"
+    events = api.get(f"/jobs/{low['id']}/events").json()["items"]
+    assert [event["to"] for event in events] == ["pending", "running", "preempting", "preempted", "pending"]
+    assert events[-1]["reason"]["code"] == "preempted_requeued"
+
+    started = claim(api, "w1")
+    assert started.status_code == 200 and started.json()["id"] == high["id"], (
+        "the freed GPU went to the preemptor"
+    )
+    metrics = api.get("/metrics").text
+    assert 'corral_preemptions_total{reason="priority"} 1.0' in metrics
+    assert "corral_preemption_victim_requeue_total 1.0" in metrics
+    assert "corral_preemption_checkpoint_duration_seconds_count 1.0" in metrics
+    assert "corral_preemption_checkpoint_duration_seconds_sum 7.0" in metrics
+
+    api.post(f"/jobs/{high['id']}/done", params=fenced(started.json())).raise_for_status()
+    resumed = claim(api, "w1").json()
+    assert resumed["id"] == low["id"]
+    assert resumed["env"]["CORRAL_RESUME"] == "1"
+    assert api.get(f"/jobs/{low['id']}/checkpoint").content == b"step 41"
+
+
+def test_the_checkpoint_phase_is_extended_once_deferred_on_request_then_ends_without_one(
+    api: httpx.Client, server: ServerThread, clock, settings
+) -> None:
+    settings.checkpoint_timeout_s = 10
+    settings.max_deferral_s = 5
+    register(api, "w1", gpus=1, vram_mb=1000)
+    low = low_job_running(api, clock, checkpoint="manual")
+    submit(api, resources={"gpus": 1}, preemption_class=7)
+    server.run_loop("admission")
+    assert beat(api, low)["deadline_s"] == 10
+    clock.advance(11)
+    assert beat(api, low)["deadline_s"] == 4, "still beating at the deadline: one extension of 50%"
+    assert beat(api, low, defer_s=30)["deadline_s"] == 5, "the job asked for more: 5 s at most in all"
+    assert beat(api, low, defer_s=30)["deadline_s"] == 5, "nothing more to grant"
+    clock.advance(6)
+    assert beat(api, low) == {"action": "preempt", "preemption_epoch": 1}
+    assert job_of(api, low["id"])["reason"]["code"] == "checkpoint_timed_out"
+    assert "corral_preemption_failed_checkpoint_total 1.0" in api.get("/metrics").text
+    api.post(f"/jobs/{low['id']}/preempted", params=fenced(low, epoch=1)).raise_for_status()
+    why = api.get(f"/jobs/{low['id']}/why").json()
+    assert "checkpoint_failed" in [reason["code"] for reason in why["reasons"]]
+
+
+def test_the_force_drain_never_cuts_a_checkpoint_phase_short(
+    api: httpx.Client, server: ServerThread, clock, settings
+) -> None:
+    settings.checkpoint_timeout_s = 100
+    settings.preempt_timeout_s = 45
+    settings.heartbeat_timeout_s = 1000
+    register(api, "w1", gpus=1, vram_mb=1000)
+    low = low_job_running(api, clock, checkpoint="auto")
+    submit(api, resources={"gpus": 1}, preemption_class=7)
+    server.run_loop("admission")
+    clock.advance(60)  # past the preempt timeout, within the checkpoint window: the worker is silent
+    server.run_loop("reaper")
+    assert job_of(api, low["id"])["status"] == "preempting"
+    clock.advance(100)  # the window (100 s) and the preempt timeout after it (45 s) are over
+    server.run_loop("reaper")
+    requeued = job_of(api, low["id"])
+    assert (requeued["status"], requeued["preempted_count"]) == ("pending", 1)
+    assert "corral_preemption_failed_checkpoint_total 1.0" in api.get("/metrics").text
+
+
+def test_a_gang_of_three_is_made_room_for_by_exactly_the_minimal_set(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    for index in range(4):
+        register(api, f"w{index}", gpus=1, vram_mb=1000)
+    lows = [low_job_running(api, clock, f"w{index}") for index in range(3)]  # w3 stays idle
+    gang = api.post(
+        "/jobs", json={"command": "train", "gang_size": 3, "resources": {"gpus": 1}, "preemption_class": 7}
+    ).json()
+    server.run_loop("admission")
+    stopping = [low for low in lows if job_of(api, low["id"])["status"] == "preempting"]
+    assert len(stopping) == 2, "one task fits on the idle worker: two victims, not three"
+    assert stopping == lows[1:], "the newest (cheapest) two"
+    tasks = api.get(f"/gangs/{gang['gang_id']}").json()["tasks"]
+    assert {task["status"] for task in tasks} == {"reserved"}
+    assert sorted(task["worker_id"] for task in tasks) == ["w1", "w2", "w3"]
+    assert claim(api, "w3").json()["gang_id"] == gang["gang_id"], "its room is free already"
+    assert claim(api, "w1").status_code == 204, "w1's victim has not left yet"
+    for low in stopping:
+        api.post(f"/jobs/{low['id']}/fail", params=fenced(low), json={"exit_code": 143}).raise_for_status()
+    assert claim(api, "w1").json()["gang_id"] == gang["gang_id"]
+    assert job_of(api, lows[0]["id"])["status"] == "running", "the oldest low job was never touched"
+
+
+def test_nothing_is_preempted_for_nothing_and_why_says_what_blocks(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    register(api, "w1", gpus=1, vram_mb=1000)
+    protected = submit(api, resources={"gpus": 1}, preemption_class=7, checkpoint="none")
+    claim(api, "w1").raise_for_status()
+    waiting = submit(api, resources={"gpus": 1}, preemption_class=9)
+    server.run_loop("admission")
+    assert job_of(api, protected["id"])["status"] == "running"
+    reasons = api.get(f"/jobs/{waiting['id']}/why").json()["reasons"]
+    assert "no_victim_set" in [reason["code"] for reason in reasons]
+    server.run_loop("admission")
+    assert job_of(api, protected["id"])["status"] == "running", "and no loop either"
