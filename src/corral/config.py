@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PREFIX = "CORRAL_"
@@ -25,7 +25,7 @@ class ServerSettings(BaseSettings):
     A setting arrives with the code that reads it (``tests/unit/test_every_setting_is_read.py``
     fails on a field nothing outside this module reads). Still to come with their issues:
     authentication (``CORRAL_AUTH_TOKENS``), preemption and fair share (``CORRAL_MAX_VICTIMS``,
-    ``CORRAL_NEAR_COMPLETION_S``, the starvation and satisfaction defaults) and
+    ``CORRAL_NEAR_COMPLETION_S``, the satisfaction thresholds) and
     ``CORRAL_CHECKPOINT_TIMEOUT_S``.
     """
 
@@ -44,6 +44,25 @@ class ServerSettings(BaseSettings):
     watchdog_max_retries: int = Field(3, ge=0, description="watchdog re-queues before a job fails")
     checkpoint_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest checkpoint body")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
+    starvation_timeout_s: float = Field(
+        30.0, gt=0, description="a pool below its fair share this long is starving (pool default)"
+    )
+    aggressive_starvation_timeout_s: float = Field(
+        120.0, gt=0, description="... and this long, aggressively starving (pool default)"
+    )
+    starvation_tolerance: float = Field(
+        0.8, gt=0, le=1, description="below fair share x this counts as below fair share (pool default)"
+    )
+
+    @field_validator("aggressive_starvation_timeout_s")
+    @classmethod
+    def _aggressive_after_starvation(cls, value: float, info: ValidationInfo) -> float:
+        if value < info.data.get("starvation_timeout_s", 0):
+            raise ValueError("must be at least starvation_timeout_s")
+        return value
+
+    # --- end of pools ---
     access_log: bool = Field(False, description="log every HTTP request")
 
 

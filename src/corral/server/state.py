@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from corral.config import ServerSettings
 from corral.domain.clock import Clock
+from corral.domain.pools import PoolDefaults
 from corral.observability.metrics import Metrics
 from corral.server.signal import WorkSignal
 from corral.store import Store
@@ -31,6 +32,17 @@ class ServerState:
     #: whether the last admission pass saw a gang waiting (blocked or reserved tasks); while none
     #: waits, a released slot has nothing for the admission cycle to do before its next tick
     gangs_waiting: bool = True
+
+    @property
+    def pool_defaults(self) -> PoolDefaults:
+        """What a pool inherits when neither it nor an ancestor sets a value: the one place the
+        server's pool settings become ``corral.domain.pools.PoolDefaults``."""
+        settings = self.settings
+        return PoolDefaults(
+            starvation_timeout_s=settings.starvation_timeout_s,
+            aggressive_starvation_timeout_s=settings.aggressive_starvation_timeout_s,
+            starvation_tolerance=settings.starvation_tolerance,
+        )
 
     def released(self, gang_waiting: bool = False) -> None:
         """Capacity may have come free: wake long-polling claims, and the admission cycle when a
