@@ -80,6 +80,12 @@ def ancestors(path: str) -> list[str]:
     return ["/".join(parts[:depth]) for depth in range(1, len(parts))]
 
 
+def tree_order(path: str) -> tuple[str, ...]:
+    """Sort key of a depth-first walk: each pool right before its subtree (plain string order
+    would put ``team-b`` between ``team`` and ``team/x``)."""
+    return tuple(path.split("/"))
+
+
 def with_ancestors(paths: Iterable[str]) -> list[str]:
     """The paths and every ancestor of one, each once, parents before children (for inserts that
     make the tree explicit, and for walking it top down)."""
@@ -176,7 +182,7 @@ def _inherit(path: str, parent: Pool | PoolDefaults, own: PoolSettings | None, e
 
 def resolve(stored: Mapping[str, PoolSettings], defaults: PoolDefaults) -> dict[str, Pool]:
     """Every stored pool, every ancestor of one and ``default``, with its settings resolved, in
-    path order (parents before their children in a walk of ``sorted(result)``).
+    ``tree_order`` (each pool right before its subtree).
 
     1. Collect the paths: the stored ones, their ancestors, ``default``.
     2. Walk them parents first; each pool takes its own settings where set, else its parent's
@@ -188,7 +194,7 @@ def resolve(stored: Mapping[str, PoolSettings], defaults: PoolDefaults) -> dict[
         parent_path = parent_of(path)
         parent: Pool | PoolDefaults = pools[parent_path] if parent_path is not None else defaults
         pools[path] = _inherit(path, parent, stored.get(path), explicit=path in stored)
-    return dict(sorted(pools.items()))
+    return dict(sorted(pools.items(), key=lambda item: tree_order(item[0])))
 
 
 def effective(path: str, pools: Mapping[str, Pool], defaults: PoolDefaults) -> Pool:

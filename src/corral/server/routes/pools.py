@@ -23,6 +23,7 @@ from corral.domain.pools import (
     effective,
     resolve,
     subtree_usage,
+    tree_order,
 )
 from corral.domain.resources import Resources
 from corral.protocol.answers import PoolAnswer, PoolPage
@@ -77,15 +78,18 @@ def pool_to_wire(pool: Pool, settings: PoolSettings | None, usage: PoolUsage) ->
 
 
 def _tree(state: ServerState) -> list[dict[str, Any]]:
-    """Every pool in path order: the stored ones, their ancestors, and any pool a job not yet
-    ended names without a row (a pool deleted under it by a race, or rows older than pools)."""
+    """Every pool, each right before its subtree (``tree_order``): the stored ones, their
+    ancestors, and any pool a job not yet ended names without a row (a pool deleted under it by
+    a race)."""
     stored = state.store.pools()
     own_usage = state.store.pool_usage()
     pools = resolve(stored, state.pool_defaults)
     for path in own_usage.keys() - pools.keys():
         pools[path] = effective(path, pools, state.pool_defaults)
     usage = subtree_usage(own_usage, pools)
-    return [pool_to_wire(pools[path], stored.get(path), usage[path]) for path in sorted(pools)]
+    return [
+        pool_to_wire(pools[path], stored.get(path), usage[path]) for path in sorted(pools, key=tree_order)
+    ]
 
 
 def _path(request: Request) -> str:
