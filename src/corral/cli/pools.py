@@ -87,7 +87,11 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         metavar="SETTING",
         help=f"clear a stored setting (repeatable): {', '.join(_SETTINGS)}",
     )
-    add_json_flag(setter)
+    # ``corral pools --json set ...`` and ``corral pools set ... --json`` both: the subcommand's
+    # flag must not reset the one given before it
+    setter.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the pool as JSON"
+    )
     setter.set_defaults(run=run_set)
 
     deleter = actions.add_parser(
@@ -119,7 +123,7 @@ def run_set(arguments: argparse.Namespace) -> int:
                 raise
             stored = {}
         pool = client.put_pool(arguments.path, _merged(stored, arguments))
-    if arguments.json:
+    if getattr(arguments, "json", False):
         output.print_json(pool)
     else:
         output.print_table(HEADERS, [_row(pool)])
