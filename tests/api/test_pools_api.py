@@ -90,6 +90,7 @@ def test_a_put_replaces_every_setting(api):
         ({"guarantee": {"gpu": 1}}, "guarantee.gpu"),
         ({"limits": {"cpus": -2}}, "limits.cpus"),
         ({"limits": "lots"}, "limits"),
+        ({"guarantee": {"gpus": 8}, "limits": {"gpus": 4}}, "limits"),
         ({"mode": "lottery"}, "mode"),
         ({"kind": "secret"}, "kind"),
         ({"starvation_timeout_s": 0}, "starvation_timeout_s"),
@@ -179,3 +180,20 @@ def test_usage_and_demand_are_the_subtrees(api):
     assert pools["t/b"]["demand"]["memory_mb"] == 10
     assert (pools["t"]["usage"]["gpus"], pools["t"]["demand"]["gpus"], pools["t"]["jobs"]) == (1, 7, 4)
     assert pools["default"]["jobs"] == 0
+
+
+def test_a_job_whose_pool_lost_its_row_is_listed_under_its_nearest_ancestor(api, server):
+    put(api, "org", {"kind": "sensitive"})
+    submit(api, pool="org/gone/deep", resources={"gpus": 2})
+    store = server.app.state.corral.store
+    with store._transaction() as tx:  # a delete that raced the submit: the job outlives its rows
+        tx.execute("DELETE FROM pools WHERE path IN ('org/gone', 'org/gone/deep')")
+    pools = {item["path"]: item for item in api.get("/pools").json()["items"]}
+    orphan = pools["org/gone/deep"]
+    assert (orphan["parent"], orphan["explicit"], orphan["kind"], orphan["jobs"]) == (
+        "org",
+        False,
+        "sensitive",
+        1,
+    )
+    assert pools["org"]["demand"]["gpus"] == 2

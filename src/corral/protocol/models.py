@@ -154,6 +154,18 @@ class PoolBody(_Strict):
     enable_aggressive_starvation: bool | None = None
     allow_aggressive_preemption: bool | None = None
 
+    @field_validator("limits")
+    @classmethod
+    def _limits_cover_the_guarantee(cls, value: LimitsBody | None, info: ValidationInfo) -> LimitsBody | None:
+        guarantee = info.data.get("guarantee")
+        if value is None or guarantee is None:
+            return value
+        for name in ("gpus", "vram_mb", "memory_mb", "cpus"):
+            limit = getattr(value, name)
+            if limit is not None and limit < getattr(guarantee, name):
+                raise ValueError(f"{name} limit {limit} is below the guarantee of {getattr(guarantee, name)}")
+        return value
+
     @field_validator("aggressive_starvation_timeout_s")
     @classmethod
     def _aggressive_after_starvation(cls, value: float | None, info: ValidationInfo) -> float | None:

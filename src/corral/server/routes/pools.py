@@ -84,7 +84,7 @@ def _tree(state: ServerState) -> list[dict[str, Any]]:
     stored = state.store.pools()
     own_usage = state.store.pool_usage()
     pools = resolve(stored, state.pool_defaults)
-    for path in own_usage.keys() - pools.keys():
+    for path in sorted(own_usage.keys() - pools.keys(), key=tree_order):
         pools[path] = effective(path, pools, state.pool_defaults)
     usage = subtree_usage(own_usage, pools)
     return [
