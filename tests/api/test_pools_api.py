@@ -119,7 +119,7 @@ def test_a_body_that_is_not_an_object_is_a_400(api, content):
     assert (response.status_code, error_code(response)) == (400, "invalid_request")
 
 
-@pytest.mark.parametrize("path", ["a//b", "a%20b", "a/", "caf%C3%A9"])
+@pytest.mark.parametrize("path", ["a//b", "a%20b", "a/", "caf%C3%A9", "p" * 257])
 def test_a_bad_pool_path_is_a_400_naming_it(api, path):
     for method in ("GET", "PUT", "DELETE"):
         response = api.request(method, f"/pools/{path}", json={})

@@ -39,8 +39,9 @@ DEFAULT_POOL = "default"
 #: special case; shown as null on the wire
 UNLIMITED = 2**31 - 1
 _PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
+MAX_PATH_LENGTH = 256
 T = TypeVar("T")
-PATH_RULE = "a path like team/project (segments of letters, digits, _ . - joined by /)"
+PATH_RULE = "a path like team/project (segments of letters, digits, _ . - joined by /; not . or ..)"
 
 
 class PoolKind(StrEnum):
@@ -63,8 +64,11 @@ class PoolMode(StrEnum):
 def check_path(path: str) -> str:
     """``path`` when it is a pool path; ``ValueError`` otherwise (the one path rule of corral: the
     submit body, the pool routes and the store all go through here)."""
-    if not _PATH.fullmatch(path):
+    # "." and ".." would be walked away by every URL normaliser: such a pool could not be addressed
+    if not _PATH.fullmatch(path) or {".", ".."} & set(path.split("/")):
         raise ValueError(f"pool must be {PATH_RULE}")
+    if len(path) > MAX_PATH_LENGTH:
+        raise ValueError(f"pool must be at most {MAX_PATH_LENGTH} characters")
     return path
 
 

@@ -89,7 +89,7 @@ class SubmitBody(_Strict):
     gang_size: int = Field(1, ge=1, le=MAX_TASKS_PER_REQUEST)
     resources: ResourcesBody = Field(default_factory=ResourcesBody)
     constraints: ConstraintsBody = Field(default_factory=ConstraintsBody)
-    pool: str = Field("default", max_length=256)
+    pool: str = "default"
     user: Text | None = Field(None, max_length=256)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     preemption_class: int = Field(5, ge=0, le=10)

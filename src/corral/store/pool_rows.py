@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from corral.domain.pools import PoolKind, PoolMode, PoolSettings, created_reason, with_ancestors
+from corral.domain.pools import DEFAULT_POOL, PoolKind, PoolMode, PoolSettings, created_reason, with_ancestors
 from corral.domain.resources import Resources
 from corral.domain.transitions import Submission
 from corral.store.rows import Transaction
@@ -96,7 +96,9 @@ def ensure_pools(tx: Transaction, paths: Iterable[str], now: float) -> set[str]:
 def place_in_pools(tx: Transaction, submissions: Sequence[Submission], now: float) -> Sequence[Submission]:
     """Create the pools the submitted jobs name that do not exist yet (``ensure_pools``); the
     submissions, with the reason of each job whose own pool was just created saying so."""
-    created = ensure_pools(tx, {job.spec.pool for _, jobs in submissions for job in jobs}, now)
+    # ``default`` always has its row (seeded by migration 6, never deleted): most submits read nothing
+    named = {job.spec.pool for _, jobs in submissions for job in jobs} - {DEFAULT_POOL}
+    created = ensure_pools(tx, named, now) if named else set()
     if not created:
         return submissions
     return tuple(
