@@ -32,6 +32,8 @@ from corral.protocol.answers import (
     HeartbeatAnswer,
     JobAnswer,
     JobPage,
+    PoolAnswer,
+    PoolPage,
     WhyAnswer,
     WorkerAnswer,
     WorkerPage,
@@ -185,6 +187,22 @@ class Client:
 
     def drain_worker(self, worker_id: str) -> WorkerAnswer:
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/drain")
+
+    # --- pools -----------------------------------------------------------------------------
+
+    def pools(self) -> list[PoolAnswer]:
+        """Every pool (stored, implied by a descendant, or named by a job), in path order."""
+        return self._answer(PoolPage, "GET", "/pools").items
+
+    def pool(self, path: str) -> PoolAnswer:
+        return self._answer(PoolAnswer, "GET", f"/pools/{path}")
+
+    def put_pool(self, path: str, body: dict[str, Any] | None = None) -> PoolAnswer:
+        """Create or replace the pool's settings (a setting left out is inherited; see API.md)."""
+        return self._answer(PoolAnswer, "PUT", f"/pools/{path}", body or {})
+
+    def delete_pool(self, path: str) -> None:
+        self.request("DELETE", f"/pools/{path}")
 
     # --- the job protocol (workers) -------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PREFIX = "CORRAL_"
@@ -54,6 +54,25 @@ class ServerSettings(BaseSettings):
     )
     max_deferral_s: float = Field(300.0, ge=0, description="extra checkpoint time a victim may ask for")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
+    starvation_timeout_s: float = Field(
+        30.0, gt=0, description="a pool below its fair share this long is starving (pool default)"
+    )
+    aggressive_starvation_timeout_s: float = Field(
+        120.0, gt=0, description="... and this long, aggressively starving (pool default)"
+    )
+    starvation_tolerance: float = Field(
+        0.8, gt=0, le=1, description="below fair share x this counts as below fair share (pool default)"
+    )
+
+    @field_validator("aggressive_starvation_timeout_s")
+    @classmethod
+    def _aggressive_after_starvation(cls, value: float, info: ValidationInfo) -> float:
+        if value < info.data.get("starvation_timeout_s", 0):
+            raise ValueError("must be at least starvation_timeout_s")
+        return value
+
+    # --- end of pools ---
     access_log: bool = Field(False, description="log every HTTP request")
 
 

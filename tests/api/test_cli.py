@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from corral.cli import jobs
+from corral.cli import jobs, pools
 from corral.cli.main import main
 from corral.client import Client
 from corral.protocol.answers import WorkerAnswer
@@ -406,3 +406,62 @@ def test_submit_wait_on_a_cancelled_gang_exits_1(server, client, capsys):
     lines = out.splitlines()
     assert lines[0].endswith(": cancelled") and lines[0].startswith("g-")
     assert len(lines) == 3 and all("cancelled" in line for line in lines[1:])
+
+
+def test_pools_prints_the_tree_and_json(server, client, capsys):
+    client.put_pool(
+        "team/x", {"weight": 2, "guarantee": {"gpus": 8}, "limits": {"gpus": 16}, "kind": "training"}
+    )
+    client.submit({"command": "true", "pool": "team/x/y", "resources": {"gpus": 3}})
+    code, out, err = corral(server, capsys, "pools")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == list(pools.HEADERS)
+    assert [row.split() for row in rows] == [
+        ["default", "batch", "1", "0", "-", "0", "0", "0"],
+        ["team", "batch", "1", "0", "-", "0", "3", "1"],
+        ["x", "training", "2", "8", "16", "0", "3", "1"],
+        ["y", "training", "1", "0", "-", "0", "3", "1"],
+    ]
+    assert rows[2].startswith("  x") and rows[3].startswith("    y")
+    page = corral_json(server, capsys, "pools")
+    assert [item["path"] for item in page["items"]] == ["default", "team", "team/x", "team/x/y"]
+    assert page["items"][2]["limits"] == {"gpus": 16, "vram_mb": None, "memory_mb": None, "cpus": None}
+
+
+def test_pools_set_changes_only_what_it_is_given_and_delete_removes(server, client, capsys):
+    code, out, err = corral(
+        server, capsys, "pools", "set", "lab/a", "--weight", "2", "--guarantee-gpus", "8",
+        "--limit-gpus", "16", "--kind", "training", "--starvation-timeout-s", "20",
+        "--no-aggressive-preemption",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.split()[len(pools.HEADERS) :][:5] == ["a", "training", "2", "8", "16"]
+    pool = corral_json(server, capsys, "pools", "set", "lab/a", "--limit-cpus", "4", "--inherit", "kind")
+    assert pool["settings"] == {
+        "weight": 2.0, "guarantee": {"gpus": 8, "vram_mb": 0, "memory_mb": 0, "cpus": 0},
+        "limits": {"gpus": 16, "vram_mb": None, "memory_mb": None, "cpus": 4}, "mode": None, "kind": None,
+        "starvation_timeout_s": 20.0, "aggressive_starvation_timeout_s": None, "starvation_tolerance": None,
+        "enable_aggressive_starvation": None, "allow_aggressive_preemption": False,
+    }  # fmt: skip
+    assert client.pool("lab/a").kind == "batch"
+
+    code, _, err = corral(server, capsys, "pools", "set", "lab/a", "--weight", "0")
+    assert code == 1 and err.startswith("corral: invalid_request: weight:")
+    code, _, err = corral(server, capsys, "pools", "set", "lab/a", "--kind", "secret")
+    assert code == 2
+    code, _, err = corral(server, capsys, "pools", "delete", "lab")
+    assert code == 1 and err.startswith("corral: conflict:")
+    assert corral(server, capsys, "pools", "delete", "lab/a")[0] == 0
+    assert [pool.path for pool in client.pools()] == ["default", "lab"]
+    code, _, err = corral(server, capsys, "pools", "delete", "nope")
+    assert code == 1 and err.startswith("corral: not_found:")
+
+
+def test_submit_pool_reaches_the_pool(server, client, capsys):
+    code, out, err = corral(server, capsys, "submit", "--pool", "research/nlp", "--", "true")
+    assert code == 0, err
+    job = client.get_job(out.strip())
+    assert job.pool == "research/nlp"
+    assert job.reason.message.endswith("pool 'research/nlp' created with defaults")
+    assert client.pool("research/nlp").jobs == 1

@@ -201,6 +201,60 @@ class WorkerPage(Answer):
     next: str | None = None
 
 
+class LimitsAnswer(Answer):
+    """A pool's limits: null for a resource it does not limit."""
+
+    gpus: int | None = None
+    vram_mb: int | None = None
+    memory_mb: int | None = None
+    cpus: int | None = None
+
+
+class PoolSettingsAnswer(Answer):
+    """What ``PUT /pools/{path}`` stored for the pool: null where it inherits."""
+
+    weight: float | None = None
+    guarantee: ResourcesAnswer | None = None
+    limits: LimitsAnswer | None = None
+    mode: Literal["fair_share", "fifo"] | None = None
+    kind: Literal["batch", "training", "service", "sensitive", "interactive"] | None = None
+    starvation_timeout_s: float | None = None
+    aggressive_starvation_timeout_s: float | None = None
+    starvation_tolerance: float | None = None
+    enable_aggressive_starvation: bool | None = None
+    allow_aggressive_preemption: bool | None = None
+
+
+class PoolAnswer(Answer):
+    """A pool (API.md "Pools"): its effective settings (its own, else inherited, else the
+    defaults), what it stored (``settings``), and what the non-terminal jobs of its subtree hold
+    (``usage``: reserved, running, preempting) and wait for (``demand``). ``explicit`` is false for
+    a pool only implied by a descendant's path. Fair share and starvation come with issue 9."""
+
+    path: str
+    parent: str | None = None
+    explicit: bool = True
+    weight: float
+    guarantee: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
+    limits: LimitsAnswer | None = None
+    mode: Literal["fair_share", "fifo"]
+    kind: Literal["batch", "training", "service", "sensitive", "interactive"]
+    starvation_timeout_s: float
+    aggressive_starvation_timeout_s: float
+    starvation_tolerance: float
+    enable_aggressive_starvation: bool
+    allow_aggressive_preemption: bool
+    settings: PoolSettingsAnswer = Field(default_factory=PoolSettingsAnswer)
+    usage: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
+    demand: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
+    jobs: int = 0
+
+
+class PoolPage(Answer):
+    items: list[PoolAnswer]
+    next: str | None = None
+
+
 class CheckpointSaved(Answer):
     job_id: str
     bytes: int

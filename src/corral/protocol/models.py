@@ -9,8 +9,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
+from corral.domain import pools
 from corral.domain.records import Constraints, JobSpec
 from corral.domain.resources import Resources
 
@@ -18,7 +27,6 @@ MAX_BATCH = 10_000
 #: tasks one request may create (a batch's jobs plus every gang's tasks)
 MAX_TASKS_PER_REQUEST = 10_000
 INT32_MAX = 2**31 - 1
-_POOL_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
@@ -52,6 +60,23 @@ class ResourcesBody(_Strict):
         return Resources(self.gpus, self.vram_mb, self.memory_mb, self.cpus)
 
 
+class LimitsBody(_Strict):
+    """A pool's limits: a resource left out (or null) is not limited."""
+
+    gpus: int | None = Field(None, ge=0, le=1_000_000)
+    vram_mb: int | None = Field(None, ge=0, le=INT32_MAX)
+    memory_mb: int | None = Field(None, ge=0, le=INT32_MAX)
+    cpus: int | None = Field(None, ge=0, le=1_000_000)
+
+    def to_domain(self) -> Resources:
+        return Resources(
+            *(
+                pools.UNLIMITED if value is None else value
+                for value in (self.gpus, self.vram_mb, self.memory_mb, self.cpus)
+            )
+        )
+
+
 class ConstraintsBody(_Strict):
     gpu_model: Text | None = Field(None, max_length=256)
     labels: dict[Text, Text] = Field(default_factory=dict)
@@ -64,7 +89,7 @@ class SubmitBody(_Strict):
     gang_size: int = Field(1, ge=1, le=MAX_TASKS_PER_REQUEST)
     resources: ResourcesBody = Field(default_factory=ResourcesBody)
     constraints: ConstraintsBody = Field(default_factory=ConstraintsBody)
-    pool: str = Field("default", max_length=256)
+    pool: str = "default"
     user: Text | None = Field(None, max_length=256)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     preemption_class: int = Field(5, ge=0, le=10)
@@ -92,9 +117,7 @@ class SubmitBody(_Strict):
     @field_validator("pool")
     @classmethod
     def _pool_path(cls, value: str) -> str:
-        if not _POOL_PATH.fullmatch(value):
-            raise ValueError("pool must be a path like team/project (letters, digits, _ . -)")
-        return value
+        return pools.check_path(value)
 
     def to_domain(self, user: str | None = None) -> JobSpec:
         return JobSpec(
@@ -113,6 +136,56 @@ class SubmitBody(_Strict):
             budget_s=self.budget_s,
             walltime_s=self.walltime_s,
             stall_timeout_s=self.stall_timeout_s,
+        )
+
+
+class PoolBody(_Strict):
+    """``PUT /pools/{path}``: the pool's settings, each optional (left out or null: inherited from
+    the parent pool, or the default; see ``corral.domain.pools``). A PUT replaces every setting."""
+
+    weight: float | None = Field(None, gt=0, le=1_000_000)
+    guarantee: ResourcesBody | None = None
+    limits: LimitsBody | None = None
+    mode: pools.PoolMode | None = None
+    kind: pools.PoolKind | None = None
+    starvation_timeout_s: float | None = Field(None, gt=0, le=365 * 86400)
+    aggressive_starvation_timeout_s: float | None = Field(None, gt=0, le=365 * 86400)
+    starvation_tolerance: float | None = Field(None, gt=0, le=1)
+    enable_aggressive_starvation: bool | None = None
+    allow_aggressive_preemption: bool | None = None
+
+    @field_validator("limits")
+    @classmethod
+    def _limits_cover_the_guarantee(cls, value: LimitsBody | None, info: ValidationInfo) -> LimitsBody | None:
+        guarantee = info.data.get("guarantee")
+        if value is None or guarantee is None:
+            return value
+        for name in ("gpus", "vram_mb", "memory_mb", "cpus"):
+            limit = getattr(value, name)
+            if limit is not None and limit < getattr(guarantee, name):
+                raise ValueError(f"{name} limit {limit} is below the guarantee of {getattr(guarantee, name)}")
+        return value
+
+    @field_validator("aggressive_starvation_timeout_s")
+    @classmethod
+    def _aggressive_after_starvation(cls, value: float | None, info: ValidationInfo) -> float | None:
+        starving = info.data.get("starvation_timeout_s")
+        if value is not None and starving is not None and value < starving:
+            raise ValueError("must be at least starvation_timeout_s")
+        return value
+
+    def to_domain(self) -> pools.PoolSettings:
+        return pools.PoolSettings(
+            weight=self.weight,
+            guarantee=self.guarantee.to_domain() if self.guarantee is not None else None,
+            limits=self.limits.to_domain() if self.limits is not None else None,
+            mode=self.mode,
+            kind=self.kind,
+            starvation_timeout_s=self.starvation_timeout_s,
+            aggressive_starvation_timeout_s=self.aggressive_starvation_timeout_s,
+            starvation_tolerance=self.starvation_tolerance,
+            enable_aggressive_starvation=self.enable_aggressive_starvation,
+            allow_aggressive_preemption=self.allow_aggressive_preemption,
         )
 
 

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from corral.config import ServerSettings
 from corral.core.preemption import PreemptionSettings
 from corral.domain.clock import Clock
+from corral.domain.pools import PoolDefaults
 from corral.observability.metrics import Metrics
 from corral.server.signal import WorkSignal
 from corral.store import Store
@@ -46,6 +47,17 @@ class ServerState:
             checkpoint_timeout_s=settings.checkpoint_timeout_s,
             max_deferral_s=settings.max_deferral_s,
             preempt_timeout_s=settings.preempt_timeout_s,
+        )
+
+    @property
+    def pool_defaults(self) -> PoolDefaults:
+        """What a pool inherits when neither it nor an ancestor sets a value: the one place the
+        server's pool settings become ``corral.domain.pools.PoolDefaults``."""
+        settings = self.settings
+        return PoolDefaults(
+            starvation_timeout_s=settings.starvation_timeout_s,
+            aggressive_starvation_timeout_s=settings.aggressive_starvation_timeout_s,
+            starvation_tolerance=settings.starvation_tolerance,
         )
 
     def released(self, gang_waiting: bool = False) -> None:

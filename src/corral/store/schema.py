@@ -194,6 +194,27 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "cpus INTEGER NOT NULL",
         "expected_at DOUBLE PRECISION",
     ),
+    "pools": columns(  # migration 6
+        "path TEXT NOT NULL",
+        "weight DOUBLE PRECISION",
+        "guarantee_gpus INTEGER",
+        "guarantee_vram_mb INTEGER",
+        "guarantee_memory_mb INTEGER",
+        "guarantee_cpus INTEGER",
+        "limit_gpus INTEGER",
+        "limit_vram_mb INTEGER",
+        "limit_memory_mb INTEGER",
+        "limit_cpus INTEGER",
+        "mode TEXT",
+        "kind TEXT",
+        "starvation_timeout_s DOUBLE PRECISION",
+        "aggressive_starvation_timeout_s DOUBLE PRECISION",
+        "starvation_tolerance DOUBLE PRECISION",
+        "enable_aggressive_starvation INTEGER",
+        "allow_aggressive_preemption INTEGER",
+        "created_at DOUBLE PRECISION NOT NULL",
+        "updated_at DOUBLE PRECISION NOT NULL",
+    ),
 }
 
 DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -204,6 +225,7 @@ DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "idempotency_keys": ("key",),
     "checkpoints": ("job_id",),
     "holds": ("worker_id", "gang_id"),
+    "pools": ("path",),
 }
 
 DECLARED_INDEXES: dict[str, Index] = {
@@ -226,6 +248,7 @@ DECLARED_SCHEMA: dict[str, tuple[str, ...]] = {
 JOB_COLUMNS = DECLARED_SCHEMA["jobs"]
 WORKER_COLUMNS = DECLARED_SCHEMA["workers"]
 EVENT_COLUMNS = DECLARED_SCHEMA["job_events"]
+POOL_COLUMNS = DECLARED_SCHEMA["pools"]
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -407,6 +430,45 @@ MIGRATIONS: tuple[Migration, ...] = (
             # shown by `corral show` and the dashboard.
             "ALTER TABLE jobs ADD COLUMN gpu_util_pct DOUBLE PRECISION",
             "ALTER TABLE jobs ADD COLUMN rss_mb DOUBLE PRECISION",
+        ),
+    ),
+    Migration(
+        6,
+        "pools",
+        (
+            # One row per configured pool (``PUT /pools/{path}``, or created by a submit that names
+            # an unknown pool). Every setting is nullable: NULL inherits from the parent pool or
+            # the server's defaults (``corral.domain.pools.resolve``). A guarantee or a limit is
+            # NULL in all four of its columns when not set; a resource a limit leaves free holds
+            # ``pools.UNLIMITED``. Booleans are 0/1.
+            """
+            CREATE TABLE pools (
+                path TEXT PRIMARY KEY,
+                weight DOUBLE PRECISION,
+                guarantee_gpus INTEGER,
+                guarantee_vram_mb INTEGER,
+                guarantee_memory_mb INTEGER,
+                guarantee_cpus INTEGER,
+                limit_gpus INTEGER,
+                limit_vram_mb INTEGER,
+                limit_memory_mb INTEGER,
+                limit_cpus INTEGER,
+                mode TEXT,
+                kind TEXT,
+                starvation_timeout_s DOUBLE PRECISION,
+                aggressive_starvation_timeout_s DOUBLE PRECISION,
+                starvation_tolerance DOUBLE PRECISION,
+                enable_aggressive_starvation INTEGER,
+                allow_aggressive_preemption INTEGER,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL
+            )
+            """,
+            # ``default`` always exists; the pools of jobs submitted before this migration get a
+            # row each (their ancestors are implied by ``resolve`` and made rows by the next PUT).
+            "INSERT INTO pools (path, created_at, updated_at) VALUES ('default', 0, 0)",
+            "INSERT INTO pools (path, created_at, updated_at)"
+            " SELECT DISTINCT pool, 0, 0 FROM jobs WHERE pool <> 'default'",
         ),
     ),
     Migration(

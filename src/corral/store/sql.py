@@ -3,7 +3,8 @@ claim and the job heartbeat, written once.
 
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
 ``OperationsStore`` (workers, the reaper's reads, the dead-worker flag) -> ``GangStore``
-(reservations, checkpoints, holds, leadership) -> ``SqliteStore`` / ``PostgresStore``. A backend
+(reservations, checkpoints, holds, leadership) -> ``PoolStore`` (pool settings and usage) ->
+``SqliteStore`` / ``PostgresStore``. A backend
 supplies a connection, a transaction context and its dialect's few differences (placeholders, row
 locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites
 them once.
@@ -37,6 +38,7 @@ from corral.store.base import (
     SubmitResult,
     Submitted,
 )
+from corral.store.pool_rows import place_in_pools
 from corral.store.rows import (
     CLAIM_FIRST_PAGE,
     CLAIM_MAX_PAGE,
@@ -232,14 +234,13 @@ class SqlStore(abc.ABC):
         fingerprint: str = "",
     ) -> SubmitResult:
         """Insert every job and gang of ``submissions`` (``corral.core.lifecycle.submitted``) in one
-        transaction, or none.
+        transaction, or none, creating any pool they name that does not exist yet (with its
+        ancestors; the reason of each job in a created pool says so).
 
         With an idempotency key, a key already stored returns the jobs it created the first time
         (``replayed``); the same key with a different request is a conflict.
         """
         with self._transaction() as tx:
-            job_rows = [insert_row(job) for _, jobs in submissions for job in jobs]
-            event_rows = [submit_event(job) for _, jobs in submissions for job in jobs]
             if idempotency_key is not None:
                 # Take the key first: a concurrent submit with the same key (another replica) waits
                 # here for ours to commit, then finds the key taken and replays our result.
@@ -255,8 +256,10 @@ class SqlStore(abc.ABC):
                     replay = self._replay(tx, idempotency_key, fingerprint)
                     assert replay is not None
                     return replay
-            tx.executemany(INSERT_JOB, job_rows)
-            tx.executemany(INSERT_EVENT, event_rows)
+            # A pool the request names that does not exist yet is created here (store.pool_rows).
+            submissions = place_in_pools(tx, submissions, now)
+            tx.executemany(INSERT_JOB, [insert_row(job) for _, jobs in submissions for job in jobs])
+            tx.executemany(INSERT_EVENT, [submit_event(job) for _, jobs in submissions for job in jobs])
         return SubmitResult(
             items=tuple(
                 Submitted(job=jobs[0]) if gang_id is None else Submitted(gang_id=gang_id, tasks=jobs)

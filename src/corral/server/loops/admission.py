@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from corral.core import admission
 from corral.core.preemption import Preemption
 from corral.core.snapshot import Gang, Snapshot
+from corral.domain import pools
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
@@ -32,6 +33,7 @@ def admission_tick(state: ServerState) -> None:
         pending=inputs.pending,
         expected_ends=inputs.expected_ends,
         holding=inputs.holding,
+        pools=pools.resolve(state.store.pools(), state.pool_defaults),
         last_preemptive=state.last_preemptive,
     )
     decisions = admission.decide(snapshot, state.settings.reservation_timeout_s, state.preemption_settings())

@@ -1,0 +1,136 @@
+"""Pool routes (API.md "Pools"): the tree with each pool's effective settings and usage, and the
+admin's PUT / DELETE of one pool. Inheritance is ``corral.domain.pools.resolve``'s; the rows and
+the safety checks of a delete are the store's.
+
+``DELETE`` answers 204 with no body: there is nothing left to show.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from corral.domain import errors
+from corral.domain.pools import (
+    UNLIMITED,
+    Pool,
+    PoolSettings,
+    PoolUsage,
+    check_path,
+    effective,
+    resolve,
+    subtree_usage,
+    tree_order,
+)
+from corral.domain.resources import Resources
+from corral.protocol.answers import PoolAnswer, PoolPage
+from corral.protocol.models import PoolBody
+from corral.server.http import answer, parse_body
+from corral.server.state import ServerState, state_of
+
+
+def limits_to_wire(limits: Resources | None) -> dict[str, int | None] | None:
+    """A limit as sent: null for a resource it leaves free."""
+    if limits is None:
+        return None
+    return {name: None if value == UNLIMITED else value for name, value in limits.to_dict().items()}
+
+
+def settings_to_wire(settings: PoolSettings) -> dict[str, Any]:
+    """The stored settings, shaped as the PUT body that stored them."""
+    return {
+        "weight": settings.weight,
+        "guarantee": settings.guarantee.to_dict() if settings.guarantee is not None else None,
+        "limits": limits_to_wire(settings.limits),
+        "mode": settings.mode,
+        "kind": settings.kind,
+        "starvation_timeout_s": settings.starvation_timeout_s,
+        "aggressive_starvation_timeout_s": settings.aggressive_starvation_timeout_s,
+        "starvation_tolerance": settings.starvation_tolerance,
+        "enable_aggressive_starvation": settings.enable_aggressive_starvation,
+        "allow_aggressive_preemption": settings.allow_aggressive_preemption,
+    }
+
+
+def pool_to_wire(pool: Pool, settings: PoolSettings | None, usage: PoolUsage) -> dict[str, Any]:
+    return {
+        "path": pool.path,
+        "parent": pool.parent,
+        "explicit": pool.explicit,
+        "weight": pool.weight,
+        "guarantee": pool.guarantee.to_dict(),
+        "limits": limits_to_wire(pool.limits),
+        "mode": pool.mode,
+        "kind": pool.kind,
+        "starvation_timeout_s": pool.starvation_timeout_s,
+        "aggressive_starvation_timeout_s": pool.aggressive_starvation_timeout_s,
+        "starvation_tolerance": pool.starvation_tolerance,
+        "enable_aggressive_starvation": pool.enable_aggressive_starvation,
+        "allow_aggressive_preemption": pool.allow_aggressive_preemption,
+        "settings": settings_to_wire(settings or PoolSettings()),
+        "usage": usage.held.to_dict(),
+        "demand": usage.demand.to_dict(),
+        "jobs": usage.jobs,
+    }
+
+
+def _tree(state: ServerState) -> list[dict[str, Any]]:
+    """Every pool, each right before its subtree (``tree_order``): the stored ones, their
+    ancestors, and any pool a job not yet ended names without a row (a pool deleted under it by
+    a race)."""
+    stored = state.store.pools()
+    own_usage = state.store.pool_usage()
+    pools = resolve(stored, state.pool_defaults)
+    for path in sorted(own_usage.keys() - pools.keys(), key=tree_order):
+        pools[path] = effective(path, pools, state.pool_defaults)
+    usage = subtree_usage(own_usage, pools)
+    return [
+        pool_to_wire(pools[path], stored.get(path), usage[path]) for path in sorted(pools, key=tree_order)
+    ]
+
+
+def _path(request: Request) -> str:
+    path: str = request.path_params["path"]
+    try:
+        return check_path(path)
+    except ValueError as error:
+        raise errors.InvalidRequest(f"path: {error}", field="path") from None
+
+
+def _one(state: ServerState, path: str) -> dict[str, Any]:
+    for item in _tree(state):
+        if item["path"] == path:
+            return item
+    raise errors.NotFound(f"pool {path} not found")
+
+
+async def list_pools(request: Request) -> Response:
+    return answer(PoolPage, {"items": _tree(state_of(request)), "next": None})
+
+
+async def get_pool(request: Request) -> Response:
+    return answer(PoolAnswer, _one(state_of(request), _path(request)))
+
+
+async def put_pool(request: Request) -> Response:
+    state = state_of(request)
+    path = _path(request)
+    body = await parse_body(request, PoolBody, optional=True)
+    state.store.put_pool(path, body.to_domain(), state.clock.now())
+    return answer(PoolAnswer, _one(state, path))
+
+
+async def delete_pool(request: Request) -> Response:
+    state_of(request).store.delete_pool(_path(request))
+    return Response(status_code=204)
+
+
+routes = [
+    Route("/pools", list_pools, methods=["GET"]),
+    Route("/pools/{path:path}", get_pool, methods=["GET"]),
+    Route("/pools/{path:path}", put_pool, methods=["PUT"]),
+    Route("/pools/{path:path}", delete_pool, methods=["DELETE"]),
+]

@@ -1,0 +1,95 @@
+"""Pools in the store: their settings (the ``pools`` table), deleting one safely, and what each
+pool's jobs hold and ask for. What the settings mean, and how they are inherited, is
+``corral.domain.pools``'s; the rows and the pools a submit creates are ``store.pool_rows``'s.
+"""
+
+from __future__ import annotations
+
+from corral.domain import errors
+from corral.domain.pools import DEFAULT_POOL, PoolSettings, PoolUsage
+from corral.domain.resources import Resources
+from corral.store.gangs import GangStore
+from corral.store.pool_rows import (
+    POOL_SELECT,
+    SETTINGS_COLUMNS,
+    ensure_pools,
+    settings_from_row,
+    settings_values,
+)
+from corral.store.rows import HOLDING_SQL, NON_TERMINAL_SQL
+
+
+def _within(column: str) -> str:
+    """``column`` names the pool ``?`` or one of its descendants. Parameters: the path, then the
+    path and a slash twice (``substr`` rather than LIKE, in which ``_`` is a wildcard)."""
+    return f"({column} = ? OR substr({column}, 1, length(?)) = ?)"
+
+
+class PoolStore(GangStore):
+    def pools(self) -> dict[str, PoolSettings]:
+        """Every stored pool's settings, by path."""
+        rows = self._read().execute(f"SELECT {POOL_SELECT} FROM pools ORDER BY path")
+        return {row[0]: settings_from_row(row) for row in rows}
+
+    def put_pool(self, path: str, settings: PoolSettings, now: float) -> PoolSettings:
+        """Store ``path``'s settings (every one replaced), creating the pool and any ancestor
+        without a row, so the tree a PUT describes is explicit."""
+        assignments = ", ".join(f"{column} = ?" for column in SETTINGS_COLUMNS)
+        with self._transaction() as tx:
+            ensure_pools(tx, [path], now)
+            rows = tx.execute(
+                f"UPDATE pools SET {assignments}, updated_at = ? WHERE path = ? RETURNING {POOL_SELECT}",
+                (*settings_values(settings), now, path),
+            )
+            return settings_from_row(rows[0])
+
+    def delete_pool(self, path: str) -> None:
+        """Delete a pool's row. Refused (409, nothing changed) for ``default``, for a pool with child
+        pools (delete them first: a tree is never left with a hole), and for a pool whose subtree
+        holds a job not yet ended; 404 when there is no such pool."""
+        if path == DEFAULT_POOL:
+            raise errors.Conflict("the default pool cannot be deleted")
+        below = path + "/"
+        with self._transaction() as tx:
+            children = tx.execute(
+                "SELECT path FROM pools WHERE substr(path, 1, length(?)) = ? ORDER BY path LIMIT 1",
+                (below, below),
+            )
+            if children:
+                raise errors.Conflict(f"pool {path} has child pools ({children[0][0]}): delete them first")
+            count = tx.execute(
+                f"SELECT COUNT(*) FROM jobs WHERE status IN {NON_TERMINAL_SQL} AND {_within('pool')}",
+                (path, below, below),
+            )[0][0]
+            if count:
+                raise errors.Conflict(
+                    f"pool {path} holds {count} unfinished job(s): cancel them or let them end"
+                )
+            if not tx.execute("DELETE FROM pools WHERE path = ? RETURNING path", (path,)):
+                raise errors.NotFound(f"pool {path} not found")
+
+    def pool_usage(self) -> dict[str, PoolUsage]:
+        """For every pool path a job not yet ended names, what its jobs hold (reserved, running,
+        preempting) and ask for (the rest), each task's resources summed, and how many there are:
+        one grouped query."""
+
+        def summed(condition: str) -> str:
+            return (
+                f"SUM(CASE WHEN {condition} THEN gpus ELSE 0 END),"
+                f" MAX(CASE WHEN {condition} THEN vram_mb ELSE 0 END),"
+                f" SUM(CASE WHEN {condition} THEN memory_mb ELSE 0 END),"
+                f" SUM(CASE WHEN {condition} THEN cpus ELSE 0 END)"
+            )
+
+        rows = self._read().execute(
+            f"SELECT pool, {summed(f'status IN {HOLDING_SQL}')}, {summed(f'status NOT IN {HOLDING_SQL}')},"
+            f" COUNT(*) FROM jobs WHERE status IN {NON_TERMINAL_SQL} GROUP BY pool ORDER BY pool"
+        )
+        return {
+            row[0]: PoolUsage(
+                held=Resources(*(int(value) for value in row[1:5])),
+                demand=Resources(*(int(value) for value in row[5:9])),
+                jobs=int(row[9]),
+            )
+            for row in rows
+        }

@@ -1,0 +1,185 @@
+"""Pools in the store, on SQLite and PostgreSQL: settings round-trip, the safety of a delete, what
+each pool's jobs hold and wait for, and the pools a submit creates."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from corral.core import lifecycle
+from corral.core.placement import ClaimPlacement
+from corral.domain import errors
+from corral.domain.pools import UNLIMITED, PoolKind, PoolMode, PoolSettings, PoolUsage
+from corral.domain.records import JobSpec
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.store import open_store
+from corral.store.base import JobFilter, WorkerRegistration
+from corral.store.rows import INSERT_JOB, insert_row
+from tests.contract import protocol
+
+NOW = 1_800_000_000.0
+EVERY_SETTING = PoolSettings(
+    weight=2.5,
+    guarantee=Resources(8, 0, 1024, 16),
+    limits=Resources(16, UNLIMITED, UNLIMITED, 64),
+    mode=PoolMode.FIFO,
+    kind=PoolKind.SENSITIVE,
+    starvation_timeout_s=12.5,
+    aggressive_starvation_timeout_s=60.0,
+    starvation_tolerance=0.6,
+    enable_aggressive_starvation=True,
+    allow_aggressive_preemption=False,
+)
+
+
+def submit(store, *specs, now=NOW):
+    return protocol.submit(store, list(specs), now).items
+
+
+def test_a_new_store_has_only_the_default_pool(store):
+    assert store.pools() == {"default": PoolSettings()}
+
+
+def test_every_setting_round_trips_and_a_put_replaces_them_all(store):
+    assert store.put_pool("team/x", EVERY_SETTING, NOW) == EVERY_SETTING
+    assert store.pools()["team/x"] == EVERY_SETTING
+    assert isinstance(store.pools()["team/x"].weight, float)
+    assert store.put_pool("team/x", PoolSettings(weight=1), NOW + 1) == PoolSettings(weight=1.0)
+    assert store.pools()["team/x"] == PoolSettings(weight=1.0)
+
+
+def test_a_put_makes_every_ancestor_a_row(store):
+    store.put_pool("a/b/c", PoolSettings(kind=PoolKind.TRAINING), NOW)
+    assert store.pools() == {
+        "a": PoolSettings(),
+        "a/b": PoolSettings(),
+        "a/b/c": PoolSettings(kind=PoolKind.TRAINING),
+        "default": PoolSettings(),
+    }
+    store.put_pool("a", PoolSettings(weight=3), NOW)  # an existing ancestor keeps its row
+    assert store.pools()["a"] == PoolSettings(weight=3.0)
+    assert store.pools()["a/b/c"] == PoolSettings(kind=PoolKind.TRAINING)
+
+
+def test_delete_removes_a_leaf_and_refuses_the_rest(store):
+    store.put_pool("a/b", PoolSettings(weight=2), NOW)
+    with pytest.raises(errors.Conflict, match="child pools"):
+        store.delete_pool("a")
+    with pytest.raises(errors.Conflict, match="default pool"):
+        store.delete_pool("default")
+    with pytest.raises(errors.NotFound):
+        store.delete_pool("nope")
+    store.delete_pool("a/b")
+    store.delete_pool("a")
+    assert set(store.pools()) == {"default"}
+
+
+def test_delete_is_refused_while_the_subtree_holds_an_unfinished_job(store):
+    store.put_pool("a_b", PoolSettings(), NOW)
+    store.put_pool("a", PoolSettings(), NOW)
+    (item,) = submit(store, JobSpec(command="true", pool="a_b"))
+    # "a" is not an ancestor of "a_b" (nor would LIKE's "_" make "a_b" match "a/b")
+    store.delete_pool("a")
+    with pytest.raises(errors.Conflict, match="1 unfinished job"):
+        store.delete_pool("a_b")
+    assert "a_b" in store.pools()  # a 409 changes nothing
+    protocol.cancel(store, item.job.id, NOW + 1)
+    store.delete_pool("a_b")
+    assert set(store.pools()) == {"default"}
+
+
+def test_a_job_in_a_descendant_without_a_row_blocks_its_ancestor(store):
+    submit(store, JobSpec(command="true", pool="p/q/r"))
+    with store._transaction() as tx:  # the row lost to a race with a delete: the job still counts
+        tx.execute("DELETE FROM pools WHERE path = 'p/q/r'")
+    with pytest.raises(errors.Conflict, match="pool p/q holds 1 unfinished"):
+        store.delete_pool("p/q")
+
+
+def test_usage_sums_tasks_held_and_waiting_per_pool_and_counts_unfinished_jobs(store):
+    store.register_worker(WorkerRegistration("w1", "10.0.0.1", Resources(4, 80_000, 65_536, 32)), NOW)
+    gpu = Resources(gpus=1, vram_mb=40_000, memory_mb=1000, cpus=2)
+    submit(
+        store,
+        JobSpec(command="run", pool="t/a", resources=gpu),
+        JobSpec(command="wait", pool="t/a", resources=Resources(gpus=2, cpus=1)),
+        JobSpec(command="gang", pool="t/b", gang_size=3, resources=Resources(gpus=1, memory_mb=10)),
+        JobSpec(command="cancelled", pool="t/b"),
+    )
+    claimed = store.claim("w1", NOW + 1, ClaimPlacement())
+    assert claimed.spec.command == "run"
+    (cancelled,) = [job for job in store.list_jobs(JobFilter(pool="t/b"), 10, None) if job.gang_id is None]
+    protocol.cancel(store, cancelled.id, NOW + 2)
+    usage = store.pool_usage()
+    assert usage["t/a"] == PoolUsage(held=gpu, demand=Resources(gpus=2, cpus=1), jobs=2)
+    assert usage["t/b"] == PoolUsage(demand=Resources(gpus=3, memory_mb=30), jobs=3)
+    assert "default" not in usage and "t" not in usage
+
+
+def test_ended_jobs_are_not_usage(store):
+    (item,) = submit(store, JobSpec(command="true", pool="x", resources=Resources(gpus=1)))
+    protocol.cancel(store, item.job.id, NOW + 1)
+    assert store.pool_usage() == {}
+
+
+def test_a_submit_to_an_unknown_pool_creates_it_and_its_ancestors_and_says_so(store):
+    single, gang = submit(
+        store, JobSpec(command="true", pool="team/x"), JobSpec(command="true", pool="team/x", gang_size=2)
+    )
+    assert set(store.pools()) == {"default", "team", "team/x"}
+    assert store.pools()["team/x"] == PoolSettings()
+    note = "pool 'team/x' created with defaults"
+    assert single.job.reason.code == "queued"
+    assert single.job.reason.message.endswith("; " + note)
+    assert all(task.reason.message.endswith("; " + note) for task in gang.tasks)
+    stored = store.get_job(single.job.id)
+    assert stored.reason == single.job.reason
+    (event,) = store.job_events(single.job.id)
+    assert (event.to_status, event.reason) == (Status.PENDING, single.job.reason)
+    (later,) = submit(store, JobSpec(command="true", pool="team/x"), now=NOW + 1)
+    assert "created" not in later.job.reason.message
+    (child,) = submit(store, JobSpec(command="true", pool="team/y"), now=NOW + 2)
+    assert child.job.reason.message.endswith("pool 'team/y' created with defaults")
+    (default,) = submit(store, JobSpec(command="true"), now=NOW + 3)
+    assert "created" not in default.job.reason.message
+
+
+def test_a_replayed_submit_creates_no_pool_and_keeps_its_first_answer(store):
+    first = protocol.submit(store, [JobSpec(command="true", pool="new")], NOW, "key-1", "f").items[0]
+    protocol.cancel(store, first.job.id, NOW)
+    store.delete_pool("new")
+    again = protocol.submit(store, [JobSpec(command="true", pool="new")], NOW + 1, "key-1", "f")
+    assert again.replayed
+    assert again.items[0].job.id == first.job.id
+    assert set(store.pools()) == {"default"}
+
+
+def test_a_batch_of_ten_thousand_jobs_in_one_new_pool_is_one_creation(store):
+    started = time.perf_counter()
+    items = submit(store, *[JobSpec(command="true", pool="big/batch")] * 10_000)
+    elapsed = time.perf_counter() - started
+    assert len(items) == 10_000
+    assert all("created" in item.job.reason.message for item in items)
+    assert set(store.pools()) == {"default", "big", "big/batch"}
+    assert store.pool_usage()["big/batch"].jobs == 10_000
+    assert elapsed < 30, elapsed
+
+
+def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypatch):
+    from corral.store import schema, sql
+
+    monkeypatch.setattr(sql, "MIGRATIONS", schema.MIGRATIONS[:5])
+    before = open_store(store_url)
+    try:
+        jobs = lifecycle.submitted(
+            [JobSpec(command="true", pool=pool) for pool in ("old/a", "default", "old/a")], NOW
+        )
+        with before._transaction() as tx:  # a submit of the time: no pools table yet
+            tx.executemany(INSERT_JOB, [insert_row(job) for _, tasks in jobs for job in tasks])
+        monkeypatch.setattr(sql, "MIGRATIONS", schema.MIGRATIONS)
+        before.migrate()
+        assert set(before.pools()) == {"default", "old/a"}
+    finally:
+        before.close()
