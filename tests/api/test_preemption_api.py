@@ -166,3 +166,34 @@ def test_nothing_is_preempted_for_nothing_and_why_says_what_blocks(
     assert "no_victim_set" in [reason["code"] for reason in reasons]
     server.run_loop("admission")
     assert job_of(api, protected["id"])["status"] == "running", "and no loop either"
+
+
+def test_sensitive_pools_are_never_preempted_and_borrowed_capacity_is_reclaimed(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    for path, body in (
+        ("secure", {"kind": "sensitive"}),
+        ("home", {"guarantee": {"gpus": 1}}),
+        ("guest", {}),
+    ):
+        assert api.put(f"/pools/{path}", json=body).status_code == 200
+    register(api, "w1", gpus=1, vram_mb=1000)
+    secure = low_job_running(api, clock, "w1", pool="secure")
+    urgent = submit(api, resources={"gpus": 1}, preemption_class=9, pool="guest")
+    server.run_loop("admission")
+    assert job_of(api, secure["id"])["status"] == "running", "class 2, but in a sensitive pool"
+    assert "no_victim_set" in [r["code"] for r in api.get(f"/jobs/{urgent['id']}/why").json()["reasons"]]
+    api.post(f"/jobs/{urgent['id']}/cancel").raise_for_status()
+    # "home" is below its guarantee of one GPU with work waiting: "guest" borrows w2, same class.
+    register(api, "w2", gpus=1, vram_mb=1000)
+    guest = submit(api, resources={"gpus": 1}, preemption_class=5, pool="guest")
+    claim(api, "w2").raise_for_status()
+    clock.advance(60)
+    owner = submit(api, resources={"gpus": 1}, preemption_class=5, pool="home")
+    server.run_loop("admission")
+    stopped = job_of(api, guest["id"])
+    assert stopped["status"] == "preempting"
+    assert stopped["reason"]["code"] == "preempted_reclaim"
+    assert owner["id"] in stopped["reason"]["message"]
+    assert job_of(api, owner["id"])["worker_id"] == "w2"
+    assert 'corral_preemptions_total{reason="reclaim"} 1.0' in api.get("/metrics").text
