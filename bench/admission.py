@@ -9,6 +9,12 @@ warm-up run and prints the time per cycle (median, max) against the target (< 20
 cycle decided, and the machine block. ``--profile`` runs one more cycle under cProfile and prints
 the top functions. No server, no store: only the core.
 
+Then the preemption case (issue 8): ``--workers`` workers with every GPU busy (single jobs of 1, 2
+or 4 GPUs and a few running gangs, classes 0-9, mixed checkpoint modes and walltimes),
+``--preemptors`` (500) pending single jobs and ``--preempting-gangs`` (100) blocked gangs of a
+higher class: the same cycle with the preemption planner (target < 300 ms median), printed beside
+the plain cycle above.
+
     .venv/bin/python bench/admission.py
     .venv/bin/python bench/admission.py --profile
 """
@@ -30,6 +36,7 @@ import harness
 import machine
 from corral.core.admission import decide
 from corral.core.decisions import AdmissionDecisions
+from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, JobSpec, Worker
 from corral.domain.resources import Resources
@@ -130,6 +137,120 @@ def build_snapshot(args: argparse.Namespace) -> Snapshot:
     return Snapshot(NOW, tuple(workers), tuple(allocations), tuple(gangs), pending, ends)
 
 
+def build_busy_snapshot(args: argparse.Namespace) -> Snapshot:
+    """Every GPU busy with mixed classes; higher-class singles and gangs waiting (module docstring)."""
+    rng = random.Random(args.seed + 1)
+    workers = [
+        Worker(
+            id=f"w-{index:05d}",
+            address=f"10.1.{index // 250}.{index % 250}",
+            resources=Resources(args.gpus, 81_920, 2_048_000, 12 * args.gpus),
+            gpu_model="H100",
+            labels={"zone": "a" if index % 2 == 0 else "b"},
+            status=WorkerStatus.ACTIVE.value,
+            registered_at=NOW - 86_400,
+            last_heartbeat_at=NOW - 1,
+        )
+        for index in range(args.workers)
+    ]
+    holding: list[Job] = []
+    job_number = 0
+
+    def running_spec(gpus: int, size: int = 1) -> JobSpec:
+        return JobSpec(
+            command="python train.py",
+            gang_size=size,
+            resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
+            preemption_class=rng.randint(0, 9),
+            checkpoint_mode=rng.choice(["none", "none", "auto", "manual"]),
+            walltime_s=rng.choice([None, None, 3600.0, 4 * 3600.0]),
+        )
+
+    index = 0
+    while index + 1 < len(workers):
+        if rng.random() < 0.05:  # a running gang of two tasks on two whole workers
+            gang_id = f"g-run-{index:05d}"
+            spec = running_spec(args.gpus, 2)
+            started = NOW - rng.uniform(60, 7200)
+            for rank in range(2):
+                holding.append(
+                    Job(
+                        f"{gang_id}-t{rank}", spec, Status.RUNNING, started - 10, gang_id, rank,
+                        worker_id=workers[index + rank].id, gpu_indices=tuple(range(args.gpus)),
+                        started_at=started, attempts=1,
+                    )
+                )  # fmt: skip
+            index += 2
+            continue
+        free = list(range(args.gpus))
+        while free:
+            gpus = min(rng.choice([1, 2, 4]), len(free))
+            job_number += 1
+            started = NOW - rng.uniform(60, 7200)
+            taken, free = tuple(free[:gpus]), free[gpus:]
+            holding.append(
+                Job(
+                    f"j-run-{job_number:06d}", running_spec(gpus), Status.RUNNING, started - 10,
+                    worker_id=workers[index].id, gpu_indices=taken, started_at=started, attempts=1,
+                    last_checkpoint_at=started + rng.uniform(0, 60) if rng.random() < 0.3 else None,
+                )
+            )  # fmt: skip
+        index += 1
+    pending = tuple(
+        Job(
+            f"j-want-{number:05d}",
+            JobSpec(
+                command="python serve.py",
+                resources=Resources((gpus := rng.choice([1, 2, 4, 8])), 40_000, 64_000 * gpus, 8 * gpus),
+                preemption_class=rng.randint(6, 10),
+                priority=rng.randint(0, 3),
+            ),
+            Status.PENDING,
+            NOW - rng.uniform(0, 600),
+        )
+        for number in range(args.preemptors)
+    )
+    gangs = []
+    for number in range(args.preempting_gangs):
+        gpus, size = rng.choice([1, 2, 4, 8]), rng.randint(2, 8)
+        spec = JobSpec(
+            command="python train.py",
+            gang_size=size,
+            resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
+            preemption_class=rng.randint(6, 10),
+        )
+        gang_id = f"g-want-{number:04d}"
+        submitted = NOW - rng.uniform(0, 600)
+        gangs.append(
+            Gang(
+                gang_id,
+                tuple(
+                    Job(f"{gang_id}-t{r}", spec, Status.BLOCKED, submitted, gang_id, r) for r in range(size)
+                ),
+            )
+        )
+    allocations = tuple(
+        Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+        for job in holding
+    )
+    return Snapshot(NOW, tuple(workers), allocations, tuple(gangs), pending, {}, holding=tuple(holding))
+
+
+def time_cycles(
+    snapshot: Snapshot, runs: int, settings: PreemptionSettings | None
+) -> tuple[AdmissionDecisions, list[float]] | None:
+    first = decide(snapshot, TIMEOUT_S, settings)  # warm-up
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        decisions = decide(snapshot, TIMEOUT_S, settings)
+        times.append((time.perf_counter() - started) * 1000)
+        if decisions != first:
+            print("  ERROR: two cycles over the same snapshot decided differently")
+            return None
+    return first, times
+
+
 def summary(snapshot: Snapshot, decisions: AdmissionDecisions) -> list[str]:
     tasks = sum(len(r.placements) for r in decisions.reservations)
     specs = {task.id: task.spec for gang in snapshot.gangs for task in gang.tasks}
@@ -163,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--target-ms", type=float, default=200.0)
-    parser.add_argument("--profile", action="store_true", help="one more cycle under cProfile")
+    parser.add_argument("--preemptors", type=int, default=500, help="higher-class single jobs waiting")
+    parser.add_argument("--preempting-gangs", type=int, default=100, help="higher-class gangs waiting")
+    parser.add_argument("--preempt-target-ms", type=float, default=300.0)
+    parser.add_argument(
+        "--profile", action="store_true", help="one more cycle under cProfile (preemption case)"
+    )
     parser.add_argument(
         "--gc-freeze",
         action="store_true",
@@ -180,15 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.freeze()
         print(f"  gc.freeze(): {gc.get_freeze_count()} objects out of the collector's reach")
-    first = decide(snapshot, TIMEOUT_S)  # warm-up
-    times = []
-    for _ in range(args.runs):
-        started = time.perf_counter()
-        decisions = decide(snapshot, TIMEOUT_S)
-        times.append((time.perf_counter() - started) * 1000)
-        if decisions != first:
-            print("  ERROR: two cycles over the same snapshot decided differently")
-            return 1
+    timed = time_cycles(snapshot, args.runs, None)
+    if timed is None:
+        return 1
+    first, times = timed
     for line in summary(snapshot, first):
         print(line)
     print(
@@ -198,10 +319,47 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(harness.figure("time per cycle, max", max(times), "ms", args.target_ms, at_least=False))
     print(f"  runs: {', '.join(f'{t:.1f}' for t in times)} ms")
+
+    harness.banner("admission cycle with the preemption planner (pure core)")
+    busy = build_busy_snapshot(args)
+    timed = time_cycles(busy, args.runs, PreemptionSettings())
+    if timed is None:
+        return 1
+    planned, preempt_times = timed
+    victims = Counter(victim.reason for found in planned.preemptions for victim in found.victims)
+    gang_preemptors = sum(len(found.job_ids) > 1 for found in planned.preemptions)
+    waiting = Counter(reason.code for _, reason in planned.single_waiting)
+    waiting.update(entry.reason.code for entry in planned.waiting)
+    print(
+        f"  snapshot: {len(busy.workers)} workers, every GPU busy ({len(busy.holding)} running jobs),"
+        f" {len(busy.pending)} higher-class single jobs and {len(busy.gangs)} gangs waiting"
+    )
+    print(
+        f"  decided:  {len(planned.preemptions)} preemptions ({gang_preemptors} for gangs),"
+        f" victims {dict(victims)}, waiting {dict(sorted(waiting.items()))}"
+    )
+    print(
+        harness.figure(
+            "time per cycle, median",
+            statistics.median(preempt_times),
+            "ms",
+            args.preempt_target_ms,
+            at_least=False,
+        )
+    )
+    print(
+        harness.figure(
+            "time per cycle, max", max(preempt_times), "ms", args.preempt_target_ms, at_least=False
+        )
+    )
+    print(f"  runs: {', '.join(f'{t:.1f}' for t in preempt_times)} ms")
+    print(
+        f"  beside the plain cycle: {statistics.median(preempt_times) / statistics.median(times):.2f}x its median"
+    )
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()
-        decide(snapshot, TIMEOUT_S)
+        decide(busy, TIMEOUT_S, PreemptionSettings())
         profiler.disable()
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out)

@@ -48,6 +48,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
+from itertools import count
 
 from corral.core import drain
 from corral.core.decisions import TaskPlacement
@@ -75,6 +76,9 @@ __all__ = [
     "victim_key",
 ]
 
+#: worker victim sets one preemptor looks at, at most: the search is greedy (cheapest sets first)
+#: and bounded, so a cycle's time does not grow with the cluster for work that cannot be placed
+SEARCH_LIMIT = 64
 #: class 10 is never preempted (seed 003)
 NEVER_PREEMPTED_CLASS = 10
 #: ``checkpoint: none`` at or above this class cannot be preempted (all progress would be lost)
@@ -300,18 +304,22 @@ class _Planner:
         }
         #: workers with a free GPU: the only ones where a GPU task may fit without a victim
         self.gpu_room = {worker_id for worker_id, free in self.free.items() if free.capacity.free.gpus > 0}
-        backoff = inputs.settings.backoff_s
-        self.backoff = {
-            worker_id for worker_id, at in inputs.last_preemptive.items() if at > self.now - backoff
-        }
-        #: workers whose capacity this cycle's preemptions changed: their cached sets are stale
-        self.touched: set[str] = set()
+        #: per worker, bumped whenever this cycle's preemptions change it: a set computed at an
+        #: older version is stale
+        self.versions: dict[str, int] = {}
+        self.sequence = count()  # heap tie-break
         self.used_units: set[str] = set()
+        #: units on a worker in its backoff
+        self.blocked_units: set[str] = set()
         self.units_on: dict[str, list[_Unit]] = {}
         units = sorted(_units(inputs, self.free).values(), key=victim_key)
         for unit in units:
             for worker_id in unit.frees:
                 self.units_on.setdefault(worker_id, []).append(unit)
+        self.backoff: set[str] = set()
+        for worker_id, at in inputs.last_preemptive.items():
+            if at > self.now - inputs.settings.backoff_s:
+                self._block(worker_id)
         self.usage = _pool_gpus(inputs.holding)
         #: below every running job's class, nothing may be taken: such a job just waits for capacity
         self.lowest_class = min(
@@ -320,7 +328,21 @@ class _Planner:
         )
         self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
         self._eligible: dict[tuple[object, ...], list[str]] = {}
-        self._sets: dict[tuple[object, ...], _Sets] = {}
+        self._shapes: dict[tuple[object, ...], _Shape] = {}
+        #: every worker with units, by a lower bound of any victim set's key there (its cheapest
+        #: unit's class and cost): sets are computed in this order, only as far as needed
+        #: per worker, the GPUs free plus those of its ``max_victims`` largest units: no more can
+        #: come free there in one preemption, whatever the preemptor's class
+        self.reach = {
+            worker_id: self.free[worker_id].capacity.free.gpus
+            + sum(
+                sorted((unit.frees[worker_id][0].gpus for unit in units), reverse=True)[
+                    : self.settings.max_victims
+                ]
+            )
+            for worker_id, units in self.units_on.items()
+        }
+        self._bounds: dict[int, list[tuple[int, float, int, str]]] = {}
 
     # -- one preemptor ---------------------------------------------------------------------
 
@@ -347,35 +369,79 @@ class _Planner:
         reclaiming = self._reclaims(preemptor.first, size)
         if spec.preemption_class <= self.lowest_class and not reclaiming:
             return None  # nothing below it to take from: it waits for capacity like any job
-        sets = self._worker_sets(preemptor.first, eligible, reclaiming)
+        shape = self._shape(preemptor.first, eligible, reclaiming)
+        if shape.failed_size is not None and size >= shape.failed_size:
+            # Within a cycle room only shrinks: what failed for this shape fails again.
+            return self._no_set(preemptor, eligible, reclaiming)
         chosen: list[_Unit] = []
         missing = size - sum(room.values())
-        # Best set first; a worker that gave one task may give the next (its set recomputed on
-        # what the chosen units already free there), so a gang's tasks may share a worker.
-        heap = [(cached.key, cached) for cached in sets.ordered]
-        while missing > 0 and heap:
-            key, cached = heappop(heap)
-            worker_set = self._still_valid(cached, preemptor.first, reclaiming, chosen)
-            if worker_set is None:
+        # Best set first, from the sets of this preemptor's shape (shared by every preemptor of the
+        # shape: a set made stale by an earlier preemption is recomputed, one on a worker in its
+        # backoff dropped). A worker that gave one task may give the next: its set for one task
+        # more, counting what the chosen units free there, waits in ``local``.
+        local: list[_Entry] = []
+        popped: list[_Entry] = []
+        examined = 0
+        while missing > 0 and len(chosen) < self.settings.max_victims and examined < SEARCH_LIMIT:
+            best = shape.best(self)
+            from_local = bool(local) and (best is None or local[0] < best)
+            if not from_local and best is None:
+                break
+            entry = heappop(local if from_local else shape.ready)
+            worker_set = entry[2]
+            worker_id = worker_set.worker_id
+            if not from_local:
+                if worker_id in self.backoff:
+                    continue  # for the rest of the cycle
+                if worker_set.version != self.versions.get(worker_id, 0):
+                    units = self._candidates(worker_id, preemptor.first, reclaiming)
+                    fresh = self._worker_set(worker_id, units, request) if units else None
+                    if fresh is not None:
+                        heappush(shape.ready, (fresh.key, next(self.sequence), fresh))
+                    continue
+                popped.append(entry)
+                examined += 1
+                if any(worker_id in unit.frees for unit in chosen):
+                    relative = self._next_set(worker_id, preemptor.first, reclaiming, chosen)
+                    if relative is not None:
+                        heappush(local, (relative.key, next(self.sequence), relative))
+                    continue
+            new = [unit for unit in worker_set.units if unit not in chosen]
+            if len(chosen) + len(new) > self.settings.max_victims:
                 continue
-            if worker_set.key != key and heap and worker_set.key > heap[0][0]:
-                heappush(heap, (worker_set.key, worker_set))  # worse than it was: wait its turn
-                continue
-            if len(chosen) + len(worker_set.units) > self.settings.max_victims:
-                continue
-            chosen.extend(worker_set.units)
-            missing -= worker_set.tasks - worker_set.had
+            chosen.extend(new)
+            # counted over every worker the chosen units free: a gang victim frees several
+            missing = size - self._tasks_with(chosen, set(room), request)
             if missing > 0:
-                again = self._still_valid(worker_set, preemptor.first, reclaiming, chosen)
-                if again is not None:
-                    heappush(heap, (again.key, again))
+                relative = self._next_set(worker_id, preemptor.first, reclaiming, chosen)
+                if relative is not None:
+                    heappush(local, (relative.key, next(self.sequence), relative))
         if missing > 0:
-            return self._no_set(preemptor, eligible, reclaiming)
+            shape.failed_size = min(size, shape.failed_size or size)
+        found = self._finish(preemptor, chosen, room, missing, eligible, reclaiming, examined)
+        for entry in popped:  # still good for the next preemptor of this shape, unless spent
+            if entry[2].worker_id not in self.backoff:
+                heappush(shape.ready, entry)
+        return found
+
+    def _finish(
+        self,
+        preemptor: Preemptor,
+        chosen: list[_Unit],
+        room: Mapping[str, int],
+        missing: int,
+        eligible: Sequence[str],
+        reclaiming: bool,
+        examined: int,
+    ) -> Preemption | Reason:
+        request, size = preemptor.first.spec.resources, len(preemptor.tasks)
+        if missing > 0:
+            return self._no_set(preemptor, eligible, reclaiming, examined)
         workers = set(room) | {worker_id for unit in chosen for worker_id in unit.frees}
         chosen = self._put_back(chosen, workers, request, size)
         placements = self._placements(preemptor, chosen, workers, request)
         if placements is None:  # the put-back left less than it counted: cannot happen
-            return self._no_set(preemptor, eligible, reclaiming)
+            return self._no_set(preemptor, eligible, reclaiming, examined)
         return self._commit(preemptor, chosen, placements, reclaiming)
 
     def _take_room(self, placements: Sequence[TaskPlacement], request: Resources) -> None:
@@ -389,8 +455,13 @@ class _Planner:
             )
             self._touch(placement.worker_id)
 
+    def _block(self, worker_id: str) -> None:
+        """The worker had its preemptive placement of the backoff: nothing on it is taken again."""
+        self.backoff.add(worker_id)
+        self.blocked_units.update(unit.key for unit in self.units_on.get(worker_id, ()))
+
     def _touch(self, worker_id: str) -> None:
-        self.touched.add(worker_id)
+        self.versions[worker_id] = self.versions.get(worker_id, 0) + 1
         if self.free[worker_id].capacity.free.gpus > 0:
             self.gpu_room.add(worker_id)
         else:
@@ -463,8 +534,32 @@ class _Planner:
             return None
         return "priority" if unit.preemption_class < preemptor_class else None
 
-    def _worker_sets(self, first: Job, eligible: Sequence[str], reclaiming: bool) -> _Sets:
-        """For each eligible worker, its minimal victim set for one more task, best first."""
+    def bounds(self, gpus: int) -> list[tuple[int, float, int, str]]:
+        """Every worker with units, by a lower bound of the key of any victim set there for a task
+        of ``gpus`` GPUs: the class of the unit at which its units, lowest class first, free enough
+        GPUs (a set must reach that class). Sets are computed in this order, and no further than
+        the preemptor's own class allows, so most workers of a large cluster are never looked at."""
+        found = self._bounds.get(gpus)
+        if found is None:
+            found = []
+            for worker_id, units in self.units_on.items():
+                need = gpus - self.free[worker_id].capacity.free.gpus
+                reached = units[0]
+                for unit in units:
+                    need -= unit.frees[worker_id][0].gpus
+                    reached = unit
+                    if need <= 0:
+                        break
+                # the set holds a unit of that class, the cheapest of which comes first
+                cheapest = next(unit for unit in units if unit.preemption_class == reached.preemption_class)
+                found.append((reached.preemption_class, cheapest.cost, 1, worker_id))
+            found.sort()
+            self._bounds[gpus] = found
+        return found
+
+    def _shape(self, first: Job, eligible: Sequence[str], reclaiming: bool) -> _Shape:
+        """The victim sets of a preemptor shape (class, request, constraints, pool when it
+        reclaims), shared by every preemptor of the shape in the cycle and computed lazily."""
         spec = first.spec
         key = (
             spec.preemption_class,
@@ -473,41 +568,22 @@ class _Planner:
             tuple(sorted(spec.constraints.labels.items())),
             spec.pool if reclaiming else None,
         )
-        cached = self._sets.get(key)
-        if cached is not None:
-            return cached
-        request = spec.resources
-        ordered: list[_WorkerSet] = []
-        for worker_id in eligible:
-            units = self._candidates(worker_id, first, reclaiming)
-            if worker_id in self.backoff:
-                continue
-            found = self._worker_set(worker_id, units, request) if units else None
-            if found is not None:
-                ordered.append(found)
-        ordered.sort(key=lambda worker_set: worker_set.key)
-        sets = self._sets[key] = _Sets(ordered)
-        return sets
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = _Shape(first, reclaiming, frozenset(eligible))
+        return shape
 
-    def _still_valid(
-        self, cached: _WorkerSet, first: Job, reclaiming: bool, chosen: Sequence[_Unit]
+    def _next_set(
+        self, worker_id: str, first: Job, reclaiming: bool, chosen: Sequence[_Unit]
     ) -> _WorkerSet | None:
-        """A cached set as it stands now: gone when its worker had a preemptive placement this
-        cycle; recomputed when a placement used the worker's free room, one of its units was taken,
-        or units already chosen for this preemptor free room there (then for one task more)."""
-        worker_id = cached.worker_id
-        if worker_id in self.backoff:
-            return None
-        here = [unit for unit in chosen if worker_id in unit.frees]
-        fresh = worker_id not in self.touched and all(self._free_to_take(unit) for unit in cached.units)
-        if fresh and not here and not any(unit in chosen for unit in cached.units):
-            return cached
+        """The set on ``worker_id`` for one task more than it holds once ``chosen`` has gone."""
         units = [unit for unit in self._candidates(worker_id, first, reclaiming) if unit not in chosen]
         if not units:
             return None
-        freed = Resources()
-        for unit in here:
-            freed = _plus(freed, unit.frees[worker_id][0])
+        freed = ZERO
+        for unit in chosen:
+            if worker_id in unit.frees:
+                freed = _plus(freed, unit.frees[worker_id][0])
         return self._worker_set(worker_id, units, first.spec.resources, freed)
 
     def _candidates(self, worker_id: str, first: Job, reclaiming: bool) -> list[_Unit]:
@@ -520,9 +596,7 @@ class _Planner:
 
     def _free_to_take(self, unit: _Unit) -> bool:
         """Not taken by an earlier preemption, and on no worker in its backoff."""
-        return unit.key not in self.used_units and not any(
-            worker_id in self.backoff for worker_id in unit.frees
-        )
+        return unit.key not in self.used_units and unit.key not in self.blocked_units
 
     def _worker_set(
         self, worker_id: str, units: Sequence[_Unit], request: Resources, freed_already: Resources = ZERO
@@ -553,17 +627,22 @@ class _Planner:
             len(taken),
             worker_id,
         )
-        return _WorkerSet(worker_id, tuple(taken), have, _tasks_fitting(freed, request), key)
+        version = self.versions.get(worker_id, 0)
+        return _WorkerSet(worker_id, tuple(taken), have, _tasks_fitting(freed, request), key, version)
 
     def _put_back(self, chosen: list[_Unit], workers: set[str], request: Resources, size: int) -> list[_Unit]:
         """Across the whole set, drop every unit P's tasks fit without (most expensive first)."""
         kept = sorted(chosen, key=victim_key)
         for unit in reversed(list(kept)):
             trial = [other for other in kept if other is not unit]
-            capacity = self._freed_capacity(trial, workers)
-            if sum(_tasks_fitting(free, request) for free, _ in capacity.values()) >= size:
+            if self._tasks_with(trial, workers, request) >= size:
                 kept = trial
         return kept
+
+    def _tasks_with(self, chosen: Sequence[_Unit], workers: set[str], request: Resources) -> int:
+        """Tasks of ``request`` that fit on ``workers`` and the workers ``chosen`` frees, once it has."""
+        capacity = self._freed_capacity(chosen, workers | {w for unit in chosen for w in unit.frees})
+        return sum(_tasks_fitting(free, request) for free, _ in capacity.values())
 
     def _freed_capacity(
         self, chosen: Sequence[_Unit], workers: set[str]
@@ -634,7 +713,7 @@ class _Planner:
         self._take_room(placements, request)
         for worker_id in worker_ids:
             self._touch(worker_id)
-        self.backoff.update(worker_ids)
+            self._block(worker_id)
         self.usage[first.spec.pool] = self.usage.get(first.spec.pool, 0) + request.gpus * len(placements)
         checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs) or (
             not chosen  # placed on room still held by stopping victims: they may be checkpointing
@@ -648,12 +727,14 @@ class _Planner:
             victims_deadline=self.now + self.settings.victims_leave_within(checkpointing),
         )
 
-    def _no_set(self, preemptor: Preemptor, eligible: Sequence[str], reclaiming: bool) -> Reason:
+    def _no_set(
+        self, preemptor: Preemptor, eligible: Sequence[str], reclaiming: bool, examined: int = 0
+    ) -> Reason:
         first = preemptor.first
         size = len(preemptor.tasks)
         what = f"its {size} tasks" if size > 1 else "it"
         allowed = set(eligible)
-        if any(
+        if not examined and any(
             worker_id in allowed
             and any(self._reason(unit, first, reclaiming) for unit in self.units_on.get(worker_id, ()))
             for worker_id in self.backoff
@@ -674,11 +755,6 @@ class _Planner:
 
 
 @dataclass(frozen=True, slots=True)
-class _Sets:
-    ordered: list[_WorkerSet]
-
-
-@dataclass(frozen=True, slots=True)
 class _WorkerSet:
     worker_id: str
     units: tuple[_Unit, ...]
@@ -686,6 +762,50 @@ class _WorkerSet:
     had: int
     tasks: int
     key: tuple[int, float, int, str]
+    #: the worker's version when the set was computed (``_Planner.versions``): stale once it moved
+    version: int
+
+
+#: a heap entry: a set's key, a tie-break, the set
+_Entry = tuple[tuple[int, float, int, str], int, _WorkerSet]
+
+
+class _Shape:
+    """The worker victim sets of one preemptor shape, best first, computed lazily: a worker's set
+    is computed only once the planner's lower bound for it (``_Planner.bounds``) is below every set
+    computed so far, so most workers of a large cluster are never looked at."""
+
+    def __init__(self, first: Job, reclaiming: bool, eligible: frozenset[str]) -> None:
+        self.first = first
+        self.reclaiming = reclaiming
+        self.eligible = eligible
+        self.next_bound = 0
+        self.ready: list[_Entry] = []
+        #: the smallest preemptor of this shape (in tasks) no victim set was found for
+        self.failed_size: int | None = None
+
+    def best(self, planner: _Planner) -> tuple[tuple[int, float, int, str], int, _WorkerSet] | None:
+        """The best set there is, left at the top of ``ready`` (None when there is none)."""
+        bounds = planner.bounds(self.first.spec.resources.gpus)
+        # at or past this class no set can be taken (never within a class, but for a reclaim)
+        ceiling = self.first.spec.preemption_class + (1 if self.reclaiming else 0)
+        while self.next_bound < len(bounds) and (
+            not self.ready or bounds[self.next_bound] < self.ready[0][0]
+        ):
+            if bounds[self.next_bound][0] >= ceiling:
+                self.next_bound = len(bounds)
+                break
+            worker_id = bounds[self.next_bound][3]
+            self.next_bound += 1
+            if worker_id not in self.eligible or worker_id in planner.backoff:
+                continue
+            if planner.reach[worker_id] < self.first.spec.resources.gpus:
+                continue  # even its largest units, as many as one preemption may take, are too few
+            units = planner._candidates(worker_id, self.first, self.reclaiming)
+            found = planner._worker_set(worker_id, units, self.first.spec.resources) if units else None
+            if found is not None:
+                heappush(self.ready, (found.key, next(planner.sequence), found))
+        return self.ready[0] if self.ready else None
 
 
 # --- units, capacity arithmetic ---------------------------------------------------------------
