@@ -85,7 +85,7 @@ def test_a_new_epoch_hints_again_and_a_later_save_goes_up_with_the_ack(tmp_path:
     one upload each. The SIGTERM handler's save is newer than the phase's: the end uploads it."""
     client = FakeClient()
     hint = 'n=$((n+1)); echo phase-$n > "$CORRAL_CHECKPOINT_OUT"; touch "$CORRAL_CHECKPOINT_DONE_FILE"'
-    term = "echo final > \"$CORRAL_CHECKPOINT_OUT\"; exit 143"
+    term = 'echo final > "$CORRAL_CHECKPOINT_OUT"; exit 143'
     command = f"n=0; trap '{hint}' USR1; trap '{term}' TERM; touch {tmp_path}/up; {SPIN}"
     run = make_run(client, command)
     run.start()
@@ -275,3 +275,19 @@ def test_uploads_never_repeat_bytes_and_stop_after_the_final_one(tmp_path: Path)
         ("upload_checkpoint", "j-1", "w1", 1, 4, b"one"),
         ("upload_checkpoint", "j-1", "w1", 1, 4, b"two"),
     ]
+
+
+def test_a_phase_the_server_calls_off_uploads_nothing_for_it(tmp_path: Path):
+    """A plain answer while the phase waits: the preemption was called off. A "saved" after it
+    uploads nothing for the epoch; the attempt's end uploads as usual."""
+    client = FakeClient(heartbeat=CHECKPOINT)
+    trap = f"trap 'echo state > \"$CORRAL_CHECKPOINT_OUT\"; touch {tmp_path}/hinted' USR1"
+    say = f'[ -e {tmp_path}/go ] && touch "$CORRAL_CHECKPOINT_DONE_FILE" && exit 0'
+    run = make_run(client, f"{trap}; while :; do {say}; sleep 0.05; done")
+    run.start()
+    wait_for_file(tmp_path / "hinted")
+    client.heartbeat_answer = {}
+    more_beats(client, 3)
+    (tmp_path / "go").touch()
+    finish(run)
+    assert client.reports() == [("upload_checkpoint", "j-1", "w1", 1, None, b"state\n"), ("done", "j-1")]

@@ -299,6 +299,8 @@ def on_checkpoint(callback: _Callback) -> _Callback:
     (SIGTERM, see ``on_preempt``). A callback that raises is printed and "saved" is still said: the
     last checkpoint saved (if any) is the best there is, and waiting out the deadline would help
     nobody. A SIGUSR1 during the callback is ignored; a later one runs it again (a new request).
+    The hint counts as a beat for a job that beats (``beat``), so the stall watchdog gives the save
+    a whole ``stall_timeout_s``; a save that takes longer should ``beat`` as it goes.
 
     Forked children (data-loader workers) inherit the handler; in them it does nothing, so the hint
     neither kills them nor makes them save. Call from the main thread (Python only installs signal
@@ -314,6 +316,7 @@ def on_checkpoint(callback: _Callback) -> _Callback:
             return
         running = True
         try:
+            _refresh_beat()
             try:
                 data = callback()
                 if isinstance(data, (bytes, bytearray, memoryview)):
@@ -326,6 +329,15 @@ def on_checkpoint(callback: _Callback) -> _Callback:
 
     signal.signal(CHECKPOINT_SIGNAL, handle)
     return callback
+
+
+def _refresh_beat() -> None:
+    """Count the save as progress: the stall watchdog, once armed, then gives it a whole
+    ``stall_timeout_s`` window. A job that never beat keeps its watchdog inert (no file: no beat)."""
+    path = os.environ.get("CORRAL_BEAT_FILE")
+    if path:
+        with contextlib.suppress(OSError):
+            os.utime(path)
 
 
 def _say_saved() -> bool:
