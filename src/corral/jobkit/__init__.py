@@ -61,7 +61,8 @@ callback returns when that is bytes, tells the worker "saved", and lets the job 
     def save():
         return pickle.dumps(state)     # or call jobkit.save_checkpoint(...) and return None
 
-"Saved" is the creation of the file ``$CORRAL_CHECKPOINT_DONE_FILE``; whatever
+"Saved" is the creation of the file ``$CORRAL_CHECKPOINT_DONE_FILE`` (the worker removes it
+before each request, so any write or ``touch`` counts); whatever
 ``$CORRAL_CHECKPOINT_OUT`` holds then is uploaded (a job that says "saved" with nothing there
 uploads nothing, and the deadline ends the wait). ``defer(seconds)`` asks for more time while a
 save is under way (the server grants up to ``CORRAL_MAX_DEFERRAL_S``, 300 s, in all): it writes the
@@ -70,6 +71,9 @@ changes nothing. A shell job does the same with a trap::
 
     trap 'echo $step > "$CORRAL_CHECKPOINT_OUT"; touch "$CORRAL_CHECKPOINT_DONE_FILE"' USR1
     echo 120 > "$CORRAL_DEFER_FILE"      # inside the trap, before a long save
+
+(A shell runs a trap once its current command returns; the group's signal ends a plain ``sleep``
+child at once, so a loop of short commands answers quickly.)
 
 SIGUSR1's default action ends a process, so a job with ``checkpoint: auto`` or ``manual`` must
 handle it. The worker does not send it while the job's main process has no handler (it tries again

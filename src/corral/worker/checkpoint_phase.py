@@ -182,10 +182,6 @@ class CheckpointPhase:
 
     # --- the phase's own thread --------------------------------------------------------------
 
-    def join(self, timeout_s: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
     def _run(self) -> None:
         try:
             if self._wait_for_save():
