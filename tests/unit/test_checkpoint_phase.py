@@ -242,7 +242,7 @@ def test_a_deferral_whose_heartbeat_did_not_arrive_goes_again(tmp_path: Path):
 def test_heartbeats_carry_when_the_job_last_saved(tmp_path: Path):
     client = FakeClient()
     before = time.time()
-    command = f'touch {tmp_path}/up; sleep 0.3; echo 3 > "$CORRAL_CHECKPOINT_OUT"; sleep 0.4'
+    command = 'sleep 0.5; echo 3 > "$CORRAL_CHECKPOINT_OUT"; sleep 0.4'
     run = make_run(client, command)
     run.start()
     finish(run)
