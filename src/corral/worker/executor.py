@@ -18,11 +18,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
 logger = logging.getLogger("corral.worker.executor")
+
+#: What became of a hint (``JobProcess.hint``).
+Hint = Literal["sent", "unhandled", "gone"]
 
 _POLL_S = 0.05
 # After SIGKILL a process normally dies at once; one stuck in uninterruptible sleep (a wedged
@@ -74,6 +77,22 @@ def is_live_member(pid: int, group_id: int) -> bool:
         return False
     # fields[0] is the state (Z zombie, X dead), fields[2] the process group
     return len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X")
+
+
+def handles_signal(pid: int, signal_number: int) -> bool | None:
+    """Whether ``pid`` catches, ignores or blocks ``signal_number`` (so that it does not die of
+    it), from ``/proc/PID/status``; None where that cannot be read (gone, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return None
+    masks = 0
+    for line in lines:
+        name, _, value = line.partition(b":")
+        if name in (b"SigCgt", b"SigIgn", b"SigBlk"):
+            masks |= int(value.strip() or b"0", 16)
+    return bool(masks & (1 << (signal_number - 1)))
 
 
 def exit_code_of(returncode: int) -> int:
@@ -256,9 +275,20 @@ class JobProcess:
         uninterruptible sleep (a driver call), so whatever device it holds is not coming back."""
         return self._survived_kill
 
-    def signal(self, signal_number: int) -> None:
-        """Send one signal to the job's group (e.g. a checkpoint hint); no-op once it is gone."""
-        self._signal_group(signal_number)
+    def hint(self, signal_number: int) -> Hint:
+        """Send the job's group a signal that asks rather than stops (SIGUSR1: save a checkpoint).
+
+        Sent only while the main process has not been reaped (its PID, the group's id, cannot have
+        been reused) and no stop has begun, and only when the main process catches, ignores or
+        blocks the signal: SIGUSR1's default action ends a process, and a hint must never be what
+        kills a job that has no handler (yet: a Python job installs its handler after its imports).
+        ``sent``; ``unhandled`` (ask again later); ``gone`` (exited or stopping: never again).
+        """
+        if self._stopping or self._popen.poll() is not None:
+            return "gone"
+        if handles_signal(self.pid, signal_number) is False:
+            return "unhandled"
+        return "sent" if self._signal_group(signal_number) else "gone"
 
     def stop(self) -> bool:
         """SIGTERM to the group, up to ``grace_s`` for it to go, then SIGKILL to the group.
