@@ -1,0 +1,637 @@
+"""The discrete-event engine: corral's own core on a simulated clock.
+
+Events sit in a heap keyed ``(time, order, seq)``. At each instant the engine (1) handles every
+event due then, in a fixed order (job ends, victims' heartbeats, checkpoint uploads, stop acks,
+submits), (2) lets workers claim, in worker id order, as a woken long poll would, (3) runs the
+admission cycle when the instant is a tick (a multiple of ``admission_tick_s``), (4) lets workers
+claim again. Every status change is a ``Plan`` of ``corral.core`` applied to the engine's records
+(``_apply``): ``lifecycle.start`` for a claim (chosen by ``placement.ClaimPlacement`` exactly as the
+store's claim does), ``lifecycle.report_done``, ``heartbeat_action``, ``accept_checkpoint``,
+``acknowledge_stop`` for the job's side; ``admission.decide`` then ``drain.reserve``,
+``drain.stale_reservation``, ``lifecycle.stale_single_reservation`` and
+``preemption.start_preemption`` for the cycle's decisions, in the order the server's admission
+loop applies them.
+
+A tick on a state that has not changed since a tick that decided nothing decides nothing again
+(the cycle is a pure function of the snapshot), unless time itself can change its answer: a
+reservation that may go stale, a per-worker preemption backoff that has run out. Such ticks are
+skipped; nothing else is.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from corral.core import admission, drain, lifecycle
+from corral.core.ordering import queue_key
+from corral.core.placement import Capacity, ClaimPlacement
+from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
+from corral.core.snapshot import Gang, Snapshot
+from corral.domain import errors
+from corral.domain import pools as pool_rules
+from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import HOLDING, Status
+from corral.domain.transitions import Plan, Transition
+from corral.sim.policy import Policy
+from corral.sim.workload import Scenario, WorkloadJob
+
+PLACEMENT = ClaimPlacement()
+#: pending single jobs the cycle reads as possible preemptors, at most (the store's
+#: ``PREEMPTOR_CANDIDATES``: the simulator sees what the server sees)
+PREEMPTOR_CANDIDATES = 1000
+#: the claim reads candidates in pages, as the store does (first page, then x8 up to the cap)
+CLAIM_FIRST_PAGE, CLAIM_MAX_PAGE = 64, 4096
+
+# event kinds, in the order they are handled within one instant
+END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
+
+
+@dataclass(slots=True)
+class Task:
+    """The simulator's side of one job (a gang: one per task): its work, what it has saved."""
+
+    job_id: str
+    work: WorkloadJob
+    #: work (seconds) kept from earlier attempts: a checkpoint it resumes from
+    kept: float = 0.0
+    #: work the current preemption's checkpoint phase is saving (from SIGUSR1), and once uploaded
+    phase_saved: float | None = None
+    uploaded: float | None = None
+    first_start: float | None = None
+    end: float | None = None
+    preempted: int = 0
+
+
+@dataclass(slots=True)
+class Record:
+    """What the run records for the summary and the report."""
+
+    #: workload job id -> (submit, start of the gang/job, end)
+    starts: dict[str, float] = field(default_factory=dict)
+    ends: dict[str, float] = field(default_factory=dict)
+    #: (time, pool, gpus delta): allocation changes (reserved, running, preempting)
+    allocation: list[tuple[float, str, int]] = field(default_factory=list)
+    #: (time, victim job id, pool, gpus, GPU-seconds of work lost)
+    preemptions: list[tuple[float, str, str, int, float]] = field(default_factory=list)
+    #: (time, kind, job id, worker id or ""): every status change, for the differential test
+    decisions: list[tuple[float, str, str, str]] = field(default_factory=list)
+    cycles: int = 0
+    cycles_skipped: int = 0
+    events: int = 0
+
+
+class Engine:
+    """One run of a ``Scenario`` under a ``Policy``; ``run()`` returns the ``Record``."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: Policy,
+        progress: Callable[[float, float], None] | None = None,
+        record_decisions: bool = False,
+    ) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.settings = scenario.settings
+        self.progress = progress
+        self.record_decisions = record_decisions
+        self.workers = tuple(sorted(scenario.cluster.workers, key=lambda worker: worker.id))
+        self.worker_by_id = {worker.id: worker for worker in self.workers}
+        self.pools = pool_rules.resolve(
+            scenario.pools,
+            pool_rules.PoolDefaults(
+                starvation_timeout_s=self.settings.starvation_timeout_s,
+                aggressive_starvation_timeout_s=self.settings.aggressive_starvation_timeout_s,
+                starvation_tolerance=self.settings.starvation_tolerance,
+            ),
+        )
+        self.preemption_settings: PreemptionSettings | None = None
+        if policy.preemption:
+            self.preemption_settings = PreemptionSettings(
+                max_victims=self.settings.max_victims,
+                near_completion_s=self.settings.near_completion_s,
+                backoff_s=self.settings.preemptive_backoff_s,
+                checkpoint_timeout_s=self.settings.checkpoint_timeout_s,
+                max_deferral_s=self.settings.max_deferral_s,
+                preempt_timeout_s=self.settings.preempt_timeout_s,
+            )
+        self.now = 0.0
+        self.jobs: dict[str, Job] = {}
+        self.tasks: dict[str, Task] = {}
+        self.gang_tasks: dict[str, tuple[str, ...]] = {}
+        self.waiting_gangs: set[str] = set()  # gangs with a task blocked or reserved
+        self.allocations: dict[str, dict[str, Allocation]] = {worker.id: {} for worker in self.workers}
+        self.holding: dict[str, Job] = {}
+        self.capacity: dict[str, Capacity] = {}
+        self.holds: dict[str, list[Hold]] = {}
+        self.last_preemptive: dict[str, float] = {}
+        self.pending: list[tuple[Any, str]] = []  # (queue key, job id), sorted
+        self.queue_keys: dict[str, Any] = {}
+        self.pending_added = 0  # bumped whenever a job enters the queue
+        self.polled_at: dict[str, int] = {}  # worker id -> ``pending_added`` when it last found nothing
+        self.dirty: set[str] = set()  # workers whose capacity, holds or reservations changed
+        self.reserved_singles: set[str] = set()
+        self.changed = True  # anything moved since the last cycle
+        self.events: list[tuple[float, int, int, int, tuple[Any, ...]]] = []
+        self.seq = 0
+        self.record = Record()
+        self.allocated_gpus = 0
+
+    # --- the run ------------------------------------------------------------------------------
+
+    def run(self) -> Record:
+        for work in sorted(self.scenario.workload.jobs, key=lambda job: (job.submit_time, job.job_id)):
+            self._schedule(work.submit_time, SUBMIT, (work,))
+        tick = self.settings.admission_tick_s
+        horizon = max((job.submit_time for job in self.scenario.workload.jobs), default=0.0)
+        next_tick = 0.0
+        last_report = -math.inf
+        while True:
+            due = self.events[0][0] if self.events else math.inf
+            if due == math.inf and next_tick == math.inf:
+                break
+            if next_tick < due:
+                if due == math.inf and not self._tick_may_act(next_tick):
+                    break  # nothing left that time alone could change
+                self.now = next_tick
+                self._cycle()
+                self._claims()
+                next_tick = self._next_tick(next_tick, tick)
+                continue
+            self.now = due
+            while self.events and self.events[0][0] == due:
+                _, _, _, kind, payload = heapq.heappop(self.events)
+                self.record.events += 1
+                self._handle(kind, payload)
+            self._claims()
+            if next_tick == due:
+                self._cycle()
+                self._claims()
+                next_tick = self._next_tick(next_tick, tick)
+            if self.progress is not None and self.now - last_report > horizon / 200:
+                last_report = self.now
+                self.progress(self.now, horizon)
+        return self.record
+
+    def _next_tick(self, current: float, tick: float) -> float:
+        """The next tick that may decide something: the next one, or, when a cycle then could not
+        act (module docstring), the first at or after what could change that: the next event, a
+        backoff running out."""
+        following = current + tick
+        if self._tick_may_act(following):
+            return following
+        wake = [self.events[0][0]] if self.events else []
+        backoff = self.settings.preemptive_backoff_s
+        wake.extend(at + backoff for at in self.last_preemptive.values())
+        if not wake:
+            return math.inf
+        return max(following, math.ceil(min(wake) / tick) * tick)
+
+    def _has_waiting(self) -> bool:
+        return bool(self.waiting_gangs or self.reserved_singles or self.pending)
+
+    # --- events ----------------------------------------------------------------------------
+
+    def _schedule(self, at: float, kind: int, payload: tuple[Any, ...]) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, kind, self.seq, kind, payload))
+
+    def _handle(self, kind: int, payload: tuple[Any, ...]) -> None:
+        if kind == SUBMIT:
+            self._submit(payload[0])
+            return
+        job_id, attempt = payload[0], payload[1]
+        job = self.jobs[job_id]
+        if job.attempts != attempt or job.worker_id is None:
+            return  # a report of an attempt that is over: the server answers 409
+        gang = self._gang(job)
+        try:
+            if kind == END:
+                if job.status in (Status.RUNNING, Status.PREEMPTING):
+                    self._apply(lifecycle.report_done(job, gang, job.worker_id, attempt, self.now))
+            elif kind == BEAT:
+                self._victim_beat(job, attempt)
+            elif kind == SAVED:
+                plan = lifecycle.accept_checkpoint(job, gang, job.worker_id, attempt, payload[2], self.now)
+                self._apply(plan)
+                self.tasks[job_id].uploaded = self.tasks[job_id].phase_saved
+            elif kind == STOPPED:
+                self._stopped(job, gang, attempt, payload[2])
+        except errors.Conflict:
+            return  # refused as the server refuses it: nothing changes
+
+    def _submit(self, work: WorkloadJob) -> None:
+        spec = JobSpec(
+            command="sim",
+            name=work.job_id,
+            gang_size=work.gang_size,
+            resources=Resources(work.gpus, work.vram_mb, work.memory_mb, work.cpus),
+            constraints=Constraints(),
+            pool=work.pool,
+            user=work.user,
+            preemption_class=work.preemption_class,
+            checkpoint_mode=work.checkpoint,
+        )
+        ((gang_id, created),) = lifecycle.submitted([spec], self.now)
+        # Deterministic ids (the server draws random ones): the workload's id, ``.<rank>`` for tasks.
+        if gang_id is None:
+            jobs = [replace(created[0], id=work.job_id)]
+        else:
+            gang_id = work.job_id
+            jobs = [replace(task, id=f"{work.job_id}.{task.gang_index}", gang_id=gang_id) for task in created]
+            self.gang_tasks[gang_id] = tuple(job.id for job in jobs)
+            self.waiting_gangs.add(gang_id)
+        for job in jobs:
+            self.jobs[job.id] = job
+            self.tasks[job.id] = Task(job.id, work)
+            if job.status == Status.PENDING:
+                self._enqueue(job)
+            self._note("submitted", job)
+        self.changed = True
+
+    def _victim_beat(self, job: Job, attempt: int) -> None:
+        """A victim's heartbeat: the checkpoint phase's clock (``heartbeat_action``)."""
+        if job.status != Status.PREEMPTING:
+            return
+        plan = lifecycle.heartbeat_action(
+            job, self.now, None, self.settings.checkpoint_timeout_s, self.settings.max_deferral_s
+        )
+        self._apply(plan)
+        answer = plan.outcome
+        task = self.tasks[job.id]
+        epoch = job.preemption_epoch
+        if answer.action == "checkpoint":
+            if task.phase_saved is None:  # SIGUSR1: the job saves where it is now, then uploads
+                task.phase_saved = self._progress(job)
+                self._schedule(self.now + self.settings.checkpoint_save_s, SAVED, (job.id, attempt, epoch))
+            self._schedule(self.now + self.settings.heartbeat_s, BEAT, (job.id, attempt))
+        elif answer.action == "preempt":
+            self._schedule(self.now + self.settings.stop_s, STOPPED, (job.id, attempt, epoch))
+
+    def _stopped(self, job: Job, gang: tuple[Job, ...], attempt: int, epoch: int) -> None:
+        if job.status != Status.PREEMPTING or job.preemption_epoch != epoch:
+            return
+        task = self.tasks[job.id]
+        progress = self._progress(job)
+        kept = task.uploaded if task.uploaded is not None else self._periodic(job)
+        plan = lifecycle.acknowledge_stop(job, gang, job.worker_id or "", attempt, epoch, self.now)
+        self._apply(plan)
+        lost = max(0.0, progress - kept)
+        task.kept = kept
+        task.phase_saved = task.uploaded = None
+        task.preempted += 1
+        gpus = job.spec.resources.gpus
+        self.record.preemptions.append((self.now, job.id, job.spec.pool, gpus, gpus * lost))
+
+    def _progress(self, job: Job) -> float:
+        """Work done by ``job`` so far: what it resumed from plus this attempt's run time."""
+        started = self.now if job.started_at is None else job.started_at
+        return self.tasks[job.id].kept + max(0.0, self.now - started)
+
+    def _periodic(self, job: Job) -> float:
+        """Work kept by the job's own periodic checkpoints (``checkpoint_every_s``) in this attempt."""
+        task = self.tasks[job.id]
+        every = task.work.checkpoint_every_s
+        if not every or job.started_at is None:
+            return task.kept
+        return task.kept + math.floor((self.now - job.started_at) / every) * every
+
+    # --- claims ------------------------------------------------------------------------------
+
+    def _claims(self) -> None:
+        """Workers whose claim may now find something poll, in worker id order, until it finds
+        nothing (the store's ``claim``: its reserved task first, else the first fit in queue order)."""
+        if not self.dirty and not self.pending:
+            return
+        candidates = set(self.dirty)
+        self.dirty.clear()
+        if self.pending:
+            smallest = min(self.jobs[job_id].spec.resources.gpus for _, job_id in self.pending[:64])
+            candidates.update(
+                worker.id
+                for worker in self.workers
+                if self.polled_at.get(worker.id, -1) < self.pending_added
+                and self._capacity(worker).free.gpus >= min(smallest, 1)
+            )
+        for worker_id in sorted(candidates):
+            worker = self.worker_by_id[worker_id]
+            while self._claim(worker):
+                pass
+            self.polled_at[worker_id] = self.pending_added
+
+    def _capacity(self, worker: Worker) -> Capacity:
+        capacity = self.capacity.get(worker.id)
+        if capacity is None:
+            capacity = PLACEMENT.capacity(worker, tuple(self.allocations[worker.id].values()))
+            self.capacity[worker.id] = capacity
+        return capacity
+
+    def _claim(self, worker: Worker) -> bool:
+        allocations = tuple(self.allocations[worker.id].values())
+        reserved = PLACEMENT.reserved_task(worker, allocations)
+        if reserved is not None:
+            job = self.jobs[reserved]
+            started = PLACEMENT.start(job, worker.id, job.gpu_indices, self.now)
+            if started is not None:
+                self._apply(Plan((started,), None))
+                return True
+        if not self.pending:
+            return False
+        capacity = self._capacity(worker)
+        free = capacity.free
+        if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
+            return False
+        holds = self.holds.get(worker.id, [])
+        offset, page = 0, CLAIM_FIRST_PAGE
+        fitting = self._fitting(free)
+        while True:
+            candidates = [job for _, job in zip(range(page), fitting, strict=False)]
+            if not candidates:
+                return False
+            chosen = PLACEMENT.choose(worker, capacity, candidates, holds, self.now)
+            if chosen is not None:
+                job, indices = chosen
+                started = PLACEMENT.start(job, worker.id, indices, self.now)
+                if started is None:
+                    raise AssertionError(f"pending job {job.id} could not start")
+                self._apply(Plan((started,), None))
+                return True
+            offset += page
+            page = min(page * 8, CLAIM_MAX_PAGE)
+
+    def _fitting(self, free: Resources) -> Iterable[Job]:
+        """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
+        for _, job_id in self.pending:
+            request = self.jobs[job_id].spec.resources
+            if (
+                request.gpus <= free.gpus
+                and request.memory_mb <= free.memory_mb
+                and request.cpus <= free.cpus
+                and (request.gpus == 0 or request.vram_mb <= free.vram_mb)
+            ):
+                yield self.jobs[job_id]
+
+    def _enqueue(self, job: Job) -> None:
+        key = self.policy.queue_key(job)
+        self.queue_keys[job.id] = key
+        insort(self.pending, (key, job.id))
+        self.pending_added += 1
+
+    def _dequeue(self, job: Job) -> None:
+        entry = (self.queue_keys.pop(job.id), job.id)
+        index = bisect_left(self.pending, entry)
+        if index < len(self.pending) and self.pending[index] == entry:
+            del self.pending[index]
+
+    # --- the admission cycle -------------------------------------------------------------------
+
+    def _tick_may_act(self, now: float) -> bool:
+        """Whether a cycle at ``now`` may decide anything (module docstring)."""
+        if not self._has_waiting():
+            return False
+        if self.changed:
+            return True
+        if any(
+            job.status == Status.RESERVED for gang_id in self.waiting_gangs for job in self._gang_by_id(gang_id)
+        ):
+            return True
+        if self.reserved_singles:
+            return True
+        cutoff = now - self.settings.preemptive_backoff_s
+        return any(at <= cutoff for at in self.last_preemptive.values())
+
+    def _cycle(self) -> None:
+        if not self._tick_may_act(self.now):
+            self.record.cycles_skipped += 1
+            if self.holds and not self.waiting_gangs:
+                self._replace_holds(())
+            return
+        self.record.cycles += 1
+        self.changed = False
+        now = self.now
+        snapshot = self._snapshot()
+        decisions = admission.decide(snapshot, self.settings.reservation_timeout_s, self.preemption_settings)
+        acted = False
+        timeout = self.settings.reservation_timeout_s
+        for rollback in decisions.rollbacks:
+            tasks = self._gang_by_id(rollback.gang_id)
+            acted |= self._apply(drain.stale_reservation(tasks, now, timeout))
+        for reservation in decisions.reservations:
+            tasks = self._gang_by_id(reservation.gang_id)
+            where = {place.job_id: (place.worker_id, place.gpu_indices) for place in reservation.placements}
+            rank_zero = next(place.worker_id for place in reservation.placements)
+            port = drain.first_free_port(self._ports_on(rank_zero))
+            acted |= self._apply(drain.reserve(tasks, where, port, now))
+        for job_id in decisions.single_rollbacks:
+            acted |= self._apply(lifecycle.stale_single_reservation(self.jobs[job_id], (), now, timeout))
+        for preemption in decisions.preemptions:
+            acted |= self._preempt(preemption)
+        cutoff = now - self.settings.preemptive_backoff_s
+        for worker_id in [worker_id for worker_id, at in self.last_preemptive.items() if at <= cutoff]:
+            del self.last_preemptive[worker_id]
+        self._replace_holds(decisions.holds)
+        if acted:
+            self.changed = True
+
+    def _snapshot(self) -> Snapshot:
+        holding = tuple(self._reported(self.holding[job_id]) for job_id in sorted(self.holding))
+        pending: tuple[Job, ...] = ()
+        running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
+        if self.preemption_settings is not None and running:
+            lowest = min(running)
+            pending = tuple(
+                job
+                for job in (self.jobs[job_id] for _, job_id in self.pending)
+                if job.spec.preemption_class >= lowest
+            )[:PREEMPTOR_CANDIDATES]
+            if self.policy.name != "corral":  # the planner reads preemptors in corral's queue order
+                pending = tuple(sorted(pending, key=queue_key))
+        gangs = tuple(
+            Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs)
+        )
+        expected_ends = {
+            job.id: (job.started_at if job.started_at is not None else self.now) + job.spec.walltime_s
+            for job in holding
+            if job.spec.walltime_s is not None
+        }
+        return Snapshot(
+            now=self.now,
+            workers=self.workers,
+            allocations=tuple(
+                Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+                for job in holding
+            ),
+            gangs=gangs,
+            pending=pending,
+            expected_ends=expected_ends,
+            holding=holding,
+            pools=self.pools,
+            last_preemptive=dict(self.last_preemptive),
+        )
+
+    def _reported(self, job: Job) -> Job:
+        """The row as the job's heartbeats have left it: its last periodic checkpoint."""
+        every = self.tasks[job.id].work.checkpoint_every_s
+        if not every or job.started_at is None or job.status != Status.RUNNING:
+            return job
+        at = job.started_at + math.floor((self.now - job.started_at) / every) * every
+        if at <= job.started_at or at == job.last_checkpoint_at:
+            return job
+        updated = replace(job, last_checkpoint_at=at)
+        self.jobs[job.id] = updated
+        self.holding[job.id] = updated
+        return updated
+
+    def _preempt(self, preemption: Preemption) -> bool:
+        """``changes.preempt``: the rows of the preemptor and the victims (whole gangs), the
+        placement workers with their allocations, rank 0's ports for a gang preemptor."""
+        ids = {*preemption.job_ids, *(job_id for victim in preemption.victims for job_id in victim.job_ids)}
+        rows: dict[str, Job] = {}
+        for job_id in sorted(ids):
+            job = self.jobs[job_id]
+            rows[job_id] = job
+            if job.gang_id is not None:
+                rows.update((task.id, task) for task in self._gang_by_id(job.gang_id))
+        workers = {
+            place.worker_id: (
+                self.worker_by_id[place.worker_id],
+                tuple(self.allocations[place.worker_id].values()),
+            )
+            for place in preemption.placements
+        }
+        rank_zero = next(
+            (place.worker_id for place in preemption.placements if place.job_id == preemption.job_ids[0]), None
+        )
+        ports = self._ports_on(rank_zero) if rank_zero is not None and len(preemption.job_ids) > 1 else set()
+        plan = start_preemption(
+            preemption, rows, workers, ports, self.now, self.settings.checkpoint_timeout_s
+        )
+        if plan.outcome is None:
+            return False
+        self._apply(plan)
+        for worker_id in preemption.worker_ids:
+            self.last_preemptive[worker_id] = self.now
+        return True
+
+    def _ports_on(self, worker_id: str) -> set[int]:
+        return {
+            job.master_port
+            for job_id in self.allocations[worker_id]
+            if (job := self.jobs[job_id]).master_port is not None
+        }
+
+    def _replace_holds(self, holds: Sequence[Hold]) -> None:
+        by_worker: dict[str, list[Hold]] = {}
+        for hold in holds:
+            by_worker.setdefault(hold.worker_id, []).append(hold)
+        if by_worker != self.holds:
+            self.dirty.update(set(self.holds) - set(by_worker))  # released holds: claims may fit now
+            self.holds = by_worker
+
+    # --- applying plans ---------------------------------------------------------------------------
+
+    def _gang(self, job: Job) -> tuple[Job, ...]:
+        return self._gang_by_id(job.gang_id) if job.gang_id is not None else ()
+
+    def _gang_by_id(self, gang_id: str) -> tuple[Job, ...]:
+        return tuple(self.jobs[job_id] for job_id in self.gang_tasks[gang_id])
+
+    def _apply(self, plan: Plan[Any]) -> bool:
+        """Apply a plan's transitions to the records (the store's compare-and-set: a transition
+        decided on a version that is not the current one is a bug here, there is no race); keep
+        the queue, the allocations and the events that follow each change. True when anything
+        changed."""
+        for transition in plan.transitions:
+            current = self.jobs[transition.before.id]
+            if current.version != transition.before.version:
+                raise AssertionError(f"{current.id}: transition decided on version {transition.before.version}")
+            self._changed(current, transition)
+        if plan.transitions:
+            self.changed = True
+        return bool(plan.transitions)
+
+    def _changed(self, before: Job, transition: Transition) -> None:
+        after = transition.after
+        self.jobs[after.id] = after
+        if before.status == after.status:
+            if after.id in self.holding:
+                self.holding[after.id] = after
+            return
+        now = self.now
+        self._note(after.status.value, after)
+        if before.status == Status.PENDING:
+            self._dequeue(before)
+        if after.status == Status.PENDING:
+            self._enqueue(after)
+        if before.status in HOLDING and before.worker_id is not None:
+            del self.allocations[before.worker_id][before.id]
+            del self.holding[before.id]
+            self._capacity_changed(before.worker_id)
+        if after.status in HOLDING and after.worker_id is not None:
+            self.allocations[after.worker_id][after.id] = Allocation(
+                after.id, after.worker_id, after.spec.resources, after.gpu_indices, after.status
+            )
+            self.holding[after.id] = after
+            self._capacity_changed(after.worker_id)
+        elif after.id in self.holding:
+            del self.holding[after.id]
+        self._allocation_delta(before, after)
+        if after.gang_id is None:
+            if after.status == Status.RESERVED:
+                self.reserved_singles.add(after.id)
+            else:
+                self.reserved_singles.discard(after.id)
+        else:
+            gang = self._gang_by_id(after.gang_id)
+            if any(task.status in (Status.BLOCKED, Status.RESERVED) for task in gang):
+                self.waiting_gangs.add(after.gang_id)
+            else:
+                self.waiting_gangs.discard(after.gang_id)
+        task = self.tasks[after.id]
+        if after.status == Status.RUNNING:
+            if task.first_start is None:
+                task.first_start = now
+                key = task.work.job_id
+                self.record.starts[key] = max(self.record.starts.get(key, now), now)
+            remaining = max(0.0, task.work.duration - task.kept)
+            self._schedule(now + remaining, END, (after.id, after.attempts))
+        elif after.status == Status.PREEMPTING:
+            self._schedule(now + self.settings.heartbeat_s, BEAT, (after.id, after.attempts))
+        elif after.status == Status.DONE:
+            task.end = now
+            self.record.ends[task.work.job_id] = max(self.record.ends.get(task.work.job_id, now), now)
+
+    def _capacity_changed(self, worker_id: str) -> None:
+        self.capacity.pop(worker_id, None)
+        self.dirty.add(worker_id)
+
+    def _allocation_delta(self, before: Job, after: Job) -> None:
+        was, now_holds = before.status in HOLDING, after.status in HOLDING
+        if was == now_holds:
+            return
+        gpus = after.spec.resources.gpus * (1 if now_holds else -1)
+        self.allocated_gpus += gpus
+        self.record.allocation.append((self.now, after.spec.pool, gpus))
+
+    def _note(self, kind: str, job: Job) -> None:
+        if self.record_decisions:
+            self.record.decisions.append((self.now, kind, job.id, job.worker_id or ""))
+
+
+def run(
+    scenario: Scenario,
+    policy: Policy,
+    progress: Callable[[float, float], None] | None = None,
+    record_decisions: bool = False,
+) -> Record:
+    return Engine(scenario, policy, progress, record_decisions).run()
+
+
+def job_rows(record: Record) -> Mapping[str, tuple[float, float]]:
+    return {key: (start, record.ends.get(key, math.nan)) for key, start in record.starts.items()}

@@ -1,0 +1,233 @@
+"""The figures of a run: the ``--json`` summary of shared/API.md, overall and per pool.
+
+Definitions (the README's "Simulating a cluster" says the same):
+
+- **queueing delay** of a workload job: from its submission to its first start (a gang: to the
+  start of its last task, when it runs whole); jobs that never started are counted apart
+  (``unfinished``);
+- **job completion time** (``jct_s``): submission to the end of its last task;
+- **makespan**: first submission to the last end;
+- **GPU allocation**: GPUs held (reserved, running, preempting) integrated over the makespan,
+  divided by the cluster's GPUs times the makespan;
+- **GPU-hours lost** to preemption: each victim's GPUs times the work it did since what it resumes
+  from (its checkpoint phase's save, its own last periodic checkpoint, or its start);
+- **starved gangs**: gangs (``gang_size`` > 1) whose queueing delay exceeded
+  ``starvation_bound_s`` (6 h by default), or that never started;
+- **fair share** of a pool: its guarantee's fraction of the guaranteed GPUs when any pool has a
+  guarantee, else its weight's fraction of the weights of the pools that have jobs;
+  ``fair_share_gpu_hours`` is that fraction of the cluster's GPU-hours over the makespan;
+- **finish-time fairness** (Themis's rho) per pool: its mean completion time under sharing over its
+  mean completion time alone on its fair share, estimated as each job running at once, for its
+  duration, stretched by ``gpus / fair share GPUs`` when it asks for more than the share; so rho
+  is 1 for a pool never kept waiting, and larger the longer sharing kept it waiting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from corral.domain import pools as pool_rules
+from corral.sim.engine import Record
+from corral.sim.workload import Scenario, WorkloadJob
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50/p90/p99 (linear interpolation between closest ranks) and the mean; None when empty."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(values)
+
+    def at(fraction: float) -> float:
+        position = fraction * (len(ordered) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    return {
+        "p50": round(at(0.5), 3),
+        "p90": round(at(0.9), 3),
+        "p99": round(at(0.99), 3),
+        "mean": round(sum(ordered) / len(ordered), 3),
+    }
+
+
+def allocation_series(record: Record) -> list[tuple[float, int]]:
+    """(time, GPUs held from then on), one point per instant where it changed."""
+    series: list[tuple[float, int]] = []
+    held = 0
+    for at, _, delta in record.allocation:
+        held += delta
+        if series and series[-1][0] == at:
+            series[-1] = (at, held)
+        else:
+            series.append((at, held))
+    return series
+
+
+def mean_allocation(series: Sequence[tuple[float, float]], start: float, end: float, gpus: int) -> float:
+    """Time-weighted mean of ``series`` over [start, end], as a fraction of ``gpus``."""
+    if end <= start or gpus <= 0:
+        return 0.0
+    area = 0.0
+    for (at, held), (following, _) in zip(series, [*series[1:], (end, 0)], strict=True):
+        low, high = max(at, start), min(following, end)
+        if high > low:
+            area += held * (high - low)
+    return area / (gpus * (end - start))
+
+
+def fair_shares(scenario: Scenario, pools: Iterable[str]) -> dict[str, float]:
+    """Each pool's fraction of the cluster (module docstring)."""
+    paths = sorted(set(pools))
+    stored = scenario.pools
+    guarantees = {
+        path: (stored[path].guarantee.gpus if path in stored and stored[path].guarantee else 0)
+        for path in paths
+    }
+    total = sum(guarantees.values())
+    if total > 0:
+        return {path: guarantees[path] / total for path in paths}
+    weights = {
+        path: (stored[path].weight or 1.0) if path in stored else 1.0 for path in paths
+    }
+    whole = sum(weights.values()) or 1.0
+    return {path: weights[path] / whole for path in paths}
+
+
+def summarize(
+    scenario: Scenario, record: Record, policy: str, elapsed_s: float | None = None
+) -> dict[str, Any]:
+    jobs = scenario.workload.jobs
+    cluster_gpus = scenario.cluster.gpus
+    delays: dict[str, float] = {}
+    jcts: dict[str, float] = {}
+    for job in jobs:
+        start = record.starts.get(job.job_id)
+        if start is None:
+            continue
+        delays[job.job_id] = start - job.submit_time
+        end = record.ends.get(job.job_id)
+        if end is not None:
+            jcts[job.job_id] = end - job.submit_time
+    first = min((job.submit_time for job in jobs), default=0.0)
+    last = max(record.ends.values(), default=first)
+    series = allocation_series(record)
+    bound = scenario.settings.starvation_bound_s
+    starved = [
+        job.job_id
+        for job in jobs
+        if job.gang_size > 1 and (job.job_id not in delays or delays[job.job_id] > bound)
+    ]
+    lost = sum(entry[4] for entry in record.preemptions) / 3600
+    by_pool: dict[str, list[WorkloadJob]] = {}
+    for job in jobs:
+        by_pool.setdefault(job.pool, []).append(job)
+    shares = fair_shares(scenario, by_pool)
+    makespan = last - first
+    pools: dict[str, Any] = {}
+    for path, members in sorted(by_pool.items(), key=lambda item: pool_rules.tree_order(item[0])):
+        share_gpus = shares[path] * cluster_gpus
+        used = sum(
+            job.gpus * job.gang_size * job.duration for job in members if job.job_id in record.ends
+        )
+        shared = [jcts[job.job_id] for job in members if job.job_id in jcts]
+        alone = [
+            job.duration * max(1.0, job.gpus * job.gang_size / share_gpus) if share_gpus > 0 else math.inf
+            for job in members
+            if job.job_id in jcts
+        ]
+        rho = (sum(shared) / sum(alone)) if shared and sum(alone) > 0 and math.isfinite(sum(alone)) else None
+        pools[path] = {
+            "jobs": len(members),
+            "queue_delay_s": percentiles([delays[job.job_id] for job in members if job.job_id in delays]),
+            "jct_s": percentiles(shared),
+            "gpu_hours": round(used / 3600, 3),
+            "demand_gpu_hours": round(sum(j.gpus * j.gang_size * j.duration for j in members) / 3600, 3),
+            "fair_share": round(shares[path], 4),
+            "fair_share_gpu_hours": round(shares[path] * cluster_gpus * makespan / 3600, 3),
+            "preemptions": sum(1 for entry in record.preemptions if entry[2] == path),
+            "rho": None if rho is None else round(rho, 3),
+            "unfinished": sum(1 for job in members if job.job_id not in jcts),
+        }
+    summary: dict[str, Any] = {
+        "policy": policy,
+        "workload": scenario.workload.name,
+        "cluster": {"name": scenario.cluster.name, "workers": len(scenario.cluster.workers), "gpus": cluster_gpus},
+        "jobs": len(jobs),
+        "finished": len(jcts),
+        "unfinished": len(jobs) - len(jcts),
+        "makespan_s": round(makespan, 3),
+        "queue_delay_s": percentiles(list(delays.values())),
+        "jct_s": percentiles(list(jcts.values())),
+        "gpu_allocation": round(mean_allocation(series, first, last, cluster_gpus), 4),
+        "preemptions": len(record.preemptions),
+        "gpu_hours_lost": round(lost, 3),
+        "starved_gangs": len(starved),
+        "starvation_bound_s": bound,
+        "pools": pools,
+        "engine": {
+            "events": record.events,
+            "admission_cycles": record.cycles,
+            "cycles_skipped": record.cycles_skipped,
+        },
+    }
+    if elapsed_s is not None:
+        summary["engine"]["wall_s"] = round(elapsed_s, 3)
+    production = production_figures(scenario)
+    if production is not None:
+        summary["production"] = production
+    if scenario.workload.unscheduled:
+        summary["unscheduled_in_production"] = len(scenario.workload.unscheduled)
+    return summary
+
+
+def production_figures(scenario: Scenario) -> dict[str, Any] | None:
+    """The trace's own figures on the same jobs (where it has them): queueing delay, and the GPU
+    allocation of its starts and durations over its own makespan on the same nodes."""
+    jobs = [job for job in scenario.workload.jobs if job.production_start is not None]
+    if not jobs:
+        return None
+    changes: dict[float, int] = {}
+    for job in jobs:
+        start = job.production_start or 0.0
+        changes[start] = changes.get(start, 0) + job.gpus * job.gang_size
+        end = start + job.duration
+        changes[end] = changes.get(end, 0) - job.gpus * job.gang_size
+    series: list[tuple[float, int]] = []
+    held = 0
+    for at in sorted(changes):
+        held += changes[at]
+        series.append((at, held))
+    first = min(job.submit_time for job in jobs)
+    last = max((job.production_start or 0.0) + job.duration for job in jobs)
+    return {
+        "queue_delay_s": percentiles([(job.production_start or 0.0) - job.submit_time for job in jobs]),
+        "gpu_allocation": round(mean_allocation(series, first, last, scenario.cluster.gpus), 4),
+        "makespan_s": round(last - first, 3),
+    }
+
+
+def production_series(scenario: Scenario) -> list[tuple[float, int]]:
+    changes: dict[float, int] = {}
+    for job in scenario.workload.jobs:
+        if job.production_start is None:
+            continue
+        changes[job.production_start] = changes.get(job.production_start, 0) + job.gpus * job.gang_size
+        end = job.production_start + job.duration
+        changes[end] = changes.get(end, 0) - job.gpus * job.gang_size
+    series: list[tuple[float, int]] = []
+    held = 0
+    for at in sorted(changes):
+        held += changes[at]
+        series.append((at, held))
+    return series
+
+
+def delays_of(scenario: Scenario, record: Record, pools: Mapping[str, bool] | None = None) -> list[float]:
+    return [
+        record.starts[job.job_id] - job.submit_time
+        for job in scenario.workload.jobs
+        if job.job_id in record.starts and (pools is None or job.pool in pools)
+    ]
