@@ -64,6 +64,8 @@ class Task:
     phase_saved: float | None = None
     uploaded: float | None = None
     first_start: float | None = None
+    #: when the current attempt's work began (a gang: once every rank runs); None: not working
+    working_since: float | None = None
     end: float | None = None
     preempted: int = 0
 
@@ -252,7 +254,7 @@ class Engine:
             self.tasks[job.id] = Task(job.id, work)
             if job.status == Status.PENDING:
                 self._enqueue(job)
-            self._note("submitted", job)
+            self._note(job.status.value, job)
         self.changed = True
 
     def _victim_beat(self, job: Job, attempt: int) -> None:
@@ -284,23 +286,24 @@ class Engine:
         self._apply(plan)
         lost = max(0.0, progress - kept)
         task.kept = kept
-        task.phase_saved = task.uploaded = None
+        task.phase_saved = task.uploaded = task.working_since = None
         task.preempted += 1
         gpus = job.spec.resources.gpus
         self.record.preemptions.append((self.now, job.id, job.spec.pool, gpus, gpus * lost))
 
     def _progress(self, job: Job) -> float:
         """Work done by ``job`` so far: what it resumed from plus this attempt's run time."""
-        started = self.now if job.started_at is None else job.started_at
-        return self.tasks[job.id].kept + max(0.0, self.now - started)
+        task = self.tasks[job.id]
+        since = self.now if task.working_since is None else task.working_since
+        return task.kept + max(0.0, self.now - since)
 
     def _periodic(self, job: Job) -> float:
         """Work kept by the job's own periodic checkpoints (``checkpoint_every_s``) in this attempt."""
         task = self.tasks[job.id]
         every = task.work.checkpoint_every_s
-        if not every or job.started_at is None:
+        if not every or task.working_since is None:
             return task.kept
-        return task.kept + math.floor((self.now - job.started_at) / every) * every
+        return task.kept + math.floor((self.now - task.working_since) / every) * every
 
     # --- claims ------------------------------------------------------------------------------
 
@@ -477,11 +480,12 @@ class Engine:
 
     def _reported(self, job: Job) -> Job:
         """The row as the job's heartbeats have left it: its last periodic checkpoint."""
-        every = self.tasks[job.id].work.checkpoint_every_s
-        if not every or job.started_at is None or job.status != Status.RUNNING:
+        task = self.tasks[job.id]
+        every, since = task.work.checkpoint_every_s, task.working_since
+        if not every or since is None or job.status != Status.RUNNING:
             return job
-        at = job.started_at + math.floor((self.now - job.started_at) / every) * every
-        if at <= job.started_at or at == job.last_checkpoint_at:
+        at = since + math.floor((self.now - since) / every) * every
+        if at <= since or at == job.last_checkpoint_at:
             return job
         updated = replace(job, last_checkpoint_at=at)
         self.jobs[job.id] = updated
@@ -599,13 +603,27 @@ class Engine:
                 task.first_start = now
                 key = task.work.job_id
                 self.record.starts[key] = max(self.record.starts.get(key, now), now)
-            remaining = max(0.0, task.work.duration - task.kept)
-            self._schedule(now + remaining, END, (after.id, after.attempts))
+            self._work_starts(after)
         elif after.status == Status.PREEMPTING:
             self._schedule(now + self.settings.heartbeat_s, BEAT, (after.id, after.attempts))
         elif after.status == Status.DONE:
             task.end = now
             self.record.ends[task.work.job_id] = max(self.record.ends.get(task.work.job_id, now), now)
+
+    def _work_starts(self, job: Job) -> None:
+        """A single job works from its start; a gang's ranks from the start of the last of them
+        (a collective waits for every peer): then each one's end is scheduled."""
+        if job.gang_id is None:
+            started = [job]
+        else:
+            started = list(self._gang_by_id(job.gang_id))
+            if any(task.status != Status.RUNNING for task in started):
+                return
+        for task_job in started:
+            task = self.tasks[task_job.id]
+            task.working_since = self.now
+            remaining = max(0.0, task.work.duration - task.kept)
+            self._schedule(self.now + remaining, END, (task_job.id, task_job.attempts))
 
     def _capacity_changed(self, worker_id: str) -> None:
         self.capacity.pop(worker_id, None)

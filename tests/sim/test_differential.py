@@ -1,0 +1,228 @@
+"""The differential test: one small workload through the real server (over HTTP, a fake clock, no
+real processes) and through the simulator; every job's status changes, their times and their
+workers must be the same, so the simulator cannot drift from what the server does.
+
+The driver below plays the workers and the jobs by the simulator's own model (``SimSettings``'s
+docstring): after every instant, workers claim in id order until nothing is left; the admission
+loop runs at each tick; a victim heartbeats ``heartbeat_s`` after it is told to stop and every
+``heartbeat_s`` after, saves on the ``checkpoint`` answer and uploads ``checkpoint_save_s`` later,
+and acks ``stop_s`` after the ``preempt`` answer; a job reports done when its work is over.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+from datetime import datetime
+
+import httpx
+import pytest
+
+from corral.config import ServerSettings
+from corral.sim import engine
+from corral.sim.policy import CORRAL
+from corral.sim.readers import uniform_cluster
+from corral.sim.workload import Scenario, SimSettings, Workload, WorkloadJob
+from corral.store import open_store
+from corral.testing.clock import FakeClock
+from corral.testing.server import ServerThread
+
+BASE = 1_800_000_000.0
+SETTINGS = SimSettings(heartbeat_s=5.0, checkpoint_save_s=12.0, stop_s=1.0)
+
+WORKLOAD = (
+    WorkloadJob("a", 0, 300, 2, preemption_class=2, checkpoint="auto"),
+    WorkloadJob("b", 1, 200, 1, preemption_class=3),
+    WorkloadJob("c", 2, 100, 1, preemption_class=5),
+    WorkloadJob("d", 3, 400, 2, preemption_class=2),
+    WorkloadJob("g", 4, 100, 2, gang_size=2, preemption_class=5),
+    WorkloadJob("h", 21, 150, 2, preemption_class=8),
+    WorkloadJob("e", 33, 50, 1, preemption_class=5, checkpoint="auto"),
+    WorkloadJob("f", 34, 60, 1, preemption_class=2),
+    WorkloadJob("k", 52, 80, 2, preemption_class=6, checkpoint="manual"),
+)
+END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
+
+
+def simulated() -> list[tuple[float, str, str, str]]:
+    scenario = Scenario(Workload(WORKLOAD), uniform_cluster(3, 2), settings=SETTINGS)
+    record = engine.run(scenario, CORRAL, record_decisions=True)
+    return sorted(_comparable(at, status, job, worker) for at, status, job, worker in record.decisions)
+
+
+def _comparable(at: float, status: str, job: str, worker: str) -> tuple[float, str, str, str]:
+    return (round(at, 3), status, job, worker if status in ("reserved", "running") else "")
+
+
+class Driver:
+    """Workers and jobs around a live server, by the simulator's model of them."""
+
+    def __init__(self, api: httpx.Client, server: ServerThread, clock: FakeClock) -> None:
+        self.api, self.server, self.clock = api, server, clock
+        self.events: list[tuple[float, int, int, tuple[object, ...]]] = []
+        self.seq = 0
+        self.names: dict[str, str] = {}  # server job id -> workload id (".rank" for gang tasks)
+        self.work = {job.job_id: job for job in WORKLOAD}
+        self.kept: dict[str, float] = {}
+        self.phase_saved: dict[str, float] = {}
+        self.uploaded: dict[str, float] = {}
+        self.running: dict[str, dict] = {}  # server job id -> the claim's answer
+        self.stopping: dict[str, int] = {}  # server job id -> the epoch it was told to stop at
+        self.working_since: dict[str, float] = {}
+
+    def at(self, time: float, kind: int, payload: tuple[object, ...]) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (time, kind, self.seq, payload))
+
+    @property
+    def now(self) -> float:
+        return self.clock.now() - BASE
+
+    def move_to(self, time: float) -> None:
+        self.clock.advance(time - self.now)
+
+    def run(self, until: float) -> None:
+        for job in WORKLOAD:
+            self.at(job.submit_time, SUBMIT, (job,))
+        tick, next_tick = SETTINGS.admission_tick_s, 0.0
+        while next_tick <= until:
+            due = self.events[0][0] if self.events else math.inf
+            if next_tick < due:
+                self.move_to(next_tick)
+                self.cycle()
+                next_tick += tick
+                continue
+            self.move_to(due)
+            while self.events and self.events[0][0] == due:
+                _, kind, _, payload = heapq.heappop(self.events)
+                self.handle(kind, payload)
+            self.claims()
+            if next_tick == due:
+                self.cycle()
+                next_tick += tick
+
+    def cycle(self) -> None:
+        self.server.run_loop("admission")
+        for job_id, claimed in list(self.running.items()):
+            job = self.api.get(f"/jobs/{job_id}").json()
+            epoch = job["preemption_epoch"]
+            if job["status"] == "preempting" and self.stopping.get(job_id) != epoch:
+                self.stopping[job_id] = epoch
+                self.at(self.now + SETTINGS.heartbeat_s, BEAT, (job_id, claimed["attempt"]))
+        self.claims()
+
+    def claims(self) -> None:
+        for worker in ("w0", "w1", "w2"):
+            while True:
+                answer = self.api.get("/jobs/next", params={"worker_id": worker})
+                if answer.status_code == 204:
+                    break
+                claimed = answer.json()
+                job_id = claimed["id"]
+                self.running[job_id] = claimed
+                self.phase_saved.pop(job_id, None)
+                self.uploaded.pop(job_id, None)
+                ranks = [job_id]
+                if claimed.get("gang_id"):  # a gang works once its last rank runs
+                    ranks = [i for i in self.names if self.names[i].split(".")[0] == self.names[job_id].split(".")[0]]
+                    if any(self.api.get(f"/jobs/{rank}").json()["status"] != "running" for rank in ranks):
+                        continue
+                for rank in ranks:
+                    self.working_since[rank] = self.now
+                    remaining = self.work[self.names[rank].split(".")[0]].duration - self.kept.get(rank, 0.0)
+                    self.at(self.now + remaining, END, (rank, self.running[rank]["attempt"]))
+
+    def fenced(self, job_id: str, attempt: int, **extra: object) -> dict:
+        return {"worker_id": self.running[job_id]["worker_id"], "attempt": attempt, **extra}
+
+    def handle(self, kind: int, payload: tuple[object, ...]) -> None:
+        if kind == SUBMIT:
+            (work,) = payload
+            assert isinstance(work, WorkloadJob)
+            body = {
+                "command": "true",
+                "name": work.job_id,
+                "gang_size": work.gang_size,
+                "resources": {"gpus": work.gpus},
+                "preemption_class": work.preemption_class,
+                "checkpoint": work.checkpoint,
+            }
+            created = self.api.post("/jobs", json=body)
+            assert created.status_code == 201, created.text
+            answer = created.json()
+            if work.gang_size > 1:  # the answer lists the tasks' ids in rank order
+                for rank, task_id in enumerate(answer["tasks"]):
+                    self.names[task_id] = f"{work.job_id}.{rank}"
+            else:
+                self.names[answer["id"]] = work.job_id
+            return
+        job_id, attempt = payload[0], payload[1]
+        assert isinstance(job_id, str) and isinstance(attempt, int)
+        if self.running.get(job_id, {}).get("attempt") != attempt:
+            return
+        if kind == END:
+            self.api.post(f"/jobs/{job_id}/done", params=self.fenced(job_id, attempt))
+        elif kind == BEAT:
+            answer = self.api.post(f"/jobs/{job_id}/heartbeat", params=self.fenced(job_id, attempt))
+            if answer.status_code != 200:
+                return
+            action = answer.json().get("action")
+            epoch = answer.json().get("preemption_epoch")
+            if action == "checkpoint":
+                if job_id not in self.phase_saved:
+                    self.phase_saved[job_id] = self.progress(job_id)
+                    self.at(self.now + SETTINGS.checkpoint_save_s, SAVED, (job_id, attempt, epoch))
+                self.at(self.now + SETTINGS.heartbeat_s, BEAT, (job_id, attempt))
+            elif action == "preempt":
+                self.at(self.now + SETTINGS.stop_s, STOPPED, (job_id, attempt, epoch))
+        elif kind == SAVED:
+            params = self.fenced(job_id, attempt, epoch=payload[2])
+            if self.api.post(f"/jobs/{job_id}/checkpoint", params=params, content=b"saved").status_code == 200:
+                self.uploaded[job_id] = self.phase_saved[job_id]
+        elif kind == STOPPED:
+            progress = self.progress(job_id)
+            params = self.fenced(job_id, attempt, epoch=payload[2])
+            if self.api.post(f"/jobs/{job_id}/preempted", params=params).status_code == 200:
+                self.kept[job_id] = self.uploaded.get(job_id, self.kept.get(job_id, 0.0))
+                self.working_since.pop(job_id, None)
+                assert progress >= self.kept[job_id]
+
+    def progress(self, job_id: str) -> float:
+        since = self.working_since.get(job_id, self.now)
+        return self.kept.get(job_id, 0.0) + self.now - since
+
+    def decisions(self) -> list[tuple[float, str, str, str]]:
+        found = []
+        for job_id, name in self.names.items():
+            for event in self.api.get(f"/jobs/{job_id}/events").json()["items"]:
+                found.append(_comparable(_seconds(event["at"]), event["to"], name, event.get("worker_id") or ""))
+        return sorted(found)
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - BASE
+
+
+@pytest.fixture
+def live(tmp_path) -> Iterator[tuple[httpx.Client, ServerThread, FakeClock]]:
+    clock = FakeClock(BASE)
+    store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+    settings = ServerSettings(heartbeat_timeout_s=3600, worker_offline_s=3600, dead_worker_after_s=3600)
+    with ServerThread(store, settings, clock) as server, httpx.Client(base_url=server.url, timeout=10) as api:
+        for worker in ("w0", "w1", "w2"):
+            body = {"id": worker, "address": "127.0.0.1", "resources": {"gpus": 2}}
+            assert api.post("/workers/register", json=body).status_code == 201
+        yield api, server, clock
+    store.close()
+
+
+def test_the_server_and_the_simulator_decide_the_same(live) -> None:
+    api, server, clock = live
+    expected = simulated()
+    driver = Driver(api, server, clock)
+    driver.run(until=max(at for at, _, _, _ in expected) + SETTINGS.admission_tick_s)
+    got = driver.decisions()
+    assert got == expected
+    statuses = {status for _, status, _, _ in expected}
+    assert {"preempting", "preempted", "reserved", "blocked", "done"} <= statuses, "the workload covers them"
