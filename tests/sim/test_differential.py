@@ -125,7 +125,11 @@ class Driver:
                 self.uploaded.pop(job_id, None)
                 ranks = [job_id]
                 if claimed.get("gang_id"):  # a gang works once its last rank runs
-                    ranks = [i for i in self.names if self.names[i].split(".")[0] == self.names[job_id].split(".")[0]]
+                    ranks = [
+                        i
+                        for i in self.names
+                        if self.names[i].split(".")[0] == self.names[job_id].split(".")[0]
+                    ]
                     if any(self.api.get(f"/jobs/{rank}").json()["status"] != "running" for rank in ranks):
                         continue
                 for rank in ranks:
@@ -178,7 +182,10 @@ class Driver:
                 self.at(self.now + SETTINGS.stop_s, STOPPED, (job_id, attempt, epoch))
         elif kind == SAVED:
             params = self.fenced(job_id, attempt, epoch=payload[2])
-            if self.api.post(f"/jobs/{job_id}/checkpoint", params=params, content=b"saved").status_code == 200:
+            if (
+                self.api.post(f"/jobs/{job_id}/checkpoint", params=params, content=b"saved").status_code
+                == 200
+            ):
                 self.uploaded[job_id] = self.phase_saved[job_id]
         elif kind == STOPPED:
             progress = self.progress(job_id)
@@ -195,8 +202,11 @@ class Driver:
     def decisions(self) -> list[tuple[float, str, str, str]]:
         found = []
         for job_id, name in self.names.items():
-            for event in self.api.get(f"/jobs/{job_id}/events").json()["items"]:
-                found.append(_comparable(_seconds(event["at"]), event["to"], name, event.get("worker_id") or ""))
+            events = self.api.get(f"/jobs/{job_id}/events").json()["items"]
+            found.extend(
+                _comparable(_seconds(event["at"]), event["to"], name, event.get("worker_id") or "")
+                for event in events
+            )
         return sorted(found)
 
 

@@ -47,8 +47,12 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("inputs", nargs="+", metavar="WORKLOAD", help="workload CSV, or: compare A.json B.json")
-    parser.add_argument("--cluster", help="cluster CSV (worker_id, gpus, cpus, memory_mb, vram_mb, gpu_model, count)")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="WORKLOAD", help="workload CSV, or: compare A.json B.json"
+    )
+    parser.add_argument(
+        "--cluster", help="cluster CSV (worker_id, gpus, cpus, memory_mb, vram_mb, gpu_model, count)"
+    )
     parser.add_argument("--pools", help='pools JSON: {"pools": {"<path>": {<PUT /pools body>}}}')
     parser.add_argument(
         "--assign-pools",

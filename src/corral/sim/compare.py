@@ -51,7 +51,9 @@ def table(summaries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[
     production = summaries[0].get("production") if summaries else None
     if production:
         columns.append(("production", production))
-    columns.extend((str(summary.get("policy", f"run {index + 1}")), summary) for index, summary in enumerate(summaries))
+    columns.extend(
+        (str(summary.get("policy", f"run {index + 1}")), summary) for index, summary in enumerate(summaries)
+    )
     headers = ["", *(name for name, _ in columns)]
     rows = [[label, *(_format(label, _get(summary, path)) for _, summary in columns)] for label, path in ROWS]
     pools = sorted({path for summary in summaries for path in summary.get("pools", {})})
@@ -60,10 +62,16 @@ def table(summaries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[
             rows.append(
                 [
                     f"{pool}: p99 delay (s)",
-                    *(_format("", _get(summary, ("pools", pool, "queue_delay_s", "p99"))) for _, summary in columns),
+                    *(
+                        _format("", _get(summary, ("pools", pool, "queue_delay_s", "p99")))
+                        for _, summary in columns
+                    ),
                 ]
             )
             rows.append(
-                [f"{pool}: rho", *(_format("", _get(summary, ("pools", pool, "rho"))) for _, summary in columns)]
+                [
+                    f"{pool}: rho",
+                    *(_format("", _get(summary, ("pools", pool, "rho"))) for _, summary in columns),
+                ]
             )
     return headers, rows

@@ -401,7 +401,9 @@ class Engine:
         if self.changed:
             return True
         if any(
-            job.status == Status.RESERVED for gang_id in self.waiting_gangs for job in self._gang_by_id(gang_id)
+            job.status == Status.RESERVED
+            for gang_id in self.waiting_gangs
+            for job in self._gang_by_id(gang_id)
         ):
             return True
         if self.reserved_singles:
@@ -455,9 +457,7 @@ class Engine:
             )[:PREEMPTOR_CANDIDATES]
             if self.policy.name != "corral":  # the planner reads preemptors in corral's queue order
                 pending = tuple(sorted(pending, key=queue_key))
-        gangs = tuple(
-            Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs)
-        )
+        gangs = tuple(Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs))
         expected_ends = {
             job.id: (job.started_at if job.started_at is not None else self.now) + job.spec.walltime_s
             for job in holding
@@ -510,7 +510,8 @@ class Engine:
             for place in preemption.placements
         }
         rank_zero = next(
-            (place.worker_id for place in preemption.placements if place.job_id == preemption.job_ids[0]), None
+            (place.worker_id for place in preemption.placements if place.job_id == preemption.job_ids[0]),
+            None,
         )
         ports = self._ports_on(rank_zero) if rank_zero is not None and len(preemption.job_ids) > 1 else set()
         plan = start_preemption(
@@ -554,7 +555,9 @@ class Engine:
         for transition in plan.transitions:
             current = self.jobs[transition.before.id]
             if current.version != transition.before.version:
-                raise AssertionError(f"{current.id}: transition decided on version {transition.before.version}")
+                raise AssertionError(
+                    f"{current.id}: transition decided on version {transition.before.version}"
+                )
             self._changed(current, transition)
         if plan.transitions:
             self.changed = True

@@ -95,7 +95,9 @@ class _Rows:
         for name in required:
             if name not in self.index:
                 self._handle.close()
-                raise InputError(path, 1, None, f"missing required column {name!r} (have: {', '.join(self.header)})")
+                raise InputError(
+                    path, 1, None, f"missing required column {name!r} (have: {', '.join(self.header)})"
+                )
         if known is not None:
             for position, name in enumerate(self.header):
                 if name not in known:
@@ -194,7 +196,9 @@ def read_workload(path: str | Path) -> Workload:
     for line, row in rows:
         job_id = rows.cell(line, row, "job_id", str)
         if job_id in seen:
-            raise InputError(file, line, rows._column("job_id"), f"job_id {job_id!r} repeats line {seen[job_id]}")
+            raise InputError(
+                file, line, rows._column("job_id"), f"job_id {job_id!r} repeats line {seen[job_id]}"
+            )
         seen[job_id] = line
         every = rows.raw(row, "checkpoint_every_s")
         jobs.append(
@@ -372,13 +376,13 @@ def pool_settings(body: Any) -> PoolSettings:
         kind = PoolKind(body["kind"]) if body.get("kind") is not None else None
     except ValueError as error:
         raise ValueError(str(error)) from None
-    timers = {}
+    timers: dict[str, float | None] = {}
     for name in ("starvation_timeout_s", "aggressive_starvation_timeout_s"):
         value = body.get(name)
         if value is not None and (not isinstance(value, int | float) or value <= 0):
             raise ValueError(f"{name} must be a number of seconds > 0")
         timers[name] = None if value is None else float(value)
-    flags = {}
+    flags: dict[str, bool | None] = {}
     for name in ("enable_aggressive_starvation", "allow_aggressive_preemption"):
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
@@ -391,8 +395,10 @@ def pool_settings(body: Any) -> PoolSettings:
         mode=mode,
         kind=kind,
         starvation_tolerance=None if tolerance is None else float(tolerance),
-        **timers,
-        **flags,
+        starvation_timeout_s=timers["starvation_timeout_s"],
+        aggressive_starvation_timeout_s=timers["aggressive_starvation_timeout_s"],
+        enable_aggressive_starvation=flags["enable_aggressive_starvation"],
+        allow_aggressive_preemption=flags["allow_aggressive_preemption"],
     )
 
 

@@ -29,9 +29,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit(
-            "corral sim --out needs matplotlib: pip install 'corral[sim]'"
-        ) from None
+        raise SystemExit("corral sim --out needs matplotlib: pip install 'corral[sim]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as pyplot
 
@@ -58,7 +56,12 @@ def write(
     for name, values in curves.items():
         ordered = sorted(max(value, 0.5) for value in values)
         if ordered:
-            axes.step(ordered, [(index + 1) / len(ordered) for index in range(len(ordered))], where="post", label=name)
+            axes.step(
+                ordered,
+                [(index + 1) / len(ordered) for index in range(len(ordered))],
+                where="post",
+                label=name,
+            )
     axes.set_xscale("log")
     axes.set_xlabel("queueing delay (s, log; 0 shown at 0.5 s)")
     axes.set_ylabel("fraction of jobs")
@@ -107,15 +110,15 @@ def write(
     axes.set_ylabel("share of the cluster's GPUs")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", ncol=2)
-    caption = f"{first_name}: solid, the pool's share held; dashed, its fair share ({len(shown)} largest pools)"
+    caption = (
+        f"{first_name}: solid, the pool's share held; dashed, its fair share ({len(shown)} largest pools)"
+    )
     figures.append(_save(pyplot, figure, out, "pool_share.png", "Per-pool share over time", caption))
 
     # 4. preemptions over time
     figure, axes = pyplot.subplots(figsize=(9, 3))
-    horizon = max(
-        (entry[0] for record in records.values() for entry in record.preemptions), default=0.0
-    )
-    bins = max(1, min(100, int(math.ceil(horizon / hours)) or 1))
+    horizon = max((entry[0] for record in records.values() for entry in record.preemptions), default=0.0)
+    bins = max(1, min(100, math.ceil(horizon / hours)))
     for name, record in records.items():
         times = [entry[0] / hours for entry in record.preemptions]
         if times:
@@ -132,7 +135,9 @@ def write(
     return page
 
 
-def _columns(series: Sequence[tuple[float, float]], hours: float, gpus: int) -> tuple[list[float], list[float]]:
+def _columns(
+    series: Sequence[tuple[float, float]], hours: float, gpus: int
+) -> tuple[list[float], list[float]]:
     if not series:
         return [0.0], [0.0]
     step = max(1, len(series) // 20000)  # a figure needs no more points than pixels
@@ -149,7 +154,10 @@ def _save(pyplot: Any, figure: Any, out: Path, name: str, title: str, caption: s
 
 
 def _page(
-    out: Path, scenario: Scenario, summaries: Sequence[Mapping[str, Any]], figures: Sequence[tuple[str, str, str]]
+    out: Path,
+    scenario: Scenario,
+    summaries: Sequence[Mapping[str, Any]],
+    figures: Sequence[tuple[str, str, str]],
 ) -> str:
     headers, rows = table(summaries)
     summary_table = _html_table(headers, rows)
@@ -165,12 +173,15 @@ def _page(
     images = "\n".join(
         f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,"
         f"{base64.b64encode((out / name).read_bytes()).decode()}'>"
-        f"<figcaption>{html.escape(title)}{': ' + html.escape(caption) if caption else ''}</figcaption></figure>"
+        f"<figcaption>{html.escape(title)}{': ' + html.escape(caption) if caption else ''}"
+        "</figcaption></figure>"
         for name, title, caption in figures
     )
     unscheduled = summaries[0].get("unscheduled_in_production")
     note = (
-        f"<p>{unscheduled} trace jobs were never scheduled in production: not replayed.</p>" if unscheduled else ""
+        f"<p>{unscheduled} trace jobs were never scheduled in production: not replayed.</p>"
+        if unscheduled
+        else ""
     )
     settings = html.escape(repr(scenario.settings))
     return f"""<!doctype html>
@@ -207,5 +218,7 @@ def _cell(value: Any) -> str:
 
 def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(header)}</th>" for header in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -82,16 +82,14 @@ def fair_shares(scenario: Scenario, pools: Iterable[str]) -> dict[str, float]:
     """Each pool's fraction of the cluster (module docstring)."""
     paths = sorted(set(pools))
     stored = scenario.pools
-    guarantees = {
-        path: (stored[path].guarantee.gpus if path in stored and stored[path].guarantee else 0)
-        for path in paths
-    }
+    guarantees: dict[str, int] = {}
+    for path in paths:
+        guarantee = stored[path].guarantee if path in stored else None
+        guarantees[path] = guarantee.gpus if guarantee is not None else 0
     total = sum(guarantees.values())
     if total > 0:
         return {path: guarantees[path] / total for path in paths}
-    weights = {
-        path: (stored[path].weight or 1.0) if path in stored else 1.0 for path in paths
-    }
+    weights = {path: (stored[path].weight or 1.0) if path in stored else 1.0 for path in paths}
     whole = sum(weights.values()) or 1.0
     return {path: weights[path] / whole for path in paths}
 
@@ -129,9 +127,7 @@ def summarize(
     pools: dict[str, Any] = {}
     for path, members in sorted(by_pool.items(), key=lambda item: pool_rules.tree_order(item[0])):
         share_gpus = shares[path] * cluster_gpus
-        used = sum(
-            job.gpus * job.gang_size * job.duration for job in members if job.job_id in record.ends
-        )
+        used = sum(job.gpus * job.gang_size * job.duration for job in members if job.job_id in record.ends)
         shared = [jcts[job.job_id] for job in members if job.job_id in jcts]
         alone = [
             job.duration * max(1.0, job.gpus * job.gang_size / share_gpus) if share_gpus > 0 else math.inf
@@ -154,7 +150,11 @@ def summarize(
     summary: dict[str, Any] = {
         "policy": policy,
         "workload": scenario.workload.name,
-        "cluster": {"name": scenario.cluster.name, "workers": len(scenario.cluster.workers), "gpus": cluster_gpus},
+        "cluster": {
+            "name": scenario.cluster.name,
+            "workers": len(scenario.cluster.workers),
+            "gpus": cluster_gpus,
+        },
         "jobs": len(jobs),
         "finished": len(jcts),
         "unfinished": len(jobs) - len(jcts),

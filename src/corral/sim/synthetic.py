@@ -21,6 +21,7 @@ guaranteed its quota's share of the cluster), and makes the shape issue 10 asks 
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ def multi_tenant(
     )
     if len(source) < 2:
         raise ValueError("the trace has too few GPU jobs to resample")
-    gaps = [later.submit_time - earlier.submit_time for earlier, later in zip(source, source[1:], strict=False)]
+    gaps = [later.submit_time - earlier.submit_time for earlier, later in itertools.pairwise(source)]
     cluster = uniform_cluster(shape.workers, shape.gpus_per_worker)
     names = _pool_names(quotas, shape.pools)
     ranked = sorted(names, key=lambda name: (-names[name], name))
@@ -114,7 +115,10 @@ def _pool_names(quotas: Mapping[str, float], count: int | None) -> dict[str, flo
     if count is None or count <= len(names):
         chosen: Sequence[str] = names if count is None else names[:count]
         return {name: quotas[name] for name in chosen}
-    return {f"{names[index % len(names)]}-{index // len(names)}": quotas[names[index % len(names)]] for index in range(count)}
+    return {
+        f"{names[index % len(names)]}-{index // len(names)}": quotas[names[index % len(names)]]
+        for index in range(count)
+    }
 
 
 def heavy_pools(pools: Mapping[str, PoolSettings], count: int) -> list[str]:
@@ -123,7 +127,16 @@ def heavy_pools(pools: Mapping[str, PoolSettings], count: int) -> list[str]:
 
 
 def write_csv(workload: Workload, path: str) -> None:
-    columns = ("job_id", "submit_time", "duration", "gpus", "gang_size", "pool", "checkpoint", "checkpoint_every_s")
+    columns = (
+        "job_id",
+        "submit_time",
+        "duration",
+        "gpus",
+        "gang_size",
+        "pool",
+        "checkpoint",
+        "checkpoint_every_s",
+    )
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(",".join(columns) + "\n")
         for job in workload.jobs:
