@@ -150,8 +150,8 @@ def settings_from(assignments: list[str]) -> SimSettings:
         key = name.strip().removeprefix("CORRAL_").lower()
         if not equals or not name.startswith("CORRAL_") or key not in known:
             raise UsageError(
-                f"--set {item}: expected CORRAL_NAME=VALUE with NAME one of "
-                + ", ".join(name.upper() for name in known)
+                f"--set {item}: expected CORRAL_NAME=VALUE, one of "
+                + ", ".join("CORRAL_" + name.upper() for name in known)
             )
         values[key] = value.strip()
     checked: dict[str, Any] = {}

@@ -38,6 +38,8 @@ from corral.domain.resources import Resources
 from corral.domain.status import WorkerStatus
 from corral.sim.workload import CHECKPOINT_MODES, Cluster, Unscheduled, Workload, WorkloadJob
 
+__all__ = ["InputError", "Workload", "WorkloadJob", "read_cluster", "read_pools", "read_workload"]
+
 T = TypeVar("T")
 
 WORKLOAD_REQUIRED = ("job_id", "submit_time", "duration", "gpus")
@@ -105,6 +107,9 @@ class _Rows:
                     raise InputError(
                         path, 1, f"{position + 1} ({name})", f"unknown column; expected {', '.join(known)}"
                     )
+
+    def close(self) -> None:
+        self._handle.close()
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
         with self._handle:
@@ -190,6 +195,7 @@ def read_workload(path: str | Path) -> Workload:
     rows = _Rows(file, (), None)
     if all(name in rows.index for name in ALIBABA_COLUMNS):
         return _alibaba(rows)
+    rows.close()
     rows = _Rows(file, WORKLOAD_REQUIRED, (*WORKLOAD_REQUIRED, *WORKLOAD_OPTIONAL))
     jobs: list[WorkloadJob] = []
     seen: dict[str, int] = {}
@@ -281,6 +287,7 @@ def read_cluster(path: str | Path) -> Cluster:
             model = rows.raw(row, "model") or None
             add(line, rows._column("sn"), _worker(rows.cell(line, row, "sn", str), resources, model))
         return Cluster(tuple(workers), name=file.stem)
+    rows.close()
     rows = _Rows(file, CLUSTER_REQUIRED, (*CLUSTER_REQUIRED, *CLUSTER_OPTIONAL))
     for line, row in rows:
         name = rows.cell(line, row, "worker_id", str)

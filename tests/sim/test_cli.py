@@ -1,0 +1,110 @@
+"""``corral sim`` end to end on small files: the --json summary, --set, --policy, --out, compare."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from corral.cli.main import main
+from corral.config import ServerSettings, WorkerSettings
+from corral.sim.workload import SimSettings
+
+WORKLOAD = """job_id,submit_time,duration,gpus,gang_size,pool,preemption_class,checkpoint
+a,0,100,2,1,batch,2,auto
+b,1,50,1,1,batch,5,none
+c,2,40,1,1,interactive,5,none
+g,3,30,2,2,batch,5,none
+h,10,30,1,1,interactive,8,none
+"""
+CLUSTER = "worker_id,gpus,cpus,memory_mb,count\nw,2,8,16000,2\n"
+POOLS = '{"pools": {"batch": {"guarantee": {"gpus": 2}}, "interactive": {"guarantee": {"gpus": 2}}}}'
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    paths = {}
+    for name, text in (("workload.csv", WORKLOAD), ("cluster.csv", CLUSTER), ("pools.json", POOLS)):
+        (tmp_path / name).write_text(text)
+        paths[name.split(".")[0]] = str(tmp_path / name)
+    return paths
+
+
+def simulate(capsys, *arguments: str) -> dict:
+    assert main(["sim", *arguments, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_json_summary_has_the_documented_fields(files, capsys) -> None:
+    summary = simulate(capsys, files["workload"], "--cluster", files["cluster"], "--pools", files["pools"])
+    for key in ("jobs", "makespan_s", "queue_delay_s", "jct_s", "gpu_allocation", "preemptions"):
+        assert key in summary
+    assert set(summary["queue_delay_s"]) == {"p50", "p90", "p99", "mean"}
+    assert summary["jobs"] == summary["finished"] == 5
+    assert summary["preemptions"] == 1, "the class-8 job takes the class-2 job's GPUs"
+    assert set(summary["pools"]) == {"batch", "interactive"}
+    batch = summary["pools"]["batch"]
+    assert {"queue_delay_s", "gpu_hours", "fair_share_gpu_hours", "rho"} <= set(batch)
+    assert batch["fair_share"] == 0.5
+    assert summary["starved_gangs"] == 0 and summary["gpu_hours_lost"] >= 0
+
+
+def test_fifo_never_preempts(files, capsys) -> None:
+    summary = simulate(capsys, files["workload"], "--cluster", files["cluster"], "--policy", "fifo")
+    assert summary["policy"] == "fifo" and summary["preemptions"] == 0
+
+
+def test_a_setting_is_changed_by_its_corral_name_and_checked_by_the_servers_rule(files, capsys) -> None:
+    slow = simulate(
+        capsys, files["workload"], "--cluster", files["cluster"], "--set", "CORRAL_ADMISSION_TICK_S=60"
+    )
+    fast = simulate(capsys, files["workload"], "--cluster", files["cluster"])
+    assert slow["queue_delay_s"]["mean"] > fast["queue_delay_s"]["mean"], "gangs wait for the next tick"
+    code = main(["sim", files["workload"], "--cluster", files["cluster"], "--set", "CORRAL_MAX_VICTIMS=0"])
+    assert code == 2
+    assert "CORRAL_MAX_VICTIMS=0" in capsys.readouterr().err
+    assert main(["sim", files["workload"], "--cluster", files["cluster"], "--set", "CORRAL_NOPE=1"]) == 2
+    assert "CORRAL_ADMISSION_TICK_S" in capsys.readouterr().err
+
+
+def test_the_simulators_defaults_are_the_servers() -> None:
+    server, worker = ServerSettings(), WorkerSettings()
+    for field in fields(SimSettings):
+        for settings in (server, worker):
+            if field.name in type(settings).model_fields:
+                assert getattr(settings, field.name) == field.default, field.name
+
+
+def test_bad_input_stops_before_anything_runs(files, tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_time,duration,gpus\na,0,10,two\n")
+    assert main(["sim", str(bad), "--cluster", files["cluster"], "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{bad}:2: column 4 (gpus)" in captured.err
+    assert main(["sim", files["workload"]]) == 2
+    assert "--cluster is required" in capsys.readouterr().err
+
+
+def test_out_writes_the_report_and_compare_prints_two_summaries(files, tmp_path, capsys) -> None:
+    out = tmp_path / "report"
+    arguments = [files["workload"], "--cluster", files["cluster"], "--pools", files["pools"]]
+    assert main(["sim", *arguments, "--policy", "corral,fifo", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "queue delay p99 (s)" in printed and "corral" in printed and "fifo" in printed
+    for name in (
+        "report.html",
+        "queue_delay_cdf.png",
+        "gpu_allocation.png",
+        "pool_share.png",
+        "preemptions.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4, "one self-contained page"
+    a, b = out / "summary-corral.json", out / "summary-fifo.json"
+    assert main(["sim", "compare", str(a), str(b)]) == 0
+    table = capsys.readouterr().out
+    assert "summary-corral.json" in table and "summary-fifo.json" in table and "GPU allocation" in table

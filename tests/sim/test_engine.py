@@ -1,0 +1,79 @@
+"""The engine on tiny workloads: golden times, the work a preemption loses, stop conditions."""
+
+from __future__ import annotations
+
+from corral.sim import engine
+from corral.sim.policy import CORRAL, FIFO
+from corral.sim.readers import uniform_cluster
+from corral.sim.summary import summarize
+from corral.sim.workload import Scenario, SimSettings, Workload, WorkloadJob
+
+SETTINGS = SimSettings(heartbeat_s=5.0, checkpoint_save_s=10.0, stop_s=1.0)
+
+
+def scenario(*jobs: WorkloadJob, workers: int = 1, gpus: int = 2) -> Scenario:
+    return Scenario(Workload(jobs), uniform_cluster(workers, gpus), settings=SETTINGS)
+
+
+def test_a_job_no_worker_can_hold_ends_the_run_unfinished() -> None:
+    case = scenario(WorkloadJob("small", 0, 10, 1), WorkloadJob("huge", 0, 10, 4))
+    record = engine.run(case, CORRAL)
+    summary = summarize(case, record, "corral")
+    assert (summary["finished"], summary["unfinished"]) == (1, 1)
+    assert record.ends == {"small": 10.0}
+
+
+def test_a_gang_waits_for_the_tick_then_works_from_its_last_rank() -> None:
+    case = scenario(WorkloadJob("g", 1, 100, 2, gang_size=2), workers=2)
+    record = engine.run(case, CORRAL, record_decisions=True)
+    assert record.starts["g"] == 5.0, "reserved by the admission cycle at its tick, claimed at once"
+    assert record.ends["g"] == 105.0
+
+
+def test_a_victim_without_a_checkpoint_starts_over_and_one_with_a_periodic_save_resumes_from_it() -> None:
+    for every, expected_end, lost in ((None, 100 + 11 + 60, 22.0), (5.0, 100 + 11 + 60 - 10, 2.0)):
+        case = scenario(
+            WorkloadJob("low", 0, 60, 2, preemption_class=2, checkpoint_every_s=every),
+            WorkloadJob("high", 2, 100, 2, preemption_class=8),
+        )
+        record = engine.run(case, CORRAL)
+        # the cycle at 5 preempts; the victim hears it at 10, exits and is acked at 11; high runs
+        # 11..111; low runs again from 111 for all its work, or less the 10 s it saved at 5 and 10
+        assert record.starts["high"] == 11.0
+        assert record.ends["low"] == expected_end
+        ((_, victim, _, gpus, lost_gpu_s),) = record.preemptions
+        assert (victim, gpus, lost_gpu_s) == ("low", 2, lost)
+
+
+def test_a_victim_that_checkpoints_keeps_its_work_up_to_the_signal() -> None:
+    case = scenario(
+        WorkloadJob("low", 0, 60, 2, preemption_class=2, checkpoint="auto"),
+        WorkloadJob("high", 2, 100, 2, preemption_class=8),
+    )
+    record = engine.run(case, CORRAL)
+    # preempted at 5, SIGUSR1 at 10 (saves 10 s of work), uploaded at 20, told to stop at 25, acked 26
+    assert record.starts["high"] == 26.0
+    assert record.ends["low"] == 126.0 + 50.0
+    assert record.preemptions[0][4] == 2 * 16.0, "it worked on from the save until it stopped"
+
+
+def test_fifo_ignores_class_and_never_preempts() -> None:
+    jobs = (
+        WorkloadJob("first", 0, 50, 2, preemption_class=2),
+        WorkloadJob("low", 1, 10, 2, preemption_class=1),
+        WorkloadJob("high", 2, 10, 2, preemption_class=9),
+    )
+    fifo = engine.run(scenario(*jobs), FIFO)
+    assert (fifo.starts["low"], fifo.starts["high"]) == (50.0, 60.0) and not fifo.preemptions
+    corral = engine.run(scenario(*jobs), CORRAL)
+    assert corral.preemptions and corral.starts["high"] < corral.starts["low"]
+
+
+def test_a_run_is_deterministic() -> None:
+    jobs = tuple(
+        WorkloadJob(f"j{index}", index * 3, 20 + index % 7, 1 + index % 2, preemption_class=index % 9)
+        for index in range(40)
+    )
+    first = engine.run(scenario(*jobs, workers=3), CORRAL, record_decisions=True)
+    second = engine.run(scenario(*jobs, workers=3), CORRAL, record_decisions=True)
+    assert first.decisions == second.decisions and len(first.ends) == 40
