@@ -136,8 +136,14 @@ class Engine:
         self.pending: list[tuple[Any, str]] = []  # (queue key, job id), sorted
         self.queue_keys: dict[str, Any] = {}
         self.pending_added = 0  # bumped whenever a job enters the queue
-        self.polled_at: dict[str, int] = {}  # worker id -> ``pending_added`` when it last found nothing
+        self.round_version = 0  # ``pending_added`` at the last claim round
+        self.pending_gpus: dict[int, int] = {}  # GPUs asked -> pending jobs asking for that many
         self.dirty: set[str] = set()  # workers whose capacity, holds or reservations changed
+        self.worker_ids = [worker.id for worker in self.workers]
+        self.roomy = [worker.id for worker in self.workers if worker.resources.gpus > 0]
+        self.roomy_set = set(self.roomy)
+        self.recheck: set[str] = set()  # workers whose allocations changed since the last round
+        self.claimer: str | None = None  # the worker claiming now
         self.reserved_singles: set[str] = set()
         self.changed = True  # anything moved since the last cycle
         self.events: list[tuple[float, int, int, int, tuple[Any, ...]]] = []
@@ -308,25 +314,58 @@ class Engine:
     # --- claims ------------------------------------------------------------------------------
 
     def _claims(self) -> None:
-        """Workers whose claim may now find something poll, in worker id order, until it finds
-        nothing (the store's ``claim``: its reserved task first, else the first fit in queue order)."""
-        if not self.dirty and not self.pending:
+        """Workers whose claim may now find something poll, in worker id order, each until it finds
+        nothing (the store's ``claim``: its reserved task first, else the first fit in queue order).
+
+        Who may find something: a worker whose capacity, holds or reservations changed (``dirty``),
+        and, once a job entered the queue, every worker with a free GPU (every worker at all when
+        a queued job asks for none). A worker that found nothing finds nothing again until one of
+        those changes, and once the queue is empty only the dirty workers are left to poll.
+        """
+        self._refresh_roomy()
+        fresh = bool(self.pending) and self.pending_added > self.round_version
+        if not self.dirty and not fresh:
             return
-        candidates = set(self.dirty)
+        dirty = sorted(self.dirty)
         self.dirty.clear()
-        if self.pending:
-            smallest = min(self.jobs[job_id].spec.resources.gpus for _, job_id in self.pending[:64])
-            candidates.update(
-                worker.id
-                for worker in self.workers
-                if self.polled_at.get(worker.id, -1) < self.pending_added
-                and self._capacity(worker).free.gpus >= min(smallest, 1)
-            )
-        for worker_id in sorted(candidates):
+        order: Iterable[str] = dirty
+        if fresh:
+            others = self.worker_ids if self._smallest_pending() == 0 else list(self.roomy)
+            order = heapq.merge(dirty, others)
+        left = set(dirty)
+        previous = None
+        for worker_id in order:
+            if worker_id == previous:
+                continue
+            previous = worker_id
+            was_dirty = worker_id in left
+            left.discard(worker_id)
+            if not was_dirty and not self.pending:
+                if not left:
+                    break
+                continue
             worker = self.worker_by_id[worker_id]
+            self.claimer = worker_id
             while self._claim(worker):
                 pass
-            self.polled_at[worker_id] = self.pending_added
+            self.claimer = None
+        self.round_version = self.pending_added
+
+    def _refresh_roomy(self) -> None:
+        """Keep ``roomy`` (the workers with a free GPU, sorted) up to date for the workers whose
+        allocations changed."""
+        for worker_id in self.recheck:
+            free = self._capacity(self.worker_by_id[worker_id]).free.gpus > 0
+            if free and worker_id not in self.roomy_set:
+                insort(self.roomy, worker_id)
+                self.roomy_set.add(worker_id)
+            elif not free and worker_id in self.roomy_set:
+                del self.roomy[bisect_left(self.roomy, worker_id)]
+                self.roomy_set.discard(worker_id)
+        self.recheck.clear()
+
+    def _smallest_pending(self) -> int:
+        return min(gpus for gpus, count in self.pending_gpus.items() if count > 0)
 
     def _capacity(self, worker: Worker) -> Capacity:
         capacity = self.capacity.get(worker.id)
@@ -385,12 +424,15 @@ class Engine:
         self.queue_keys[job.id] = key
         insort(self.pending, (key, job.id))
         self.pending_added += 1
+        gpus = job.spec.resources.gpus
+        self.pending_gpus[gpus] = self.pending_gpus.get(gpus, 0) + 1
 
     def _dequeue(self, job: Job) -> None:
         entry = (self.queue_keys.pop(job.id), job.id)
         index = bisect_left(self.pending, entry)
         if index < len(self.pending) and self.pending[index] == entry:
             del self.pending[index]
+            self.pending_gpus[job.spec.resources.gpus] -= 1
 
     # --- the admission cycle -------------------------------------------------------------------
 
@@ -630,7 +672,9 @@ class Engine:
 
     def _capacity_changed(self, worker_id: str) -> None:
         self.capacity.pop(worker_id, None)
-        self.dirty.add(worker_id)
+        self.recheck.add(worker_id)
+        if worker_id != self.claimer:  # a claiming worker polls on until it finds nothing anyway
+            self.dirty.add(worker_id)
 
     def _allocation_delta(self, before: Job, after: Job) -> None:
         was, now_holds = before.status in HOLDING, after.status in HOLDING

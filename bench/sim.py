@@ -1,0 +1,111 @@
+"""The simulator's speed: simulated jobs per second, and where the time goes.
+
+Cases (``--case``):
+
+- ``alibaba``: the Alibaba GPU trace as it is (7,255 replayed tasks of 8,152 on its 1,213 nodes /
+  6,212 GPUs); target < 60 s per policy on a 2-core machine;
+- ``synthetic``: the multi-tenant workload of ``corral.sim.synthetic`` at ``--jobs`` (100,000) on
+  ``--workers`` (2,000) x 8 GPUs with gangs and ``--pools`` (50) pools; target < 10 minutes;
+- ``small``: the synthetic workload at 2,000 jobs on 64 workers (what CI runs).
+
+Prints per policy: wall time, simulated jobs per second, events, admission cycles run and skipped,
+and, with ``--profile``, the top functions by cumulative time (the share spent in ``corral.core``
+is what the production core costs; the rest is the engine). Then the machine block.
+
+    .venv/bin/python bench/sim.py --case alibaba
+    .venv/bin/python bench/sim.py --case synthetic --jobs 100000 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import machine
+from corral.sim import engine, readers, synthetic
+from corral.sim.policy import POLICIES
+from corral.sim.summary import summarize
+from corral.sim.workload import Scenario
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TARGETS = {"alibaba": 60.0, "synthetic": 600.0, "small": 60.0}
+
+
+def build(args: argparse.Namespace) -> Scenario:
+    traces = Path(args.traces)
+    jobs = traces / "alibaba-gpu-v2023" / "jobs.csv"
+    trace = readers.read_workload(jobs)
+    if args.case == "alibaba":
+        nodes = readers.alibaba_nodes_beside(jobs)
+        assert nodes is not None
+        return Scenario(trace, readers.read_cluster(nodes))
+    quotas = readers.venus_quotas(traces / "helios-venus" / "cluster_gpu_number.csv")
+    if args.case == "small":
+        shape = synthetic.Shape(jobs=2000, workers=64)
+    else:
+        shape = synthetic.Shape(jobs=args.jobs, workers=args.workers, pools=args.pools)
+    workload, cluster, pools = synthetic.multi_tenant(trace, quotas, shape, seed=args.seed)
+    return Scenario(workload, cluster, pools)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", choices=sorted(TARGETS), default="alibaba")
+    parser.add_argument("--policy", default="corral,fifo")
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2000)
+    parser.add_argument("--pools", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--traces", default=str(Path("/work/shared/traces")))
+    parser.add_argument("--profile", action="store_true", help="profile each run (slower) and print the top")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    scenario = build(args)
+    print(
+        f"case {args.case}: {len(scenario.workload.jobs)} jobs, {len(scenario.cluster.workers)} workers,"
+        f" {scenario.cluster.gpus} GPUs, {len({job.pool for job in scenario.workload.jobs})} pools"
+        f" (built in {time.perf_counter() - started:.1f} s)"
+    )
+    target = TARGETS[args.case]
+    for name in args.policy.split(","):
+        profiler = cProfile.Profile() if args.profile else None
+        started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        record = engine.run(scenario, POLICIES[name])
+        if profiler is not None:
+            profiler.disable()
+        wall = time.perf_counter() - started
+        summary = summarize(scenario, record, name, wall)
+        jobs = len(scenario.workload.jobs)
+        verdict = "meets" if wall < target else "MISSES"
+        print(
+            f"{name:>7}: {wall:7.1f} s  {jobs / wall:8.0f} jobs/s  {record.events} events,"
+            f" {record.cycles} cycles run, {record.cycles_skipped} skipped  ({verdict} the {target:.0f} s target)"
+        )
+        print(
+            f"         queue delay p50/p99 {summary['queue_delay_s']['p50']}/{summary['queue_delay_s']['p99']} s,"
+            f" allocation {summary['gpu_allocation']:.3f}, preemptions {summary['preemptions']}"
+        )
+        if profiler is not None:
+            stream = io.StringIO()
+            stats = pstats.Stats(profiler, stream=stream)
+            core = sum(
+                entry[3]
+                for key, entry in stats.stats.items()  # type: ignore[attr-defined]
+                if "/corral/core/" in key[0] and key[2] in ("decide", "plan")
+            )
+            print(f"         in corral.core's admission.decide (planner included): {core:.1f} s of {wall:.1f} s")
+            stats.sort_stats("cumulative").print_stats(18)
+            print("\n".join("         " + line for line in stream.getvalue().splitlines()[6:40]))
+    machine.print_machine()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
