@@ -16,6 +16,9 @@ Definitions (the README's "Simulating a cluster" says the same):
 - **fair share** of a pool: its guarantee's fraction of the guaranteed GPUs when any pool has a
   guarantee, else its weight's fraction of the weights of the pools that have jobs;
   ``fair_share_gpu_hours`` is that fraction of the cluster's GPU-hours over the makespan;
+- **light pools**: those whose demand (GPU-hours asked) is at most their fair share of the
+  cluster's GPU-hours over the arrival window (first to last submission); **heavy pools** the others (``light_pools``/``heavy_pools``: their jobs'
+  queueing delay together);
 - **finish-time fairness** (Themis's rho) per pool: its mean completion time under sharing over its
   mean completion time alone on its fair share, estimated as each job running at once, for its
   duration, stretched by ``gpus / fair share GPUs`` when it asks for more than the share; so rho
@@ -118,6 +121,7 @@ def summarize(
         for job in jobs
         if job.gang_size > 1 and (job.job_id not in delays or delays[job.job_id] > bound)
     ]
+    starved_set = set(starved)
     lost = sum(entry[4] for entry in record.preemptions) / 3600
     by_pool: dict[str, list[WorkloadJob]] = {}
     for job in jobs:
@@ -145,8 +149,15 @@ def summarize(
             "fair_share_gpu_hours": round(shares[path] * cluster_gpus * makespan / 3600, 3),
             "preemptions": sum(1 for entry in record.preemptions if entry[2] == path),
             "rho": None if rho is None else round(rho, 3),
+            "starved_gangs": sum(1 for job in members if job.job_id in starved_set),
             "unfinished": sum(1 for job in members if job.job_id not in jcts),
         }
+    arrivals = max((job.submit_time for job in jobs), default=first) - first or makespan
+    light = [
+        path
+        for path, figures in pools.items()
+        if figures["demand_gpu_hours"] <= figures["fair_share"] * cluster_gpus * arrivals / 3600
+    ]
     summary: dict[str, Any] = {
         "policy": policy,
         "workload": scenario.workload.name,
@@ -167,6 +178,9 @@ def summarize(
         "starved_gangs": len(starved),
         "starvation_bound_s": bound,
         "pools": pools,
+        # pools that asked for no more than their fair share over the makespan, and the others
+        "light_pools": _group(light, by_pool, delays),
+        "heavy_pools": _group([path for path in pools if path not in light], by_pool, delays),
         "engine": {
             "events": record.events,
             "admission_cycles": record.cycles,
@@ -181,6 +195,13 @@ def summarize(
     if scenario.workload.unscheduled:
         summary["unscheduled_in_production"] = len(scenario.workload.unscheduled)
     return summary
+
+
+def _group(
+    paths: Sequence[str], by_pool: Mapping[str, Sequence[WorkloadJob]], delays: Mapping[str, float]
+) -> dict[str, Any]:
+    waited = [delays[job.job_id] for path in paths for job in by_pool[path] if job.job_id in delays]
+    return {"pools": list(paths), "queue_delay_s": percentiles(waited)}
 
 
 def production_figures(scenario: Scenario) -> dict[str, Any] | None:
