@@ -54,7 +54,9 @@ def build(args: argparse.Namespace) -> Scenario:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--case", choices=sorted(TARGETS), default="alibaba")
     parser.add_argument("--policy", default="corral,fifo")
     parser.add_argument("--jobs", type=int, default=100_000)
@@ -63,6 +65,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--traces", default=str(Path("/work/shared/traces")))
     parser.add_argument("--profile", action="store_true", help="profile each run (slower) and print the top")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="stop a run after this many seconds and say how far it got",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     scenario = build(args)
@@ -77,19 +85,33 @@ def main() -> int:
         started = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        record = engine.run(scenario, POLICIES[name])
-        if profiler is not None:
-            profiler.disable()
+        run = engine.Engine(scenario, POLICIES[name], _watch(started, args.time_limit))
+        try:
+            record = run.run()
+        except _OutOfTime as stop:
+            wall = time.perf_counter() - started
+            done = len(run.record.ends)
+            print(
+                f"{name:>7}: stopped after {wall:.0f} s at simulated {stop.fraction:.1%} of the arrivals,"
+                f" {done} of {len(scenario.workload.jobs)} jobs done ({done / wall:.0f} jobs/s so far),"
+                f" {run.record.cycles} cycles run, {run.record.cycles_skipped} skipped"
+            )
+            continue
+        finally:
+            if profiler is not None:
+                profiler.disable()
         wall = time.perf_counter() - started
         summary = summarize(scenario, record, name, wall)
         jobs = len(scenario.workload.jobs)
         verdict = "meets" if wall < target else "MISSES"
         print(
             f"{name:>7}: {wall:7.1f} s  {jobs / wall:8.0f} jobs/s  {record.events} events,"
-            f" {record.cycles} cycles run, {record.cycles_skipped} skipped  ({verdict} the {target:.0f} s target)"
+            f" {record.cycles} cycles run, {record.cycles_skipped} skipped"
+            f"  ({verdict} the {target:.0f} s target)"
         )
+        delay = summary["queue_delay_s"]
         print(
-            f"         queue delay p50/p99 {summary['queue_delay_s']['p50']}/{summary['queue_delay_s']['p99']} s,"
+            f"         queue delay p50/p99 {delay['p50']}/{delay['p99']} s,"
             f" allocation {summary['gpu_allocation']:.3f}, preemptions {summary['preemptions']}"
         )
         if profiler is not None:
@@ -100,11 +122,37 @@ def main() -> int:
                 for key, entry in stats.stats.items()  # type: ignore[attr-defined]
                 if "/corral/core/" in key[0] and key[2] in ("decide", "plan")
             )
-            print(f"         in corral.core's admission.decide (planner included): {core:.1f} s of {wall:.1f} s")
+            print(
+                f"         in corral.core's admission.decide (planner included): {core:.1f} s of {wall:.1f} s"
+            )
             stats.sort_stats("cumulative").print_stats(18)
             print("\n".join("         " + line for line in stream.getvalue().splitlines()[6:40]))
     machine.print_machine()
     return 0
+
+
+class _OutOfTime(Exception):
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+
+
+def _watch(started: float, limit: float | None):  # type: ignore[no-untyped-def]
+    """A progress callback: a line on stderr every 30 s of wall time, and the stop at ``limit``."""
+    last = [started]
+
+    def progress(now: float, horizon: float) -> None:
+        clock = time.perf_counter()
+        fraction = now / horizon if horizon else 1.0
+        if clock - last[0] > 30:
+            last[0] = clock
+            print(
+                f"         ... {clock - started:.0f} s: simulated {fraction:.1%} of the arrivals",
+                file=sys.stderr,
+            )
+        if limit is not None and clock - started > limit:
+            raise _OutOfTime(fraction)
+
+    return progress
 
 
 if __name__ == "__main__":
