@@ -81,6 +81,11 @@ class SimSettings:
     - a job with ``checkpoint_every_s`` saves that often on its own (its heartbeats report it,
       which the preemption cost reads); a victim without a checkpoint phase resumes from that
       save, or starts over.
+
+    Not modelled: the server's early admission pass after a release while a gang waits (the
+    simulator runs the cycle at its ticks only, so a gang may start up to one tick later than on
+    the server), failures, watchdogs, the reaper and lost workers (every job runs to its end or
+    to its stop), and the waiting reasons ``corral why`` shows (they change no status).
     """
 
     admission_tick_s: float = 5.0
