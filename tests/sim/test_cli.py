@@ -108,3 +108,38 @@ def test_out_writes_the_report_and_compare_prints_two_summaries(files, tmp_path,
     assert main(["sim", "compare", str(a), str(b)]) == 0
     table = capsys.readouterr().out
     assert "summary-corral.json" in table and "summary-fifo.json" in table and "GPU allocation" in table
+
+
+TRACES = Path("/work/shared/traces")
+
+
+@pytest.mark.skipif(not TRACES.exists(), reason="the shared traces are not on this machine")
+def test_generate_writes_a_multi_tenant_workload_the_simulator_reads(tmp_path, capsys) -> None:
+    out = tmp_path / "generated"
+    trace = str(TRACES / "alibaba-gpu-v2023" / "jobs.csv")
+    quotas = str(TRACES / "helios-venus" / "cluster_gpu_number.csv")
+    arguments = [
+        "sim",
+        "generate",
+        str(out),
+        "--trace",
+        trace,
+        "--quotas",
+        quotas,
+        "--jobs",
+        "200",
+        "--workers",
+        "8",
+    ]
+    assert main(arguments) == 0
+    assert "overloaded" in capsys.readouterr().out
+    summary = simulate(
+        capsys,
+        str(out / "workload.csv"),
+        "--cluster",
+        str(out / "cluster.csv"),
+        "--pools",
+        str(out / "pools.json"),
+    )
+    assert summary["jobs"] == 200 and summary["cluster"]["gpus"] == 64
+    assert len(summary["pools"]) > 10 and summary["light_pools"]["pools"]

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from corral.cli import exit_codes, output
 from corral.config import ServerSettings, WorkerSettings
-from corral.sim import engine, readers
+from corral.sim import engine, readers, synthetic
 from corral.sim.compare import table
 from corral.sim.policy import POLICIES
 from corral.sim.summary import summarize
@@ -72,6 +72,14 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         help="change a setting (e.g. CORRAL_ADMISSION_TICK_S=10, CORRAL_MAX_VICTIMS=1); repeatable",
     )
     parser.add_argument("--out", help="write report.html, its PNGs and summary JSON files in this folder")
+    generate = parser.add_argument_group(
+        "generate DIR --trace JOBS.csv --quotas QUOTAS.csv: write a multi-tenant workload.csv,"
+        " cluster.csv and pools.json built from the shared traces (corral.sim.synthetic)"
+    )
+    generate.add_argument("--trace", help="the Alibaba trace's jobs.csv (arrivals and runtimes)")
+    generate.add_argument("--quotas", help="the Helios Venus cluster_gpu_number.csv (pools and quotas)")
+    generate.add_argument("--jobs", type=int, default=3000, help="jobs to generate (default 3000)")
+    generate.add_argument("--workers", type=int, default=64, help="workers of 8 GPUs (default 64)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     parser.set_defaults(run=run)
 
@@ -80,6 +88,8 @@ def run(arguments: argparse.Namespace) -> int:
     try:
         if arguments.inputs[0] == "compare":
             return _compare(arguments.inputs[1:])
+        if arguments.inputs[0] == "generate":
+            return _generate(arguments)
         if len(arguments.inputs) != 1:
             raise UsageError("expected one WORKLOAD (or: compare A.json B.json)")
         scenario = scenario_from(arguments)
@@ -177,6 +187,30 @@ def settings_from(assignments: list[str]) -> SimSettings:
             raise UsageError(f"--set CORRAL_{key.upper()}={value}: expected a number >= 0")
         checked[key] = number
     return SimSettings(**checked)
+
+
+def _generate(arguments: argparse.Namespace) -> int:
+    if len(arguments.inputs) != 2 or not arguments.trace or not arguments.quotas:
+        raise UsageError("generate: expected DIR, --trace JOBS.csv and --quotas QUOTAS.csv")
+    out = Path(arguments.inputs[1])
+    trace = readers.read_workload(arguments.trace)
+    quotas = readers.venus_quotas(arguments.quotas)
+    shape = synthetic.Shape(jobs=arguments.jobs, workers=arguments.workers)
+    workload, cluster, pools = synthetic.multi_tenant(trace, quotas, shape, arguments.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    synthetic.write_csv(workload, str(out / "workload.csv"))
+    (out / "cluster.csv").write_text(f"worker_id,gpus,count\nw,{shape.gpus_per_worker},{shape.workers}\n")
+    document = {
+        "pools": {
+            path: {"weight": settings.weight, "guarantee": settings.guarantee.to_dict()}
+            for path, settings in pools.items()
+            if settings.guarantee is not None
+        }
+    }
+    (out / "pools.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    heavy = ", ".join(synthetic.heavy_pools(pools, shape.heavy))
+    print(f"{out}: {len(workload.jobs)} jobs, {cluster.gpus} GPUs, {len(pools)} pools (overloaded: {heavy})")
+    return exit_codes.OK
 
 
 def _compare(paths: list[str]) -> int:
