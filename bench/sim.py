@@ -24,6 +24,7 @@ import io
 import pstats
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import machine
@@ -66,6 +67,9 @@ def main() -> int:
     parser.add_argument("--traces", default=str(Path("/work/shared/traces")))
     parser.add_argument("--profile", action="store_true", help="profile each run (slower) and print the top")
     parser.add_argument(
+        "--tick", type=float, default=None, help="CORRAL_ADMISSION_TICK_S for the run (default 5)"
+    )
+    parser.add_argument(
         "--time-limit",
         type=float,
         default=None,
@@ -74,6 +78,8 @@ def main() -> int:
     args = parser.parse_args()
     started = time.perf_counter()
     scenario = build(args)
+    if args.tick is not None:
+        scenario = replace(scenario, settings=replace(scenario.settings, admission_tick_s=args.tick))
     print(
         f"case {args.case}: {len(scenario.workload.jobs)} jobs, {len(scenario.cluster.workers)} workers,"
         f" {scenario.cluster.gpus} GPUs, {len({job.pool for job in scenario.workload.jobs})} pools"
