@@ -163,12 +163,14 @@ def _page(
     summary_table = _html_table(headers, rows)
     pool_headers = ["pool", "fair share", "jobs", *(f"{s['policy']} p99 delay (s)" for s in summaries)]
     pool_headers += [f"{s['policy']} GPU-h" for s in summaries] + [f"{s['policy']} rho" for s in summaries]
+    pool_headers += [f"{s['policy']} starved gangs" for s in summaries]
     pool_rows = []
     for path, first in summaries[0]["pools"].items():
         row = [path, f"{100 * first['fair_share']:.1f}%", str(first["jobs"])]
         row += [_cell(s["pools"].get(path, {}).get("queue_delay_s", {}).get("p99")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("gpu_hours")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("rho")) for s in summaries]
+        row += [_cell(s["pools"].get(path, {}).get("starved_gangs")) for s in summaries]
         pool_rows.append(row)
     images = "\n".join(
         f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,"
@@ -203,6 +205,10 @@ policies: {", ".join(html.escape(str(s["policy"])) for s in summaries)}.</p>
 <h2>Figures</h2>
 {images}
 <h2>Pools</h2>
+<p>Light pools (asking no more than their fair share over the arrivals):
+{html.escape(", ".join(summaries[0]["light_pools"]["pools"]) or "none")}.
+Heavy pools: {html.escape(", ".join(summaries[0]["heavy_pools"]["pools"]) or "none")}.
+A gang is starved when it waited longer than {summaries[0]["starvation_bound_s"] / 3600:g} h or never started.</p>
 {_html_table(pool_headers, pool_rows)}
 <h2>Settings</h2>
 <p><code>{settings}</code></p>
