@@ -208,7 +208,8 @@ policies: {", ".join(html.escape(str(s["policy"])) for s in summaries)}.</p>
 <p>Light pools (asking no more than their fair share over the arrivals):
 {html.escape(", ".join(summaries[0]["light_pools"]["pools"]) or "none")}.
 Heavy pools: {html.escape(", ".join(summaries[0]["heavy_pools"]["pools"]) or "none")}.
-A gang is starved when it waited longer than {summaries[0]["starvation_bound_s"] / 3600:g} h or never started.</p>
+A gang is starved when it waited longer than {summaries[0]["starvation_bound_s"] / 3600:g} h
+or never started.</p>
 {_html_table(pool_headers, pool_rows)}
 <h2>Settings</h2>
 <p><code>{settings}</code></p>

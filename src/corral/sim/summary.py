@@ -17,8 +17,8 @@ Definitions (the README's "Simulating a cluster" says the same):
   guarantee, else its weight's fraction of the weights of the pools that have jobs;
   ``fair_share_gpu_hours`` is that fraction of the cluster's GPU-hours over the makespan;
 - **light pools**: those whose demand (GPU-hours asked) is at most their fair share of the
-  cluster's GPU-hours over the arrival window (first to last submission); **heavy pools** the others (``light_pools``/``heavy_pools``: their jobs'
-  queueing delay together);
+  cluster's GPU-hours over the arrival window (first to last submission); **heavy pools** the
+  others (``light_pools``/``heavy_pools``: their jobs' queueing delay together);
 - **finish-time fairness** (Themis's rho) per pool: its mean completion time under sharing over its
   mean completion time alone on its fair share, estimated as each job running at once, for its
   duration, stretched by ``gpus / fair share GPUs`` when it asks for more than the share; so rho
