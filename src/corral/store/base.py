@@ -10,7 +10,7 @@ rule) which candidate fits and how it starts. A decision that refuses (a stale r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -45,6 +45,16 @@ class ClaimPolicy(Protocol[CapacityT]):
     """What the claim needs from the scheduling core."""
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
+
+    def unreclaimable(self, job: Job) -> bool:
+        """A job no preemption could take back: the claim checks ``may_borrow`` before it starts."""
+        ...
+
+    def may_borrow(
+        self, job: Job, free_gpus: int, guaranteed: Mapping[str, int], held: Mapping[str, int]
+    ) -> bool:
+        """Whether it may start on the cluster as it is (free GPUs, pools' guarantees and usage)."""
+        ...
 
     def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
         """The task reserved for this worker that its claim starts before any pending job."""

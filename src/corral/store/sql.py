@@ -386,7 +386,14 @@ class SqlStore(abc.ABC):
                 )
                 if not rows:
                     return None
-                chosen = policy.choose(worker, capacity, [job_from_row(row) for row in rows], holds, now)
+                candidates = [job_from_row(row) for row in rows]
+                chosen = policy.choose(worker, capacity, candidates, holds, now)
+                while chosen is not None and policy.unreclaimable(chosen[0]):
+                    # Work no preemption could take back does not start on borrowed capacity.
+                    if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
+                        break
+                    candidates = [job for job in candidates if job.id != chosen[0].id]
+                    chosen = policy.choose(worker, capacity, candidates, holds, now)
                 if chosen is not None:
                     job, gpu_indices = chosen
                     started = policy.start(job, worker_id, gpu_indices, now)
@@ -395,6 +402,31 @@ class SqlStore(abc.ABC):
                     return self._apply(tx, started)
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
+
+    def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:
+        """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold:
+        read only for a claim candidate no preemption could take back (rare), in its transaction."""
+        guaranteed = {
+            str(row[0]): int(row[1])
+            for row in tx.execute("SELECT path, guarantee_gpus FROM pools WHERE guarantee_gpus > 0")
+        }
+        if not guaranteed:
+            return 0, {}, {}
+        held = {
+            str(row[0]): int(row[1] or 0)
+            for row in tx.execute(
+                f"SELECT pool, SUM(gpus) FROM jobs WHERE status IN {HOLDING_SQL} GROUP BY pool"
+            )
+        }
+        total = tx.execute(
+            "SELECT COALESCE(SUM(gpus), 0) FROM workers WHERE status = 'active' AND flagged_dead_at IS NULL"
+        )[0][0]
+        busy = tx.execute(
+            "SELECT COALESCE(SUM(jobs.gpus), 0) FROM jobs JOIN workers ON jobs.worker_id = workers.id"
+            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active'"
+            " AND workers.flagged_dead_at IS NULL"
+        )[0][0]
+        return int(total) - int(busy), guaranteed, held
 
     def claim_candidates_sql(self) -> str:
         """The claim's candidate query: pending jobs that fit the free capacity, in queue order.
