@@ -18,7 +18,7 @@ from corral.core.lifecycle import Reported
 from corral.core.placement import ClaimPlacement
 from corral.domain.records import Job, Reason
 from corral.store import Store
-from corral.store.base import JobReport, WorkerBeat
+from corral.store.base import JobReport, LogAppended, WorkerBeat
 
 PLACEMENT = ClaimPlacement()
 
@@ -92,6 +92,15 @@ def save_checkpoint(
 ) -> Job:
     decide = partial(lifecycle.accept_checkpoint, worker_id=worker_id, attempt=attempt, epoch=epoch, now=now)
     return store.save_checkpoint(job_id, data, now, decide)
+
+
+def append_log(
+    store: Store, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes, now: float, max_bytes: int
+) -> LogAppended:
+    """Append output of the current attempt at ``offset``; fenced like every report (409
+    ``stale_attempt`` from another worker or attempt, and nothing written)."""
+    check = partial(lifecycle.check_fence, worker_id=worker_id, attempt=attempt)
+    return store.append_log(job_id, offset, data, now, max_bytes, check)
 
 
 def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:

@@ -135,6 +135,36 @@ class AdmissionInputs:
     expected_ends: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LogAppended:
+    """What an append to an attempt's log did: ``size`` is where the stored stream ends now (the
+    offset the next chunk starts at), ``accepted`` the bytes of this chunk newly stored (0 for a
+    retry of a stored chunk), ``dropped`` how many of the attempt's first bytes are gone (trimmed to
+    the cap), ``trimmed`` how many of them this append dropped."""
+
+    job_id: str
+    attempt: int
+    size: int
+    accepted: int
+    dropped: int
+    trimmed: int = 0
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """Stored bytes of one attempt's log from ``start`` (an offset of its stream) to ``size``.
+
+    ``start`` is the asked offset, or ``dropped`` when the bytes asked for were trimmed away; the
+    job is returned as it was read, for a follow to know whether the attempt is still running."""
+
+    job: Job
+    attempt: int
+    start: int
+    size: int
+    dropped: int
+    data: bytes
+
+
 class Store(Protocol):
     dialect: str
 
@@ -166,6 +196,20 @@ class Store(Protocol):
     ) -> Job: ...
     def save_checkpoint(self, job_id: str, data: bytes, now: float, decide: JobDecision[Job]) -> Job: ...
     def get_checkpoint(self, job_id: str) -> bytes | None: ...
+
+    # logs (store/logs.py)
+    def append_log(
+        self,
+        job_id: str,
+        offset: int,
+        data: bytes,
+        now: float,
+        max_bytes: int,
+        check: Callable[[Job], None],
+    ) -> LogAppended: ...
+    def read_log(self, job_id: str, attempt: int | None, offset: int, limit: int) -> LogSlice: ...
+    def log_sizes(self, job_id: str) -> dict[int, tuple[int, int]]: ...
+    def purge_logs(self, finished_before: float) -> int: ...
 
     # workers
     def register_worker(self, registration: WorkerRegistration, now: float) -> Worker: ...

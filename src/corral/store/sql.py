@@ -3,10 +3,10 @@ claim and the job heartbeat, written once.
 
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
 ``OperationsStore`` (workers, the reaper's reads, the dead-worker flag) -> ``GangStore``
-(reservations, checkpoints, holds, leadership) -> ``SqliteStore`` / ``PostgresStore``. A backend
-supplies a connection, a transaction context and its dialect's few differences (placeholders, row
-locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites
-them once.
+(reservations, checkpoints, holds, leadership) -> ``LogStore`` (job logs) -> ``SqliteStore`` /
+``PostgresStore``. A backend supplies a connection, a transaction context and its dialect's few
+differences (placeholders, row locks, introspection). Queries are written with ``?`` placeholders;
+the PostgreSQL backend rewrites them once.
 
 The store decides nothing about a job's next status: ``change`` locks the rows a decision needs
 (the job, and its gang's in id order), hands them to a decision function of ``corral.core`` passed
