@@ -43,6 +43,10 @@ class ServerSettings(BaseSettings):
     preempt_timeout_s: float = Field(45.0, gt=0, description="a preempting job is force-drained after")
     watchdog_max_retries: int = Field(3, ge=0, description="watchdog re-queues before a job fails")
     checkpoint_max_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest checkpoint body")
+    log_max_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="job output kept per attempt (past it the oldest bytes go)"
+    )
+    retention_days: float = Field(14.0, gt=0, description="logs of jobs that ended this long ago are removed")
     log_level: str = Field("info", description="debug, info, warning or error")
     access_log: bool = Field(False, description="log every HTTP request")
 

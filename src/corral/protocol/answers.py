@@ -208,6 +208,18 @@ class CheckpointSaved(Answer):
     attempt: int
 
 
+class LogAppendedAnswer(Answer):
+    """``POST /jobs/{id}/logs``: where the attempt's stored stream ends now (``size``, the offset of
+    the next chunk), the bytes of this chunk newly stored (0 for a retry), and how many of the
+    attempt's first bytes were dropped to stay under ``CORRAL_LOG_MAX_BYTES``."""
+
+    job_id: str
+    attempt: int
+    size: int
+    accepted: int
+    dropped: int
+
+
 class HealthAnswer(Answer):
     status: str
     instance_id: str

@@ -25,7 +25,7 @@ from corral.server.http import RequestIdMiddleware, corral_error_handler, http_e
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.runner import Loop, LoopGroup
-from corral.server.routes import jobs, operations, protocol, workers
+from corral.server.routes import jobs, logs, operations, protocol, workers
 from corral.server.state import ServerState
 from corral.store import Store
 
@@ -82,7 +82,7 @@ def create_app(
         await loops.stop()
 
     app = Starlette(
-        routes=[*protocol.routes, *jobs.routes, *workers.routes, *operations.routes],
+        routes=[*protocol.routes, *logs.routes, *jobs.routes, *workers.routes, *operations.routes],
         middleware=[Middleware(RequestIdMiddleware)],
         exception_handlers={
             errors.CorralError: corral_error_handler,

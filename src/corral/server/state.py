@@ -31,6 +31,8 @@ class ServerState:
     #: whether the last admission pass saw a gang waiting (blocked or reserved tasks); while none
     #: waits, a released slot has nothing for the admission cycle to do before its next tick
     gangs_waiting: bool = True
+    #: when this replica last removed logs past their retention (``loops.reaper.purge_logs``)
+    logs_purged_at: float = float("-inf")
 
     def released(self, gang_waiting: bool = False) -> None:
         """Capacity may have come free: wake long-polling claims, and the admission cycle when a
