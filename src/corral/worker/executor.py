@@ -5,7 +5,8 @@ stop signal goes to the process group, so nothing of the job is left running on 
 stop, and a Ctrl-C at the worker's terminal does not reach the jobs (the worker decides).
 
 Output (stdout and stderr merged) is drained by a reader thread into a bounded tail, so a job that
-writes a lot never blocks on a full pipe and the worker never holds more than ``tail_bytes``.
+writes a lot never blocks on a full pipe and the worker never holds more than ``tail_bytes``; every
+chunk also goes to ``on_output`` (the log shipper's bounded buffer, which never blocks either).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -113,8 +114,11 @@ class JobProcess:
         grace_s: float,
         log_fields: Mapping[str, Any] | None = None,
         kill_wait_s: float | None = None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> None:
         self.command = command
+        #: also given every chunk of output as it is read (the log shipper); must not block
+        self._on_output = on_output
         self.grace_s = grace_s
         self.kill_wait_s = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
         self.tail = OutputTail(tail_bytes)
@@ -154,10 +158,21 @@ class JobProcess:
         try:
             while chunk := os.read(descriptor, 65536):
                 self.tail.append(chunk)
+                if self._on_output is not None:
+                    self._hand_on(chunk)
         except OSError:
             logger.debug("output pipe closed", extra=self.fields)
         finally:
             stream.close()
+
+    def _hand_on(self, chunk: bytes) -> None:
+        """Give a chunk to ``on_output``; one that raises is dropped for good (the pipe must drain)."""
+        assert self._on_output is not None
+        try:
+            self._on_output(chunk)
+        except Exception:
+            logger.exception("output listener failed; output is no longer handed on", extra=self.fields)
+            self._on_output = None
 
     # --- state -----------------------------------------------------------------------------
 

@@ -19,6 +19,9 @@ heartbeat, epoch N) uploads for epoch N, then acks ``/preempted?epoch=N``; an ex
 without an epoch, then report done, fail or the trip (``corral.worker.checkpoints`` says why, and
 why in that order). Before the process starts, the job's own checkpoint is fetched to
 ``CORRAL_CHECKPOINT_IN``, and for a gang rank every rank's into ``CORRAL_GANG_CHECKPOINT_DIR``.
+
+The job's output goes to the server as it is written (``corral.worker.log_shipper``), and what is
+left of it once the process ended before the checkpoint upload and the report.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, TypeVar
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints
+from corral.worker import checkpoints, log_shipper
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
 from corral.worker.reporting import deliver
@@ -95,6 +98,7 @@ class JobRun:
         self._reason: StopReason | None = None
         self._epoch: int | None = None
         self._process: JobProcess | None = None
+        self._shipper: log_shipper.LogShipper | None = None
         self._stopper: threading.Thread | None = None
         self._checkpoint_epochs_seen: set[int] = set()
         self._reported = False  # a report (or the first try of one) went out: never send another
@@ -182,6 +186,9 @@ class JobRun:
             # Transfers can take a while for a large gang: the lease must outlive them too.
             has_checkpoint = self._while_heartbeating(lambda: self._fetch_checkpoints(workspace))
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
+            self._shipper = log_shipper.for_attempt(
+                self._client, self.job_id, self._worker_id, self.attempt, self._settings.heartbeat_s, self.fields
+            )
             try:
                 process = JobProcess(
                     self.command,
@@ -189,6 +196,7 @@ class JobRun:
                     self._settings.output_tail_bytes,
                     self._settings.preempt_grace_s,
                     self.fields,
+                    on_output=self._shipper.write,
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
@@ -218,12 +226,16 @@ class JobRun:
             with self._lock:
                 lost = self._reason == StopReason.LOST
             if not lost and not self._reported:
+                if self._shipper is not None:
+                    self._shipper.close()
                 if self._process is not None and workspace is not None:
                     self._upload_after_error(workspace)
                 self._report_failure(None, f"worker error: {error}", "")
         finally:
             if self._watch is not None:
                 self._watch.stop()
+            if self._shipper is not None:
+                self._shipper.abandon()
             if workspace is not None:
                 workspace.remove()
             self.finished.set()
@@ -269,6 +281,8 @@ class JobRun:
         checkpoint the job wrote, however the attempt ended (unless the job was lost). The tail,
         and the epoch to ack (None: no ack, the report is done, fail or a watchdog trip)."""
         tail = process.finish()
+        if self._shipper is not None:
+            self._shipper.close()  # the whole output, before the report ends the attempt
         with self._lock:
             stopper = self._stopper
         if stopper is not None:
