@@ -287,7 +287,9 @@ class Client:
         response = self.request("GET", f"/jobs/{job_id}/checkpoint")
         return None if response.status_code == 204 else response.content
 
-    def append_log(self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes) -> LogAppendedAnswer:
+    def append_log(
+        self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes
+    ) -> LogAppendedAnswer:
         """Send output of the attempt starting at byte ``offset`` of its stream; a retry of a chunk
         already stored is accepted once (``accepted`` 0)."""
         params = {"worker_id": worker_id, "attempt": attempt, "offset": offset}
@@ -345,7 +347,9 @@ def _log_chunk(response: Response) -> LogChunk:
             data=response.content,
         )
     except (KeyError, ValueError) as error:
-        raise ApiError(response.status_code, "bad_response", f"log answer lacks its headers: {error}") from error
+        raise ApiError(
+            response.status_code, "bad_response", f"log answer lacks its headers: {error}"
+        ) from error
 
 
 def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:

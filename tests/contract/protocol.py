@@ -126,6 +126,13 @@ def reap(
 
 
 def append_log(
-    store: Store, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes, now: float, cap: int = 1 << 20
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    offset: int,
+    data: bytes,
+    now: float,
+    cap: int = 1 << 20,
 ):
     return changes.append_log(store, job_id, worker_id, attempt, offset, data, now, cap)

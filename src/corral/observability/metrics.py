@@ -104,7 +104,9 @@ class Metrics:
             "corral_loop_errors_total", "Passes of a background loop that raised", ["loop"], registry=registry
         )
         self.log_bytes_stored = Counter(
-            "corral_log_bytes_stored_total", "Bytes of job output stored (retries not counted)", registry=registry
+            "corral_log_bytes_stored_total",
+            "Bytes of job output stored (retries not counted)",
+            registry=registry,
         )
         self.log_bytes_dropped = Counter(
             "corral_log_bytes_dropped_total",

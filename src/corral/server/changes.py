@@ -95,7 +95,14 @@ def save_checkpoint(
 
 
 def append_log(
-    store: Store, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes, now: float, max_bytes: int
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    offset: int,
+    data: bytes,
+    now: float,
+    max_bytes: int,
 ) -> LogAppended:
     """Append output of the current attempt at ``offset``; fenced like every report (409
     ``stale_attempt`` from another worker or attempt, and nothing written)."""

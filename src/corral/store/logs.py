@@ -136,7 +136,9 @@ class LogStore(GangStore):
         )
         if chunks and chunks[0][0] > start:
             start = dropped = int(chunks[0][0])
-        parts = [bytes(chunk)[max(0, start - chunk_start) : end - chunk_start] for chunk_start, chunk in chunks]
+        parts = [
+            bytes(chunk)[max(0, start - chunk_start) : end - chunk_start] for chunk_start, chunk in chunks
+        ]
         return LogSlice(job, which, start, size, dropped, b"".join(parts))
 
     def log_sizes(self, job_id: str) -> dict[int, tuple[int, int]]:

@@ -107,7 +107,9 @@ class FakeClient:
         if self.upload_error is not None:
             raise self.upload_error
 
-    def append_log(self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes) -> LogAppendedAnswer:
+    def append_log(
+        self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes
+    ) -> LogAppendedAnswer:
         if self.log_error is not None:
             raise self.log_error
         with self.lock:

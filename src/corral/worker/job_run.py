@@ -187,7 +187,12 @@ class JobRun:
             has_checkpoint = self._while_heartbeating(lambda: self._fetch_checkpoints(workspace))
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
             self._shipper = log_shipper.for_attempt(
-                self._client, self.job_id, self._worker_id, self.attempt, self._settings.heartbeat_s, self.fields
+                self._client,
+                self.job_id,
+                self._worker_id,
+                self.attempt,
+                self._settings.heartbeat_s,
+                self.fields,
             )
             try:
                 process = JobProcess(

@@ -43,7 +43,9 @@ Send = Callable[[int, bytes], int]
 
 
 def drop_note(count: int) -> bytes:
-    return f"\n[corral: {count} bytes of output dropped: written faster than they could be shipped]\n".encode()
+    return (
+        f"\n[corral: {count} bytes of output dropped: written faster than they could be shipped]\n".encode()
+    )
 
 
 class LogShipper:
@@ -121,7 +123,9 @@ class LogShipper:
             try:
                 size = self._send(self.offset, chunk)
             except ServerUnreachable as error:
-                logger.debug("log chunk not sent: server unreachable", extra={**self._fields, "error": str(error)})
+                logger.debug(
+                    "log chunk not sent: server unreachable", extra={**self._fields, "error": str(error)}
+                )
                 return False
             except ApiError as error:
                 if error.status >= 500:
@@ -194,6 +198,7 @@ class LogShipper:
                 return
             time.sleep(retry)
             retry = min(retry * 2, 5.0)
+
 
 def for_attempt(
     client: Client, job_id: str, worker_id: str, attempt: int, interval_s: float, fields: Mapping[str, Any]
