@@ -60,7 +60,7 @@ class LogStore(GangStore):
                 (job_id, attempt, now),
             )
             size, dropped = tx.execute(
-                f"SELECT size, dropped FROM job_logs WHERE job_id = ? AND attempt = ?{self.lock_clause_plain}",
+                "SELECT size, dropped FROM job_logs WHERE job_id = ? AND attempt = ?" + self.lock_clause_plain,
                 (job_id, attempt),
             )[0]
             if offset > size:
