@@ -59,9 +59,10 @@ class LogStore(GangStore):
                 " ON CONFLICT (job_id, attempt) DO NOTHING",
                 (job_id, attempt, now),
             )
+            lock = self.lock_clause_plain
+            key = (job_id, attempt)
             size, dropped = tx.execute(
-                "SELECT size, dropped FROM job_logs WHERE job_id = ? AND attempt = ?" + self.lock_clause_plain,
-                (job_id, attempt),
+                f"SELECT size, dropped FROM job_logs WHERE job_id = ? AND attempt = ?{lock}", key
             )[0]
             if offset > size:
                 raise errors.Conflict(
