@@ -140,9 +140,8 @@ def run(args: argparse.Namespace) -> int:
         f" worker drop notes in the kept bytes: {worker_notes}"
     )
     print(f"    corral_log_bytes_stored_total {harness.metric(metrics, 'corral_log_bytes_stored_total'):.0f}")
-    print(
-        f"    worker CPU during the run: {worker_cpu:.2f} s ({worker_cpu / ran['elapsed'] * 100:.0f}% of a core)"
-    )
+    share = worker_cpu / ran["elapsed"] * 100
+    print(f"    worker CPU during the run: {worker_cpu:.2f} s ({share:.0f}% of a core)")
     last = stored.text.endswith("THE-LAST-LINE\n")
     print(f"    the job's last line is in the store: {'yes' if last else 'NO'}")
     return 0 if ok and last and final["status"] == "done" else 1
