@@ -148,6 +148,12 @@ class GangSubmitted(Answer):
     tasks: list[str]
 
 
+class BatchSubmitted(Answer):
+    """``POST /jobs/batch``: each item a job, or a gang's id and task ids, in request order."""
+
+    items: list[JobAnswer | GangSubmitted]
+
+
 class EventAnswer(Answer):
     at: str
     from_status: str | None = Field(None, alias="from")
@@ -225,6 +231,24 @@ class HealthAnswer(Answer):
     instance_id: str
     uptime_s: float
     version: str
+
+
+class EmptyAnswer(Answer):
+    """``{}``: done, nothing to say."""
+
+
+class StatusAnswer(Answer):
+    """``/healthz`` and ``/readyz``: the process is up, the store answers."""
+
+    status: str
+
+
+class OpenApiAnswer(Answer):
+    """``GET /openapi.json``: an OpenAPI 3.1 document."""
+
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
 
 
 class ErrorDetail(Answer):

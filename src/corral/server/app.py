@@ -21,6 +21,7 @@ from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
+from corral.server import openapi
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
@@ -30,6 +31,15 @@ from corral.server.state import ServerState
 from corral.store import Store
 
 logger = logging.getLogger("corral.server")
+
+#: every route's description, for ``GET /openapi.json`` (each declared beside its route)
+DESCRIBED = [
+    *protocol.described,
+    *logs.described,
+    *jobs.described,
+    *workers.described,
+    *operations.described,
+]
 
 
 def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
@@ -91,6 +101,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.corral = state
+    app.state.openapi = openapi.build(DESCRIBED)
     app.state.loops = loops
     return app
 

@@ -22,8 +22,10 @@ from starlette.routing import Route
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import LEASED, TERMINAL
+from corral.protocol.answers import LogAppendedAnswer
 from corral.server import changes
 from corral.server.http import fence, json_response, query_int, read_body
+from corral.server.openapi import BYTES, FENCE, TEXT, Operation, integer, string
 from corral.server.state import ServerState, state_of
 from corral.store.base import LogSlice
 
@@ -94,7 +96,7 @@ async def read(request: Request) -> Response:
     if attempt is not None and attempt < 0:
         raise errors.InvalidRequest("query parameter attempt must be >= 0", field="attempt")
     offset = _non_negative(request, "offset")
-    follow = request.query_params.get("follow", "0").lower() in ("1", "true", "yes")
+    follow = request.query_params.get("follow", "0").lower() in ("1", "true")
     if not follow:
         piece = state.store.read_log(job_id, attempt, offset, READ_MAX_BYTES)
         return Response(piece.data, media_type=MEDIA_TYPE, headers=_headers(piece))
@@ -133,6 +135,37 @@ async def _follow(
         await asyncio.sleep(FOLLOW_POLL_S)
         piece = state.store.read_log(job_id, which, offset, FOLLOW_READ_BYTES)
 
+
+described = [
+    Operation(
+        "POST",
+        "/jobs/{job_id}/logs",
+        "append output of the current attempt at a byte offset (a retried chunk is stored once)",
+        "job protocol",
+        {200: LogAppendedAnswer},
+        body=BYTES,
+        body_required=False,
+        query=(*FENCE, integer("offset", "the byte of the attempt's stream the chunk starts at", True, 0)),
+        errors=(400, 404, 409, 413),
+    ),
+    Operation(
+        "GET",
+        "/jobs/{job_id}/logs",
+        "the output of an attempt (stdout and stderr as written); follow streams until it ends",
+        "jobs",
+        {200: TEXT},
+        query=(
+            integer("attempt", "which attempt (default: the latest)", minimum=0),
+            integer("offset", "the first byte to send", minimum=0),
+            string(
+                "follow",
+                "1: keep sending new output until the attempt ends",
+                enum=["0", "1", "true", "false"],
+            ),
+        ),
+        errors=(400, 404),
+    ),
+]
 
 routes = [
     Route("/jobs/{job_id}/logs", append, methods=["POST"]),
