@@ -22,6 +22,7 @@ from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
 from corral.server import openapi
+from corral.server.dashboard import routes as dashboard
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
@@ -39,6 +40,7 @@ DESCRIBED = [
     *jobs.described,
     *workers.described,
     *operations.described,
+    *dashboard.described,
 ]
 
 
@@ -92,7 +94,14 @@ def create_app(
         await loops.stop()
 
     app = Starlette(
-        routes=[*protocol.routes, *logs.routes, *jobs.routes, *workers.routes, *operations.routes],
+        routes=[
+            *protocol.routes,
+            *logs.routes,
+            *jobs.routes,
+            *workers.routes,
+            *operations.routes,
+            *dashboard.routes,
+        ],
         middleware=[Middleware(RequestIdMiddleware)],
         exception_handlers={
             errors.CorralError: corral_error_handler,

@@ -83,7 +83,7 @@ FENCE = (
 )
 
 #: a model (JSON), several (any of them), a media type (text, bytes, HTML) or None (no content)
-Answer = type[BaseModel] | tuple[type[BaseModel], ...] | str | None
+Answer = type[BaseModel] | tuple[type[BaseModel], ...] | tuple[str, ...] | str | None
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,16 @@ def _content(answer: Answer, refs: dict[type[BaseModel], dict[str, Any]]) -> dic
             {"type": "string", "format": "binary"} if answer == BYTES else {"type": "string"}
         )
         return {answer: {"schema": schema}}
+    if isinstance(answer, tuple) and all(isinstance(media_type, str) for media_type in answer):
+        return {
+            media_type: {"schema": {"type": "string"}} for media_type in answer if isinstance(media_type, str)
+        }
     if isinstance(answer, tuple):
-        return {"application/json": {"schema": {"anyOf": [refs[model] for model in answer]}}}
+        return {
+            "application/json": {
+                "schema": {"anyOf": [refs[model] for model in answer if isinstance(model, type)]}
+            }
+        }
     return {"application/json": {"schema": refs[answer]}}
 
 

@@ -335,6 +335,16 @@ class SqlStore(abc.ABC):
         rows = self._read().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status")
         return {status: count for status, count in rows}
 
+    def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Pool -> status -> (jobs, GPUs they ask for): the dashboard's pools page, one query."""
+        rows = self._read().execute(
+            "SELECT pool, status, COUNT(*), SUM(gpus) FROM jobs GROUP BY pool, status"
+        )
+        pools: dict[str, dict[str, tuple[int, int]]] = {}
+        for pool, status, count, gpus in rows:
+            pools.setdefault(pool, {})[status] = (int(count), int(gpus or 0))
+        return pools
+
     # --- the job protocol ----------------------------------------------------------------
 
     def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None:
