@@ -93,7 +93,7 @@ class Operation:
     ``body``: a model (a JSON object body), ``BYTES`` (raw bytes) or None; ``body_required``: False
     for a body that may be left out. ``answers``: status -> a model (JSON), a media type (text,
     bytes, HTML) or None (no content). ``errors``: the error statuses the route answers (the
-    envelope), besides 500 which every route may.
+    envelope), besides 400 and 500 which every route may.
     """
 
     method: str
@@ -167,7 +167,8 @@ def build(operations: Sequence[Operation], title: str = "corral") -> dict[str, A
             if content is not None:
                 response["content"] = content
             responses[str(status)] = response
-        for status in sorted({*operation.errors, 500}):
+        # 400 (a NUL in the path or query is refused before any route) and 500: any route
+        for status in sorted({*operation.errors, 400, 500}):
             responses.setdefault(
                 str(status),
                 {"description": ERRORS.get(status, "error"), "content": _content(ErrorAnswer, refs)},
