@@ -1,6 +1,7 @@
 // corral dashboard: live updates without a framework (no build step, no external requests).
 // 1. #live[data-live=N]: every N seconds, the page's live part is fetched again (?partial=1) and
-//    swapped in, unless the user is typing in it or it is unchanged.
+//    swapped in, unless the user is typing in it or it is unchanged; the log viewer inside it is
+//    kept as it is.
 // 2. #log[data-job]: the job's output, fetched from GET /jobs/{id}/logs from where the last read
 //    ended, decoded as a stream (a character split across two reads stays whole), appended as text.
 (function () {
@@ -24,8 +25,18 @@
         .then(function (response) { return response.ok ? response.text() : null; })
         .then(function (html) {
           if (html !== null && html !== last) {
+            // the log keeps its node (and what it has read so far) across the swap
+            var kept = ["log", "log-state"].map(function (id) { return document.getElementById(id); });
+            var scrolls = kept.map(function (node) { return node ? node.scrollTop : 0; });
             live.innerHTML = html;
             last = html;
+            kept.forEach(function (node, index) {
+              var fresh = node && document.getElementById(node.id);
+              if (fresh && fresh !== node) {
+                fresh.replaceWith(node);
+                node.scrollTop = scrolls[index];  // a node put back in the page starts at the top
+              }
+            });
             document.dispatchEvent(new CustomEvent("corral:updated"));
           }
         })
