@@ -71,7 +71,9 @@ def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     opened.set_default_timeout(15_000)
     opened.console_errors = []
     opened.foreign_requests = []
-    opened.on("console", lambda message: message.type == "error" and opened.console_errors.append(message.text))
+    opened.on(
+        "console", lambda message: message.type == "error" and opened.console_errors.append(message.text)
+    )
 
     def watch(outgoing: Any) -> None:
         host = urlsplit(outgoing.url).hostname

@@ -5,8 +5,6 @@ running job cancelled from its page; the pages work from the keyboard and ask fo
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
 import pytest
 from playwright.sync_api import expect
 
@@ -54,9 +52,13 @@ def test_every_page_loads(page, server, client: Client, start_worker):
     assert_clean(page)
 
 
-def test_a_job_from_pending_to_done_with_its_logs_live(page, server, client: Client, start_worker, tmp_path: Path):
+def test_a_job_from_pending_to_done_with_its_logs_live(
+    page, server, client: Client, start_worker, tmp_path: Path
+):
     gate = tmp_path / "gate"
-    command = f"echo first line; while [ ! -e {gate} ]; do sleep 0.1; done; echo second line; echo to stderr >&2"
+    command = (
+        f"echo first line; while [ ! -e {gate} ]; do sleep 0.1; done; echo second line; echo to stderr >&2"
+    )
     job = client.submit({"command": command, "name": "watched"})
     page.goto(f"{server.url}/ui/jobs/{job['id']}")
     expect(page.locator(".job-head .status")).to_have_text("pending")
