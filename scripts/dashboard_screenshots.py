@@ -19,6 +19,8 @@ from playwright.sync_api import sync_playwright
 
 from corral.client import Client
 
+TRAIN = 'for i in $(seq 1 400); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
+
 
 def start(arguments: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -37,7 +39,9 @@ def wait(check, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     args = parser.parse_args()
@@ -51,7 +55,7 @@ def main() -> int:
         assert server.stdout is not None
         url = server.stdout.readline().decode().split("listening on ")[1].split()[0]
         for name in ("node-a", "node-b"):
-            children.append(
+            children.append(  # noqa: PERF401
                 start(
                     [
                         "worker", "--server", url, "--worker-id", name, "--gpus", "4", "--vram-mb", "81920",
@@ -67,19 +71,16 @@ def main() -> int:
             client.submit({"command": "echo oops >&2; exit 3", "name": "broken", "max_retries": 1})
             train = client.submit(
                 {
-                    "command": "for i in $(seq 1 400); do echo \"step $i loss $(( 1000 / i ))\"; sleep 0.05; done",
+                    "command": TRAIN,
                     "name": "train-llm",
                     "resources": {"gpus": 2, "vram_mb": 40000},
                     "pool": "team-a",
                 }
             )
-            client.submit(
-                {"command": "sleep 600", "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}, "pool": "team-b"}
-            )
+            team_b = {"command": "sleep 600", "pool": "team-b"}
+            client.submit({**team_b, "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}})
             for index in range(3):
-                client.submit(
-                    {"command": "sleep 600", "name": f"sweep-{index}", "resources": {"gpus": 4}, "pool": "team-b"}
-                )
+                client.submit({**team_b, "name": f"sweep-{index}", "resources": {"gpus": 4}})
             wait(lambda: client.get_job(train["id"])["status"] == "running")
             time.sleep(4)
             with sync_playwright() as playwright:

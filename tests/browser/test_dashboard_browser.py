@@ -5,6 +5,8 @@ running job cancelled from its page; the pages work from the keyboard and ask fo
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
 import pytest
 from playwright.sync_api import expect
 
