@@ -96,3 +96,19 @@ def test_follow_streams_new_output_and_ends_with_the_attempt(server, api):
     reader.join(timeout=5)
     assert not reader.is_alive()
     assert b"".join(received) == b"hello\nworld\n"
+
+
+def test_the_reaper_removes_logs_past_retention(server, settings, clock, api):
+    settings.retention_days = 1
+    register(api)
+    submit(api)
+    job = claim(api)
+    send(api, job, 0, b"kept a day\n")
+    params = {"worker_id": job["worker_id"], "attempt": job["attempt"]}
+    api.post(f"/jobs/{job['id']}/done", params=params).raise_for_status()
+    server.reap()
+    assert api.get(f"/jobs/{job['id']}/logs").text == "kept a day\n"
+    clock.advance(86400 + 3600)
+    server.reap()
+    assert api.get(f"/jobs/{job['id']}/logs").text == ""
+    assert api.get(f"/jobs/{job['id']}").status_code == 200  # the job itself stays

@@ -75,3 +75,22 @@ def test_follow_prints_new_output_and_ends_with_the_attempt(server, api, capsys)
     writer.join()
     assert (code, out) == (0, "one\ntwo\n")
     assert time.monotonic() - started < 5
+
+
+def test_follow_of_a_gang_prefixes_ranks_and_ends_when_every_rank_ends(server, api, capsys):
+    gang, tasks = admitted_and_running(api, server)
+    send(api, tasks[0], 0, b"zero starts\n")
+
+    def later():
+        time.sleep(0.6)
+        send(api, tasks[1], 0, b"one says hi\npartial")
+        time.sleep(0.3)
+        for task in tasks:
+            report(api, task)
+
+    writer = threading.Thread(target=later)
+    writer.start()
+    code, out, _ = corral(server, capsys, "logs", gang["gang_id"], "-f")
+    writer.join()
+    assert code == 0
+    assert sorted(out.splitlines()) == ["[rank 0] zero starts", "[rank 1] one says hi", "[rank 1] partial"]
