@@ -287,7 +287,13 @@ class JobRun:
         and the epoch to ack (None: no ack, the report is done, fail or a watchdog trip)."""
         tail = process.finish()
         if self._shipper is not None:
-            self._shipper.close()  # the whole output, before the report ends the attempt
+            with self._lock:
+                lost = self._reason == StopReason.LOST
+            # The whole output, before the report ends the attempt (nothing more for a lost job).
+            if lost:
+                self._shipper.abandon()
+            else:
+                self._shipper.close()
         with self._lock:
             stopper = self._stopper
         if stopper is not None:
