@@ -9,14 +9,15 @@ the worker is not draining it fast enough). Two runs of the same writer:
 2. **corral**: the writer as a job of a real ``corral worker`` against a real ``corral server``: its
    output read by the worker, handed to the log shipper and sent to the server in chunks.
 
-Printed per run: the rate the job achieved, its write latency p50 / p99 / max, the time it spent
-blocked in writes, and for the corral run what reached the store (bytes stored, dropped by the
+Printed per run: the rate the job achieved, its write latency p50 / p99 / max, the share of its
+time spent in writes, and for the corral run what reached the store (bytes stored, dropped by the
 server's cap, dropped by the worker's buffer) and the worker's CPU.
 
     .venv/bin/python bench/log_throughput.py [--rate 50] [--seconds 10] [--db sqlite|postgres]
 
-Target: the job achieves at least 98% of ``--rate`` and spends under 2% of its time blocked in
-writes; the last bytes it wrote are in the store when it is done.
+Target: the job achieves at least 98% of ``--rate``, no write of it takes 10 ms or more (a job
+blocked on a full pipe would wait until the worker catches up), and the last bytes it wrote are in
+the store when it is done.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pathlib import Path
 import harness
 import machine
 from corral.client import Client
+
+MAX_WRITE_MS = 10.0
 
 WRITER = r"""
 import json, os, sys, time
@@ -70,8 +73,11 @@ def summarize(label: str, stats: dict, rate: float) -> bool:
         f"    write latency p50 {harness.percentile(latencies, 50) * 1e6:.0f} us,"
         f" p99 {harness.percentile(latencies, 99) * 1e6:.0f} us, max {latencies[-1] * 1e3:.1f} ms"
     )
-    print(harness.figure("    time blocked in writes", blocked_share * 100, "%", 2.0, at_least=False))
-    return achieved >= rate * 0.98 and blocked_share < 0.02
+    print(harness.figure("    longest write", latencies[-1] * 1e3, "ms", MAX_WRITE_MS, at_least=False))
+    print(
+        f"    time in writes {blocked_share * 100:.1f}% (the syscalls, and waiting for a CPU on a busy box)"
+    )
+    return achieved >= rate * 0.98 and latencies[-1] * 1e3 < MAX_WRITE_MS
 
 
 def baseline(directory: Path, rate: float, seconds: float) -> dict:
