@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.store.pools import PoolStore
+from corral.store.logs import LogStore
 from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
@@ -70,7 +70,7 @@ def _unavailable_on_connection_loss() -> Iterator[None]:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
-class PostgresStore(PoolStore):
+class PostgresStore(LogStore):
     dialect = "postgresql"
     blob_type = "BYTEA"
     lock_clause = " FOR UPDATE SKIP LOCKED"

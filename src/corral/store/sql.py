@@ -4,10 +4,9 @@ claim and the job heartbeat, written once.
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
 ``OperationsStore`` (workers, the reaper's reads, the dead-worker flag) -> ``GangStore``
 (reservations, checkpoints, holds, leadership) -> ``PoolStore`` (pool settings and usage) ->
-``SqliteStore`` / ``PostgresStore``. A backend
-supplies a connection, a transaction context and its dialect's few differences (placeholders, row
-locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites
-them once.
+``LogStore`` (job logs) -> ``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a
+transaction context and its dialect's few differences (placeholders, row locks, introspection).
+Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites them once.
 
 The store decides nothing about a job's next status: ``change`` locks the rows a decision needs
 (the job, and its gang's in id order), hands them to a decision function of ``corral.core`` passed
@@ -337,6 +336,16 @@ class SqlStore(abc.ABC):
     def count_jobs_by_status(self) -> dict[str, int]:
         rows = self._read().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status")
         return {status: count for status, count in rows}
+
+    def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Pool -> status -> (jobs, GPUs they ask for): the dashboard's pools page, one query."""
+        rows = self._read().execute(
+            "SELECT pool, status, COUNT(*), SUM(gpus) FROM jobs GROUP BY pool, status"
+        )
+        pools: dict[str, dict[str, tuple[int, int]]] = {}
+        for pool, status, count, gpus in rows:
+            pools.setdefault(pool, {})[status] = (int(count), int(gpus or 0))
+        return pools
 
     # --- the job protocol ----------------------------------------------------------------
 
