@@ -3,6 +3,8 @@ error envelope; the document is valid OpenAPI 3.1 (Schemathesis loads it: test_s
 
 from __future__ import annotations
 
+import re
+
 from starlette.routing import Route
 
 from corral.protocol.answers import JobAnswer
@@ -16,8 +18,8 @@ def app_routes(app) -> set[tuple[str, str]]:
     for route in app.routes:
         assert isinstance(route, Route), route
         for method in route.methods or ():
-            if method != "HEAD":
-                found.add((method, route.path))
+            if method != "HEAD":  # "{path:path}" is "{path}" in OpenAPI's templating
+                found.add((method, re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)))
     return found
 
 

@@ -39,6 +39,7 @@ DESCRIBED = [
     *logs.described,
     *jobs.described,
     *workers.described,
+    *pools.described,
     *operations.described,
     *dashboard.described,
 ]
