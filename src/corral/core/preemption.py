@@ -35,7 +35,18 @@ cost, its size, the worker id); a gang preemptor gets room for every task or nob
 in all at most ``max_victims`` units. The units are put back once more over the whole set, so no
 unit is stopped that P does not need. If no set exists, P waits and its reason says why.
 
-The loop applies each ``Preemption`` in one transaction (``decide_preemption``): the victims go
+**Speed.** Worker sets are computed once per preemptor shape (class, request, constraints) and only
+as far as needed: workers in the order of a lower bound of their best set's key, no further than
+the preemptor's class allows, at most ``SEARCH_LIMIT`` sets per preemptor (``bench/admission.py``:
+2,000 busy workers, 600 preemptors).
+
+**Room already coming free.** Victims of earlier cycles still stopping hold room that is theirs no
+more: a preemptor that fits there is reserved on it without a new victim. A preemptor that fits on
+free room is left to the claim (single jobs) or the next cycle, its room set aside in the plan's
+books so that no lower preemptor counts on it. Work no preemption could take back is refused room
+on borrowed capacity (``corral.core.borrowing``), and tried once more at the end of the plan.
+
+The loop applies each ``Preemption`` in one transaction (``start_preemption``): the victims go
 ``preempting`` (each with the job or gang it is stopped for, and, when it checkpoints, its checkpoint
 phase), and P is reserved on the capacity they hold, with ``victims_deadline``: the claim starts it
 once they have left, and its reservation does not expire before then. No lower job slips in while
@@ -236,7 +247,6 @@ class _Unit:
     #: worker id -> what the unit frees there (resources, GPU indices)
     frees: dict[str, tuple[Resources, tuple[int, ...]]]
     borrowed: bool
-    checkpoints: bool
 
 
 @dataclass(slots=True)
@@ -671,7 +681,7 @@ class _Planner:
             worker_id,
         )
         version = self.versions.get(worker_id, 0)
-        return _WorkerSet(worker_id, tuple(taken), have, _tasks_fitting(freed, request), key, version)
+        return _WorkerSet(worker_id, tuple(taken), key, version)
 
     def _put_back(self, chosen: list[_Unit], workers: set[str], request: Resources, size: int) -> list[_Unit]:
         """Across the whole set, drop every unit P's tasks fit without (most expensive first)."""
@@ -806,9 +816,6 @@ class _Planner:
 class _WorkerSet:
     worker_id: str
     units: tuple[_Unit, ...]
-    #: tasks of the preemptor the worker holds before and once the units are gone
-    had: int
-    tasks: int
     key: tuple[int, float, int, str]
     #: the worker's version when the set was computed (``_Planner.versions``): stale once it moved
     version: int
@@ -899,7 +906,6 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             pool=first.spec.pool,
             frees=frees,
             borrowed=any(job.id in borrowed for job in jobs),
-            checkpoints=first.spec.checkpoint_mode != "none",
         )
     return units
 
