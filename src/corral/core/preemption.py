@@ -1019,16 +1019,8 @@ def start_preemption(
     else:
         worker_id, indices = placements[first.id]
         transitions.append(
-            move(
-                first,
-                now,
-                Reason("reserved", why.format(worker=worker_id)),
-                status=Status.RESERVED,
-                worker_id=worker_id,
-                gpu_indices=indices,
-                reservation_epoch=first.reservation_epoch + 1,
-                reserved_at=now,
-                victims_deadline=preemption.victims_deadline,
+            drain.reserve_one(
+                first, worker_id, indices, now, why, victims_deadline=preemption.victims_deadline
             )
         )
     moved = [transition.after for transition in transitions]
