@@ -109,6 +109,10 @@ class JobAnswer(Answer):
     cancel_requested: bool = False
     gpu_util_pct: float | None = None
     rss_mb: float | None = None
+    preempted_for: str | None = None
+    checkpoint_deadline: str | None = None
+    last_checkpoint_at: str | None = None
+    checkpoint_failures: int = 0
 
 
 class GangCheckpoint(Answer):
