@@ -50,6 +50,9 @@ def test_a_class_7_job_takes_a_class_2_jobs_gpu_which_checkpoints_stops_and_resu
     preemptor = job_of(api, high["id"])
     assert (preemptor["status"], preemptor["worker_id"], preemptor["gpu_indices"]) == ("reserved", "w1", [0])
     assert claim(api, "w1").status_code == 204, "the preemptor waits until its victim has left the GPU"
+    assert (victim["preempted_for"], victim["checkpoint_failures"]) == (high["id"], 0)
+    page = api.get(f"/ui/jobs/{low['id']}").text
+    assert f"Being stopped for <code>{high['id']}</code>" in page, "the dashboard says it too"
 
     answer = beat(api, low)
     assert answer["action"] == "checkpoint" and answer["preemption_epoch"] == 1
