@@ -45,8 +45,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
     return report
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium under Playwright's sync API for one module: while it runs, an asyncio loop runs in
+    the main thread, which ``asyncio.run`` in later tests could not share."""
     if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
         message = f"Chromium is not at {CHROMIUM}: apt-get install -y chromium"
         if os.environ.get("CORRAL_REQUIRE_BROWSER") == "1":
