@@ -869,33 +869,46 @@ class _Shape:
 def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
     """The victim candidates: running single jobs and gangs with every task started or reserved and
     none being stopped, on usable workers, that nothing protects (``non_preemptible``)."""
-    now, settings = inputs.now, inputs.settings
-    groups: dict[str, list[Job]] = {}
-    for job in inputs.holding:
-        groups.setdefault(job.gang_id or job.id, []).append(job)
-    borrowed = _borrowed(inputs.holding, inputs.pools)
+    now, near = inputs.now, inputs.settings.near_completion_s
+    pools = inputs.pools
+    gangs: dict[str, list[Job]] = {}
+    borrowed = _borrowed(inputs.holding, pools)
     units: dict[str, _Unit] = {}
-    for key, jobs in groups.items():
-        if any(job.status != Status.RUNNING for job in jobs if job.gang_id is None):
+    for job in inputs.holding:
+        if job.gang_id is not None:
+            gangs.setdefault(job.gang_id, []).append(job)
             continue
+        # a single job: the common case, kept cheap (a cycle may see tens of thousands)
+        if job.status != Status.RUNNING or job.victims_deadline is not None or job.worker_id not in free:
+            continue
+        if non_preemptible(job, now, near, pools.get(job.spec.pool)):
+            continue
+        units[job.id] = _Unit(
+            key=job.id,
+            jobs=(job,),
+            preemption_class=job.spec.preemption_class,
+            cost=cost(job, now),
+            started_at=job.started_at or now,
+            pool=job.spec.pool,
+            frees={job.worker_id or "": (job.spec.resources, job.gpu_indices)},
+            borrowed=job.id in borrowed,
+        )
+    for key, jobs in gangs.items():
+        first = jobs[0]
+        if len(jobs) != first.spec.gang_size:
+            continue  # a gang partly ended or partly waiting is not taken apart
         if any(job.status == Status.PREEMPTING or job.victims_deadline is not None for job in jobs):
             continue
-        if not any(job.status == Status.RUNNING for job in jobs):
-            continue
-        if any(job.worker_id not in free for job in jobs):
-            continue
-        first = jobs[0]
-        if first.gang_id is not None and len(jobs) != first.spec.gang_size:
-            continue  # a gang partly ended or partly waiting is not taken apart
-        if any(
-            non_preemptible(job, now, settings.near_completion_s, inputs.pools.get(job.spec.pool))
-            for job in jobs
+        if not any(job.status == Status.RUNNING for job in jobs) or any(
+            job.worker_id not in free for job in jobs
         ):
+            continue
+        if any(non_preemptible(job, now, near, pools.get(job.spec.pool)) for job in jobs):
             continue
         frees: dict[str, tuple[Resources, tuple[int, ...]]] = {}
         for job in jobs:
             worker_id = job.worker_id or ""
-            resources, indices = frees.get(worker_id, (Resources(), ()))
+            resources, indices = frees.get(worker_id, (ZERO, ()))
             frees[worker_id] = (_plus(resources, job.spec.resources), indices + job.gpu_indices)
         units[key] = _Unit(
             key=key,
