@@ -53,6 +53,10 @@ class ServerSettings(BaseSettings):
         600.0, gt=0, description="a preemption victim's checkpoint phase (extended by half, once)"
     )
     max_deferral_s: float = Field(300.0, ge=0, description="extra checkpoint time a victim may ask for")
+    log_max_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="job output kept per attempt (past it the oldest bytes go)"
+    )
+    retention_days: float = Field(14.0, gt=0, description="logs of jobs that ended this long ago are removed")
     log_level: str = Field("info", description="debug, info, warning or error")
     # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
     starvation_timeout_s: float = Field(

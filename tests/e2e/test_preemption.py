@@ -89,3 +89,36 @@ def test_a_class_7_job_takes_the_gpu_and_the_class_2_job_checkpoints_then_resume
 
 def _read(path: Path) -> str | None:
     return path.read_text() if path.exists() and path.read_text() else None
+
+
+def test_a_gang_of_three_is_made_room_for_by_exactly_the_minimal_set(
+    start_server, start_worker, tmp_path: Path
+) -> None:
+    """Four one-GPU workers, three running class-2 jobs: a class-7 gang of three needs the idle
+    worker and two victims, the newest (cheapest) two; the oldest runs on untouched."""
+    server = start_server(*FAST_SERVER_FLAGS)
+    for index in range(4):
+        start_worker(server.url, f"w{index}", *GPU_WORKER_FLAGS)
+    with Client(server.url) as client:
+        wait_for(lambda: len(client.workers()) == 4, 10, "four workers")
+        lows = []
+        for index in range(3):
+            job = client.submit(
+                {"command": f"echo $CORRAL_ATTEMPT >> {tmp_path}/low-{index}; exec sleep 60",
+                 "resources": {"gpus": 1}, "preemption_class": 2}
+            )["id"]  # fmt: skip
+            wait_status(client, job, {"running"}, 10)
+            lows.append(job)
+        gang = client.submit(
+            {"command": f"echo $RANK > {tmp_path}/rank-$RANK", "gang_size": 3, "resources": {"gpus": 1},
+             "preemption_class": 7}
+        )  # fmt: skip
+        for rank in range(3):
+            wait_for(lambda rank=rank: (tmp_path / f"rank-{rank}").exists(), 20, f"rank {rank} to run")
+        preempted = [job for job in lows if client.get_job(job)["preempted_count"] == 1]
+        assert preempted == lows[1:], "exactly the two newest were preempted"
+        assert (tmp_path / "low-0").read_text().split() == ["1"], "the oldest was never touched"
+        tasks = client.gang(gang["gang_id"]).tasks
+        assert len({task.worker_id for task in tasks}) == 3
+        for job in lows:
+            client.cancel(job)

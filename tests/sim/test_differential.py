@@ -22,7 +22,7 @@ import pytest
 from corral.config import ServerSettings
 from corral.sim import engine
 from corral.sim.policy import CORRAL
-from corral.sim.readers import uniform_cluster
+from corral.sim.readers import pool_settings, uniform_cluster
 from corral.sim.workload import Scenario, SimSettings, Workload, WorkloadJob
 from corral.store import open_store
 from corral.testing.clock import FakeClock
@@ -42,11 +42,25 @@ WORKLOAD = (
     WorkloadJob("f", 34, 60, 1, preemption_class=2),
     WorkloadJob("k", 52, 80, 2, preemption_class=6, checkpoint="manual"),
 )
+#: pools with guarantees: pool "big" borrows "small"'s share, which "small" reclaims; work no
+#: preemption could take back (class 8, no checkpoint) is refused borrowed capacity
+POOLS = {"small": {"guarantee": {"gpus": 2}}, "big": {"guarantee": {"gpus": 4}}}
+POOLED = (
+    WorkloadJob("b1", 0, 300, 2, pool="big", preemption_class=4, checkpoint="auto"),
+    WorkloadJob("b2", 1, 300, 2, pool="big", preemption_class=4),
+    WorkloadJob("b3", 2, 250, 2, pool="big", preemption_class=3, checkpoint="auto"),
+    WorkloadJob("s1", 20, 100, 2, pool="small", preemption_class=3),
+    WorkloadJob("u1", 30, 60, 2, pool="big", preemption_class=8),
+    WorkloadJob("s2", 40, 50, 1, pool="small", preemption_class=5, checkpoint="manual"),
+    WorkloadJob("bg", 45, 80, 1, gang_size=2, pool="big", preemption_class=6),
+)
+CASES = {"classes-and-gangs": (WORKLOAD, {}), "pools-reclaim-and-borrowing": (POOLED, POOLS)}
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
 
 
-def simulated() -> list[tuple[float, str, str, str]]:
-    scenario = Scenario(Workload(WORKLOAD), uniform_cluster(3, 2), settings=SETTINGS)
+def simulated(workload: tuple[WorkloadJob, ...], pools: dict) -> list[tuple[float, str, str, str]]:
+    settings = {path: pool_settings(body) for path, body in pools.items()}
+    scenario = Scenario(Workload(workload), uniform_cluster(3, 2), settings, SETTINGS)
     record = engine.run(scenario, CORRAL, record_decisions=True)
     return sorted(_comparable(at, status, job, worker) for at, status, job, worker in record.decisions)
 
@@ -58,12 +72,15 @@ def _comparable(at: float, status: str, job: str, worker: str) -> tuple[float, s
 class Driver:
     """Workers and jobs around a live server, by the simulator's model of them."""
 
-    def __init__(self, api: httpx.Client, server: ServerThread, clock: FakeClock) -> None:
+    def __init__(
+        self, api: httpx.Client, server: ServerThread, clock: FakeClock, workload: tuple[WorkloadJob, ...]
+    ) -> None:
         self.api, self.server, self.clock = api, server, clock
+        self.workload = workload
         self.events: list[tuple[float, int, int, tuple[object, ...]]] = []
         self.seq = 0
         self.names: dict[str, str] = {}  # server job id -> workload id (".rank" for gang tasks)
-        self.work = {job.job_id: job for job in WORKLOAD}
+        self.work = {job.job_id: job for job in workload}
         self.kept: dict[str, float] = {}
         self.phase_saved: dict[str, float] = {}
         self.uploaded: dict[str, float] = {}
@@ -83,7 +100,7 @@ class Driver:
         self.clock.advance(time - self.now)
 
     def run(self, until: float) -> None:
-        for job in WORKLOAD:
+        for job in self.workload:
             self.at(job.submit_time, SUBMIT, (job,))
         tick, next_tick = SETTINGS.admission_tick_s, 0.0
         while next_tick <= until:
@@ -151,6 +168,7 @@ class Driver:
                 "resources": {"gpus": work.gpus},
                 "preemption_class": work.preemption_class,
                 "checkpoint": work.checkpoint,
+                "pool": work.pool,
             }
             created = self.api.post("/jobs", json=body)
             assert created.status_code == 201, created.text
@@ -227,12 +245,19 @@ def live(tmp_path) -> Iterator[tuple[httpx.Client, ServerThread, FakeClock]]:
     store.close()
 
 
-def test_the_server_and_the_simulator_decide_the_same(live) -> None:
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_server_and_the_simulator_decide_the_same(live, case) -> None:
     api, server, clock = live
-    expected = simulated()
-    driver = Driver(api, server, clock)
+    workload, pools = CASES[case]
+    for path, body in pools.items():
+        assert api.put(f"/pools/{path}", json=body).status_code in (200, 201)
+    expected = simulated(workload, pools)
+    driver = Driver(api, server, clock, workload)
     driver.run(until=max(at for at, _, _, _ in expected) + SETTINGS.admission_tick_s)
     got = driver.decisions()
     assert got == expected
     statuses = {status for _, status, _, _ in expected}
     assert {"preempting", "preempted", "reserved", "blocked", "done"} <= statuses, "the workload covers them"
+    assert {job.job_id for job in workload} <= {
+        job.split(".")[0] for _, status, job, _ in expected if status == "done"
+    }

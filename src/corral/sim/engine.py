@@ -150,6 +150,13 @@ class Engine:
         self.seq = 0
         self.record = Record()
         self.allocated_gpus = 0
+        self.held_by_pool: dict[str, int] = {}
+        #: the stored pools' guaranteed GPUs (the store's ``pools`` rows with a GPU guarantee)
+        self.guaranteed = {
+            path: settings.guarantee.gpus
+            for path, settings in scenario.pools.items()
+            if settings.guarantee is not None and settings.guarantee.gpus > 0
+        }
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -397,6 +404,13 @@ class Engine:
             if not candidates:
                 return False
             chosen = PLACEMENT.choose(worker, capacity, candidates, holds, self.now)
+            while chosen is not None and PLACEMENT.unreclaimable(chosen[0]):
+                # The store's rule: work no preemption could take back does not start on
+                # borrowed capacity (``corral.core.borrowing``), decided on the whole cluster.
+                if PLACEMENT.may_borrow(chosen[0], *self._borrowing_view()):
+                    break
+                candidates = [job for job in candidates if job.id != chosen[0].id]
+                chosen = PLACEMENT.choose(worker, capacity, candidates, holds, self.now)
             if chosen is not None:
                 job, indices = chosen
                 started = PLACEMENT.start(job, worker.id, indices, self.now)
@@ -406,6 +420,14 @@ class Engine:
                 return True
             offset += page
             page = min(page * 8, CLAIM_MAX_PAGE)
+
+    def _borrowing_view(self) -> tuple[int, dict[str, int], dict[str, int]]:
+        """What the store's claim reads for the borrowing rule: GPUs free on the (usable) workers,
+        each stored pool's guaranteed GPUs, the GPUs each pool's jobs hold."""
+        if not self.guaranteed:
+            return 0, {}, {}
+        free = self.scenario.cluster.gpus - self.allocated_gpus
+        return free, self.guaranteed, {pool: gpus for pool, gpus in self.held_by_pool.items() if gpus}
 
     def _fitting(self, free: Resources) -> Iterable[Job]:
         """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
@@ -682,6 +704,7 @@ class Engine:
             return
         gpus = after.spec.resources.gpus * (1 if now_holds else -1)
         self.allocated_gpus += gpus
+        self.held_by_pool[after.spec.pool] = self.held_by_pool.get(after.spec.pool, 0) + gpus
         self.record.allocation.append((self.now, after.spec.pool, gpus))
 
     def _note(self, kind: str, job: Job) -> None:

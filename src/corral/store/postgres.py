@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.store.pools import PoolStore
+from corral.store.logs import LogStore
 from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
@@ -70,7 +70,7 @@ def _unavailable_on_connection_loss() -> Iterator[None]:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
-class PostgresStore(PoolStore):
+class PostgresStore(LogStore):
     dialect = "postgresql"
     blob_type = "BYTEA"
     lock_clause = " FOR UPDATE SKIP LOCKED"
@@ -160,8 +160,11 @@ class PostgresStore(PoolStore):
             if self._leading_connection is not connection:
                 self._leading_connection, self._leading = connection, set()
             if loop not in self._leading:
+                # Advisory locks are database-wide: the key names the schema too, so that two corral
+                # deployments in two schemas of one database each elect their own leaders.
+                schema = self._tx.execute("SELECT current_schema()")[0][0]
                 rows = self._tx.execute(
-                    "SELECT pg_try_advisory_lock(?, ?)", (_LOOP_LOCK_SPACE, _loop_key(loop))
+                    "SELECT pg_try_advisory_lock(?, ?)", (_LOOP_LOCK_SPACE, _loop_key(f"{schema}.{loop}"))
                 )
                 if rows[0][0]:
                     self._leading.add(loop)

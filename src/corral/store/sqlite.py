@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.domain import errors
-from corral.store.pools import PoolStore
+from corral.store.logs import LogStore
 from corral.store.schema import Column, Index
 
 
@@ -35,7 +35,7 @@ class _SqliteTransaction:
             self._connection.executemany(sql, rows)
 
 
-class SqliteStore(PoolStore):
+class SqliteStore(LogStore):
     dialect = "sqlite"
     blob_type = "BLOB"
     # Without statistics SQLite sorts every pending row through jobs_status_submitted; the queue

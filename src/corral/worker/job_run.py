@@ -25,6 +25,9 @@ A ``checkpoint`` answer (epoch N) starts that epoch's checkpoint phase once
 epoch N; the ``preempt`` answer that follows is an ordinary stop. The heartbeats carry what the
 server needs meanwhile: ``checkpoint_at`` (when the job last saved) always, ``defer_s`` once per
 request for more time the job makes during the phase.
+
+The job's output goes to the server as it is written (``corral.worker.log_shipper``), and what is
+left of it once the process ended before the checkpoint upload and the report.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any, TypeVar
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints
+from corral.worker import checkpoints, log_shipper
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
@@ -114,6 +117,7 @@ class JobRun:
         self._reason: StopReason | None = None
         self._epoch: int | None = None
         self._process: JobProcess | None = None
+        self._shipper: log_shipper.LogShipper | None = None
         self._stopper: threading.Thread | None = None
         self._workspace: JobWorkspace | None = None
         self._uploads: checkpoints.AttemptUploads | None = None
@@ -214,6 +218,14 @@ class JobRun:
             # Transfers can take a while for a large gang: the lease must outlive them too.
             has_checkpoint = self._while_heartbeating(lambda: self._fetch_checkpoints(workspace))
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
+            self._shipper = log_shipper.for_attempt(
+                self._client,
+                self.job_id,
+                self._worker_id,
+                self.attempt,
+                self._settings.heartbeat_s,
+                self.fields,
+            )
             try:
                 process = JobProcess(
                     self.command,
@@ -221,6 +233,7 @@ class JobRun:
                     self._settings.output_tail_bytes,
                     self._settings.preempt_grace_s,
                     self.fields,
+                    on_output=self._shipper.write,
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
@@ -252,12 +265,16 @@ class JobRun:
             with self._lock:
                 lost = self._reason == StopReason.LOST
             if not lost and not self._reported:
+                if self._shipper is not None:
+                    self._shipper.close()
                 if self._process is not None:
                     self._upload_after_error()
                 self._report_failure(None, f"worker error: {error}", "")
         finally:
             if self._watch is not None:
                 self._watch.stop()
+            if self._shipper is not None:
+                self._shipper.abandon()
             if workspace is not None:
                 workspace.remove()
             self.finished.set()
@@ -303,6 +320,14 @@ class JobRun:
         checkpoint the job wrote, however the attempt ended (unless the job was lost). The tail,
         and the epoch to ack (None: no ack, the report is done, fail or a watchdog trip)."""
         tail = process.finish()
+        if self._shipper is not None:
+            with self._lock:
+                lost = self._reason == StopReason.LOST
+            # The whole output, before the report ends the attempt (nothing more for a lost job).
+            if lost:
+                self._shipper.abandon()
+            else:
+                self._shipper.close()
         with self._lock:
             stopper = self._stopper
         if stopper is not None:

@@ -11,11 +11,12 @@ from starlette.routing import Route
 
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
-from corral.protocol.answers import WorkerAnswer, WorkerPage
+from corral.protocol.answers import EmptyAnswer, WorkerAnswer, WorkerPage
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
 from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
+from corral.server.openapi import Operation
 from corral.server.state import state_of
 from corral.store.base import WorkerRegistration, WorkerView
 
@@ -113,6 +114,38 @@ async def drain(request: Request) -> Response:
     logger.info("worker draining", extra={"worker_id": worker.id})
     return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
 
+
+described = [
+    Operation(
+        "POST",
+        "/workers/register",
+        "register a worker (an upsert by id; revives an offline worker)",
+        "workers",
+        {201: WorkerAnswer},
+        body=WorkerRegisterBody,
+        errors=(400, 413),
+    ),
+    Operation("GET", "/workers", "every worker", "workers", {200: WorkerPage}, errors=()),
+    Operation("GET", "/workers/{worker_id}", "the worker", "workers", {200: WorkerAnswer}, errors=(404,)),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/heartbeat",
+        "the worker is alive: GPU readings, the jobs it runs",
+        "workers",
+        {200: EmptyAnswer},
+        body=WorkerHeartbeatBody,
+        body_required=False,
+        errors=(400, 404, 413),
+    ),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/drain",
+        "place no more work on the worker",
+        "workers",
+        {200: WorkerAnswer},
+        errors=(404,),
+    ),
+]
 
 routes = [
     Route("/workers/register", register, methods=["POST"]),
