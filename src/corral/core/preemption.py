@@ -259,7 +259,7 @@ class _Free:
 
 def plan(inputs: PlanInputs) -> PreemptionPlan:
     """The cycle's preemptions (module docstring)."""
-    if not inputs.preemptors:
+    if not inputs.preemptors or _nothing_to_plan(inputs):
         return PreemptionPlan()
     planner = _Planner(inputs)
     preemptions: list[Preemption] = []
@@ -282,6 +282,21 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
         elif found is not None:
             waiting.append((preemptor.key, found))
     return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting), tuple(planner.order))
+
+
+def _nothing_to_plan(inputs: PlanInputs) -> bool:
+    """No preemptor is above the lowest running class, no pool has a guarantee (no reclaim, no
+    borrowing rule) and no victim is stopping (no room coming free): the planner could only say
+    nothing, so a cycle skips building it (a simulator runs thousands of such cycles)."""
+    if any(pool.guarantee.gpus > 0 for pool in inputs.pools.values()):
+        return False
+    lowest = NEVER_PREEMPTED_CLASS
+    for job in inputs.holding:
+        if job.status == Status.PREEMPTING and job.preempted_for is not None:
+            return False
+        if job.status == Status.RUNNING:
+            lowest = min(lowest, job.spec.preemption_class)
+    return all(preemptor.first.spec.preemption_class <= lowest for preemptor in inputs.preemptors)
 
 
 def preemptor_key(preemptor: Preemptor) -> tuple[int, int, int, float, str]:
