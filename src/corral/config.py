@@ -23,8 +23,8 @@ class ServerSettings(BaseSettings):
     """Only settings something reads: a flag that does nothing is a promise ``--help`` cannot keep.
 
     A setting arrives with the code that reads it (``tests/unit/test_every_setting_is_read.py``
-    fails on a field nothing outside this module reads). Still to come with their issues:
-    authentication (``CORRAL_AUTH_TOKENS``) and fair share (the satisfaction thresholds).
+    fails on a field nothing outside this module reads). Still to come with their issues: fair
+    share (the satisfaction thresholds).
     """
 
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
@@ -74,6 +74,9 @@ class ServerSettings(BaseSettings):
 
     # --- end of pools ---
     access_log: bool = Field(False, description="log every HTTP request")
+    auth_tokens: str | None = Field(
+        None, description="token file (TOKEN ROLE NAME lines) that turns authentication on"
+    )
 
 
 class WorkerSettings(BaseSettings):

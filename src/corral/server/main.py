@@ -30,7 +30,12 @@ def run(arguments: argparse.Namespace) -> int:
     except errors.CorralError as error:
         print(f"corral server: {error.message}", file=sys.stderr)
         return 2
-    app = create_app(store, settings)
+    try:
+        app = create_app(store, settings)
+    except OSError as error:
+        print(f"corral server: cannot read the token file (--auth-tokens): {error.strerror}", file=sys.stderr)
+        store.close()
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.host,
