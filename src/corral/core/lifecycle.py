@@ -543,6 +543,17 @@ def force_drain(
 # --- the reaper and the worker's own report ----------------------------------------------------------
 
 
+def in_startup_grace(now: float, started_at: float, lease_s: float) -> bool:
+    """Whether a server that started at ``started_at`` still owes workers a lease's grace.
+
+    While a server was down, no heartbeat or report could reach it: every lease looks lapsed when
+    it comes back, though the workers held on (and are retrying their final reports). So for one
+    lease after start the reaper leaves leases, stops and silent workers alone; a worker that is
+    really gone is reaped one lease later than otherwise, nothing worse.
+    """
+    return now < started_at + lease_s
+
+
 def lease_expired(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Reported | None]:
     """A running job without a heartbeat for ``timeout_s`` (its worker died or lost the network):
     a single job is retried while attempts remain, else failed; a gang task drains its gang, with

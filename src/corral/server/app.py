@@ -65,6 +65,7 @@ def create_app(
     or ``settings.auth_tokens`` names a token file (an unreadable one raises ``OSError``)."""
     settings = settings or ServerSettings()
     state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
+    state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
     loops = LoopGroup(
         [

@@ -37,7 +37,7 @@ from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
-from corral.worker.reporting import deliver
+from corral.worker.reporting import deliver_outcome
 from corral.worker.samplers import Samplers
 from corral.worker.watchdogs import Verdict
 from corral.worker.workspace import JobWorkspace
@@ -412,7 +412,7 @@ class JobRun:
         stopped = process.stopped_while_running
         if epoch is not None:
             logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
-            deliver(
+            deliver_outcome(
                 lambda: self._client.preempted(self.job_id, self._worker_id, self.attempt, epoch),
                 "preempted ack",
                 {**fields, "preemption_epoch": epoch},
@@ -427,7 +427,7 @@ class JobRun:
             return
         if exit_code == 0:
             logger.info("job exited 0; reporting done", extra=fields)
-            deliver(
+            deliver_outcome(
                 lambda: self._client.done(self.job_id, self._worker_id, self.attempt), "done report", fields
             )
             return
@@ -435,7 +435,7 @@ class JobRun:
 
     def _report_trip(self, verdict: Verdict, exit_code: int) -> None:
         fields = {**self.fields, "exit_code": exit_code, "watchdog": verdict.kind}
-        answer = deliver(
+        answer = deliver_outcome(
             lambda: self._client.watchdog(
                 self.job_id, self._worker_id, self.attempt, verdict.kind, verdict.detail
             ),
@@ -453,7 +453,7 @@ class JobRun:
         fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release}
         logger.info("job failed; reporting", extra=fields)
         options = {"release": True} if release else {}
-        deliver(
+        deliver_outcome(
             lambda: self._client.fail(
                 self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options
             ),
