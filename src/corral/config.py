@@ -127,6 +127,11 @@ class WorkerSettings(BaseSettings):
     gpu_sampler: str | None = Field(
         None, description="nvml, none or fake:<path> (default: nvml where NVML loads, else none)"
     )
+    state_dir: str | None = Field(
+        None,
+        description="where the worker records its jobs' process groups, to stop what a killed run "
+        "left (default: <tmp>/corral-<uid>/worker-<id>)",
+    )
 
     @field_validator("gpu_sampler")
     @classmethod

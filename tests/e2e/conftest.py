@@ -175,7 +175,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         log_path = tmp_path / f"worker-{worker_id}.log"
         log_file = log_path.open("wb")
         command = [sys.executable, "-m", "corral", "worker", "--server", server_url, "--worker-id", worker_id]
-        command += [*FAST_WORKER_FLAGS, *flags]
+        command += [*FAST_WORKER_FLAGS, "--state-dir", str(tmp_path / f"state-{worker_id}"), *flags]
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,

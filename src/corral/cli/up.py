@@ -175,6 +175,9 @@ def run(arguments: argparse.Namespace) -> int:
         worker_arguments = ["--server", url]
         if not os.environ.get("CORRAL_WORKER_ID"):
             worker_arguments += ["--worker-id", WORKER_ID]
+        if not os.environ.get("CORRAL_STATE_DIR"):
+            # beside its log: what a killed worker left is found by the next `corral up` here
+            worker_arguments += ["--state-dir", str(Path(".corral-worker-state").resolve())]
         children.append(_Child("worker", worker_arguments, Path(WORKER_LOG).resolve()))
         _announce(url)
         while not signals.stop.wait(0.2):

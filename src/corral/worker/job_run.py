@@ -37,6 +37,7 @@ from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
+from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
 from corral.worker.samplers import Samplers
 from corral.worker.watchdogs import Verdict
@@ -76,6 +77,7 @@ class JobRun:
         samplers: Samplers | None = None,
         on_tripped: Callable[[JobRun], None] | None = None,
         on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
+        records: ProcessRecords | None = None,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -88,6 +90,7 @@ class JobRun:
         self._samplers = samplers
         self._on_tripped = on_tripped
         self._on_gpus_unhealthy = on_gpus_unhealthy
+        self._records = records  # the job's process group, kept while it runs (worker.leftovers)
         self._watch: JobWatch | None = None
         self._probe: JobProbe | None = None
         self.verdict: Verdict | None = None
@@ -194,6 +197,8 @@ class JobRun:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
                 self._report_failure(None, f"could not start: {error}", "")
                 return
+            if self._records is not None:
+                self._records.record(self.job_id, self.attempt, process.pid)
             with self._lock:
                 self._process = process
                 self._start_stopper()
@@ -226,6 +231,8 @@ class JobRun:
                 self._watch.stop()
             if workspace is not None:
                 workspace.remove()
+            if self._records is not None:
+                self._records.forget(self.job_id, self.attempt)
             self.finished.set()
             self._on_finished(self)
 
