@@ -1,0 +1,109 @@
+"""The chaos suite: real servers and workers, a fault injected mid-flight, then the history checker
+(``corral.testing.history``) on the store. Bounded: each scenario runs in seconds to ~25 s, with
+short leases so the recovery paths run in test time.
+
+The e2e fixtures (``start_server``, ``start_worker``, ``reap_groups``) are shared from
+``tests/e2e/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from corral.client import Client
+from corral.domain.status import TERMINAL
+from corral.testing import history
+from tests.conftest import postgres_schema_url
+from tests.e2e.conftest import (  # noqa: F401 (fixtures)
+    ServerProcess,
+    reap_groups,
+    start_server,
+    start_worker,
+    wait_for,
+)
+
+#: a lease of 3 s, loops every 0.2 s: recovery paths run in test time
+FAST_SERVER = (
+    "--heartbeat-timeout-s", "3",
+    "--reaper-tick-s", "0.2",
+    "--admission-tick-s", "0.2",
+    "--worker-offline-s", "6",
+    "--dead-worker-after-s", "6",
+    "--reservation-timeout-s", "10",
+)  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'chaos.db'}"
+    else:
+        yield from postgres_schema_url()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    yield from postgres_schema_url()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'chaos.db'}"
+
+
+def port_of(server: ServerProcess) -> int:
+    port = urlsplit(server.url).port
+    assert port is not None
+    return port
+
+
+def kill9(server: ServerProcess) -> None:
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(timeout=10)
+
+
+def statuses(client: Client) -> dict[str, str]:
+    jobs: dict[str, str] = {}
+    after = None
+    while True:
+        page = client.list_jobs_page(limit=5000, after=after)
+        jobs.update((job.id, job.status) for job in page.items)
+        if page.next is None:
+            return jobs
+        after = page.next
+
+
+def wait_all_terminal(client: Client, count: int, timeout_s: float) -> dict[str, str]:
+    def ended() -> dict[str, str] | None:
+        try:
+            now = statuses(client)
+        except Exception:
+            return None  # the server is restarting
+        return now if len(now) == count and all(status in TERMINAL for status in now.values()) else None
+
+    return wait_for(ended, timeout_s, f"{count} jobs to end")
+
+
+def assert_history(db_url: str) -> history.Verdict:
+    verdict = history.check_url(db_url)
+    assert verdict.ok, verdict.summary()
+    return verdict
+
+
+def submit_with_retries(client: Client, job: dict[str, Any], key: str, timeout_s: float = 20.0) -> Any:
+    """A client that retries a submit through an outage with the same idempotency key."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.submit(job, idempotency_key=key)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
