@@ -24,7 +24,7 @@ from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server import changes
 from corral.server.auth import principal_of, redact_job
-from corral.server.http import answer, decode_body, json_response, query_int, read_body
+from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
@@ -51,6 +51,7 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     state = state_of(request)
     limit = BATCH_BODY_LIMIT if batch else 1024 * 1024
     body = await read_body(request, limit)
+    require_json(request, body)
     if batch:
         specs = [item.to_domain() for item in decode_body(body, BatchBody).jobs]
     else:
