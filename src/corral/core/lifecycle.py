@@ -293,7 +293,10 @@ def report_failure(
     if release:
         reason = Reason("released", f"worker {worker_id} handed the job back ({error or outcome}); re-queued")
         return _single(move(job, now, reason, status=Status.PENDING, **detail, **REQUEUED))
-    counted = f"attempt {job.attempts_used} of {job.spec.max_retries} {outcome}"
+    # API.md's words: counted attempts against max_retries (0 and 1 both allow one), and the run
+    # number the events, the claim and CORRAL_ATTEMPT carry (it also counts refunded runs)
+    allowed = max(1, job.spec.max_retries)
+    counted = f"counted attempt {job.attempts_used} of {allowed} (run {job.attempts}) {outcome}"
     if job.retries_left:
         transition = move(
             job, now, Reason("retrying", f"{counted}; re-queued"), status=Status.PENDING, **detail, **REQUEUED
