@@ -58,6 +58,13 @@ class TooLarge(CorralError):
     http_status = 413
 
 
+class RequestTimeout(CorralError):
+    """The request body did not arrive in time."""
+
+    code = "request_timeout"
+    http_status = 408
+
+
 class Conflict(CorralError):
     """The current state does not allow this request; nothing was changed."""
 

@@ -23,6 +23,7 @@ from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
 from corral.server import auth
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
+from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.runner import Loop, LoopGroup
@@ -90,7 +91,14 @@ def create_app(
 
     routes = [*protocol.routes, *jobs.routes, *workers.routes, *pools.routes, *operations.routes]
     auth.check_every_route_has_a_rule(routes)
-    middleware = [Middleware(RequestIdMiddleware)]
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(
+            ClientLimitsMiddleware,
+            body_timeout_s=settings.body_timeout_s,
+            max_requests_per_client=settings.max_requests_per_client,
+        ),
+    ]
     if tokens is None and settings.auth_tokens:
         tokens = auth.TokenFile(settings.auth_tokens)
     if tokens is not None:

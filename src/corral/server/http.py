@@ -7,6 +7,7 @@ naming the field (never 422), a wrong method a 405, an unknown path a 404, and a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from typing import Any, TypeVar
@@ -51,17 +52,24 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 
 async def read_body(request: Request, limit: int = DEFAULT_BODY_LIMIT) -> bytes:
-    """The request body, refused with 413 ``too_large`` past ``limit`` bytes (checked while reading)."""
+    """The request body, refused with 413 ``too_large`` past ``limit`` bytes (checked while reading)
+    and with 408 ``request_timeout`` when it takes longer than the body deadline
+    (``server.limits``; none outside the server)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise errors.TooLarge(f"body of {declared} bytes is over the limit of {limit}")
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise errors.TooLarge(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    deadline_s = request.scope.get("corral.body_timeout_s")
+    try:
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise errors.TooLarge(f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise errors.RequestTimeout(f"the request body did not arrive within {deadline_s:g} s") from None
     return b"".join(chunks)
 
 
@@ -151,7 +159,9 @@ def fence(request: Request) -> tuple[str, int]:
 
 async def corral_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, errors.CorralError)
-    return error_response(error.http_status, error.code, error.message)
+    # A client too slow to send its body loses its connection too (it may be holding many).
+    headers = {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
+    return error_response(error.http_status, error.code, error.message, headers)
 
 
 async def http_error_handler(request: Request, error: Exception) -> Response:
