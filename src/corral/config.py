@@ -74,6 +74,9 @@ class ServerSettings(BaseSettings):
 
     # --- end of pools ---
     access_log: bool = Field(False, description="log every HTTP request")
+    retention_days: float = Field(
+        14.0, gt=0, description="finished jobs, their events, logs, checkpoints and keys are kept this long"
+    )
     body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this (else 408)")
     max_requests_per_client: int = Field(
         256, ge=1, description="requests one client address may have in flight (else 429)"

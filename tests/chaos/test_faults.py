@@ -173,7 +173,7 @@ def test_killing_the_loop_leader_hands_every_loop_over_within_the_bound(start_se
     from tests.e2e.test_replicas import leader_of
 
     replicas = [start_server("--db", postgres_url, *FAST_SERVER) for _ in range(2)]
-    loops = ("admission", "reaper", "dead_worker_sweep")
+    loops = ("admission", "reaper", "dead_worker_sweep", "retention")
 
     def one_leader_each() -> bool | None:
         return all(sum(leader_of(replica.url, loop) for replica in replicas) == 1 for loop in loops) or None

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
 from corral.config import ServerSettings
+from corral.core import retention
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
@@ -26,6 +27,7 @@ from corral.server.http import RequestIdMiddleware, corral_error_handler, http_e
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
+from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.routes import jobs, operations, pools, protocol, workers
 from corral.server.state import ServerState
@@ -68,6 +70,7 @@ def create_app(
     state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
+    state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
     loops = LoopGroup(
         [
             Loop(name, interval, partial(tick, state), lead=partial(store.try_lead, name))
@@ -75,6 +78,7 @@ def create_app(
                 ("admission", settings.admission_tick_s, admission_tick),
                 ("reaper", settings.reaper_tick_s, reaper_tick),
                 ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
+                ("retention", retention.INTERVAL_S, retention_tick),
             )
         ],
         state.metrics,

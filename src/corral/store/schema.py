@@ -239,6 +239,8 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_submitted": Index("jobs", ("submitted_at", "id")),
     "jobs_gang": Index("jobs", ("gang_id", "gang_index"), where="gang_id IS NOT NULL"),
     "jobs_pool_submitted": Index("jobs", ("pool", "submitted_at", "id")),
+    "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
+    "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
 }
 
 #: table -> column names in order (what the migration test compared before types were declared)
@@ -490,6 +492,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             # checkpoint phases ended without one.
             "ALTER TABLE jobs ADD COLUMN last_checkpoint_at DOUBLE PRECISION",
             "ALTER TABLE jobs ADD COLUMN checkpoint_failures INTEGER NOT NULL DEFAULT 0",
+        ),
+    ),
+    # 8 is another branch's (merged separately); versions apply in order, each once, so a
+    # database that has 9 before 8 still gets 8 at the merge.
+    Migration(
+        9,
+        "retention",
+        (
+            # The retention loop finds finished jobs oldest first, and expired idempotency keys.
+            "CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL",
+            "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
         ),
     ),
 )
