@@ -8,9 +8,15 @@ The e2e fixtures (``start_server``, ``start_worker``, ``reap_groups``) are share
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +29,7 @@ from corral.testing import history
 from tests.conftest import postgres_schema_url
 from tests.e2e.conftest import (  # noqa: F401 (fixtures)
     ServerProcess,
+    free_port,
     reap_groups,
     start_server,
     start_worker,
@@ -107,3 +114,71 @@ def submit_with_retries(client: Client, job: dict[str, Any], key: str, timeout_s
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+@dataclass
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own (``initdb`` in a temporary directory, a free port):
+    the shared one on 5432 serves every other test and must never be restarted."""
+
+    bin_dir: Path
+    data: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def ctl(self, *arguments: str) -> None:
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "postgres",
+                "--",
+                str(self.bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data),
+                *arguments,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.data.parent} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self.ctl("-w", "-l", str(self.data.parent / "postgres.log"), "-o", options, "start")
+
+    def crash_restart(self) -> None:
+        """``immediate`` is a crash as far as the data goes (recovery runs at the next start)."""
+        self.ctl("-w", "-m", "immediate", "stop")
+        time.sleep(1.0)
+        self.start()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found or os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs initdb, root and runuser to run a private PostgreSQL cluster")
+    bin_dir = found[-1].parent
+    # not under pytest's tmp_path: the postgres user cannot traverse root's 0700 directories
+    home = Path(tempfile.mkdtemp(prefix="corral-chaos-pg-"))
+    shutil.chown(home, "postgres")
+    data = home / "data"
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", str(bin_dir / "initdb"), "-D", str(data), "-A", "trust",
+         "-U", "postgres", "--no-sync"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    cluster = PrivatePostgres(bin_dir, data, free_port())
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            cluster.ctl("-w", "-m", "immediate", "stop")
+        shutil.rmtree(home, ignore_errors=True)
