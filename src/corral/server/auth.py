@@ -209,6 +209,11 @@ class TokenFile:
 
     def load(self) -> None:
         stat = os.stat(self.path)
+        if stat.st_mode & 0o077:
+            logger.warning(
+                "token file is readable by other users of this host: chmod 600 it",
+                extra={"source": str(self.path), "mode": oct(stat.st_mode & 0o777)},
+            )
         text = self.path.read_text(encoding="utf-8", errors="surrogateescape")
         self._entries = parse_token_file(text, str(self.path))
         self._identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
