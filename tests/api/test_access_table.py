@@ -207,6 +207,18 @@ def test_the_cookie_carries_a_token_too(http: httpx.Client):
     cookie = f"theme=dark; corral_token={TOKENS['user']}"
     assert http.get("/jobs", headers={"Cookie": cookie}).status_code == 200
     assert http.get("/jobs", headers={"Cookie": "corral_token=nope"}).status_code == 401
+    # a change made with the cookie must come from this site (no cross-site request forgery)
+    owner = f"corral_token={TOKENS['owner']}"
+    job = http.post("/jobs", json={"command": "true"}, headers={"Cookie": owner}).json()
+    forged = http.post(
+        f"/jobs/{job['id']}/cancel", headers={"Cookie": owner, "Origin": "https://evil.example"}
+    )
+    assert forged.status_code == 403
+    same_site = http.post(
+        f"/jobs/{job['id']}/cancel",
+        headers={"Cookie": owner, "Origin": http.base_url.scheme + "://" + http.base_url.netloc.decode()},
+    )
+    assert same_site.json()["status"] == "cancelled"
 
 
 def test_a_revoked_token_fails_within_seconds_without_a_restart(http: httpx.Client, token_file: Path):

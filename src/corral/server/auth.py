@@ -47,6 +47,7 @@ RECHECK_S = 1.0
 #: what a caller who may not see a job's environment values sees instead of each value
 HIDDEN = "<hidden>"
 COOKIE = "corral_token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 ANY_WORKER = "*"
 
 
@@ -250,20 +251,36 @@ class TokenFile:
         return found
 
 
-def presented_token(scope: Scope) -> str | None:
-    """The token of a request: ``Authorization: Bearer`` first, else the ``corral_token`` cookie."""
+def presented_token(scope: Scope) -> tuple[str | None, bool]:
+    """The token of a request, and whether it came from the cookie: ``Authorization: Bearer``
+    first, else the ``corral_token`` cookie."""
     cookie = None
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer" and token.strip():
-                return str(token.strip())
+                return str(token.strip()), False
         elif name == b"cookie":
             for part in value.decode("latin-1").split(";"):
                 key, _, cookie_value = part.strip().partition("=")
                 if key == COOKIE and cookie_value:
                     cookie = str(cookie_value)
-    return cookie
+    return cookie, cookie is not None
+
+
+def cross_site(scope: Scope) -> bool:
+    """Whether a browser says the request comes from another site (``Origin`` naming a host other
+    than ``Host``): a cookie rides along with such a request, so it cannot stand for the caller."""
+    origin: str | None = None
+    host: str | None = None
+    for name, value in scope.get("headers", ()):
+        if name == b"origin":
+            origin = str(value.decode("latin-1"))
+        elif name == b"host":
+            host = str(value.decode("latin-1"))
+    if origin is None or origin == "null":
+        return origin == "null"
+    return origin.partition("://")[2].rstrip("/") != (host or "")
 
 
 # --- the middleware ----------------------------------------------------------------------------
@@ -334,8 +351,19 @@ class AuthMiddleware:
         if rule.roles is None:
             await self.app(scope, receive, send)
             return
-        token = presented_token(scope)
+        token, from_cookie = presented_token(scope)
         principal = self.tokens.principal(token) if token else None
+        if (
+            principal is not None
+            and from_cookie
+            and scope["method"] not in SAFE_METHODS
+            and cross_site(scope)
+        ):
+            # A form on another site can make a browser send the cookie (cross-site request forgery).
+            await error_response(403, "forbidden", "a cookie-authenticated change must come from this site")(
+                scope, receive, send
+            )
+            return
         if principal is None:
             response = error_response(
                 401,
