@@ -73,7 +73,7 @@ def test_a_worker_over_capacity_is_found_but_a_slot_reused_at_one_instant_is_not
     assert any("over capacity" in line for line in history.check(jobs, events, CAPACITY).violations)
 
 
-def test_a_gang_reserved_in_part_or_ended_in_part_is_found():
+def test_a_gang_reserved_in_part_or_rerun_in_part_is_found():
     tasks = [job("t0", D, gang_id="g"), job("t1", F, gang_id="g")]
     events = {
         "t0": [
@@ -90,5 +90,15 @@ def test_a_gang_reserved_in_part_or_ended_in_part_is_found():
         ],
     }
     violations = history.check(tasks, events, CAPACITY).violations
-    assert any("some tasks done" in line for line in violations)
     assert any("1 of 2 tasks reserved" in line for line in violations)
+    events["t1"] = [
+        ev("t1", 0, None, Status.BLOCKED),
+        ev("t1", 1, Status.BLOCKED, R, 0, "w2"),
+        ev("t1", 2, R, RN, 1, "w2"),
+        ev("t1", 2.5, RN, P, 1, "w2"),
+        ev("t1", 4, P, RN, 2, "w2"),
+        ev("t1", 5, RN, F, 2, "w2"),
+    ]
+    events["t0"][1] = ev("t0", 1, Status.BLOCKED, R, 0, "w1")
+    violations = history.check(tasks, events, CAPACITY).violations
+    assert violations == ["gang g: t1 started a run after a peer ended"]

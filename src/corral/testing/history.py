@@ -15,7 +15,11 @@ reports its verdict. The invariants:
    (reserved, running, preempting) in time order (releases before acquisitions at one instant, as
    one transaction may free and re-use a slot), no worker ever holds more than it offers.
 5. **Gangs are all or nothing.** A gang's tasks are reserved together (every reservation round
-   names every task, at one instant) and end together: if one task is ``done``, all are.
+   names every task, at one instant), and no task starts a run once a peer has ended (a gang is
+   never re-run in part: a task lost after its peer finished fails the gang, seed 001's rule).
+
+The check reads rows and then events: run it on a quiet system (every job ended, or the
+processes stopped), or a job that moves in between reads as a disagreement.
 """
 
 from __future__ import annotations
@@ -143,9 +147,19 @@ def _check_gangs(
         if job.gang_id is not None:
             gangs[job.gang_id].append(job)
     for gang_id, tasks in gangs.items():
-        statuses = {task.status for task in tasks}
-        if Status.DONE in statuses and statuses != {Status.DONE}:
-            violations.append(f"gang {gang_id}: some tasks done, others {sorted(statuses - {Status.DONE})}")
+        first_end = min(
+            (event.at for task in tasks for event in events.get(task.id, ()) if event.to_status in TERMINAL),
+            default=None,
+        )
+        if first_end is not None:
+            late = [
+                task.id
+                for task in tasks
+                for event in events.get(task.id, ())
+                if event.to_status == Status.RUNNING and event.at > first_end
+            ]
+            if late:
+                violations.append(f"gang {gang_id}: {late[0]} started a run after a peer ended")
         rounds: dict[float, set[str]] = defaultdict(set)
         for task in tasks:
             for event in events.get(task.id, ()):
