@@ -15,7 +15,9 @@ be reached is ``ServerUnreachable``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -33,6 +35,7 @@ from corral.protocol.answers import (
     HeartbeatAnswer,
     JobAnswer,
     JobPage,
+    LogAppendedAnswer,
     PoolAnswer,
     PoolPage,
     WhyAnswer,
@@ -175,6 +178,37 @@ class Client:
     def cancel(self, job_id: str) -> JobAnswer:
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/cancel")
 
+    def logs(self, job_id: str, attempt: int | None = None, offset: int = 0) -> LogChunk:
+        """The stored output of an attempt (the latest by default) from byte ``offset``."""
+        params: dict[str, Any] = {"offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return _log_chunk(self.request("GET", f"/jobs/{job_id}/logs", params=params, timeout_s=120.0))
+
+    def follow_logs(
+        self, job_id: str, attempt: int | None = None, offset: int = 0, poll_s: float = 1.0
+    ) -> Iterator[LogChunk]:
+        """The attempt's output as it is written, until the attempt ends: each chunk as it is
+        stored. Polls ``GET /jobs/{id}/logs`` from where the last read ended (so it resumes cleanly
+        through a lost connection or another replica) and ends once the job is past the attempt."""
+        while True:
+            chunk = self.logs(job_id, attempt, offset)
+            attempt = chunk.attempt
+            if chunk.data:
+                yield chunk
+                offset = chunk.start + len(chunk.data)
+                if offset < chunk.size:
+                    continue
+            job = self.get_job(job_id)
+            if job.attempts == 0 and job.status not in ("done", "failed", "cancelled"):
+                attempt = None  # not started yet: wait for its first attempt
+            elif job.attempts != attempt or job.status not in ("running", "preempting"):
+                last = self.logs(job_id, attempt, offset)  # bytes stored before it ended
+                if last.data:
+                    yield last
+                return
+            time.sleep(poll_s)
+
     def gang(self, gang_id: str) -> GangAnswer:
         return self._answer(GangAnswer, "GET", f"/gangs/{gang_id}")
 
@@ -284,6 +318,17 @@ class Client:
         response = self.request("GET", f"/jobs/{job_id}/checkpoint")
         return None if response.status_code == 204 else response.content
 
+    def append_log(
+        self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes
+    ) -> LogAppendedAnswer:
+        """Send output of the attempt starting at byte ``offset`` of its stream; a retry of a chunk
+        already stored is accepted once (``accepted`` 0)."""
+        params = {"worker_id": worker_id, "attempt": attempt, "offset": offset}
+        headers = {"content-type": "application/octet-stream"}
+        return self._answer(
+            LogAppendedAnswer, "POST", f"/jobs/{job_id}/logs", data, params=params, headers=headers
+        )
+
     def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> JobAnswer:
         params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/preempted", params=params)
@@ -304,6 +349,38 @@ def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:
             response.status_code, "bad_response", f"answer breaks the {model.__name__} schema at {where}: "
             f"{first['msg']}", data,
         ) from error  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of one attempt's output: ``data`` starts at byte ``start`` of its stream; ``size`` is
+    where the stored stream ended when read, ``dropped`` how many of its first bytes are gone."""
+
+    attempt: int
+    start: int
+    size: int
+    dropped: int
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+def _log_chunk(response: Response) -> LogChunk:
+    headers = {name.lower(): value for name, value in response.headers.items()}
+    try:
+        return LogChunk(
+            attempt=int(headers["x-corral-attempt"]),
+            start=int(headers["x-corral-log-start"]),
+            size=int(headers["x-corral-log-size"]),
+            dropped=int(headers["x-corral-log-dropped"]),
+            data=response.content,
+        )
+    except (KeyError, ValueError) as error:
+        raise ApiError(
+            response.status_code, "bad_response", f"log answer lacks its headers: {error}"
+        ) from error
 
 
 def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:

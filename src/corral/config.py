@@ -53,6 +53,12 @@ class ServerSettings(BaseSettings):
         600.0, gt=0, description="a preemption victim's checkpoint phase (extended by half, once)"
     )
     max_deferral_s: float = Field(300.0, ge=0, description="extra checkpoint time a victim may ask for")
+    log_max_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="job output kept per attempt (past it the oldest bytes go)"
+    )
+    retention_days: float = Field(
+        14.0, gt=0, description="finished jobs, their events, logs, checkpoints and keys are kept this long"
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
     # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
     starvation_timeout_s: float = Field(
@@ -74,9 +80,6 @@ class ServerSettings(BaseSettings):
 
     # --- end of pools ---
     access_log: bool = Field(False, description="log every HTTP request")
-    retention_days: float = Field(
-        14.0, gt=0, description="finished jobs, their events, logs, checkpoints and keys are kept this long"
-    )
     body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this (else 408)")
     max_requests_per_client: int = Field(
         256, ge=1, description="requests one client address may have in flight (else 429)"

@@ -51,6 +51,18 @@ EXPECTED: dict[tuple[str, str], frozenset[str] | str] = {
     ("GET", "/healthz"): OPEN,
     ("GET", "/readyz"): OPEN,
     ("GET", "/metrics"): OPEN,
+    ("GET", "/openapi.json"): USERS | WORKERS | {"other_worker"},
+    ("GET", "/"): USERS,
+    ("GET", "/ui/jobs"): USERS,
+    ("GET", "/ui/jobs/{job_id}"): USERS,
+    ("POST", "/ui/jobs/{job_id}/cancel"): OWNERS,
+    ("GET", "/ui/gangs/{gang_id}"): USERS,
+    ("POST", "/ui/gangs/{gang_id}/cancel"): OWNERS,
+    ("GET", "/ui/workers"): USERS,
+    ("GET", "/ui/pools"): USERS,
+    ("GET", "/ui/static/{name}"): OPEN,
+    ("GET", "/jobs/{job_id}/logs"): USERS,
+    ("POST", "/jobs/{job_id}/logs"): WORKERS,
     ("POST", "/jobs"): USERS,
     ("POST", "/jobs/batch"): USERS,
     ("GET", "/jobs/batch"): USERS,
@@ -136,11 +148,15 @@ def _world(http: httpx.Client) -> dict[str, str]:
 
 
 def _call(http: httpx.Client, method: str, path: str, world: dict[str, str], caller: str | None):
-    url = path.replace("{path:path}", world["path"])
+    url = path.replace("{path:path}", world["path"]).replace("{name}", "corral.css")
     for name in ("job_id", "gang_id", "worker_id"):
         url = url.replace("{" + name + "}", world[name])
     params = {"worker_id": "w1", "attempt": "1"} if "{job_id}" in path or path == "/jobs/next" else None
     body = BODIES.get((method, path))
+    if path == "/jobs/{job_id}/logs" and method == "POST":
+        return http.post(
+            url, params={**(params or {}), "offset": "0"}, content=b"out", headers=headers_for(caller)
+        )
     if path == "/jobs/{job_id}/checkpoint" and method == "POST":
         return http.post(url, params=params, content=b"state", headers=headers_for(caller))
     return http.request(method, url, params=params, json=body, headers=headers_for(caller))
@@ -284,3 +300,14 @@ def test_tokens_are_compared_in_constant_time(tmp_path: Path):
             assert len(calls) == 50
     finally:
         auth.hmac.compare_digest = original  # type: ignore[assignment]
+
+
+def test_the_dashboard_asks_a_browser_for_a_token_and_acts_with_its_role(http: httpx.Client):
+    page = http.get("/ui/jobs", headers={"Accept": "text/html"})
+    assert page.status_code == 401
+    assert "corral_token" in page.text and "<form" in page.text
+    assert http.get("/ui/jobs").json()["error"]["code"] == "unauthenticated", "the API answers JSON"
+    cookie = {"Cookie": f"corral_token={TOKENS['user']}", "Accept": "text/html"}
+    assert http.get("/ui/jobs", headers=cookie).status_code == 200
+    job = http.post("/jobs", json={"command": "true"}, headers=headers_for("owner")).json()
+    assert http.post(f"/ui/jobs/{job['id']}/cancel", headers=cookie).status_code == 403, "not bob's job"

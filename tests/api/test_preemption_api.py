@@ -50,6 +50,9 @@ def test_a_class_7_job_takes_a_class_2_jobs_gpu_which_checkpoints_stops_and_resu
     preemptor = job_of(api, high["id"])
     assert (preemptor["status"], preemptor["worker_id"], preemptor["gpu_indices"]) == ("reserved", "w1", [0])
     assert claim(api, "w1").status_code == 204, "the preemptor waits until its victim has left the GPU"
+    assert (victim["preempted_for"], victim["checkpoint_failures"]) == (high["id"], 0)
+    page = api.get(f"/ui/jobs/{low['id']}").text
+    assert f"Being stopped for <code>{high['id']}</code>" in page, "the dashboard says it too"
 
     answer = beat(api, low)
     assert answer["action"] == "checkpoint" and answer["preemption_epoch"] == 1
@@ -179,7 +182,7 @@ def test_sensitive_pools_are_never_preempted_and_borrowed_capacity_is_reclaimed(
         assert api.put(f"/pools/{path}", json=body).status_code == 200
     register(api, "w1", gpus=1, vram_mb=1000)
     secure = low_job_running(api, clock, "w1", pool="secure")
-    urgent = submit(api, resources={"gpus": 1}, preemption_class=9, pool="guest")
+    urgent = submit(api, resources={"gpus": 1}, preemption_class=9, pool="guest", checkpoint="auto")
     server.run_loop("admission")
     assert job_of(api, secure["id"])["status"] == "running", "class 2, but in a sensitive pool"
     assert "no_victim_set" in [r["code"] for r in api.get(f"/jobs/{urgent['id']}/why").json()["reasons"]]
@@ -197,3 +200,27 @@ def test_sensitive_pools_are_never_preempted_and_borrowed_capacity_is_reclaimed(
     assert owner["id"] in stopped["reason"]["message"]
     assert job_of(api, owner["id"])["worker_id"] == "w2"
     assert 'corral_preemptions_total{reason="reclaim"} 1.0' in api.get("/metrics").text
+
+
+def test_work_no_preemption_could_take_back_is_not_placed_on_borrowed_capacity(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    assert api.put("/pools/home", json={"guarantee": {"gpus": 1}}).status_code == 200
+    register(api, "w1", gpus=1, vram_mb=1000)
+    register(api, "w2", gpus=1, vram_mb=1000)
+    locked = {"resources": {"gpus": 1}, "preemption_class": 7, "checkpoint": "none", "pool": "guest"}
+    first = submit(api, **locked)
+    assert claim(api, "w1").json()["id"] == first["id"], "one GPU is left for home's guarantee"
+    second = submit(api, **locked)
+    assert claim(api, "w2").status_code == 204, "it would take the GPU home is guaranteed"
+    server.run_loop("admission")
+    reasons = [reason["code"] for reason in api.get(f"/jobs/{second['id']}/why").json()["reasons"]]
+    assert "borrowing_refused" in reasons
+    borrower = submit(api, resources={"gpus": 1}, preemption_class=5, pool="guest")
+    assert claim(api, "w2").json()["id"] == borrower["id"], "preemptible work may borrow"
+    clock.advance(30)
+    owner = submit(api, resources={"gpus": 1}, preemption_class=5, pool="home")
+    server.run_loop("admission")
+    assert job_of(api, borrower["id"])["status"] == "preempting", "and is reclaimed"
+    assert job_of(api, first["id"])["status"] == "running"
+    assert job_of(api, owner["id"])["worker_id"] == "w2"

@@ -123,3 +123,16 @@ def reap(
         completions=tuple(every_completion),
         offline_workers=tuple(report.offline_workers),
     )
+
+
+def append_log(
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    offset: int,
+    data: bytes,
+    now: float,
+    cap: int = 1 << 20,
+):
+    return changes.append_log(store, job_id, worker_id, attempt, offset, data, now, cap)

@@ -243,3 +243,40 @@ def test_up_refuses_corral_port_0_as_it_could_not_wait_on_the_server(
     assert main(["up"]) == 1
     assert "needs a fixed port" in capsys.readouterr().err
     assert not (tmp_path / "corral-server.log").exists()  # nothing was started
+
+
+@pytest.mark.timeout(150)
+def test_up_with_several_workers_of_fake_gpus_runs_a_gang(tmp_path: Path) -> None:
+    from corral.client import Client
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    up = _Up(tmp_path, "--port", str(port), "--workers", "2", "--gpus", "2")
+    try:
+        up.wait_for_line("corral is up", START_TIMEOUT_S)
+        with Client(url) as client:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while len(client.workers()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            workers = sorted(client.workers(), key=lambda worker: worker.id)
+            assert [worker.id for worker in workers] == ["local-1", "local-2"]
+            assert {(worker.resources.gpus, worker.gpu_model) for worker in workers} == {(2, "fake")}
+            gang = client.submit(
+                {
+                    "command": 'echo "rank $RANK sees $CUDA_VISIBLE_DEVICES"',
+                    "gang_size": 2,
+                    "resources": {"gpus": 2},
+                }
+            )
+            deadline = time.monotonic() + 60
+            while client.gang(gang["gang_id"]).status != "done" and time.monotonic() < deadline:
+                assert client.gang(gang["gang_id"]).status not in ("failed", "cancelled")
+                time.sleep(0.3)
+            tasks = client.gang(gang["gang_id"]).tasks
+            assert {task.worker_id for task in tasks} == {"local-1", "local-2"}
+            assert client.logs(tasks[1].id).text == "rank 1 sees 0,1\n"
+        up.process.send_signal(signal.SIGTERM)
+        assert up.process.wait(timeout=90) == 0
+        assert (tmp_path / "corral-worker-1.log").exists() and (tmp_path / "corral-worker-2.log").exists()
+    finally:
+        up.kill_everything()

@@ -1,6 +1,6 @@
 """What a job is started with: its environment (GPUs in NVML's order, the gang checkpoint
-directory for gang ranks only) and the watchdog settings its claim asks for, with the worker's
-defaults where the claim's values are unusable."""
+directory for gang ranks only, the checkpoint phase's files) and the watchdog settings its claim
+asks for, with the worker's defaults where the claim's values are unusable."""
 
 from __future__ import annotations
 
@@ -60,3 +60,20 @@ def test_a_single_job_gets_no_gang_checkpoint_directory(monkeypatch):
     finally:
         workspace.remove()
     assert "CORRAL_GANG_CHECKPOINT_DIR" not in environment
+
+
+def test_every_job_gets_its_checkpoint_phase_files_in_its_workspace():
+    """Where a job says "saved" and asks for more time: files of its own, not there yet (the job
+    creates them), overriding any the claim's env names."""
+    workspace = JobWorkspace("j-1", 1)
+    try:
+        environment = workspace.environment(
+            {"CORRAL_CHECKPOINT_DONE_FILE": "/tmp/other", "CORRAL_DEFER_FILE": "/tmp/other"}, [], False
+        )
+        done = Path(environment["CORRAL_CHECKPOINT_DONE_FILE"])
+        defer = Path(environment["CORRAL_DEFER_FILE"])
+        assert done.parent == defer.parent == workspace.directory
+        assert done != defer
+        assert not done.exists() and not defer.exists()
+    finally:
+        workspace.remove()

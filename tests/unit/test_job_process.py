@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
+from pathlib import Path
 
 import psutil
 
@@ -42,7 +44,44 @@ def test_a_reaped_job_whose_group_is_gone_is_sent_nothing(monkeypatch):
     sent: list[tuple[int, int]] = []
     monkeypatch.setattr(executor.os, "killpg", lambda group, number: sent.append((group, number)))
     assert not process.stop()
+    assert process.hint(signal.SIGUSR1) == "gone"
     assert sent == []
+
+
+# --- hints -----------------------------------------------------------------------------------
+
+
+def _started(command: str, marker: Path) -> JobProcess:
+    process = JobProcess(command, dict(os.environ), 1024, grace_s=0.5)
+    deadline = time.monotonic() + 10
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.02)
+    return process
+
+
+def test_a_hint_goes_only_to_a_job_that_handles_it(tmp_path: Path):
+    """SIGUSR1's default action ends a process: a job without a handler is not sent it."""
+    bare = _started(f"touch {tmp_path}/bare; sleep 30", tmp_path / "bare")
+    handled = _started(
+        f"trap 'touch {tmp_path}/hinted' USR1; touch {tmp_path}/up; while :; do sleep 0.05; done",
+        tmp_path / "up",
+    )
+    try:
+        assert executor.handles_signal(bare.pid, signal.SIGUSR1) is False
+        assert bare.hint(signal.SIGUSR1) == "unhandled"
+        assert executor.handles_signal(handled.pid, signal.SIGUSR1) is True
+        assert handled.hint(signal.SIGUSR1) == "sent"
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "hinted").exists():
+            assert time.monotonic() < deadline, "the hint never arrived"
+            time.sleep(0.02)
+        assert bare.poll() is None and handled.poll() is None
+    finally:
+        for process in (bare, handled):
+            process.stop()
+            process.finish()
+    assert handled.hint(signal.SIGUSR1) == "gone"
 
 
 # --- a stop that races with the exit ---------------------------------------------------------

@@ -292,3 +292,157 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+# --- on_checkpoint and defer -----------------------------------------------------------------
+
+# Installs on_checkpoint (callback: log a line with the pid, then return bytes, save them itself,
+# or raise, as the flags say), optionally forks a child, says "ready", then counts its steps.
+CHECKPOINTABLE = """
+import os, sys, time
+from corral import jobkit
+
+log = sys.argv[1]
+saves = 0
+
+def save():
+    global saves
+    saves += 1
+    with open(log, "a") as out:
+        out.write(f"callback {os.getpid()} {saves}\\n")
+    if "--raise" in sys.argv:
+        raise RuntimeError("the save went wrong")
+    if "--itself" in sys.argv:
+        jobkit.save_checkpoint(b"itself %d" % saves)
+        return None
+    return b"returned %d" % saves
+
+assert jobkit.on_checkpoint(save) is save
+if "--fork" in sys.argv and os.fork() == 0:
+    with open(log + ".child", "w") as out:
+        out.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def run_checkpointable(tmp_path: Path, *flags: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "CORRAL_CHECKPOINT_OUT": str(tmp_path / "checkpoint.out"),
+        "CORRAL_CHECKPOINT_DONE_FILE": str(tmp_path / "checkpoint.done"),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-c", CHECKPOINTABLE, str(tmp_path / "log"), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def wait_for_path(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.02)
+
+
+def hint_and_wait(process: subprocess.Popen[str], tmp_path: Path) -> None:
+    """SIGUSR1 to the job's group, as the worker sends it; wait for "saved"."""
+    done = tmp_path / "checkpoint.done"
+    done.unlink(missing_ok=True)
+    os.killpg(process.pid, signal.SIGUSR1)
+    wait_for_path(done)
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    os.killpg(process.pid, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=10)
+    return stderr
+
+
+@pytest.mark.parametrize(("flag", "saved"), [("", b"returned"), ("--itself", b"itself")])
+def test_on_checkpoint_saves_says_saved_and_lets_the_job_run_on(tmp_path: Path, flag: str, saved: bytes):
+    process = run_checkpointable(tmp_path, *([flag] if flag else []))
+    try:
+        hint_and_wait(process, tmp_path)
+        assert (tmp_path / "checkpoint.out").read_bytes() == saved + b" 1"
+        time.sleep(0.1)
+        assert process.poll() is None  # runs on until the stop
+        hint_and_wait(process, tmp_path)  # a later request: saved again
+        assert (tmp_path / "checkpoint.out").read_bytes() == saved + b" 2"
+    finally:
+        stop(process)
+    assert (tmp_path / "log").read_text() == f"callback {process.pid} 1\ncallback {process.pid} 2\n"
+
+
+def test_on_checkpoint_says_saved_even_when_the_callback_fails(tmp_path: Path):
+    process = run_checkpointable(tmp_path, "--raise")
+    try:
+        hint_and_wait(process, tmp_path)
+        time.sleep(0.1)
+        assert process.poll() is None
+    finally:
+        stderr = stop(process)
+    assert "RuntimeError: the save went wrong" in stderr
+    assert not (tmp_path / "checkpoint.out").exists()
+
+
+def test_forked_children_ignore_the_checkpoint_hint(tmp_path: Path):
+    process = run_checkpointable(tmp_path, "--fork")
+    child_file = tmp_path / "log.child"
+    deadline = time.monotonic() + 5
+    while not child_file.exists() or not child_file.read_text():
+        assert time.monotonic() < deadline, "the forked child never started"
+        time.sleep(0.02)
+    child = int(child_file.read_text())
+    try:
+        hint_and_wait(process, tmp_path)
+        time.sleep(0.2)
+        assert not _gone(child)  # neither killed by the hint
+        assert (tmp_path / "log").read_text() == f"callback {process.pid} 1\n"  # nor saving
+    finally:
+        stop(process)
+
+
+def test_defer_writes_the_request(monkeypatch, tmp_path: Path):
+    request = tmp_path / "defer"
+    monkeypatch.setenv("CORRAL_DEFER_FILE", str(request))
+    assert jobkit.defer(120) is True
+    assert request.read_text() == "120\n"
+    assert jobkit.defer(2.5) is True
+    assert request.read_text() == "2.5\n"
+
+
+@pytest.mark.parametrize("seconds", [0, -3, float("nan"), float("inf"), "soon", None])
+def test_defer_refuses_what_is_not_a_positive_number(monkeypatch, tmp_path: Path, seconds: object):
+    monkeypatch.setenv("CORRAL_DEFER_FILE", str(tmp_path / "defer"))
+    assert jobkit.defer(seconds) is False  # type: ignore[arg-type]
+    assert not (tmp_path / "defer").exists()
+
+
+def test_defer_outside_corral_or_unwritable_does_nothing(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("CORRAL_DEFER_FILE", raising=False)
+    assert jobkit.defer(60) is False
+    monkeypatch.setenv("CORRAL_DEFER_FILE", str(tmp_path / "gone" / "defer"))
+    assert jobkit.defer(60) is False
+
+
+def test_the_hint_counts_as_a_beat_only_for_a_job_that_beats(tmp_path: Path, monkeypatch):
+    beat_file = tmp_path / "beat"
+    monkeypatch.setenv("CORRAL_BEAT_FILE", str(beat_file))
+    jobkit._refresh_beat()
+    assert not beat_file.exists()  # never beat: the stall watchdog stays inert
+    beat_file.write_text("41\n")
+    os.utime(beat_file, (1000, 1000))
+    jobkit._refresh_beat()
+    assert beat_file.stat().st_mtime > 1000
+    assert beat_file.read_text() == "41\n"  # the step shown is unchanged

@@ -378,7 +378,7 @@ def test_properties_over_random_clusters(seed: int) -> None:
     used_workers: set[str] = set()
     found_for = {found.preemptor: found for found in result.preemptions}
     set_aside = dict(result.fitting)
-    for preemptor in sorted(preemptors, key=preemption.preemptor_key):
+    for preemptor in (by_key[key] for key in result.order):
         if preemptor.key in set_aside:  # the room the plan kept for a preemptor that fits as it is
             request = preemptor.first.spec.resources
             added.extend(

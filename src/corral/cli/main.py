@@ -18,11 +18,11 @@ import argparse
 import os
 import sys
 
-from corral.cli import cancel, events, exit_codes, jobs, pools, show, submit, up, why, workers
+from corral.cli import cancel, events, exit_codes, jobs, logs, pools, show, submit, up, why, workers
 from corral.cli.options import add_server_flag, resolve_server, server_flags
 from corral.client import ApiError, ServerUnreachable
 
-COMMANDS = (up, submit, jobs, show, events, why, cancel, workers, pools)
+COMMANDS = (up, submit, jobs, show, logs, events, why, cancel, workers, pools)
 
 
 def build_parser() -> argparse.ArgumentParser:

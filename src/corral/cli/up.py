@@ -1,4 +1,7 @@
-"""``corral up``: a server and one local worker in one command, for a laptop or a single GPU box.
+"""``corral up``: a server and local workers in one command, for a laptop or a single GPU box.
+
+``--workers N --gpus G`` starts N workers offering G fake GPUs each (no NVML, no device): gangs,
+drains and preemptions can be tried on one machine without a GPU cluster.
 
 Both run as child processes (``python -m corral server|worker``), never imported: the CLI stays a
 client of the API, and the children are exactly what an operator would start by hand. They run in
@@ -37,6 +40,9 @@ from corral.client import DEFAULT_SERVER, ApiError, Client, ServerUnreachable
 SERVER_LOG = "corral-server.log"
 WORKER_LOG = "corral-worker.log"
 WORKER_ID = "local"
+#: what a fake GPU of ``--gpus`` says it is
+FAKE_GPU_MODEL = "fake"
+FAKE_GPU_VRAM_MB = 16384
 START_TIMEOUT_S = 30.0
 WORKER_STOP_TIMEOUT_S = 75.0  # the worker gives running jobs 60 s (CORRAL_SHUTDOWN_TIMEOUT_S) to end
 SERVER_STOP_TIMEOUT_S = 15.0
@@ -62,6 +68,21 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=_port, help="port the server listens on [env CORRAL_PORT; default 8765]"
     )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="local workers to start (default 1): with several, gangs, drains and preemptions "
+        "play out on one machine",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=_non_negative,
+        metavar="G",
+        help="each worker offers G fake GPUs (no NVML, no real device: a way to try GPU scheduling "
+        "without a GPU); default: the worker's own detection",
+    )
     parser.set_defaults(run=run)
 
 
@@ -71,6 +92,7 @@ class _Child:
     def __init__(self, role: str, arguments: list[str], log_path: Path) -> None:
         self.role = role
         self.log_path = log_path
+        self._terminated = False
         self._log: IO[bytes] = log_path.open("ab")
         self._start_offset = self._log.tell()
         self.process = subprocess.Popen(  # noqa: S603 (corral itself, argument list, no shell)
@@ -99,10 +121,16 @@ class _Child:
             text = log.read().decode(errors="replace")
         return text.splitlines()[-TAIL_LINES:]
 
+    def terminate(self) -> None:
+        """SIGTERM, once (a second one would tell a worker to hurry)."""
+        if not self._terminated and not self.died():
+            self.process.send_signal(signal.SIGTERM)
+        self._terminated = True
+
     def stop(self, timeout_s: float, hurry: threading.Event) -> None:
         """SIGTERM, then SIGKILL to the whole group after ``timeout_s`` or at a second Ctrl-C."""
         if not self.died():
-            self.process.send_signal(signal.SIGTERM)
+            self.terminate()
             deadline = time.monotonic() + timeout_s
             while not self.died() and time.monotonic() < deadline and not hurry.is_set():
                 time.sleep(0.05)
@@ -171,15 +199,9 @@ def run(arguments: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return exit_codes.REFUSED
-        # --server always: the worker serves this server, whatever CORRAL_SERVER says for clients.
-        worker_arguments = ["--server", url]
-        if not os.environ.get("CORRAL_WORKER_ID"):
-            worker_arguments += ["--worker-id", WORKER_ID]
-        if not os.environ.get("CORRAL_STATE_DIR"):
-            # beside its log: what a killed worker left is found by the next `corral up` here
-            worker_arguments += ["--state-dir", str(Path(".corral-worker-state").resolve())]
-        children.append(_Child("worker", worker_arguments, Path(WORKER_LOG).resolve()))
-        _announce(url)
+        for worker_arguments, log in _workers(url, arguments.workers, arguments.gpus):
+            children.append(_Child("worker", worker_arguments, Path(log).resolve()))
+        _announce(url, arguments.workers)
         while not signals.stop.wait(0.2):
             for child in children:
                 if child.died():
@@ -187,6 +209,11 @@ def run(arguments: argparse.Namespace) -> int:
                     return exit_codes.REFUSED
         return exit_codes.OK
     finally:
+        # Every worker is asked at once (each stops its own jobs), then each is waited for; the
+        # server last, so the workers' final reports reach it.
+        for child in children:
+            if child.role == "worker":
+                child.terminate()
         for child in reversed(children):
             timeout_s = WORKER_STOP_TIMEOUT_S if child.role == "worker" else SERVER_STOP_TIMEOUT_S
             child.stop(timeout_s, signals.hurry)
@@ -219,14 +246,38 @@ def _server_arguments(arguments: argparse.Namespace) -> list[str]:
     return server_arguments
 
 
-def _announce(url: str) -> None:
+def _workers(url: str, count: int, gpus: int | None) -> list[tuple[list[str], str]]:
+    """Each worker's arguments and log file. One worker keeps the plain names (id ``local``, or
+    ``CORRAL_WORKER_ID``; ``corral-worker.log``); several are ``local-1``... with a log each."""
+    workers = []
+    for number in range(1, count + 1):
+        # --server always: the worker serves this server, whatever CORRAL_SERVER says for clients.
+        arguments = ["--server", url]
+        if count > 1:
+            arguments += ["--worker-id", f"{WORKER_ID}-{number}"]
+        elif not os.environ.get("CORRAL_WORKER_ID"):
+            arguments += ["--worker-id", WORKER_ID]
+        if gpus is not None:
+            arguments += ["--gpus", str(gpus), "--gpu-sampler", "none"]
+            if gpus:
+                arguments += ["--gpu-model", FAKE_GPU_MODEL, "--vram-mb", str(FAKE_GPU_VRAM_MB)]
+        if not os.environ.get("CORRAL_STATE_DIR"):
+            # beside its log: what a killed worker left is found by the next `corral up` here
+            arguments += ["--state-dir", str(Path(f".corral-worker-state-{number}").resolve())]
+        log = WORKER_LOG if count == 1 else WORKER_LOG.replace(".log", f"-{number}.log")
+        workers.append((arguments, log))
+    return workers
+
+
+def _announce(url: str, workers: int = 1) -> None:
     # The hint omits --server only when a bare `corral submit` here would reach this server.
     client_default = os.environ.get("CORRAL_SERVER") or DEFAULT_SERVER
     server_flag = "" if url == client_default.rstrip("/") else f" --server {url}"
     print(f"corral is up: {url}", flush=True)
     print(f"  next: corral submit{server_flag} -- echo hello")
     print(f"        corral jobs{server_flag}")
-    print(f"logs: {SERVER_LOG} and {WORKER_LOG} in {Path.cwd()}; Ctrl-C stops the worker, then the server")
+    worker_logs = WORKER_LOG if workers == 1 else WORKER_LOG.replace(".log", f"-{{1..{workers}}}.log")
+    print(f"logs: {SERVER_LOG} and {worker_logs} in {Path.cwd()}; Ctrl-C stops the workers, then the server")
     sys.stdout.flush()
 
 
@@ -265,6 +316,20 @@ def _client_host(host: str) -> str:
     if host == "::":
         return "[::1]"
     return f"[{host}]" if ":" in host else host
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _port(text: str) -> int:

@@ -39,7 +39,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from heapq import heapify, heappop, heappush
 
-from corral.core import drain, preemption
+from corral.core import borrowing, drain, preemption
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
@@ -133,6 +133,20 @@ def _preempt(
     )
 
 
+def guarantees_of(snapshot: Snapshot) -> borrowing.Guarantees:
+    """The pools' guarantees and usage, and the GPUs free on usable workers, as the snapshot has them."""
+    usable_ids = {worker.id for worker in snapshot.workers if usable(worker)}
+    total = sum(worker.resources.gpus for worker in snapshot.workers if worker.id in usable_ids)
+    held = sum(job.spec.resources.gpus for job in snapshot.holding if job.worker_id in usable_ids)
+    guaranteed = {path: pool.guarantee.gpus for path, pool in snapshot.pools.items()}
+    return borrowing.Guarantees.of(total - held, guaranteed, snapshot.holding)
+
+
+def _sensitive(snapshot: Snapshot, path: str) -> bool:
+    pool = snapshot.pools.get(path)
+    return pool is not None and pool.kind == "sensitive"
+
+
 def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
     return tuple(sorted(tasks, key=lambda task: (task.gang_index or 0, task.id)))
 
@@ -155,13 +169,20 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
     holds: list[Hold] = []
     waiting: list[Waiting] = []
     head: _HeadHold | None = None  # the head of the queue's holds, once it is known
+    guarantees = guarantees_of(snapshot)
     for gang in candidates:
         spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
         request, constraints = spec.resources, spec.constraints
+        if borrowing.unreclaimable(
+            gang.tasks[0], _sensitive(snapshot, spec.pool)
+        ) and not borrowing.may_place(gang.tasks[0], request.gpus * size, guarantees):
+            waiting.append(Waiting(gang.gang_id, borrowing.refusal(gang.tasks[0], request.gpus * size)))
+            continue
         eligible = shapes.eligible(request, constraints)
         backfill = head is not None and may_backfill(gang.tasks[0], head.holds, now)
         placed, room = cluster.attempt(request, size, eligible, backfill, commit=True)
         if placed is not None:
+            guarantees.take(spec.pool, request.gpus * size)
             tasks = sorted(gang.tasks, key=lambda task: (task.gang_index or 0, task.id))
             end = None if spec.walltime_s is None else now + spec.walltime_s
             for task, (slot, _) in zip(tasks, placed, strict=True):

@@ -118,21 +118,33 @@ def reserve(
     transitions = []
     for task in tasks:
         worker_id, gpu_indices = placements[task.id]
-        transitions.append(
-            move(
-                task,
-                now,
-                Reason("reserved", why.format(worker=worker_id)),
-                status=Status.RESERVED,
-                worker_id=worker_id,
-                gpu_indices=tuple(gpu_indices),
-                reservation_epoch=task.reservation_epoch + 1,
-                reserved_at=now,
-                master_port=master_port,
-                victims_deadline=victims_deadline,
-            )
-        )
+        transitions.append(reserve_one(task, worker_id, gpu_indices, now, why, master_port, victims_deadline))
     return Plan(tuple(transitions), tuple(transition.after for transition in transitions))
+
+
+def reserve_one(
+    job: Job,
+    worker_id: str,
+    gpu_indices: Sequence[int],
+    now: float,
+    why: str,
+    master_port: int | None = None,
+    victims_deadline: float | None = None,
+) -> Transition:
+    """One task, or one single job a preemption made room for, to ``reserved`` on ``worker_id``
+    (``why`` names the worker as ``{worker}``): a new reservation epoch, the claim it waits for."""
+    return move(
+        job,
+        now,
+        Reason("reserved", why.format(worker=worker_id)),
+        status=Status.RESERVED,
+        worker_id=worker_id,
+        gpu_indices=tuple(gpu_indices),
+        reservation_epoch=job.reservation_epoch + 1,
+        reserved_at=now,
+        master_port=master_port,
+        victims_deadline=victims_deadline,
+    )
 
 
 def note_waiting(tasks: Sequence[Job], reason: Reason, now: float) -> Plan[None]:

@@ -62,6 +62,8 @@ def explain_pending(
         capacity = free_capacity(worker, by_worker.get(worker.id, []))
         on_worker = holds_by_worker.get(worker.id, [])
         if isinstance(first_fit(job, worker, capacity, on_worker, now), Placement):
+            if job.reason is not None and job.reason.code == "borrowing_refused":
+                return [job.reason]  # room, but not for work no preemption could take back
             return [
                 Reason("fits_now", f"worker {worker.id} has room: the job starts at its next claim"),
                 *([job.reason] if job.reason else []),

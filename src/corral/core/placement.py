@@ -6,10 +6,10 @@ worker's current allocations, and the admission cycle and the simulator call the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from corral.core import lifecycle
+from corral.core import borrowing, lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
 from corral.domain.status import Status
@@ -135,6 +135,20 @@ class ClaimPlacement:
             if allocation.status == Status.RESERVED and _room_left_for(allocation, worker, allocations):
                 return allocation.job_id
         return None
+
+    def unreclaimable(self, job: Job) -> bool:
+        """A job no preemption could take back (``corral.core.borrowing``): the claim then asks
+        ``may_borrow`` before starting it."""
+        return borrowing.unreclaimable(job)
+
+    def may_borrow(
+        self, job: Job, free_gpus: int, guaranteed: Mapping[str, int], held: Mapping[str, int]
+    ) -> bool:
+        """``borrowing.may_place`` on the cluster as the claim's transaction read it."""
+        guarantees = borrowing.Guarantees(
+            free_gpus, {p: g for p, g in guaranteed.items() if g > 0}, dict(held)
+        )
+        return borrowing.may_place(job, job.spec.resources.gpus, guarantees)
 
     def choose(
         self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float

@@ -35,7 +35,18 @@ cost, its size, the worker id); a gang preemptor gets room for every task or nob
 in all at most ``max_victims`` units. The units are put back once more over the whole set, so no
 unit is stopped that P does not need. If no set exists, P waits and its reason says why.
 
-The loop applies each ``Preemption`` in one transaction (``decide_preemption``): the victims go
+**Speed.** Worker sets are computed once per preemptor shape (class, request, constraints) and only
+as far as needed: workers in the order of a lower bound of their best set's key, no further than
+the preemptor's class allows, at most ``SEARCH_LIMIT`` sets per preemptor (``bench/admission.py``:
+2,000 busy workers, 600 preemptors).
+
+**Room already coming free.** Victims of earlier cycles still stopping hold room that is theirs no
+more: a preemptor that fits there is reserved on it without a new victim. A preemptor that fits on
+free room is left to the claim (single jobs) or the next cycle, its room set aside in the plan's
+books so that no lower preemptor counts on it. Work no preemption could take back is refused room
+on borrowed capacity (``corral.core.borrowing``), and tried once more at the end of the plan.
+
+The loop applies each ``Preemption`` in one transaction (``start_preemption``): the victims go
 ``preempting`` (each with the job or gang it is stopped for, and, when it checkpoints, its checkpoint
 phase), and P is reserved on the capacity they hold, with ``victims_deadline``: the claim starts it
 once they have left, and its reservation does not expire before then. No lower job slips in while
@@ -50,7 +61,7 @@ from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
 
-from corral.core import drain
+from corral.core import borrowing, drain
 from corral.core.decisions import TaskPlacement
 from corral.core.placement import Capacity, free_capacity, matches_constraints
 from corral.core.snapshot import PoolView
@@ -155,6 +166,8 @@ class PreemptionPlan:
     #: preemptors that fit without anyone stopping, and the free room the plan set aside for them
     #: (the claim or the next cycle places them; no lower preemptor counts on that room)
     fitting: tuple[tuple[str, tuple[TaskPlacement, ...]], ...] = ()
+    #: the preemptors given room (by a preemption, or set aside), in the order the plan gave it
+    order: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +247,6 @@ class _Unit:
     #: worker id -> what the unit frees there (resources, GPU indices)
     frees: dict[str, tuple[Resources, tuple[int, ...]]]
     borrowed: bool
-    checkpoints: bool
 
 
 @dataclass(slots=True)
@@ -252,13 +264,24 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
     planner = _Planner(inputs)
     preemptions: list[Preemption] = []
     waiting: list[tuple[str, Reason]] = []
+    refused: list[Preemptor] = []
     for preemptor in sorted(inputs.preemptors, key=preemptor_key):
+        found = planner.place(preemptor)
+        if isinstance(found, Preemption):
+            preemptions.append(found)
+        elif isinstance(found, Reason) and found.code == "borrowing_refused":
+            refused.append(preemptor)
+        elif found is not None:
+            waiting.append((preemptor.key, found))
+    # Work refused for borrowing is tried once more: the placements since may have used the
+    # guarantees it would have taken (the next cycle would place it anyway).
+    for preemptor in refused:
         found = planner.place(preemptor)
         if isinstance(found, Preemption):
             preemptions.append(found)
         elif found is not None:
             waiting.append((preemptor.key, found))
-    return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting))
+    return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting), tuple(planner.order))
 
 
 def preemptor_key(preemptor: Preemptor) -> tuple[int, int, int, float, str]:
@@ -327,6 +350,10 @@ class _Planner:
             default=NEVER_PREEMPTED_CLASS,
         )
         self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
+        self.order: list[str] = []
+        free_gpus = sum(free.capacity.free.gpus for free in self.free.values())
+        guaranteed = {path: pool.guarantee.gpus for path, pool in inputs.pools.items()}
+        self.guarantees = borrowing.Guarantees.of(free_gpus, guaranteed, inputs.holding)
         self._eligible: dict[tuple[object, ...], list[str]] = {}
         self._shapes: dict[tuple[object, ...], _Shape] = {}
         #: every worker with units, by a lower bound of any victim set's key there (its cheapest
@@ -352,14 +379,19 @@ class _Planner:
         eligible = self._eligible_workers(preemptor.first)
         if not eligible:
             return None  # the admission cycle or ``why`` already says it can never fit
+        pool = self.inputs.pools.get(spec.pool)
+        locked_in = borrowing.unreclaimable(preemptor.first, pool is not None and pool.kind == "sensitive")
         room = self._room(eligible, request)
+        if locked_in and sum(room.values()) >= size and not self._may_borrow(preemptor, ()):
+            return borrowing.refusal(preemptor.first, request.gpus * size)
         if sum(room.values()) >= size:
             if not self.stopping.intersection(room) or self._fits_now(preemptor, room):
                 # It fits without anyone stopping: the claim or the next cycle places it. The room
                 # is set aside in this plan's books, so no lower preemptor counts on it.
                 fitting = self._placements(preemptor, [], set(room), request) or []
-                self._take_room(fitting, request)
+                self._take_room(fitting, request, spec.pool)
                 self.fitting.append((preemptor.key, tuple(fitting)))
+                self.order.append(preemptor.key)
                 return None
             # It fits once victims of earlier preemptions have left: reserved there, nobody else
             # takes that room, and nobody more is stopped for it.
@@ -442,10 +474,31 @@ class _Planner:
         placements = self._placements(preemptor, chosen, workers, request)
         if placements is None:  # the put-back left less than it counted: cannot happen
             return self._no_set(preemptor, eligible, reclaiming, examined)
+        first = preemptor.first
+        pool = self.inputs.pools.get(first.spec.pool)
+        sensitive = pool is not None and pool.kind == "sensitive"
+        if borrowing.unreclaimable(first, sensitive) and not self._may_borrow(preemptor, chosen):
+            return borrowing.refusal(first, request.gpus * size)
         return self._commit(preemptor, chosen, placements, reclaiming)
 
-    def _take_room(self, placements: Sequence[TaskPlacement], request: Resources) -> None:
+    def _may_borrow(self, preemptor: Preemptor, victims: Sequence[_Unit]) -> bool:
+        """``borrowing.may_place`` for a preemptor, on the cluster as it would be once ``victims``
+        have left: their GPUs free again and out of their pools' usage."""
+        gpus = preemptor.first.spec.resources.gpus * len(preemptor.tasks)
+        view = self.guarantees
+        if victims:
+            held = dict(view.held)
+            freed = 0
+            for unit in victims:
+                for job in unit.jobs:
+                    held[job.spec.pool] = held.get(job.spec.pool, 0) - job.spec.resources.gpus
+                    freed += job.spec.resources.gpus
+            view = borrowing.Guarantees(view.free_gpus + freed, view.guaranteed, held)
+        return borrowing.may_place(preemptor.first, gpus, view)
+
+    def _take_room(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
         """The room these placements use is no one else's this cycle."""
+        self.guarantees.take(pool, request.gpus * len(placements))
         for placement in placements:
             free = self.free[placement.worker_id]
             taken = set(placement.gpu_indices)
@@ -628,7 +681,7 @@ class _Planner:
             worker_id,
         )
         version = self.versions.get(worker_id, 0)
-        return _WorkerSet(worker_id, tuple(taken), have, _tasks_fitting(freed, request), key, version)
+        return _WorkerSet(worker_id, tuple(taken), key, version)
 
     def _put_back(self, chosen: list[_Unit], workers: set[str], request: Resources, size: int) -> list[_Unit]:
         """Across the whole set, drop every unit P's tasks fit without (most expensive first)."""
@@ -710,11 +763,16 @@ class _Planner:
                     _plus(free.capacity.free, resources),
                     tuple(sorted(set(free.capacity.free_gpu_indices) | set(indices))),
                 )
-        self._take_room(placements, request)
+        # the victims' GPUs come free (they still count for their pools until they have left)
+        self.guarantees.free_gpus += sum(
+            resources.gpus for unit in chosen for resources, _ in unit.frees.values()
+        )
+        self._take_room(placements, request, first.spec.pool)
         for worker_id in worker_ids:
             self._touch(worker_id)
             self._block(worker_id)
         self.usage[first.spec.pool] = self.usage.get(first.spec.pool, 0) + request.gpus * len(placements)
+        self.order.append(preemptor.key)
         checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs) or (
             not chosen  # placed on room still held by stopping victims: they may be checkpointing
         )
@@ -758,9 +816,6 @@ class _Planner:
 class _WorkerSet:
     worker_id: str
     units: tuple[_Unit, ...]
-    #: tasks of the preemptor the worker holds before and once the units are gone
-    had: int
-    tasks: int
     key: tuple[int, float, int, str]
     #: the worker's version when the set was computed (``_Planner.versions``): stale once it moved
     version: int
@@ -851,7 +906,6 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             pool=first.spec.pool,
             frees=frees,
             borrowed=any(job.id in borrowed for job in jobs),
-            checkpoints=first.spec.checkpoint_mode != "none",
         )
     return units
 
@@ -965,16 +1019,8 @@ def start_preemption(
     else:
         worker_id, indices = placements[first.id]
         transitions.append(
-            move(
-                first,
-                now,
-                Reason("reserved", why.format(worker=worker_id)),
-                status=Status.RESERVED,
-                worker_id=worker_id,
-                gpu_indices=indices,
-                reservation_epoch=first.reservation_epoch + 1,
-                reserved_at=now,
-                victims_deadline=preemption.victims_deadline,
+            drain.reserve_one(
+                first, worker_id, indices, now, why, victims_deadline=preemption.victims_deadline
             )
         )
     moved = [transition.after for transition in transitions]

@@ -49,6 +49,39 @@ loads it" work without shared storage::
 
 A shell job needs none of this: ``echo $step > "$CORRAL_CHECKPOINT_OUT"`` saves, ``cat
 "$CORRAL_CHECKPOINT_IN"`` or ``cat "$CORRAL_GANG_CHECKPOINT_DIR/rank-0"`` loads.
+
+Checkpoint on request: a job submitted with ``checkpoint: auto`` or ``manual`` is asked to save
+before a preemption stops it. The worker sends the job's process group **SIGUSR1**, waits for the
+job to say its save is complete, uploads ``$CORRAL_CHECKPOINT_OUT``, and only then (or once the
+server's deadline, ``CORRAL_CHECKPOINT_TIMEOUT_S``, passed) stops it with SIGTERM as above.
+``on_checkpoint(callback)`` does the job's part: it runs ``callback()`` on SIGUSR1, saves what the
+callback returns when that is bytes, tells the worker "saved", and lets the job run on::
+
+    @jobkit.on_checkpoint
+    def save():
+        return pickle.dumps(state)     # or call jobkit.save_checkpoint(...) and return None
+
+"Saved" is the creation of the file ``$CORRAL_CHECKPOINT_DONE_FILE`` (the worker removes it
+before each request, so any write or ``touch`` counts); whatever
+``$CORRAL_CHECKPOINT_OUT`` holds then is uploaded (a job that says "saved" with nothing there
+uploads nothing, and the deadline ends the wait). ``defer(seconds)`` asks for more time while a
+save is under way (the server grants up to ``CORRAL_MAX_DEFERRAL_S``, 300 s, in all): it writes the
+number to ``$CORRAL_DEFER_FILE``, and each write is one request. Outside a checkpoint phase it
+changes nothing. A shell job does the same with a trap::
+
+    trap 'echo $step > "$CORRAL_CHECKPOINT_OUT"; touch "$CORRAL_CHECKPOINT_DONE_FILE"' USR1
+    echo 120 > "$CORRAL_DEFER_FILE"      # inside the trap, before a long save
+
+(A shell runs a trap once its current command returns; the group's signal ends a plain ``sleep``
+child at once, so a loop of short commands answers quickly.)
+
+SIGUSR1's default action ends a process, so a job with ``checkpoint: auto`` or ``manual`` must
+handle it. The worker does not send it while the job's main process has no handler (it tries again
+every second, so a handler installed after slow imports still gets it), and a process of the group
+without one would die of it: a shell script that wraps the program should ``exec`` it (``exec python
+train.py``), so that the program is the main process, and the program should install its handler
+(``on_checkpoint``) before it starts child processes, which then inherit it. Forked children ignore
+the hint; only the process that called ``on_checkpoint`` saves.
 """
 
 from __future__ import annotations
@@ -73,9 +106,11 @@ __all__ = [
     "PREEMPT_EXIT_CODE",
     "beat",
     "checkpoint_path",
+    "defer",
     "gang_checkpoint_path",
     "load_checkpoint",
     "load_gang_checkpoint",
+    "on_checkpoint",
     "on_preempt",
     "save_checkpoint",
 ]
@@ -87,6 +122,8 @@ BEAT_INTERVAL_S = 1.0
 PREEMPT_EXIT_CODE = 128 + signal.SIGTERM
 
 _Callback = TypeVar("_Callback", bound=Callable[[], object])
+#: The signal with which the worker asks for a checkpoint.
+CHECKPOINT_SIGNAL = signal.SIGUSR1
 
 _lock = threading.Lock()
 _last_write = -float("inf")
@@ -252,3 +289,93 @@ def on_preempt(callback: _Callback) -> _Callback:
 
     signal.signal(signal.SIGTERM, handle)
     return callback
+
+
+# --- checkpoint on request -----------------------------------------------------------------
+
+
+def on_checkpoint(callback: _Callback) -> _Callback:
+    """Run ``callback()`` when the worker asks for a checkpoint (SIGUSR1), then tell it "saved".
+
+    The callback saves the job's state: with ``save_checkpoint(data)``, or by returning the bytes,
+    which are then saved for it. Afterwards the file ``$CORRAL_CHECKPOINT_DONE_FILE`` is created,
+    which tells the worker to upload the checkpoint; the job keeps running until the stop comes
+    (SIGTERM, see ``on_preempt``). A callback that raises is printed and "saved" is still said: the
+    last checkpoint saved (if any) is the best there is, and waiting out the deadline would help
+    nobody. A SIGUSR1 during the callback is ignored; a later one runs it again (a new request).
+    The hint counts as a beat for a job that beats (``beat``), so the stall watchdog gives the save
+    a whole ``stall_timeout_s``; a save that takes longer should ``beat`` as it goes.
+
+    Forked children (data-loader workers) inherit the handler; in them it does nothing, so the hint
+    neither kills them nor makes them save. Call from the main thread (Python only installs signal
+    handlers there; elsewhere ``signal.signal`` raises ``ValueError``). Returns ``callback``, so it
+    also works as a decorator.
+    """
+    installer = os.getpid()
+    running = False
+
+    def handle(signal_number: int, frame: FrameType | None) -> None:
+        nonlocal running
+        if os.getpid() != installer or running:
+            return
+        running = True
+        try:
+            _refresh_beat()
+            try:
+                data = callback()
+                if isinstance(data, (bytes, bytearray, memoryview)):
+                    save_checkpoint(bytes(data))
+            except BaseException:
+                traceback.print_exc()
+            _say_saved()
+        finally:
+            running = False
+
+    signal.signal(CHECKPOINT_SIGNAL, handle)
+    return callback
+
+
+def _refresh_beat() -> None:
+    """Count the save as progress: the stall watchdog, once armed, then gives it a whole
+    ``stall_timeout_s`` window. A job that never beat keeps its watchdog inert (no file: no beat)."""
+    path = os.environ.get("CORRAL_BEAT_FILE")
+    if path:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+
+def _say_saved() -> bool:
+    """Create ``$CORRAL_CHECKPOINT_DONE_FILE``: the save the worker asked for is complete."""
+    path = os.environ.get("CORRAL_CHECKPOINT_DONE_FILE")
+    if not path:
+        return False
+    try:
+        with open(path, "w", encoding="ascii") as done:
+            done.write("saved\n")
+    except OSError:
+        return False
+    return True
+
+
+def defer(seconds: float) -> bool:
+    """Ask for ``seconds`` more before the stop, while a checkpoint's save is under way.
+
+    Writes the number to ``$CORRAL_DEFER_FILE``; the worker forwards each write once with the
+    job's next heartbeat (every ``CORRAL_HEARTBEAT_S``), and the server grants deferrals up to
+    ``CORRAL_MAX_DEFERRAL_S`` (300 s) in all. Outside a checkpoint phase the worker ignores it.
+    True when the request was written; False outside corral, for a number that is not positive
+    and finite, or when the file cannot be written. Never raises.
+    """
+    path = os.environ.get("CORRAL_DEFER_FILE")
+    try:
+        amount = float(seconds)
+    except (TypeError, ValueError):
+        return False
+    if not path or not amount > 0 or amount == float("inf"):
+        return False
+    try:
+        with open(path, "w", encoding="ascii") as request:
+            request.write(f"{amount:g}\n")
+    except OSError:
+        return False
+    return True

@@ -125,6 +125,16 @@ class Metrics:
         self.loop_errors = Counter(
             "corral_loop_errors_total", "Passes of a background loop that raised", ["loop"], registry=registry
         )
+        self.log_bytes_stored = Counter(
+            "corral_log_bytes_stored_total",
+            "Bytes of job output stored (retries not counted)",
+            registry=registry,
+        )
+        self.log_bytes_dropped = Counter(
+            "corral_log_bytes_dropped_total",
+            "Bytes of job output dropped to stay under CORRAL_LOG_MAX_BYTES per attempt",
+            registry=registry,
+        )
 
     def watch_store(self, read: Callable[[], tuple[dict[str, int], dict[str, int], dict[str, int]]]) -> None:
         """Expose the cluster gauges, read through ``read`` at every scrape."""

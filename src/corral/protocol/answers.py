@@ -110,6 +110,10 @@ class JobAnswer(Answer):
     cancel_requested: bool = False
     gpu_util_pct: float | None = None
     rss_mb: float | None = None
+    preempted_for: str | None = None
+    checkpoint_deadline: str | None = None
+    last_checkpoint_at: str | None = None
+    checkpoint_failures: int = 0
 
 
 class GangCheckpoint(Answer):
@@ -147,6 +151,12 @@ class GangSubmitted(Answer):
 
     gang_id: str
     tasks: list[str]
+
+
+class BatchSubmitted(Answer):
+    """``POST /jobs/batch``: each item a job, or a gang's id and task ids, in request order."""
+
+    items: list[JobAnswer | GangSubmitted]
 
 
 class EventAnswer(Answer):
@@ -263,11 +273,41 @@ class CheckpointSaved(Answer):
     attempt: int
 
 
+class LogAppendedAnswer(Answer):
+    """``POST /jobs/{id}/logs``: where the attempt's stored stream ends now (``size``, the offset of
+    the next chunk), the bytes of this chunk newly stored (0 for a retry), and how many of the
+    attempt's first bytes were dropped to stay under ``CORRAL_LOG_MAX_BYTES``."""
+
+    job_id: str
+    attempt: int
+    size: int
+    accepted: int
+    dropped: int
+
+
 class HealthAnswer(Answer):
     status: str
     instance_id: str
     uptime_s: float
     version: str
+
+
+class EmptyAnswer(Answer):
+    """``{}``: done, nothing to say."""
+
+
+class StatusAnswer(Answer):
+    """``/healthz`` and ``/readyz``: the process is up, the store answers."""
+
+    status: str
+
+
+class OpenApiAnswer(Answer):
+    """``GET /openapi.json``: an OpenAPI 3.1 document."""
+
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
 
 
 class ErrorDetail(Answer):

@@ -27,6 +27,8 @@ MAX_BATCH = 10_000
 #: tasks one request may create (a batch's jobs plus every gang's tasks)
 MAX_TASKS_PER_REQUEST = 10_000
 INT32_MAX = 2**31 - 1
+#: 9999-12-31T23:59:59Z: the latest time an answer can write
+MAX_TIMESTAMP = 253402300799.0
 #: the largest GPU index a worker may report (NVML counts far fewer GPUs per host)
 MAX_GPU_INDEX = 65535
 GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
@@ -243,7 +245,8 @@ class JobHeartbeatBody(_Strict):
     rss_mb: float | None = Field(None, ge=0)
     #: when the job last saved a checkpoint on its worker (epoch seconds: the modification time of
     #: ``CORRAL_CHECKPOINT_OUT``): the preemption planner's cost counts the work since then
-    checkpoint_at: float | None = Field(None, ge=0)
+    # a Unix time an RFC 3339 answer can carry (year 9999 at most; found by Schemathesis)
+    checkpoint_at: float | None = Field(None, ge=0, le=MAX_TIMESTAMP)
     #: during a preemption's checkpoint phase, the job asks for this many more seconds
     #: (``jobkit.defer``); the server grants up to ``CORRAL_MAX_DEFERRAL_S`` in all
     defer_s: float | None = Field(None, ge=0, le=86400)

@@ -58,6 +58,12 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "walltime_s": spec.walltime_s,
         "stall_timeout_s": spec.stall_timeout_s,
         "cancel_requested": job.cancel_requested,
+        # preemption (additions to API.md's job object): the job or gang a victim is stopped for,
+        # when its checkpoint phase ends, when it last saved, and checkpoint phases it missed
+        "preempted_for": job.preempted_for,
+        "checkpoint_deadline": to_rfc3339(job.checkpoint_deadline),
+        "last_checkpoint_at": to_rfc3339(job.last_checkpoint_at),
+        "checkpoint_failures": job.checkpoint_failures,
     }
 
 

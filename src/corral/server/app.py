@@ -22,18 +22,30 @@ from corral.core import retention
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
-from corral.server import auth
+from corral.server import auth, openapi
+from corral.server.dashboard import routes as dashboard
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
-from corral.server.routes import jobs, operations, pools, protocol, workers
+from corral.server.routes import jobs, logs, operations, pools, protocol, workers
 from corral.server.state import ServerState
 from corral.store import Store
 
 logger = logging.getLogger("corral.server")
+
+#: every route's description, for ``GET /openapi.json`` (each declared beside its route)
+DESCRIBED = [
+    *protocol.described,
+    *logs.described,
+    *jobs.described,
+    *workers.described,
+    *pools.described,
+    *operations.described,
+    *dashboard.described,
+]
 
 
 def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
@@ -93,7 +105,15 @@ def create_app(
         yield
         await loops.stop()
 
-    routes = [*protocol.routes, *jobs.routes, *workers.routes, *pools.routes, *operations.routes]
+    routes = [
+        *protocol.routes,
+        *logs.routes,
+        *jobs.routes,
+        *workers.routes,
+        *pools.routes,
+        *operations.routes,
+        *dashboard.routes,
+    ]
     auth.check_every_route_has_a_rule(routes)
     middleware = [
         Middleware(RequestIdMiddleware),
@@ -119,6 +139,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.corral = state
+    app.state.openapi = openapi.build(DESCRIBED)
     app.state.loops = loops
     return app
 

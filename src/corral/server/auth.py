@@ -32,8 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.requests import Request
+from starlette.responses import HTMLResponse
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -106,6 +108,21 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("GET", "/healthz"): OPEN,
     ("GET", "/readyz"): OPEN,
     ("GET", "/metrics"): OPEN,
+    ("GET", "/openapi.json"): Rule("any role", frozenset({Role.ADMIN, Role.USER, Role.WORKER})),
+    # the dashboard: pages read like GET /jobs; its cancels are the API's cancels; its static
+    # files (CSS, script) are open so the page can ask for a token
+    ("GET", "/"): READ,
+    ("GET", "/ui/jobs"): READ,
+    ("GET", "/ui/jobs/{job_id}"): READ,
+    ("POST", "/ui/jobs/{job_id}/cancel"): OWN_JOB,
+    ("GET", "/ui/gangs/{gang_id}"): READ,
+    ("POST", "/ui/gangs/{gang_id}/cancel"): OWN_GANG,
+    ("GET", "/ui/workers"): READ,
+    ("GET", "/ui/pools"): READ,
+    ("GET", "/ui/static/{name}"): OPEN,
+    # job logs: read like a job; appended by the worker running the attempt (fenced like a report)
+    ("GET", "/jobs/{job_id}/logs"): READ,
+    ("POST", "/jobs/{job_id}/logs"): WORKER_QUERY,
     # users: jobs and gangs
     ("POST", "/jobs"): SUBMIT,
     ("POST", "/jobs/batch"): SUBMIT,
@@ -264,7 +281,7 @@ def presented_token(scope: Scope) -> tuple[str | None, bool]:
             for part in value.decode("latin-1").split(";"):
                 key, _, cookie_value = part.strip().partition("=")
                 if key == COOKIE and cookie_value:
-                    cookie = str(cookie_value)
+                    cookie = unquote(str(cookie_value))
     return cookie, cookie is not None
 
 
@@ -284,6 +301,39 @@ def cross_site(scope: Scope) -> bool:
 
 
 # --- the middleware ----------------------------------------------------------------------------
+
+#: what a browser gets for a dashboard page without a valid token: a form that keeps the token in
+#: the ``corral_token`` cookie (this site only) and loads the page again with it
+LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>corral: token</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<body style="font-family: system-ui, sans-serif; max-width: 32rem; margin: 4rem auto">
+<h1>corral</h1>
+<p>This server needs a token (ask its admin). The dashboard acts with that token's role.</p>
+<form id="token-form">
+  <label>Token <input id="token" type="password" autocomplete="current-password" required autofocus></label>
+  <button type="submit">Use it</button>
+</form>
+<script>
+document.getElementById("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const token = encodeURIComponent(document.getElementById("token").value.trim());
+  document.cookie = "corral_token=" + token + "; path=/; SameSite=Strict";
+  location.reload();
+});
+</script>
+</body></html>
+"""
+
+
+def wants_page(scope: Scope) -> bool:
+    """A browser asking for a dashboard page (not the API, which answers JSON)."""
+    if scope["method"] != "GET" or not (scope["path"] == "/" or scope["path"].startswith("/ui/")):
+        return False
+    for name, value in scope.get("headers", ()):
+        if name == b"accept":
+            return b"text/html" in value
+    return False
 
 
 def principal_of(request: Request) -> Principal | None:
@@ -363,6 +413,9 @@ class AuthMiddleware:
             await error_response(403, "forbidden", "a cookie-authenticated change must come from this site")(
                 scope, receive, send
             )
+            return
+        if principal is None and wants_page(scope):
+            await HTMLResponse(LOGIN_PAGE, status_code=401)(scope, receive, send)
             return
         if principal is None:
             response = error_response(

@@ -20,7 +20,7 @@ from corral.core.preemption import Preemption, PreemptionStarted, start_preempti
 from corral.domain.records import Job, Reason
 from corral.domain.transitions import Plan
 from corral.store import Store
-from corral.store.base import JobReport, WorkerBeat
+from corral.store.base import JobReport, LogAppended, WorkerBeat
 
 PLACEMENT = ClaimPlacement()
 
@@ -157,6 +157,22 @@ def roll_back_single(store: Store, job_id: str, now: float, timeout_s: float) ->
 
 def note_single_waiting(store: Store, job_id: str, reason: Reason, now: float) -> None:
     store.change(job_id, partial(lifecycle.note_waiting, reason=reason, now=now))
+
+
+def append_log(
+    store: Store,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    offset: int,
+    data: bytes,
+    now: float,
+    max_bytes: int,
+) -> LogAppended:
+    """Append output of the current attempt at ``offset``; fenced like every report (409
+    ``stale_attempt`` from another worker or attempt, and nothing written)."""
+    check = partial(lifecycle.check_fence, worker_id=worker_id, attempt=attempt)
+    return store.append_log(job_id, offset, data, now, max_bytes, check)
 
 
 def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:

@@ -35,6 +35,9 @@ class ServerState:
     #: whether the last admission pass saw a gang waiting (blocked or reserved tasks); while none
     #: waits, a released slot has nothing for the admission cycle to do before its next tick
     gangs_waiting: bool = True
+    #: when this replica last removed logs past their retention (``loops.reaper.purge_logs``)
+    logs_purged_at: float = float("-inf")
+
     #: worker id -> when the admission cycle last made a preemptive placement on it (the backoff).
     #: Kept by the loop leader in memory: a new leader may preempt on a worker once more within
     #: one backoff, nothing worse.

@@ -10,7 +10,7 @@ rule) which candidate fits and how it starts. A decision that refuses (a stale r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -45,6 +45,16 @@ class ClaimPolicy(Protocol[CapacityT]):
     """What the claim needs from the scheduling core."""
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
+
+    def unreclaimable(self, job: Job) -> bool:
+        """A job no preemption could take back: the claim checks ``may_borrow`` before it starts."""
+        ...
+
+    def may_borrow(
+        self, job: Job, free_gpus: int, guaranteed: Mapping[str, int], held: Mapping[str, int]
+    ) -> bool:
+        """Whether it may start on the cluster as it is (free GPUs, pools' guarantees and usage)."""
+        ...
 
     def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
         """The task reserved for this worker that its claim starts before any pending job."""
@@ -156,6 +166,36 @@ class Purged:
     keys: int = 0
 
 
+@dataclass(frozen=True)
+class LogAppended:
+    """What an append to an attempt's log did: ``size`` is where the stored stream ends now (the
+    offset the next chunk starts at), ``accepted`` the bytes of this chunk newly stored (0 for a
+    retry of a stored chunk), ``dropped`` how many of the attempt's first bytes are gone (trimmed to
+    the cap), ``trimmed`` how many of them this append dropped."""
+
+    job_id: str
+    attempt: int
+    size: int
+    accepted: int
+    dropped: int
+    trimmed: int = 0
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """Stored bytes of one attempt's log from ``start`` (an offset of its stream) to ``size``.
+
+    ``start`` is the asked offset, or ``dropped`` when the bytes asked for were trimmed away; the
+    job is returned as it was read, for a follow to know whether the attempt is still running."""
+
+    job: Job
+    attempt: int
+    start: int
+    size: int
+    dropped: int
+    data: bytes
+
+
 class Store(Protocol):
     dialect: str
 
@@ -179,6 +219,7 @@ class Store(Protocol):
     def gang_tasks(self, gang_id: str) -> list[Job]: ...
     def job_events(self, job_id: str) -> list[JobEvent]: ...
     def count_jobs_by_status(self) -> dict[str, int]: ...
+    def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]: ...
 
     # the job protocol
     def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None: ...
@@ -189,6 +230,20 @@ class Store(Protocol):
         self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]
     ) -> Outcome: ...
     def get_checkpoint(self, job_id: str) -> bytes | None: ...
+
+    # logs (store/logs.py)
+    def append_log(
+        self,
+        job_id: str,
+        offset: int,
+        data: bytes,
+        now: float,
+        max_bytes: int,
+        check: Callable[[Job], None],
+    ) -> LogAppended: ...
+    def read_log(self, job_id: str, attempt: int | None, offset: int, limit: int) -> LogSlice: ...
+    def log_sizes(self, job_id: str) -> dict[int, tuple[int, int]]: ...
+    def purge_logs(self, finished_before: float) -> int: ...
 
     # workers
     def register_worker(self, registration: WorkerRegistration, now: float) -> Worker: ...

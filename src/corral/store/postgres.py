@@ -160,8 +160,11 @@ class PostgresStore(RetentionStore):
             if self._leading_connection is not connection:
                 self._leading_connection, self._leading = connection, set()
             if loop not in self._leading:
+                # Advisory locks are database-wide: the key names the schema too, so that two corral
+                # deployments in two schemas of one database each elect their own leaders.
+                schema = self._tx.execute("SELECT current_schema()")[0][0]
                 rows = self._tx.execute(
-                    "SELECT pg_try_advisory_lock(?, ?)", (_LOOP_LOCK_SPACE, _loop_key(loop))
+                    "SELECT pg_try_advisory_lock(?, ?)", (_LOOP_LOCK_SPACE, _loop_key(f"{schema}.{loop}"))
                 )
                 if rows[0][0]:
                     self._leading.add(loop)

@@ -1,4 +1,4 @@
-"""Retention in the store: finished jobs (with their events and checkpoints) and idempotency keys
+"""Retention in the store: finished jobs (with their events, checkpoints and logs) and idempotency keys
 older than a cutoff, removed in small batches; the store's size and its oldest kept job.
 
 Each batch is one short transaction (at most ``batch`` jobs), so a purge of a large backlog never
@@ -10,11 +10,11 @@ would change it). What the cutoff is, is the core's (``core.retention``).
 from __future__ import annotations
 
 from corral.store.base import Purged
-from corral.store.pools import PoolStore
+from corral.store.logs import LogStore
 from corral.store.rows import TERMINAL_SQL
 
 
-class RetentionStore(PoolStore):
+class RetentionStore(LogStore):
     def purge_finished(self, cutoff: float, batch: int) -> Purged:
         """Remove at most ``batch`` jobs that finished before ``cutoff`` (whole gangs only) with
         their events and checkpoints, and at most ``batch`` idempotency keys created before it."""
@@ -34,6 +34,8 @@ class RetentionStore(PoolStore):
                 marks = ", ".join("?" for _ in ids)
                 tx.execute(f"DELETE FROM job_events WHERE job_id IN ({marks})", ids)
                 tx.execute(f"DELETE FROM checkpoints WHERE job_id IN ({marks})", ids)
+                tx.execute(f"DELETE FROM job_log_chunks WHERE job_id IN ({marks})", ids)
+                tx.execute(f"DELETE FROM job_logs WHERE job_id IN ({marks})", ids)
                 tx.execute(f"DELETE FROM jobs WHERE id IN ({marks})", ids)
             keys = tx.execute(
                 "DELETE FROM idempotency_keys WHERE key IN"

@@ -215,6 +215,20 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "created_at DOUBLE PRECISION NOT NULL",
         "updated_at DOUBLE PRECISION NOT NULL",
     ),
+    "job_logs": columns(  # migration 8
+        "job_id TEXT NOT NULL",
+        "attempt INTEGER NOT NULL",
+        "size BIGINT NOT NULL",
+        "dropped BIGINT NOT NULL",
+        "updated_at DOUBLE PRECISION NOT NULL",
+    ),
+    "job_log_chunks": columns(  # migration 8
+        "job_id TEXT NOT NULL",
+        "attempt INTEGER NOT NULL",
+        "start_offset BIGINT NOT NULL",
+        "end_offset BIGINT NOT NULL",
+        "data BLOB NOT NULL",
+    ),
 }
 
 DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -226,6 +240,8 @@ DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "checkpoints": ("job_id",),
     "holds": ("worker_id", "gang_id"),
     "pools": ("path",),
+    "job_logs": ("job_id", "attempt"),
+    "job_log_chunks": ("job_id", "attempt", "start_offset"),
 }
 
 DECLARED_INDEXES: dict[str, Index] = {
@@ -494,8 +510,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE jobs ADD COLUMN checkpoint_failures INTEGER NOT NULL DEFAULT 0",
         ),
     ),
-    # 8 is another branch's (merged separately); versions apply in order, each once, so a
-    # database that has 9 before 8 still gets 8 at the merge.
+    Migration(
+        8,
+        "job logs",
+        (
+            # One row per attempt that wrote output: where its stream ends (``size``, the offset the
+            # next chunk starts at) and how many of its first bytes were dropped to stay under
+            # CORRAL_LOG_MAX_BYTES. Kept apart from the job row, like checkpoints: no listing reads it.
+            """
+            CREATE TABLE job_logs (
+                job_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                size BIGINT NOT NULL,
+                dropped BIGINT NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (job_id, attempt)
+            )
+            """,
+            # The bytes, as the chunks the worker sent: [start_offset, end_offset) of the attempt's
+            # stream. A chunk is written once (an append at a stored offset is a retry); trimming
+            # deletes the oldest chunks and cuts the one that straddles the new start.
+            """
+            CREATE TABLE job_log_chunks (
+                job_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                start_offset BIGINT NOT NULL,
+                end_offset BIGINT NOT NULL,
+                data {blob} NOT NULL,
+                PRIMARY KEY (job_id, attempt, start_offset)
+            )
+            """,
+        ),
+    ),
     Migration(
         9,
         "retention",

@@ -4,10 +4,9 @@ claim and the job heartbeat, written once.
 The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
 ``OperationsStore`` (workers, the reaper's reads, the dead-worker flag) -> ``GangStore``
 (reservations, checkpoints, holds, leadership) -> ``PoolStore`` (pool settings and usage) ->
-``SqliteStore`` / ``PostgresStore``. A backend
-supplies a connection, a transaction context and its dialect's few differences (placeholders, row
-locks, introspection). Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites
-them once.
+``LogStore`` (job logs) -> ``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a
+transaction context and its dialect's few differences (placeholders, row locks, introspection).
+Queries are written with ``?`` placeholders; the PostgreSQL backend rewrites them once.
 
 The store decides nothing about a job's next status: ``change`` locks the rows a decision needs
 (the job, and its gang's in id order), hands them to a decision function of ``corral.core`` passed
@@ -338,6 +337,16 @@ class SqlStore(abc.ABC):
         rows = self._read().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status")
         return {status: count for status, count in rows}
 
+    def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Pool -> status -> (jobs, GPUs they ask for): the dashboard's pools page, one query."""
+        rows = self._read().execute(
+            "SELECT pool, status, COUNT(*), SUM(gpus) FROM jobs GROUP BY pool, status"
+        )
+        pools: dict[str, dict[str, tuple[int, int]]] = {}
+        for pool, status, count, gpus in rows:
+            pools.setdefault(pool, {})[status] = (int(count), int(gpus or 0))
+        return pools
+
     # --- the job protocol ----------------------------------------------------------------
 
     def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None:
@@ -386,7 +395,14 @@ class SqlStore(abc.ABC):
                 )
                 if not rows:
                     return None
-                chosen = policy.choose(worker, capacity, [job_from_row(row) for row in rows], holds, now)
+                candidates = [job_from_row(row) for row in rows]
+                chosen = policy.choose(worker, capacity, candidates, holds, now)
+                while chosen is not None and policy.unreclaimable(chosen[0]):
+                    # Work no preemption could take back does not start on borrowed capacity.
+                    if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
+                        break
+                    candidates = [job for job in candidates if job.id != chosen[0].id]
+                    chosen = policy.choose(worker, capacity, candidates, holds, now)
                 if chosen is not None:
                     job, gpu_indices = chosen
                     started = policy.start(job, worker_id, gpu_indices, now)
@@ -395,6 +411,31 @@ class SqlStore(abc.ABC):
                     return self._apply(tx, started)
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
+
+    def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:
+        """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold:
+        read only for a claim candidate no preemption could take back (rare), in its transaction."""
+        guaranteed = {
+            str(row[0]): int(row[1])
+            for row in tx.execute("SELECT path, guarantee_gpus FROM pools WHERE guarantee_gpus > 0")
+        }
+        if not guaranteed:
+            return 0, {}, {}
+        held = {
+            str(row[0]): int(row[1] or 0)
+            for row in tx.execute(
+                f"SELECT pool, SUM(gpus) FROM jobs WHERE status IN {HOLDING_SQL} GROUP BY pool"
+            )
+        }
+        total = tx.execute(
+            "SELECT COALESCE(SUM(gpus), 0) FROM workers WHERE status = 'active' AND flagged_dead_at IS NULL"
+        )[0][0]
+        busy = tx.execute(
+            "SELECT COALESCE(SUM(jobs.gpus), 0) FROM jobs JOIN workers ON jobs.worker_id = workers.id"
+            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active'"
+            " AND workers.flagged_dead_at IS NULL"
+        )[0][0]
+        return int(total) - int(busy), guaranteed, held
 
     def claim_candidates_sql(self) -> str:
         """The claim's candidate query: pending jobs that fit the free capacity, in queue order.

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from corral.client import ApiError
-from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer, JobAnswer
+from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer, JobAnswer, LogAppendedAnswer
 
 Answer = bytes | Exception | None
 
@@ -66,6 +66,10 @@ class FakeClient:
         self.heartbeat_bodies: list[dict[str, Any]] = []
         #: every watchdog report, whole (``calls`` keeps the job id and kind)
         self.trips: list[dict[str, Any]] = []
+        #: each attempt's output as the log shipper sent it, by (job id, attempt); kept apart from
+        #: ``calls`` (how many chunks depends on timing); ``log_error`` is raised by every append
+        self.logs: dict[tuple[str, int], bytearray] = {}
+        self.log_error: Exception | None = None
         self.lock = threading.Lock()
 
     def _record(self, *call: Any) -> None:
@@ -102,6 +106,24 @@ class FakeClient:
         self._record("upload_checkpoint", job_id, worker_id, attempt, epoch, data)
         if self.upload_error is not None:
             raise self.upload_error
+
+    def append_log(
+        self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes
+    ) -> LogAppendedAnswer:
+        if self.log_error is not None:
+            raise self.log_error
+        with self.lock:
+            stream = self.logs.setdefault((job_id, attempt), bytearray())
+            if offset > len(stream):
+                raise ApiError(409, "conflict", f"log offset {offset} is past the end ({len(stream)})")
+            fresh = data[len(stream) - offset :]
+            stream += fresh
+            size = len(stream)
+        return LogAppendedAnswer(job_id=job_id, attempt=attempt, size=size, accepted=len(fresh), dropped=0)
+
+    def log_text(self, job_id: str = "j-1", attempt: int = 1) -> str:
+        with self.lock:
+            return bytes(self.logs.get((job_id, attempt), b"")).decode("utf-8", errors="replace")
 
     def download_checkpoint(self, job_id: str) -> bytes | None:
         self._record("download_checkpoint", job_id)

@@ -22,6 +22,12 @@ server checks it against the drain); every other end uploads without one, fenced
 A refused upload (413 too large, 409 stale) is logged and the report still goes: a gang that
 restarts from an older checkpoint (or from scratch) is better than a gang stuck in its drain.
 
+A preemption's checkpoint phase adds one upload before the end: when the job says its save is done
+(``corral.worker.checkpoint_phase``), what it wrote goes up at once with the phase's epoch, which
+ends the phase on the server. The attempt's uploads then go through one ``AttemptUploads``: one at a
+time (the phase's upload and the end's never race), the same bytes never twice (the end skips a file
+the phase already uploaded; anything the job saved since goes up), and none after the end's.
+
 The downloads happen before the process starts: the job's own checkpoint when the claim says
 ``CORRAL_RESUME=1``, where the server's copy is the source (it has no size limit but the
 server's) and the claim's inline ``CHECKPOINT_DATA`` (small checkpoints only) the fallback when
@@ -35,8 +41,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
 import shutil
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -97,6 +105,19 @@ def upload(
     data = read_written(path, fields)
     if data is None:
         return False
+    return _send(client, job_id, worker_id, attempt, epoch, data, fields, tries)
+
+
+def _send(
+    client: Client,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    epoch: int | None,
+    data: bytes,
+    fields: Mapping[str, Any],
+    tries: int,
+) -> bool:
     fields = {**fields, "preemption_epoch": epoch, "bytes": len(data)}
 
     def send() -> dict[str, Any]:
@@ -107,6 +128,74 @@ def upload(
     if stored:
         logger.info("checkpoint uploaded", extra=fields)
     return stored
+
+
+class AttemptUploads:
+    """The uploads of one attempt's checkpoint file: one at a time, the same bytes never twice,
+    nothing after the final one (the attempt's end, just before its report).
+
+    Why by content and not by the file's modification time: a shell job rewrites the file in place,
+    and two writes within one clock tick of the file system leave the same time behind.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        path: Path,
+        fields: Mapping[str, Any],
+        tries: int = TRANSFER_TRIES,
+    ) -> None:
+        self._client = client
+        self._job_id, self._worker_id, self._attempt = job_id, worker_id, attempt
+        self.path = path
+        self._fields = dict(fields)
+        self._tries = tries
+        self._lock = threading.Lock()
+        self._stored_digest: bytes | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def upload(self, epoch: int | None, final: bool = False) -> bool:
+        """Upload what the file holds now, for ``epoch`` (None: for the attempt however it ends).
+
+        True when the server has these bytes (stored now or by an earlier upload of this attempt);
+        False when there is nothing to send, the upload failed, or the final upload was made
+        already. ``final``: the attempt's last, made after its process group is gone.
+        """
+        with self._lock:
+            if self._closed:
+                return False
+            if final:
+                self._closed = True
+            data = read_written(self.path, self._fields)
+            if data is None:
+                return False
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            if digest == self._stored_digest:
+                logger.info(
+                    "checkpoint unchanged since its upload; not sent again",
+                    extra={**self._fields, "preemption_epoch": epoch, "bytes": len(data)},
+                )
+                return True
+            stored = _send(
+                self._client,
+                self._job_id,
+                self._worker_id,
+                self._attempt,
+                epoch,
+                data,
+                self._fields,
+                self._tries,
+            )
+            if stored:
+                self._stored_digest = digest
+            return stored
 
 
 def download(

@@ -5,11 +5,14 @@ stop signal goes to the process group, so nothing of the job is left running on 
 stop, and a Ctrl-C at the worker's terminal does not reach the jobs (the worker decides).
 
 Output (stdout and stderr merged) is drained by a reader thread into a bounded tail, so a job that
-writes a lot never blocks on a full pipe and the worker never holds more than ``tail_bytes``.
+writes a lot never blocks on a full pipe and the worker never holds more than ``tail_bytes``; every
+chunk also goes to ``on_output`` (the log shipper's bounded buffer, which never blocks either).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import select
@@ -17,12 +20,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import psutil
 
 logger = logging.getLogger("corral.worker.executor")
+
+#: What became of a hint (``JobProcess.hint``).
+Hint = Literal["sent", "unhandled", "gone"]
 
 _POLL_S = 0.05
 # After SIGKILL a process normally dies at once; one stuck in uninterruptible sleep (a wedged
@@ -76,6 +82,38 @@ def is_live_member(pid: int, group_id: int) -> bool:
     return len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X")
 
 
+def handles_signal(pid: int, signal_number: int) -> bool | None:
+    """Whether ``pid`` catches, ignores or blocks ``signal_number`` (so that it does not die of
+    it), from ``/proc/PID/status``; None where that cannot be read (gone, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return None
+    masks = 0
+    for line in lines:
+        name, _, value = line.partition(b":")
+        if name in (b"SigCgt", b"SigIgn", b"SigBlk"):
+            masks |= int(value.strip() or b"0", 16)
+    return bool(masks & (1 << (signal_number - 1)))
+
+
+#: the job's output pipe is widened to this (Linux's default is 64 KiB): at 50 MB/s a 64 KiB pipe
+#: is full in 1.3 ms, less than one GIL switch interval (5 ms) of the worker's other threads
+PIPE_BYTES = 1024 * 1024
+
+
+def _widen_pipe(descriptor: int) -> None:
+    """Best effort: a larger pipe lets the job write on while the reader waits for the GIL or a
+    CPU (``bench/log_throughput.py``); capped by ``/proc/sys/fs/pipe-max-size``, Linux only."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Python < 3.10 lacks the name
+    try:
+        fcntl.fcntl(descriptor, set_size, PIPE_BYTES)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(descriptor, set_size, 256 * 1024)
+
+
 def exit_code_of(returncode: int) -> int:
     """The shell convention: a death by signal N is 128 + N (Popen reports it as -N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -113,8 +151,11 @@ class JobProcess:
         grace_s: float,
         log_fields: Mapping[str, Any] | None = None,
         kill_wait_s: float | None = None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> None:
         self.command = command
+        #: also given every chunk of output as it is read (the log shipper); must not block
+        self._on_output = on_output
         self.grace_s = grace_s
         self.kill_wait_s = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
         self.tail = OutputTail(tail_bytes)
@@ -140,6 +181,8 @@ class JobProcess:
             close_fds=True,
         )
         self.pid = self._popen.pid
+        assert self._popen.stdout is not None
+        _widen_pipe(self._popen.stdout.fileno())
         self._pidfd = _open_pidfd(self.pid)
         # Every line about the job carries its ids (job_id, worker_id, attempt) and the pid.
         self.fields = {**(log_fields or {}), "pid": self.pid}
@@ -155,10 +198,21 @@ class JobProcess:
         try:
             while chunk := os.read(descriptor, 65536):
                 self.tail.append(chunk)
+                if self._on_output is not None:
+                    self._hand_on(chunk)
         except OSError:
             logger.debug("output pipe closed", extra=self.fields)
         finally:
             stream.close()
+
+    def _hand_on(self, chunk: bytes) -> None:
+        """Give a chunk to ``on_output``; one that raises is dropped for good (the pipe must drain)."""
+        assert self._on_output is not None
+        try:
+            self._on_output(chunk)
+        except Exception:
+            logger.exception("output listener failed; output is no longer handed on", extra=self.fields)
+            self._on_output = None
 
     # --- state -----------------------------------------------------------------------------
 
@@ -257,9 +311,20 @@ class JobProcess:
         uninterruptible sleep (a driver call), so whatever device it holds is not coming back."""
         return self._survived_kill
 
-    def signal(self, signal_number: int) -> None:
-        """Send one signal to the job's group (e.g. a checkpoint hint); no-op once it is gone."""
-        self._signal_group(signal_number)
+    def hint(self, signal_number: int) -> Hint:
+        """Send the job's group a signal that asks rather than stops (SIGUSR1: save a checkpoint).
+
+        Sent only while the main process has not been reaped (its PID, the group's id, cannot have
+        been reused) and no stop has begun, and only when the main process catches, ignores or
+        blocks the signal: SIGUSR1's default action ends a process, and a hint must never be what
+        kills a job that has no handler (yet: a Python job installs its handler after its imports).
+        ``sent``; ``unhandled`` (ask again later); ``gone`` (exited or stopping: never again).
+        """
+        if self._stopping or self._popen.poll() is not None:
+            return "gone"
+        if handles_signal(self.pid, signal_number) is False:
+            return "unhandled"
+        return "sent" if self._signal_group(signal_number) else "gone"
 
     def stop(self) -> bool:
         """SIGTERM to the group, up to ``grace_s`` for it to go, then SIGKILL to the group.

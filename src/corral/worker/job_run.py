@@ -19,22 +19,34 @@ heartbeat, epoch N) uploads for epoch N, then acks ``/preempted?epoch=N``; an ex
 without an epoch, then report done, fail or the trip (``corral.worker.checkpoints`` says why, and
 why in that order). Before the process starts, the job's own checkpoint is fetched to
 ``CORRAL_CHECKPOINT_IN``, and for a gang rank every rank's into ``CORRAL_GANG_CHECKPOINT_DIR``.
+
+A ``checkpoint`` answer (epoch N) starts that epoch's checkpoint phase once
+(``corral.worker.checkpoint_phase``): SIGUSR1 to the job's group, the job's "saved", an upload for
+epoch N; the ``preempt`` answer that follows is an ordinary stop. The heartbeats carry what the
+server needs meanwhile: ``checkpoint_at`` (when the job last saved) always, ``defer_s`` once per
+request for more time the job makes during the phase.
+
+The job's output goes to the server as it is written (``corral.worker.log_shipper``), and what is
+left of it once the process ended before the checkpoint upload and the report.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints
+from corral.worker import checkpoints, log_shipper
+from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
 from corral.worker.leftovers import ProcessRecords
@@ -55,6 +67,16 @@ class StopReason(enum.Enum):
     LOST = "lost"  # 409/404: another attempt owns the job; report nothing
     SHUTDOWN = "shutdown"  # the worker is going away: report a failure so the job is re-queued
     WATCHDOG = "watchdog"  # a watchdog tripped: report the trip, the server re-queues or fails
+
+
+def _saved_at(path: Path) -> float | None:
+    """When the job last saved a checkpoint (epoch seconds), from one ``stat``; None when it has
+    none (no file, or an empty one)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return round(status.st_mtime, 3) if status.st_size > 0 else None
 
 
 def describe_exit(exit_code: int) -> str:
@@ -98,7 +120,11 @@ class JobRun:
         self._reason: StopReason | None = None
         self._epoch: int | None = None
         self._process: JobProcess | None = None
+        self._shipper: log_shipper.LogShipper | None = None
         self._stopper: threading.Thread | None = None
+        self._workspace: JobWorkspace | None = None
+        self._uploads: checkpoints.AttemptUploads | None = None
+        self._phase: CheckpointPhase | None = None  # the latest epoch's checkpoint phase
         self._checkpoint_epochs_seen: set[int] = set()
         self._reported = False  # a report (or the first try of one) went out: never send another
         self.finished = threading.Event()
@@ -118,6 +144,7 @@ class JobRun:
         """Stop the job (SIGTERM, grace, SIGKILL) in the background; the first reason is kept."""
         if self._watch is not None:
             self._watch.stop()
+        self._end_phase(f"stop: {reason.value}")
         with self._lock:
             if reason == StopReason.LOST or self._reason is None:
                 self._reason = reason
@@ -182,9 +209,26 @@ class JobRun:
         workspace: JobWorkspace | None = None
         try:
             workspace = JobWorkspace(self.job_id, self.attempt)
+            self._workspace = workspace
+            self._uploads = checkpoints.AttemptUploads(
+                self._client,
+                self.job_id,
+                self._worker_id,
+                self.attempt,
+                workspace.checkpoint_out,
+                self.fields,
+            )
             # Transfers can take a while for a large gang: the lease must outlive them too.
             has_checkpoint = self._while_heartbeating(lambda: self._fetch_checkpoints(workspace))
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
+            self._shipper = log_shipper.for_attempt(
+                self._client,
+                self.job_id,
+                self._worker_id,
+                self.attempt,
+                self._settings.heartbeat_s,
+                self.fields,
+            )
             try:
                 process = JobProcess(
                     self.command,
@@ -192,6 +236,7 @@ class JobRun:
                     self._settings.output_tail_bytes,
                     self._settings.preempt_grace_s,
                     self.fields,
+                    on_output=self._shipper.write,
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
@@ -207,28 +252,34 @@ class JobRun:
             )
             self._start_watch(process, workspace)
             exit_code = self._supervise(process)
+            self._end_phase("the job exited")
             if self._watch is not None:
                 self._watch.stop()
             # The lease must outlive a long stop of leftovers and the checkpoint upload.
-            tail, epoch = self._while_heartbeating(lambda: self._wind_down(process, workspace))
+            tail, epoch = self._while_heartbeating(lambda: self._wind_down(process))
             self._report(process, exit_code, tail, epoch)
         except Exception as error:
             # A bug or a host problem (disk full for the workspace): never leave the job running
             # unsupervised, and tell the server so it can retry elsewhere instead of waiting
             # for the lease to expire.
             logger.exception("job supervision failed", extra=self.fields)
+            self._end_phase("supervision failed")
             if self._process is not None:
                 self._process.stop()
                 self._process.close()
             with self._lock:
                 lost = self._reason == StopReason.LOST
             if not lost and not self._reported:
-                if self._process is not None and workspace is not None:
-                    self._upload_after_error(workspace)
+                if self._shipper is not None:
+                    self._shipper.close()
+                if self._process is not None:
+                    self._upload_after_error()
                 self._report_failure(None, f"worker error: {error}", "")
         finally:
             if self._watch is not None:
                 self._watch.stop()
+            if self._shipper is not None:
+                self._shipper.abandon()
             if workspace is not None:
                 workspace.remove()
             if self._records is not None:
@@ -271,11 +322,19 @@ class JobRun:
         checkpoints.download_gang(self._client, ranks, workspace.gang_checkpoint_dir, own, self.fields)
         return has_checkpoint
 
-    def _wind_down(self, process: JobProcess, workspace: JobWorkspace) -> tuple[str, int | None]:
+    def _wind_down(self, process: JobProcess) -> tuple[str, int | None]:
         """After the main process exited: end its leftovers, wait for the stop, and upload the
         checkpoint the job wrote, however the attempt ended (unless the job was lost). The tail,
         and the epoch to ack (None: no ack, the report is done, fail or a watchdog trip)."""
         tail = process.finish()
+        if self._shipper is not None:
+            with self._lock:
+                lost = self._reason == StopReason.LOST
+            # The whole output, before the report ends the attempt (nothing more for a lost job).
+            if lost:
+                self._shipper.abandon()
+            else:
+                self._shipper.close()
         with self._lock:
             stopper = self._stopper
         if stopper is not None:
@@ -290,31 +349,18 @@ class JobRun:
         # that had ended on its own first reports its own outcome, like any other end.
         ack = epoch if epoch is not None and process.stopped_while_running else None
         # Before the report: the server takes the attempt's checkpoint only until then, and the
-        # report may complete the gang's drain and let the next attempt start.
-        checkpoints.upload(
-            self._client,
-            self.job_id,
-            self._worker_id,
-            self.attempt,
-            ack,
-            workspace.checkpoint_out,
-            self.fields,
-        )
+        # report may complete the gang's drain and let the next attempt start. Bytes a checkpoint
+        # phase already uploaded are not sent again; anything saved since is.
+        assert self._uploads is not None
+        self._uploads.upload(ack, final=True)
         return tail, ack
 
-    def _upload_after_error(self, workspace: JobWorkspace) -> None:
+    def _upload_after_error(self) -> None:
         """The checkpoint of an attempt whose supervision failed, before its failure report: best
         effort, a second error here must not keep the report from going out."""
         try:
-            checkpoints.upload(
-                self._client,
-                self.job_id,
-                self._worker_id,
-                self.attempt,
-                None,
-                workspace.checkpoint_out,
-                self.fields,
-            )
+            if self._uploads is not None:
+                self._uploads.upload(None, final=True)
         except Exception:
             logger.exception("checkpoint upload after a supervision error failed", extra=self.fields)
 
@@ -341,16 +387,23 @@ class JobRun:
             next_beat = time.monotonic() + interval
 
     def _heartbeat(self) -> None:
+        body = self._heartbeat_body()
+        with self._lock:
+            phase = self._phase
+        deferral = self._pending_deferral(phase)
+        if deferral is not None:
+            body["defer_s"] = deferral.seconds
         try:
-            answer = self._client.job_heartbeat(
-                self.job_id, self._worker_id, self.attempt, self._heartbeat_body()
-            )
+            answer = self._client.job_heartbeat(self.job_id, self._worker_id, self.attempt, body)
         except ServerUnreachable as error:
+            # The request may not have reached the server: a deferral goes again with the next beat.
             logger.warning(
                 "job heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
             )
             return
         except ApiError as error:
+            if phase is not None and deferral is not None:
+                phase.deferral_sent(deferral)  # the server answered: it had the request
             if error.status in (404, 409):
                 logger.warning(
                     "job is no longer ours; stopping it without a report",
@@ -362,14 +415,29 @@ class JobRun:
                     "job heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
                 )
             return
+        if phase is not None and deferral is not None:
+            phase.deferral_sent(deferral)
         self._obey(answer)
+
+    def _pending_deferral(self, phase: CheckpointPhase | None) -> Deferral | None:
+        if phase is None:
+            return None
+        try:
+            return phase.pending_deferral()
+        except Exception:
+            logger.exception("reading the job's deferral request failed", extra=self.fields)
+            return None
 
     def _heartbeat_body(self) -> dict[str, Any]:
         """What the heartbeat tells besides "alive": the last step the job beat, its GPUs'
-        utilisation and its process tree's memory (shown by ``corral show``). A reading that fails
-        is left out: it must never cost the job its lease."""
+        utilisation and its process tree's memory (shown by ``corral show``), and when the job last
+        saved a checkpoint (the preemption planner counts the work lost since). A reading that
+        fails is left out: it must never cost the job its lease."""
         body: dict[str, Any] = {}
-        watch, probe = self._watch, self._probe
+        watch, probe, workspace = self._watch, self._probe, self._workspace
+        checkpoint_at = _saved_at(workspace.checkpoint_out) if workspace is not None else None
+        if checkpoint_at is not None:
+            body["checkpoint_at"] = checkpoint_at
         try:
             step = watch.beat_file.step() if watch is not None else None
             if step is not None and step.lstrip("-").isdigit():
@@ -387,6 +455,8 @@ class JobRun:
     def _obey(self, answer: HeartbeatAnswer) -> None:
         """Do what the heartbeat answer asks (the SDK has already checked it against the contract)."""
         if answer.action is None:
+            # Running again: a preemption that was called off ends its checkpoint phase.
+            self._end_phase("the server no longer asks for a checkpoint")
             return
         epoch = answer.preemption_epoch
         fields = {**self.fields, "preemption_epoch": epoch}
@@ -400,9 +470,43 @@ class JobRun:
             if first:
                 logger.info("server asked to stop the job", extra=fields)
             self.request_stop(StopReason.PREEMPT, epoch)
-        elif epoch not in self._checkpoint_epochs_seen:
+        else:
+            self._checkpoint(epoch, answer.deadline_s)
+
+    def _checkpoint(self, epoch: int, deadline_s: float | None) -> None:
+        """A ``checkpoint`` answer: the first for ``epoch`` starts its phase, later ones only move
+        the deadline. Ignored while the job is being stopped (the stop's end uploads anyway), and
+        before its process exists (the next answer asks again)."""
+        with self._lock:
+            process, uploads, workspace = self._process, self._uploads, self._workspace
+            if self._reason is not None or process is None or uploads is None or workspace is None:
+                return
+            current = self._phase
+            if current is not None and current.epoch == epoch:
+                current.renew(deadline_s)
+                return
+            if epoch in self._checkpoint_epochs_seen:
+                return  # an older epoch's late answer
             self._checkpoint_epochs_seen.add(epoch)
-            logger.warning("checkpoint requested; this worker does not take checkpoints yet", extra=fields)
+            phase = CheckpointPhase(
+                epoch,
+                deadline_s,
+                process,
+                uploads,
+                workspace.checkpoint_done_file,
+                workspace.defer_file,
+                self.fields,
+            )
+            self._phase = phase
+        if current is not None:
+            current.end(f"superseded by epoch {epoch}")
+        phase.start()
+
+    def _end_phase(self, why: str) -> None:
+        with self._lock:
+            phase = self._phase
+        if phase is not None:
+            phase.end(why)
 
     # --- the report ------------------------------------------------------------------------
 

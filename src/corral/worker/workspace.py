@@ -1,9 +1,11 @@
 """A job's private directory and the environment it runs with.
 
 Every attempt gets a fresh temporary directory for the files corral hands to the job (the beat
-file, where a checkpoint goes, the stored checkpoint to resume from, and for a gang rank the
-directory of every rank's checkpoint); it is removed when the attempt ends, so nothing of one
-attempt leaks into the next or piles up on the host.
+file, where a checkpoint goes, the stored checkpoint to resume from, for a gang rank the
+directory of every rank's checkpoint, and the two files of a preemption's checkpoint phase: the one
+the job touches when the save SIGUSR1 asked for is complete, and the one it writes a number of
+seconds to when it needs more time); it is removed when the attempt ends, so nothing of one attempt
+leaks into the next or piles up on the host.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class JobWorkspace:
         self.checkpoint_out = self.directory / "checkpoint.out"
         self.checkpoint_in = self.directory / "checkpoint.in"
         self.gang_checkpoint_dir = self.directory / "gang-checkpoints"
+        self.checkpoint_done_file = self.directory / "checkpoint.done"
+        self.defer_file = self.directory / "defer"
 
     def environment(
         self, claim_env: Mapping[str, str], gpu_indices: Sequence[int], has_checkpoint_in: bool
@@ -45,6 +49,8 @@ class JobWorkspace:
         environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         environment["CORRAL_BEAT_FILE"] = str(self.beat_file)
         environment["CORRAL_CHECKPOINT_OUT"] = str(self.checkpoint_out)
+        environment["CORRAL_CHECKPOINT_DONE_FILE"] = str(self.checkpoint_done_file)
+        environment["CORRAL_DEFER_FILE"] = str(self.defer_file)
         if has_checkpoint_in:
             environment["CORRAL_CHECKPOINT_IN"] = str(self.checkpoint_in)
         else:

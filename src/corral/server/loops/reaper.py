@@ -54,6 +54,23 @@ def reaper_tick(state: ServerState) -> None:
         )
     if report.changed:
         state.released()
+    purge_logs(state)
+
+
+#: how often the retention purge runs (a pass reads every ended job's finish time)
+PURGE_EVERY_S = 3600.0
+
+
+def purge_logs(state: ServerState) -> None:
+    """Remove the logs of jobs that ended more than ``CORRAL_RETENTION_DAYS`` ago, at most once an
+    hour per replica (a purge two replicas run at once deletes the same rows twice: harmless)."""
+    now = state.clock.now()
+    if now - state.logs_purged_at < PURGE_EVERY_S:
+        return
+    state.logs_purged_at = now
+    removed = state.store.purge_logs(now - state.settings.retention_days * 86400.0)
+    if removed:
+        logger.info("purged job logs past retention", extra={"attempts": removed})
 
 
 def record_lost(state: ServerState, lost: Reported, why: str) -> None:

@@ -19,12 +19,21 @@ from corral.core.explain import explain
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
-from corral.protocol.answers import EventsAnswer, GangAnswer, GangSubmitted, JobAnswer, WhyAnswer
+from corral.protocol.answers import (
+    BatchSubmitted,
+    EventsAnswer,
+    GangAnswer,
+    GangSubmitted,
+    JobAnswer,
+    JobPage,
+    WhyAnswer,
+)
 from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server import changes
 from corral.server.auth import principal_of, redact_job
 from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
+from corral.server.openapi import Operation, integer, string
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
@@ -230,6 +239,76 @@ async def cancel_gang(request: Request) -> Response:
 async def batch_is_post_only(request: Request) -> Response:
     raise HTTPException(405, headers={"Allow": "POST"})
 
+
+_JOB = "the job"
+described = [
+    Operation(
+        "POST",
+        "/jobs",
+        "submit a job, or a gang when gang_size > 1",
+        "jobs",
+        {201: (JobAnswer, GangSubmitted)},
+        body=SubmitBody,
+        headers=(string("Idempotency-Key", "a retried submit returns the first answer"),),
+        errors=(400, 409, 413),
+        description="A job answers the job; a gang answers its id and task ids (GangSubmitted).",
+    ),
+    Operation(
+        "POST",
+        "/jobs/batch",
+        "submit many jobs and gangs in one transaction, or none",
+        "jobs",
+        {201: BatchSubmitted},
+        body=BatchBody,
+        headers=(string("Idempotency-Key", "a retried submit returns the first answer"),),
+        errors=(400, 409, 413),
+    ),
+    Operation("GET", "/jobs/batch", "not allowed: submit with POST", "jobs", {}, errors=(405,)),
+    Operation(
+        "GET",
+        "/jobs",
+        "list jobs by submission time, with filters and a cursor",
+        "jobs",
+        {200: JobPage},
+        query=(
+            integer("limit", f"page size, 1..{MAX_LIMIT} (default {DEFAULT_LIMIT})", minimum=1),
+            string("after", "the cursor of the previous page's next"),
+            string("status", "comma-separated statuses"),
+            string("gang_id"),
+            string("pool"),
+            string("worker_id"),
+        ),
+    ),
+    Operation("GET", "/jobs/{job_id}", _JOB, "jobs", {200: JobAnswer}, errors=(404,)),
+    Operation(
+        "GET",
+        "/jobs/{job_id}/events",
+        "the job's status history, oldest first",
+        "jobs",
+        {200: EventsAnswer},
+        errors=(404,),
+    ),
+    Operation(
+        "GET", "/jobs/{job_id}/why", "why the job is where it is", "jobs", {200: WhyAnswer}, errors=(404,)
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/cancel",
+        "cancel the job (its whole gang for a gang task)",
+        "jobs",
+        {200: JobAnswer},
+        errors=(404, 409),
+    ),
+    Operation("GET", "/gangs/{gang_id}", "the gang and its tasks", "gangs", {200: GangAnswer}, errors=(404,)),
+    Operation(
+        "POST",
+        "/gangs/{gang_id}/cancel",
+        "cancel every task of the gang",
+        "gangs",
+        {200: GangAnswer},
+        errors=(404, 409),
+    ),
+]
 
 routes = [
     Route("/jobs", submit, methods=["POST"]),

@@ -1,4 +1,5 @@
-"""Operations: /health, /healthz (process up), /readyz (store answers within 1 s), /metrics."""
+"""Operations: /health, /healthz (process up), /readyz (store answers within 1 s), /metrics,
+/openapi.json."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from starlette.routing import Route
 
 from corral import __version__
 from corral.domain import errors
-from corral.protocol.answers import HealthAnswer
+from corral.protocol.answers import HealthAnswer, OpenApiAnswer, StatusAnswer
 from corral.server.http import answer, error_response, json_response
+from corral.server.openapi import PROMETHEUS, Operation
 from corral.server.state import state_of
 
 READY_TIMEOUT_S = 1.0
@@ -56,9 +58,39 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+async def openapi_document(request: Request) -> Response:
+    """The description is built once per app (``app.create_app`` hands it over)."""
+    return json_response(request.app.state.openapi)
+
+
+described = [
+    Operation(
+        "GET", "/health", "the server's identity and uptime", "operations", {200: HealthAnswer}, errors=()
+    ),
+    Operation("GET", "/healthz", "the process is up", "operations", {200: StatusAnswer}, errors=()),
+    Operation(
+        "GET",
+        "/readyz",
+        "the store answers within 1 s (else 503)",
+        "operations",
+        {200: StatusAnswer},
+        errors=(503,),
+    ),
+    Operation("GET", "/metrics", "Prometheus metrics (corral_*)", "operations", {200: PROMETHEUS}, errors=()),
+    Operation(
+        "GET",
+        "/openapi.json",
+        "this description (OpenAPI 3.1)",
+        "operations",
+        {200: OpenApiAnswer},
+        errors=(),
+    ),
+]
+
 routes = [
     Route("/health", health, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi_document, methods=["GET"]),
 ]

@@ -29,6 +29,7 @@ from corral.domain.resources import Resources
 from corral.protocol.answers import PoolAnswer, PoolPage
 from corral.protocol.models import PoolBody
 from corral.server.http import answer, parse_body
+from corral.server.openapi import Operation
 from corral.server.state import ServerState, state_of
 
 
@@ -127,6 +128,43 @@ async def delete_pool(request: Request) -> Response:
     state_of(request).store.delete_pool(_path(request))
     return Response(status_code=204)
 
+
+described = [
+    Operation(
+        "GET",
+        "/pools",
+        "the pool tree: effective settings, usage and demand",
+        "pools",
+        {200: PoolPage},
+        errors=(),
+    ),
+    Operation(
+        "GET",
+        "/pools/{path}",
+        "one pool (a path such as team/project)",
+        "pools",
+        {200: PoolAnswer},
+        errors=(404,),
+    ),
+    Operation(
+        "PUT",
+        "/pools/{path}",
+        "create a pool or replace its settings (missing ancestors are created)",
+        "pools",
+        {200: PoolAnswer},
+        body=PoolBody,
+        body_required=False,
+        errors=(400, 413),
+    ),
+    Operation(
+        "DELETE",
+        "/pools/{path}",
+        "delete a pool that has no child pools and no unfinished jobs",
+        "pools",
+        {204: None},
+        errors=(404, 409),
+    ),
+]
 
 routes = [
     Route("/pools", list_pools, methods=["GET"]),

@@ -28,11 +28,13 @@ from starlette.routing import Route
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
+from corral.protocol.answers import CheckpointSaved, ClaimAnswer, HeartbeatAnswer, JobAnswer
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
+from corral.server.openapi import BYTES, FENCE, Operation, integer, number, string
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobReport
 
@@ -308,6 +310,92 @@ async def download_checkpoint(request: Request) -> Response:
         return Response(status_code=204)
     return Response(data, media_type="application/octet-stream")
 
+
+_PROTOCOL = "job protocol"
+described = [
+    Operation(
+        "GET",
+        "/jobs/next",
+        "claim work for a registered worker (204: nothing; wait long-polls)",
+        _PROTOCOL,
+        {200: ClaimAnswer, 204: None},
+        query=(
+            string("worker_id", "the claiming worker", required=True, minLength=1),
+            number(
+                "wait", f"seconds to wait for work, at most {MAX_WAIT_S:.0f}", minimum=0, maximum=MAX_WAIT_S
+            ),
+        ),
+        errors=(400, 404),
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/heartbeat",
+        "renew the attempt's lease; the answer may ask to stop",
+        _PROTOCOL,
+        {200: HeartbeatAnswer},
+        body=JobHeartbeatBody,
+        body_required=False,
+        query=FENCE,
+        errors=(400, 404, 409, 413),
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/done",
+        "the attempt exited 0",
+        _PROTOCOL,
+        {200: JobAnswer},
+        query=FENCE,
+        errors=(400, 404, 409),
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/fail",
+        "the attempt failed (re-queued while attempts remain)",
+        _PROTOCOL,
+        {200: JobAnswer},
+        body=FailBody,
+        body_required=False,
+        query=FENCE,
+        errors=(400, 404, 409, 413),
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/preempted",
+        "the stop asked at the epoch is done",
+        _PROTOCOL,
+        {200: JobAnswer},
+        query=(*FENCE, integer("epoch", "the preemption epoch of the stop", required=True)),
+        errors=(400, 404, 409),
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/watchdog",
+        "a watchdog of the worker stopped the job",
+        _PROTOCOL,
+        {200: JobAnswer},
+        body=WatchdogBody,
+        query=FENCE,
+        errors=(400, 404, 409, 413),
+    ),
+    Operation(
+        "POST",
+        "/jobs/{job_id}/checkpoint",
+        "store the attempt's checkpoint (opaque bytes)",
+        _PROTOCOL,
+        {200: CheckpointSaved},
+        body=BYTES,
+        query=(*FENCE, integer("epoch", "the stop's epoch, when the server asked for it")),
+        errors=(400, 404, 409, 413),
+    ),
+    Operation(
+        "GET",
+        "/jobs/{job_id}/checkpoint",
+        "the stored checkpoint (204: none)",
+        "jobs",
+        {200: BYTES, 204: None},
+        errors=(404,),
+    ),
+]
 
 routes = [
     Route("/jobs/next", claim, methods=["GET"]),

@@ -11,12 +11,13 @@ from starlette.routing import Route
 
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
-from corral.protocol.answers import WorkerAnswer, WorkerPage
+from corral.protocol.answers import EmptyAnswer, WorkerAnswer, WorkerPage
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
 from corral.server.auth import principal_of, require_worker_id
 from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
+from corral.server.openapi import Operation
 from corral.server.state import state_of
 from corral.store.base import WorkerRegistration, WorkerView
 
@@ -130,6 +131,46 @@ async def undrain(request: Request) -> Response:
     state.released(gang_waiting=True)
     return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
 
+
+described = [
+    Operation(
+        "POST",
+        "/workers/register",
+        "register a worker (an upsert by id; revives an offline worker)",
+        "workers",
+        {201: WorkerAnswer},
+        body=WorkerRegisterBody,
+        errors=(400, 413),
+    ),
+    Operation("GET", "/workers", "every worker", "workers", {200: WorkerPage}, errors=()),
+    Operation("GET", "/workers/{worker_id}", "the worker", "workers", {200: WorkerAnswer}, errors=(404,)),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/heartbeat",
+        "the worker is alive: GPU readings, the jobs it runs",
+        "workers",
+        {200: EmptyAnswer},
+        body=WorkerHeartbeatBody,
+        body_required=False,
+        errors=(400, 404, 413),
+    ),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/drain",
+        "place no more work on the worker",
+        "workers",
+        {200: WorkerAnswer},
+        errors=(404,),
+    ),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/undrain",
+        "undo a drain: the worker takes work again (admin)",
+        "workers",
+        {200: WorkerAnswer},
+        errors=(404,),
+    ),
+]
 
 routes = [
     Route("/workers/register", register, methods=["POST"]),

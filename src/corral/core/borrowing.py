@@ -1,0 +1,86 @@
+"""Work no preemption could take back is not placed on borrowed capacity (seed 003).
+
+A job is *unreclaimable* when the preemption planner may never stop it for another: class 10, or
+class 7 and above without checkpoints (``preemption.non_preemptible``'s static rules; a sensitive
+pool's work too, where the caller knows the pool's kind). Capacity is *borrowed* when a pool runs
+beyond its guarantee: another pool's guarantee is then what a reclaim would take back, and an
+unreclaimable job there would hold it for good.
+
+The rule (``may_place``): an unreclaimable job starts only while its own pool stays within its
+guarantee, or while the GPUs left free after it still cover every other pool's unused guarantee.
+Without guarantees configured nothing is borrowed and nothing is refused. Guarantees count GPUs, per
+pool path (a parent's guarantee does not yet cover its children's jobs: hierarchical fair share
+does that). The admission cycle applies it to gangs and to the planner's preemptors; the claim to
+single jobs, through its ``ClaimPlacement`` policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from corral.domain.records import Job, Reason
+from corral.domain.status import HOLDING
+
+__all__ = ["Guarantees", "may_place", "refusal", "unreclaimable"]
+
+#: ``preemption.NEVER_PREEMPTED_CLASS`` and ``preemption.HIGH_CLASS``, restated to keep this module
+#: free of the planner (the planner imports this one)
+_NEVER = 10
+_HIGH = 7
+
+
+@dataclass(slots=True)
+class Guarantees:
+    """The cluster as the rule needs it: GPUs free on usable workers, GPUs held per pool, and each
+    pool's guaranteed GPUs (only pools with a guarantee)."""
+
+    free_gpus: int
+    guaranteed: Mapping[str, int]
+    held: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, free_gpus: int, guaranteed: Mapping[str, int], holding: Iterable[Job]) -> Guarantees:
+        held: dict[str, int] = {}
+        for job in holding:
+            if job.status in HOLDING:
+                held[job.spec.pool] = held.get(job.spec.pool, 0) + job.spec.resources.gpus
+        return cls(free_gpus, {path: gpus for path, gpus in guaranteed.items() if gpus > 0}, held)
+
+    def take(self, pool: str, gpus: int) -> None:
+        """Book a placement made since (the rest of a cycle sees it)."""
+        self.held[pool] = self.held.get(pool, 0) + gpus
+        self.free_gpus -= gpus
+
+
+def unreclaimable(job: Job, sensitive: bool = False) -> bool:
+    spec = job.spec
+    if spec.preemption_class >= _NEVER or sensitive:
+        return True
+    return spec.checkpoint_mode == "none" and spec.preemption_class >= _HIGH
+
+
+def may_place(job: Job, gpus: int, guarantees: Guarantees) -> bool:
+    """Whether an unreclaimable job asking ``gpus`` GPUs in all may start now (module docstring)."""
+    if not guarantees.guaranteed or gpus == 0:
+        return True
+    pool = job.spec.pool
+    own = guarantees.guaranteed.get(pool, 0)
+    if guarantees.held.get(pool, 0) + gpus <= own:
+        return True
+    unused = sum(
+        max(0, guaranteed - guarantees.held.get(path, 0))
+        for path, guaranteed in guarantees.guaranteed.items()
+        if path != pool
+    )
+    return guarantees.free_gpus - gpus >= unused
+
+
+def refusal(job: Job, gpus: int) -> Reason:
+    return Reason(
+        "borrowing_refused",
+        f"it cannot be preempted (class {job.spec.preemption_class}, checkpoint"
+        f" {job.spec.checkpoint_mode}) and its {gpus} GPU(s) would be borrowed: beyond its pool's"
+        " guarantee, on capacity other pools are guaranteed and not using; it waits until its pool"
+        " is within its guarantee or the cluster has room beyond the others' guarantees",
+    )

@@ -1,0 +1,1 @@
+"""The dashboard at ``GET /``: server-rendered pages (``routes``), what they show (``views``)."""

@@ -1,0 +1,262 @@
+"""The dashboard: server-rendered pages (Jinja2), a small script of our own for live updates, no
+build step and no external request (the CSS and the script are served from the package).
+
+Pages: ``/`` the cluster overview, ``/ui/jobs`` the job list (filters, cursor pages), ``/ui/jobs/{id}``
+a job (every field, its timeline, why, live logs, cancel), ``/ui/gangs/{id}`` a gang (ranks, workers,
+the drain story), ``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools. Each page answers
+``?partial=1`` with its live part alone, which the script fetches every few seconds; cancel is a
+plain form post (it works without the script too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from corral import __version__
+from corral.domain import errors
+from corral.domain.clock import to_rfc3339
+from corral.domain.status import Status
+from corral.server import changes
+from corral.server.dashboard import views
+from corral.server.http import query_int
+from corral.server.openapi import HTML, Operation, integer, string
+from corral.server.routes.jobs import _decode_cursor, _encode_cursor, _record_cancel
+from corral.server.state import state_of
+from corral.store.base import JobFilter
+
+_HERE = Path(__file__).parent
+_ENVIRONMENT = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(_HERE / "templates"),
+    autoescape=jinja2.select_autoescape(default=True),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENVIRONMENT.filters["rfc3339"] = to_rfc3339
+_STATIC = {
+    "corral.css": "text/css; charset=utf-8",
+    "corral.js": "text/javascript; charset=utf-8",
+}
+PAGE_SIZE = 100
+STATUSES = [status.value for status in Status]
+
+
+def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    partial = request.query_params.get("partial") == "1"
+    html = _ENVIRONMENT.get_template(template).render(
+        partial=partial, version=__version__, path=request.url.path, statuses=STATUSES, **context
+    )
+    return HTMLResponse(html, status_code=status_code, headers={"Cache-Control": "no-store"})
+
+
+def _not_found(request: Request, what: str) -> HTMLResponse:
+    return _render(request, "not_found.html", status_code=404, title="Not found", what=what)
+
+
+async def overview(request: Request) -> Response:
+    state = state_of(request)
+    rows = views.workers(state.store)
+    totals = views.gpu_totals(rows)
+    jobs = state.store.count_jobs_by_status()
+    return _render(
+        request,
+        "overview.html",
+        title="Cluster",
+        gpus=totals,
+        jobs=jobs,
+        jobs_total=sum(jobs.values()),
+        workers=rows,
+        pools=views.pools(state.store, totals.total),
+        now=to_rfc3339(state.clock.now()),
+    )
+
+
+async def job_list(request: Request) -> Response:
+    state = state_of(request)
+    params = request.query_params
+    status = params.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
+    filters = JobFilter(
+        status=(status,) if status else (),
+        pool=params.get("pool") or None,
+        worker_id=params.get("worker_id") or None,
+        gang_id=params.get("gang_id") or None,
+    )
+    after = _decode_cursor(params["after"]) if params.get("after") else None
+    jobs = views.job_list(state.store, filters, PAGE_SIZE, after)
+    kept = {key: params[key] for key in ("status", "pool", "worker_id", "gang_id") if params.get(key)}
+    next_link = None
+    if len(jobs) == PAGE_SIZE:
+        next_link = "/ui/jobs?" + urlencode({**kept, "after": _encode_cursor(jobs[-1])})
+    return _render(
+        request,
+        "jobs.html",
+        title="Jobs",
+        jobs=jobs,
+        filters=kept,
+        next_link=next_link,
+        first_link="/ui/jobs?" + urlencode(kept) if after else None,
+    )
+
+
+async def job_page(request: Request) -> Response:
+    state = state_of(request)
+    job_id = request.path_params["job_id"]
+    job = state.store.get_job(job_id)
+    if job is None:
+        return _not_found(request, f"job {job_id}")
+    page = views.job_page(state.store, job, state.clock.now())
+    shown = query_int(request, "attempt", required=False, default=job.attempts)
+    return _render(request, "job.html", title=f"Job {job.id}", shown_attempt=shown, **page)
+
+
+async def gang_page(request: Request) -> Response:
+    state = state_of(request)
+    gang_id = request.path_params["gang_id"]
+    page = views.gang_page(state.store, gang_id)
+    if page is None:
+        return _not_found(request, f"gang {gang_id}")
+    return _render(request, "gang.html", title=f"Gang {gang_id}", **page)
+
+
+async def workers_page(request: Request) -> Response:
+    rows = views.workers(state_of(request).store)
+    return _render(request, "workers.html", title="Workers", workers=rows, gpus=views.gpu_totals(rows))
+
+
+async def pools_page(request: Request) -> Response:
+    state = state_of(request)
+    totals = views.gpu_totals(views.workers(state.store))
+    return _render(
+        request, "pools.html", title="Pools", pools=views.pools(state.store, totals.total), gpus=totals
+    )
+
+
+async def cancel_job(request: Request) -> Response:
+    """The job page's cancel button (a form post): cancel, then back to the job page."""
+    state = state_of(request)
+    job_id = request.path_params["job_id"]
+    if state.store.get_job(job_id) is None:
+        return _not_found(request, f"job {job_id}")
+    with contextlib.suppress(errors.AlreadyTerminal):  # a second click, or it ended meanwhile
+        _record_cancel(state, changes.cancel(state.store, job_id, state.clock.now()))
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+
+
+async def cancel_gang(request: Request) -> Response:
+    state = state_of(request)
+    gang_id = request.path_params["gang_id"]
+    tasks = state.store.gang_tasks(gang_id)
+    if not tasks:
+        return _not_found(request, f"gang {gang_id}")
+    with contextlib.suppress(errors.AlreadyTerminal):
+        _record_cancel(state, changes.cancel(state.store, tasks[0].id, state.clock.now()))
+    return RedirectResponse(f"/ui/gangs/{gang_id}", status_code=303)
+
+
+async def static(request: Request) -> Response:
+    name = request.path_params["name"]
+    media_type = _STATIC.get(name)
+    if media_type is None:
+        raise errors.NotFound(f"no dashboard file {name}")
+    return Response(
+        (_HERE / "static" / name).read_bytes(),
+        media_type=media_type,
+        headers={"Cache-Control": "public, max-age=300"},
+    )
+
+
+_PARTIAL = (string("partial", "1: the page's live part alone (for the live updates)", enum=["0", "1"]),)
+_TAG = "dashboard"
+described = [
+    Operation("GET", "/", "the dashboard: cluster overview", _TAG, {200: HTML}, query=_PARTIAL, errors=()),
+    Operation(
+        "GET",
+        "/ui/jobs",
+        "the dashboard: jobs, with filters and cursor pages",
+        _TAG,
+        {200: HTML},
+        query=(
+            *_PARTIAL,
+            string("status", enum=STATUSES),
+            string("pool"),
+            string("worker_id"),
+            string("gang_id"),
+            string("after", "the cursor of the next page"),
+        ),
+        errors=(400,),
+    ),
+    Operation(
+        "GET",
+        "/ui/jobs/{job_id}",
+        "the dashboard: a job",
+        _TAG,
+        {200: HTML, 404: HTML},
+        query=(*_PARTIAL, integer("attempt", "whose logs to show (default: the latest)")),
+        errors=(400,),
+    ),
+    Operation(
+        "POST",
+        "/ui/jobs/{job_id}/cancel",
+        "the dashboard's cancel button",
+        _TAG,
+        {303: None, 404: HTML},
+        errors=(),
+    ),
+    Operation(
+        "GET",
+        "/ui/gangs/{gang_id}",
+        "the dashboard: a gang",
+        _TAG,
+        {200: HTML, 404: HTML},
+        query=_PARTIAL,
+        errors=(),
+    ),
+    Operation(
+        "POST",
+        "/ui/gangs/{gang_id}/cancel",
+        "the dashboard's gang cancel button",
+        _TAG,
+        {303: None, 404: HTML},
+        errors=(),
+    ),
+    Operation(
+        "GET",
+        "/ui/workers",
+        "the dashboard: workers, one cell per GPU",
+        _TAG,
+        {200: HTML},
+        query=_PARTIAL,
+        errors=(),
+    ),
+    Operation("GET", "/ui/pools", "the dashboard: pools", _TAG, {200: HTML}, query=_PARTIAL, errors=()),
+    Operation(
+        "GET",
+        "/ui/static/{name}",
+        "the dashboard's stylesheet and script",
+        _TAG,
+        {200: tuple(media_type.split(";")[0] for media_type in _STATIC.values())},
+        errors=(404,),
+    ),
+]
+
+routes = [
+    Route("/", overview, methods=["GET"]),
+    Route("/ui/jobs", job_list, methods=["GET"]),
+    Route("/ui/jobs/{job_id}", job_page, methods=["GET"]),
+    Route("/ui/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+    Route("/ui/gangs/{gang_id}", gang_page, methods=["GET"]),
+    Route("/ui/gangs/{gang_id}/cancel", cancel_gang, methods=["POST"]),
+    Route("/ui/workers", workers_page, methods=["GET"]),
+    Route("/ui/pools", pools_page, methods=["GET"]),
+    Route("/ui/static/{name}", static, methods=["GET"]),
+]

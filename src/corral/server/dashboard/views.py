@@ -1,0 +1,225 @@
+"""What each dashboard page shows, read from the store: plain values for the templates.
+
+Every page reads a bounded amount whatever the cluster's size: counts come from ``GROUP BY``
+queries, the job list is one cursor page, a job page is one job and its events. So the pages stay
+fast on 10,000 jobs (``tests/browser`` and ``tests/api/test_dashboard.py`` check it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.core.explain import explain
+from corral.domain.clock import to_rfc3339
+from corral.domain.records import Job, JobEvent, Worker
+from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus
+from corral.protocol.wire import gang_status, job_to_wire
+from corral.store import Store
+from corral.store.base import JobFilter
+
+STATUS_ORDER = [status.value for status in Status]
+
+
+@dataclass
+class GpuCell:
+    index: int
+    state: str  # free / reserved / busy / unhealthy
+    job_id: str | None = None
+    util_pct: float | None = None
+    mem_used_mb: float | None = None
+
+
+@dataclass
+class WorkerRow:
+    worker: Worker
+    gpus: list[GpuCell]
+    running: list[str]
+    cpus_used: int
+    memory_used_mb: int
+    last_heartbeat: str | None
+
+
+@dataclass
+class Segment:
+    """One bar of a job's timeline: a status from ``start`` for ``seconds``."""
+
+    status: str
+    start: str | None
+    seconds: float
+    percent: float
+    reason: str = ""
+
+
+@dataclass
+class GpuTotals:
+    total: int = 0
+    free: int = 0
+    reserved: int = 0
+    busy: int = 0
+    unhealthy: int = 0
+    by_model: dict[str, int] = field(default_factory=dict)
+
+
+def gpu_cells(worker: Worker, holders: dict[int, tuple[str, Status]]) -> list[GpuCell]:
+    readings = {reading.index: reading for reading in worker.gpu_stats}
+    cells = []
+    for index in range(worker.resources.gpus):
+        reading = readings.get(index)
+        holder = holders.get(index)
+        if index in worker.unhealthy_gpus:
+            state = "unhealthy"
+        elif holder is None:
+            state = "free"
+        elif holder[1] == Status.RESERVED:
+            state = "reserved"
+        else:
+            state = "busy"
+        cells.append(
+            GpuCell(
+                index,
+                state,
+                holder[0] if holder else None,
+                reading.util_pct if reading else None,
+                reading.mem_used_mb if reading else None,
+            )
+        )
+    return cells
+
+
+def workers(store: Store) -> list[WorkerRow]:
+    """Every worker with one cell per GPU (who holds it, its last utilisation reading)."""
+    holders: dict[str, dict[int, tuple[str, Status]]] = {}
+    used: dict[str, tuple[int, int, list[str]]] = {}
+    for allocation in store.allocations():
+        for index in allocation.gpu_indices:
+            holders.setdefault(allocation.worker_id, {})[index] = (allocation.job_id, allocation.status)
+        cpus, memory, running = used.get(allocation.worker_id, (0, 0, []))
+        used[allocation.worker_id] = (
+            cpus + allocation.resources.cpus,
+            memory + allocation.resources.memory_mb,
+            [*running, allocation.job_id],
+        )
+    rows = []
+    for worker in sorted(store.workers(), key=lambda worker: worker.id):
+        cpus, memory, running = used.get(worker.id, (0, 0, []))
+        rows.append(
+            WorkerRow(
+                worker,
+                gpu_cells(worker, holders.get(worker.id, {})),
+                running,
+                cpus,
+                memory,
+                to_rfc3339(worker.last_heartbeat_at),
+            )
+        )
+    return rows
+
+
+def gpu_totals(rows: list[WorkerRow]) -> GpuTotals:
+    """GPUs of active workers by state (an unhealthy GPU counts as unhealthy, never as free)."""
+    totals = GpuTotals()
+    for row in rows:
+        if row.worker.status != WorkerStatus.ACTIVE:
+            continue
+        for cell in row.gpus:
+            totals.total += 1
+            setattr(totals, cell.state, getattr(totals, cell.state) + 1)
+        model = row.worker.gpu_model or "unknown"
+        if row.gpus:
+            totals.by_model[model] = totals.by_model.get(model, 0) + len(row.gpus)
+    return totals
+
+
+def pools(store: Store, gpus_total: int) -> list[dict[str, Any]]:
+    """Each pool's demand and usage against an equal share of the cluster's GPUs.
+
+    Until pools carry their own weights (``/pools``), every pool with work weighs the same: its
+    share is the GPUs divided among the pools that have pending or holding jobs.
+    """
+    counts = store.count_jobs_by_pool()
+    active = [
+        pool
+        for pool, by_status in counts.items()
+        if any(status in by_status for status in ("pending", "blocked", "reserved", "running", "preempting"))
+    ]
+    share = gpus_total / len(active) if active else 0.0
+    rows = []
+    for pool in sorted(counts):
+        by_status = counts[pool]
+        holding = sum(by_status.get(status.value, (0, 0))[1] for status in HOLDING)
+        waiting = sum(by_status.get(status, (0, 0))[1] for status in ("pending", "blocked"))
+        rows.append(
+            {
+                "pool": pool,
+                "jobs": {status: by_status[status][0] for status in STATUS_ORDER if status in by_status},
+                "gpus_used": holding,
+                "gpus_waiting": waiting,
+                "share": share if pool in active else 0.0,
+                "ratio": (holding / share) if share else 0.0,
+            }
+        )
+    return rows
+
+
+def timeline(events: list[JobEvent], now: float) -> list[Segment]:
+    """The job's history as consecutive bars, one per status, sized by time spent in it (the last
+    one, unless terminal, up to ``now``)."""
+    if not events:
+        return []
+    spans = []
+    for index, event in enumerate(events):
+        end = events[index + 1].at if index + 1 < len(events) else None
+        if end is None:
+            end = event.at if event.to_status in TERMINAL else max(now, event.at)
+        spans.append((event, max(0.0, end - event.at)))
+    total = sum(seconds for _, seconds in spans) or 1.0
+    return [
+        Segment(
+            event.to_status.value,
+            to_rfc3339(event.at),
+            seconds,
+            max(0.5, 100.0 * seconds / total),
+            f"{event.reason.code}: {event.reason.message}" if event.reason else "",
+        )
+        for event, seconds in spans
+    ]
+
+
+def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
+    events = store.job_events(job.id)
+    workers_list, allocations, holds = [], [], []
+    if job.status == Status.PENDING:
+        workers_list = store.workers()
+        allocations = store.allocations()
+        holds = store.list_holds()
+    reasons = explain(job, workers_list, allocations, holds, now)
+    return {
+        "job": job,
+        "wire": job_to_wire(job),
+        "events": events,
+        "timeline": timeline(events, now),
+        "why": reasons,
+        "logs": store.log_sizes(job.id),
+        "terminal": job.status in TERMINAL,
+        "attempt": job.attempts,
+    }
+
+
+def gang_page(store: Store, gang_id: str) -> dict[str, Any] | None:
+    tasks = store.gang_tasks(gang_id)
+    if not tasks:
+        return None
+    story = [(event.at, task.gang_index, event) for task in tasks for event in store.job_events(task.id)]
+    story.sort(key=lambda item: (item[0], item[1] or 0))
+    return {
+        "gang_id": gang_id,
+        "gang_state": gang_status(tasks),
+        "tasks": tasks,
+        "story": [(to_rfc3339(at), rank, event) for at, rank, event in story],
+        "terminal": all(task.status in TERMINAL for task in tasks),
+    }
+
+
+def job_list(store: Store, filters: JobFilter, limit: int, after: tuple[float, str] | None) -> list[Job]:
+    return store.list_jobs(filters, limit, after)

@@ -1,0 +1,173 @@
+"""Job logs: the worker appends each attempt's output, anyone reads or follows it.
+
+``POST /jobs/{id}/logs?worker_id=&attempt=&offset=B`` is a worker report, fenced like the others
+(409 ``stale_attempt``); a chunk at an offset already stored is accepted once (``store.logs``).
+``GET /jobs/{id}/logs`` answers ``text/plain`` bytes of one attempt (the latest by default) from
+``offset``; with ``follow=1`` it streams new bytes as they are stored, from the store (so through any
+replica), until the attempt ends. Headers say which attempt (``X-Corral-Attempt``), the offset of
+the first byte sent (``X-Corral-Log-Start``), where the stored stream ended when the answer was made
+(``X-Corral-Log-Size``) and how many of its first bytes were dropped (``X-Corral-Log-Dropped``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from corral.domain import errors
+from corral.domain.records import Job
+from corral.domain.status import LEASED, TERMINAL
+from corral.protocol.answers import LogAppendedAnswer
+from corral.server import changes
+from corral.server.http import fence, json_response, query_int, read_body
+from corral.server.openapi import BYTES, FENCE, TEXT, Operation, integer, string
+from corral.server.state import ServerState, state_of
+from corral.store.base import LogSlice
+
+logger = logging.getLogger("corral.server.logs")
+
+#: the largest chunk a worker may send in one request
+CHUNK_MAX_BYTES = 4 * 1024 * 1024
+#: how often a follow looks for new bytes in the store
+FOLLOW_POLL_S = 0.25
+#: bytes read from the store at once while following
+FOLLOW_READ_BYTES = 1024 * 1024
+#: a plain read answers at most this much (the cap per attempt is normally well under it)
+READ_MAX_BYTES = 256 * 1024 * 1024
+MEDIA_TYPE = "text/plain; charset=utf-8"
+
+
+async def append(request: Request) -> Response:
+    state = state_of(request)
+    worker_id, attempt = fence(request)
+    offset = _non_negative(request, "offset", required=True)
+    data = await read_body(request, CHUNK_MAX_BYTES)
+    appended = changes.append_log(
+        state.store,
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        offset,
+        data,
+        state.clock.now(),
+        state.settings.log_max_bytes,
+    )
+    if appended.trimmed:
+        state.metrics.log_bytes_dropped.inc(appended.trimmed)
+    state.metrics.log_bytes_stored.inc(appended.accepted)
+    return json_response(
+        {
+            "job_id": appended.job_id,
+            "attempt": appended.attempt,
+            "size": appended.size,
+            "accepted": appended.accepted,
+            "dropped": appended.dropped,
+        }
+    )
+
+
+def _non_negative(request: Request, name: str, required: bool = False) -> int:
+    value = query_int(request, name, required=required, default=0)
+    assert value is not None
+    if value < 0:
+        raise errors.InvalidRequest(f"query parameter {name} must be >= 0", field=name)
+    return value
+
+
+def _headers(piece: LogSlice) -> dict[str, str]:
+    return {
+        "X-Corral-Attempt": str(piece.attempt),
+        "X-Corral-Log-Start": str(piece.start),
+        "X-Corral-Log-Size": str(piece.size),
+        "X-Corral-Log-Dropped": str(piece.dropped),
+        "Cache-Control": "no-store",
+    }
+
+
+async def read(request: Request) -> Response:
+    state = state_of(request)
+    job_id = request.path_params["job_id"]
+    attempt = query_int(request, "attempt", required=False)
+    if attempt is not None and attempt < 0:
+        raise errors.InvalidRequest("query parameter attempt must be >= 0", field="attempt")
+    offset = _non_negative(request, "offset")
+    follow = request.query_params.get("follow", "0").lower() in ("1", "true")
+    if not follow:
+        piece = state.store.read_log(job_id, attempt, offset, READ_MAX_BYTES)
+        return Response(piece.data, media_type=MEDIA_TYPE, headers=_headers(piece))
+    piece = state.store.read_log(job_id, attempt, offset, FOLLOW_READ_BYTES)  # 404 before streaming
+    return StreamingResponse(
+        _follow(state, job_id, attempt, piece), media_type=MEDIA_TYPE, headers=_headers(piece)
+    )
+
+
+def attempt_ended(job: Job, attempt: int) -> bool:
+    """The attempt will write nothing more: the job moved on to another attempt, or is no longer
+    running (its last chunk is stored before its final report)."""
+    return job.attempts != attempt or job.status not in LEASED
+
+
+async def _follow(
+    state: ServerState, job_id: str, attempt: int | None, piece: LogSlice
+) -> AsyncIterator[bytes]:
+    """Stream the attempt's bytes as they are stored; end when the attempt has ended and every byte
+    stored before its end was sent. A follow of the latest attempt of a job that has not started
+    yet waits for its first attempt."""
+    while attempt is None and piece.job.attempts == 0 and piece.job.status not in TERMINAL:
+        await asyncio.sleep(FOLLOW_POLL_S)
+        piece = state.store.read_log(job_id, None, 0, FOLLOW_READ_BYTES)
+    which = piece.attempt
+    while True:
+        if piece.data:
+            yield piece.data
+        offset = piece.start + len(piece.data)
+        if offset < piece.size:  # more is stored already
+            piece = state.store.read_log(job_id, which, offset, FOLLOW_READ_BYTES)
+            continue
+        if attempt_ended(piece.job, which):
+            # The job was read before the bytes: what the attempt stored before it ended is in.
+            return
+        await asyncio.sleep(FOLLOW_POLL_S)
+        piece = state.store.read_log(job_id, which, offset, FOLLOW_READ_BYTES)
+
+
+described = [
+    Operation(
+        "POST",
+        "/jobs/{job_id}/logs",
+        "append output of the current attempt at a byte offset (a retried chunk is stored once)",
+        "job protocol",
+        {200: LogAppendedAnswer},
+        body=BYTES,
+        body_required=False,
+        query=(*FENCE, integer("offset", "the byte of the attempt's stream the chunk starts at", True, 0)),
+        errors=(400, 404, 409, 413),
+    ),
+    Operation(
+        "GET",
+        "/jobs/{job_id}/logs",
+        "the output of an attempt (stdout and stderr as written); follow streams until it ends",
+        "jobs",
+        {200: TEXT},
+        query=(
+            integer("attempt", "which attempt (default: the latest)", minimum=0),
+            integer("offset", "the first byte to send", minimum=0),
+            string(
+                "follow",
+                "1: keep sending new output until the attempt ends",
+                enum=["0", "1", "true", "false"],
+            ),
+        ),
+        errors=(400, 404),
+    ),
+]
+
+routes = [
+    Route("/jobs/{job_id}/logs", append, methods=["POST"]),
+    Route("/jobs/{job_id}/logs", read, methods=["GET"]),
+]
