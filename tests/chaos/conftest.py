@@ -44,6 +44,7 @@ FAST_SERVER = (
     "--worker-offline-s", "6",
     "--dead-worker-after-s", "6",
     "--reservation-timeout-s", "10",
+    "--retention-tick-s", "1",
 )  # fmt: skip
 
 

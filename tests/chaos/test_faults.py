@@ -170,8 +170,9 @@ def test_concurrent_submits_with_idempotency_keys_make_each_job_once(db_url: str
 @pytest.mark.postgres
 def test_killing_the_loop_leader_hands_every_loop_over_within_the_bound(start_server, postgres_url: str):
     """Two replicas on PostgreSQL; kill -9 of the loop leader: the other takes every loop over
-    within 5 s (its advisory-lock sessions end with the process; the survivor's next tick, at most
-    the dead-worker sweep's 2 s here, takes each lock)."""
+    within 5 s (its advisory-lock sessions end with the process; the survivor's next tick takes
+    each lock: the bound is the longest loop interval plus its jitter, 2 s here for the dead-worker
+    sweep; 60 s for retention with its default CORRAL_RETENTION_TICK_S)."""
     from tests.e2e.test_replicas import leader_of
 
     replicas = [start_server("--db", postgres_url, *FAST_SERVER) for _ in range(2)]

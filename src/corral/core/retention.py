@@ -10,8 +10,6 @@ from __future__ import annotations
 SECONDS_PER_DAY = 86400.0
 BATCH = 500
 MAX_BATCHES = 20
-#: how often the loop runs: retention is measured in days, so a minute is prompt enough
-INTERVAL_S = 60.0
 
 
 def cutoff(now: float, retention_days: float) -> float:

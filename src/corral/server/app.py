@@ -18,7 +18,6 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
 from corral.config import ServerSettings
-from corral.core import retention
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
@@ -90,7 +89,7 @@ def create_app(
                 ("admission", settings.admission_tick_s, admission_tick),
                 ("reaper", settings.reaper_tick_s, reaper_tick),
                 ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
-                ("retention", retention.INTERVAL_S, retention_tick),
+                ("retention", settings.retention_tick_s, retention_tick),
             )
         ],
         state.metrics,
