@@ -95,10 +95,11 @@ def test_a_gang_reserved_in_part_or_rerun_in_part_is_found():
         ev("t1", 0, None, Status.BLOCKED),
         ev("t1", 1, Status.BLOCKED, R, 0, "w2"),
         ev("t1", 2, R, RN, 1, "w2"),
-        ev("t1", 2.5, RN, P, 1, "w2"),
-        ev("t1", 4, P, RN, 2, "w2"),
+        ev("t1", 2.5, RN, Status.BLOCKED, 1, "w2"),
+        ev("t1", 4, Status.BLOCKED, R, 1, "w2"),
+        ev("t1", 4.5, R, RN, 2, "w2"),
         ev("t1", 5, RN, F, 2, "w2"),
     ]
     events["t0"][1] = ev("t0", 1, Status.BLOCKED, R, 0, "w1")
     violations = history.check(tasks, events, CAPACITY).violations
-    assert violations == ["gang g: t1 started a run after a peer ended"]
+    assert "gang g: t1 reserved again after a peer ended" in violations
