@@ -4,7 +4,7 @@ finished work run twice, the worker having given up its ``done`` after 6 tries).
 from __future__ import annotations
 
 from corral.client import ApiError, ServerUnreachable
-from corral.worker.reporting import MAX_BACKOFF_S, REPORT_TRIES, deliver, deliver_outcome
+from corral.worker.reporting import OUTCOME_MAX_BACKOFF_S, REPORT_TRIES, deliver, deliver_outcome
 
 
 def _flaky(failures: int, then: object = "ok"):
@@ -22,11 +22,11 @@ def _flaky(failures: int, then: object = "ok"):
 
 
 def test_an_outcome_outlives_any_number_of_failed_tries():
-    send, calls = _flaky(40)
+    send, calls = _flaky(100)
     slept: list[float] = []
     assert deliver_outcome(send, "done report", {}, sleep=slept.append) == "ok"
-    assert len(calls) == 41
-    assert max(slept) == MAX_BACKOFF_S
+    assert len(calls) == 101
+    assert max(slept) == OUTCOME_MAX_BACKOFF_S
     assert sum(slept) > 16 * 10, "well past the outage that used to lose the report"
 
 

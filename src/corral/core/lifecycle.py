@@ -546,20 +546,16 @@ def force_drain(
 # --- the reaper and the worker's own report ----------------------------------------------------------
 
 
-#: the least startup grace: a worker retries a final report at most 8 s apart
-#: (``worker.reporting.MAX_BACKOFF_S``), so each retried report lands within it whatever the lease
-MIN_STARTUP_GRACE_S = 12.0
-
-
 def in_startup_grace(now: float, started_at: float, lease_s: float) -> bool:
     """Whether a server that started at ``started_at`` still owes workers a lease's grace.
 
     While a server was down, no heartbeat or report could reach it: every lease looks lapsed when
     it comes back, though the workers held on (and are retrying their final reports). So for one
-    lease after start (``MIN_STARTUP_GRACE_S`` at least) the reaper leaves leases and silent
-    workers alone; a worker that is really gone is reaped that much later than otherwise.
+    lease after start the reaper leaves leases and silent workers alone; a worker that is really
+    gone is reaped one lease later than otherwise. (A worker retries a final report at most
+    ``worker.reporting.OUTCOME_MAX_BACKOFF_S`` apart, well within any lease.)
     """
-    return now < started_at + max(lease_s, MIN_STARTUP_GRACE_S)
+    return now < started_at + lease_s
 
 
 def lease_expired(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Reported | None]:

@@ -3,7 +3,7 @@
 An outcome (done, fail, preempted, a watchdog trip) is the one message the server cannot get any
 other way: if it is lost, the job sits until its lease expires and is re-run (a 16 s outage once
 made finished work run twice). So ``deliver_outcome`` keeps a final outcome until it is delivered or
-refused, retrying with backoff (at most ``MAX_BACKOFF_S`` apart) for as long as the worker lives;
+refused, retrying with backoff (at most ``OUTCOME_MAX_BACKOFF_S`` apart) for as long as the worker lives;
 a server that restarts gives workers a lease's grace before reaping, so the retried report lands
 on a job still running. Other reports (checkpoints) give up after ``REPORT_TRIES``. A report that
 fails for transport reasons (or a 5xx) is retried. A 409 means the server has moved on (another attempt
@@ -26,6 +26,10 @@ logger = logging.getLogger("corral.worker.reporting")
 REPORT_TRIES = 6
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
+#: a final outcome is retried at most this far apart: once the server is back, the report must
+#: land within the lease's grace a restarted server gives (a 3 s lease lost the race to an 8 s
+#: backoff under load in the chaos suite); one small request every 2 s per pending outcome
+OUTCOME_MAX_BACKOFF_S = 2.0
 
 
 _Answer = TypeVar("_Answer")
@@ -37,6 +41,7 @@ def deliver(
     fields: Mapping[str, Any],
     tries: int | None = REPORT_TRIES,
     sleep: Callable[[float], None] = time.sleep,
+    max_backoff_s: float = MAX_BACKOFF_S,
 ) -> _Answer | None:
     """Call ``send`` until it succeeds, is refused, or ``tries`` are spent (None: never spent);
     its answer or None."""
@@ -75,7 +80,7 @@ def deliver(
             return None
         logger.warning(f"{what} failed; retrying", extra={**fields, "error": problem, "retry_in_s": delay})
         sleep(delay)
-        delay = min(delay * 2, MAX_BACKOFF_S)
+        delay = min(delay * 2, max_backoff_s)
 
 
 def deliver_outcome(
@@ -85,4 +90,4 @@ def deliver_outcome(
     sleep: Callable[[float], None] = time.sleep,
 ) -> _Answer | None:
     """A final outcome: kept and retried until it is delivered or refused (see the module doc)."""
-    return deliver(send, what, fields, tries=None, sleep=sleep)
+    return deliver(send, what, fields, tries=None, sleep=sleep, max_backoff_s=OUTCOME_MAX_BACKOFF_S)
