@@ -14,6 +14,7 @@ be reached is ``ServerUnreachable``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,9 +72,18 @@ class ApiError(ClientError):
 
 
 class Client:
-    def __init__(self, server: str = DEFAULT_SERVER, timeout_s: float = 30.0) -> None:
+    """``token``: sent as ``Authorization: Bearer`` on every request; None reads ``CORRAL_TOKEN``
+    (unset or empty: no token, for a server without authentication)."""
+
+    def __init__(
+        self, server: str = DEFAULT_SERVER, timeout_s: float = 30.0, token: str | None = None
+    ) -> None:
         self.server = server.rstrip("/")
-        self._http = Transport(self.server, timeout_s)
+        if token is None:
+            token = os.environ.get("CORRAL_TOKEN", "").strip()
+        self._http = Transport(
+            self.server, timeout_s, {"authorization": f"Bearer {token}"} if token else None
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -221,6 +231,9 @@ class Client:
 
     def drain_worker(self, worker_id: str) -> WorkerAnswer:
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/drain")
+
+    def undrain_worker(self, worker_id: str) -> WorkerAnswer:
+        return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/undrain")
 
     # --- pools -----------------------------------------------------------------------------
 

@@ -23,8 +23,8 @@ class ServerSettings(BaseSettings):
     """Only settings something reads: a flag that does nothing is a promise ``--help`` cannot keep.
 
     A setting arrives with the code that reads it (``tests/unit/test_every_setting_is_read.py``
-    fails on a field nothing outside this module reads). Still to come with their issues:
-    authentication (``CORRAL_AUTH_TOKENS``) and fair share (the satisfaction thresholds).
+    fails on a field nothing outside this module reads). Still to come with their issues: fair
+    share (the satisfaction thresholds).
     """
 
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
@@ -56,7 +56,10 @@ class ServerSettings(BaseSettings):
     log_max_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="job output kept per attempt (past it the oldest bytes go)"
     )
-    retention_days: float = Field(14.0, gt=0, description="logs of jobs that ended this long ago are removed")
+    retention_days: float = Field(
+        14.0, gt=0, description="finished jobs, their events, logs, checkpoints and keys are kept this long"
+    )
+    retention_tick_s: float = Field(60.0, gt=0, description="retention loop interval")
     log_level: str = Field("info", description="debug, info, warning or error")
     # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
     starvation_timeout_s: float = Field(
@@ -78,6 +81,13 @@ class ServerSettings(BaseSettings):
 
     # --- end of pools ---
     access_log: bool = Field(False, description="log every HTTP request")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this (else 408)")
+    max_requests_per_client: int = Field(
+        256, ge=1, description="requests one client address may have in flight (else 429)"
+    )
+    auth_tokens: str | None = Field(
+        None, description="token file (TOKEN ROLE NAME lines) that turns authentication on"
+    )
 
 
 class WorkerSettings(BaseSettings):
@@ -127,6 +137,11 @@ class WorkerSettings(BaseSettings):
     gpu_health_grace_s: float = Field(1200.0, ge=0, description="first GPU-health window, for model loading")
     gpu_sampler: str | None = Field(
         None, description="nvml, none or fake:<path> (default: nvml where NVML loads, else none)"
+    )
+    state_dir: str | None = Field(
+        None,
+        description="where the worker records its jobs' process groups, to stop what a killed run "
+        "left (default: <tmp>/corral-<uid>/worker-<id>)",
     )
 
     @field_validator("gpu_sampler")

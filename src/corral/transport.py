@@ -34,8 +34,10 @@ class Response:
 
 
 class Transport:
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    def __init__(self, base_url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
         parts = urlsplit(base_url)
+        #: sent with every request (the token); never logged
+        self._headers = {"content-type": "application/json", **(headers or {})}
         # A malformed URL is reported at the first request, like an unreachable server, so every
         # caller handles one kind of failure.
         self._bad_url = None
@@ -80,7 +82,7 @@ class Transport:
         target = self._prefix + path
         if params:
             target += "?" + urlencode({key: value for key, value in params.items() if value is not None})
-        send_headers = {"content-type": "application/json", **(headers or {})}
+        send_headers = {**self._headers, **(headers or {})}
         for attempt in (1, 2):
             connection = self._connection()
             reused = connection.sock is not None

@@ -100,3 +100,15 @@ def test_metrics_count_the_job_life_cycle(api):
         "corral_job_execution_duration_seconds_count 1.0",
     ):
         assert line in text, line
+
+
+def test_a_drain_is_undone_by_undrain_only(api):
+    register(api, gpus=1)
+    assert api.post("/workers/w1/drain").json()["status"] == "draining"
+    assert register(api, gpus=1)["status"] == "draining", "a re-register keeps the drain"
+    submit(api, resources={"gpus": 1})
+    assert api.get("/jobs/next", params={"worker_id": "w1"}).status_code == 204
+    assert api.post("/workers/w1/undrain").json()["status"] == "active"
+    assert api.post("/workers/w1/undrain").json()["status"] == "active", "idempotent"
+    claim(api)
+    assert api.post("/workers/ghost/undrain").status_code == 404

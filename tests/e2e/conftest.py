@@ -169,17 +169,19 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``corral worker`` with fast intervals; later flags override the defaults."""
     started: list[WorkerProcess] = []
 
-    def start(server_url: str, worker_id: str, *flags: str) -> WorkerProcess:
+    def start(
+        server_url: str, worker_id: str, *flags: str, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         log_path = tmp_path / f"worker-{worker_id}.log"
         log_file = log_path.open("wb")
         command = [sys.executable, "-m", "corral", "worker", "--server", server_url, "--worker-id", worker_id]
-        command += [*FAST_WORKER_FLAGS, *flags]
+        command += [*FAST_WORKER_FLAGS, "--state-dir", str(tmp_path / f"state-{worker_id}"), *flags]
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env=clean_environment(),
+            env={**clean_environment(), **(env or {})},
             cwd=tmp_path,
         )
         worker = WorkerProcess(worker_id, process, log_path, log_file)

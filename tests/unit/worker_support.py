@@ -6,6 +6,7 @@ Not a test module (pytest collects ``test_*.py`` only); the scripted client itse
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,7 @@ def wait_for_file(path: Path) -> None:
 
 
 def make_agent(client: Any, **settings: Any) -> Agent:
+    settings.setdefault("state_dir", tempfile.mkdtemp(prefix="corral-test-state-"))
     agent = Agent(WorkerSettings(**settings), "w1", "host", Offer(1, 1024, 0, 0, None))
     agent._api = client
     return agent

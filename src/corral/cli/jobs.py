@@ -60,7 +60,8 @@ def row(job: JobAnswer) -> list[str]:
     return [
         job.id,
         job.status,
-        str(job.attempts),
+        # counted attempts, and the run number when a refund made them differ
+        str(job.attempts) if job.attempt in (0, job.attempts) else f"{job.attempts} (run {job.attempt})",
         str(job.resources.gpus),
         output.cell(job.worker_id),
         output.short_time(job.submitted_at),

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="corral",
         description="corral: a job scheduler for GPU clusters. `corral up` starts a local server and worker.",
         epilog=exit_codes.EPILOG
-        + "\nalso: `corral server` and `corral worker` run the server and a worker (see their --help).",
+        + "\nalso: `corral server` and `corral worker` run the server and a worker (see their --help)."
+        + "\nauthentication: every command sends the token in CORRAL_TOKEN (Authorization: Bearer).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_server_flag(parser)

@@ -27,7 +27,13 @@ _SCALAR_FIELDS: tuple[tuple[str, str, type, str], ...] = (
     ("--pool", "pool", str, "fair-share pool path, e.g. team/project"),
     ("--priority", "priority", int, "order within a preemption class"),
     ("--preemption-class", "preemption_class", int, "0..10; 10 is never preempted"),
-    ("--max-retries", "max_retries", int, "attempts allowed after a failure (>= 0)"),
+    (
+        "--max-retries",
+        "max_retries",
+        int,
+        "counted attempts the job gets (>= 0; 0 and 1 both mean one): a failed attempt is retried "
+        "while counted attempts < this; runs refunded by a drain, preemption or watchdog do not count",
+    ),
     ("--budget-s", "budget_s", float, "wall-clock budget in seconds (watchdog)"),
     ("--walltime-s", "walltime_s", float, "expected run time in seconds (backfill)"),
     ("--stall-timeout-s", "stall_timeout_s", float, "no-progress window in seconds (watchdog)"),

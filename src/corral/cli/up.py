@@ -95,7 +95,7 @@ class _Child:
         self._terminated = False
         self._log: IO[bytes] = log_path.open("ab")
         self._start_offset = self._log.tell()
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # noqa: S603 (corral itself, argument list, no shell)
             [sys.executable, "-m", "corral", role, *arguments],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -261,6 +261,9 @@ def _workers(url: str, count: int, gpus: int | None) -> list[tuple[list[str], st
             arguments += ["--gpus", str(gpus), "--gpu-sampler", "none"]
             if gpus:
                 arguments += ["--gpu-model", FAKE_GPU_MODEL, "--vram-mb", str(FAKE_GPU_VRAM_MB)]
+        if not os.environ.get("CORRAL_STATE_DIR"):
+            # beside its log: what a killed worker left is found by the next `corral up` here
+            arguments += ["--state-dir", str(Path(f".corral-worker-state-{number}").resolve())]
         log = WORKER_LOG if count == 1 else WORKER_LOG.replace(".log", f"-{number}.log")
         workers.append((arguments, log))
     return workers
@@ -308,7 +311,7 @@ def _store_url(db: str) -> str:
 
 def _client_host(host: str) -> str:
     """Where a local client reaches a server listening on ``host`` (a wildcard means this machine)."""
-    if host in ("", "0.0.0.0"):
+    if host in ("", "0.0.0.0"):  # noqa: S104 (reading a wildcard, not binding one)
         return "127.0.0.1"
     if host == "::":
         return "[::1]"

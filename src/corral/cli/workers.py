@@ -1,4 +1,9 @@
-"""``corral workers``: each worker's state and load; ``--dead`` keeps those flagged dead."""
+"""``corral workers``: each worker's state and load; ``--dead`` keeps those flagged dead.
+
+``corral workers drain ID`` stops placing work on a worker (its running jobs finish);
+``corral workers undrain ID`` lets it take work again. Both need an admin token when the server
+has authentication on.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +30,28 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument("--dead", action="store_true", help="only workers flagged dead (flagged_dead_at set)")
     add_json_flag(parser)
     parser.set_defaults(run=run)
+    actions = parser.add_subparsers(title="actions", metavar="ACTION", required=False)
+    for name, help_text in (
+        ("drain", "stop placing work on a worker; its running jobs finish (admin)"),
+        ("undrain", "let a drained worker take work again (admin)"),
+    ):
+        action = actions.add_parser(name, parents=[parent], help=help_text, description=help_text)
+        action.add_argument("worker_id", metavar="ID", help="the worker's id")
+        add_json_flag(action)
+        action.set_defaults(run=run_drain, action=name)
+
+
+def run_drain(arguments: argparse.Namespace) -> int:
+    with connect(arguments) as client:
+        if arguments.action == "drain":
+            worker = client.drain_worker(arguments.worker_id)
+        else:
+            worker = client.undrain_worker(arguments.worker_id)
+    if arguments.json:
+        output.print_json(worker)
+    else:
+        print(f"{worker.id} {worker.status}")
+    return exit_codes.OK
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -293,7 +293,10 @@ def report_failure(
     if release:
         reason = Reason("released", f"worker {worker_id} handed the job back ({error or outcome}); re-queued")
         return _single(move(job, now, reason, status=Status.PENDING, **detail, **REQUEUED))
-    counted = f"attempt {job.attempts_used} of {job.spec.max_retries} {outcome}"
+    # API.md's words: counted attempts against max_retries (0 and 1 both allow one), and the run
+    # number the events, the claim and CORRAL_ATTEMPT carry (it also counts refunded runs)
+    allowed = max(1, job.spec.max_retries)
+    counted = f"counted attempt {job.attempts_used} of {allowed} (run {job.attempts}) {outcome}"
     if job.retries_left:
         transition = move(
             job, now, Reason("retrying", f"{counted}; re-queued"), status=Status.PENDING, **detail, **REQUEUED
@@ -541,6 +544,18 @@ def force_drain(
 
 
 # --- the reaper and the worker's own report ----------------------------------------------------------
+
+
+def in_startup_grace(now: float, started_at: float, lease_s: float) -> bool:
+    """Whether a server that started at ``started_at`` still owes workers a lease's grace.
+
+    While a server was down, no heartbeat or report could reach it: every lease looks lapsed when
+    it comes back, though the workers held on (and are retrying their final reports). So for one
+    lease after start the reaper leaves leases and silent workers alone; a worker that is really
+    gone is reaped one lease later than otherwise. (A worker retries a final report at most
+    ``worker.reporting.OUTCOME_MAX_BACKOFF_S`` apart, well within any lease.)
+    """
+    return now < started_at + lease_s
 
 
 def lease_expired(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Reported | None]:

@@ -30,6 +30,20 @@ class InvalidRequest(CorralError):
         self.field = field
 
 
+class Unauthenticated(CorralError):
+    """A valid token is required."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+class Forbidden(CorralError):
+    """This token's role may not do this."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class NotFound(CorralError):
     """No such object."""
 
@@ -42,6 +56,13 @@ class TooLarge(CorralError):
 
     code = "too_large"
     http_status = 413
+
+
+class RequestTimeout(CorralError):
+    """The request body did not arrive in time."""
+
+    code = "request_timeout"
+    http_status = 408
 
 
 class Conflict(CorralError):

@@ -11,6 +11,10 @@ from typing import Any
 import orjson
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+#: fields whose value never reaches a log line, whoever passes them: a job's environment often holds
+#: credentials, and tokens are secrets (the code passes neither; this keeps a future line honest)
+SECRET_FIELDS = frozenset({"env", "token", "authorization", "cookie", "claim_env"})
+HIDDEN = "<hidden>"
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,7 +27,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         line.update(
-            (key, value)
+            (key, HIDDEN if key.lower() in SECRET_FIELDS else value)
             for key, value in vars(record).items()
             if key not in _STANDARD and not key.startswith("_")
         )

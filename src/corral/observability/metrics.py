@@ -116,6 +116,12 @@ class Metrics:
             "Workers flagged dead: heartbeat frozen while holding running jobs",
             registry=registry,
         )
+        self.retention_removed = Counter(
+            "corral_retention_removed_total",
+            "Rows removed past CORRAL_RETENTION_DAYS, by kind (jobs / idempotency_keys)",
+            ["kind"],
+            registry=registry,
+        )
         self.loop_errors = Counter(
             "corral_loop_errors_total", "Passes of a background loop that raised", ["loop"], registry=registry
         )
@@ -133,6 +139,31 @@ class Metrics:
     def watch_store(self, read: Callable[[], tuple[dict[str, int], dict[str, int], dict[str, int]]]) -> None:
         """Expose the cluster gauges, read through ``read`` at every scrape."""
         self.registry.register(StoreCollector(read))
+
+    def watch_store_size(self, read: Callable[[], tuple[int, float | None]]) -> None:
+        """Expose the store's size and its oldest kept job, read through ``read`` at every scrape."""
+        self.registry.register(StoreSizeCollector(read))
+
+
+class StoreSizeCollector(Collector):
+    """``corral_store_size_bytes`` and ``corral_oldest_job_submitted_timestamp_seconds`` (absent
+    while the store holds no job): what retention keeps in check."""
+
+    def __init__(self, read: Callable[[], tuple[int, float | None]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        size, oldest = self._read()
+        yield GaugeMetricFamily("corral_store_size_bytes", "What the store takes on disk", value=size)
+        if oldest is not None:
+            yield GaugeMetricFamily(
+                "corral_oldest_job_submitted_timestamp_seconds",
+                "Submission time of the oldest job the store keeps (Unix seconds)",
+                value=oldest,
+            )
 
 
 class StoreCollector(Collector):

@@ -85,6 +85,7 @@ class JobAnswer(Answer):
     checkpoint_mode: str = "none"
     max_retries: int = 3
     attempts: int = 0
+    attempt: int = 0
     watchdog_retries: int = 0
     preempted_count: int = 0
     worker_id: str | None = None

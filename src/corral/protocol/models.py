@@ -27,6 +27,11 @@ MAX_BATCH = 10_000
 #: tasks one request may create (a batch's jobs plus every gang's tasks)
 MAX_TASKS_PER_REQUEST = 10_000
 INT32_MAX = 2**31 - 1
+#: 9999-12-31T23:59:59Z: the latest time an answer can write
+MAX_TIMESTAMP = 253402300799.0
+#: the largest GPU index a worker may report (NVML counts far fewer GPUs per host)
+MAX_GPU_INDEX = 65535
+GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
@@ -47,7 +52,10 @@ Output = Annotated[str, AfterValidator(_replace_nul)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
+    """Unknown fields refused, and no coercion: ``"2"`` is not an integer and ``true`` not 1 (a
+    ``gang_size: "2"`` once made a gang). An integer is still a number where a float is asked."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ResourcesBody(_Strict):
@@ -146,8 +154,9 @@ class PoolBody(_Strict):
     weight: float | None = Field(None, gt=0, le=1_000_000)
     guarantee: ResourcesBody | None = None
     limits: LimitsBody | None = None
-    mode: pools.PoolMode | None = None
-    kind: pools.PoolKind | None = None
+    # enums are read from their string values (strict mode would want instances of them)
+    mode: pools.PoolMode | None = Field(None, strict=False)
+    kind: pools.PoolKind | None = Field(None, strict=False)
     starvation_timeout_s: float | None = Field(None, gt=0, le=365 * 86400)
     aggressive_starvation_timeout_s: float | None = Field(None, gt=0, le=365 * 86400)
     starvation_tolerance: float | None = Field(None, gt=0, le=1)
@@ -217,7 +226,7 @@ class WorkerRegisterBody(_Strict):
 
 
 class GpuReading(_Strict):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_GPU_INDEX)
     util_pct: float | None = Field(None, ge=0, le=100)
     mem_used_mb: float | None = Field(None, ge=0)
 
@@ -227,7 +236,7 @@ class WorkerHeartbeatBody(_Strict):
     running: list[str] | None = None
     #: GPU indices the worker will not use again (a killed job's process would not exit from a
     #: driver call); the server places no work on them until the worker re-registers
-    unhealthy_gpus: list[int] | None = Field(None, max_length=4096)
+    unhealthy_gpus: list[GpuIndex] | None = Field(None, max_length=4096)
 
 
 class JobHeartbeatBody(_Strict):
@@ -236,7 +245,8 @@ class JobHeartbeatBody(_Strict):
     rss_mb: float | None = Field(None, ge=0)
     #: when the job last saved a checkpoint on its worker (epoch seconds: the modification time of
     #: ``CORRAL_CHECKPOINT_OUT``): the preemption planner's cost counts the work since then
-    checkpoint_at: float | None = Field(None, ge=0)
+    # a Unix time an RFC 3339 answer can carry (year 9999 at most; found by Schemathesis)
+    checkpoint_at: float | None = Field(None, ge=0, le=MAX_TIMESTAMP)
     #: during a preemption's checkpoint phase, the job asks for this many more seconds
     #: (``jobkit.defer``); the server grants up to ``CORRAL_MAX_DEFERRAL_S`` in all
     defer_s: float | None = Field(None, ge=0, le=86400)

@@ -30,6 +30,9 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "max_retries": spec.max_retries,
         # attempts that count against max_retries; the claim's ``attempt`` is the fence
         "attempts": job.attempts_used,
+        # the run number of the current (or last) attempt: what the events, the claim and
+        # CORRAL_ATTEMPT say; larger than ``attempts`` once a run was refunded
+        "attempt": job.attempts,
         "watchdog_retries": job.watchdog_retries,
         "preempted_count": job.preempted_count,
         "worker_id": job.worker_id,

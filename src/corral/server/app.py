@@ -21,11 +21,13 @@ from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status, WorkerStatus
-from corral.server import openapi
+from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
+from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
+from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.routes import jobs, logs, operations, pools, protocol, workers
 from corral.server.state import ServerState
@@ -66,13 +68,20 @@ def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[s
 
 
 def create_app(
-    store: Store, settings: ServerSettings | None = None, clock: Clock | None = None, run_loops: bool = True
+    store: Store,
+    settings: ServerSettings | None = None,
+    clock: Clock | None = None,
+    run_loops: bool = True,
+    tokens: auth.TokenFile | None = None,
 ) -> Starlette:
     """The server application. ``run_loops=False`` leaves the background loops to the caller (tests
-    drive ``state.loops`` by hand with a fake clock)."""
+    drive ``state.loops`` by hand with a fake clock). Authentication is on when ``tokens`` is given
+    or ``settings.auth_tokens`` names a token file (an unreadable one raises ``OSError``)."""
     settings = settings or ServerSettings()
     state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
+    state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
+    state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
     loops = LoopGroup(
         [
             Loop(name, interval, partial(tick, state), lead=partial(store.try_lead, name))
@@ -80,6 +89,7 @@ def create_app(
                 ("admission", settings.admission_tick_s, admission_tick),
                 ("reaper", settings.reaper_tick_s, reaper_tick),
                 ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
+                ("retention", settings.retention_tick_s, retention_tick),
             )
         ],
         state.metrics,
@@ -94,17 +104,33 @@ def create_app(
         yield
         await loops.stop()
 
+    routes = [
+        *protocol.routes,
+        *logs.routes,
+        *jobs.routes,
+        *workers.routes,
+        *pools.routes,
+        *operations.routes,
+        *dashboard.routes,
+    ]
+    auth.check_every_route_has_a_rule(routes)
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(
+            ClientLimitsMiddleware,
+            body_timeout_s=settings.body_timeout_s,
+            max_requests_per_client=settings.max_requests_per_client,
+        ),
+    ]
+    if tokens is None and settings.auth_tokens:
+        tokens = auth.TokenFile(settings.auth_tokens)
+    if tokens is not None:
+        middleware.append(
+            Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=partial(_owner_of, store))
+        )
     app = Starlette(
-        routes=[
-            *protocol.routes,
-            *logs.routes,
-            *jobs.routes,
-            *workers.routes,
-            *pools.routes,
-            *operations.routes,
-            *dashboard.routes,
-        ],
-        middleware=[Middleware(RequestIdMiddleware)],
+        routes=routes,
+        middleware=middleware,
         exception_handlers={
             errors.CorralError: corral_error_handler,
             HTTPException: http_error_handler,
@@ -115,6 +141,15 @@ def create_app(
     app.state.openapi = openapi.build(DESCRIBED)
     app.state.loops = loops
     return app
+
+
+def _owner_of(store: Store, kind: str, object_id: str) -> tuple[bool, str | None]:
+    """Whether a job or gang exists, and its ``user`` (for the access rules)."""
+    if kind == "job":
+        job = store.get_job(object_id)
+        return (False, None) if job is None else (True, job.spec.user)
+    tasks = store.gang_tasks(object_id)
+    return (False, None) if not tasks else (True, tasks[0].spec.user)
 
 
 def _exit_on_loop_death(name: str, error: BaseException | None) -> None:

@@ -259,7 +259,12 @@ class ReapReport:
 
 
 def reap(
-    store: Store, now: float, heartbeat_timeout_s: float, preempt_timeout_s: float, worker_offline_s: float
+    store: Store,
+    now: float,
+    heartbeat_timeout_s: float,
+    preempt_timeout_s: float,
+    worker_offline_s: float,
+    started_at: float | None = None,
 ) -> ReapReport:
     """One reaper pass; each change is its own transaction, decided again on the locked rows, so a
     pass is idempotent and two replicas reaping at once cannot double-apply.
@@ -269,10 +274,14 @@ def reap(
     3. Gangs with a drain to complete (``drain.completion``): after 2, so a gang whose last stuck
        task was just force-drained completes in the same pass.
     4. Active workers silent for ``worker_offline_s``: offline.
+
+    Within a lease of the server's start (``started_at``; ``lifecycle.in_startup_grace``) 1 and 4
+    wait: silence while the server was down is not the workers' fault.
     """
     report = ReapReport()
+    grace = started_at is not None and lifecycle.in_startup_grace(now, started_at, heartbeat_timeout_s)
     lease = partial(lifecycle.lease_expired, now=now, timeout_s=heartbeat_timeout_s)
-    for job_id in store.expired_leases(now - heartbeat_timeout_s):
+    for job_id in [] if grace else store.expired_leases(now - heartbeat_timeout_s):
         if (lost := store.change(job_id, lease)) is not None:
             report.lost.append(lost)
     for job_id, epoch in store.stuck_stops(now - preempt_timeout_s):
@@ -282,5 +291,6 @@ def reap(
     for gang_id in store.gangs_to_complete():
         if (completion := complete_drain(store, gang_id, now)) is not None:
             report.completions.append(completion)
-    report.offline_workers = store.mark_offline(now - worker_offline_s)
+    if not grace:
+        report.offline_workers = store.mark_offline(now - worker_offline_s)
     return report

@@ -7,9 +7,11 @@ naming the field (never 422), a wrong method a 405, an unknown path a 404, and a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -50,17 +52,24 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 
 async def read_body(request: Request, limit: int = DEFAULT_BODY_LIMIT) -> bytes:
-    """The request body, refused with 413 ``too_large`` past ``limit`` bytes (checked while reading)."""
+    """The request body, refused with 413 ``too_large`` past ``limit`` bytes (checked while reading)
+    and with 408 ``request_timeout`` when it takes longer than the body deadline
+    (``server.limits``; none outside the server)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise errors.TooLarge(f"body of {declared} bytes is over the limit of {limit}")
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise errors.TooLarge(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    deadline_s = request.scope.get("corral.body_timeout_s")
+    try:
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise errors.TooLarge(f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise errors.RequestTimeout(f"the request body did not arrive within {deadline_s:g} s") from None
     return b"".join(chunks)
 
 
@@ -68,7 +77,23 @@ async def parse_body(
     request: Request, model: type[ModelT], limit: int = DEFAULT_BODY_LIMIT, optional: bool = False
 ) -> ModelT:
     """Read, decode and validate a JSON object body; an empty body is ``{}`` when ``optional``."""
-    return decode_body(await read_body(request, limit), model, optional)
+    body = await read_body(request, limit)
+    require_json(request, body)
+    return decode_body(body, model, optional)
+
+
+def require_json(request: Request, body: bytes) -> None:
+    """A JSON body must say so: ``application/json`` (or a ``+json`` type). A body sent as
+    ``text/plain`` or a form is refused, not parsed anyway (a browser may send those cross-site
+    without asking first). An empty body needs no type."""
+    if not body.strip():
+        return
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise errors.InvalidRequest(
+            f"a JSON body needs Content-Type: application/json, not {media_type or 'none'!r}",
+            field="Content-Type",
+        )
 
 
 def decode_body(body: bytes, model: type[ModelT], optional: bool = False) -> ModelT:
@@ -134,7 +159,9 @@ def fence(request: Request) -> tuple[str, int]:
 
 async def corral_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, errors.CorralError)
-    return error_response(error.http_status, error.code, error.message)
+    # A client too slow to send its body loses its connection too (it may be holding many).
+    headers = {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
+    return error_response(error.http_status, error.code, error.message, headers)
 
 
 async def http_error_handler(request: Request, error: Exception) -> Response:
@@ -146,6 +173,23 @@ async def http_error_handler(request: Request, error: Exception) -> Response:
     elif error.status_code == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
     return error_response(error.status_code, code, message, headers=getattr(error, "headers", None))
+
+
+#: query parameters that may be given several times (``?status=pending&status=running``)
+MULTI_VALUED = frozenset({"status"})
+
+
+def repeated_parameter(query_string: bytes) -> str | None:
+    """The first single-valued query parameter given more than once (which value would win is a
+    guess no caller should have to make), or None."""
+    if b"&" not in query_string:
+        return None
+    seen = set()
+    for name, _ in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        if name in seen and name not in MULTI_VALUED:
+            return name
+        seen.add(name)
+    return None
 
 
 class RequestIdMiddleware:
@@ -183,6 +227,13 @@ class RequestIdMiddleware:
 
         if "\0" in scope["path"] or b"%00" in scope.get("query_string", b"").lower():
             response = error_response(400, "invalid_request", "the path or query holds a NUL character")
+            await response(scope, receive, send_with_id)
+            return
+        repeated = repeated_parameter(scope.get("query_string", b""))
+        if repeated is not None:
+            response = error_response(
+                400, "invalid_request", f"query parameter {repeated} is given more than once"
+            )
             await response(scope, receive, send_with_id)
             return
         try:

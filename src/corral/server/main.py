@@ -9,6 +9,7 @@ import sys
 from corral.config import ServerSettings, add_flags, load
 from corral.domain import errors
 from corral.observability.logging import configure_logging
+from corral.server import sqlite_lock
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -26,11 +27,24 @@ def run(arguments: argparse.Namespace) -> int:
     settings: ServerSettings = load(ServerSettings, arguments)
     configure_logging(settings.log_level)
     try:
+        lock = sqlite_lock.acquire(settings.db)
+    except sqlite_lock.HeldByAnother as error:
+        print(f"corral server: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"corral server: cannot create the SQLite lock file: {error}", file=sys.stderr)
+        return 2
+    try:
         store = open_store(settings.db)
     except errors.CorralError as error:
         print(f"corral server: {error.message}", file=sys.stderr)
         return 2
-    app = create_app(store, settings)
+    try:
+        app = create_app(store, settings)
+    except OSError as error:
+        print(f"corral server: cannot read the token file (--auth-tokens): {error.strerror}", file=sys.stderr)
+        store.close()
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -52,6 +66,8 @@ def run(arguments: argparse.Namespace) -> int:
     print(f"corral server listening on http://{host}:{port} (store: {store.dialect})", flush=True)
     server.run(sockets=[listener])
     store.close()
+    if lock is not None:
+        lock.close()
     return 0
 
 

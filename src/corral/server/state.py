@@ -27,6 +27,8 @@ class ServerState:
     signal: WorkSignal = field(default_factory=WorkSignal)
     instance_id: str = field(default_factory=lambda: secrets.token_hex(4))
     started_monotonic: float = field(default_factory=time.monotonic)
+    #: when this server started, on its clock: the reaper's startup grace counts from it
+    started_at: float = 0.0
     #: ask a background loop for a pass soon (set by the composition root; a no-op until then)
     wake_loop: Callable[[str], None] = field(default=lambda name: None)
 

@@ -95,6 +95,19 @@ class OperationsStore(SqlStore):
                 raise errors.NotFound(f"worker {worker_id} not found")
             return worker_from_row(rows[0])
 
+    def undrain_worker(self, worker_id: str) -> Worker:
+        """Undo a drain: a draining worker is active again (any other status is left as it is:
+        an offline worker comes back by its heartbeat)."""
+        with self._transaction() as tx:
+            rows = tx.execute(
+                "UPDATE workers SET status = CASE WHEN status = 'draining' THEN 'active' ELSE status END"
+                f" WHERE id = ? RETURNING {WORKER_SELECT}",
+                (worker_id,),
+            )
+            if not rows:
+                raise errors.NotFound(f"worker {worker_id} not found")
+            return worker_from_row(rows[0])
+
     def get_worker(self, worker_id: str) -> WorkerView | None:
         rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers WHERE id = ?", (worker_id,))
         if not rows:

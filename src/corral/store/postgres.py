@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.store.logs import LogStore
+from corral.store.retention import RetentionStore
 from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
@@ -70,7 +70,7 @@ def _unavailable_on_connection_loss() -> Iterator[None]:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
-class PostgresStore(LogStore):
+class PostgresStore(RetentionStore):
     dialect = "postgresql"
     blob_type = "BYTEA"
     lock_clause = " FOR UPDATE SKIP LOCKED"
@@ -192,6 +192,15 @@ class PostgresStore(LogStore):
         for table, column in rows:
             tables.setdefault(table, []).append(column)
         return {table: tuple(columns) for table, columns in tables.items()}
+
+    def size_bytes(self) -> int:
+        """Tables of this schema with their indexes and TOAST (a replica's schema, not the database)."""
+        rows = self._read().execute(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+        )
+        return int(rows[0][0])
 
     def index_names(self) -> set[str]:
         rows = self._tx.execute(

@@ -11,7 +11,7 @@ import orjson
 from corral.domain.queue_order import order_by_sql
 from corral.domain.records import Allocation, Constraints, GpuReading, Job, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
-from corral.domain.status import HOLDING, LEASED, NON_TERMINAL, Status
+from corral.domain.status import HOLDING, LEASED, NON_TERMINAL, TERMINAL, Status
 from corral.domain.transitions import Transition
 from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
 
@@ -28,6 +28,7 @@ def _sql_set(statuses: frozenset[Status]) -> str:
 HOLDING_SQL = _sql_set(HOLDING)
 LEASED_SQL = _sql_set(LEASED)
 NON_TERMINAL_SQL = _sql_set(NON_TERMINAL)
+TERMINAL_SQL = _sql_set(TERMINAL)
 QUEUE_ORDER = order_by_sql()
 # The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
 # so the claim reads one row first and widens the page only when constraints skip them.

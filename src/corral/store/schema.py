@@ -255,6 +255,8 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_submitted": Index("jobs", ("submitted_at", "id")),
     "jobs_gang": Index("jobs", ("gang_id", "gang_index"), where="gang_id IS NOT NULL"),
     "jobs_pool_submitted": Index("jobs", ("pool", "submitted_at", "id")),
+    "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
+    "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
 }
 
 #: table -> column names in order (what the migration test compared before types were declared)
@@ -538,6 +540,15 @@ MIGRATIONS: tuple[Migration, ...] = (
                 PRIMARY KEY (job_id, attempt, start_offset)
             )
             """,
+        ),
+    ),
+    Migration(
+        9,
+        "retention",
+        (
+            # The retention loop finds finished jobs oldest first, and expired idempotency keys.
+            "CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL",
+            "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
         ),
     ),
 )

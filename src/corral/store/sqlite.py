@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.domain import errors
-from corral.store.logs import LogStore
+from corral.store.retention import RetentionStore
 from corral.store.schema import Column, Index
 
 
@@ -35,7 +35,7 @@ class _SqliteTransaction:
             self._connection.executemany(sql, rows)
 
 
-class SqliteStore(LogStore):
+class SqliteStore(RetentionStore):
     dialect = "sqlite"
     blob_type = "BLOB"
     # Without statistics SQLite sorts every pending row through jobs_status_submitted; the queue
@@ -95,6 +95,11 @@ class SqliteStore(LogStore):
             table: tuple(row[1] for row in self._tx.execute(f"PRAGMA table_info({table})"))
             for table in tables
         }
+
+    def size_bytes(self) -> int:
+        """Pages of the database file (the write-ahead log is not counted)."""
+        read = self._read()
+        return int(read.execute("PRAGMA page_count")[0][0]) * int(read.execute("PRAGMA page_size")[0][0])
 
     def index_names(self) -> set[str]:
         rows = self._tx.execute(

@@ -23,11 +23,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer
+from corral.worker import leftovers
 from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
@@ -63,6 +65,8 @@ class Agent:
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
         self.samplers = self._open_samplers()
+        state_dir = Path(settings.state_dir) if settings.state_dir else leftovers.default_state_dir(worker_id)
+        self.records = leftovers.ProcessRecords(state_dir)
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
@@ -78,6 +82,13 @@ class Agent:
                 "labels": self.offer.labels,
             },
         )
+        # Before any claim: what a killed run of this worker left must not run beside new work.
+        stopped = self.records.stop_leftovers(self.settings.preempt_grace_s)
+        if stopped:
+            logger.warning(
+                "stopped jobs left running by this worker's previous run",
+                extra={**self.fields, "job_ids": [record.job_id for record in stopped]},
+            )
         self._claim_thread.start()
         self._heartbeat_thread.start()
 
@@ -192,6 +203,7 @@ class Agent:
             samplers=self.samplers,
             on_tripped=self._job_tripped,
             on_gpus_unhealthy=self._gpus_unhealthy,
+            records=self.records,
         )
         with self._lock:
             accepted = self._accepting

@@ -49,7 +49,8 @@ from corral.worker import checkpoints, log_shipper
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import JobProbe, JobWatch, build_watch
-from corral.worker.reporting import deliver
+from corral.worker.leftovers import ProcessRecords
+from corral.worker.reporting import deliver_outcome
 from corral.worker.samplers import Samplers
 from corral.worker.watchdogs import Verdict
 from corral.worker.workspace import JobWorkspace
@@ -98,6 +99,7 @@ class JobRun:
         samplers: Samplers | None = None,
         on_tripped: Callable[[JobRun], None] | None = None,
         on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
+        records: ProcessRecords | None = None,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -110,6 +112,7 @@ class JobRun:
         self._samplers = samplers
         self._on_tripped = on_tripped
         self._on_gpus_unhealthy = on_gpus_unhealthy
+        self._records = records  # the job's process group, kept while it runs (worker.leftovers)
         self._watch: JobWatch | None = None
         self._probe: JobProbe | None = None
         self.verdict: Verdict | None = None
@@ -239,6 +242,8 @@ class JobRun:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
                 self._report_failure(None, f"could not start: {error}", "")
                 return
+            if self._records is not None:
+                self._records.record(self.job_id, self.attempt, process.pid)
             with self._lock:
                 self._process = process
                 self._start_stopper()
@@ -277,6 +282,8 @@ class JobRun:
                 self._shipper.abandon()
             if workspace is not None:
                 workspace.remove()
+            if self._records is not None:
+                self._records.forget(self.job_id, self.attempt)
             self.finished.set()
             self._on_finished(self)
 
@@ -516,7 +523,7 @@ class JobRun:
         stopped = process.stopped_while_running
         if epoch is not None:
             logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
-            deliver(
+            deliver_outcome(
                 lambda: self._client.preempted(self.job_id, self._worker_id, self.attempt, epoch),
                 "preempted ack",
                 {**fields, "preemption_epoch": epoch},
@@ -531,7 +538,7 @@ class JobRun:
             return
         if exit_code == 0:
             logger.info("job exited 0; reporting done", extra=fields)
-            deliver(
+            deliver_outcome(
                 lambda: self._client.done(self.job_id, self._worker_id, self.attempt), "done report", fields
             )
             return
@@ -539,7 +546,7 @@ class JobRun:
 
     def _report_trip(self, verdict: Verdict, exit_code: int) -> None:
         fields = {**self.fields, "exit_code": exit_code, "watchdog": verdict.kind}
-        answer = deliver(
+        answer = deliver_outcome(
             lambda: self._client.watchdog(
                 self.job_id, self._worker_id, self.attempt, verdict.kind, verdict.detail
             ),
@@ -557,7 +564,7 @@ class JobRun:
         fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release}
         logger.info("job failed; reporting", extra=fields)
         options = {"release": True} if release else {}
-        deliver(
+        deliver_outcome(
             lambda: self._client.fail(
                 self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options
             ),

@@ -1,8 +1,12 @@
-"""Delivering a job's outcome to the server despite short outages.
+"""Delivering a job's outcome to the server despite outages.
 
-An outcome (done, fail, preempted) is the one message the server cannot get any other way: if it
-is lost, the job sits until its lease expires and is re-run. So a report that fails for transport
-reasons (or a 5xx) is retried with backoff. A 409 means the server has moved on (another attempt
+An outcome (done, fail, preempted, a watchdog trip) is the one message the server cannot get any
+other way: if it is lost, the job sits until its lease expires and is re-run (a 16 s outage once
+made finished work run twice). So ``deliver_outcome`` keeps a final outcome until it is delivered or
+refused, retrying with backoff (at most ``OUTCOME_MAX_BACKOFF_S`` apart) for as long as the worker lives;
+a server that restarts gives workers a lease's grace before reaping, so the retried report lands
+on a job still running. Other reports (checkpoints) give up after ``REPORT_TRIES``. A report that
+fails for transport reasons (or a 5xx) is retried. A 409 means the server has moved on (another attempt
 owns the job, or it already ended): retrying cannot help, so it is logged and dropped. An answer
 that cannot be read (``bad_response``: a proxy's page, a truncated body) came after the server got
 the report: it counts as delivered, and is neither retried nor followed by another report.
@@ -22,6 +26,10 @@ logger = logging.getLogger("corral.worker.reporting")
 REPORT_TRIES = 6
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
+#: a final outcome is retried at most this far apart: once the server is back, the report must
+#: land within the lease's grace a restarted server gives (a 3 s lease lost the race to an 8 s
+#: backoff under load in the chaos suite); one small request every 2 s per pending outcome
+OUTCOME_MAX_BACKOFF_S = 2.0
 
 
 _Answer = TypeVar("_Answer")
@@ -31,12 +39,16 @@ def deliver(
     send: Callable[[], _Answer],
     what: str,
     fields: Mapping[str, Any],
-    tries: int = REPORT_TRIES,
+    tries: int | None = REPORT_TRIES,
     sleep: Callable[[float], None] = time.sleep,
+    max_backoff_s: float = MAX_BACKOFF_S,
 ) -> _Answer | None:
-    """Call ``send`` until it succeeds, is refused, or ``tries`` are spent; its answer or None."""
+    """Call ``send`` until it succeeds, is refused, or ``tries`` are spent (None: never spent);
+    its answer or None."""
     delay = FIRST_BACKOFF_S
-    for attempt in range(1, tries + 1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return send()
         except ApiError as error:
@@ -63,10 +75,19 @@ def deliver(
             problem = str(error)
         except ServerUnreachable as error:
             problem = str(error)
-        if attempt == tries:
+        if tries is not None and attempt >= tries:
             logger.error(f"{what} failed {tries} times; giving up", extra={**fields, "error": problem})
             return None
         logger.warning(f"{what} failed; retrying", extra={**fields, "error": problem, "retry_in_s": delay})
         sleep(delay)
-        delay = min(delay * 2, MAX_BACKOFF_S)
-    return None
+        delay = min(delay * 2, max_backoff_s)
+
+
+def deliver_outcome(
+    send: Callable[[], _Answer],
+    what: str,
+    fields: Mapping[str, Any],
+    sleep: Callable[[float], None] = time.sleep,
+) -> _Answer | None:
+    """A final outcome: kept and retried until it is delivered or refused (see the module doc)."""
+    return deliver(send, what, fields, tries=None, sleep=sleep, max_backoff_s=OUTCOME_MAX_BACKOFF_S)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from corral.config import ServerSettings
+from corral.core import lifecycle
 from corral.core.lifecycle import Reported
 from corral.domain.status import Status
 from corral.server import changes
@@ -26,6 +27,7 @@ def reaper_tick(state: ServerState) -> None:
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         preempt_timeout_s=settings.preempt_timeout_s,
         worker_offline_s=settings.worker_offline_s,
+        started_at=state.started_at,
     )
     for lost in report.lost:
         record_lost(state, lost, "stale heartbeat")
@@ -90,7 +92,10 @@ def record_lost(state: ServerState, lost: Reported, why: str) -> None:
 def dead_worker_sweep_tick(state: ServerState) -> None:
     """Flag workers whose heartbeat froze while they hold running jobs (seed 004's orchestrator-side
     detector): one ERROR line and one count per episode, for a host supervisor to act on. The jobs
-    themselves are recovered by the lease reaper."""
+    themselves are recovered by the lease reaper. Not within a lease of the server's start."""
+    now = state.clock.now()
+    if lifecycle.in_startup_grace(now, state.started_at, state.settings.heartbeat_timeout_s):
+        return
     flagged = state.store.flag_dead_workers(state.clock.now(), state.settings.dead_worker_after_s)
     for worker, running in flagged:
         state.metrics.dead_workers_flagged.inc()

@@ -76,7 +76,7 @@ class LoopRunner:
         return True
 
     async def run_forever(self) -> None:
-        rng = random.Random()
+        rng = random.Random()  # noqa: S311 (jitter of a loop's interval, not a secret)
         self._woken = asyncio.Event()
         while True:
             jitter = self.loop.interval_s * self.loop.jitter * rng.random()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import logging
 from typing import Any
@@ -30,7 +31,8 @@ from corral.protocol.answers import (
 from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server import changes
-from corral.server.http import answer, decode_body, json_response, query_int, read_body
+from corral.server.auth import principal_of, redact_job
+from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
 from corral.server.openapi import Operation, integer, string
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
@@ -44,6 +46,8 @@ BATCH_BODY_LIMIT = 64 * 1024 * 1024
 
 def _submitted_to_wire(item: Submitted) -> dict[str, Any]:
     if item.job is not None:
+        # The submitter's own job (a replayed key answers with what that key created: the
+        # fingerprint covers the body, and the user is fixed by the token).
         return job_to_wire(item.job)
     return {"gang_id": item.gang_id, "tasks": [task.id for task in item.tasks]}
 
@@ -56,10 +60,15 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     state = state_of(request)
     limit = BATCH_BODY_LIMIT if batch else 1024 * 1024
     body = await read_body(request, limit)
+    require_json(request, body)
     if batch:
         specs = [item.to_domain() for item in decode_body(body, BatchBody).jobs]
     else:
         specs = [decode_body(body, SubmitBody).to_domain()]
+    principal = principal_of(request)
+    if principal is not None:
+        # With auth on, a job belongs to the token's name whatever the body says.
+        specs = [dataclasses.replace(spec, user=principal.name) for spec in specs]
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise errors.InvalidRequest("Idempotency-Key must be 1 to 256 characters", field="Idempotency-Key")
@@ -125,7 +134,9 @@ async def list_jobs(request: Request) -> Response:
     next_cursor = _encode_cursor(jobs[-1]) if len(jobs) == limit else None
     # Not checked against JobPage item by item: 5,000 jobs would cost ~50 ms of validation; the
     # items are the same job_to_wire as every single-job answer, which is checked.
-    return json_response({"items": [job_to_wire(job) for job in jobs], "next": next_cursor})
+    principal = principal_of(request)
+    items = [redact_job(job_to_wire(job), principal) for job in jobs]
+    return json_response({"items": items, "next": next_cursor})
 
 
 def _job_or_404(state: ServerState, job_id: str) -> Job:
@@ -135,8 +146,15 @@ def _job_or_404(state: ServerState, job_id: str) -> Job:
     return job
 
 
+def _job_wire(request: Request, job: Job) -> dict[str, Any]:
+    """A job as the caller may see it (env values only for its owner and admins when auth is on)."""
+    return redact_job(job_to_wire(job), principal_of(request))
+
+
 async def get_job(request: Request) -> Response:
-    return answer(JobAnswer, job_to_wire(_job_or_404(state_of(request), request.path_params["job_id"])))
+    return answer(
+        JobAnswer, _job_wire(request, _job_or_404(state_of(request), request.path_params["job_id"]))
+    )
 
 
 async def job_events(request: Request) -> Response:
@@ -185,7 +203,7 @@ async def cancel_job(request: Request) -> Response:
     _record_cancel(state, changed)
     current = state.store.get_job(job_id)
     assert current is not None
-    return answer(JobAnswer, job_to_wire(current))
+    return answer(JobAnswer, _job_wire(request, current))
 
 
 def _gang_or_404(state: ServerState, gang_id: str) -> list[Job]:
@@ -195,19 +213,19 @@ def _gang_or_404(state: ServerState, gang_id: str) -> list[Job]:
     return tasks
 
 
-def _gang_to_wire(gang_id: str, tasks: list[Job]) -> dict[str, Any]:
+def _gang_to_wire(request: Request, gang_id: str, tasks: list[Job]) -> dict[str, Any]:
     return {
         "gang_id": gang_id,
         "size": len(tasks),
         "status": gang_status(tasks),
-        "tasks": [job_to_wire(task) for task in tasks],
+        "tasks": [_job_wire(request, task) for task in tasks],
     }
 
 
 async def get_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
-    return answer(GangAnswer, _gang_to_wire(gang_id, _gang_or_404(state, gang_id)))
+    return answer(GangAnswer, _gang_to_wire(request, gang_id, _gang_or_404(state, gang_id)))
 
 
 async def cancel_gang(request: Request) -> Response:
@@ -215,7 +233,7 @@ async def cancel_gang(request: Request) -> Response:
     gang_id = request.path_params["gang_id"]
     tasks = _gang_or_404(state, gang_id)
     _record_cancel(state, changes.cancel(state.store, tasks[0].id, state.clock.now()))
-    return answer(GangAnswer, _gang_to_wire(gang_id, state.store.gang_tasks(gang_id)))
+    return answer(GangAnswer, _gang_to_wire(request, gang_id, state.store.gang_tasks(gang_id)))
 
 
 async def batch_is_post_only(request: Request) -> Response:

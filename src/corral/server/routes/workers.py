@@ -14,6 +14,7 @@ from corral.domain.clock import to_rfc3339
 from corral.protocol.answers import EmptyAnswer, WorkerAnswer, WorkerPage
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
+from corral.server.auth import principal_of, require_worker_id
 from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
@@ -55,9 +56,16 @@ def _view(request: Request, worker_id: str) -> WorkerView:
 async def register(request: Request) -> Response:
     state = state_of(request)
     body = await parse_body(request, WorkerRegisterBody)
+    worker_id = body.id or ""
+    principal = principal_of(request)
+    if not worker_id and principal is not None and principal.role == "worker" and principal.name != "*":
+        worker_id = principal.name  # a token bound to one worker id registers as that worker
+    if worker_id:
+        # (no id with a fleet token, ``*``: the server assigns one, as without auth)
+        require_worker_id(request, worker_id)
     worker = state.store.register_worker(
         WorkerRegistration(
-            id=body.id or "",
+            id=worker_id,
             address=body.address,
             resources=body.resources.to_domain(),
             gpu_model=body.gpu_model,
@@ -115,6 +123,15 @@ async def drain(request: Request) -> Response:
     return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
 
 
+async def undrain(request: Request) -> Response:
+    """Undo a drain: the worker takes work again (a re-register keeps ``draining``; this does not)."""
+    state = state_of(request)
+    worker = state.store.undrain_worker(request.path_params["worker_id"])
+    logger.info("worker undrained", extra={"worker_id": worker.id, "status": worker.status})
+    state.released(gang_waiting=True)
+    return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
+
+
 described = [
     Operation(
         "POST",
@@ -145,6 +162,14 @@ described = [
         {200: WorkerAnswer},
         errors=(404,),
     ),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/undrain",
+        "undo a drain: the worker takes work again (admin)",
+        "workers",
+        {200: WorkerAnswer},
+        errors=(404,),
+    ),
 ]
 
 routes = [
@@ -153,4 +178,5 @@ routes = [
     Route("/workers/{worker_id}", get_worker, methods=["GET"]),
     Route("/workers/{worker_id}/heartbeat", heartbeat, methods=["POST"]),
     Route("/workers/{worker_id}/drain", drain, methods=["POST"]),
+    Route("/workers/{worker_id}/undrain", undrain, methods=["POST"]),
 ]
