@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from corral.domain.records import Hold, Reason
+
+if TYPE_CHECKING:  # the planner imports this module for TaskPlacement
+    from corral.core.preemption import Preemption
 
 __all__ = ["AdmissionDecisions", "Hold", "Reservation", "Rollback", "TaskPlacement", "Waiting"]
 
@@ -51,7 +54,7 @@ class AdmissionDecisions:
     #: gangs (by gang id) and single jobs (by job id) not placed this cycle, and why
     waiting: tuple[Waiting, ...] = ()
     #: the preemption planner's decisions (``corral.core.preemption.Preemption``)
-    preemptions: tuple[Any, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
     #: single jobs whose reservation (a preemptor's) went stale: back to pending
     single_rollbacks: tuple[str, ...] = ()
     #: pending single jobs a preemption could not make room for, and why (job id, reason)

@@ -358,7 +358,6 @@ class _Planner:
         for worker_id, at in inputs.last_preemptive.items():
             if at > self.now - inputs.settings.backoff_s:
                 self._block(worker_id)
-        self.usage = _pool_gpus(inputs.holding)
         #: below every running job's class, nothing may be taken: such a job just waits for capacity
         self.lowest_class = min(
             (job.spec.preemption_class for job in inputs.holding if job.status == Status.RUNNING),
@@ -588,7 +587,7 @@ class _Planner:
         pool = self.inputs.pools.get(first.spec.pool)
         if pool is None or pool.guarantee.gpus <= 0:
             return False
-        wanted = self.usage.get(first.spec.pool, 0) + first.spec.resources.gpus * size
+        wanted = self.guarantees.held.get(first.spec.pool, 0) + first.spec.resources.gpus * size
         return wanted <= pool.guarantee.gpus
 
     def _reason(self, unit: _Unit, first: Job, reclaiming: bool) -> str | None:
@@ -786,7 +785,6 @@ class _Planner:
         for worker_id in worker_ids:
             self._touch(worker_id)
             self._block(worker_id)
-        self.usage[first.spec.pool] = self.usage.get(first.spec.pool, 0) + request.gpus * len(placements)
         self.order.append(preemptor.key)
         checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs) or (
             not chosen  # placed on room still held by stopping victims: they may be checkpointing
@@ -954,13 +952,6 @@ def _borrowed(holding: Sequence[Job], pools: Mapping[str, PoolView]) -> set[str]
             if used > guarantee:
                 borrowed.add(job.id)
     return borrowed
-
-
-def _pool_gpus(holding: Sequence[Job]) -> dict[str, int]:
-    usage: dict[str, int] = {}
-    for job in holding:
-        usage[job.spec.pool] = usage.get(job.spec.pool, 0) + job.spec.resources.gpus
-    return usage
 
 
 def _allocation(job: Job) -> Allocation:

@@ -146,7 +146,7 @@ def preempt(
         gang_ids,
         sorted({place.worker_id for place in preemption.placements}),
         port_worker,
-        lambda locked, workers, ports: decide(locked, workers, ports),
+        decide,
     )
 
 
