@@ -36,9 +36,11 @@ from tests.e2e.conftest import (  # noqa: F401 (fixtures)
     wait_for,
 )
 
-#: a lease of 3 s, loops every 0.2 s: recovery paths run in test time
+#: a lease of 6 s, loops every 0.2 s: recovery paths run in test time. With 3 s, about one full CI run
+#: in five ended the claim-storm scenario with a job failed, not reproduced alone (most likely leases
+#: lost to the load of the whole suite on 2 cores; not proven)
 FAST_SERVER = (
-    "--heartbeat-timeout-s", "3",
+    "--heartbeat-timeout-s", "6",
     "--reaper-tick-s", "0.2",
     "--admission-tick-s", "0.2",
     "--worker-offline-s", "6",

@@ -60,7 +60,7 @@ def test_a_server_outage_past_the_lease_runs_finished_work_once(
             client.submit({"command": f"sleep 2; echo ran-{index} >> {once}", "resources": {"cpus": 1}})
         wait_for(lambda: list(statuses(client).values()).count("running") == 3 or None, 15, "3 running")
     kill9(server)
-    time.sleep(17.0)  # past the lease (3 s) and past the worker's old give-up point (~15.5 s)
+    time.sleep(17.0)  # past the lease (6 s) and past the worker's old give-up point (~15.5 s)
     server = start_server("--db", sqlite_url, *FAST_SERVER, port=port_of(server))
     with Client(server.url) as client:
         ended = wait_all_terminal(client, 3, 30)
