@@ -23,8 +23,7 @@ class ServerSettings(BaseSettings):
     """Only settings something reads: a flag that does nothing is a promise ``--help`` cannot keep.
 
     A setting arrives with the code that reads it (``tests/unit/test_every_setting_is_read.py``
-    fails on a field nothing outside this module reads). Still to come with their issues: fair
-    share (the satisfaction thresholds).
+    fails on a field nothing outside this module reads).
     """
 
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="ignore")
@@ -72,11 +71,29 @@ class ServerSettings(BaseSettings):
         0.8, gt=0, le=1, description="below fair share x this counts as below fair share (pool default)"
     )
 
+    preemption_satisfaction_threshold: float = Field(
+        1.0,
+        gt=0,
+        description="a pool's allocations past its fair share x this are preemptible for starving pools",
+    )
+    aggressive_preemption_satisfaction_threshold: float = Field(
+        0.2,
+        ge=0,
+        description="... past fair share x this, preemptible for aggressively starving pools (<= the above)",
+    )
+
     @field_validator("aggressive_starvation_timeout_s")
     @classmethod
     def _aggressive_after_starvation(cls, value: float, info: ValidationInfo) -> float:
         if value < info.data.get("starvation_timeout_s", 0):
             raise ValueError("must be at least starvation_timeout_s")
+        return value
+
+    @field_validator("aggressive_preemption_satisfaction_threshold")
+    @classmethod
+    def _aggressive_below_regular(cls, value: float, info: ValidationInfo) -> float:
+        if value > info.data.get("preemption_satisfaction_threshold", 1.0):
+            raise ValueError("must not exceed preemption_satisfaction_threshold")
         return value
 
     # --- end of pools ---

@@ -11,7 +11,8 @@ from tests.api.conftest import claim, error_code, register, submit
 POOL_FIELDS = {
     "path", "parent", "explicit", "weight", "guarantee", "limits", "mode", "kind", "starvation_timeout_s",
     "aggressive_starvation_timeout_s", "starvation_tolerance", "enable_aggressive_starvation",
-    "allow_aggressive_preemption", "settings", "usage", "demand", "jobs",
+    "allow_aggressive_preemption", "settings", "usage", "demand", "jobs", "fair_share",
+    "fair_share_ratio", "satisfaction", "starvation", "below_fair_share_since", "starvation_since",
 }  # fmt: skip
 EVERY_SETTING = {
     "weight": 2.5,
@@ -48,6 +49,9 @@ def test_a_new_server_lists_the_default_pool_with_every_default(api):
         "settings": {name: None for name in EVERY_SETTING},
         "usage": {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0},
         "demand": {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0}, "jobs": 0,
+        "fair_share": {"gpus": 0.0, "cpus": 0.0, "memory_mb": 0.0}, "fair_share_ratio": 0.0,
+        "satisfaction": None, "starvation": "non_starving", "below_fair_share_since": None,
+        "starvation_since": None,
     }  # fmt: skip
 
 

@@ -114,6 +114,12 @@ def _preempt(
             pools=snapshot.pools,
             extra=extra,
             last_preemptive=snapshot.last_preemptive,
+            fair=snapshot.fair,
+            extra_pools={
+                place.job_id: tasks_of[reservation.gang_id][0].spec.pool
+                for reservation in admitted.reservations
+                for place in reservation.placements
+            },
         )
     )
     served = {found.preemptor for found in planned.preemptions}

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
 
-from corral.core import borrowing, drain
+from corral.core import borrowing, drain, fairshare
 from corral.core.decisions import TaskPlacement
 from corral.core.placement import Capacity, free_capacity, matches_constraints
 from corral.core.snapshot import PoolView
@@ -112,6 +112,9 @@ class PreemptionSettings:
     checkpoint_timeout_s: float = 600.0
     max_deferral_s: float = 300.0
     preempt_timeout_s: float = 45.0
+    #: fair share's prefix rule (``corral.core.fairshare.preemptible_groups``)
+    satisfaction_threshold: float = 1.0
+    aggressive_satisfaction_threshold: float = 0.2
 
     def victims_leave_within(self, checkpointing: bool) -> float:
         """The longest the victims of one preemption can hold their capacity."""
@@ -141,7 +144,7 @@ class Victim:
     job_ids: tuple[str, ...]
     preemption_class: int
     cost: float
-    reason: str  # "priority" or "reclaim"
+    reason: str  # "priority", "reclaim" or "fair_share"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +188,10 @@ class PlanInputs:
     pools: Mapping[str, PoolView] = field(default_factory=dict)
     extra: tuple[Allocation, ...] = ()
     last_preemptive: Mapping[str, float] = field(default_factory=dict)
+    #: the cycle's fair shares and starvation (None: no fair-share trigger)
+    fair: fairshare.FairShareState | None = None
+    #: the pool of each ``extra`` allocation's job, by job id (their usage counts for fair share)
+    extra_pools: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -236,6 +243,21 @@ def victim_key(unit: _Unit) -> VictimKey:
 # --- the plan --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Trigger:
+    """What a preemptor may take beyond lower classes: borrowed capacity (``reclaiming``: its pool
+    is below its guarantee), and a fair share (``beneficiary``: the starving pool it preempts for,
+    ``aggressive`` in the aggressive stage)."""
+
+    reclaiming: bool = False
+    beneficiary: str | None = None
+    aggressive: bool = False
+
+    def __bool__(self) -> bool:
+        """It may take within its own class."""
+        return self.reclaiming or self.beneficiary is not None
+
+
 @dataclass(slots=True)
 class _Unit:
     key: str
@@ -247,6 +269,8 @@ class _Unit:
     #: worker id -> what the unit frees there (resources, GPU indices)
     frees: dict[str, tuple[Resources, tuple[int, ...]]]
     borrowed: bool
+    #: its group for fair share (``fairshare.preemptible_units``)
+    group: fairshare.Group = fairshare.Group.NON_PREEMPTIBLE
 
 
 @dataclass(slots=True)
@@ -281,6 +305,19 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
             preemptions.append(found)
         elif found is not None:
             waiting.append((preemptor.key, found))
+    # The aggressive stage (seed 002): aggressively starving pools' work still waiting may also
+    # take aggressively preemptible allocations.
+    if planner.books is not None:
+        by_key = {preemptor.key: preemptor for preemptor in inputs.preemptors}
+        for index, (key, _) in enumerate(list(waiting)):
+            preemptor = by_key[key]
+            if planner.books.beneficiary(preemptor.first.spec.pool, aggressive=True) is None:
+                continue
+            found = planner.place(preemptor, aggressive=True)
+            if isinstance(found, Preemption):
+                preemptions.append(found)
+                waiting[index] = (key, Reason("placed", ""))
+        waiting = [entry for entry in waiting if entry[1].code != "placed"]
     return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting), tuple(planner.order))
 
 
@@ -289,6 +326,8 @@ def _nothing_to_plan(inputs: PlanInputs) -> bool:
     borrowing rule) and no victim is stopping (no room coming free): the planner could only say
     nothing, so a cycle skips building it (a simulator runs thousands of such cycles)."""
     if any(pool.guarantee.gpus > 0 for pool in inputs.pools.values()):
+        return False
+    if inputs.fair is not None and inputs.fair.anyone_starving():
         return False
     lowest = NEVER_PREEMPTED_CLASS
     for job in inputs.holding:
@@ -351,6 +390,17 @@ class _Planner:
         self.blocked_units: set[str] = set()
         self.units_on: dict[str, list[_Unit]] = {}
         units = sorted(_units(inputs, self.free).values(), key=victim_key)
+        #: the pools' usage as this plan places and preempts (None: no pool is starving)
+        self.books: fairshare.Books | None = None
+        #: bumped by every fair-share preemption: victim sets found for fair share before are stale
+        self.fair_epoch = 0
+        if inputs.fair is not None and inputs.fair.anyone_starving():
+            placed = [
+                (inputs.extra_pools.get(allocation.job_id, ""), allocation.resources)
+                for allocation in inputs.extra
+            ]
+            self.books = fairshare.Books(inputs.fair, placed)
+            _group_units(units, inputs)
         for unit in units:
             for worker_id in unit.frees:
                 self.units_on.setdefault(worker_id, []).append(unit)
@@ -387,7 +437,7 @@ class _Planner:
 
     # -- one preemptor ---------------------------------------------------------------------
 
-    def place(self, preemptor: Preemptor) -> Preemption | Reason | None:
+    def place(self, preemptor: Preemptor, aggressive: bool = False) -> Preemption | Reason | None:
         spec = preemptor.first.spec
         request, size = spec.resources, len(preemptor.tasks)
         eligible = self._eligible_workers(preemptor.first)
@@ -411,14 +461,15 @@ class _Planner:
             # takes that room, and nobody more is stopped for it.
             waiting_room = self._placements(preemptor, [], set(room), request)
             if waiting_room is not None:
-                return self._commit(preemptor, [], waiting_room, False)
-        reclaiming = self._reclaims(preemptor.first, size)
-        if spec.preemption_class <= self.lowest_class and not reclaiming:
+                return self._commit(preemptor, [], waiting_room, _Trigger())
+        beneficiary = self.books.beneficiary(spec.pool, aggressive) if self.books is not None else None
+        trigger = _Trigger(self._reclaims(preemptor.first, size), beneficiary, aggressive)
+        if spec.preemption_class <= self.lowest_class and not trigger:
             return None  # nothing below it to take from: it waits for capacity like any job
-        shape = self._shape(preemptor.first, eligible, reclaiming)
+        shape = self._shape(preemptor.first, eligible, trigger)
         if shape.failed_size is not None and size >= shape.failed_size:
             # Within a cycle room only shrinks: what failed for this shape fails again.
-            return self._no_set(preemptor, eligible, reclaiming)
+            return self._no_set(preemptor, eligible, trigger)
         chosen: list[_Unit] = []
         missing = size - sum(room.values())
         # Best set first, from the sets of this preemptor's shape (shared by every preemptor of the
@@ -440,7 +491,7 @@ class _Planner:
                 if worker_id in self.backoff:
                     continue  # for the rest of the cycle
                 if worker_set.version != self.versions.get(worker_id, 0):
-                    units = self._candidates(worker_id, preemptor.first, reclaiming)
+                    units = self._candidates(worker_id, preemptor.first, trigger)
                     fresh = self._worker_set(worker_id, units, request) if units else None
                     if fresh is not None:
                         heappush(shape.ready, (fresh.key, next(self.sequence), fresh))
@@ -448,7 +499,7 @@ class _Planner:
                 popped.append(entry)
                 examined += 1
                 if any(worker_id in unit.frees for unit in chosen):
-                    relative = self._next_set(worker_id, preemptor.first, reclaiming, chosen)
+                    relative = self._next_set(worker_id, preemptor.first, trigger, chosen)
                     if relative is not None:
                         heappush(local, (relative.key, next(self.sequence), relative))
                     continue
@@ -459,12 +510,12 @@ class _Planner:
             # counted over every worker the chosen units free: a gang victim frees several
             missing = size - self._tasks_with(chosen, set(room), request)
             if missing > 0:
-                relative = self._next_set(worker_id, preemptor.first, reclaiming, chosen)
+                relative = self._next_set(worker_id, preemptor.first, trigger, chosen)
                 if relative is not None:
                     heappush(local, (relative.key, next(self.sequence), relative))
         if missing > 0:
             shape.failed_size = min(size, shape.failed_size or size)
-        found = self._finish(preemptor, chosen, room, missing, eligible, reclaiming, examined)
+        found = self._finish(preemptor, chosen, room, missing, eligible, trigger, examined)
         for entry in popped:  # still good for the next preemptor of this shape, unless spent
             if entry[2].worker_id not in self.backoff:
                 heappush(shape.ready, entry)
@@ -477,23 +528,23 @@ class _Planner:
         room: Mapping[str, int],
         missing: int,
         eligible: Sequence[str],
-        reclaiming: bool,
+        trigger: _Trigger,
         examined: int,
     ) -> Preemption | Reason:
         request, size = preemptor.first.spec.resources, len(preemptor.tasks)
         if missing > 0:
-            return self._no_set(preemptor, eligible, reclaiming, examined)
+            return self._no_set(preemptor, eligible, trigger, examined)
         workers = set(room) | {worker_id for unit in chosen for worker_id in unit.frees}
         chosen = self._put_back(chosen, workers, request, size)
         placements = self._placements(preemptor, chosen, workers, request)
         if placements is None:  # the put-back left less than it counted: cannot happen
-            return self._no_set(preemptor, eligible, reclaiming, examined)
+            return self._no_set(preemptor, eligible, trigger, examined)
         first = preemptor.first
         pool = self.inputs.pools.get(first.spec.pool)
         sensitive = pool is not None and pool.kind == "sensitive"
         if borrowing.unreclaimable(first, sensitive) and not self._may_borrow(preemptor, chosen):
             return borrowing.refusal(first, request.gpus * size)
-        return self._commit(preemptor, chosen, placements, reclaiming)
+        return self._commit(preemptor, chosen, placements, trigger)
 
     def _may_borrow(self, preemptor: Preemptor, victims: Sequence[_Unit]) -> bool:
         """``borrowing.may_place`` for a preemptor, on the cluster as it would be once ``victims``
@@ -513,6 +564,9 @@ class _Planner:
     def _take_room(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
         """The room these placements use is no one else's this cycle."""
         self.guarantees.take(pool, request.gpus * len(placements))
+        if self.books is not None:
+            for _ in placements:
+                self.books.add(pool, request)
         for placement in placements:
             free = self.free[placement.worker_id]
             taken = set(placement.gpu_indices)
@@ -590,16 +644,31 @@ class _Planner:
         wanted = self.guarantees.held.get(first.spec.pool, 0) + first.spec.resources.gpus * size
         return wanted <= pool.guarantee.gpus
 
-    def _reason(self, unit: _Unit, first: Job, reclaiming: bool) -> str | None:
-        """The trigger under which ``unit`` may be taken for ``first`` ("priority", "reclaim"), or
-        None when it may not."""
+    def _reason(self, unit: _Unit, first: Job, trigger: _Trigger) -> str | None:
+        """The trigger under which ``unit`` may be taken for ``first`` ("priority", "reclaim",
+        "fair_share"), or None when it may not."""
         preemptor_class = first.spec.preemption_class
-        if reclaiming and unit.borrowed and unit.pool != first.spec.pool:
+        if trigger.reclaiming and unit.borrowed and unit.pool != first.spec.pool:
             return "reclaim" if unit.preemption_class <= preemptor_class else None
         pool = self.inputs.pools.get(unit.pool)
         if pool is not None and pool.kind == "service" and not unit.borrowed:
             return None
-        return "priority" if unit.preemption_class < preemptor_class else None
+        if unit.preemption_class < preemptor_class:
+            return "priority"
+        if trigger.beneficiary is not None and unit.preemption_class == preemptor_class:
+            return "fair_share" if self._fair_victim(unit, trigger) else None
+        return None
+
+    def _fair_victim(self, unit: _Unit, trigger: _Trigger) -> bool:
+        """``unit`` is in its pool's preemptible group (or aggressively preemptible, in the
+        aggressive stage), and taking it leaves no pool on its way to the beneficiary starving
+        or under its threshold (``fairshare.Books.may_take_from``)."""
+        group = fairshare.Group
+        wanted = group.AGGRESSIVELY_PREEMPTIBLE if trigger.aggressive else group.PREEMPTIBLE
+        if unit.group < wanted or self.books is None or trigger.beneficiary is None:
+            return False
+        thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
+        return self.books.may_take_from(unit.pool, trigger.beneficiary, trigger.aggressive, thresholds)
 
     def bounds(self, gpus: int) -> list[tuple[int, float, int, str]]:
         """Every worker with units, by a lower bound of the key of any victim set there for a task
@@ -624,7 +693,7 @@ class _Planner:
             self._bounds[gpus] = found
         return found
 
-    def _shape(self, first: Job, eligible: Sequence[str], reclaiming: bool) -> _Shape:
+    def _shape(self, first: Job, eligible: Sequence[str], trigger: _Trigger) -> _Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
         reclaims), shared by every preemptor of the shape in the cycle and computed lazily."""
         spec = first.spec
@@ -633,18 +702,21 @@ class _Planner:
             spec.resources,
             spec.constraints.gpu_model,
             tuple(sorted(spec.constraints.labels.items())),
-            spec.pool if reclaiming else None,
+            spec.pool if trigger.reclaiming else None,
+            trigger.beneficiary,
+            trigger.aggressive,
+            self.fair_epoch if trigger.beneficiary is not None else 0,
         )
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = _Shape(first, reclaiming, frozenset(eligible))
+            shape = self._shapes[key] = _Shape(first, trigger, frozenset(eligible))
         return shape
 
     def _next_set(
-        self, worker_id: str, first: Job, reclaiming: bool, chosen: Sequence[_Unit]
+        self, worker_id: str, first: Job, trigger: _Trigger, chosen: Sequence[_Unit]
     ) -> _WorkerSet | None:
         """The set on ``worker_id`` for one task more than it holds once ``chosen`` has gone."""
-        units = [unit for unit in self._candidates(worker_id, first, reclaiming) if unit not in chosen]
+        units = [unit for unit in self._candidates(worker_id, first, trigger) if unit not in chosen]
         if not units:
             return None
         freed = ZERO
@@ -653,12 +725,12 @@ class _Planner:
                 freed = _plus(freed, unit.frees[worker_id][0])
         return self._worker_set(worker_id, units, first.spec.resources, freed)
 
-    def _candidates(self, worker_id: str, first: Job, reclaiming: bool) -> list[_Unit]:
+    def _candidates(self, worker_id: str, first: Job, trigger: _Trigger) -> list[_Unit]:
         """The units on ``worker_id`` that ``first`` may take now, in comparator order."""
         return [
             unit
             for unit in self.units_on.get(worker_id, ())
-            if self._free_to_take(unit) and self._reason(unit, first, reclaiming)
+            if self._free_to_take(unit) and self._reason(unit, first, trigger)
         ]
 
     def _free_to_take(self, unit: _Unit) -> bool:
@@ -754,7 +826,7 @@ class _Planner:
         preemptor: Preemptor,
         chosen: Sequence[_Unit],
         placements: Sequence[TaskPlacement],
-        reclaiming: bool,
+        trigger: _Trigger,
     ) -> Preemption:
         first = preemptor.first
         victims = tuple(
@@ -763,7 +835,7 @@ class _Planner:
                 tuple(job.id for job in unit.jobs),
                 unit.preemption_class,
                 unit.cost,
-                self._reason(unit, first, reclaiming) or "priority",
+                self._reason(unit, first, trigger) or "priority",
             )
             for unit in chosen
         )
@@ -781,6 +853,11 @@ class _Planner:
         self.guarantees.free_gpus += sum(
             resources.gpus for unit in chosen for resources, _ in unit.frees.values()
         )
+        if self.books is not None:
+            for unit in chosen:
+                for job in unit.jobs:
+                    self.books.add(job.spec.pool, job.spec.resources, sign=-1)
+            self.fair_epoch += 1
         self._take_room(placements, request, first.spec.pool)
         for worker_id in worker_ids:
             self._touch(worker_id)
@@ -799,7 +876,7 @@ class _Planner:
         )
 
     def _no_set(
-        self, preemptor: Preemptor, eligible: Sequence[str], reclaiming: bool, examined: int = 0
+        self, preemptor: Preemptor, eligible: Sequence[str], trigger: _Trigger, examined: int = 0
     ) -> Reason:
         first = preemptor.first
         size = len(preemptor.tasks)
@@ -807,7 +884,7 @@ class _Planner:
         allowed = set(eligible)
         if not examined and any(
             worker_id in allowed
-            and any(self._reason(unit, first, reclaiming) for unit in self.units_on.get(worker_id, ()))
+            and any(self._reason(unit, first, trigger) for unit in self.units_on.get(worker_id, ()))
             for worker_id in self.backoff
         ):
             return Reason(
@@ -843,9 +920,9 @@ class _Shape:
     is computed only once the planner's lower bound for it (``_Planner.bounds``) is below every set
     computed so far, so most workers of a large cluster are never looked at."""
 
-    def __init__(self, first: Job, reclaiming: bool, eligible: frozenset[str]) -> None:
+    def __init__(self, first: Job, trigger: _Trigger, eligible: frozenset[str]) -> None:
         self.first = first
-        self.reclaiming = reclaiming
+        self.trigger = trigger
         self.eligible = eligible
         self.next_bound = 0
         self.ready: list[_Entry] = []
@@ -855,8 +932,9 @@ class _Shape:
     def best(self, planner: _Planner) -> tuple[tuple[int, float, int, str], int, _WorkerSet] | None:
         """The best set there is, left at the top of ``ready`` (None when there is none)."""
         bounds = planner.bounds(self.first.spec.resources.gpus)
-        # at or past this class no set can be taken (never within a class, but for a reclaim)
-        ceiling = self.first.spec.preemption_class + (1 if self.reclaiming else 0)
+        # at or past this class no set can be taken (never within a class, but for a reclaim or
+        # for fair share)
+        ceiling = self.first.spec.preemption_class + (1 if self.trigger else 0)
         while self.next_bound < len(bounds) and (
             not self.ready or bounds[self.next_bound] < self.ready[0][0]
         ):
@@ -869,7 +947,7 @@ class _Shape:
                 continue
             if planner.reach[worker_id] < self.first.spec.resources.gpus:
                 continue  # even its largest units, as many as one preemption may take, are too few
-            units = planner._candidates(worker_id, self.first, self.reclaiming)
+            units = planner._candidates(worker_id, self.first, self.trigger)
             found = planner._worker_set(worker_id, units, self.first.spec.resources) if units else None
             if found is not None:
                 heappush(self.ready, (found.key, next(planner.sequence), found))
@@ -952,6 +1030,26 @@ def _borrowed(holding: Sequence[Job], pools: Mapping[str, PoolView]) -> set[str]
             if used > guarantee:
                 borrowed.add(job.id)
     return borrowed
+
+
+def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
+    """Each unit's fair-share group, from every allocation its pool holds (units or not: one not
+    preemptible still counts in the prefix), a gang as one allocation."""
+    assert inputs.fair is not None
+    allocations: dict[str, tuple[str, float, Resources]] = {}
+    for job in inputs.holding:
+        key = job.gang_id or job.id
+        started = job.started_at or job.reserved_at or inputs.now
+        pool, since, held = allocations.get(key, (job.spec.pool, started, ZERO))
+        allocations[key] = (pool, max(since, started), held + job.spec.resources)
+    groups = fairshare.preemptible_units(
+        ((key, pool, since, held) for key, (pool, since, held) in allocations.items()),
+        inputs.fair,
+        inputs.settings.aggressive_satisfaction_threshold,
+        inputs.settings.satisfaction_threshold,
+    )
+    for unit in units:
+        unit.group = groups.get(unit.key, fairshare.Group.NON_PREEMPTIBLE)
 
 
 def _allocation(job: Job) -> Allocation:

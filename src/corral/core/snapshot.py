@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from corral.core.fairshare import FairShareState
 from corral.domain.records import Allocation, Job, Worker
 from corral.domain.resources import Resources
 
@@ -74,3 +75,5 @@ class Snapshot:
     pools: Mapping[str, PoolView] = field(default_factory=dict)
     #: worker id -> when it last had a preemptive placement (the per-worker backoff)
     last_preemptive: Mapping[str, float] = field(default_factory=dict)
+    #: this cycle's fair shares and the pools' starvation (None: fair share is not planned)
+    fair: FairShareState | None = None

@@ -239,6 +239,26 @@ def subtree_usage(own: Mapping[str, PoolUsage], paths: Iterable[str]) -> dict[st
     return totals
 
 
+class Starvation(StrEnum):
+    NON_STARVING = "non_starving"
+    STARVING = "starving"
+    AGGRESSIVELY_STARVING = "aggressively_starving"
+
+
+@dataclass(frozen=True, slots=True)
+class StarvationState:
+    """A pool's starvation: its status, since when it is below its fair share (the timer), and
+    since when it has had its status."""
+
+    status: Starvation = Starvation.NON_STARVING
+    below_since: float | None = None
+    since: float | None = None
+
+
+#: a pool with no timer running
+NOT_STARVING = StarvationState()
+
+
 def created_reason(reason: Reason | None, path: str) -> Reason:
     """A submitted job's reason, saying its pool did not exist and was created with defaults."""
     note = f"pool '{path}' created with defaults"

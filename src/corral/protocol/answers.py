@@ -236,11 +236,25 @@ class PoolSettingsAnswer(Answer):
     allow_aggressive_preemption: bool | None = None
 
 
+class FairShareAnswer(Answer):
+    """A fair share in resources: fractional, as shares of a cluster are."""
+
+    gpus: float = 0.0
+    memory_mb: float = 0.0
+    cpus: float = 0.0
+
+
 class PoolAnswer(Answer):
     """A pool (API.md "Pools"): its effective settings (its own, else inherited, else the
     defaults), what it stored (``settings``), and what the non-terminal jobs of its subtree hold
     (``usage``: reserved, running, preempting) and wait for (``demand``). ``explicit`` is false for
-    a pool only implied by a descendant's path. Fair share and starvation come with issue 9."""
+    a pool only implied by a descendant's path.
+
+    Fair share (``corral.core.fairshare``): ``fair_share`` is what the pool is entitled to now, in
+    resources (its demand's shape), ``fair_share_ratio`` the same as its dominant share of the
+    cluster, ``satisfaction`` usage over fair share (null for a pool that asks for nothing);
+    ``starvation`` with ``below_fair_share_since`` (the timer) and ``starvation_since`` (when the
+    status began), as the admission cycle last left them."""
 
     path: str
     parent: str | None = None
@@ -259,6 +273,12 @@ class PoolAnswer(Answer):
     usage: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
     demand: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
     jobs: int = 0
+    fair_share: FairShareAnswer = Field(default_factory=FairShareAnswer)
+    fair_share_ratio: float = 0.0
+    satisfaction: float | None = None
+    starvation: Literal["non_starving", "starving", "aggressively_starving"] = "non_starving"
+    below_fair_share_since: float | None = None
+    starvation_since: float | None = None
 
 
 class PoolPage(Answer):

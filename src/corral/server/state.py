@@ -52,6 +52,8 @@ class ServerState:
             checkpoint_timeout_s=settings.checkpoint_timeout_s,
             max_deferral_s=settings.max_deferral_s,
             preempt_timeout_s=settings.preempt_timeout_s,
+            satisfaction_threshold=settings.preemption_satisfaction_threshold,
+            aggressive_satisfaction_threshold=settings.aggressive_preemption_satisfaction_threshold,
         )
 
     @property

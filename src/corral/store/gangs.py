@@ -76,6 +76,22 @@ class GangStore(OperationsStore):
             pending=pending,
         )
 
+    def pending_in_pools(self, paths: Sequence[str], limit: int = PREEMPTOR_CANDIDATES) -> tuple[Job, ...]:
+        """Pending single jobs of ``paths``' subtrees, in queue order, at most ``limit``: the
+        starving pools' candidates to preempt for fair share, whatever their class."""
+        if not paths:
+            return ()
+        within = " OR ".join("(pool = ? OR substr(pool, 1, length(?)) = ?)" for _ in paths)
+        parameters: list[object] = []
+        for path in paths:
+            parameters.extend((path, path + "/", path + "/"))
+        rows = self._read().execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL AND ({within})"
+            f" ORDER BY {QUEUE_ORDER} LIMIT ?",
+            (*parameters, limit),
+        )
+        return tuple(job_from_row(row) for row in rows)
+
     # --- reserve and roll back -----------------------------------------------------------
 
     def reserve_gang(

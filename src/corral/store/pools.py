@@ -5,8 +5,10 @@ pool's jobs hold and ask for. What the settings mean, and how they are inherited
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from corral.domain import errors
-from corral.domain.pools import DEFAULT_POOL, PoolSettings, PoolUsage
+from corral.domain.pools import DEFAULT_POOL, PoolSettings, PoolUsage, Starvation, StarvationState
 from corral.domain.resources import Resources
 from corral.store.gangs import GangStore
 from corral.store.pool_rows import (
@@ -67,6 +69,33 @@ class PoolStore(GangStore):
                 )
             if not tx.execute("DELETE FROM pools WHERE path = ? RETURNING path", (path,)):
                 raise errors.NotFound(f"pool {path} not found")
+
+    def pool_starvation(self) -> dict[str, StarvationState]:
+        """The starvation timers the admission loop keeps: path -> (status, below since, since)."""
+        rows = self._read().execute(
+            "SELECT path, status, below_since, since FROM pool_starvation ORDER BY path"
+        )
+        return {row[0]: StarvationState(Starvation(row[1]), row[2], row[3]) for row in rows}
+
+    def put_pool_starvation(self, states: Mapping[str, StarvationState]) -> None:
+        """Replace the timers with ``states`` (a pool absent is not starving), writing only rows
+        that changed: most cycles change none."""
+        with self._transaction() as tx:
+            stored = {
+                row[0]: (row[1], row[2], row[3])
+                for row in tx.execute("SELECT path, status, below_since, since FROM pool_starvation")
+            }
+            for path in sorted(stored.keys() - states.keys()):
+                tx.execute("DELETE FROM pool_starvation WHERE path = ?", (path,))
+            for path, state in sorted(states.items()):
+                if stored.get(path) == (state.status, state.below_since, state.since):
+                    continue
+                tx.execute(
+                    "INSERT INTO pool_starvation (path, status, below_since, since) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (path) DO UPDATE SET status = excluded.status,"
+                    " below_since = excluded.below_since, since = excluded.since",
+                    (path, str(state.status), state.below_since, state.since),
+                )
 
     def pool_usage(self) -> dict[str, PoolUsage]:
         """For every pool path a job not yet ended names, what its jobs hold (reserved, running,

@@ -229,6 +229,12 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "end_offset BIGINT NOT NULL",
         "data BLOB NOT NULL",
     ),
+    "pool_starvation": columns(  # migration 10
+        "path TEXT NOT NULL",
+        "status TEXT NOT NULL",
+        "below_since DOUBLE PRECISION",
+        "since DOUBLE PRECISION",
+    ),
 }
 
 DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -242,6 +248,7 @@ DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "pools": ("path",),
     "job_logs": ("job_id", "attempt"),
     "job_log_chunks": ("job_id", "attempt", "start_offset"),
+    "pool_starvation": ("path",),
 }
 
 DECLARED_INDEXES: dict[str, Index] = {
@@ -549,6 +556,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             # The retention loop finds finished jobs oldest first, and expired idempotency keys.
             "CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL",
             "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
+        ),
+    ),
+    Migration(
+        10,
+        "pool_starvation",
+        (
+            # The starvation timers of the pools below their fair share (``core.fairshare``), kept
+            # by the admission loop's leader: a new leader, or another replica's ``GET /pools``,
+            # sees the timers where the last cycle left them. A pool with no row is not starving.
+            """
+            CREATE TABLE pool_starvation (
+                path TEXT PRIMARY KEY,
+                status TEXT NOT NULL,
+                below_since DOUBLE PRECISION,
+                since DOUBLE PRECISION
+            )
+            """,
         ),
     ),
 )

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from corral.core import admission
+from corral.core import admission, fairshare
 from corral.core.preemption import Preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import pools
+from corral.domain.records import Worker
+from corral.domain.resources import Resources
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
@@ -25,16 +27,24 @@ def admission_tick(state: ServerState) -> None:
     now = state.clock.now()
     inputs = state.store.admission_inputs(now)
     state.gangs_waiting = bool(inputs.gangs)
+    resolved = pools.resolve(state.store.pools(), state.pool_defaults)
+    fair = fair_share_of(state, resolved, inputs.workers, now)
+    pending = inputs.pending
+    starving = sorted(path for path, starved in fair.starvation.items() if starved.status != "non_starving")
+    if starving:  # their jobs may preempt within their class, whatever the lowest running class
+        known = {job.id for job in pending}
+        pending += tuple(job for job in state.store.pending_in_pools(starving) if job.id not in known)
     snapshot = Snapshot(
         now=now,
         workers=inputs.workers,
         allocations=inputs.allocations,
         gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in inputs.gangs),
-        pending=inputs.pending,
+        pending=pending,
         expected_ends=inputs.expected_ends,
         holding=inputs.holding,
-        pools=pools.resolve(state.store.pools(), state.pool_defaults),
+        pools=resolved,
         last_preemptive=state.last_preemptive,
+        fair=fair,
     )
     decisions = admission.decide(snapshot, state.settings.reservation_timeout_s, state.preemption_settings())
     for rollback in decisions.rollbacks:
@@ -96,6 +106,25 @@ def admission_tick(state: ServerState) -> None:
             changes.note_waiting(state.store, waiting.gang_id, waiting.reason, now)
     if reserved_any:
         state.signal.notify()
+
+
+def fair_share_of(
+    state: ServerState, resolved: dict[str, pools.Pool], workers: Sequence[Worker], now: float
+) -> fairshare.FairShareState:
+    """This cycle's fair shares and starvation; the timers are kept in the store (written only when
+    they change), so a new leader, and every replica's ``GET /pools``, sees them."""
+    own_usage = state.store.pool_usage()
+    for path in own_usage.keys() - resolved.keys():
+        resolved[path] = pools.effective(path, resolved, state.pool_defaults)
+    total = Resources()
+    for worker in workers:
+        if admission.usable(worker):
+            total = total + worker.resources
+    previous = state.store.pool_starvation()
+    fair = fairshare.cycle_state(resolved, own_usage, total, previous, now)
+    if fair.starvation != previous:
+        state.store.put_pool_starvation(fair.starvation)
+    return fair
 
 
 def _apply_preemptions(

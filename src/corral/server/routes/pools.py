@@ -13,19 +13,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.core import fairshare
+from corral.core.admission import usable
+from corral.core.fairshare import PoolShare
 from corral.domain import errors
 from corral.domain.pools import (
+    NOT_STARVING,
     UNLIMITED,
     Pool,
     PoolSettings,
     PoolUsage,
+    StarvationState,
     check_path,
     effective,
     resolve,
     subtree_usage,
     tree_order,
 )
-from corral.domain.resources import Resources
+from corral.domain.resources import ZERO, Resources
 from corral.protocol.answers import PoolAnswer, PoolPage
 from corral.protocol.models import PoolBody
 from corral.server.http import answer, parse_body
@@ -56,7 +61,15 @@ def settings_to_wire(settings: PoolSettings) -> dict[str, Any]:
     }
 
 
-def pool_to_wire(pool: Pool, settings: PoolSettings | None, usage: PoolUsage) -> dict[str, Any]:
+def pool_to_wire(
+    pool: Pool,
+    settings: PoolSettings | None,
+    usage: PoolUsage,
+    share: PoolShare | None = None,
+    starvation: StarvationState = NOT_STARVING,
+    total: Resources = ZERO,
+) -> dict[str, Any]:
+    fair = share.fair if share is not None else (0.0, 0.0, 0.0)
     return {
         "path": pool.path,
         "parent": pool.parent,
@@ -75,7 +88,21 @@ def pool_to_wire(pool: Pool, settings: PoolSettings | None, usage: PoolUsage) ->
         "usage": usage.held.to_dict(),
         "demand": usage.demand.to_dict(),
         "jobs": usage.jobs,
+        "fair_share": {
+            "gpus": round(fair[0] * total.gpus, 3),
+            "cpus": round(fair[1] * total.cpus, 3),
+            "memory_mb": round(fair[2] * total.memory_mb, 1),
+        },
+        "fair_share_ratio": round(share.fair_share, 6) if share is not None else 0.0,
+        "satisfaction": _rounded(share.satisfaction) if share is not None else None,
+        "starvation": str(starvation.status),
+        "below_fair_share_since": starvation.below_since,
+        "starvation_since": starvation.since if starvation.status != "non_starving" else None,
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _tree(state: ServerState) -> list[dict[str, Any]]:
@@ -88,8 +115,22 @@ def _tree(state: ServerState) -> list[dict[str, Any]]:
     for path in sorted(own_usage.keys() - pools.keys(), key=tree_order):
         pools[path] = effective(path, pools, state.pool_defaults)
     usage = subtree_usage(own_usage, pools)
+    total = Resources()
+    for worker in state.store.workers():
+        if usable(worker):
+            total = total + worker.resources
+    shares = fairshare.compute(pools, own_usage, total)
+    starvation = state.store.pool_starvation()
     return [
-        pool_to_wire(pools[path], stored.get(path), usage[path]) for path in sorted(pools, key=tree_order)
+        pool_to_wire(
+            pools[path],
+            stored.get(path),
+            usage[path],
+            shares.pools.get(path),
+            starvation.get(path, NOT_STARVING),
+            total,
+        )
+        for path in sorted(pools, key=tree_order)
     ]
 
 
