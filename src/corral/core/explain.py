@@ -111,13 +111,16 @@ def explain(
     allocations: Sequence[Allocation],
     holds: Sequence[Hold] = (),
     now: float = 0.0,
+    fair_share: Reason | None = None,
 ) -> list[Reason]:
     """Why ``job`` is where it is: live reasons for a pending job, else its last recorded reason;
-    then what its preemptions cost it, when it was preempted (seed 003: a failed or late checkpoint
-    is visible)."""
+    its pool's fair share when it waits in a pool below it (``fairshare.explain``); then what its
+    preemptions cost it, when it was preempted (seed 003: a failed or late checkpoint is visible)."""
     reasons = explain_pending(job, workers, allocations, holds, now) if job.status == Status.PENDING else []
     if job.status != Status.PENDING and job.reason:
         reasons.append(job.reason)
+    if fair_share is not None:
+        reasons.append(fair_share)
     if job.checkpoint_failures:
         reasons.append(
             Reason(

@@ -47,6 +47,7 @@ from corral.domain.pools import (
     is_within,
     parent_of,
 )
+from corral.domain.records import Reason
 from corral.domain.resources import Resources
 
 __all__ = [
@@ -56,7 +57,9 @@ __all__ = [
     "Share",
     "below_fair_share",
     "compute",
+    "describe",
     "dominant",
+    "explain",
     "preemptible_groups",
     "share_of",
     "starvation",
@@ -419,19 +422,7 @@ class Books:
         return True
 
     def describe(self, path: str) -> str:
-        """A starving pool's share, usage and timer, for ``why``."""
-        share = self.state.shares.pools.get(path)
-        state = self.state.starvation.get(path, NOT_STARVING)
-        if share is None:
-            return f"pool {path} has no fair share"
-        total = self.state.shares.total
-        fair_gpus = share.fair[0] * total.gpus
-        used_gpus = share.usage[0] * total.gpus
-        timer = f"below since {state.below_since:.0f}" if state.below_since is not None else "not below"
-        return (
-            f"pool {path}: {state.status}, fair share {share.fair_share:.1%} of the cluster"
-            f" ({fair_gpus:.1f} GPUs), using {dominant(share.usage):.1%} ({used_gpus:.0f} GPUs), {timer}"
-        )
+        return describe(path, self.state)
 
 
 #: shares are floats: a pool at its threshold to the last bit is at it
@@ -466,6 +457,37 @@ def preemptible_units(
             }
         groups.update(found)
     return groups
+
+
+def describe(path: str, state: FairShareState, now: float | None = None) -> str:
+    """A pool's share, usage and starvation timer, in words (``why``, the planner's reasons)."""
+    share = state.shares.pools.get(path)
+    if share is None:
+        return f"pool {path} has no fair share yet"
+    starving = state.starvation.get(path, NOT_STARVING)
+    total = state.shares.total
+    words = (
+        f"pool {path}: fair share {share.fair_share:.1%} of the cluster ({share.fair[0] * total.gpus:.1f}"
+        f" GPUs), using {dominant(share.usage):.1%} ({share.usage[0] * total.gpus:.0f} GPUs)"
+    )
+    if starving.below_since is None:
+        return words + ", not below its fair share"
+    pool = state.pools.get(path) or Pool(path=path, parent=parent_of(path))
+    below = f"below {share.tolerance:g} x its fair share since t={starving.below_since:.0f}"
+    if now is not None:
+        below = f"below {share.tolerance:g} x its fair share for {now - starving.below_since:.0f} s"
+    if starving.status == Starvation.NON_STARVING:
+        return f"{words}, {below} (starving after {pool.starvation_timeout_s:g} s)"
+    return f"{words}, {starving.status.value.replace('_', ' ')}, {below}"
+
+
+def explain(pool: str, state: FairShareState, now: float) -> Reason | None:
+    """Why fair share has (not yet) come to a waiting job's help: its pool's (or the lowest
+    ancestor's) timer and share; None when no pool on its path is below its fair share."""
+    for path in reversed([*ancestors(pool), pool]):
+        if state.starvation.get(path, NOT_STARVING).below_since is not None:
+            return Reason("fair_share", describe(path, state, now))
+    return None
 
 
 def cycle_state(

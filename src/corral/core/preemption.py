@@ -893,12 +893,18 @@ class _Planner:
                 f" placement in the last {self.settings.backoff_s:g} s (at most one per worker per"
                 " backoff): it is tried again next cycle",
             )
+        fair = ""
+        if trigger.beneficiary is not None and self.books is not None:
+            fair = (
+                f"; {self.books.describe(trigger.beneficiary)}: it may also take allocations of its own"
+                " class that other pools run past their fair share, and none would make room"
+            )
         return Reason(
             "no_victim_set",
             f"no free room for {what}, and no set of at most {self.settings.max_victims} preemptible"
             f" jobs or gangs of a class below {first.spec.preemption_class} would make room (class 10,"
             " sensitive pools, jobs near their walltime and class 7+ jobs without checkpoints are"
-            " never preempted)",
+            f" never preempted){fair}",
         )
 
 

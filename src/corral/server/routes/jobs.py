@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from corral.core import lifecycle
+from corral.core import fairshare, lifecycle
 from corral.core.explain import explain
 from corral.domain import errors
 from corral.domain.records import Job
@@ -34,6 +34,7 @@ from corral.server import changes
 from corral.server.auth import principal_of, redact_job
 from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
 from corral.server.openapi import Operation, integer, string
+from corral.server.routes.pools import fair_share_now
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
@@ -172,7 +173,10 @@ async def why(request: Request) -> Response:
         workers = state.store.workers()
         allocations = state.store.allocations()
         holds = state.store.list_holds()
-    reasons = explain(job, workers, allocations, holds, state.clock.now())
+    fair_share = None
+    if job.status in (Status.PENDING, Status.BLOCKED):
+        fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())
+    reasons = explain(job, workers, allocations, holds, state.clock.now(), fair_share)
     return answer(
         WhyAnswer, {"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]}
     )

@@ -105,8 +105,8 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _tree(state: ServerState) -> list[dict[str, Any]]:
-    """Every pool, each right before its subtree (``tree_order``): the stored ones, their
+def _resolved(state: ServerState) -> tuple[dict[str, PoolSettings], dict[str, PoolUsage], dict[str, Pool]]:
+    """The stored settings, each pool's own usage, and every pool resolved: the stored ones, their
     ancestors, and any pool a job not yet ended names without a row (a pool deleted under it by
     a race)."""
     stored = state.store.pools()
@@ -114,11 +114,29 @@ def _tree(state: ServerState) -> list[dict[str, Any]]:
     pools = resolve(stored, state.pool_defaults)
     for path in sorted(own_usage.keys() - pools.keys(), key=tree_order):
         pools[path] = effective(path, pools, state.pool_defaults)
-    usage = subtree_usage(own_usage, pools)
+    return stored, own_usage, pools
+
+
+def _cluster(state: ServerState) -> Resources:
     total = Resources()
     for worker in state.store.workers():
         if usable(worker):
             total = total + worker.resources
+    return total
+
+
+def fair_share_now(state: ServerState) -> fairshare.FairShareState:
+    """The fair shares as of now, with the starvation timers the admission cycle last stored."""
+    _, own_usage, pools = _resolved(state)
+    shares = fairshare.compute(pools, own_usage, _cluster(state))
+    return fairshare.FairShareState(shares, state.store.pool_starvation(), pools)
+
+
+def _tree(state: ServerState) -> list[dict[str, Any]]:
+    """Every pool, each right before its subtree (``tree_order``)."""
+    stored, own_usage, pools = _resolved(state)
+    usage = subtree_usage(own_usage, pools)
+    total = _cluster(state)
     shares = fairshare.compute(pools, own_usage, total)
     starvation = state.store.pool_starvation()
     return [
