@@ -413,15 +413,16 @@ def test_pools_prints_the_tree_and_json(server, client, capsys):
         "team/x", {"weight": 2, "guarantee": {"gpus": 8}, "limits": {"gpus": 16}, "kind": "training"}
     )
     client.submit({"command": "true", "pool": "team/x/y", "resources": {"gpus": 3}})
+    client.register_worker({"id": "w1", "resources": {"gpus": 8, "memory_mb": 64000, "cpus": 32}})
     code, out, err = corral(server, capsys, "pools")
     assert code == 0, err
     header, *rows = out.splitlines()
     assert header.split() == list(pools.HEADERS)
     assert [row.split() for row in rows] == [
-        ["default", "batch", "1", "0", "-", "0", "0", "0"],
-        ["team", "batch", "1", "0", "-", "0", "3", "1"],
-        ["x", "training", "2", "8", "16", "0", "3", "1"],
-        ["y", "training", "1", "0", "-", "0", "3", "1"],
+        ["default", "batch", "1", "0", "-", "0", "0", "0.0", "-", "-", "0"],
+        ["team", "batch", "1", "0", "-", "0", "3", "3.0", "0.00", "-", "1"],
+        ["x", "training", "2", "8", "16", "0", "3", "3.0", "0.00", "-", "1"],
+        ["y", "training", "1", "0", "-", "0", "3", "3.0", "0.00", "-", "1"],
     ]
     assert rows[2].startswith("  x") and rows[3].startswith("    y")
     page = corral_json(server, capsys, "pools")

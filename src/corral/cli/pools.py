@@ -16,7 +16,19 @@ from corral.client import ApiError
 from corral.domain.pools import PoolKind, PoolMode
 from corral.protocol.answers import LimitsAnswer, PoolAnswer
 
-HEADERS = ("POOL", "KIND", "WEIGHT", "GUARANTEE-GPUS", "LIMIT-GPUS", "USAGE-GPUS", "DEMAND-GPUS", "JOBS")
+HEADERS = (
+    "POOL",
+    "KIND",
+    "WEIGHT",
+    "GUARANTEE-GPUS",
+    "LIMIT-GPUS",
+    "USAGE-GPUS",
+    "DEMAND-GPUS",
+    "FAIR-GPUS",
+    "SATISFACTION",
+    "STARVATION",
+    "JOBS",
+)
 _RESOURCES = ("gpus", "vram_mb", "memory_mb", "cpus")
 #: the scalar settings ``set`` takes as flags: (setting, type, choices, help)
 _SCALARS: tuple[tuple[str, Any, list[str] | None, str], ...] = (
@@ -49,8 +61,10 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         parents=[parent],
         help="list pools; set or delete one",
         description=(
-            "List the pool tree. GUARANTEE, LIMIT, USAGE (reserved, running, preempting) and DEMAND "
-            "(waiting) are GPUs of the pool's whole subtree; * marks a pool only implied by a child."
+            "List the pool tree. GUARANTEE, LIMIT, USAGE (reserved, running, preempting), DEMAND "
+            "(waiting) and FAIR (its fair share now) are GPUs of the pool's whole subtree; "
+            "SATISFACTION is usage over fair share; STARVATION says since when a pool below its fair "
+            "share has been so; * marks a pool only implied by a child."
         ),
     )
     add_json_flag(parser)
@@ -166,8 +180,20 @@ def _row(pool: PoolAnswer) -> list[str]:
         _limit(pool.limits),
         str(pool.usage.gpus),
         str(pool.demand.gpus),
+        f"{pool.fair_share.gpus:.1f}",
+        output.MISSING if pool.satisfaction is None else f"{pool.satisfaction:.2f}",
+        _starvation(pool),
         str(pool.jobs),
     ]
+
+
+def _starvation(pool: PoolAnswer) -> str:
+    """``starving since 12:00:05``, ``below since ...`` while the timer runs, else ``-``."""
+    if pool.starvation != "non_starving" and pool.starvation_since is not None:
+        return f"{pool.starvation.replace('_', ' ')} since {output.short_time(pool.starvation_since)}"
+    if pool.below_fair_share_since is not None:
+        return f"below since {output.short_time(pool.below_fair_share_since)}"
+    return output.MISSING
 
 
 def _limit(limits: LimitsAnswer | None) -> str:

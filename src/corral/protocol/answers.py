@@ -277,8 +277,8 @@ class PoolAnswer(Answer):
     fair_share_ratio: float = 0.0
     satisfaction: float | None = None
     starvation: Literal["non_starving", "starving", "aggressively_starving"] = "non_starving"
-    below_fair_share_since: float | None = None
-    starvation_since: float | None = None
+    below_fair_share_since: str | None = None
+    starvation_since: str | None = None
 
 
 class PoolPage(Answer):

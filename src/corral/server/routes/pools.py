@@ -17,6 +17,7 @@ from corral.core import fairshare
 from corral.core.admission import usable
 from corral.core.fairshare import PoolShare
 from corral.domain import errors
+from corral.domain.clock import to_rfc3339
 from corral.domain.pools import (
     NOT_STARVING,
     UNLIMITED,
@@ -96,8 +97,8 @@ def pool_to_wire(
         "fair_share_ratio": round(share.fair_share, 6) if share is not None else 0.0,
         "satisfaction": _rounded(share.satisfaction) if share is not None else None,
         "starvation": str(starvation.status),
-        "below_fair_share_since": starvation.below_since,
-        "starvation_since": starvation.since if starvation.status != "non_starving" else None,
+        "below_fair_share_since": to_rfc3339(starvation.below_since),
+        "starvation_since": to_rfc3339(starvation.since) if starvation.status != "non_starving" else None,
     }
 
 
