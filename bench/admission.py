@@ -15,6 +15,12 @@ or 4 GPUs and a few running gangs, classes 0-9, mixed checkpoint modes and wallt
 higher class: the same cycle with the preemption planner (target < 300 ms median), printed beside
 the plain cycle above.
 
+Then the fair-share case (issue 9): a tree of ``--pools`` (about 200) pools in 3 levels, every GPU
+of ``--workers`` workers busy with one class of work spread unevenly over the leaves (a few pools
+hold most), ``--pending`` (20,000) pending jobs of the same class over the leaves, a few blocked
+gangs, every pool below its fair share starving: the whole cycle, fair share computed from the
+pools' usage and demand plus admission and the planner, < 300 ms median.
+
     .venv/bin/python bench/admission.py
     .venv/bin/python bench/admission.py --profile
 """
@@ -31,13 +37,16 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 
 import harness
 import machine
+from corral.core import fairshare
 from corral.core.admission import decide
 from corral.core.decisions import AdmissionDecisions
 from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
+from corral.domain import pools
 from corral.domain.records import Allocation, Constraints, Job, JobSpec, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
@@ -236,6 +245,161 @@ def build_busy_snapshot(args: argparse.Namespace) -> Snapshot:
     return Snapshot(NOW, tuple(workers), allocations, tuple(gangs), pending, {}, holding=tuple(holding))
 
 
+def pool_tree(count: int) -> list[str]:
+    """The leaf paths of a tree of ``count`` pools in 3 levels: 5 organisations of 5 teams each,
+    the rest projects dealt out over the teams."""
+    teams = [f"org{org}/team{team}" for org in range(5) for team in range(5)]
+    projects = max(1, count - 5 - len(teams))
+    return [f"{teams[number % len(teams)]}/p{number // len(teams)}" for number in range(projects)]
+
+
+def build_fair_share_inputs(
+    args: argparse.Namespace,
+) -> tuple[Snapshot, dict[str, pools.Pool], dict[str, pools.PoolUsage], Resources]:
+    """The fair-share snapshot (module docstring), the resolved pools, their own usage and the cluster."""
+    rng = random.Random(args.seed + 2)
+    leaves = pool_tree(args.pools)
+    heavy = leaves[: max(1, len(leaves) // 20)]  # 5% of the pools hold 80% of the GPUs
+    workers = [
+        Worker(
+            id=f"w-{index:05d}",
+            address=f"10.2.{index // 250}.{index % 250}",
+            resources=Resources(args.gpus, 81_920, 2_048_000, 12 * args.gpus),
+            gpu_model="H100",
+            labels={},
+            status=WorkerStatus.ACTIVE.value,
+            registered_at=NOW - 86_400,
+            last_heartbeat_at=NOW - 1,
+        )
+        for index in range(args.workers)
+    ]
+    usage: dict[str, pools.PoolUsage] = {}
+
+    def count(path: str, resources: Resources, held: bool) -> None:
+        before = usage.get(path, pools.PoolUsage())
+        added = (
+            pools.PoolUsage(resources, Resources(), 1) if held else pools.PoolUsage(Resources(), resources, 1)
+        )
+        usage[path] = before + added
+
+    holding: list[Job] = []
+    for worker in workers:
+        free = list(range(args.gpus))
+        while free:
+            gpus = min(rng.choice([1, 2, 4]), len(free))
+            taken, free = tuple(free[:gpus]), free[gpus:]
+            pool = rng.choice(heavy) if rng.random() < 0.8 else rng.choice(leaves)
+            spec = JobSpec(
+                command="python train.py",
+                resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
+                preemption_class=5,
+                checkpoint_mode=rng.choice(["none", "auto"]),
+                pool=pool,
+            )
+            started = NOW - rng.uniform(60, 7200)
+            job = Job(
+                f"j-run-{len(holding):06d}", spec, Status.RUNNING, started - 10, worker_id=worker.id,
+                gpu_indices=taken, started_at=started, attempts=1,
+            )  # fmt: skip
+            holding.append(job)
+            count(pool, spec.resources, held=True)
+    pending: list[Job] = []
+    for number in range(args.pending):
+        gpus = rng.choice([1, 2, 4, 8])
+        spec = JobSpec(
+            command="python train.py",
+            resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
+            preemption_class=5,
+            pool=rng.choice(leaves),
+        )
+        pending.append(Job(f"j-want-{number:05d}", spec, Status.PENDING, NOW - rng.uniform(0, 3600)))
+        count(spec.pool, spec.resources, held=False)
+    gangs = []
+    for number in range(args.gangs // 10):
+        gpus, size = rng.choice([4, 8]), rng.randint(2, 4)
+        spec = JobSpec(
+            command="python train.py",
+            gang_size=size,
+            resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
+            preemption_class=5,
+            pool=rng.choice(leaves),
+        )
+        gang_id = f"g-want-{number:04d}"
+        submitted = NOW - rng.uniform(0, 600)
+        gangs.append(
+            Gang(
+                gang_id,
+                tuple(
+                    Job(f"{gang_id}-t{r}", spec, Status.BLOCKED, submitted, gang_id, r) for r in range(size)
+                ),
+            )
+        )
+        count(spec.pool, Resources(gpus * size, 40_000, 64_000 * gpus * size, 8 * gpus * size), held=False)
+    settings = {path: pools.PoolSettings(weight=rng.choice([1.0, 1.0, 2.0, 4.0])) for path in leaves}
+    resolved = pools.resolve(settings, pools.PoolDefaults())
+    total = Resources(
+        args.gpus * args.workers, 81_920, 2_048_000 * args.workers, 12 * args.gpus * args.workers
+    )
+    # the server reads, besides the usual candidates, up to 1,000 pending jobs of the starving pools
+    candidates = tuple(sorted(pending, key=lambda job: job.submitted_at)[:2000])
+    allocations = tuple(
+        Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+        for job in holding
+    )
+    snapshot = Snapshot(
+        NOW, tuple(workers), allocations, tuple(gangs), candidates, {}, holding=tuple(holding), pools=resolved
+    )
+    return snapshot, resolved, usage, total
+
+
+def fair_share_case(args: argparse.Namespace) -> list[float] | None:
+    harness.banner("admission cycle with fair share and the preemption planner (pure core)")
+    snapshot, resolved, usage, total = build_fair_share_inputs(args)
+    first_shares = fairshare.compute(resolved, usage, total)
+    below = [path for path, share in first_shares.pools.items() if share.below]
+    print(
+        f"  snapshot: {len(resolved) - 1} pools ({len(pool_tree(args.pools))} leaves, 3 levels),"
+        f" {len(snapshot.workers)} workers, every GPU busy ({len(snapshot.holding)} running jobs),"
+        f" {args.pending} pending jobs ({len(snapshot.pending)} read as preemptors),"
+        f" {len(snapshot.gangs)} gangs waiting; {len(below)} pools below their fair share"
+    )
+    # The usual cycle: the pools below their fair share have their timers running (10 s), nobody
+    # starves yet. Then the cycle in which every one of them has starved for a minute: the cluster
+    # rebalances at once, one preemptive placement per worker.
+    timers = {path: pools.StarvationState(pools.Starvation.NON_STARVING, NOW - 10) for path in below}
+    starved = {path: pools.StarvationState(pools.Starvation.STARVING, NOW - 60, NOW - 30) for path in below}
+    results = []
+    for label, previous in (("timers running", timers), ("every pool below starving", starved)):
+
+        def cycle(previous: dict[str, pools.StarvationState] = previous) -> AdmissionDecisions:
+            fair = fairshare.cycle_state(resolved, usage, total, previous, NOW)
+            return decide(replace(snapshot, fair=fair), TIMEOUT_S, PreemptionSettings())
+
+        first = cycle()
+        times = []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            decisions = cycle()
+            times.append((time.perf_counter() - started) * 1000)
+            if decisions != first:
+                print("  ERROR: two cycles over the same snapshot decided differently")
+                return None
+        victims = Counter(victim.reason for found in first.preemptions for victim in found.victims)
+        median = statistics.median(times)
+        print(f"  {label}: {len(first.preemptions)} preemptions, victims {dict(victims)}")
+        print(
+            harness.figure("  time per cycle, median", median, "ms", args.preempt_target_ms, at_least=False)
+        )
+        print(
+            harness.figure("  time per cycle, max", max(times), "ms", args.preempt_target_ms, at_least=False)
+        )
+        if first.preemptions:
+            print(f"    {median / len(first.preemptions):.3f} ms per preemption decided")
+        print(f"    runs: {', '.join(f'{t:.1f}' for t in times)} ms")
+        results.extend(times)
+    return results
+
+
 def time_cycles(
     snapshot: Snapshot, runs: int, settings: PreemptionSettings | None
 ) -> tuple[AdmissionDecisions, list[float]] | None:
@@ -287,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preemptors", type=int, default=500, help="higher-class single jobs waiting")
     parser.add_argument("--preempting-gangs", type=int, default=100, help="higher-class gangs waiting")
     parser.add_argument("--preempt-target-ms", type=float, default=300.0)
+    parser.add_argument("--pools", type=int, default=200, help="pools in the fair-share case (3 levels)")
     parser.add_argument(
         "--profile", action="store_true", help="one more cycle under cProfile (preemption case)"
     )
@@ -357,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
         "  beside the plain cycle:"
         f" {statistics.median(preempt_times) / statistics.median(times):.2f}x its median"
     )
+    fair_times = fair_share_case(args)
+    if fair_times is None:
+        return 1
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()

@@ -315,26 +315,29 @@ def preemptible_groups(
     threshold: float,
 ) -> dict[str, Group]:
     """The group of each of a leaf's allocations (key, resources), given oldest first: the prefix
-    rule of the module docstring, against ``leaf``'s fair share."""
-    aggressive_bound = _scaled(leaf.fair, aggressive_threshold)
-    bound = _scaled(leaf.fair, threshold)
+    rule of the module docstring, against ``leaf``'s fair share. The prefix only grows, so the
+    groups only go up along the list."""
+    open_resources = [index for index in range(3) if leaf.fair[index] < leaf.demand[index]]
+    bounds = (
+        (Group.NON_PREEMPTIBLE, _scaled(leaf.fair, aggressive_threshold)),
+        (Group.AGGRESSIVELY_PREEMPTIBLE, _scaled(leaf.fair, threshold)),
+    )
     held = NOTHING
+    level = 0
     groups: dict[str, Group] = {}
     for key, resources in allocations:
-        if _under(held, aggressive_bound, leaf):
-            groups[key] = Group.NON_PREEMPTIBLE
-        elif _under(held, bound, leaf):
-            groups[key] = Group.AGGRESSIVELY_PREEMPTIBLE
-        else:
-            groups[key] = Group.PREEMPTIBLE
-        held = _plus(held, share_of(resources, total))
+        while level < len(bounds) and not _under(held, bounds[level][1], open_resources):
+            level += 1
+        groups[key] = bounds[level][0] if level < len(bounds) else Group.PREEMPTIBLE
+        if level < len(bounds):
+            held = _plus(held, share_of(resources, total))
     return groups
 
 
-def _under(held: Share, bound: Share, leaf: PoolShare) -> bool:
+def _under(held: Share, bound: Share, open_resources: Sequence[int]) -> bool:
     """``held`` strictly under ``bound`` on every resource whose demand the leaf's fair share does
-    not cover (on any, when it covers them all): B.5's ``StrictlyDominatesNonBlocked``."""
-    open_resources = [index for index in range(3) if leaf.fair[index] < leaf.demand[index]]
+    not cover (``open_resources``; on any, when it covers them all): B.5's
+    ``StrictlyDominatesNonBlocked``."""
     if not open_resources:
         return any(bound[index] > held[index] for index in range(3))
     return all(bound[index] > held[index] for index in open_resources)
@@ -365,12 +368,15 @@ class Books:
     def __init__(self, state: FairShareState, placed: Iterable[tuple[str, Resources]] = ()) -> None:
         self.state = state
         self.usage = {path: share.usage for path, share in state.shares.pools.items()}
+        #: ``may_take_from``'s answers since the usage last moved
+        self._allowed: dict[tuple[str, str, bool], bool] = {}
         for pool, resources in placed:
             self.add(pool, resources)
 
     def add(self, pool: str, resources: Resources, sign: int = 1) -> None:
         """``resources`` start (``sign`` 1) or stop (-1) in ``pool``: its usage and its ancestors'."""
         moved = _scaled(share_of(resources, self.state.shares.total), sign)
+        self._allowed.clear()
         for path in [*ancestors(pool), pool]:
             if path in self.usage:
                 self.usage[path] = _plus(self.usage[path], moved)
@@ -403,6 +409,17 @@ class Books:
         the way up from it to their common ancestor is starving or under its satisfaction
         threshold (``thresholds``: aggressive, regular; the aggressive one where the stage is and
         the pool allows aggressive preemption). Taking from inside the beneficiary would not help it."""
+        key = (victim_pool, beneficiary, aggressive)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            allowed = self._allowed[key] = self._may_take_from(
+                victim_pool, beneficiary, aggressive, thresholds
+            )
+        return allowed
+
+    def _may_take_from(
+        self, victim_pool: str, beneficiary: str, aggressive: bool, thresholds: tuple[float, float]
+    ) -> bool:
         if is_within(victim_pool, beneficiary):
             return False
         aggressive_threshold, threshold = thresholds

@@ -112,6 +112,9 @@ class PreemptionSettings:
     checkpoint_timeout_s: float = 600.0
     max_deferral_s: float = 300.0
     preempt_timeout_s: float = 45.0
+    #: preemptions one cycle decides, at most: a cluster rebalancing at once is spread over a few
+    #: cycles (each cycle's time grows with its preemptions), not stopped in one storm
+    max_preemptions_per_cycle: int = 256
     #: fair share's prefix rule (``corral.core.fairshare.preemptible_groups``)
     satisfaction_threshold: float = 1.0
     aggressive_satisfaction_threshold: float = 0.2
@@ -282,14 +285,18 @@ class _Free:
 
 
 def plan(inputs: PlanInputs) -> PreemptionPlan:
-    """The cycle's preemptions (module docstring)."""
+    """The cycle's preemptions (module docstring): at most ``max_preemptions_per_cycle``; the
+    preemptors past it are served by the next cycle."""
     if not inputs.preemptors or _nothing_to_plan(inputs):
         return PreemptionPlan()
     planner = _Planner(inputs)
+    budget = inputs.settings.max_preemptions_per_cycle
     preemptions: list[Preemption] = []
     waiting: list[tuple[str, Reason]] = []
     refused: list[Preemptor] = []
     for preemptor in sorted(inputs.preemptors, key=preemptor_key):
+        if len(preemptions) >= budget:
+            break
         found = planner.place(preemptor)
         if isinstance(found, Preemption):
             preemptions.append(found)
@@ -300,25 +307,40 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
     # Work refused for borrowing is tried once more: the placements since may have used the
     # guarantees it would have taken (the next cycle would place it anyway).
     for preemptor in refused:
-        found = planner.place(preemptor)
+        found = planner.place(preemptor) if len(preemptions) < budget else None
         if isinstance(found, Preemption):
             preemptions.append(found)
         elif found is not None:
             waiting.append((preemptor.key, found))
-    # The aggressive stage (seed 002): aggressively starving pools' work still waiting may also
-    # take aggressively preemptible allocations.
     if planner.books is not None:
-        by_key = {preemptor.key: preemptor for preemptor in inputs.preemptors}
-        for index, (key, _) in enumerate(list(waiting)):
-            preemptor = by_key[key]
-            if planner.books.beneficiary(preemptor.first.spec.pool, aggressive=True) is None:
-                continue
-            found = planner.place(preemptor, aggressive=True)
-            if isinstance(found, Preemption):
-                preemptions.append(found)
-                waiting[index] = (key, Reason("placed", ""))
-        waiting = [entry for entry in waiting if entry[1].code != "placed"]
+        waiting = _aggressive_stage(planner, inputs, waiting, preemptions, budget)
     return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting), tuple(planner.order))
+
+
+def _aggressive_stage(
+    planner: _Planner,
+    inputs: PlanInputs,
+    waiting: list[tuple[str, Reason]],
+    preemptions: list[Preemption],
+    budget: int,
+) -> list[tuple[str, Reason]]:
+    """Seed 002's last stage: the work of aggressively starving pools still waiting may also take
+    aggressively preemptible allocations. Returns what still waits."""
+    assert planner.books is not None
+    by_key = {preemptor.key: preemptor for preemptor in inputs.preemptors}
+    still: list[tuple[str, Reason]] = []
+    for key, reason in waiting:
+        preemptor = by_key[key]
+        found: Preemption | Reason | None = None
+        if len(preemptions) < budget and planner.books.beneficiary(
+            preemptor.first.spec.pool, aggressive=True
+        ):
+            found = planner.place(preemptor, aggressive=True)
+        if isinstance(found, Preemption):
+            preemptions.append(found)
+        else:
+            still.append((key, reason))
+    return still
 
 
 def _nothing_to_plan(inputs: PlanInputs) -> bool:
@@ -392,8 +414,6 @@ class _Planner:
         units = sorted(_units(inputs, self.free).values(), key=victim_key)
         #: the pools' usage as this plan places and preempts (None: no pool is starving)
         self.books: fairshare.Books | None = None
-        #: bumped by every fair-share preemption: victim sets found for fair share before are stale
-        self.fair_epoch = 0
         if inputs.fair is not None and inputs.fair.anyone_starving():
             placed = [
                 (inputs.extra_pools.get(allocation.job_id, ""), allocation.resources)
@@ -490,7 +510,12 @@ class _Planner:
             if not from_local:
                 if worker_id in self.backoff:
                     continue  # for the rest of the cycle
-                if worker_set.version != self.versions.get(worker_id, 0):
+                if worker_set.version != self.versions.get(worker_id, 0) or (
+                    trigger.beneficiary is not None
+                    and not all(self._reason(unit, preemptor.first, trigger) for unit in worker_set.units)
+                ):
+                    # stale: the worker changed, or a fair-share preemption since moved the
+                    # pools' usage so that a unit of the set may not be taken any more
                     units = self._candidates(worker_id, preemptor.first, trigger)
                     fresh = self._worker_set(worker_id, units, request) if units else None
                     if fresh is not None:
@@ -695,7 +720,11 @@ class _Planner:
 
     def _shape(self, first: Job, eligible: Sequence[str], trigger: _Trigger) -> _Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
-        reclaims), shared by every preemptor of the shape in the cycle and computed lazily."""
+        reclaims, whether it may take for fair share), shared by every preemptor of the shape in
+        the cycle and computed lazily. Preemptors of different starving pools share one shape:
+        which pools' allocations each may take differs a little (never from inside its own
+        subtree), so a set is checked against the preemptor's own trigger when it is taken, and
+        computed again for it when it does not pass."""
         spec = first.spec
         key = (
             spec.preemption_class,
@@ -703,9 +732,8 @@ class _Planner:
             spec.constraints.gpu_model,
             tuple(sorted(spec.constraints.labels.items())),
             spec.pool if trigger.reclaiming else None,
-            trigger.beneficiary,
+            trigger.beneficiary is not None,
             trigger.aggressive,
-            self.fair_epoch if trigger.beneficiary is not None else 0,
         )
         shape = self._shapes.get(key)
         if shape is None:
@@ -857,7 +885,6 @@ class _Planner:
             for unit in chosen:
                 for job in unit.jobs:
                     self.books.add(job.spec.pool, job.spec.resources, sign=-1)
-            self.fair_epoch += 1
         self._take_room(placements, request, first.spec.pool)
         for worker_id in worker_ids:
             self._touch(worker_id)

@@ -47,6 +47,7 @@ class ServerState:
         settings = self.settings
         return PreemptionSettings(
             max_victims=settings.max_victims,
+            max_preemptions_per_cycle=settings.max_preemptions_per_cycle,
             near_completion_s=settings.near_completion_s,
             backoff_s=settings.preemptive_backoff_s,
             checkpoint_timeout_s=settings.checkpoint_timeout_s,
