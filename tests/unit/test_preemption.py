@@ -24,6 +24,7 @@ NOW = 10_000.0
 class Pool:
     kind: str = "batch"
     guarantee: Resources = field(default_factory=Resources)
+    mode: str = "fair_share"
 
 
 def spec(gpus: int = 1, cls: int = 5, **fields: object) -> JobSpec:

@@ -294,7 +294,8 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
     preemptions: list[Preemption] = []
     waiting: list[tuple[str, Reason]] = []
     refused: list[Preemptor] = []
-    for preemptor in sorted(inputs.preemptors, key=preemptor_key):
+    user_usage = _user_usage(inputs)
+    for preemptor in sorted(inputs.preemptors, key=lambda preemptor: preemptor_key(preemptor, user_usage)):
         if len(preemptions) >= budget:
             break
         found = planner.place(preemptor)
@@ -360,17 +361,38 @@ def _nothing_to_plan(inputs: PlanInputs) -> bool:
     return all(preemptor.first.spec.preemption_class <= lowest for preemptor in inputs.preemptors)
 
 
-def preemptor_key(preemptor: Preemptor) -> tuple[int, int, int, float, str]:
+def preemptor_key(
+    preemptor: Preemptor, user_usage: Mapping[tuple[str, str | None], int] | None = None
+) -> tuple[int, int, int, int, float, str]:
     """The order preemptors are served in: class, then priority, highest first; front-of-queue
-    re-queues first; then submission time and id."""
+    re-queues first; then, in a pool of mode ``fair_share``, the user holding the fewest GPUs in
+    that pool first (``user_usage``: GPUs held by pool and user; a ``fifo`` pool leaves it out);
+    then submission time and id."""
     first = preemptor.first
+    usage = 0
+    if user_usage is not None:
+        usage = user_usage.get((first.spec.pool, first.spec.user), 0)
     return (
         -first.spec.preemption_class,
         -first.spec.priority,
         0 if first.queue_front else 1,
+        usage,
         first.submitted_at,
         preemptor.key,
     )
+
+
+def _user_usage(inputs: PlanInputs) -> dict[tuple[str, str | None], int]:
+    """GPUs held per pool and user, for the pools of mode ``fair_share`` (pools mode #6 of issue 9:
+    the least-served user of such a pool goes first)."""
+    held: dict[tuple[str, str | None], int] = {}
+    for job in inputs.holding:
+        pool = inputs.pools.get(job.spec.pool)
+        if pool is not None and pool.mode != "fair_share":
+            continue
+        key = (job.spec.pool, job.spec.user)
+        held[key] = held.get(key, 0) + job.spec.resources.gpus
+    return held
 
 
 class _Planner:

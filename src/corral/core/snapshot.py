@@ -25,6 +25,9 @@ class PoolView(Protocol):
     @property
     def guarantee(self) -> Resources: ...
 
+    @property
+    def mode(self) -> str: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Gang:
