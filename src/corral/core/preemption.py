@@ -87,6 +87,8 @@ __all__ = [
     "victim_key",
 ]
 
+#: the reasons the plan gives a waiting preemptor (``_no_set``, ``borrowing.refusal``)
+_PLANNER_CODES = frozenset({"no_victim_set", "preemption_backoff", "borrowing_refused"})
 #: worker victim sets one preemptor looks at, at most: the search is greedy (cheapest sets first)
 #: and bounded, so a cycle's time does not grow with the cluster for work that cannot be placed
 SEARCH_LIMIT = 64
@@ -507,7 +509,15 @@ class _Planner:
         beneficiary = self.books.beneficiary(spec.pool, aggressive) if self.books is not None else None
         trigger = _Trigger(self._reclaims(preemptor.first, size), beneficiary, aggressive)
         if spec.preemption_class <= self.lowest_class and not trigger:
-            return None  # nothing below it to take from: it waits for capacity like any job
+            # Nothing below it to take from: it waits for capacity like any job. A reason an
+            # earlier cycle's plan gave it (its pool was starving then) would mislead now.
+            if preemptor.first.reason is not None and preemptor.first.reason.code in _PLANNER_CODES:
+                return Reason(
+                    "queued",
+                    "waiting for a worker with free capacity; nothing it may preempt (no lower class"
+                    " running, its pool not starving)",
+                )
+            return None
         shape = self._shape(preemptor.first, eligible, trigger)
         if shape.failed_size is not None and size >= shape.failed_size:
             # Within a cycle room only shrinks: what failed for this shape fails again.
