@@ -10,7 +10,15 @@ import pytest
 from corral.core import lifecycle
 from corral.core.placement import ClaimPlacement
 from corral.domain import errors
-from corral.domain.pools import UNLIMITED, PoolKind, PoolMode, PoolSettings, PoolUsage
+from corral.domain.pools import (
+    UNLIMITED,
+    PoolKind,
+    PoolMode,
+    PoolSettings,
+    PoolUsage,
+    Starvation,
+    StarvationState,
+)
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status
@@ -183,3 +191,28 @@ def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypat
         assert set(before.pools()) == {"default", "old/a"}
     finally:
         before.close()
+
+
+def test_starvation_timers_round_trip_and_only_what_changed_is_written(store):
+    starving = StarvationState(Starvation.STARVING, NOW - 40, NOW - 10)
+    timer = StarvationState(Starvation.NON_STARVING, NOW - 5)
+    store.put_pool_starvation({"team/a": starving, "team/b": timer})
+    assert store.pool_starvation() == {"team/a": starving, "team/b": timer}
+    aggressive = StarvationState(Starvation.AGGRESSIVELY_STARVING, NOW - 40, NOW)
+    store.put_pool_starvation({"team/a": aggressive})
+    assert store.pool_starvation() == {"team/a": aggressive}, "a pool left out is not starving any more"
+    store.put_pool_starvation({})
+    assert store.pool_starvation() == {}
+
+
+def test_pending_in_pools_reads_a_subtrees_single_jobs_in_queue_order(store):
+    submit(
+        store,
+        JobSpec(command="true", pool="team/a", priority=1),
+        JobSpec(command="true", pool="team/a/x"),
+        JobSpec(command="true", pool="team-b"),
+        JobSpec(command="true", pool="team"),
+    )
+    found = store.pending_in_pools(["team/a"])
+    assert [job.spec.pool for job in found] == ["team/a", "team/a/x"], "the subtree, never team-b"
+    assert [job.spec.pool for job in store.pending_in_pools(["team-b", "team"], limit=1)] == ["team/a"]
