@@ -29,6 +29,7 @@ from corral.server.dashboard import views
 from corral.server.http import query_int
 from corral.server.openapi import HTML, Operation, integer, string
 from corral.server.routes.jobs import _decode_cursor, _encode_cursor, _record_cancel
+from corral.server.routes.pools import fair_share_now
 from corral.server.state import state_of
 from corral.store.base import JobFilter
 
@@ -74,7 +75,7 @@ async def overview(request: Request) -> Response:
         jobs=jobs,
         jobs_total=sum(jobs.values()),
         workers=rows,
-        pools=views.pools(state.store, totals.total),
+        pools=views.pools(state.store, fair_share_now(state)),
         now=to_rfc3339(state.clock.now()),
     )
 
@@ -137,7 +138,11 @@ async def pools_page(request: Request) -> Response:
     state = state_of(request)
     totals = views.gpu_totals(views.workers(state.store))
     return _render(
-        request, "pools.html", title="Pools", pools=views.pools(state.store, totals.total), gpus=totals
+        request,
+        "pools.html",
+        title="Pools",
+        pools=views.pools(state.store, fair_share_now(state)),
+        gpus=totals,
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.explain import explain
+from corral.core.fairshare import FairShareState
 from corral.domain.clock import to_rfc3339
 from corral.domain.records import Job, JobEvent, Worker
 from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus
@@ -131,32 +132,28 @@ def gpu_totals(rows: list[WorkerRow]) -> GpuTotals:
     return totals
 
 
-def pools(store: Store, gpus_total: int) -> list[dict[str, Any]]:
-    """Each pool's demand and usage against an equal share of the cluster's GPUs.
-
-    Until pools carry their own weights (``/pools``), every pool with work weighs the same: its
-    share is the GPUs divided among the pools that have pending or holding jobs.
-    """
+def pools(store: Store, fair: FairShareState) -> list[dict[str, Any]]:
+    """Each pool with jobs: GPUs used and waited for, its fair share of the GPUs (the part of its
+    own jobs, ``corral.core.fairshare``), used over share, and its starvation."""
     counts = store.count_jobs_by_pool()
-    active = [
-        pool
-        for pool, by_status in counts.items()
-        if any(status in by_status for status in ("pending", "blocked", "reserved", "running", "preempting"))
-    ]
-    share = gpus_total / len(active) if active else 0.0
+    total = fair.shares.total
     rows = []
     for pool in sorted(counts):
         by_status = counts[pool]
         holding = sum(by_status.get(status.value, (0, 0))[1] for status in HOLDING)
         waiting = sum(by_status.get(status, (0, 0))[1] for status in ("pending", "blocked"))
+        share = fair.shares.own.get(pool)
+        fair_gpus = share.fair[0] * total.gpus if share is not None else 0.0
+        starving = fair.starvation.get(pool)
         rows.append(
             {
                 "pool": pool,
                 "jobs": {status: by_status[status][0] for status in STATUS_ORDER if status in by_status},
                 "gpus_used": holding,
                 "gpus_waiting": waiting,
-                "share": share if pool in active else 0.0,
-                "ratio": (holding / share) if share else 0.0,
+                "share": fair_gpus,
+                "ratio": (holding / fair_gpus) if fair_gpus else 0.0,
+                "starvation": starving.status.value.replace("_", " ") if starving is not None else "",
             }
         )
     return rows
