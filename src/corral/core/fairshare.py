@@ -190,6 +190,13 @@ def _sum_up(node: _Node) -> None:
         node.usage, node.demand = _plus(node.usage, child.usage), _plus(node.demand, child.demand)
 
 
+def _within(demand: Share, limits: Share) -> float:
+    """The largest dominant share of ``demand``'s shape within ``limits`` on every resource (a
+    resource left unlimited is a share of 1 and must not lift the cap of a limited one)."""
+    peak = dominant(demand)
+    return min([peak, *(peak * limits[index] / demand[index] for index in range(3) if demand[index] > 0)])
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One child's terms in the water-filling: its weight, its guarantee and its cap (dominant)."""
@@ -212,7 +219,7 @@ def _distribute(
     for node in nodes:
         upper = dominant(node.demand)
         if node.pool.limits is not None:
-            upper = min(upper, dominant(share_of(node.pool.limits, total)))
+            upper = min(upper, _within(node.demand, share_of(node.pool.limits, total)))
         lower = min(dominant(share_of(node.pool.guarantee, total)), upper)
         claims.append(Claim(max(node.pool.weight, 1e-9), lower, upper))
     for node, fair_share in zip(nodes, water_fill(claims, given), strict=True):
