@@ -404,15 +404,22 @@ class Books:
         return None
 
     def may_take_from(
-        self, victim_pool: str, beneficiary: str, aggressive: bool, thresholds: tuple[float, float]
+        self,
+        victim_pool: str,
+        beneficiary: str,
+        aggressive: bool,
+        thresholds: tuple[float, float],
+        taking: Resources | None = None,
     ) -> bool:
-        """Whether an allocation of ``victim_pool`` may be preempted for ``beneficiary``: no pool on
-        the way up from it to their common ancestor is starving or under its satisfaction
-        threshold (``thresholds``: aggressive, regular; the aggressive one where the stage is and
-        the pool allows aggressive preemption). Taking from inside the beneficiary would not help it."""
+        """Whether an allocation of ``victim_pool`` (``taking``: its resources) may be preempted for
+        ``beneficiary``: no pool on the way up from it to their common ancestor is starving or is
+        left under its satisfaction threshold once it has gone (``thresholds``: aggressive,
+        regular; the aggressive one where the stage is and the pool allows aggressive preemption).
+        Taking from inside the beneficiary would not help it."""
         if is_within(victim_pool, beneficiary):
             return False
         aggressive_threshold, threshold = thresholds
+        gone = _scaled(share_of(taking or Resources(), self.state.shares.total), -1)
         for path in reversed([*ancestors(victim_pool), victim_pool]):
             if is_within(beneficiary, path):
                 break  # the common ancestor: the move stays inside it
@@ -424,7 +431,7 @@ class Books:
             pool = self.state.pools.get(path)
             allows = pool is None or pool.allow_aggressive_preemption
             bound = aggressive_threshold if aggressive and allows else threshold
-            if dominant(self.usage[path]) < bound * share.fair_share * (1 - _EPSILON):
+            if dominant(_plus(self.usage[path], gone)) < bound * share.fair_share * (1 - _EPSILON):
                 return False
         return True
 

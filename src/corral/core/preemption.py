@@ -668,7 +668,8 @@ class _Planner:
         if unit.group < wanted or self.books is None or trigger.beneficiary is None:
             return False
         thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
-        return self.books.may_take_from(unit.pool, trigger.beneficiary, trigger.aggressive, thresholds)
+        held = sum((job.spec.resources for job in unit.jobs), ZERO)
+        return self.books.may_take_from(unit.pool, trigger.beneficiary, trigger.aggressive, thresholds, held)
 
     def bounds(self, gpus: int) -> list[tuple[int, float, int, str]]:
         """Every worker with units, by a lower bound of the key of any victim set there for a task
