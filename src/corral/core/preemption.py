@@ -540,11 +540,31 @@ class _Planner:
         if placements is None:  # the put-back left less than it counted: cannot happen
             return self._no_set(preemptor, eligible, trigger, examined)
         first = preemptor.first
+        if not self._fair_set_holds(chosen, first, trigger):
+            return self._no_set(preemptor, eligible, trigger, examined)
         pool = self.inputs.pools.get(first.spec.pool)
         sensitive = pool is not None and pool.kind == "sensitive"
         if borrowing.unreclaimable(first, sensitive) and not self._may_borrow(preemptor, chosen):
             return borrowing.refusal(first, request.gpus * size)
         return self._commit(preemptor, chosen, placements, trigger)
+
+    def _fair_set_holds(self, chosen: Sequence[_Unit], first: Job, trigger: _Trigger) -> bool:
+        """Every fair-share victim of the set may still be taken once the rest of the set has gone
+        too: each unit was a candidate against the books on its own, and two from under one pool
+        may leave it below its fair share together."""
+        if self.books is None or trigger.beneficiary is None:
+            return True
+        for unit in chosen:
+            if self._reason(unit, first, trigger) != "fair_share":
+                continue
+            saved = dict(self.books.usage)
+            for job in (job for other in chosen if other is not unit for job in other.jobs):
+                self.books.add(job.spec.pool, job.spec.resources, sign=-1)
+            holds = self._fair_victim(unit, trigger)
+            self.books.usage = saved
+            if not holds:
+                return False
+        return True
 
     def _may_borrow(self, preemptor: Preemptor, victims: Sequence[_Unit]) -> bool:
         """``borrowing.may_place`` for a preemptor, on the cluster as it would be once ``victims``
