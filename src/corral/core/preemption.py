@@ -400,6 +400,9 @@ class _Planner:
                 for allocation in inputs.extra
             ]
             self.books = fairshare.Books(inputs.fair, placed)
+            for job in inputs.holding:  # being stopped: counted by their pools, and leaving them
+                if job.status == Status.PREEMPTING:
+                    self.books.add(job.spec.pool, job.spec.resources, sign=-1)
             _group_units(units, inputs)
         for unit in units:
             for worker_id in unit.frees:
@@ -1065,6 +1068,8 @@ def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
     assert inputs.fair is not None
     allocations: dict[str, tuple[str, float, Resources]] = {}
     for job in inputs.holding:
+        if job.status == Status.PREEMPTING:
+            continue  # leaving: what stays of its pool is what the prefix counts
         key = job.gang_id or job.id
         started = job.started_at or job.reserved_at or inputs.now
         pool, since, held = allocations.get(key, (job.spec.pool, started, ZERO))
