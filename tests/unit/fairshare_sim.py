@@ -130,6 +130,12 @@ class Cluster:
     now: float = NOW
     settings: PreemptionSettings = field(default_factory=PreemptionSettings)
     last_preemptive: dict[str, float] = field(default_factory=dict)
+    #: cycles a victim takes to stop (0: it has left by the next cycle); meanwhile it is
+    #: ``preempting`` (its pool still counts it) and its preemptor ``reserved`` on its room
+    stop_cycles: int = 0
+    #: victim id -> when it has left; preemptor id -> the victims it waits for
+    leaving: dict[str, float] = field(default_factory=dict)
+    waiting_for: dict[str, set[str]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -177,17 +183,36 @@ class Cluster:
 
     def cycle(self, starvation: Mapping[str, StarvationState] | None = None) -> Cycle:
         """Plan with fair share and apply it; the clock moves past the backoff."""
+        self._victims_leave()
         fair = self.fair_state(starvation)
         found = self.plan(fair)
         before = dict(self.jobs)
         for preemption in found.preemptions:
-            for victim in preemption.victims:
-                for job_id in victim.job_ids:
+            victim_ids = {job_id for victim in preemption.victims for job_id in victim.job_ids}
+            for job_id in victim_ids:
+                if self.stop_cycles:
+                    self.jobs[job_id] = replace(
+                        self.jobs[job_id],
+                        status=Status.PREEMPTING,
+                        preempted_for=preemption.preemptor,
+                        drain_started_at=self.now,
+                    )
+                    self.leaving[job_id] = self.now + self.stop_cycles * (self.settings.backoff_s + 1)
+                else:
                     self.jobs[job_id] = requeued(self.jobs[job_id])
             for place in preemption.placements:
                 self.jobs[place.job_id] = started(
                     self.jobs[place.job_id], place.worker_id, place.gpu_indices, self.now
                 )
+                if self.stop_cycles:
+                    self.jobs[place.job_id] = replace(
+                        self.jobs[place.job_id],
+                        status=Status.RESERVED,
+                        started_at=None,
+                        reserved_at=self.now,
+                        victims_deadline=self.now + 1000,
+                    )
+                    self.waiting_for[place.job_id] = set(victim_ids)
             for worker_id in preemption.worker_ids:
                 self.last_preemptive[worker_id] = self.now
         for _, placements in found.fitting:
@@ -200,6 +225,20 @@ class Cluster:
         self.now += self.settings.backoff_s + 1
         return cycle
 
+    def _victims_leave(self) -> None:
+        """Victims whose stop is over are re-queued; preemptors none of whose victims is left
+        start."""
+        for job_id, at in list(self.leaving.items()):
+            if at <= self.now:
+                self.jobs[job_id] = requeued(self.jobs[job_id])
+                del self.leaving[job_id]
+        for job_id, victims in list(self.waiting_for.items()):
+            if not victims & self.leaving.keys():
+                self.jobs[job_id] = replace(
+                    self.jobs[job_id], status=Status.RUNNING, started_at=self.now, victims_deadline=None
+                )
+                del self.waiting_for[job_id]
+
 
 def requeued(victim: Job) -> Job:
     return replace(
@@ -209,6 +248,8 @@ def requeued(victim: Job) -> Job:
         gpu_indices=(),
         started_at=None,
         preempted_count=victim.preempted_count + 1,
+        preempted_for=None,
+        drain_started_at=None,
     )
 
 

@@ -305,6 +305,37 @@ def test_two_victims_from_under_one_parent_are_judged_together() -> None:
     assert held_by(cluster, "t") == 0 and held_by(cluster, "t/x") == 4
 
 
+def test_a_victim_still_stopping_does_not_count_for_its_pool() -> None:
+    """a's oldest job (a3) is being stopped for c's p0, reserved on its room: a holds 8 GPUs on
+    the books but keeps 6, its fair share. Counting a3 would make a2 preemptible for b and leave
+    a at 4 once a3 has gone, below 0.8 x 6: nothing is taken."""
+    (worker,) = workers(1, gpus=12)
+    holding = [
+        replace(
+            job("a3", "a", 2, worker=worker, indices=(6, 7), started=NOW - 9000),
+            status=Status.PREEMPTING,
+            preempted_for="p0",
+            drain_started_at=NOW - 10,
+        ),
+        *fill(worker, "a", [2, 2, 2], "a"),
+        replace(
+            job("p0", "c", 2, worker=worker, indices=(6, 7)),
+            status=Status.RESERVED,
+            started_at=None,
+            reserved_at=NOW - 10,
+            victims_deadline=NOW + 600,
+        ),
+        job("c0", "c", 2, worker=worker, indices=(8, 9), started=NOW - 500),
+        job("c1", "c", 2, worker=worker, indices=(10, 11), started=NOW - 400),
+    ]
+    pools = pools_of(a=PoolSettings(weight=3), b=PoolSettings(), c=PoolSettings(weight=2))
+    cluster = Cluster.of([worker], pools, [*holding, job("b0", "b", 2)], {"b": below_for(100)})
+    fair = cluster.fair_state()
+    assert fair.shares.pools["a"].fair_share * 12 == pytest.approx(6)
+    assert fair.starvation["b"].status == Starvation.STARVING
+    assert cluster.plan(fair).preemptions == ()
+
+
 def _aggressive_case(enable: bool, allow: bool, starving_for: float = 200.0) -> tuple[Cluster, list[Cycle]]:
     """12 GPUs: a holds 4 (its fair share: every allocation non- or aggressively preemptible), c,
     sensitive, holds 8; b waits for one GPU."""
@@ -510,7 +541,7 @@ def _usage(jobs: Mapping[str, Job], path: str, total: Resources, own_only: bool 
     held = Resources()
     for one in jobs.values():
         inside = one.spec.pool == path if own_only else is_within(one.spec.pool, path)
-        if one.status == Status.RUNNING and inside:
+        if one.status in (Status.RUNNING, Status.RESERVED) and inside:  # (preempting: leaving)
             held = held + one.spec.resources
     return fairshare.share_of(held, total)
 
@@ -538,6 +569,20 @@ def test_fair_share_moves_are_sound_with_guarantees_and_aggressive_starvation(se
     _check_moves([cluster.cycle() for _ in range(CYCLES)], cluster.total)
 
 
+@pytest.mark.parametrize("seed", range(100))
+def test_fair_share_is_stable_while_victims_take_cycles_to_stop(seed: int) -> None:
+    """The same as ``test_fair_share_is_stable_over_random_pool_trees_and_loads`` with victims
+    that take three cycles to stop (a checkpoint, a grace): meanwhile they still count for
+    their pools and their preemptors are reserved on their room."""
+    cluster = _random_cluster(seed)
+    cluster.stop_cycles = 3
+    cycles = [cluster.cycle() for _ in range(CYCLES)]
+    moves = _check_moves(cycles, cluster.total)
+    for taker, giver in moves:
+        assert (giver, taker) not in moves, f"{taker} and {giver} take from each other in turn"
+    assert preempted(cycles[-QUIET:]) == [], "the cluster settles: re-planning preempts nothing"
+
+
 def _check_moves(cycles: list[Cycle], total: Resources) -> set[tuple[str, str]]:
     """Every fair-share victim is taken for a starving pool below its fair share that it is not
     inside of, from a pool not below its own (but in the aggressive stage); its pool keeps
@@ -561,9 +606,15 @@ def _check_moves(cycles: list[Cycle], total: Resources) -> set[tuple[str, str]]:
             for victim in found.victims:
                 for job_id in victim.job_ids:
                     later[job_id] = set(others)
+        status = {path: cycle.fair.starvation.get(path, StarvationState()).status for path in shares}
+        # pools the aggressive stage takes from this cycle: they may go down to its threshold
+        aggressively_taken = {
+            victim_pool
+            for _, victim_pool, preemptor_pool in cycle.fair_share_victims()
+            if any(status[path] == Starvation.AGGRESSIVELY_STARVING for path in _path(preemptor_pool))
+        }
         for job_id, victim_pool, preemptor_pool in cycle.fair_share_victims():
             other_victims = later[job_id]
-            status = {path: cycle.fair.starvation.get(path, StarvationState()).status for path in shares}
             beneficiaries = [
                 path
                 for path in _path(preemptor_pool)
@@ -584,7 +635,8 @@ def _check_moves(cycles: list[Cycle], total: Resources) -> set[tuple[str, str]]:
             kept = fairshare.dominant(_usage(cycle.after, victim_pool, total, own_only=True))
             if not any(cycle.before[other].spec.pool == victim_pool for other in other_victims):
                 # (a priority victim may take it lower: that is no fair-share preemption)
-                assert kept >= (0.2 if aggressive else 1.0) * own.fair_share - 1e-9, (
+                threshold = 0.2 if victim_pool in aggressively_taken else 1.0
+                assert kept >= threshold * own.fair_share - 1e-9, (
                     f"{job_id}: {victim_pool} left under its threshold"
                 )
             moves.add((preemptor_pool, victim_pool))
@@ -592,8 +644,10 @@ def _check_moves(cycles: list[Cycle], total: Resources) -> set[tuple[str, str]]:
                 continue  # the aggressive stage may take a pool below its share (B.6), not below 0.2 of it
             common = [path for path in _path(victim_pool) if is_within(preemptor_pool, path)]
             for path in _path(victim_pool)[len(common) :]:
-                if shares[path].below or any(
-                    is_within(cycle.before[other].spec.pool, path) for other in other_victims
+                if (
+                    shares[path].below
+                    or any(is_within(cycle.before[other].spec.pool, path) for other in other_victims)
+                    or any(is_within(pool, path) for pool in aggressively_taken)
                 ):
                     continue
                 after = _usage(cycle.after, path, total)
