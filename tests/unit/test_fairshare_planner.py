@@ -461,6 +461,35 @@ def test_aggressive_starvation_swaps_two_pools_that_cannot_both_reach_tolerance(
     assert preempted(cycles[1:]) == [], "then nothing moves"
 
 
+def test_a_child_waiting_takes_from_its_parents_own_jobs_over_their_share() -> None:
+    """The control of the next case: t/x starving takes from t's own jobs (4 of their 2)."""
+    w0, w1 = workers(2, gpus=4)
+    holding = fill(w0, "o", [1] * 4, "o") + fill(w1, "t", [1] * 4, "t", start=NOW - 500)
+    pools = pools_of(t=PoolSettings(), t__x=PoolSettings(), o=PoolSettings())
+    cluster = Cluster.of(
+        [w0, w1], pools, [*holding, job("x0", "t/x", 1), job("x1", "t/x", 1)], {"t/x": below_for(100)}
+    )
+    assert victims(run(cluster, 30)) == ["t3", "t2"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="starvation is kept per pool (its whole subtree) only: the own jobs of a pool with"
+    " children have a fair share but no timer, so they never preempt a child over its share"
+    " (the other way round works)",
+)
+def test_a_pools_own_jobs_waiting_take_from_a_child_over_its_share() -> None:
+    w0, w1 = workers(2, gpus=4)
+    holding = fill(w0, "o", [1] * 4, "o") + fill(w1, "t/x", [1] * 4, "x", start=NOW - 500)
+    pools = pools_of(t=PoolSettings(), t__x=PoolSettings(), o=PoolSettings())
+    cluster = Cluster.of([w0, w1], pools, [*holding, job("t0", "t", 1), job("t1", "t", 1)])
+    cycles = run(cluster, 30)
+    own = cycles[0].fair.shares.own
+    assert own["t"].fair_share * 8 == pytest.approx(2) and own["t"].below
+    assert own["t/x"].fair_share * 8 == pytest.approx(2)
+    assert victims(cycles) == ["x3", "x2"]
+
+
 # --- stability over random pool trees and loads ------------------------------------------------
 
 #: cycles of each run: 45 x 6 s = 270 s, past the 30 s and 120 s timers with room to settle
