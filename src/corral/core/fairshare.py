@@ -372,6 +372,8 @@ class Books:
     def __init__(self, state: FairShareState, placed: Iterable[tuple[str, Resources]] = ()) -> None:
         self.state = state
         self.usage = {path: share.usage for path, share in state.shares.pools.items()}
+        #: the same for each pool's own jobs (``FairShares.own``)
+        self.own = {path: share.usage for path, share in state.shares.own.items()}
         for pool, resources in placed:
             self.add(pool, resources)
 
@@ -381,6 +383,8 @@ class Books:
         for path in [*ancestors(pool), pool]:
             if path in self.usage:
                 self.usage[path] = _plus(self.usage[path], moved)
+        if pool in self.own:
+            self.own[pool] = _plus(self.own[pool], moved)
 
     def below(self, path: str) -> bool:
         share = self.state.shares.pools.get(path)
@@ -414,12 +418,17 @@ class Books:
         """Whether an allocation of ``victim_pool`` (``taking``: its resources) may be preempted for
         ``beneficiary``: no pool on the way up from it to their common ancestor is starving or is
         left under its satisfaction threshold once it has gone (``thresholds``: aggressive,
-        regular; the aggressive one where the stage is and the pool allows aggressive preemption).
-        Taking from inside the beneficiary would not help it."""
+        regular; the aggressive one where the stage is and the pool allows aggressive preemption),
+        nor are the victim pool's own jobs (also when the move stays inside that pool: from its
+        own jobs to a child). Taking from inside the beneficiary would not help it."""
         if is_within(victim_pool, beneficiary):
             return False
-        aggressive_threshold, threshold = thresholds
         gone = _scaled(share_of(taking or Resources(), self.state.shares.total), -1)
+        own = self.state.shares.own.get(victim_pool)
+        if own is not None and own.fair_share > 0 and victim_pool in self.own:
+            bound = self._bound(victim_pool, aggressive, thresholds)
+            if dominant(_plus(self.own[victim_pool], gone)) < bound * own.fair_share * (1 - _EPSILON):
+                return False
         for path in reversed([*ancestors(victim_pool), victim_pool]):
             if is_within(beneficiary, path):
                 break  # the common ancestor: the move stays inside it
@@ -428,12 +437,17 @@ class Books:
             share = self.state.shares.pools.get(path)
             if share is None or share.fair_share <= 0:
                 continue
-            pool = self.state.pools.get(path)
-            allows = pool is None or pool.allow_aggressive_preemption
-            bound = aggressive_threshold if aggressive and allows else threshold
+            bound = self._bound(path, aggressive, thresholds)
             if dominant(_plus(self.usage[path], gone)) < bound * share.fair_share * (1 - _EPSILON):
                 return False
         return True
+
+    def _bound(self, path: str, aggressive: bool, thresholds: tuple[float, float]) -> float:
+        """The satisfaction threshold that protects ``path``: the aggressive one where the stage is
+        and the pool allows aggressive preemption."""
+        pool = self.state.pools.get(path)
+        allows = pool is None or pool.allow_aggressive_preemption
+        return thresholds[0] if aggressive and allows else thresholds[1]
 
     def describe(self, path: str) -> str:
         return describe(path, self.state)

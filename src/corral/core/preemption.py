@@ -560,11 +560,11 @@ class _Planner:
         for unit in chosen:
             if self._reason(unit, first, trigger) != "fair_share":
                 continue
-            saved = dict(self.books.usage)
+            saved = dict(self.books.usage), dict(self.books.own)
             for job in (job for other in chosen if other is not unit for job in other.jobs):
                 self.books.add(job.spec.pool, job.spec.resources, sign=-1)
             holds = self._fair_victim(unit, trigger)
-            self.books.usage = saved
+            self.books.usage, self.books.own = saved
             if not holds:
                 return False
         return True
