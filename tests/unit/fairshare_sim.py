@@ -29,12 +29,13 @@ def job(
     worker: Worker | None = None,
     indices: Iterable[int] = (),
     started: float | None = None,
+    cpus: int = 0,
     **fields: Any,
 ) -> Job:
     """A running job when ``worker`` is given, else a pending one."""
     spec = JobSpec(
         command="true",
-        resources=Resources(gpus=gpus),
+        resources=Resources(gpus=gpus, cpus=cpus),
         preemption_class=cls,
         pool=pool,
         **fields,
