@@ -525,8 +525,8 @@ def test_a_pools_own_jobs_waiting_take_from_a_child_over_its_share() -> None:
 
 # --- stability over random pool trees and loads ------------------------------------------------
 
-#: cycles of each run: 45 x 6 s = 270 s, past the 30 s and 120 s timers with room to settle
-CYCLES = 45
+#: cycles of each run: 40 x 6 s = 240 s, past the 30 s and 120 s timers with room to settle
+CYCLES = 40
 #: the last cycles of a run, in which nothing moves any more
 QUIET = 8
 
