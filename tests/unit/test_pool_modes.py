@@ -29,15 +29,28 @@ def job(job_id: str, user: str, cls: int, submitted: float, **fields: object) ->
     return Job(id=job_id, spec=spec, submitted_at=submitted, **fields)  # type: ignore[arg-type]
 
 
+def running(job_id: str, user: str, cls: int, gpu: int, started_at: float) -> Job:
+    return job(
+        job_id,
+        user,
+        cls,
+        0.0,
+        status=Status.RUNNING,
+        worker_id="w1",
+        gpu_indices=(gpu,),
+        started_at=started_at,
+    )
+
+
 @pytest.mark.parametrize(("mode", "first"), [("fair_share", "j-bob"), ("fifo", "j-alice")])
 def test_the_one_gpu_a_preemption_frees_goes_to_the_modes_first_job(mode: str, first: str) -> None:
     worker = gpu_worker(gpus=3, worker_id="w1")
     # alice already holds two of the pool's GPUs, bob none; alice's waiting job is older
     holding = (
-        job("j-alice-1", "alice", 5, 0.0, status=Status.RUNNING, worker_id="w1", gpu_indices=(0,), started_at=1.0),
-        job("j-alice-2", "alice", 5, 0.0, status=Status.RUNNING, worker_id="w1", gpu_indices=(1,), started_at=1.0),
-        job("j-low", "carol", 1, 0.0, status=Status.RUNNING, worker_id="w1", gpu_indices=(2,), started_at=NOW - 60),
-    )  # fmt: skip
+        running("j-alice-1", "alice", 5, 0, started_at=1.0),
+        running("j-alice-2", "alice", 5, 1, started_at=1.0),
+        running("j-low", "carol", 1, 2, started_at=NOW - 60),
+    )
     waiting = (job("j-alice", "alice", 5, NOW - 50), job("j-bob", "bob", 5, NOW - 10))
     planned = plan(
         PlanInputs(

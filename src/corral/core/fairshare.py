@@ -190,6 +190,13 @@ def _sum_up(node: _Node) -> None:
         node.usage, node.demand = _plus(node.usage, child.usage), _plus(node.demand, child.demand)
 
 
+def _within(demand: Share, limits: Share) -> float:
+    """The largest dominant share of ``demand``'s shape within ``limits`` on every resource (a
+    resource left unlimited is a share of 1 and must not lift the cap of a limited one)."""
+    peak = dominant(demand)
+    return min([peak, *(peak * limits[index] / demand[index] for index in range(3) if demand[index] > 0)])
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One child's terms in the water-filling: its weight, its guarantee and its cap (dominant)."""
@@ -212,7 +219,7 @@ def _distribute(
     for node in nodes:
         upper = dominant(node.demand)
         if node.pool.limits is not None:
-            upper = min(upper, dominant(share_of(node.pool.limits, total)))
+            upper = min(upper, _within(node.demand, share_of(node.pool.limits, total)))
         lower = min(dominant(share_of(node.pool.guarantee, total)), upper)
         claims.append(Claim(max(node.pool.weight, 1e-9), lower, upper))
     for node, fair_share in zip(nodes, water_fill(claims, given), strict=True):
@@ -368,8 +375,10 @@ class Books:
     def __init__(self, state: FairShareState, placed: Iterable[tuple[str, Resources]] = ()) -> None:
         self.state = state
         self.usage = {path: share.usage for path, share in state.shares.pools.items()}
+        #: the same for each pool's own jobs (``FairShares.own``)
+        self.own = {path: share.usage for path, share in state.shares.own.items()}
         #: ``may_take_from``'s answers since the usage last moved
-        self._allowed: dict[tuple[str, str, bool], bool] = {}
+        self._allowed: dict[tuple[str, str, bool, Resources | None], bool] = {}
         for pool, resources in placed:
             self.add(pool, resources)
 
@@ -380,6 +389,8 @@ class Books:
         for path in [*ancestors(pool), pool]:
             if path in self.usage:
                 self.usage[path] = _plus(self.usage[path], moved)
+        if pool in self.own:
+            self.own[pool] = _plus(self.own[pool], moved)
 
     def below(self, path: str) -> bool:
         share = self.state.shares.pools.get(path)
@@ -403,26 +414,44 @@ class Books:
         return None
 
     def may_take_from(
-        self, victim_pool: str, beneficiary: str, aggressive: bool, thresholds: tuple[float, float]
+        self,
+        victim_pool: str,
+        beneficiary: str,
+        aggressive: bool,
+        thresholds: tuple[float, float],
+        taking: Resources | None = None,
     ) -> bool:
-        """Whether an allocation of ``victim_pool`` may be preempted for ``beneficiary``: no pool on
-        the way up from it to their common ancestor is starving or under its satisfaction
-        threshold (``thresholds``: aggressive, regular; the aggressive one where the stage is and
-        the pool allows aggressive preemption). Taking from inside the beneficiary would not help it."""
-        key = (victim_pool, beneficiary, aggressive)
+        """Whether an allocation of ``victim_pool`` (``taking``: its resources) may be preempted for
+        ``beneficiary``: no pool on the way up from it to their common ancestor is starving or is
+        left under its satisfaction threshold once it has gone (``thresholds``: aggressive,
+        regular; the aggressive one where the stage is and the pool allows aggressive preemption),
+        nor are the victim pool's own jobs (also when the move stays inside that pool: from its
+        own jobs to a child). Taking from inside the beneficiary would not help it. The answers
+        are kept until the usage moves (many units of one pool are judged in a cycle)."""
+        key = (victim_pool, beneficiary, aggressive, taking)
         allowed = self._allowed.get(key)
         if allowed is None:
             allowed = self._allowed[key] = self._may_take_from(
-                victim_pool, beneficiary, aggressive, thresholds
+                victim_pool, beneficiary, aggressive, thresholds, taking
             )
         return allowed
 
     def _may_take_from(
-        self, victim_pool: str, beneficiary: str, aggressive: bool, thresholds: tuple[float, float]
+        self,
+        victim_pool: str,
+        beneficiary: str,
+        aggressive: bool,
+        thresholds: tuple[float, float],
+        taking: Resources | None,
     ) -> bool:
         if is_within(victim_pool, beneficiary):
             return False
-        aggressive_threshold, threshold = thresholds
+        gone = _scaled(share_of(taking or Resources(), self.state.shares.total), -1)
+        own = self.state.shares.own.get(victim_pool)
+        if own is not None and own.fair_share > 0 and victim_pool in self.own:
+            bound = self._bound(victim_pool, aggressive, thresholds)
+            if dominant(_plus(self.own[victim_pool], gone)) < bound * own.fair_share * (1 - _EPSILON):
+                return False
         for path in reversed([*ancestors(victim_pool), victim_pool]):
             if is_within(beneficiary, path):
                 break  # the common ancestor: the move stays inside it
@@ -431,12 +460,17 @@ class Books:
             share = self.state.shares.pools.get(path)
             if share is None or share.fair_share <= 0:
                 continue
-            pool = self.state.pools.get(path)
-            allows = pool is None or pool.allow_aggressive_preemption
-            bound = aggressive_threshold if aggressive and allows else threshold
-            if dominant(self.usage[path]) < bound * share.fair_share * (1 - _EPSILON):
+            bound = self._bound(path, aggressive, thresholds)
+            if dominant(_plus(self.usage[path], gone)) < bound * share.fair_share * (1 - _EPSILON):
                 return False
         return True
+
+    def _bound(self, path: str, aggressive: bool, thresholds: tuple[float, float]) -> float:
+        """The satisfaction threshold that protects ``path``: the aggressive one where the stage is
+        and the pool allows aggressive preemption."""
+        pool = self.state.pools.get(path)
+        allows = pool is None or pool.allow_aggressive_preemption
+        return thresholds[0] if aggressive and allows else thresholds[1]
 
     def describe(self, path: str) -> str:
         return describe(path, self.state)

@@ -444,6 +444,9 @@ class _Planner:
                 for allocation in inputs.extra
             ]
             self.books = fairshare.Books(inputs.fair, placed)
+            for job in inputs.holding:  # being stopped: counted by their pools, and leaving them
+                if job.status == Status.PREEMPTING:
+                    self.books.add(job.spec.pool, job.spec.resources, sign=-1)
             _group_units(units, inputs)
         for unit in units:
             for worker_id in unit.frees:
@@ -519,7 +522,8 @@ class _Planner:
                 )
             return None
         shape = self._shape(preemptor.first, eligible, trigger)
-        if shape.failed_size is not None and size >= shape.failed_size:
+        failed = shape.failed_sizes.get(trigger.beneficiary)
+        if failed is not None and size >= failed:
             # Within a cycle room only shrinks: what failed for this shape fails again.
             return self._no_set(preemptor, eligible, trigger)
         chosen: list[_Unit] = []
@@ -571,7 +575,7 @@ class _Planner:
                 if relative is not None:
                     heappush(local, (relative.key, next(self.sequence), relative))
         if missing > 0:
-            shape.failed_size = min(size, shape.failed_size or size)
+            shape.failed_sizes[trigger.beneficiary] = min(size, failed or size)
         found = self._finish(preemptor, chosen, room, missing, eligible, trigger, examined)
         for entry in popped:  # still good for the next preemptor of this shape, unless spent
             if entry[2].worker_id not in self.backoff:
@@ -597,11 +601,31 @@ class _Planner:
         if placements is None:  # the put-back left less than it counted: cannot happen
             return self._no_set(preemptor, eligible, trigger, examined)
         first = preemptor.first
+        if not self._fair_set_holds(chosen, first, trigger):
+            return self._no_set(preemptor, eligible, trigger, examined)
         pool = self.inputs.pools.get(first.spec.pool)
         sensitive = pool is not None and pool.kind == "sensitive"
         if borrowing.unreclaimable(first, sensitive) and not self._may_borrow(preemptor, chosen):
             return borrowing.refusal(first, request.gpus * size)
         return self._commit(preemptor, chosen, placements, trigger)
+
+    def _fair_set_holds(self, chosen: Sequence[_Unit], first: Job, trigger: _Trigger) -> bool:
+        """Every fair-share victim of the set may still be taken once the rest of the set has gone
+        too: each unit was a candidate against the books on its own, and two from under one pool
+        may leave it below its fair share together."""
+        if self.books is None or trigger.beneficiary is None:
+            return True
+        for unit in chosen:
+            if self._reason(unit, first, trigger) != "fair_share":
+                continue
+            saved = dict(self.books.usage), dict(self.books.own)
+            for job in (job for other in chosen if other is not unit for job in other.jobs):
+                self.books.add(job.spec.pool, job.spec.resources, sign=-1)
+            holds = self._fair_victim(unit, trigger)
+            self.books.usage, self.books.own = saved
+            if not holds:
+                return False
+        return True
 
     def _may_borrow(self, preemptor: Preemptor, victims: Sequence[_Unit]) -> bool:
         """``borrowing.may_place`` for a preemptor, on the cluster as it would be once ``victims``
@@ -694,12 +718,20 @@ class _Planner:
         return room
 
     def _reclaims(self, first: Job, size: int) -> bool:
-        """P's pool is below its guarantee even with P running: it may reclaim borrowed capacity."""
+        """P's pool is below its guarantee even with P running: it may reclaim borrowed capacity.
+        A guarantee counts up to the pool's fair share only: guarantees that add up to more than
+        their parent's share are scaled down by fair share, and reclaiming past that would hand
+        the GPUs to a pool that fair share then takes them back from, cycle after cycle."""
         pool = self.inputs.pools.get(first.spec.pool)
         if pool is None or pool.guarantee.gpus <= 0:
             return False
+        guaranteed: float = pool.guarantee.gpus
+        fair = self.inputs.fair
+        share = fair.shares.pools.get(first.spec.pool) if fair is not None else None
+        if fair is not None and share is not None:
+            guaranteed = min(guaranteed, share.fair[0] * fair.shares.total.gpus * (1 + 1e-9))
         wanted = self.guarantees.held.get(first.spec.pool, 0) + first.spec.resources.gpus * size
-        return wanted <= pool.guarantee.gpus
+        return wanted <= guaranteed
 
     def _reason(self, unit: _Unit, first: Job, trigger: _Trigger) -> str | None:
         """The trigger under which ``unit`` may be taken for ``first`` ("priority", "reclaim",
@@ -725,7 +757,8 @@ class _Planner:
         if unit.group < wanted or self.books is None or trigger.beneficiary is None:
             return False
         thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
-        return self.books.may_take_from(unit.pool, trigger.beneficiary, trigger.aggressive, thresholds)
+        held = sum((job.spec.resources for job in unit.jobs), ZERO)
+        return self.books.may_take_from(unit.pool, trigger.beneficiary, trigger.aggressive, thresholds, held)
 
     def bounds(self, gpus: int) -> list[tuple[int, float, int, str]]:
         """Every worker with units, by a lower bound of the key of any victim set there for a task
@@ -992,7 +1025,8 @@ class _Shape:
         self.next_bound = 0
         self.ready: list[_Entry] = []
         #: the smallest preemptor of this shape (in tasks) no victim set was found for
-        self.failed_size: int | None = None
+        #: per pool preempted for (a starving pool's may take what another's may not)
+        self.failed_sizes: dict[str | None, int] = {}
 
     def best(self, planner: _Planner) -> tuple[tuple[int, float, int, str], int, _WorkerSet] | None:
         """The best set there is, left at the top of ``ready`` (None when there is none)."""
@@ -1103,6 +1137,8 @@ def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
     assert inputs.fair is not None
     allocations: dict[str, tuple[str, float, Resources]] = {}
     for job in inputs.holding:
+        if job.status == Status.PREEMPTING:
+            continue  # leaving: what stays of its pool is what the prefix counts
         key = job.gang_id or job.id
         started = job.started_at or job.reserved_at or inputs.now
         pool, since, held = allocations.get(key, (job.spec.pool, started, ZERO))
