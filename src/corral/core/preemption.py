@@ -274,6 +274,8 @@ class _Unit:
     #: worker id -> what the unit frees there (resources, GPU indices)
     frees: dict[str, tuple[Resources, tuple[int, ...]]]
     borrowed: bool
+    #: what its jobs hold, all together
+    held: Resources = ZERO
     #: its group for fair share (``fairshare.preemptible_units``)
     group: fairshare.Group = fairshare.Group.NON_PREEMPTIBLE
 
@@ -757,8 +759,9 @@ class _Planner:
         if unit.group < wanted or self.books is None or trigger.beneficiary is None:
             return False
         thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
-        held = sum((job.spec.resources for job in unit.jobs), ZERO)
-        return self.books.may_take_from(unit.pool, trigger.beneficiary, trigger.aggressive, thresholds, held)
+        return self.books.may_take_from(
+            unit.pool, trigger.beneficiary, trigger.aggressive, thresholds, unit.held
+        )
 
     def bounds(self, gpus: int) -> list[tuple[int, float, int, str]]:
         """Every worker with units, by a lower bound of the key of any victim set there for a task
@@ -1082,6 +1085,7 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             pool=job.spec.pool,
             frees={job.worker_id or "": (job.spec.resources, job.gpu_indices)},
             borrowed=job.id in borrowed,
+            held=job.spec.resources,
         )
     for key, jobs in gangs.items():
         first = jobs[0]
@@ -1109,6 +1113,7 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             pool=first.spec.pool,
             frees=frees,
             borrowed=any(job.id in borrowed for job in jobs),
+            held=sum((job.spec.resources for job in jobs), ZERO),
         )
     return units
 
