@@ -413,8 +413,11 @@ class _Cluster:
         self.whole = _Index(size)
         self.held_slots: list[_Slot] = []
         self.held_orders: set[int] = set()
-        #: per GPU count asked, the tasks held workers add when seen whole (``room_bound``)
+        #: per GPU count asked, the tasks held workers add when seen whole (``room_bound``), kept
+        #: up to date as held workers change (``_reindex``) rather than summed again each time
         self._held_extra: dict[int, int] = {}
+        #: per held worker (by order), its free GPUs whole and as ``view`` sees them, floored at 0
+        self._held_gpus: dict[int, tuple[int, int]] = {}
         for slot in slots:
             self.view.put(slot.order, *slot.view())
 
@@ -422,7 +425,10 @@ class _Cluster:
         self.view.put(slot.order, *slot.view())
         if slot.held is not None:
             self.whole.put(slot.order, slot.gpus, slot.cpus, slot.memory)
-            self._held_extra.clear()
+            old = self._held_gpus.get(slot.order, (0, 0))
+            new = self._held_gpus[slot.order] = (max(0, slot.gpus), max(0, slot.view()[0]))
+            for want in self._held_extra:
+                self._held_extra[want] += _held_tasks(new, want) - _held_tasks(old, want)
 
     def hold(self, slot: _Slot, held: Resources) -> None:
         slot.held = held
@@ -458,7 +464,7 @@ class _Cluster:
             extra = self._held_extra.get(want)
             if extra is None:
                 extra = self._held_extra[want] = sum(
-                    max(0, slot.gpus) // want - max(0, slot.view()[0]) // want for slot in self.held_slots
+                    _held_tasks(gpus, want) for gpus in self._held_gpus.values()
                 )
             bound += extra
         return bound
@@ -501,6 +507,11 @@ class _Cluster:
         for slot, taken in reversed(placed):
             self._give_back(slot, request, taken)
         return (placed if len(placed) == size else None), room
+
+
+def _held_tasks(gpus: tuple[int, int], want: int) -> int:
+    """The tasks of ``want`` GPUs a held worker adds when seen whole: (whole, view) free GPUs."""
+    return gpus[0] // want - gpus[1] // want
 
 
 @dataclass(frozen=True, slots=True)
