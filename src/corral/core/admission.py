@@ -180,7 +180,7 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
             continue
         eligible = shapes.eligible(request, constraints)
         backfill = head is not None and may_backfill(gang.tasks[0], head.holds, now)
-        placed, room = cluster.attempt(request, size, eligible, backfill, commit=True)
+        placed, room = cluster.attempt(request, size, eligible, backfill)
         if placed is not None:
             guarantees.take(spec.pool, request.gpus * size)
             tasks = sorted(gang.tasks, key=lambda task: (task.gang_index or 0, task.id))
@@ -220,7 +220,7 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
                 )
             )
             continue
-        if not backfill and cluster.attempt(request, size, eligible, True, commit=False)[0] is not None:
+        if not backfill and cluster.fits(request, size, eligible, backfill=True):
             waiting.append(
                 Waiting(gang.gang_id, held_reason(head.gang_id, head.expected_at, spec.walltime_s, now))
             )
@@ -400,6 +400,39 @@ class _Index:
                 return have, entry_cpus, entry_memory, order
         return None
 
+    def count(
+        self, request: Resources, eligible: list[bool] | None, passed: AbstractSet[int], enough: int
+    ) -> int:
+        """Tasks of ``request`` the filed workers that ``first`` may return hold in all, each
+        worker as many as its free capacity holds (a countable request, ``_countable``); it stops
+        once the total reaches ``enough``."""
+        gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
+        probe = (cpus, _FLOOR, _FLOOR)
+        total = 0
+        for have in range(gpus, len(self.buckets)):
+            bucket = self.buckets[have]
+            for at in range(bisect_left(bucket, probe), len(bucket)):
+                entry_cpus, entry_memory, order = bucket[at]
+                if entry_memory < memory or (eligible is not None and not eligible[order]):
+                    continue
+                if order in passed:
+                    continue
+                total += _tasks_within(have, entry_cpus, entry_memory, request)
+                if total >= enough:
+                    return total
+        return total
+
+
+def _tasks_within(gpus: int, cpus: int, memory: int, request: Resources) -> int:
+    """Tasks of a countable ``request`` that free (GPUs, CPUs, memory) holds, each at least
+    the request (``_Index.first``'s filter)."""
+    counts = [
+        have // want
+        for have, want in ((gpus, request.gpus), (cpus, request.cpus), (memory, request.memory_mb))
+        if want > 0
+    ]
+    return min(counts)
+
 
 class _Cluster:
     """Every active worker's free capacity, indexed for best fit (``_Index``): ``view`` files every
@@ -483,14 +516,18 @@ class _Cluster:
         return None if found is None else self.slots[found[3]]
 
     def attempt(
-        self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool, commit: bool
+        self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool
     ) -> tuple[list[Take] | None, _Room]:
-        """Speculate: place ``size`` tasks one by one; keep the takes only if all fit and ``commit``.
-        Returns the takes (None when the gang does not fit, or when not committing) and the room
-        found (exact after a search, an upper bound when the cheap bound turned the gang away)."""
+        """Speculate: place ``size`` tasks one by one; keep the takes only if all fit.
+        Returns the takes (None when the gang does not fit) and the room found (exact after a
+        search or a count, an upper bound when the cheap bound turned the gang away)."""
         bound = self.room_bound(request, backfill)
         if bound is not None and bound < size:
             return None, _Room(bound, exact=False)
+        if _countable(request):
+            counted = self.count(request, eligible, backfill, size)
+            if counted < size:  # what the search would place before it gave up, and give back
+                return None, _Room(counted, exact=True)
         spread = request == Resources()  # asks for nothing: one task per worker
         placed: list[Take] = []
         used: set[int] = set()
@@ -502,11 +539,43 @@ class _Cluster:
             if spread:
                 used.add(slot.order)
         room = _Room(len(placed), exact=True)
-        if len(placed) == size and commit:
+        if len(placed) == size:
             return placed, room
         for slot, taken in reversed(placed):
             self._give_back(slot, request, taken)
-        return (placed if len(placed) == size else None), room
+        return None, room
+
+    def fits(self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool) -> bool:
+        """Whether ``attempt`` would place all ``size`` tasks, without placing them."""
+        bound = self.room_bound(request, backfill)
+        if bound is not None and bound < size:
+            return False
+        if _countable(request):
+            return self.count(request, eligible, backfill, size) >= size
+        placed, _ = self.attempt(request, size, eligible, backfill)
+        if placed is None:
+            return False
+        for slot, taken in reversed(placed):
+            self._give_back(slot, request, taken)
+        return True
+
+    def count(self, request: Resources, eligible: list[bool] | None, backfill: bool, enough: int) -> int:
+        """How many tasks of ``request`` the search of ``attempt`` places before it gives up,
+        counted without placing them; it stops once the count reaches ``enough`` (the value is
+        then at least that). Every task of a gang asks the same and a take on a worker changes no
+        other worker, so the search, whatever its order, places on each worker the tasks that fit
+        in its free capacity (``_Index.count``), on the workers ``best`` sees: with ``backfill``
+        the held ones whole, the others as ``view`` files them."""
+        found = self.view.count(request, eligible, self.held_orders if backfill else _NOBODY, enough)
+        if backfill and self.held_slots and found < enough:
+            found += self.whole.count(request, eligible, _NOBODY, enough - found)
+        return found
+
+
+def _countable(request: Resources) -> bool:
+    """A request whose tasks use up a worker (``_Cluster.count``): one asking for nothing is
+    spread one per worker instead, and one asking for VRAM alone would stack without end."""
+    return request.gpus > 0 or request.cpus > 0 or request.memory_mb > 0
 
 
 def _held_tasks(gpus: tuple[int, int], want: int) -> int:
