@@ -334,22 +334,22 @@ def _slots(
             on.append(allocation)
     idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
     slots = []
+    preempting = Status.PREEMPTING
     for order, worker in enumerate(active):
         key = (worker.resources, worker.unhealthy_gpus)
         empty = idle.get(key)
         if empty is None:
             empty = idle[key] = free_capacity(worker, ())
         held = by_worker[worker.id]
-        holding: list[Holding] = [
-            (
-                allocation.resources,
-                now if allocation.status == Status.PREEMPTING else expected_ends.get(allocation.job_id),
-                allocation.job_id,
-            )
-            for allocation in held
-        ]
-        free = free_capacity(worker, held) if held else empty
-        slots.append(_Slot(order, worker, free, empty.free, holding))
+        if not held:
+            slots.append(_Slot(order, worker, empty, empty.free, []))
+            continue
+        holding: list[Holding] = []
+        for allocation in held:
+            job_id = allocation.job_id
+            end = now if allocation.status == preempting else expected_ends.get(job_id)
+            holding.append((allocation.resources, end, job_id))
+        slots.append(_Slot(order, worker, free_capacity(worker, held), empty.free, holding))
     return slots
 
 
