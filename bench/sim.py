@@ -104,7 +104,8 @@ def main() -> int:
             print(
                 f"{name:>7}: stopped after {wall:.0f} s at simulated {stop.fraction:.1%} of the arrivals,"
                 f" {done} of {len(scenario.workload.jobs)} jobs done ({done / wall:.0f} jobs/s so far),"
-                f" {run.record.cycles} cycles run, {run.record.cycles_skipped} skipped"
+                f" {run.record.cycles} cycles run{_planner_skips(run.record, name)},"
+                f" {run.record.cycles_skipped} skipped"
             )
             print("         time: " + _breakdown(spent, wall))
             continue
@@ -117,7 +118,7 @@ def main() -> int:
         verdict = "meets" if wall < target else "MISSES"
         print(
             f"{name:>7}: {wall:7.1f} s  {jobs / wall:8.0f} jobs/s  {record.events} events,"
-            f" {record.cycles} cycles run ({record.plans_skipped} without the planner),"
+            f" {record.cycles} cycles run{_planner_skips(record, name)},"
             f" {record.cycles_skipped} skipped  ({verdict} the {target:.0f} s target)"
         )
         print("         time: " + _breakdown(spent, wall))
@@ -172,6 +173,11 @@ def _timed() -> dict[str, float]:
 
         setattr(owner, attribute, wrapper)
     return spent
+
+
+def _planner_skips(record: engine.Record, policy: str) -> str:
+    """How many cycles ran without the planner (``corral.sim.shortcuts``), for a policy that has one."""
+    return f" ({record.plans_skipped} without the planner)" if POLICIES[policy].preemption else ""
 
 
 def _breakdown(spent: dict[str, float], wall: float) -> str:

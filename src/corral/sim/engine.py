@@ -15,7 +15,9 @@ loop applies them.
 A tick on a state that has not changed since a tick that decided nothing decides nothing again
 (the cycle is a pure function of the snapshot), unless time itself can change its answer: a
 reservation that may go stale, a per-worker preemption backoff that has run out. Such ticks are
-skipped; nothing else is.
+skipped; nothing else is. A cycle in which the preemption planner provably decides no preemption
+(``corral.sim.shortcuts``) runs ``admission.decide`` without it: the decisions applied are the same
+(``verify_shortcuts`` checks it), only the waiting reasons, which the engine does not read, differ.
 """
 
 from __future__ import annotations
