@@ -538,8 +538,12 @@ class Engine:
         reported = self._reported
         holding = tuple(reported(self.holding[job_id]) for job_id in self.holding_ids)
         pending: tuple[Job, ...] = ()
-        running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
-        if self.preemption_settings is not None and running:
+        running = (
+            [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
+            if self.preemption_settings is not None  # only the planner reads preemptors
+            else []
+        )
+        if running:
             lowest = min(running)
             jobs = (self.jobs[job_id] for _, job_id in self.pending)
             pending = tuple(
