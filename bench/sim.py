@@ -8,9 +8,11 @@ Cases (``--case``):
   ``--workers`` (2,000) x 8 GPUs with gangs and ``--pools`` (50) pools; target < 10 minutes;
 - ``small``: the synthetic workload at 2,000 jobs on 64 workers (what CI runs).
 
-Prints per policy: wall time, simulated jobs per second, events, admission cycles run and skipped,
-and, with ``--profile``, the top functions by cumulative time (the share spent in ``corral.core``
-is what the production core costs; the rest is the engine). Then the machine block.
+Prints per policy: wall time, simulated jobs per second, events, admission cycles run and skipped
+(and those run without the preemption planner, ``corral.sim.shortcuts``), where the time goes
+(timed around the core's gang admission and preemption planner and the engine's snapshot and
+claims: cheap, always on), and, with ``--profile``, the top functions by cumulative time. Then the
+machine block.
 
     .venv/bin/python bench/sim.py --case alibaba
     .venv/bin/python bench/sim.py --case synthetic --jobs 100000 --profile
@@ -28,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import machine
+from corral.core import admission, preemption
 from corral.sim import engine, readers, synthetic
 from corral.sim.policy import POLICIES
 from corral.sim.summary import summarize
@@ -87,6 +90,7 @@ def main() -> int:
     )
     target = TARGETS[args.case]
     for name in args.policy.split(","):
+        spent = _timed()
         profiler = cProfile.Profile() if args.profile else None
         started = time.perf_counter()
         if profiler is not None:
@@ -100,8 +104,10 @@ def main() -> int:
             print(
                 f"{name:>7}: stopped after {wall:.0f} s at simulated {stop.fraction:.1%} of the arrivals,"
                 f" {done} of {len(scenario.workload.jobs)} jobs done ({done / wall:.0f} jobs/s so far),"
-                f" {run.record.cycles} cycles run, {run.record.cycles_skipped} skipped"
+                f" {run.record.cycles} cycles run{_planner_skips(run.record, name)},"
+                f" {run.record.cycles_skipped} skipped"
             )
+            print("         time: " + _breakdown(spent, wall))
             continue
         finally:
             if profiler is not None:
@@ -112,9 +118,10 @@ def main() -> int:
         verdict = "meets" if wall < target else "MISSES"
         print(
             f"{name:>7}: {wall:7.1f} s  {jobs / wall:8.0f} jobs/s  {record.events} events,"
-            f" {record.cycles} cycles run, {record.cycles_skipped} skipped"
-            f"  ({verdict} the {target:.0f} s target)"
+            f" {record.cycles} cycles run{_planner_skips(record, name)},"
+            f" {record.cycles_skipped} skipped  ({verdict} the {target:.0f} s target)"
         )
+        print("         time: " + _breakdown(spent, wall))
         delay = summary["queue_delay_s"]
         print(
             f"         queue delay p50/p99 {delay['p50']}/{delay['p99']} s,"
@@ -135,6 +142,56 @@ def main() -> int:
             print("\n".join("         " + line for line in stream.getvalue().splitlines()[6:40]))
     machine.print_machine()
     return 0
+
+
+#: what ``_timed`` wraps: (label, owner, attribute); the planner runs inside the admission cycle
+_TIMED = (
+    ("admission.decide", admission, "decide"),
+    ("preemption.plan", preemption, "plan"),
+    ("snapshot", engine.Engine, "_snapshot"),
+    ("claims", engine.Engine, "_claims"),
+)
+
+
+def _timed() -> dict[str, float]:
+    """Wrap the phases of ``_TIMED`` (once) so that each adds its wall time to the dict returned,
+    fresh for each run."""
+    spent = dict.fromkeys((label for label, _, _ in _TIMED), 0.0)
+    _timed.current = spent  # type: ignore[attr-defined]
+    if getattr(_timed, "wrapped", False):
+        return spent
+    _timed.wrapped = True  # type: ignore[attr-defined]
+    for label, owner, attribute in _TIMED:
+        function = getattr(owner, attribute)
+
+        def wrapper(*args, _function=function, _label=label, **kwargs):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            try:
+                return _function(*args, **kwargs)
+            finally:
+                _timed.current[_label] += time.perf_counter() - started  # type: ignore[attr-defined]
+
+        setattr(owner, attribute, wrapper)
+    return spent
+
+
+def _planner_skips(record: engine.Record, policy: str) -> str:
+    """How many cycles ran without the planner (``corral.sim.shortcuts``), for a policy that has one."""
+    return f" ({record.plans_skipped} without the planner)" if POLICIES[policy].preemption else ""
+
+
+def _breakdown(spent: dict[str, float], wall: float) -> str:
+    """Where a run's wall time went: the core's gang admission (the cycle less the planner), the
+    planner, the engine's snapshots and claims, and the rest of the engine (events, transitions)."""
+    planner = spent["preemption.plan"]
+    parts = {
+        "gang admission (core)": spent["admission.decide"] - planner,
+        "preemption planner (core)": planner,
+        "snapshots (engine)": spent["snapshot"],
+        "claims (engine, core placement)": spent["claims"],
+    }
+    parts["events and transitions (engine)"] = wall - sum(parts.values())
+    return ", ".join(f"{label} {seconds:.1f} s ({seconds / wall:.0%})" for label, seconds in parts.items())
 
 
 class _OutOfTime(Exception):

@@ -186,7 +186,7 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
             continue
         eligible = shapes.eligible(request, constraints)
         backfill = head is not None and may_backfill(gang.tasks[0], head.holds, now)
-        placed, room = cluster.attempt(request, size, eligible, backfill, commit=True)
+        placed, room = cluster.attempt(request, size, eligible, backfill)
         if placed is not None:
             guarantees.take(spec.pool, request.gpus * size)
             tasks = sorted(gang.tasks, key=lambda task: (task.gang_index or 0, task.id))
@@ -226,7 +226,7 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
                 )
             )
             continue
-        if not backfill and cluster.attempt(request, size, eligible, True, commit=False)[0] is not None:
+        if not backfill and cluster.fits(request, size, eligible, backfill=True):
             waiting.append(
                 Waiting(gang.gang_id, held_reason(head.gang_id, head.expected_at, spec.walltime_s, now))
             )
@@ -340,22 +340,22 @@ def _slots(
             on.append(allocation)
     idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
     slots = []
+    preempting = Status.PREEMPTING
     for order, worker in enumerate(active):
         key = (worker.resources, worker.unhealthy_gpus)
         empty = idle.get(key)
         if empty is None:
             empty = idle[key] = free_capacity(worker, ())
         held = by_worker[worker.id]
-        holding: list[Holding] = [
-            (
-                allocation.resources,
-                now if allocation.status == Status.PREEMPTING else expected_ends.get(allocation.job_id),
-                allocation.job_id,
-            )
-            for allocation in held
-        ]
-        free = free_capacity(worker, held) if held else empty
-        slots.append(_Slot(order, worker, free, empty.free, holding))
+        if not held:
+            slots.append(_Slot(order, worker, empty, empty.free, []))
+            continue
+        holding: list[Holding] = []
+        for allocation in held:
+            job_id = allocation.job_id
+            end = now if allocation.status == preempting else expected_ends.get(job_id)
+            holding.append((allocation.resources, end, job_id))
+        slots.append(_Slot(order, worker, free_capacity(worker, held), empty.free, holding))
     return slots
 
 
@@ -406,6 +406,39 @@ class _Index:
                 return have, entry_cpus, entry_memory, order
         return None
 
+    def count(
+        self, request: Resources, eligible: list[bool] | None, passed: AbstractSet[int], enough: int
+    ) -> int:
+        """Tasks of ``request`` the filed workers that ``first`` may return hold in all, each
+        worker as many as its free capacity holds (a countable request, ``_countable``); it stops
+        once the total reaches ``enough``."""
+        gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
+        probe = (cpus, _FLOOR, _FLOOR)
+        total = 0
+        for have in range(gpus, len(self.buckets)):
+            bucket = self.buckets[have]
+            for at in range(bisect_left(bucket, probe), len(bucket)):
+                entry_cpus, entry_memory, order = bucket[at]
+                if entry_memory < memory or (eligible is not None and not eligible[order]):
+                    continue
+                if order in passed:
+                    continue
+                total += _tasks_within(have, entry_cpus, entry_memory, request)
+                if total >= enough:
+                    return total
+        return total
+
+
+def _tasks_within(gpus: int, cpus: int, memory: int, request: Resources) -> int:
+    """Tasks of a countable ``request`` that free (GPUs, CPUs, memory) holds, each at least
+    the request (``_Index.first``'s filter)."""
+    counts = [
+        have // want
+        for have, want in ((gpus, request.gpus), (cpus, request.cpus), (memory, request.memory_mb))
+        if want > 0
+    ]
+    return min(counts)
+
 
 class _Cluster:
     """Every active worker's free capacity, indexed for best fit (``_Index``): ``view`` files every
@@ -419,8 +452,11 @@ class _Cluster:
         self.whole = _Index(size)
         self.held_slots: list[_Slot] = []
         self.held_orders: set[int] = set()
-        #: per GPU count asked, the tasks held workers add when seen whole (``room_bound``)
+        #: per GPU count asked, the tasks held workers add when seen whole (``room_bound``), kept
+        #: up to date as held workers change (``_reindex``) rather than summed again each time
         self._held_extra: dict[int, int] = {}
+        #: per held worker (by order), its free GPUs whole and as ``view`` sees them, floored at 0
+        self._held_gpus: dict[int, tuple[int, int]] = {}
         for slot in slots:
             self.view.put(slot.order, *slot.view())
 
@@ -428,7 +464,10 @@ class _Cluster:
         self.view.put(slot.order, *slot.view())
         if slot.held is not None:
             self.whole.put(slot.order, slot.gpus, slot.cpus, slot.memory)
-            self._held_extra.clear()
+            old = self._held_gpus.get(slot.order, (0, 0))
+            new = self._held_gpus[slot.order] = (max(0, slot.gpus), max(0, slot.view()[0]))
+            for want in self._held_extra:
+                self._held_extra[want] += _held_tasks(new, want) - _held_tasks(old, want)
 
     def hold(self, slot: _Slot, held: Resources) -> None:
         slot.held = held
@@ -464,7 +503,7 @@ class _Cluster:
             extra = self._held_extra.get(want)
             if extra is None:
                 extra = self._held_extra[want] = sum(
-                    max(0, slot.gpus) // want - max(0, slot.view()[0]) // want for slot in self.held_slots
+                    _held_tasks(gpus, want) for gpus in self._held_gpus.values()
                 )
             bound += extra
         return bound
@@ -483,14 +522,18 @@ class _Cluster:
         return None if found is None else self.slots[found[3]]
 
     def attempt(
-        self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool, commit: bool
+        self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool
     ) -> tuple[list[Take] | None, _Room]:
-        """Speculate: place ``size`` tasks one by one; keep the takes only if all fit and ``commit``.
-        Returns the takes (None when the gang does not fit, or when not committing) and the room
-        found (exact after a search, an upper bound when the cheap bound turned the gang away)."""
+        """Speculate: place ``size`` tasks one by one; keep the takes only if all fit.
+        Returns the takes (None when the gang does not fit) and the room found (exact after a
+        search or a count, an upper bound when the cheap bound turned the gang away)."""
         bound = self.room_bound(request, backfill)
         if bound is not None and bound < size:
             return None, _Room(bound, exact=False)
+        if _countable(request):
+            counted = self.count(request, eligible, backfill, size)
+            if counted < size:  # what the search would place before it gave up, and give back
+                return None, _Room(counted, exact=True)
         spread = request == Resources()  # asks for nothing: one task per worker
         placed: list[Take] = []
         used: set[int] = set()
@@ -502,11 +545,48 @@ class _Cluster:
             if spread:
                 used.add(slot.order)
         room = _Room(len(placed), exact=True)
-        if len(placed) == size and commit:
+        if len(placed) == size:
             return placed, room
         for slot, taken in reversed(placed):
             self._give_back(slot, request, taken)
-        return (placed if len(placed) == size else None), room
+        return None, room
+
+    def fits(self, request: Resources, size: int, eligible: list[bool] | None, backfill: bool) -> bool:
+        """Whether ``attempt`` would place all ``size`` tasks, without placing them."""
+        bound = self.room_bound(request, backfill)
+        if bound is not None and bound < size:
+            return False
+        if _countable(request):
+            return self.count(request, eligible, backfill, size) >= size
+        placed, _ = self.attempt(request, size, eligible, backfill)
+        if placed is None:
+            return False
+        for slot, taken in reversed(placed):
+            self._give_back(slot, request, taken)
+        return True
+
+    def count(self, request: Resources, eligible: list[bool] | None, backfill: bool, enough: int) -> int:
+        """How many tasks of ``request`` the search of ``attempt`` places before it gives up,
+        counted without placing them; it stops once the count reaches ``enough`` (the value is
+        then at least that). Every task of a gang asks the same and a take on a worker changes no
+        other worker, so the search, whatever its order, places on each worker the tasks that fit
+        in its free capacity (``_Index.count``), on the workers ``best`` sees: with ``backfill``
+        the held ones whole, the others as ``view`` files them."""
+        found = self.view.count(request, eligible, self.held_orders if backfill else _NOBODY, enough)
+        if backfill and self.held_slots and found < enough:
+            found += self.whole.count(request, eligible, _NOBODY, enough - found)
+        return found
+
+
+def _countable(request: Resources) -> bool:
+    """A request whose tasks use up a worker (``_Cluster.count``): one asking for nothing is
+    spread one per worker instead, and one asking for VRAM alone would stack without end."""
+    return request.gpus > 0 or request.cpus > 0 or request.memory_mb > 0
+
+
+def _held_tasks(gpus: tuple[int, int], want: int) -> int:
+    """The tasks of ``want`` GPUs a held worker adds when seen whole: (whole, view) free GPUs."""
+    return gpus[0] // want - gpus[1] // want
 
 
 @dataclass(frozen=True, slots=True)

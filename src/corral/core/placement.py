@@ -31,15 +31,20 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
     unhealthy; indices beyond the worker's count (a worker that re-registered with fewer GPUs) are
     ignored rather than going negative.
     """
-    used = ZERO
+    # Summed as plain integers, not ``Resources.__add__`` per allocation: a cycle computes this for
+    # every worker, a claim for every poll (``Resources.minus`` keeps the worker's VRAM per GPU).
+    gpus = memory_mb = cpus = 0
     taken: set[int] = set(worker.unhealthy_gpus)
     for allocation in allocations:
-        used = used + allocation.resources
+        resources = allocation.resources
+        gpus += resources.gpus
+        memory_mb += resources.memory_mb
+        cpus += resources.cpus
         taken.update(allocation.gpu_indices)
-    free = worker.resources.minus(used)
-    free_indices = tuple(index for index in range(worker.resources.gpus) if index not in taken)
-    if len(free_indices) < free.gpus:
-        free = Resources(len(free_indices), free.vram_mb, free.memory_mb, free.cpus)
+    total = worker.resources
+    free_indices = tuple(index for index in range(total.gpus) if index not in taken)
+    free_gpus = min(total.gpus - gpus, len(free_indices))
+    free = Resources(free_gpus, total.vram_mb, total.memory_mb - memory_mb, total.cpus - cpus)
     return Capacity(free=free, free_gpu_indices=free_indices)
 
 
@@ -153,8 +158,14 @@ class ClaimPlacement:
     def choose(
         self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float
     ) -> tuple[Job, tuple[int, ...]] | None:
+        # ``first_fit`` per candidate, with the held-back capacity computed once, and a candidate
+        # that cannot fit it skipped before a reason is worded (a poll may read thousands).
+        held_back = without_holds(capacity, holds) if holds else capacity
         for job in candidates:
-            decision = first_fit(job, worker, capacity, holds, now)
+            usable = capacity if not holds or may_backfill(job, holds, now) else held_back
+            if not usable.free.covers(job.spec.resources):
+                continue
+            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
             if isinstance(decision, Placement):
                 return job, decision.gpu_indices
         return None

@@ -15,7 +15,9 @@ loop applies them.
 A tick on a state that has not changed since a tick that decided nothing decides nothing again
 (the cycle is a pure function of the snapshot), unless time itself can change its answer: a
 reservation that may go stale, a per-worker preemption backoff that has run out. Such ticks are
-skipped; nothing else is.
+skipped; nothing else is. A cycle in which the preemption planner provably decides no preemption
+(``corral.sim.shortcuts``) runs ``admission.decide`` without it: the decisions applied are the same
+(``verify_shortcuts`` checks it), only the waiting reasons, which the engine does not read, differ.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from corral.core import admission, drain, lifecycle
+from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import queue_key
 from corral.core.placement import Capacity, ClaimPlacement
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
@@ -38,6 +42,7 @@ from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, W
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, Status
 from corral.domain.transitions import Plan, Transition
+from corral.sim import shortcuts
 from corral.sim.policy import Policy
 from corral.sim.workload import Scenario, WorkloadJob
 
@@ -85,6 +90,8 @@ class Record:
     decisions: list[tuple[float, str, str, str]] = field(default_factory=list)
     cycles: int = 0
     cycles_skipped: int = 0
+    #: cycles run without the preemption planner (``corral.sim.shortcuts``)
+    plans_skipped: int = 0
     events: int = 0
 
 
@@ -97,12 +104,15 @@ class Engine:
         policy: Policy,
         progress: Callable[[float, float], None] | None = None,
         record_decisions: bool = False,
+        verify_shortcuts: bool = False,
     ) -> None:
         self.scenario = scenario
         self.policy = policy
         self.settings = scenario.settings
         self.progress = progress
         self.record_decisions = record_decisions
+        #: run the planner even where ``corral.sim.shortcuts`` skips it, and fail on a difference
+        self.verify_shortcuts = verify_shortcuts
         self.workers = tuple(sorted(scenario.cluster.workers, key=lambda worker: worker.id))
         self.worker_by_id = {worker.id: worker for worker in self.workers}
         self.pools = pool_rules.resolve(
@@ -130,6 +140,7 @@ class Engine:
         self.waiting_gangs: set[str] = set()  # gangs with a task blocked or reserved
         self.allocations: dict[str, dict[str, Allocation]] = {worker.id: {} for worker in self.workers}
         self.holding: dict[str, Job] = {}
+        self.holding_ids: list[str] = []  # ``holding``'s keys, sorted (the snapshot's order)
         self.capacity: dict[str, Capacity] = {}
         self.holds: dict[str, list[Hold]] = {}
         self.last_preemptive: dict[str, float] = {}
@@ -485,7 +496,7 @@ class Engine:
         self.changed = False
         now = self.now
         snapshot = self._snapshot()
-        decisions = admission.decide(snapshot, self.settings.reservation_timeout_s, self.preemption_settings)
+        decisions = self._decide(snapshot)
         acted = False
         timeout = self.settings.reservation_timeout_s
         for rollback in decisions.rollbacks:
@@ -508,17 +519,36 @@ class Engine:
         if acted:
             self.changed = True
 
+    def _decide(self, snapshot: Snapshot) -> AdmissionDecisions:
+        """``admission.decide``, without the preemption planner when it provably decides no
+        preemption (``corral.sim.shortcuts``): the decisions the engine applies are the same."""
+        timeout = self.settings.reservation_timeout_s
+        planner = self.preemption_settings
+        if planner is None or shortcuts.planner_may_preempt(snapshot):
+            return admission.decide(snapshot, timeout, planner)
+        self.record.plans_skipped += 1
+        decisions = admission.decide(snapshot, timeout, None)
+        if self.verify_shortcuts:
+            full = admission.decide(snapshot, timeout, planner)
+            if _applied(full) != _applied(decisions):
+                raise AssertionError(f"the planner shortcut changed a decision at {self.now}")
+        return decisions
+
     def _snapshot(self) -> Snapshot:
-        holding = tuple(self._reported(self.holding[job_id]) for job_id in sorted(self.holding))
+        reported = self._reported
+        holding = tuple(reported(self.holding[job_id]) for job_id in self.holding_ids)
         pending: tuple[Job, ...] = ()
-        running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
-        if self.preemption_settings is not None and running:
+        running = (
+            [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
+            if self.preemption_settings is not None  # only the planner reads preemptors
+            else []
+        )
+        if running:
             lowest = min(running)
+            jobs = (self.jobs[job_id] for _, job_id in self.pending)
             pending = tuple(
-                job
-                for job in (self.jobs[job_id] for _, job_id in self.pending)
-                if job.spec.preemption_class >= lowest
-            )[:PREEMPTOR_CANDIDATES]
+                islice((job for job in jobs if job.spec.preemption_class >= lowest), PREEMPTOR_CANDIDATES)
+            )
             if self.policy.name != "corral":  # the planner reads preemptors in corral's queue order
                 pending = tuple(sorted(pending, key=queue_key))
         gangs = tuple(Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs))
@@ -530,10 +560,9 @@ class Engine:
         return Snapshot(
             now=self.now,
             workers=self.workers,
-            allocations=tuple(
-                Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
-                for job in holding
-            ),
+            # the engine's own allocation records: the rows' (worker, resources, GPUs, status),
+            # which change only with the status (``_changed``)
+            allocations=tuple(self.allocations[job.worker_id or ""][job.id] for job in holding),
             gangs=gangs,
             pending=pending,
             expected_ends=expected_ends,
@@ -642,16 +671,16 @@ class Engine:
             self._enqueue(after)
         if before.status in HOLDING and before.worker_id is not None:
             del self.allocations[before.worker_id][before.id]
-            del self.holding[before.id]
+            self._unhold(before.id)
             self._capacity_changed(before.worker_id)
         if after.status in HOLDING and after.worker_id is not None:
             self.allocations[after.worker_id][after.id] = Allocation(
                 after.id, after.worker_id, after.spec.resources, after.gpu_indices, after.status
             )
-            self.holding[after.id] = after
+            self._hold(after)
             self._capacity_changed(after.worker_id)
         elif after.id in self.holding:
-            del self.holding[after.id]
+            self._unhold(after.id)
         self._allocation_delta(before, after)
         if after.gang_id is None:
             if after.status == Status.RESERVED:
@@ -676,6 +705,15 @@ class Engine:
         elif after.status == Status.DONE:
             task.end = now
             self.record.ends[task.work.job_id] = max(self.record.ends.get(task.work.job_id, now), now)
+
+    def _hold(self, job: Job) -> None:
+        if job.id not in self.holding:
+            insort(self.holding_ids, job.id)
+        self.holding[job.id] = job
+
+    def _unhold(self, job_id: str) -> None:
+        del self.holding[job_id]
+        del self.holding_ids[bisect_left(self.holding_ids, job_id)]
 
     def _work_starts(self, job: Job) -> None:
         """A single job works from its start; a gang's ranks from the start of the last of them
@@ -710,6 +748,17 @@ class Engine:
     def _note(self, kind: str, job: Job) -> None:
         if self.record_decisions:
             self.record.decisions.append((self.now, kind, job.id, job.worker_id or ""))
+
+
+def _applied(decisions: AdmissionDecisions) -> tuple[object, ...]:
+    """The part of a cycle's decisions the engine applies."""
+    return (
+        decisions.rollbacks,
+        decisions.reservations,
+        decisions.holds,
+        decisions.preemptions,
+        decisions.single_rollbacks,
+    )
 
 
 def run(
