@@ -54,7 +54,18 @@ POOLED = (
     WorkloadJob("s2", 40, 50, 1, pool="small", preemption_class=5, checkpoint="manual"),
     WorkloadJob("bg", 45, 80, 1, gang_size=2, pool="big", preemption_class=6),
 )
-CASES = {"classes-and-gangs": (WORKLOAD, {}), "pools-reclaim-and-borrowing": (POOLED, POOLS)}
+#: two pools of equal weight: "heavy" fills every GPU, then "light" arrives, is below its fair share,
+#: starves after its timer and takes heavy's newest allocations, one per worker per backoff
+FAIR = (
+    *(WorkloadJob(f"h{index}", index, 400, 1, pool="heavy", checkpoint="auto") for index in range(6)),
+    WorkloadJob("h-gang", 8, 200, 1, gang_size=2, pool="heavy"),
+    *(WorkloadJob(f"l{index}", 20 + index, 100, 1, pool="light") for index in range(4)),
+)
+CASES = {
+    "classes-and-gangs": (WORKLOAD, {}),
+    "pools-reclaim-and-borrowing": (POOLED, POOLS),
+    "fair-share-starvation": (FAIR, {"heavy": {}, "light": {}}),
+}
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
 
 

@@ -210,7 +210,7 @@ def cost(job: Job, now: float) -> float:
         past = job.checkpoint_durations
         lost = statistics.median(past) if past else DEFAULT_CHECKPOINT_S[job.spec.checkpoint_mode]
     else:
-        since = max(started, job.last_checkpoint_at or started)
+        since = max(started, job.last_checkpoint_at if job.last_checkpoint_at is not None else started)
         lost = max(0.0, now - since)
     total = gpus * lost
     walltime = job.spec.walltime_s
@@ -1081,7 +1081,7 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             jobs=(job,),
             preemption_class=job.spec.preemption_class,
             cost=cost(job, now),
-            started_at=job.started_at or now,
+            started_at=job.started_at if job.started_at is not None else now,
             pool=job.spec.pool,
             frees={job.worker_id or "": (job.spec.resources, job.gpu_indices)},
             borrowed=job.id in borrowed,
@@ -1109,7 +1109,7 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             jobs=tuple(jobs),
             preemption_class=first.spec.preemption_class,
             cost=sum(cost(job, now) for job in jobs if job.status == Status.RUNNING),
-            started_at=max(job.started_at or now for job in jobs),
+            started_at=max(job.started_at if job.started_at is not None else now for job in jobs),
             pool=first.spec.pool,
             frees=frees,
             borrowed=any(job.id in borrowed for job in jobs),
@@ -1129,7 +1129,7 @@ def _borrowed(holding: Sequence[Job], pools: Mapping[str, PoolView]) -> set[str]
         pool = pools.get(path)
         guarantee = pool.guarantee.gpus if pool is not None else 0
         used = 0
-        for job in sorted(jobs, key=lambda job: (job.started_at or job.reserved_at or 0.0, job.id)):
+        for job in sorted(jobs, key=lambda job: (_started(job, 0.0), job.id)):
             used += job.spec.resources.gpus
             if used > guarantee:
                 borrowed.add(job.id)
@@ -1145,7 +1145,7 @@ def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
         if job.status == Status.PREEMPTING:
             continue  # leaving: what stays of its pool is what the prefix counts
         key = job.gang_id or job.id
-        started = job.started_at or job.reserved_at or inputs.now
+        started = _started(job, inputs.now)
         pool, since, held = allocations.get(key, (job.spec.pool, started, ZERO))
         allocations[key] = (pool, max(since, started), held + job.spec.resources)
     groups = fairshare.preemptible_units(
@@ -1156,6 +1156,14 @@ def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
     )
     for unit in units:
         unit.group = groups.get(unit.key, fairshare.Group.NON_PREEMPTIBLE)
+
+
+def _started(job: Job, otherwise: float) -> float:
+    """When ``job`` started, else when it was reserved, else ``otherwise`` (0.0 is a time: the
+    simulator's clock starts there)."""
+    if job.started_at is not None:
+        return job.started_at
+    return job.reserved_at if job.reserved_at is not None else otherwise
 
 
 def _allocation(job: Job) -> Allocation:

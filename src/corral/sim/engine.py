@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-from corral.core import admission, drain, lifecycle
+from corral.core import admission, drain, fairshare, lifecycle
 from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import queue_key
 from corral.core.placement import Capacity, ClaimPlacement
@@ -40,7 +40,7 @@ from corral.domain import errors
 from corral.domain import pools as pool_rules
 from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, Worker
 from corral.domain.resources import Resources
-from corral.domain.status import HOLDING, Status
+from corral.domain.status import HOLDING, TERMINAL, Status
 from corral.domain.transitions import Plan, Transition
 from corral.sim import shortcuts
 from corral.sim.policy import Policy
@@ -122,7 +122,7 @@ class Engine:
                 aggressive_starvation_timeout_s=self.settings.aggressive_starvation_timeout_s,
                 starvation_tolerance=self.settings.starvation_tolerance,
             ),
-        )
+        )  # a pool a job names without a row is added at its submit (the server creates it)
         self.preemption_settings: PreemptionSettings | None = None
         if policy.preemption:
             self.preemption_settings = PreemptionSettings(
@@ -132,7 +132,22 @@ class Engine:
                 checkpoint_timeout_s=self.settings.checkpoint_timeout_s,
                 max_deferral_s=self.settings.max_deferral_s,
                 preempt_timeout_s=self.settings.preempt_timeout_s,
+                max_preemptions_per_cycle=self.settings.max_preemptions_per_cycle,
+                satisfaction_threshold=self.settings.preemption_satisfaction_threshold,
+                aggressive_satisfaction_threshold=self.settings.aggressive_preemption_satisfaction_threshold,
             )
+        self.pool_defaults = pool_rules.PoolDefaults(
+            starvation_timeout_s=self.settings.starvation_timeout_s,
+            aggressive_starvation_timeout_s=self.settings.aggressive_starvation_timeout_s,
+            starvation_tolerance=self.settings.starvation_tolerance,
+        )
+        #: per pool, what its jobs hold and wait for as (gpus, memory_mb, cpus): the store's
+        #: ``pool_usage``, kept up to date by every status change
+        self.pool_held: dict[str, list[int]] = {}
+        self.pool_waiting: dict[str, list[int]] = {}
+        #: the pools' starvation timers (the store's ``pool_starvation``)
+        self.starvation: dict[str, pool_rules.StarvationState] = {}
+        self.total = sum((worker.resources for worker in self.workers), Resources())
         self.now = 0.0
         self.jobs: dict[str, Job] = {}
         self.tasks: dict[str, Task] = {}
@@ -215,6 +230,10 @@ class Engine:
         wake = [self.events[0][0]] if self.events else []
         backoff = self.settings.preemptive_backoff_s
         wake.extend(at + backoff for at in self.last_preemptive.values())
+        if self.preemption_settings is not None and self.starvation:
+            due = self._starvation_due()
+            if due < math.inf:
+                wake.append(due)
         if not wake:
             return math.inf
         return max(following, math.ceil(min(wake) / tick) * tick)
@@ -273,9 +292,12 @@ class Engine:
             jobs = [replace(task, id=f"{work.job_id}.{task.gang_index}", gang_id=gang_id) for task in created]
             self.gang_tasks[gang_id] = tuple(job.id for job in jobs)
             self.waiting_gangs.add(gang_id)
+        if work.pool not in self.pools:
+            self.pools[work.pool] = pool_rules.effective(work.pool, self.pools, self.pool_defaults)
         for job in jobs:
             self.jobs[job.id] = job
             self.tasks[job.id] = Task(job.id, work)
+            self._count(job, 1)
             if job.status == Status.PENDING:
                 self._enqueue(job)
             self._note(job.status.value, job)
@@ -483,6 +505,8 @@ class Engine:
             return True
         if self.reserved_singles:
             return True
+        if self.preemption_settings is not None and self._starvation_due() <= now:
+            return True
         cutoff = now - self.settings.preemptive_backoff_s
         return any(at <= cutoff for at in self.last_preemptive.values())
 
@@ -551,6 +575,23 @@ class Engine:
             )
             if self.policy.name != "corral":  # the planner reads preemptors in corral's queue order
                 pending = tuple(sorted(pending, key=queue_key))
+        fair = self._fair_share() if self.preemption_settings is not None else None
+        if fair is not None and fair.anyone_starving():  # the store's ``pending_in_pools``
+            starving = [path for path, state in fair.starvation.items() if state.status != "non_starving"]
+            known = {job.id for job in pending}
+            jobs = (self.jobs[job_id] for _, job_id in self.pending)
+            pending += tuple(
+                islice(
+                    (
+                        job
+                        for job in jobs
+                        if job.id not in known
+                        and job.gang_id is None
+                        and any(pool_rules.is_within(job.spec.pool, path) for path in starving)
+                    ),
+                    PREEMPTOR_CANDIDATES,
+                )
+            )
         gangs = tuple(Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs))
         expected_ends = {
             job.id: (job.started_at if job.started_at is not None else self.now) + job.spec.walltime_s
@@ -569,6 +610,7 @@ class Engine:
             holding=holding,
             pools=self.pools,
             last_preemptive=dict(self.last_preemptive),
+            fair=fair,
         )
 
     def _reported(self, job: Job) -> Job:
@@ -664,6 +706,8 @@ class Engine:
                 self.holding[after.id] = after
             return
         now = self.now
+        self._count(before, -1)
+        self._count(after, 1)
         self._note(after.status.value, after)
         if before.status == Status.PENDING:
             self._dequeue(before)
@@ -705,6 +749,46 @@ class Engine:
         elif after.status == Status.DONE:
             task.end = now
             self.record.ends[task.work.job_id] = max(self.record.ends.get(task.work.job_id, now), now)
+
+    def _count(self, job: Job, sign: int) -> None:
+        """``job`` enters (1) or leaves (-1) its pool's usage (holding) or demand (waiting)."""
+        if job.status in TERMINAL:
+            return
+        books = self.pool_held if job.status in HOLDING else self.pool_waiting
+        counts = books.setdefault(job.spec.pool, [0, 0, 0])
+        resources = job.spec.resources
+        counts[0] += sign * resources.gpus
+        counts[1] += sign * resources.memory_mb
+        counts[2] += sign * resources.cpus
+
+    def _fair_share(self) -> fairshare.FairShareState:
+        """The admission loop's ``fair_share_of``: shares from the pools' usage and demand, the
+        timers moved on to now."""
+        own: dict[str, pool_rules.PoolUsage] = {}
+        for path in self.pool_held.keys() | self.pool_waiting.keys():
+            held = self.pool_held.get(path, [0, 0, 0])
+            waiting = self.pool_waiting.get(path, [0, 0, 0])
+            if any(held) or any(waiting):
+                own[path] = pool_rules.PoolUsage(
+                    Resources(held[0], 0, held[1], held[2]), Resources(waiting[0], 0, waiting[1], waiting[2])
+                )
+        fair = fairshare.cycle_state(self.pools, own, self.total, self.starvation, self.now)
+        self.starvation = dict(fair.starvation)
+        return fair
+
+    def _starvation_due(self) -> float:
+        """When the next pool timer runs out (a pool below its fair share becomes starving, or
+        aggressively starving): a cycle then changes what the planner may do."""
+        due = math.inf
+        for path, state in self.starvation.items():
+            if state.below_since is None:
+                continue
+            pool = self.pools.get(path) or pool_rules.effective(path, self.pools, self.pool_defaults)
+            if state.status == pool_rules.Starvation.NON_STARVING:
+                due = min(due, state.below_since + pool.starvation_timeout_s)
+            elif pool.enable_aggressive_starvation and state.status == pool_rules.Starvation.STARVING:
+                due = min(due, state.below_since + pool.aggressive_starvation_timeout_s)
+        return due
 
     def _hold(self, job: Job) -> None:
         if job.id not in self.holding:

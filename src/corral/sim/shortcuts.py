@@ -27,10 +27,9 @@ The argument, from ``preemption._Planner.place`` (the only producer of a ``Preem
 
 The preemptors checked here are a superset of the planner's (every gang of the snapshot, not only
 the ones the regular placement left waiting), so the answer errs towards running the planner.
-When the fair-share planner joins the simulated core, a starving pool is one more trigger (its
-preemptors may take within their own class): this check must then also answer True while any pool
-is starving. ``Engine(verify_shortcuts=True)`` runs the planner anyway and fails on any
-difference; the engine tests run that way.
+A starving pool is one more trigger (its preemptors may take within their own class): the check
+answers True while any pool is starving (``snapshot.fair``). ``Engine(verify_shortcuts=True)``
+runs the planner anyway and fails on any difference; the engine tests run that way.
 """
 
 from __future__ import annotations
@@ -61,6 +60,8 @@ def planner_may_preempt(snapshot: Snapshot) -> bool:
         return False
     if any(first.spec.preemption_class > lowest for first, _ in preemptors):
         return True  # rule 2: a lower class runs
+    if snapshot.fair is not None and snapshot.fair.anyone_starving():
+        return True  # rule 2: a starving pool may take within its class
     guaranteed = {path: pool.guarantee.gpus for path, pool in snapshot.pools.items()}
     if any(gpus > 0 for gpus in guaranteed.values()):
         held = borrowing.Guarantees.of(0, guaranteed, snapshot.holding).held
