@@ -17,6 +17,7 @@ from corral.core.drain import DrainCompleted, DrainStarted
 from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.placement import ClaimPlacement
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
+from corral.domain import errors
 from corral.domain.records import Job, Reason
 from corral.domain.transitions import Plan
 from corral.store import Store
@@ -97,6 +98,21 @@ def heartbeat(
     attempt no longer holds the job. Only a checkpoint phase that moves (a deferral, its extension,
     its end) writes again, decided once more on the locked row."""
     job = store.heartbeat_job(job_id, worker_id, attempt, now, report)
+    return _heartbeat_answer(
+        store, job, worker_id, attempt, now, defer_s, checkpoint_timeout_s, max_deferral_s
+    )
+
+
+def _heartbeat_answer(
+    store: Store,
+    job: Job,
+    worker_id: str,
+    attempt: int,
+    now: float,
+    defer_s: float | None,
+    checkpoint_timeout_s: float,
+    max_deferral_s: float,
+) -> HeartbeatAction:
     lifecycle.check_heartbeat(job, worker_id, attempt)
     phase = partial(
         lifecycle.heartbeat_action,
@@ -113,7 +129,44 @@ def heartbeat(
         lifecycle.check_heartbeat(locked, worker_id, attempt)
         return phase(locked)
 
-    return store.change(job_id, decide)
+    return store.change(job.id, decide)
+
+
+@dataclass(frozen=True)
+class JobBeat:
+    """One job's heartbeat carried by its worker's."""
+
+    job_id: str
+    attempt: int
+    report: JobReport
+    defer_s: float | None = None
+
+
+def heartbeat_jobs(
+    store: Store,
+    worker_id: str,
+    now: float,
+    beats: Sequence[JobBeat],
+    checkpoint_timeout_s: float = 600.0,
+    max_deferral_s: float = 300.0,
+) -> dict[str, HeartbeatAction | errors.CorralError]:
+    """Renew every lease of the batch in one transaction, then answer each job as its own
+    ``heartbeat`` would: the action, or the refusal (``Conflict`` / ``NotFound``) for that job alone.
+    A checkpoint phase that moves is decided again on its locked row, as there."""
+    renewed = store.heartbeat_jobs(
+        worker_id, now, [(beat.job_id, beat.attempt, beat.report) for beat in beats]
+    )
+    answers: dict[str, HeartbeatAction | errors.CorralError] = {}
+    for beat, job in zip(beats, renewed, strict=True):
+        try:
+            if job is None:
+                raise errors.NotFound(f"job {beat.job_id} not found")
+            answers[beat.job_id] = _heartbeat_answer(
+                store, job, worker_id, beat.attempt, now, beat.defer_s, checkpoint_timeout_s, max_deferral_s
+            )
+        except (errors.Conflict, errors.NotFound) as refused:
+            answers[beat.job_id] = refused
+    return answers
 
 
 def save_checkpoint(

@@ -226,6 +226,9 @@ class Store(Protocol):
     def heartbeat_job(
         self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...
+    def heartbeat_jobs(
+        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | None]: ...
     def save_checkpoint(
         self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]
     ) -> Outcome: ...

@@ -457,6 +457,27 @@ class SqlStore(abc.ABC):
         Returns the job as it is now: renewed, or, when the row did not match (another attempt owns
         the job, it ended), untouched, for the core to say why the heartbeat is refused.
         """
+        with self._transaction() as tx:
+            return self._renew(tx, job_id, worker_id, attempt, now, report)
+
+    def heartbeat_jobs(
+        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | None]:
+        """``heartbeat_job`` for each ``(job_id, attempt, report)`` of one worker, all in one
+        transaction (a worker heartbeat carrying its jobs' leases): each job as it is now, renewed
+        or untouched as ``heartbeat_job`` says, or None for an unknown job."""
+        found: list[Job | None] = []
+        with self._transaction() as tx:
+            for job_id, attempt, report in beats:
+                try:
+                    found.append(self._renew(tx, job_id, worker_id, attempt, now, report))
+                except errors.NotFound:
+                    found.append(None)
+        return found
+
+    def _renew(
+        self, tx: Transaction, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
+    ) -> Job:
         assignments = ["last_heartbeat_at = ?"]
         params: list[Any] = [now]
         for column, value in (
@@ -468,13 +489,12 @@ class SqlStore(abc.ABC):
             if value is not None:
                 assignments.append(f"{column} = ?")
                 params.append(value)
-        with self._transaction() as tx:
-            rows = tx.execute(
-                f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
-                f" AND status IN {LEASED_SQL} RETURNING {JOB_SELECT}",
-                [*params, job_id, worker_id, attempt],
-            )
-            return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
+        rows = tx.execute(
+            f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
+            f" AND status IN {LEASED_SQL} RETURNING {JOB_SELECT}",
+            [*params, job_id, worker_id, attempt],
+        )
+        return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
 
     def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]:
         """The capacity held on a worker for waiting gangs (written by the admission leader)."""
