@@ -21,7 +21,7 @@ from corral.domain import errors
 from corral.domain.records import Job, Reason
 from corral.domain.transitions import Plan
 from corral.store import Store
-from corral.store.base import JobReport, LogAppended, WorkerBeat
+from corral.store.base import JobReport, LogAppended, Stamp, WorkerBeat, stamp_of
 
 PLACEMENT = ClaimPlacement()
 
@@ -233,20 +233,23 @@ def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
     return store.change(job_id, partial(lifecycle.cancel, now=now))
 
 
-def claim(store: Store, worker_id: str, now: float) -> Job | None:
+def claim(store: Store, worker_id: str, now: Stamp) -> Job | None:
+    """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction."""
     return store.claim(worker_id, now, PLACEMENT)
 
 
 def reserve_gang(
-    store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: float
+    store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: Stamp
 ) -> tuple[Job, ...] | None:
-    """Reserve a gang where the admission cycle placed it, all tasks or none."""
+    """Reserve a gang where the admission cycle placed it, all tasks or none. A clock for ``now``
+    is read inside the transaction, after the capacity check: like a claim, the reservation is
+    stamped after every release it counted on."""
     where = {job_id: (worker_id, indices) for job_id, worker_id, indices in placements}
     return store.reserve_gang(
         gang_id,
         placements,
         PLACEMENT,
-        lambda tasks, ports: drain.reserve(tasks, where, drain.first_free_port(ports), now),
+        lambda tasks, ports: drain.reserve(tasks, where, drain.first_free_port(ports), stamp_of(now)),
     )
 
 

@@ -19,6 +19,18 @@ from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker
 from corral.domain.resources import Resources
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
 
+#: A change's time: a fixed instant, or a clock the store reads inside the transaction, once it has
+#: read the state the change depends on (a claim: the worker's allocations). With store calls on
+#: several threads, a time read when the request arrived can come before a release another thread
+#: committed meanwhile and the claim used: the history would show the worker over capacity.
+Stamp = float | Callable[[], float]
+
+
+def stamp_of(now: Stamp) -> float:
+    """The instant ``now`` names: itself, or its clock read now."""
+    return now() if callable(now) else now
+
+
 #: a decision about one job: the job and, for a gang task, every task of its gang (locked)
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
@@ -222,7 +234,7 @@ class Store(Protocol):
     def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]: ...
 
     # the job protocol
-    def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None: ...
+    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None: ...
     def heartbeat_job(
         self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...

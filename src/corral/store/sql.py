@@ -34,8 +34,10 @@ from corral.store.base import (
     JobDecision,
     JobFilter,
     JobReport,
+    Stamp,
     SubmitResult,
     Submitted,
+    stamp_of,
 )
 from corral.store.pool_rows import place_in_pools
 from corral.store.rows import (
@@ -349,12 +351,13 @@ class SqlStore(abc.ABC):
 
     # --- the job protocol ----------------------------------------------------------------
 
-    def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None:
+    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None:
         """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit.
 
         Candidates come in queue order, pre-filtered in SQL by the worker's free capacity and checked
         by ``policy`` (constraints, GPU indices); on PostgreSQL they are locked ``SKIP LOCKED`` so
-        replicas never hand out the same job.
+        replicas never hand out the same job. A clock for ``now`` is read once the worker is locked
+        and its allocations read: the claim is stamped after every release it counted on.
         """
         with self._transaction() as tx:
             # The worker, locked, and whether any capacity is held on it: holds exist only while a
@@ -370,6 +373,7 @@ class SqlStore(abc.ABC):
             if worker.status == WorkerStatus.DRAINING:
                 return None
             allocations = self._worker_allocations(tx, worker_id)
+            at = stamp_of(now)
             reserved = policy.reserved_task(worker, allocations)
             if reserved is not None:
                 # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
@@ -379,7 +383,7 @@ class SqlStore(abc.ABC):
                     f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,)
                 )
                 task = job_from_row(rows[0]) if rows else None
-                started = policy.start(task, worker_id, task.gpu_indices, now) if task else None
+                started = policy.start(task, worker_id, task.gpu_indices, at) if task else None
                 if started is not None:
                     return self._apply(tx, started)
             capacity = policy.capacity(worker, allocations)
@@ -396,16 +400,16 @@ class SqlStore(abc.ABC):
                 if not rows:
                     return None
                 candidates = [job_from_row(row) for row in rows]
-                chosen = policy.choose(worker, capacity, candidates, holds, now)
+                chosen = policy.choose(worker, capacity, candidates, holds, at)
                 while chosen is not None and policy.unreclaimable(chosen[0]):
                     # Work no preemption could take back does not start on borrowed capacity.
                     if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
                         break
                     candidates = [job for job in candidates if job.id != chosen[0].id]
-                    chosen = policy.choose(worker, capacity, candidates, holds, now)
+                    chosen = policy.choose(worker, capacity, candidates, holds, at)
                 if chosen is not None:
                     job, gpu_indices = chosen
-                    started = policy.start(job, worker_id, gpu_indices, now)
+                    started = policy.start(job, worker_id, gpu_indices, at)
                     if started is None:  # the candidates are pending and locked: cannot happen
                         raise errors.Conflict(f"job {job.id} cannot be started; retry")
                     return self._apply(tx, started)

@@ -57,7 +57,7 @@ def admission_tick(state: ServerState) -> None:
     reserved_any = False
     for reservation in decisions.reservations:
         placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
-        reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, now)
+        reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, state.clock.now)
         if reserved is None:
             logger.info(
                 "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}

@@ -109,7 +109,7 @@ async def claim(request: Request) -> Response:
     while True:
         woken = state.signal.current()
         server_url = str(request.base_url).rstrip("/")
-        claimed_now = await run_store(state, claimed, state, worker_id, state.clock.now(), server_url)
+        claimed_now = await run_store(state, claimed, state, worker_id, server_url)
         if claimed_now is not None:
             job, body = claimed_now
             break
@@ -128,12 +128,11 @@ async def claim(request: Request) -> Response:
     return json_response(body)
 
 
-def claimed(
-    state: ServerState, worker_id: str, now: float, server_url: str
-) -> tuple[Job, dict[str, Any]] | None:
+def claimed(state: ServerState, worker_id: str, server_url: str) -> tuple[Job, dict[str, Any]] | None:
     """Claim, and build the answer: the job, its attempt, its environment and its gang's
-    checkpoints (on a store thread, in one crossing: the claim is a job's hottest path)."""
-    job = changes.claim(state.store, worker_id, now)
+    checkpoints (on a store thread, in one crossing: the claim is a job's hottest path). The claim
+    reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came."""
+    job = changes.claim(state.store, worker_id, state.clock.now)
     if job is None:
         return None
     tasks = state.store.gang_tasks(job.gang_id) if job.gang_id is not None else None
