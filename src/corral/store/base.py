@@ -31,6 +31,11 @@ def stamp_of(now: Stamp) -> float:
     return now() if callable(now) else now
 
 
+class WouldWait(Exception):
+    """``Store.run_inline``: the work would have had to wait for a lock (or the backend never runs
+    work inline); nothing was written, so the caller runs it again on a store thread."""
+
+
 #: a decision about one job: the job and, for a gang task, every task of its gang (locked)
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
@@ -51,6 +56,7 @@ class CapacityView(Protocol):
 
 
 CapacityT = TypeVar("CapacityT", bound=CapacityView)
+T = TypeVar("T")
 
 
 class ClaimPolicy(Protocol[CapacityT]):
@@ -213,6 +219,11 @@ class Store(Protocol):
 
     def migrate(self) -> None: ...
     def close(self) -> None: ...
+    def run_inline(self, work: Callable[[], T]) -> T:
+        """``work()`` on the calling thread when the store can take it without waiting, else
+        ``WouldWait`` with nothing written (see ``SqliteStore.run_inline``)."""
+        ...
+
     def ping(self, timeout_s: float) -> None: ...
 
     # applying the core's decisions

@@ -18,8 +18,8 @@ transaction. The claim works the same way through its ``ClaimPolicy``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
@@ -37,6 +37,7 @@ from corral.store.base import (
     Stamp,
     SubmitResult,
     Submitted,
+    WouldWait,
     stamp_of,
 )
 from corral.store.pool_rows import place_in_pools
@@ -61,6 +62,8 @@ from corral.store.rows import (
 )
 from corral.store.schema import EVENT_COLUMNS, MIGRATIONS
 
+T = TypeVar("T")
+
 
 class SqlStore(abc.ABC):
     """Everything but the connection. Subclasses: ``SqliteStore``, ``PostgresStore``."""
@@ -83,6 +86,11 @@ class SqlStore(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def run_inline(self, work: Callable[[], T]) -> T:
+        """Never inline here: every statement is a round trip to a database server, a wait the event
+        loop must not make. ``SqliteStore`` runs short work inline when no lock is in the way."""
+        raise WouldWait("this store runs no work inline")
 
     @abc.abstractmethod
     def ping(self, timeout_s: float) -> None: ...

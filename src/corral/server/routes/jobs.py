@@ -36,7 +36,7 @@ from corral.server import changes
 from corral.server.auth import Principal, principal_of, redact_job
 from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
 from corral.server.openapi import Operation, integer, string
-from corral.server.state import ServerState, run_store, state_of
+from corral.server.state import ServerState, run_short, run_store, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
 logger = logging.getLogger("corral.server.jobs")
@@ -230,7 +230,7 @@ def _job_wire(request: Request, job: Job) -> dict[str, Any]:
 
 async def get_job(request: Request) -> Response:
     state = state_of(request)
-    job = await run_store(state, _job_or_404, state, request.path_params["job_id"])
+    job = await run_short(state, _job_or_404, state, request.path_params["job_id"])
     return answer(JobAnswer, _job_wire(request, job))
 
 

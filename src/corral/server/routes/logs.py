@@ -26,7 +26,7 @@ from corral.protocol.answers import LogAppendedAnswer
 from corral.server import changes
 from corral.server.http import fence, json_response, query_int, read_body
 from corral.server.openapi import BYTES, FENCE, TEXT, Operation, integer, string
-from corral.server.state import ServerState, run_store, state_of
+from corral.server.state import ServerState, run_short, run_store, state_of
 from corral.store.base import LogSlice
 
 logger = logging.getLogger("corral.server.logs")
@@ -47,7 +47,7 @@ async def append(request: Request) -> Response:
     worker_id, attempt = fence(request)
     offset = _non_negative(request, "offset", required=True)
     data = await read_body(request, CHUNK_MAX_BYTES)
-    appended = await run_store(
+    appended = await run_short(
         state,
         changes.append_log,
         state.store,

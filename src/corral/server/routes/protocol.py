@@ -36,7 +36,7 @@ from corral.server import changes
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
 from corral.server.openapi import BYTES, FENCE, Operation, integer, number, string
-from corral.server.state import ServerState, run_store, state_of
+from corral.server.state import ServerState, run_short, run_store, state_of
 from corral.store.base import JobReport
 
 logger = logging.getLogger("corral.server.protocol")
@@ -109,7 +109,7 @@ async def claim(request: Request) -> Response:
     while True:
         woken = state.signal.current()
         server_url = str(request.base_url).rstrip("/")
-        claimed_now = await run_store(state, claimed, state, worker_id, server_url)
+        claimed_now = await run_short(state, claimed, state, worker_id, server_url)
         if claimed_now is not None:
             job, body = claimed_now
             break
@@ -154,7 +154,7 @@ async def job_heartbeat(request: Request) -> Response:
         checkpoint_at=body.checkpoint_at,
     )
     settings = state.settings
-    action = await run_store(
+    action = await run_short(
         state,
         changes.heartbeat,
         state.store,
@@ -189,7 +189,7 @@ def heartbeat_answer(state: ServerState, action: HeartbeatAction, worker_id: str
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
-    reported = await run_store(
+    reported = await run_short(
         state,
         changes.report_done,
         state.store,
@@ -212,7 +212,7 @@ async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
-    reported = await run_store(
+    reported = await run_short(
         state,
         changes.report_failure,
         state.store,
@@ -251,7 +251,7 @@ async def preempted(request: Request) -> Response:
     worker_id, attempt = fence(request)
     epoch = query_int(request, "epoch")
     assert epoch is not None
-    reported = await run_store(
+    reported = await run_short(
         state,
         changes.acknowledge_stop,
         state.store,
@@ -278,7 +278,7 @@ async def watchdog(request: Request) -> Response:
     worker_id, attempt = fence(request)
     body = await parse_body(request, WatchdogBody)
     detail = body.detail if isinstance(body.detail, str) else orjson.dumps(body.detail or {}).decode()
-    reported = await run_store(
+    reported = await run_short(
         state,
         changes.report_trip,
         state.store,

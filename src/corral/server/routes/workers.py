@@ -20,7 +20,7 @@ from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
 from corral.server.routes import protocol
-from corral.server.state import ServerState, run_store, state_of
+from corral.server.state import ServerState, run_short, run_store, state_of
 from corral.store.base import JobReport, WorkerRegistration, WorkerView
 
 logger = logging.getLogger("corral.server.workers")
@@ -109,7 +109,7 @@ async def heartbeat(request: Request) -> Response:
         )
         for beat in body.jobs or ()
     ]
-    applied, jobs = await run_store(state, _beat, state, worker_id, now, readings, body, beats)
+    applied, jobs = await run_short(state, _beat, state, worker_id, now, readings, body, beats)
     worker = applied.beat.worker
     if body.unhealthy_gpus and set(body.unhealthy_gpus) - set(applied.beat.previous_unhealthy):
         # Once per newly reported GPU, not at every heartbeat that repeats it.
