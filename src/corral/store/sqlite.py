@@ -159,7 +159,7 @@ class SqliteStore(RetentionStore):
         stops with ``WouldWait`` before it has written anything, and the caller hands it to a
         store thread, where it waits its turn as usual: a locked store still never freezes the
         event loop. Once a transaction of ``work`` has committed it cannot be sent again, so its
-        later transactions wait as on a store thread (a short wait in practice: another writer of
+        later transactions and reads wait as on a store thread (a short wait in practice: another writer of
         this process, FIFO).
         """
         local = self._local
@@ -176,6 +176,11 @@ class SqliteStore(RetentionStore):
         finally:
             local.inline = False
 
+    def _refuses_to_wait(self) -> bool:
+        """Inline work that has written nothing yet: it gives up rather than wait."""
+        local = self._local
+        return bool(getattr(local, "inline", False) and not local.committed)
+
     def _waits(self, connection: sqlite3.Connection, waits: bool) -> None:
         """SQLite's busy timeout on this thread's connection: ``busy_timeout_s``, or 0 while
         inline work refuses to wait. Set only when it changes: the event loop's connection stays
@@ -188,7 +193,7 @@ class SqliteStore(RetentionStore):
     def _transaction(self) -> Iterator[_SqliteTransaction]:
         connection = self._connection()
         local = self._local
-        refuse_to_wait = getattr(local, "inline", False) and not local.committed
+        refuse_to_wait = self._refuses_to_wait()
         if not refuse_to_wait:
             self._waits(connection, True)
         if not self._write_lock.acquire(timeout=0 if refuse_to_wait else self.busy_timeout_s):
@@ -211,7 +216,7 @@ class SqliteStore(RetentionStore):
 
     def _read(self) -> _SqliteTransaction:
         tx = self._tx
-        if not self._local.waits and not getattr(self._local, "inline", False):
+        if not self._local.waits and not self._refuses_to_wait():
             self._waits(self._local.connection, True)
         return tx
 
