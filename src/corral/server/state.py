@@ -3,9 +3,10 @@
 The event loop never waits on the store: a route hands its store work to ``run_store``, which runs
 it on one of the server's store threads (``CORRAL_STORE_THREADS``) while the loop goes on serving
 other requests (``run_short``, for the protocol's short calls, first tries the work on the event
-loop where the store can take it without any wait: SQLite with no lock in the way); the background loops run their passes on threads of their own
-(``loops.runner``). Anything a route or a pass calls from such a thread must be thread-safe:
-metrics and logging are, ``WorkSignal.notify`` and ``wake_loop`` hand the wake-up to the event loop.
+loop where the store can take it without any wait: SQLite with no lock in the way); the background
+loops run their passes on threads of their own (``loops.runner``). Anything a route or a pass
+calls from such a thread must be thread-safe: metrics and logging are, ``WorkSignal.notify`` and
+``wake_loop`` hand the wake-up to the event loop.
 """
 
 from __future__ import annotations
