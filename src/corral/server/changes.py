@@ -18,7 +18,7 @@ from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.placement import ClaimPlacement
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
 from corral.domain import errors
-from corral.domain.records import Job, Reason
+from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
 from corral.store import Store
 from corral.store.base import JobReport, LogAppended, Stamp, WorkerBeat, stamp_of
@@ -177,10 +177,12 @@ def save_checkpoint(
 
 
 def preempt(
-    store: Store, preemption: Preemption, jobs: Mapping[str, Job], now: float, checkpoint_timeout_s: float
+    store: Store, preemption: Preemption, jobs: Mapping[str, Job], now: Stamp, checkpoint_timeout_s: float
 ) -> PreemptionStarted | None:
     """Apply one decision of the preemption planner, all of it or nothing (``start_preemption``).
-    ``jobs``: the snapshot's rows, to know which preemptor and victims are gangs."""
+    ``jobs``: the snapshot's rows, to know which preemptor and victims are gangs. A clock for
+    ``now`` is read under the locks, as for a claim: the preemptor's reservation is stamped after
+    every release it counted on."""
     gang_ids = sorted(
         {
             job.gang_id
@@ -193,7 +195,21 @@ def preempt(
         (place.worker_id for place in preemption.placements if place.job_id == preemption.job_ids[0]), None
     )
     port_worker = rank_zero if len(preemption.job_ids) > 1 else None
-    decide = partial(start_preemption, preemption, now=now, checkpoint_timeout_s=checkpoint_timeout_s)
+
+    def decide(
+        locked: Mapping[str, Job],
+        workers: Mapping[str, tuple[Worker, Sequence[Allocation]]],
+        ports_used: set[int],
+    ) -> Plan[PreemptionStarted | None]:
+        return start_preemption(
+            preemption,
+            locked,
+            workers,
+            ports_used,
+            now=stamp_of(now),
+            checkpoint_timeout_s=checkpoint_timeout_s,
+        )
+
     return store.preempt(
         job_ids,
         gang_ids,

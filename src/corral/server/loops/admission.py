@@ -108,7 +108,9 @@ def _apply_preemptions(
     jobs.update((task.id, task) for gang in snapshot.gangs for task in gang.tasks)
     started_any = False
     for preemption in preemptions:
-        started = changes.preempt(state.store, preemption, jobs, now, state.settings.checkpoint_timeout_s)
+        started = changes.preempt(
+            state.store, preemption, jobs, state.clock.now, state.settings.checkpoint_timeout_s
+        )
         if started is None:
             logger.info(
                 "preemption lost a race; planning again next pass", extra={"preemptor": preemption.preemptor}
