@@ -31,15 +31,20 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 
 
+def _raise_if_busy(error: sqlite3.OperationalError) -> None:
+    """SQLite's "database is locked" / "database is busy" as ``StoreBusy``: a 503, never a 500.
+    (A function for ``except`` clauses: the hot path's statements pay for no context manager.)"""
+    text = str(error).lower()
+    if "locked" in text or "busy" in text:
+        raise errors.StoreBusy(f"the SQLite store is locked by another writer; retry: {error}") from error
+
+
 @contextmanager
 def _busy_is_503() -> Iterator[None]:
-    """SQLite's "database is locked" / "database is busy" as ``StoreBusy``: a 503, never a 500."""
     try:
         yield
     except sqlite3.OperationalError as error:
-        text = str(error).lower()
-        if "locked" in text or "busy" in text:
-            raise errors.StoreBusy(f"the SQLite store is locked by another writer; retry: {error}") from error
+        _raise_if_busy(error)
         raise
 
 
@@ -90,11 +95,11 @@ class _SqliteTransaction:
         self._connection = connection
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:  # (not ``_busy_is_503``: a context manager per statement shows in the jobs/s)
+        try:
             return self._connection.execute(sql, params).fetchall()
         except sqlite3.OperationalError as error:
-            with _busy_is_503():
-                raise error
+            _raise_if_busy(error)
+            raise
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with _busy_is_503():
@@ -194,20 +199,24 @@ class SqliteStore(RetentionStore):
         connection = self._connection()
         local = self._local
         refuse_to_wait = self._refuses_to_wait()
-        if not refuse_to_wait:
+        if not refuse_to_wait and not local.waits:
             self._waits(connection, True)
         if not self._write_lock.acquire(timeout=0 if refuse_to_wait else self.busy_timeout_s):
             raise errors.StoreBusy(f"the SQLite store stayed busy for {self.busy_timeout_s:g}s; retry")
         try:
-            with _busy_is_503():
+            try:
                 connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                _raise_if_busy(error)
+                raise
             try:
                 yield local.tx
-                with _busy_is_503():
-                    connection.execute("COMMIT")
-            except BaseException:
+                connection.execute("COMMIT")
+            except BaseException as error:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
+                if isinstance(error, sqlite3.OperationalError):
+                    _raise_if_busy(error)
                 raise
             if refuse_to_wait:
                 local.committed = True  # written: its next transaction waits like any other
