@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 
@@ -11,9 +10,6 @@ from corral.config import ServerSettings, add_flags, load
 from corral.domain import errors
 from corral.observability.logging import configure_logging
 from corral.server import sqlite_lock
-
-#: how long a thread keeps the GIL while another waits for it (CPython's default: 5 ms)
-SWITCH_INTERVAL_S = float(os.environ.get("CORRAL_SWITCH_INTERVAL_S") or 0.0005)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -43,12 +39,6 @@ def run(arguments: argparse.Namespace) -> int:
     except errors.CorralError as error:
         print(f"corral server: {error.message}", file=sys.stderr)
         return 2
-    # Store work and loop passes run on threads beside the event loop, sharing the GIL. With
-    # CPython's 5 ms switch interval a thread in a long stretch of Python (an admission pass over
-    # 2,000 workers, a 5,000-job list) kept the event loop and the heartbeats' store threads
-    # waiting 5 ms at each handover: at 2,000 hosts heartbeat p99 stayed at 150 ms idle and 550 ms
-    # loaded; at 0.5 ms, 43 and 186 ms (bench/fleet.py). It costs some throughput (bench/protocol.py).
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         app = create_app(store, settings)
     except OSError as error:

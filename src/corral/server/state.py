@@ -29,6 +29,7 @@ from corral.core.preemption import PreemptionSettings
 from corral.domain.clock import Clock
 from corral.domain.pools import PoolDefaults
 from corral.observability.metrics import Metrics
+from corral.server import switching
 from corral.server.signal import WorkSignal
 from corral.store import Store
 from corral.store.base import WouldWait
@@ -112,6 +113,20 @@ async def run_store(state: ServerState, work: Callable[P, T], *args: P.args, **k
     return await loop.run_in_executor(state.executor, partial(work, *args, **kwargs))
 
 
+async def run_long_read(state: ServerState, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``run_store`` for a read that runs long in Python (a page of 5,000 jobs, every worker, a
+    dashboard page, ``why``): with the short switch interval while it runs (``switching``), so that
+    the event loop gets the interpreter back at once for the heartbeats meanwhile. (Not for a
+    submit: what waits on it waits for the write lock, not the interpreter.)"""
+    call = partial(work, *args, **kwargs)
+
+    def long_read() -> T:
+        with switching.long_work():
+            return call()
+
+    return await run_store(state, long_read)
+
+
 async def run_short(state: ServerState, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """``run_store`` for the protocol's short calls (a claim, a report, a heartbeat): tried on the
     event loop first when the store can take it without waiting (SQLite with no writer in the way,
@@ -127,11 +142,12 @@ async def run_short(state: ServerState, work: Callable[P, T], *args: P.args, **k
 
 
 def off_loop(handler: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
-    """A route whose whole handler is store work (it awaits nothing), run on a store thread."""
+    """A route whose whole handler is store work (it awaits nothing), run on a store thread as a
+    long read (the dashboard's pages)."""
 
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
-        return await run_store(state_of(request), handler, request)
+        return await run_long_read(state_of(request), handler, request)
 
     return endpoint
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from corral.observability.metrics import Metrics
+from corral.server import switching
 
 logger = logging.getLogger("corral.server.loops")
 
@@ -80,7 +81,8 @@ class LoopRunner:
             return True
         started = time.perf_counter()
         try:
-            self.loop.tick()
+            with switching.long_work():
+                self.loop.tick()
         except Exception:
             self.metrics.loop_errors.labels(loop=self.loop.name).inc()
             logger.exception("loop pass failed", extra={"loop": self.loop.name})

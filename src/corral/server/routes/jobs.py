@@ -36,7 +36,7 @@ from corral.server import changes
 from corral.server.auth import Principal, principal_of, redact_job
 from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
 from corral.server.openapi import Operation, integer, string
-from corral.server.state import ServerState, run_short, run_store, state_of
+from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
 logger = logging.getLogger("corral.server.jobs")
@@ -152,7 +152,7 @@ async def list_jobs(request: Request) -> Response:
     after = _decode_cursor(params["after"]) if params.get("after") else None
     principal = principal_of(request)
     if limit <= STREAM_CHUNK:
-        return await run_store(state, _job_page, state, filters, limit, after, principal)
+        return await run_long_read(state, _job_page, state, filters, limit, after, principal)
     return StreamingResponse(
         _streamed_page(state, filters, limit, after, principal), media_type="application/json"
     )
@@ -204,7 +204,7 @@ async def _streamed_page(
     sent, last = 0, None
     while sent < limit:
         want = min(STREAM_CHUNK, limit - sent)
-        data, count, tail = await run_store(state, _chunk, state, filters, want, after, principal)
+        data, count, tail = await run_long_read(state, _chunk, state, filters, want, after, principal)
         if count:
             yield (b"," if sent else b"") + data
             sent, last = sent + count, tail
@@ -236,7 +236,7 @@ async def get_job(request: Request) -> Response:
 
 async def job_events(request: Request) -> Response:
     state = state_of(request)
-    return await run_store(state, _events, state, request.path_params["job_id"])
+    return await run_long_read(state, _events, state, request.path_params["job_id"])
 
 
 def _events(state: ServerState, job_id: str) -> Response:
@@ -246,7 +246,7 @@ def _events(state: ServerState, job_id: str) -> Response:
 
 async def why(request: Request) -> Response:
     state = state_of(request)
-    return await run_store(state, _why, state, request.path_params["job_id"])
+    return await run_long_read(state, _why, state, request.path_params["job_id"])
 
 
 def _why(state: ServerState, job_id: str) -> Response:

@@ -16,7 +16,7 @@ from corral.domain import errors
 from corral.protocol.answers import HealthAnswer, OpenApiAnswer, StatusAnswer
 from corral.server.http import answer, error_response, json_response
 from corral.server.openapi import PROMETHEUS, Operation
-from corral.server.state import run_store, state_of
+from corral.server.state import run_long_read, state_of
 
 READY_TIMEOUT_S = 1.0
 
@@ -59,7 +59,7 @@ async def readyz(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """On a store thread: the cluster gauges read the store at every scrape."""
     state = state_of(request)
-    text = await run_store(state, generate_latest, state.metrics.registry)
+    text = await run_long_read(state, generate_latest, state.metrics.registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -30,7 +30,7 @@ from corral.protocol.answers import PoolAnswer, PoolPage
 from corral.protocol.models import PoolBody
 from corral.server.http import answer, parse_body
 from corral.server.openapi import Operation
-from corral.server.state import ServerState, run_store, state_of
+from corral.server.state import ServerState, run_long_read, run_store, state_of
 
 
 def limits_to_wire(limits: Resources | None) -> dict[str, int | None] | None:
@@ -110,7 +110,7 @@ def _one(state: ServerState, path: str) -> dict[str, Any]:
 
 async def list_pools(request: Request) -> Response:
     state = state_of(request)
-    return answer(PoolPage, {"items": await run_store(state, _tree, state), "next": None})
+    return answer(PoolPage, {"items": await run_long_read(state, _tree, state), "next": None})
 
 
 async def get_pool(request: Request) -> Response:

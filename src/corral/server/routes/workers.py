@@ -20,7 +20,7 @@ from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
 from corral.server.routes import protocol
-from corral.server.state import ServerState, run_short, run_store, state_of
+from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
 from corral.store.base import JobReport, WorkerRegistration, WorkerView
 
 logger = logging.getLogger("corral.server.workers")
@@ -155,7 +155,7 @@ def _beat(
 
 async def list_workers(request: Request) -> Response:
     state = state_of(request)
-    return await run_store(state, _worker_page, state)
+    return await run_long_read(state, _worker_page, state)
 
 
 def _worker_page(state: ServerState) -> Response:
