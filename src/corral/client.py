@@ -4,7 +4,8 @@ Every answer comes back as its model of the wire contract (``corral.protocol.ans
 ``JobAnswer``, a ``WorkerAnswer``, a ``ClaimAnswer``... The CLI and the worker use it too, so the
 SDK is exercised by every end-to-end test. Errors come back as ``ApiError`` with the server's stable
 ``code`` (``bad_response`` for an answer that is not JSON or breaks its model); a server that cannot
-be reached is ``ServerUnreachable``.
+be reached is ``ServerUnreachable``. A 503 with ``Retry-After`` (a busy store: nothing was changed)
+is sent again after the time it says, for up to ``busy_retry_s`` in all, before it is an error.
 
     from corral.client import Client
     with Client("http://127.0.0.1:8765") as corral:
@@ -73,10 +74,15 @@ class ApiError(ClientError):
 
 class Client:
     """``token``: sent as ``Authorization: Bearer`` on every request; None reads ``CORRAL_TOKEN``
-    (unset or empty: no token, for a server without authentication)."""
+    (unset or empty: no token, for a server without authentication). ``busy_retry_s``: how long a
+    503 with ``Retry-After`` (a busy store) is sent again."""
 
     def __init__(
-        self, server: str = DEFAULT_SERVER, timeout_s: float = 30.0, token: str | None = None
+        self,
+        server: str = DEFAULT_SERVER,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        busy_retry_s: float = 20.0,
     ) -> None:
         self.server = server.rstrip("/")
         if token is None:
@@ -84,6 +90,7 @@ class Client:
         self._http = Transport(
             self.server, timeout_s, {"authorization": f"Bearer {token}"} if token else None
         )
+        self.busy_retry_s = busy_retry_s
 
     def __enter__(self) -> Client:
         return self
@@ -106,10 +113,16 @@ class Client:
         timeout_s: float | None = None,
     ) -> Response:
         content = body if isinstance(body, bytes) else orjson.dumps(body) if body is not None else None
-        try:
-            response = self._http.request(method, path, content, params, headers, timeout_s)
-        except TransportError as error:
-            raise ServerUnreachable(self.server, error) from error
+        give_up = time.monotonic() + self.busy_retry_s
+        while True:
+            try:
+                response = self._http.request(method, path, content, params, headers, timeout_s)
+            except TransportError as error:
+                raise ServerUnreachable(self.server, error) from error
+            wait = _retry_after(response)
+            if wait is None or time.monotonic() + wait > give_up:
+                break
+            time.sleep(wait)
         if response.status_code >= 400:
             raise _api_error(response)
         return response
@@ -337,6 +350,19 @@ class Client:
 
     def health(self) -> HealthAnswer:
         return self._answer(HealthAnswer, "GET", "/health")
+
+
+def _retry_after(response: Response) -> float | None:
+    """Seconds to wait before sending again, for a 503 that says when (``Retry-After`` in seconds:
+    the server's busy store); None for any other answer."""
+    if response.status_code != 503:
+        return None
+    value = response.headers.get("retry-after", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return min(max(seconds, 0.05), 30.0)
 
 
 def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:

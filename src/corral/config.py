@@ -108,6 +108,18 @@ class ServerSettings(BaseSettings):
     auth_tokens: str | None = Field(
         None, description="token file (TOKEN ROLE NAME lines) that turns authentication on"
     )
+    store_threads: int = Field(
+        8,
+        ge=0,
+        le=256,
+        description="threads that run the store's work off the event loop (PostgreSQL: a connection"
+        " each; on SQLite a claim, report or heartbeat runs on the event loop when no lock is in its"
+        " way, and on a thread when one is); 0: everything on the event loop, as before (a slow or"
+        " locked store then stalls every request)",
+    )
+    store_busy_timeout_s: float = Field(
+        5.0, gt=0, description="a change waiting longer than this for a store lock is answered 503 store_busy"
+    )
 
 
 class WorkerSettings(BaseSettings):

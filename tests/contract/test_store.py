@@ -172,6 +172,33 @@ def test_concurrent_claims_never_hand_out_a_job_twice(store_url, store):
     assert len(set(claimed)) == 120
 
 
+def test_concurrent_claims_for_one_worker_never_overfill_it(store):
+    """The server's store threads share one store: claims for one worker from several threads at
+    once (a worker's retried claim beside its first) take turns on the worker row, and each sees
+    the others' jobs, so the worker never holds more than it offers."""
+    protocol.submit(store, [spec(resources=Resources(cpus=1)) for _ in range(20)], NOW)
+    register(store, "w1", cpus=3)
+    start = threading.Barrier(8)
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def claim_some() -> None:
+        start.wait(10)
+        for _ in range(3):
+            job = store.claim("w1", NOW, POLICY)
+            if job is not None:
+                with lock:
+                    claimed.append(job.id)
+
+    threads = [threading.Thread(target=claim_some) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(claimed) == len(set(claimed)) == 3
+    assert len(store.list_jobs(JobFilter(status=("running",)), 100, None)) == 3
+
+
 # --- fenced reports -------------------------------------------------------------------------
 
 

@@ -107,3 +107,15 @@ class StoreUnavailable(CorralError):
 
     code = "store_unavailable"
     http_status = 503
+
+
+class StoreBusy(StoreUnavailable):
+    """The store is busy (locked by another writer): nothing was changed; retry after a moment.
+
+    Answered 503 with ``Retry-After``: the transaction did not take its lock in time, or was rolled
+    back (a lock or statement timeout, a deadlock, a serialization failure), so sending the same
+    request again is safe."""
+
+    code = "store_busy"
+    #: seconds a client should wait before sending the request again
+    retry_after_s = 1

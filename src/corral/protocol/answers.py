@@ -335,6 +335,19 @@ class ErrorDetail(Answer):
     message: str
 
 
+class JobBeatAnswer(HeartbeatAnswer):
+    """One job of a batched worker heartbeat: its heartbeat answer, or the error its own heartbeat
+    would have got (``stale_attempt``, ``not_running``, ``not_found``: the worker stops that job)."""
+
+    error: ErrorDetail | None = None
+
+
+class WorkerHeartbeatAnswer(Answer):
+    """``POST /workers/{id}/heartbeat``: ``{}``; with ``jobs`` in the body, each job's answer by id."""
+
+    jobs: dict[str, JobBeatAnswer] | None = None
+
+
 class ErrorAnswer(Answer):
     """Every error: the status code plus this envelope with a stable ``code``."""
 

@@ -237,6 +237,9 @@ class WorkerHeartbeatBody(_Strict):
     #: GPU indices the worker will not use again (a killed job's process would not exit from a
     #: driver call); the server places no work on them until the worker re-registers
     unhealthy_gpus: list[GpuIndex] | None = Field(None, max_length=4096)
+    #: the leases and progress of the worker's running jobs, renewed in one transaction: each job
+    #: is answered as its own ``POST /jobs/{id}/heartbeat`` would be (``WorkerHeartbeatAnswer``)
+    jobs: list[JobBeat] | None = Field(None, max_length=4096)
 
 
 class JobHeartbeatBody(_Strict):
@@ -250,6 +253,13 @@ class JobHeartbeatBody(_Strict):
     #: during a preemption's checkpoint phase, the job asks for this many more seconds
     #: (``jobkit.defer``); the server grants up to ``CORRAL_MAX_DEFERRAL_S`` in all
     defer_s: float | None = Field(None, ge=0, le=86400)
+
+
+class JobBeat(JobHeartbeatBody):
+    """One running job's heartbeat inside its worker's (``WorkerHeartbeatBody.jobs``)."""
+
+    id: str = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=0, lt=2**63)
 
 
 class FailBody(_Strict):

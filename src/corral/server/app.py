@@ -6,6 +6,7 @@ store with a fake clock; ``corral.server.main`` builds the real one from setting
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -103,6 +104,8 @@ def create_app(
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
         await loops.stop()
+        if state.executor is not None:
+            await asyncio.to_thread(state.executor.shutdown)
 
     routes = [
         *protocol.routes,

@@ -17,10 +17,11 @@ from corral.core.drain import DrainCompleted, DrainStarted
 from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.placement import ClaimPlacement
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
-from corral.domain.records import Job, Reason
+from corral.domain import errors
+from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
 from corral.store import Store
-from corral.store.base import JobReport, LogAppended, WorkerBeat
+from corral.store.base import JobReport, LogAppended, Stamp, WorkerBeat, stamp_of
 
 PLACEMENT = ClaimPlacement()
 
@@ -97,6 +98,21 @@ def heartbeat(
     attempt no longer holds the job. Only a checkpoint phase that moves (a deferral, its extension,
     its end) writes again, decided once more on the locked row."""
     job = store.heartbeat_job(job_id, worker_id, attempt, now, report)
+    return _heartbeat_answer(
+        store, job, worker_id, attempt, now, defer_s, checkpoint_timeout_s, max_deferral_s
+    )
+
+
+def _heartbeat_answer(
+    store: Store,
+    job: Job,
+    worker_id: str,
+    attempt: int,
+    now: float,
+    defer_s: float | None,
+    checkpoint_timeout_s: float,
+    max_deferral_s: float,
+) -> HeartbeatAction:
     lifecycle.check_heartbeat(job, worker_id, attempt)
     phase = partial(
         lifecycle.heartbeat_action,
@@ -113,7 +129,44 @@ def heartbeat(
         lifecycle.check_heartbeat(locked, worker_id, attempt)
         return phase(locked)
 
-    return store.change(job_id, decide)
+    return store.change(job.id, decide)
+
+
+@dataclass(frozen=True)
+class JobBeat:
+    """One job's heartbeat carried by its worker's."""
+
+    job_id: str
+    attempt: int
+    report: JobReport
+    defer_s: float | None = None
+
+
+def heartbeat_jobs(
+    store: Store,
+    worker_id: str,
+    now: float,
+    beats: Sequence[JobBeat],
+    checkpoint_timeout_s: float = 600.0,
+    max_deferral_s: float = 300.0,
+) -> dict[str, HeartbeatAction | errors.CorralError]:
+    """Renew every lease of the batch in one transaction, then answer each job as its own
+    ``heartbeat`` would: the action, or the refusal (``Conflict`` / ``NotFound``) for that job alone.
+    A checkpoint phase that moves is decided again on its locked row, as there."""
+    renewed = store.heartbeat_jobs(
+        worker_id, now, [(beat.job_id, beat.attempt, beat.report) for beat in beats]
+    )
+    answers: dict[str, HeartbeatAction | errors.CorralError] = {}
+    for beat, job in zip(beats, renewed, strict=True):
+        try:
+            if job is None:
+                raise errors.NotFound(f"job {beat.job_id} not found")
+            answers[beat.job_id] = _heartbeat_answer(
+                store, job, worker_id, beat.attempt, now, beat.defer_s, checkpoint_timeout_s, max_deferral_s
+            )
+        except (errors.Conflict, errors.NotFound) as refused:
+            answers[beat.job_id] = refused
+    return answers
 
 
 def save_checkpoint(
@@ -124,10 +177,12 @@ def save_checkpoint(
 
 
 def preempt(
-    store: Store, preemption: Preemption, jobs: Mapping[str, Job], now: float, checkpoint_timeout_s: float
+    store: Store, preemption: Preemption, jobs: Mapping[str, Job], now: Stamp, checkpoint_timeout_s: float
 ) -> PreemptionStarted | None:
     """Apply one decision of the preemption planner, all of it or nothing (``start_preemption``).
-    ``jobs``: the snapshot's rows, to know which preemptor and victims are gangs."""
+    ``jobs``: the snapshot's rows, to know which preemptor and victims are gangs. A clock for
+    ``now`` is read under the locks, as for a claim: the preemptor's reservation is stamped after
+    every release it counted on."""
     gang_ids = sorted(
         {
             job.gang_id
@@ -140,7 +195,21 @@ def preempt(
         (place.worker_id for place in preemption.placements if place.job_id == preemption.job_ids[0]), None
     )
     port_worker = rank_zero if len(preemption.job_ids) > 1 else None
-    decide = partial(start_preemption, preemption, now=now, checkpoint_timeout_s=checkpoint_timeout_s)
+
+    def decide(
+        locked: Mapping[str, Job],
+        workers: Mapping[str, tuple[Worker, Sequence[Allocation]]],
+        ports_used: set[int],
+    ) -> Plan[PreemptionStarted | None]:
+        return start_preemption(
+            preemption,
+            locked,
+            workers,
+            ports_used,
+            now=stamp_of(now),
+            checkpoint_timeout_s=checkpoint_timeout_s,
+        )
+
     return store.preempt(
         job_ids,
         gang_ids,
@@ -180,20 +249,23 @@ def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
     return store.change(job_id, partial(lifecycle.cancel, now=now))
 
 
-def claim(store: Store, worker_id: str, now: float) -> Job | None:
+def claim(store: Store, worker_id: str, now: Stamp) -> Job | None:
+    """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction."""
     return store.claim(worker_id, now, PLACEMENT)
 
 
 def reserve_gang(
-    store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: float
+    store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: Stamp
 ) -> tuple[Job, ...] | None:
-    """Reserve a gang where the admission cycle placed it, all tasks or none."""
+    """Reserve a gang where the admission cycle placed it, all tasks or none. A clock for ``now``
+    is read inside the transaction, after the capacity check: like a claim, the reservation is
+    stamped after every release it counted on."""
     where = {job_id: (worker_id, indices) for job_id, worker_id, indices in placements}
     return store.reserve_gang(
         gang_id,
         placements,
         PLACEMENT,
-        lambda tasks, ports: drain.reserve(tasks, where, drain.first_free_port(ports), now),
+        lambda tasks, ports: drain.reserve(tasks, where, drain.first_free_port(ports), stamp_of(now)),
     )
 
 

@@ -1,8 +1,9 @@
 """HTTP plumbing shared by every route: JSON in and out, the error envelope, request ids.
 
 Every failure leaves as ``{"error": {"code", "message"}}`` with a stable code: bad input is a 400
-naming the field (never 422), a wrong method a 405, an unknown path a 404, and an unexpected fault a
-500 whose body carries no stack trace (the trace goes to the log with the request id).
+naming the field (never 422), a wrong method a 405, an unknown path a 404, a busy store a 503
+``store_busy`` with ``Retry-After``, and an unexpected fault a 500 whose body carries no stack trace
+(the trace goes to the log with the request id).
 """
 
 from __future__ import annotations
@@ -158,9 +159,15 @@ def fence(request: Request) -> tuple[str, int]:
 
 
 async def corral_error_handler(request: Request, error: Exception) -> Response:
+    """A fault as its envelope; a busy store's 503 carries ``Retry-After`` (nothing was changed, so
+    the worker and the SDK send the same request again after it)."""
     assert isinstance(error, errors.CorralError)
     # A client too slow to send its body loses its connection too (it may be holding many).
-    headers = {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
+    headers: dict[str, str] | None = (
+        {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
+    )
+    if isinstance(error, errors.StoreBusy):
+        headers = {"Retry-After": str(error.retry_after_s)}
     return error_response(error.http_status, error.code, error.message, headers)
 
 

@@ -35,7 +35,7 @@ def run(arguments: argparse.Namespace) -> int:
         print(f"corral server: cannot create the SQLite lock file: {error}", file=sys.stderr)
         return 2
     try:
-        store = open_store(settings.db)
+        store = open_store(settings.db, busy_timeout_s=settings.store_busy_timeout_s)
     except errors.CorralError as error:
         print(f"corral server: {error.message}", file=sys.stderr)
         return 2

@@ -6,21 +6,22 @@ from corral.domain import errors
 from corral.store.base import Store
 
 
-def open_store(url: str, migrate: bool = True) -> Store:
+def open_store(url: str, migrate: bool = True, busy_timeout_s: float = 5.0) -> Store:
     """Open the store a ``CORRAL_DB`` URL names and migrate it forward.
 
     ``sqlite:///corral.db`` (relative path), ``sqlite:////abs/path.db``, ``sqlite://:memory:`` is not
     supported (each connection would see its own database); ``postgresql://...`` or ``postgres://...``.
+    ``busy_timeout_s``: how long a change waits for a lock before it is refused as ``StoreBusy``.
     """
     store: Store
     if url.startswith("sqlite:///"):
         from corral.store.sqlite import SqliteStore
 
-        store = SqliteStore(url.removeprefix("sqlite:///"))
+        store = SqliteStore(url.removeprefix("sqlite:///"), busy_timeout_s)
     elif url.startswith(("postgresql://", "postgres://")):
         from corral.store.postgres import PostgresStore
 
-        store = PostgresStore(url)
+        store = PostgresStore(url, busy_timeout_s)
     else:
         raise errors.InvalidRequest(
             f"unsupported CORRAL_DB {url!r}: use sqlite:///path.db or postgresql://...", field="db"

@@ -19,6 +19,23 @@ from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker
 from corral.domain.resources import Resources
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
 
+#: A change's time: a fixed instant, or a clock the store reads inside the transaction, once it has
+#: read the state the change depends on (a claim: the worker's allocations). With store calls on
+#: several threads, a time read when the request arrived can come before a release another thread
+#: committed meanwhile and the claim used: the history would show the worker over capacity.
+Stamp = float | Callable[[], float]
+
+
+def stamp_of(now: Stamp) -> float:
+    """The instant ``now`` names: itself, or its clock read now."""
+    return now() if callable(now) else now
+
+
+class WouldWait(Exception):
+    """``Store.run_inline``: the work would have had to wait for a lock (or the backend never runs
+    work inline); nothing was written, so the caller runs it again on a store thread."""
+
+
 #: a decision about one job: the job and, for a gang task, every task of its gang (locked)
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
@@ -39,6 +56,7 @@ class CapacityView(Protocol):
 
 
 CapacityT = TypeVar("CapacityT", bound=CapacityView)
+T = TypeVar("T")
 
 
 class ClaimPolicy(Protocol[CapacityT]):
@@ -201,6 +219,11 @@ class Store(Protocol):
 
     def migrate(self) -> None: ...
     def close(self) -> None: ...
+    def run_inline(self, work: Callable[[], T]) -> T:
+        """``work()`` on the calling thread when the store can take it without waiting, else
+        ``WouldWait`` with nothing written (see ``SqliteStore.run_inline``)."""
+        ...
+
     def ping(self, timeout_s: float) -> None: ...
 
     # applying the core's decisions
@@ -222,10 +245,13 @@ class Store(Protocol):
     def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]: ...
 
     # the job protocol
-    def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None: ...
+    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None: ...
     def heartbeat_job(
         self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...
+    def heartbeat_jobs(
+        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | None]: ...
     def save_checkpoint(
         self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]
     ) -> Outcome: ...

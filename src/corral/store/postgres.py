@@ -44,19 +44,19 @@ def _to_pyformat(sql: str) -> str:
 
 
 class _PostgresTransaction:
-    """Statements on the store's one connection; the lock keeps another thread out of an open
-    transaction. A lost connection is a 503 (``StoreUnavailable``), and the next call reconnects."""
+    """Statements on the calling thread's connection. A lost connection is a 503
+    (``StoreUnavailable``), and the thread's next call reconnects."""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._store.lock, _unavailable_on_connection_loss():
+        with _unavailable_on_connection_loss():
             cursor = self._store.connection().execute(_to_pyformat(sql), params)
             return cursor.fetchall() if cursor.description is not None else []
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._store.lock, _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
+        with _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
             cursor.executemany(_to_pyformat(sql), rows)
 
 
@@ -64,13 +64,26 @@ class _PostgresTransaction:
 def _unavailable_on_connection_loss() -> Iterator[None]:
     try:
         yield
-    except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as error:
-        raise errors.StoreUnavailable(f"the database aborted the transaction; retry: {error}") from error
+    except (
+        psycopg.errors.DeadlockDetected,
+        psycopg.errors.SerializationFailure,
+        psycopg.errors.LockNotAvailable,
+        psycopg.errors.QueryCanceled,
+    ) as error:
+        # Rolled back whole (a lock or statement timeout, a deadlock): safe to send again.
+        raise errors.StoreBusy(f"the database is busy and aborted the transaction; retry: {error}") from error
     except psycopg.OperationalError as error:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
 class PostgresStore(RetentionStore):
+    """One connection per calling thread (the server's store threads, a loop's own thread), one
+    more that holds the loops' advisory locks, and one for the readiness probe.
+
+    Every session has ``lock_timeout`` = ``busy_timeout_s``: a statement that waits longer for a
+    lock (a ``LOCK TABLE`` by an operator, a long migration) gives up, its transaction rolls back,
+    and the request is answered 503 ``store_busy`` with ``Retry-After`` instead of hanging."""
+
     dialect = "postgresql"
     blob_type = "BYTEA"
     lock_clause = " FOR UPDATE SKIP LOCKED"
@@ -89,99 +102,141 @@ class PostgresStore(RetentionStore):
         )
         return bool(tx.execute(statement, [*params, *event[1:]]))
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:
             raise errors.CorralError(
                 "PostgreSQL needs the driver: pip install 'corral[postgres]' (psycopg 3)"
             )
         self.url = url
+        self.busy_timeout_s = busy_timeout_s
+        #: leadership (the advisory locks' connection) and migration
         self.lock = threading.RLock()
-        self._connection: Any = None
-        self._leading_connection: Any = None
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._connections_lock = threading.Lock()
+        self._leader: Any = None
         self._leading: set[str] = set()
+        self._probe: Any = None
+        self._probe_lock = threading.Lock()
         self.connection()
         self._tx = _PostgresTransaction(self)
 
     def connection(self) -> Any:
-        """The open connection, (re)connecting when there is none or the last one was lost."""
-        if self._connection is None or self._connection.closed:
-            try:
-                # Client and server keepalives: a replica that vanishes (host crash, partition)
-                # loses its session, and the advisory locks of the loops it led, within ~25 s
-                # instead of the kernel's two hours.
-                self._connection = psycopg.connect(
-                    self.url,
-                    autocommit=True,
-                    keepalives=1,
-                    keepalives_idle=10,
-                    keepalives_interval=5,
-                    keepalives_count=3,
-                )
-            except psycopg.OperationalError as error:
-                raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
-            # A freshly filled queue has stale statistics: the planner then picks a bitmap scan plus
-            # a sort of every pending row over the ordered walk of jobs_queue (and a bitmap scan
-            # never marks dead index entries, so each claim wades through all of them again).
-            # corral's queries are all served by their indexes in order; bitmap scans buy nothing.
-            self._connection.execute("SET enable_bitmapscan = off")
-            for setting, value in (
-                ("tcp_keepalives_idle", 10),
-                ("tcp_keepalives_interval", 5),
-                ("tcp_keepalives_count", 3),
-            ):
-                self._connection.execute(f"SET {setting} = {value}")
-        return self._connection
+        """This thread's open connection, (re)connecting when there is none or it was lost."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None or connection.closed:
+            connection = self._connect(self.busy_timeout_s)
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections = [known for known in self._connections if not known.closed]
+                self._connections.append(connection)
+        return connection
+
+    def _connect(self, lock_timeout_s: float) -> Any:
+        try:
+            # Client and server keepalives: a replica that vanishes (host crash, partition)
+            # loses its session, and the advisory locks of the loops it led, within ~25 s
+            # instead of the kernel's two hours.
+            connection = psycopg.connect(
+                self.url,
+                autocommit=True,
+                keepalives=1,
+                keepalives_idle=10,
+                keepalives_interval=5,
+                keepalives_count=3,
+            )
+        except psycopg.OperationalError as error:
+            raise errors.StoreUnavailable(f"cannot connect to PostgreSQL: {error}") from error
+        # A freshly filled queue has stale statistics: the planner then picks a bitmap scan plus
+        # a sort of every pending row over the ordered walk of jobs_queue (and a bitmap scan
+        # never marks dead index entries, so each claim wades through all of them again).
+        # corral's queries are all served by their indexes in order; bitmap scans buy nothing.
+        connection.execute("SET enable_bitmapscan = off")
+        for setting, value in (
+            ("tcp_keepalives_idle", 10),
+            ("tcp_keepalives_interval", 5),
+            ("tcp_keepalives_count", 3),
+            ("lock_timeout", max(1, int(lock_timeout_s * 1000))),
+        ):
+            connection.execute(f"SET {setting} = {value}")
+        return connection
 
     def migrate(self) -> None:
-        """Migrate under an advisory lock, so replicas starting together migrate once."""
+        """Migrate under an advisory lock, so replicas starting together migrate once (waiting for
+        another replica's migration as long as it takes: no lock timeout meanwhile)."""
         with self.lock:
+            self._tx.execute("SET lock_timeout = 0")
             self._tx.execute("SELECT pg_advisory_lock(?)", (_MIGRATION_LOCK,))
             try:
                 super().migrate()
             finally:
                 self._tx.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
+                self._tx.execute(f"SET lock_timeout = {max(1, int(self.busy_timeout_s * 1000))}")
 
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:
-        with self.lock, _unavailable_on_connection_loss(), self.connection().transaction():
+        with _unavailable_on_connection_loss(), self.connection().transaction():
             yield self._tx
 
     def _read(self) -> _PostgresTransaction:
         return self._tx
 
     def try_lead(self, loop: str) -> bool:
-        """Lead ``loop`` while this connection holds its advisory lock (seed 001's leader election).
+        """Lead ``loop`` while the leader connection holds its advisory lock (seed 001's leader
+        election).
 
-        A session lock, taken once and kept: when this replica stops or loses its connection the
-        lock is released by PostgreSQL, and another replica's next try takes the loop over.
+        A session lock, taken once and kept: when this replica stops or loses that connection the
+        lock is released by PostgreSQL, and another replica's next try takes the loop over. Every
+        call while leading checks the connection is still there (one ``SELECT 1``): a leader that
+        lost its session must stop believing it leads.
         """
-        with self.lock:
-            connection = self.connection()
-            if self._leading_connection is not connection:
-                self._leading_connection, self._leading = connection, set()
+        with self.lock, _unavailable_on_connection_loss():
+            if self._leader is not None and not self._leader.closed and self._leading:
+                try:
+                    self._leader.execute("SELECT 1")
+                except psycopg.OperationalError:
+                    self._leader.close()
+            if self._leader is None or self._leader.closed:
+                self._leader, self._leading = self._connect(self.busy_timeout_s), set()
             if loop not in self._leading:
                 # Advisory locks are database-wide: the key names the schema too, so that two corral
                 # deployments in two schemas of one database each elect their own leaders.
-                schema = self._tx.execute("SELECT current_schema()")[0][0]
-                rows = self._tx.execute(
-                    "SELECT pg_try_advisory_lock(?, ?)", (_LOOP_LOCK_SPACE, _loop_key(f"{schema}.{loop}"))
-                )
-                if rows[0][0]:
+                schema = self._leader.execute("SELECT current_schema()").fetchone()[0]
+                row = self._leader.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", (_LOOP_LOCK_SPACE, _loop_key(f"{schema}.{loop}"))
+                ).fetchone()
+                if row[0]:
                     self._leading.add(loop)
             return loop in self._leading
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
+        with self._connections_lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+        for connection in (self._leader, self._probe):
+            if connection is not None:
+                connection.close()
+        self._local = threading.local()
 
     def ping(self, timeout_s: float) -> None:
-        """``SELECT 1`` on the connection the server uses (reconnecting it if it was lost)."""
-        if not self.lock.acquire(timeout=timeout_s):
-            raise errors.StoreUnavailable(f"the store connection stayed busy for {timeout_s:.0f}s")
+        """Ready when a writer could take the jobs table within ``timeout_s`` (on the probe's own
+        connection, so busy store threads cannot hold the probe up): ``LOCK TABLE jobs`` by an
+        operator, or a database that does not answer, is not ready."""
+        if not self._probe_lock.acquire(timeout=timeout_s):
+            raise errors.StoreUnavailable(f"the readiness probe stayed busy for {timeout_s:g}s")
         try:
-            self._tx.execute("SELECT 1")
+            with _unavailable_on_connection_loss():
+                if self._probe is None or self._probe.closed:
+                    self._probe = self._connect(timeout_s)
+                with self._probe.transaction():
+                    self._probe.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+        except errors.StoreUnavailable:
+            if self._probe is not None and self._probe.broken:
+                self._probe.close()
+            raise
         finally:
-            self.lock.release()
+            self._probe_lock.release()
 
     def table_columns(self) -> dict[str, tuple[str, ...]]:
         rows = self._tx.execute(

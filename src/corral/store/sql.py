@@ -18,8 +18,8 @@ transaction. The claim works the same way through its ``ClaimPolicy``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
@@ -34,8 +34,11 @@ from corral.store.base import (
     JobDecision,
     JobFilter,
     JobReport,
+    Stamp,
     SubmitResult,
     Submitted,
+    WouldWait,
+    stamp_of,
 )
 from corral.store.pool_rows import place_in_pools
 from corral.store.rows import (
@@ -59,6 +62,8 @@ from corral.store.rows import (
 )
 from corral.store.schema import EVENT_COLUMNS, MIGRATIONS
 
+T = TypeVar("T")
+
 
 class SqlStore(abc.ABC):
     """Everything but the connection. Subclasses: ``SqliteStore``, ``PostgresStore``."""
@@ -81,6 +86,11 @@ class SqlStore(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def run_inline(self, work: Callable[[], T]) -> T:
+        """Never inline here: every statement is a round trip to a database server, a wait the event
+        loop must not make. ``SqliteStore`` runs short work inline when no lock is in the way."""
+        raise WouldWait("this store runs no work inline")
 
     @abc.abstractmethod
     def ping(self, timeout_s: float) -> None: ...
@@ -349,12 +359,13 @@ class SqlStore(abc.ABC):
 
     # --- the job protocol ----------------------------------------------------------------
 
-    def claim(self, worker_id: str, now: float, policy: ClaimPolicy[Any]) -> Job | None:
+    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None:
         """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit.
 
         Candidates come in queue order, pre-filtered in SQL by the worker's free capacity and checked
         by ``policy`` (constraints, GPU indices); on PostgreSQL they are locked ``SKIP LOCKED`` so
-        replicas never hand out the same job.
+        replicas never hand out the same job. A clock for ``now`` is read once the worker is locked
+        and its allocations read: the claim is stamped after every release it counted on.
         """
         with self._transaction() as tx:
             # The worker, locked, and whether any capacity is held on it: holds exist only while a
@@ -370,6 +381,7 @@ class SqlStore(abc.ABC):
             if worker.status == WorkerStatus.DRAINING:
                 return None
             allocations = self._worker_allocations(tx, worker_id)
+            at = stamp_of(now)
             reserved = policy.reserved_task(worker, allocations)
             if reserved is not None:
                 # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
@@ -379,7 +391,7 @@ class SqlStore(abc.ABC):
                     f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,)
                 )
                 task = job_from_row(rows[0]) if rows else None
-                started = policy.start(task, worker_id, task.gpu_indices, now) if task else None
+                started = policy.start(task, worker_id, task.gpu_indices, at) if task else None
                 if started is not None:
                     return self._apply(tx, started)
             capacity = policy.capacity(worker, allocations)
@@ -396,16 +408,16 @@ class SqlStore(abc.ABC):
                 if not rows:
                     return None
                 candidates = [job_from_row(row) for row in rows]
-                chosen = policy.choose(worker, capacity, candidates, holds, now)
+                chosen = policy.choose(worker, capacity, candidates, holds, at)
                 while chosen is not None and policy.unreclaimable(chosen[0]):
                     # Work no preemption could take back does not start on borrowed capacity.
                     if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
                         break
                     candidates = [job for job in candidates if job.id != chosen[0].id]
-                    chosen = policy.choose(worker, capacity, candidates, holds, now)
+                    chosen = policy.choose(worker, capacity, candidates, holds, at)
                 if chosen is not None:
                     job, gpu_indices = chosen
-                    started = policy.start(job, worker_id, gpu_indices, now)
+                    started = policy.start(job, worker_id, gpu_indices, at)
                     if started is None:  # the candidates are pending and locked: cannot happen
                         raise errors.Conflict(f"job {job.id} cannot be started; retry")
                     return self._apply(tx, started)
@@ -457,6 +469,27 @@ class SqlStore(abc.ABC):
         Returns the job as it is now: renewed, or, when the row did not match (another attempt owns
         the job, it ended), untouched, for the core to say why the heartbeat is refused.
         """
+        with self._transaction() as tx:
+            return self._renew(tx, job_id, worker_id, attempt, now, report)
+
+    def heartbeat_jobs(
+        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | None]:
+        """``heartbeat_job`` for each ``(job_id, attempt, report)`` of one worker, all in one
+        transaction (a worker heartbeat carrying its jobs' leases): each job as it is now, renewed
+        or untouched as ``heartbeat_job`` says, or None for an unknown job."""
+        found: list[Job | None] = []
+        with self._transaction() as tx:
+            for job_id, attempt, report in beats:
+                try:
+                    found.append(self._renew(tx, job_id, worker_id, attempt, now, report))
+                except errors.NotFound:
+                    found.append(None)
+        return found
+
+    def _renew(
+        self, tx: Transaction, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
+    ) -> Job:
         assignments = ["last_heartbeat_at = ?"]
         params: list[Any] = [now]
         for column, value in (
@@ -468,13 +501,12 @@ class SqlStore(abc.ABC):
             if value is not None:
                 assignments.append(f"{column} = ?")
                 params.append(value)
-        with self._transaction() as tx:
-            rows = tx.execute(
-                f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
-                f" AND status IN {LEASED_SQL} RETURNING {JOB_SELECT}",
-                [*params, job_id, worker_id, attempt],
-            )
-            return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
+        rows = tx.execute(
+            f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
+            f" AND status IN {LEASED_SQL} RETURNING {JOB_SELECT}",
+            [*params, job_id, worker_id, attempt],
+        )
+        return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
 
     def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]:
         """The capacity held on a worker for waiting gangs (written by the admission leader)."""

@@ -6,6 +6,8 @@ a job (every field, its timeline, why, live logs, cancel), ``/ui/gangs/{id}`` a 
 the drain story), ``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools. Each page answers
 ``?partial=1`` with its live part alone, which the script fetches every few seconds; cancel is a
 plain form post (it works without the script too).
+
+Every page reads the store: its handler is a plain function, run on a store thread (``off_loop``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from corral.server.http import query_int
 from corral.server.openapi import HTML, Operation, integer, string
 from corral.server.routes.jobs import _decode_cursor, _encode_cursor, _record_cancel
 from corral.server.routes.pools import fair_share_now
-from corral.server.state import state_of
+from corral.server.state import off_loop, state_of
 from corral.store.base import JobFilter
 
 _HERE = Path(__file__).parent
@@ -62,7 +64,7 @@ def _not_found(request: Request, what: str) -> HTMLResponse:
     return _render(request, "not_found.html", status_code=404, title="Not found", what=what)
 
 
-async def overview(request: Request) -> Response:
+def overview(request: Request) -> Response:
     state = state_of(request)
     rows = views.workers(state.store)
     totals = views.gpu_totals(rows)
@@ -80,7 +82,7 @@ async def overview(request: Request) -> Response:
     )
 
 
-async def job_list(request: Request) -> Response:
+def job_list(request: Request) -> Response:
     state = state_of(request)
     params = request.query_params
     status = params.get("status") or None
@@ -109,7 +111,7 @@ async def job_list(request: Request) -> Response:
     )
 
 
-async def job_page(request: Request) -> Response:
+def job_page(request: Request) -> Response:
     state = state_of(request)
     job_id = request.path_params["job_id"]
     job = state.store.get_job(job_id)
@@ -120,7 +122,7 @@ async def job_page(request: Request) -> Response:
     return _render(request, "job.html", title=f"Job {job.id}", shown_attempt=shown, **page)
 
 
-async def gang_page(request: Request) -> Response:
+def gang_page(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
     page = views.gang_page(state.store, gang_id)
@@ -129,12 +131,12 @@ async def gang_page(request: Request) -> Response:
     return _render(request, "gang.html", title=f"Gang {gang_id}", **page)
 
 
-async def workers_page(request: Request) -> Response:
+def workers_page(request: Request) -> Response:
     rows = views.workers(state_of(request).store)
     return _render(request, "workers.html", title="Workers", workers=rows, gpus=views.gpu_totals(rows))
 
 
-async def pools_page(request: Request) -> Response:
+def pools_page(request: Request) -> Response:
     state = state_of(request)
     totals = views.gpu_totals(views.workers(state.store))
     return _render(
@@ -146,7 +148,7 @@ async def pools_page(request: Request) -> Response:
     )
 
 
-async def cancel_job(request: Request) -> Response:
+def cancel_job(request: Request) -> Response:
     """The job page's cancel button (a form post): cancel, then back to the job page."""
     state = state_of(request)
     job_id = request.path_params["job_id"]
@@ -157,7 +159,7 @@ async def cancel_job(request: Request) -> Response:
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
 
-async def cancel_gang(request: Request) -> Response:
+def cancel_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
     tasks = state.store.gang_tasks(gang_id)
@@ -255,13 +257,13 @@ described = [
 ]
 
 routes = [
-    Route("/", overview, methods=["GET"]),
-    Route("/ui/jobs", job_list, methods=["GET"]),
-    Route("/ui/jobs/{job_id}", job_page, methods=["GET"]),
-    Route("/ui/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
-    Route("/ui/gangs/{gang_id}", gang_page, methods=["GET"]),
-    Route("/ui/gangs/{gang_id}/cancel", cancel_gang, methods=["POST"]),
-    Route("/ui/workers", workers_page, methods=["GET"]),
-    Route("/ui/pools", pools_page, methods=["GET"]),
+    Route("/", off_loop(overview), methods=["GET"]),
+    Route("/ui/jobs", off_loop(job_list), methods=["GET"]),
+    Route("/ui/jobs/{job_id}", off_loop(job_page), methods=["GET"]),
+    Route("/ui/jobs/{job_id}/cancel", off_loop(cancel_job), methods=["POST"]),
+    Route("/ui/gangs/{gang_id}", off_loop(gang_page), methods=["GET"]),
+    Route("/ui/gangs/{gang_id}/cancel", off_loop(cancel_gang), methods=["POST"]),
+    Route("/ui/workers", off_loop(workers_page), methods=["GET"]),
+    Route("/ui/pools", off_loop(pools_page), methods=["GET"]),
     Route("/ui/static/{name}", static, methods=["GET"]),
 ]

@@ -67,7 +67,7 @@ def admission_tick(state: ServerState) -> None:
     reserved_any = False
     for reservation in decisions.reservations:
         placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
-        reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, now)
+        reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, state.clock.now)
         if reserved is None:
             logger.info(
                 "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}
@@ -139,7 +139,9 @@ def _apply_preemptions(
     jobs.update((task.id, task) for gang in snapshot.gangs for task in gang.tasks)
     started_any = False
     for preemption in preemptions:
-        started = changes.preempt(state.store, preemption, jobs, now, state.settings.checkpoint_timeout_s)
+        started = changes.preempt(
+            state.store, preemption, jobs, state.clock.now, state.settings.checkpoint_timeout_s
+        )
         if started is None:
             logger.info(
                 "preemption lost a race; planning again next pass", extra={"preemptor": preemption.preemptor}

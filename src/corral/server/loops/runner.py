@@ -1,6 +1,8 @@
 """The one runner every background loop goes through.
 
-A loop is a named ``tick()`` (synchronous: load, decide, apply). The runner calls it every
+A loop is a named ``tick()`` (synchronous: load, decide, apply), run on a thread of its own so a
+long pass (the admission cycle over a large cluster) never holds up the event loop. The runner
+calls it every
 ``interval_s`` with a little jitter (so replicas do not tick in lockstep), times it into
 ``corral_scheduling_cycle_seconds{loop}``, logs a failing pass without dying, and counts it. A loop
 that stops for any other reason (a bug in the runner itself) is fatal: ``LoopGroup.wait`` raises and
@@ -15,10 +17,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
 from corral.observability.metrics import Metrics
+from corral.server import switching
 
 logger = logging.getLogger("corral.server.loops")
 
@@ -41,11 +45,23 @@ class LoopRunner:
         self.metrics = metrics
         self.passes = 0
         self._woken: asyncio.Event | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"corral-loop-{loop.name}")
 
     def wake(self) -> None:
-        """Run the next pass soon instead of at the next interval (after a submit or a release)."""
-        if self._woken is not None:
-            self._woken.set()
+        """Run the next pass soon instead of at the next interval (after a submit or a release).
+        Safe from any thread: a pass or a store thread hands the wake-up to the event loop."""
+        woken, event_loop = self._woken, self._event_loop
+        if woken is None or event_loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is event_loop:
+            woken.set()
+        elif not event_loop.is_closed():
+            event_loop.call_soon_threadsafe(woken.set)
 
     def leads(self) -> bool:
         leading = True
@@ -65,7 +81,8 @@ class LoopRunner:
             return True
         started = time.perf_counter()
         try:
-            self.loop.tick()
+            with switching.long_work():
+                self.loop.tick()
         except Exception:
             self.metrics.loop_errors.labels(loop=self.loop.name).inc()
             logger.exception("loop pass failed", extra={"loop": self.loop.name})
@@ -78,6 +95,7 @@ class LoopRunner:
     async def run_forever(self) -> None:
         rng = random.Random()  # noqa: S311 (jitter of a loop's interval, not a secret)
         self._woken = asyncio.Event()
+        self._event_loop = asyncio.get_running_loop()
         while True:
             jitter = self.loop.interval_s * self.loop.jitter * rng.random()
             with contextlib.suppress(TimeoutError):
@@ -86,7 +104,7 @@ class LoopRunner:
                 # Debounce: a burst of submits makes one pass, not one each.
                 await asyncio.sleep(_WAKE_DEBOUNCE_S)
                 self._woken.clear()
-            self.run_once()
+            await self._event_loop.run_in_executor(self.thread, self.run_once)
 
 
 class LoopGroup:
@@ -124,3 +142,6 @@ class LoopGroup:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.tasks.clear()
+        for runner in self.runners:
+            # A pass already running finishes before the store is closed under it.
+            await asyncio.to_thread(runner.thread.shutdown)

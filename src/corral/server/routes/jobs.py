@@ -7,17 +7,19 @@ import binascii
 import dataclasses
 import hashlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from corral.core import fairshare, lifecycle
 from corral.core.explain import explain
 from corral.domain import errors
-from corral.domain.records import Job
+from corral.domain.records import Job, JobSpec
 from corral.domain.status import Status
 from corral.protocol.answers import (
     BatchSubmitted,
@@ -31,16 +33,18 @@ from corral.protocol.answers import (
 from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server import changes
-from corral.server.auth import principal_of, redact_job
+from corral.server.auth import Principal, principal_of, redact_job
 from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
-from corral.server.state import ServerState, state_of
+from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
 logger = logging.getLogger("corral.server.jobs")
 
 DEFAULT_LIMIT = 500
+#: a list longer than this is streamed in pieces of this many jobs
+STREAM_CHUNK = 500
 MAX_LIMIT = 5000
 BATCH_BODY_LIMIT = 64 * 1024 * 1024
 
@@ -62,20 +66,16 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     limit = BATCH_BODY_LIMIT if batch else 1024 * 1024
     body = await read_body(request, limit)
     require_json(request, body)
-    if batch:
-        specs = [item.to_domain() for item in decode_body(body, BatchBody).jobs]
-    else:
-        specs = [decode_body(body, SubmitBody).to_domain()]
-    principal = principal_of(request)
-    if principal is not None:
-        # With auth on, a job belongs to the token's name whatever the body says.
-        specs = [dataclasses.replace(spec, user=principal.name) for spec in specs]
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise errors.InvalidRequest("Idempotency-Key must be 1 to 256 characters", field="Idempotency-Key")
     now = state.clock.now()
     fingerprint = _fingerprint(request, body) if key else ""
-    result = state.store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
+    principal = principal_of(request)
+    owner = principal.name if principal is not None else None
+    specs, result = await run_store(
+        state, _store_submission, state, body, batch, now, key, fingerprint, owner
+    )
     if not result.replayed:
         tasks = sum(spec.gang_size for spec in specs)
         state.metrics.jobs_submitted.inc(tasks)
@@ -88,6 +88,26 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
         else:
             logger.info("gang submitted", extra={"gang_id": item.gang_id, "gang_size": len(item.tasks)})
     return state, result
+
+
+def _store_submission(
+    state: ServerState,
+    body: bytes,
+    batch: bool,
+    now: float,
+    key: str | None,
+    fingerprint: str,
+    owner: str | None,
+) -> tuple[list[JobSpec], SubmitResult]:
+    """Decode and store a submission (on a store thread: a batch of 10,000 jobs takes a while).
+    With auth on, a job belongs to the token's name (``owner``) whatever the body says."""
+    if batch:
+        specs = [item.to_domain() for item in decode_body(body, BatchBody).jobs]
+    else:
+        specs = [decode_body(body, SubmitBody).to_domain()]
+    if owner is not None:
+        specs = [dataclasses.replace(spec, user=owner) for spec in specs]
+    return specs, state.store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
 
 
 async def submit(request: Request) -> Response:
@@ -131,13 +151,70 @@ async def list_jobs(request: Request) -> Response:
         worker_id=params.get("worker_id") or None,
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
+    principal = principal_of(request)
+    if limit <= STREAM_CHUNK:
+        return await run_long_read(state, _job_page, state, filters, limit, after, principal)
+    return StreamingResponse(
+        _streamed_page(state, filters, limit, after, principal), media_type="application/json"
+    )
+
+
+def _job_page(
+    state: ServerState,
+    filters: JobFilter,
+    limit: int,
+    after: tuple[float, str] | None,
+    principal: Principal | None,
+) -> Response:
+    """Read and encode a page (on a store thread)."""
     jobs = state.store.list_jobs(filters, limit, after)
     next_cursor = _encode_cursor(jobs[-1]) if len(jobs) == limit else None
     # Not checked against JobPage item by item: 5,000 jobs would cost ~50 ms of validation; the
     # items are the same job_to_wire as every single-job answer, which is checked.
-    principal = principal_of(request)
     items = [redact_job(job_to_wire(job), principal) for job in jobs]
     return json_response({"items": items, "next": next_cursor})
+
+
+def _chunk(
+    state: ServerState,
+    filters: JobFilter,
+    limit: int,
+    after: tuple[float, str] | None,
+    principal: Principal | None,
+) -> tuple[bytes, int, Job | None]:
+    """Up to ``limit`` jobs after ``after``, encoded as JSON array items (no brackets), as the
+    caller may see them."""
+    jobs = state.store.list_jobs(filters, limit, after)
+    encoded = b",".join(orjson.dumps(redact_job(job_to_wire(job), principal)) for job in jobs)
+    return encoded, len(jobs), jobs[-1] if jobs else None
+
+
+async def _streamed_page(
+    state: ServerState,
+    filters: JobFilter,
+    limit: int,
+    after: tuple[float, str] | None,
+    principal: Principal | None,
+) -> AsyncIterator[bytes]:
+    """A large page (up to 5,000 jobs, ~4 MB) as ``STREAM_CHUNK``-job pieces, each read and encoded
+    on a store thread: the same answer as ``_job_page``, but no single stretch of it keeps a
+    store thread (and the interpreter's lock) for the ~150 ms the whole page takes, so heartbeats
+    are served between the pieces. The pieces are read one after another by the cursor, as a
+    client paging through would (a job submitted meanwhile may or may not appear)."""
+    yield b'{"items":['
+    sent, last = 0, None
+    while sent < limit:
+        want = min(STREAM_CHUNK, limit - sent)
+        data, count, tail = await run_long_read(state, _chunk, state, filters, want, after, principal)
+        if count:
+            yield (b"," if sent else b"") + data
+            sent, last = sent + count, tail
+            assert tail is not None
+            after = (tail.submitted_at, tail.id)
+        if count < want:
+            break
+    next_cursor = _encode_cursor(last) if sent == limit and last is not None else None
+    yield b'],"next":' + orjson.dumps(next_cursor) + b"}"
 
 
 def _job_or_404(state: ServerState, job_id: str) -> Job:
@@ -153,21 +230,29 @@ def _job_wire(request: Request, job: Job) -> dict[str, Any]:
 
 
 async def get_job(request: Request) -> Response:
-    return answer(
-        JobAnswer, _job_wire(request, _job_or_404(state_of(request), request.path_params["job_id"]))
-    )
+    state = state_of(request)
+    job = await run_short(state, _job_or_404, state, request.path_params["job_id"])
+    return answer(JobAnswer, _job_wire(request, job))
 
 
 async def job_events(request: Request) -> Response:
     state = state_of(request)
-    job_id = request.path_params["job_id"]
+    return await run_long_read(state, _events, state, request.path_params["job_id"])
+
+
+def _events(state: ServerState, job_id: str) -> Response:
     _job_or_404(state, job_id)
     return answer(EventsAnswer, {"items": [event_to_wire(event) for event in state.store.job_events(job_id)]})
 
 
 async def why(request: Request) -> Response:
     state = state_of(request)
-    job = _job_or_404(state, request.path_params["job_id"])
+    return await run_long_read(state, _why, state, request.path_params["job_id"])
+
+
+def _why(state: ServerState, job_id: str) -> Response:
+    """Explained on a store thread: a pending job reads every worker and allocation."""
+    job = _job_or_404(state, job_id)
     workers, allocations, holds = [], [], []
     if job.status == Status.PENDING:
         workers = state.store.workers()
@@ -203,11 +288,16 @@ def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
 async def cancel_job(request: Request) -> Response:
     state = state_of(request)
     job_id = request.path_params["job_id"]
-    changed = changes.cancel(state.store, job_id, state.clock.now())
+    changed, current = await run_store(state, _cancel, state, job_id, state.clock.now())
     _record_cancel(state, changed)
+    return answer(JobAnswer, _job_wire(request, current))
+
+
+def _cancel(state: ServerState, job_id: str, now: float) -> tuple[tuple[Job, ...], Job]:
+    changed = changes.cancel(state.store, job_id, now)
     current = state.store.get_job(job_id)
     assert current is not None
-    return answer(JobAnswer, _job_wire(request, current))
+    return changed, current
 
 
 def _gang_or_404(state: ServerState, gang_id: str) -> list[Job]:
@@ -229,15 +319,23 @@ def _gang_to_wire(request: Request, gang_id: str, tasks: list[Job]) -> dict[str,
 async def get_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
-    return answer(GangAnswer, _gang_to_wire(request, gang_id, _gang_or_404(state, gang_id)))
+    return answer(
+        GangAnswer, _gang_to_wire(request, gang_id, await run_store(state, _gang_or_404, state, gang_id))
+    )
 
 
 async def cancel_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
+    changed, tasks = await run_store(state, _cancel_gang, state, gang_id, state.clock.now())
+    _record_cancel(state, changed)
+    return answer(GangAnswer, _gang_to_wire(request, gang_id, tasks))
+
+
+def _cancel_gang(state: ServerState, gang_id: str, now: float) -> tuple[tuple[Job, ...], list[Job]]:
     tasks = _gang_or_404(state, gang_id)
-    _record_cancel(state, changes.cancel(state.store, tasks[0].id, state.clock.now()))
-    return answer(GangAnswer, _gang_to_wire(request, gang_id, state.store.gang_tasks(gang_id)))
+    changed = changes.cancel(state.store, tasks[0].id, now)
+    return changed, state.store.gang_tasks(gang_id)
 
 
 async def batch_is_post_only(request: Request) -> Response:

@@ -16,7 +16,7 @@ from corral.domain import errors
 from corral.protocol.answers import HealthAnswer, OpenApiAnswer, StatusAnswer
 from corral.server.http import answer, error_response, json_response
 from corral.server.openapi import PROMETHEUS, Operation
-from corral.server.state import state_of
+from corral.server.state import run_long_read, state_of
 
 READY_TIMEOUT_S = 1.0
 
@@ -40,22 +40,27 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when the store answers within a second (checked on a fresh connection in a thread, so a
-    hung store cannot hang this probe)."""
+    """Ready when the store answers, and could take a write, within a second (checked on the
+    store's probe connection in a thread of its own, so neither a hung store nor busy store threads
+    can hold this probe up): a store locked by someone else is 503 ``store_busy``."""
     store = state_of(request).store
     try:
-        await asyncio.wait_for(asyncio.to_thread(store.ping, READY_TIMEOUT_S), READY_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.to_thread(store.ping, READY_TIMEOUT_S * 0.8), READY_TIMEOUT_S)
     except TimeoutError:
         return error_response(
             503, "store_unavailable", f"the store did not answer within {READY_TIMEOUT_S:.0f}s"
         )
     except errors.StoreUnavailable as error:
-        return error_response(503, error.code, error.message)
+        headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, errors.StoreBusy) else None
+        return error_response(503, error.code, error.message, headers)
     return json_response({"status": "ready"})
 
 
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """On a store thread: the cluster gauges read the store at every scrape."""
+    state = state_of(request)
+    text = await run_long_read(state, generate_latest, state.metrics.registry)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi_document(request: Request) -> Response:

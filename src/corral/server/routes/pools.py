@@ -36,7 +36,7 @@ from corral.protocol.answers import PoolAnswer, PoolPage
 from corral.protocol.models import PoolBody
 from corral.server.http import answer, parse_body
 from corral.server.openapi import Operation
-from corral.server.state import ServerState, state_of
+from corral.server.state import ServerState, run_long_read, run_store, state_of
 
 
 def limits_to_wire(limits: Resources | None) -> dict[str, int | None] | None:
@@ -169,23 +169,30 @@ def _one(state: ServerState, path: str) -> dict[str, Any]:
 
 
 async def list_pools(request: Request) -> Response:
-    return answer(PoolPage, {"items": _tree(state_of(request)), "next": None})
+    state = state_of(request)
+    return answer(PoolPage, {"items": await run_long_read(state, _tree, state), "next": None})
 
 
 async def get_pool(request: Request) -> Response:
-    return answer(PoolAnswer, _one(state_of(request), _path(request)))
+    state = state_of(request)
+    return answer(PoolAnswer, await run_store(state, _one, state, _path(request)))
 
 
 async def put_pool(request: Request) -> Response:
     state = state_of(request)
     path = _path(request)
     body = await parse_body(request, PoolBody, optional=True)
-    state.store.put_pool(path, body.to_domain(), state.clock.now())
-    return answer(PoolAnswer, _one(state, path))
+    return answer(PoolAnswer, await run_store(state, _put, state, path, body.to_domain(), state.clock.now()))
+
+
+def _put(state: ServerState, path: str, settings: PoolSettings, now: float) -> dict[str, Any]:
+    state.store.put_pool(path, settings, now)
+    return _one(state, path)
 
 
 async def delete_pool(request: Request) -> Response:
-    state_of(request).store.delete_pool(_path(request))
+    state = state_of(request)
+    await run_store(state, state.store.delete_pool, _path(request))
     return Response(status_code=204)
 
 

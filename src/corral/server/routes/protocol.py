@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.core.lifecycle import HeartbeatAction
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
@@ -35,7 +36,7 @@ from corral.server import changes
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
 from corral.server.openapi import BYTES, FENCE, Operation, integer, number, string
-from corral.server.state import ServerState, state_of
+from corral.server.state import ServerState, run_short, run_store, state_of
 from corral.store.base import JobReport
 
 logger = logging.getLogger("corral.server.protocol")
@@ -107,8 +108,10 @@ async def claim(request: Request) -> Response:
     deadline = time.monotonic() + wait
     while True:
         woken = state.signal.current()
-        job = changes.claim(state.store, worker_id, state.clock.now())
-        if job is not None:
+        server_url = str(request.base_url).rstrip("/")
+        claimed_now = await run_short(state, claimed, state, worker_id, server_url)
+        if claimed_now is not None:
+            job, body = claimed_now
             break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -122,12 +125,22 @@ async def claim(request: Request) -> Response:
         # A retry's wait would count its earlier runs too: only first starts measure the queue.
         state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
     logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
+    return json_response(body)
+
+
+def claimed(state: ServerState, worker_id: str, server_url: str) -> tuple[Job, dict[str, Any]] | None:
+    """Claim, and build the answer: the job, its attempt, its environment and its gang's
+    checkpoints (on a store thread, in one crossing: the claim is a job's hottest path). The claim
+    reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came."""
+    job = changes.claim(state.store, worker_id, state.clock.now)
+    if job is None:
+        return None
     tasks = state.store.gang_tasks(job.gang_id) if job.gang_id is not None else None
     body = job_to_wire(job)
     body["attempt"] = job.attempts
-    body["env"] = claim_env(state, job, str(request.base_url).rstrip("/"), tasks)
+    body["env"] = claim_env(state, job, server_url, tasks)
     body["gang_checkpoints"] = gang_checkpoints(tasks)
-    return json_response(body)
+    return job, body
 
 
 async def job_heartbeat(request: Request) -> Response:
@@ -141,7 +154,9 @@ async def job_heartbeat(request: Request) -> Response:
         checkpoint_at=body.checkpoint_at,
     )
     settings = state.settings
-    action = changes.heartbeat(
+    action = await run_short(
+        state,
+        changes.heartbeat,
         state.store,
         request.path_params["job_id"],
         worker_id,
@@ -152,6 +167,11 @@ async def job_heartbeat(request: Request) -> Response:
         checkpoint_timeout_s=settings.checkpoint_timeout_s,
         max_deferral_s=settings.max_deferral_s,
     )
+    return json_response(heartbeat_answer(state, action, worker_id))
+
+
+def heartbeat_answer(state: ServerState, action: HeartbeatAction, worker_id: str) -> dict[str, object]:
+    """A job heartbeat's answer (its own, or its part of its worker's), counted and logged."""
     if action.failed_checkpoint:
         state.metrics.preemption_failed_checkpoint.inc()
         logger.warning(
@@ -159,18 +179,24 @@ async def job_heartbeat(request: Request) -> Response:
             extra={"job_id": action.job.id, "preemption_epoch": action.epoch, "worker_id": worker_id},
         )
     if action.action is None:
-        return json_response({})
+        return {}
     answer: dict[str, object] = {"action": action.action, "preemption_epoch": action.epoch}
     if action.deadline_s is not None:
         answer["deadline_s"] = round(action.deadline_s, 3)
-    return json_response(answer)
+    return answer
 
 
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
-    reported = changes.report_done(
-        state.store, request.path_params["job_id"], worker_id, attempt, state.clock.now()
+    reported = await run_short(
+        state,
+        changes.report_done,
+        state.store,
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        state.clock.now(),
     )
     job = reported.job
     state.metrics.jobs_completed.inc()
@@ -186,7 +212,9 @@ async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
-    reported = changes.report_failure(
+    reported = await run_short(
+        state,
+        changes.report_failure,
         state.store,
         request.path_params["job_id"],
         worker_id,
@@ -223,8 +251,15 @@ async def preempted(request: Request) -> Response:
     worker_id, attempt = fence(request)
     epoch = query_int(request, "epoch")
     assert epoch is not None
-    reported = changes.acknowledge_stop(
-        state.store, request.path_params["job_id"], worker_id, attempt, epoch, state.clock.now()
+    reported = await run_short(
+        state,
+        changes.acknowledge_stop,
+        state.store,
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        epoch,
+        state.clock.now(),
     )
     job = reported.job
     if job.status == Status.CANCELLED:
@@ -243,7 +278,9 @@ async def watchdog(request: Request) -> Response:
     worker_id, attempt = fence(request)
     body = await parse_body(request, WatchdogBody)
     detail = body.detail if isinstance(body.detail, str) else orjson.dumps(body.detail or {}).decode()
-    reported = changes.report_trip(
+    reported = await run_short(
+        state,
+        changes.report_trip,
         state.store,
         request.path_params["job_id"],
         worker_id,
@@ -284,8 +321,16 @@ async def upload_checkpoint(request: Request) -> Response:
     data = await read_body(request, state.settings.checkpoint_max_bytes)
     if not data:
         raise errors.InvalidRequest("checkpoint body is empty", field="body")
-    accepted = changes.save_checkpoint(
-        state.store, request.path_params["job_id"], worker_id, attempt, epoch, data, state.clock.now()
+    accepted = await run_store(
+        state,
+        changes.save_checkpoint,
+        state.store,
+        request.path_params["job_id"],
+        worker_id,
+        attempt,
+        epoch,
+        data,
+        state.clock.now(),
     )
     job = accepted.job
     if accepted.phase_seconds is not None:
@@ -305,7 +350,8 @@ async def upload_checkpoint(request: Request) -> Response:
 
 
 async def download_checkpoint(request: Request) -> Response:
-    data = state_of(request).store.get_checkpoint(request.path_params["job_id"])
+    state = state_of(request)
+    data = await run_store(state, state.store.get_checkpoint, request.path_params["job_id"])
     if data is None:
         return Response(status_code=204)
     return Response(data, media_type="application/octet-stream")

@@ -9,17 +9,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.core.lifecycle import HeartbeatAction
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
-from corral.protocol.answers import EmptyAnswer, WorkerAnswer, WorkerPage
+from corral.protocol.answers import WorkerAnswer, WorkerHeartbeatAnswer, WorkerPage
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
 from corral.server.auth import principal_of, require_worker_id
 from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
-from corral.server.state import state_of
-from corral.store.base import WorkerRegistration, WorkerView
+from corral.server.routes import protocol
+from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
+from corral.store.base import JobReport, WorkerRegistration, WorkerView
 
 logger = logging.getLogger("corral.server.workers")
 
@@ -46,11 +48,21 @@ def worker_to_wire(view: WorkerView) -> dict[str, Any]:
     }
 
 
-def _view(request: Request, worker_id: str) -> WorkerView:
-    view = state_of(request).store.get_worker(worker_id)
+def _view(state: ServerState, worker_id: str) -> WorkerView:
+    view = state.store.get_worker(worker_id)
     if view is None:
         raise errors.NotFound(f"worker {worker_id} not found")
     return view
+
+
+def _register(state: ServerState, registration: WorkerRegistration, now: float) -> WorkerView:
+    worker = state.store.register_worker(registration, now)
+    return _view(state, worker.id)
+
+
+def _drain(state: ServerState, worker_id: str) -> WorkerView:
+    worker = state.store.drain_worker(worker_id)
+    return _view(state, worker.id)
 
 
 async def register(request: Request) -> Response:
@@ -63,7 +75,10 @@ async def register(request: Request) -> Response:
     if worker_id:
         # (no id with a fleet token, ``*``: the server assigns one, as without auth)
         require_worker_id(request, worker_id)
-    worker = state.store.register_worker(
+    view = await run_store(
+        state,
+        _register,
+        state,
         WorkerRegistration(
             id=worker_id,
             address=body.address,
@@ -73,9 +88,10 @@ async def register(request: Request) -> Response:
         ),
         state.clock.now(),
     )
+    worker = view.worker
     logger.info("worker registered", extra={"worker_id": worker.id, "resources": worker.resources.to_dict()})
     state.released()
-    return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)), 201)
+    return answer(WorkerAnswer, worker_to_wire(view), 201)
 
 
 async def heartbeat(request: Request) -> Response:
@@ -84,15 +100,16 @@ async def heartbeat(request: Request) -> Response:
     readings = [reading.model_dump() for reading in body.gpus] if body.gpus is not None else None
     worker_id = request.path_params["worker_id"]
     now = state.clock.now()
-    applied = changes.worker_heartbeat(
-        state.store,
-        worker_id,
-        now,
-        state.settings.heartbeat_timeout_s,
-        readings,
-        body.unhealthy_gpus,
-        body.running,
-    )
+    beats = [
+        changes.JobBeat(
+            beat.id,
+            beat.attempt,
+            JobReport(beat.progress, beat.gpu_util_pct, beat.rss_mb, beat.checkpoint_at),
+            beat.defer_s,
+        )
+        for beat in body.jobs or ()
+    ]
+    applied, jobs = await run_short(state, _beat, state, worker_id, now, readings, body, beats)
     worker = applied.beat.worker
     if body.unhealthy_gpus and set(body.unhealthy_gpus) - set(applied.beat.previous_unhealthy):
         # Once per newly reported GPU, not at every heartbeat that repeats it.
@@ -104,32 +121,77 @@ async def heartbeat(request: Request) -> Response:
         record_lost(state, gone, f"worker {worker_id} no longer runs the job")
     if applied.gone:
         state.released()
-    return json_response({})
+    if body.jobs is None:
+        return json_response({})
+    answers: dict[str, object] = {}
+    for job_id, action in jobs.items():
+        if isinstance(action, errors.CorralError):
+            answers[job_id] = {"error": {"code": action.code, "message": action.message}}
+        else:
+            answers[job_id] = protocol.heartbeat_answer(state, action, worker_id)
+    return json_response({"jobs": answers})
+
+
+def _beat(
+    state: ServerState,
+    worker_id: str,
+    now: float,
+    readings: list[dict[str, object]] | None,
+    body: WorkerHeartbeatBody,
+    beats: list[changes.JobBeat],
+) -> tuple[changes.WorkerHeartbeat, dict[str, HeartbeatAction | errors.CorralError]]:
+    """The worker's own heartbeat, then its jobs' leases (one transaction for all of them)."""
+    settings = state.settings
+    applied = changes.worker_heartbeat(
+        state.store, worker_id, now, settings.heartbeat_timeout_s, readings, body.unhealthy_gpus, body.running
+    )
+    jobs = {}
+    if beats:
+        jobs = changes.heartbeat_jobs(
+            state.store, worker_id, now, beats, settings.checkpoint_timeout_s, settings.max_deferral_s
+        )
+    return applied, jobs
 
 
 async def list_workers(request: Request) -> Response:
-    views = state_of(request).store.list_workers()
-    return answer(WorkerPage, {"items": [worker_to_wire(view) for view in views], "next": None})
+    state = state_of(request)
+    return await run_long_read(state, _worker_page, state)
+
+
+def _worker_page(state: ServerState) -> Response:
+    """Read and encode every worker (on a store thread: thousands of them take a while)."""
+    views = state.store.list_workers()
+    # Not checked against WorkerPage: for 2,000 workers with their GPU readings the check cost more
+    # than the rest of the answer; the items are the same worker_to_wire as every single-worker
+    # answer, which is checked.
+    return json_response({"items": [worker_to_wire(view) for view in views], "next": None})
 
 
 async def get_worker(request: Request) -> Response:
-    return answer(WorkerAnswer, worker_to_wire(_view(request, request.path_params["worker_id"])))
+    state = state_of(request)
+    view = await run_store(state, _view, state, request.path_params["worker_id"])
+    return answer(WorkerAnswer, worker_to_wire(view))
 
 
 async def drain(request: Request) -> Response:
     state = state_of(request)
-    worker = state.store.drain_worker(request.path_params["worker_id"])
-    logger.info("worker draining", extra={"worker_id": worker.id})
-    return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
+    view = await run_store(state, _drain, state, request.path_params["worker_id"])
+    logger.info("worker draining", extra={"worker_id": view.worker.id})
+    return answer(WorkerAnswer, worker_to_wire(view))
+
+
+def _undrain(state: ServerState, worker_id: str) -> WorkerView:
+    worker = state.store.undrain_worker(worker_id)
+    return _view(state, worker.id)
 
 
 async def undrain(request: Request) -> Response:
     """Undo a drain: the worker takes work again (a re-register keeps ``draining``; this does not)."""
     state = state_of(request)
-    worker = state.store.undrain_worker(request.path_params["worker_id"])
-    logger.info("worker undrained", extra={"worker_id": worker.id, "status": worker.status})
+    view = await run_store(state, _undrain, state, request.path_params["worker_id"])
+    logger.info("worker undrained", extra={"worker_id": view.worker.id, "status": view.worker.status})
     state.released(gang_waiting=True)
-    return answer(WorkerAnswer, worker_to_wire(_view(request, worker.id)))
+    return answer(WorkerAnswer, worker_to_wire(view))
 
 
 described = [
@@ -147,9 +209,9 @@ described = [
     Operation(
         "POST",
         "/workers/{worker_id}/heartbeat",
-        "the worker is alive: GPU readings, the jobs it runs",
+        "the worker is alive: GPU readings, the jobs it runs, their leases (answered per job)",
         "workers",
-        {200: EmptyAnswer},
+        {200: WorkerHeartbeatAnswer},
         body=WorkerHeartbeatBody,
         body_required=False,
         errors=(400, 404, 413),

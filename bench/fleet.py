@@ -1,0 +1,505 @@
+"""A fleet on one server: heartbeat latency of N simulated workers, idle and under load.
+
+One load process simulates ``--workers`` (N) GPU hosts against the real ``corral server``, each on
+its own keep-alive connection, at the default intervals: a worker heartbeat every
+``--worker-heartbeat-s`` (15 s, with its GPU readings and its running list) and a job heartbeat per
+running job every ``--heartbeat-s`` (5 s, with progress), each host at a random phase. Per N, on a
+fresh server and store:
+
+1. register N workers with ``--gpus`` (8) GPUs; submit ``--jobs-per-worker`` (k) jobs per worker of
+   ``gpus / k`` GPUs each, class 10 (never preempted), and let each worker claim its k: every GPU
+   is busy;
+2. warm up ``--settle-s``, then the **idle** window (``--window-s``): heartbeats only, the
+   admission cycle on its tick over a snapshot of N workers and N x k running jobs;
+3. submit the load: ``--pending`` (20,000) pending single jobs of one GPU and ``--gangs`` (500)
+   gangs of 4 x 8 GPUs, class 10 (nothing fits and nothing may be preempted, so every admission
+   pass plans over all of it and changes nothing), then the **load** window: the same heartbeats
+   while someone lists ``GET /jobs?limit=5000`` and ``GET /workers`` every ``--list-every-s``.
+
+Printed per window: heartbeat latency p50 / p99 / max (job and worker heartbeats together, then
+apart), the server's CPU in % of one core, the admission passes and their mean time, missed leases
+(a job heartbeat answered 409, plus ``corral_jobs_reaped_total``), other failures (5xx, by status),
+and the load process's own lag (how late it sent a heartbeat: when it is large, the client, not
+the server, is the bottleneck). The figure with the target (issue 13): heartbeat p99 under load
+within 3x of idle.
+
+    .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import resource
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+import harness
+import machine
+
+TARGET_P99_RATIO = 3.0
+
+
+@dataclass
+class Window:
+    """What one measuring window saw."""
+
+    name: str
+    job_latency: list[float] = field(default_factory=list)
+    worker_latency: list[float] = field(default_factory=list)
+    list_latency: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    stale: int = 0
+    lag: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    server_cpu: float = 0.0
+    postgres_cpu: float = float("nan")
+    admission_passes: float = 0.0
+    admission_seconds: float = 0.0
+    reaped: float = 0.0
+    started: float = 0.0
+
+    @property
+    def heartbeats(self) -> list[float]:
+        return self.job_latency + self.worker_latency
+
+
+@dataclass
+class Fleet:
+    """The simulated hosts' shared state: the window being recorded (None between windows)."""
+
+    window: Window | None = None
+    stopping: bool = False
+
+
+@dataclass
+class SimJob:
+    id: str
+    attempt: int
+    step: int = 0
+
+
+async def _parallel(count: int, make: object, concurrency: int = 32) -> None:
+    """Run ``make(i)`` for i in range(count), ``concurrency`` at a time."""
+    queue = iter(range(count))
+
+    async def runner() -> None:
+        for index in queue:
+            await make(index)  # type: ignore[operator]
+
+    await asyncio.gather(*(runner() for _ in range(concurrency)))
+
+
+async def setup_fleet(
+    server: harness.Server, args: argparse.Namespace, workers: int
+) -> tuple[list[harness.HttpConn], list[str], list[list[SimJob]]]:
+    """Register the workers, submit their jobs, let each claim its own: every GPU busy."""
+    conns = [harness.HttpConn(server.host, server.port) for _ in range(workers)]
+    for conn in conns:
+        await conn.connect()
+    ids = [f"fleet-w{index:05d}" for index in range(workers)]
+    resources = {"gpus": args.gpus, "vram_mb": 81920, "memory_mb": 2_000_000, "cpus": 96}
+
+    async def register(index: int) -> None:
+        body = orjson.dumps(
+            {"id": ids[index], "address": f"10.0.{index // 250}.{index % 250}", "resources": resources}
+        )
+        await conns[index].json(b"POST", "/workers/register", body, expect=201)
+
+    await _parallel(workers, register)
+    per_job = max(1, args.gpus // args.jobs_per_worker)
+    total = workers * args.jobs_per_worker
+    submit = await harness.HttpConn(server.host, server.port).connect()
+    for start in range(0, total, 1000):
+        count = min(1000, total - start)
+        body = {
+            "jobs": [
+                {
+                    "command": "sleep 3600",
+                    "name": f"running-{start + i}",
+                    "resources": {"gpus": per_job, "cpus": 1},
+                    "preemption_class": 10,
+                }
+                for i in range(count)
+            ]
+        }
+        await submit.json(b"POST", "/jobs/batch", orjson.dumps(body), expect=201)
+    await submit.close()
+    jobs: list[list[SimJob]] = [[] for _ in range(workers)]
+
+    async def claim(index: int) -> None:
+        await conns[index].close()  # idle since it registered: the server may have closed it
+        for _ in range(args.jobs_per_worker):
+            answer = await conns[index].json(b"GET", f"/jobs/next?worker_id={ids[index]}")
+            if answer is None:
+                raise harness.HttpError(f"worker {ids[index]} found nothing to claim")
+            jobs[index].append(SimJob(answer["id"], answer["attempt"]))
+
+    await _parallel(workers, claim)
+    return conns, ids, jobs
+
+
+async def simulate_host(
+    fleet: Fleet, conn: harness.HttpConn, worker_id: str, jobs: list[SimJob], args: argparse.Namespace
+) -> None:
+    """One host: its job heartbeats every ``heartbeat_s`` and its own every ``worker_heartbeat_s``,
+    in due order, one request at a time on its connection."""
+    rng = random.Random(worker_id)
+    now = time.monotonic()
+    if args.batched:  # one worker heartbeat every heartbeat_s carrying every job's lease
+        due = [(now + rng.uniform(0, args.heartbeat_s), -2)]
+    else:
+        due = [(now + rng.uniform(0, args.heartbeat_s), i) for i in range(len(jobs))]
+        due.append((now + rng.uniform(0, args.worker_heartbeat_s), -1))
+    gpus = [{"index": i, "util_pct": 95.0, "mem_used_mb": 60000} for i in range(args.gpus)]
+    running = [job.id for job in jobs]
+    while not fleet.stopping:
+        due.sort()
+        at, which = due[0]
+        delay = at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fleet.stopping:
+            return
+        sent = time.monotonic()
+        if which == -2:
+            path = f"/workers/{worker_id}/heartbeat"
+            beats = []
+            for job in jobs:
+                job.step += 1
+                beats.append({"id": job.id, "attempt": job.attempt, "progress": {"step": job.step}})
+            body = orjson.dumps({"gpus": gpus, "running": running, "jobs": beats})
+            due[0] = (at + args.heartbeat_s, which)
+        elif which < 0:
+            path = f"/workers/{worker_id}/heartbeat"
+            body = orjson.dumps({"gpus": gpus, "running": running})
+            due[0] = (at + args.worker_heartbeat_s, which)
+        else:
+            job = jobs[which]
+            job.step += 1
+            path = f"/jobs/{job.id}/heartbeat?worker_id={worker_id}&attempt={job.attempt}"
+            body = orjson.dumps({"progress": {"step": job.step}, "gpu_util_pct": 95.0, "rss_mb": 4096})
+            due[0] = (at + args.heartbeat_s, which)
+        status, content = await _send(conn, path, body)
+        latency = time.monotonic() - sent
+        window = fleet.window
+        if window is None:
+            continue
+        window.lag.append(sent - at)
+        window.statuses[status] = window.statuses.get(status, 0) + 1
+        if which < 0:
+            window.worker_latency.append(latency)
+            if which == -2 and status == 200:
+                answers = orjson.loads(content)["jobs"]
+                window.stale += sum(1 for answer in answers.values() if "error" in answer)
+        else:
+            window.job_latency.append(latency)
+            if status == 409:
+                window.stale += 1
+
+
+async def _send(conn: harness.HttpConn, path: str, body: bytes) -> tuple[int, bytes]:
+    """POST on the host's connection; once more on a fresh one when the server had closed it (an
+    idle keep-alive connection: what a real worker's transport does too)."""
+    try:
+        return await conn.request(b"POST", path, body)
+    except (harness.HttpError, ConnectionError):
+        await conn.close()
+        return await conn.request(b"POST", path, body)
+
+
+#: the lister, a process of its own so that reading 5 MB answers does not slow the load process's
+#: event loop (and so its heartbeat timings): one line "<monotonic start> <seconds> <status>" per list
+LISTER = """
+import http.client, sys, time
+host, port, every = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+paths = ["/jobs?limit=5000", "/workers"]
+turn = 0
+connection = http.client.HTTPConnection(host, port, timeout=60)
+while True:
+    started = time.monotonic()
+    try:
+        connection.request("GET", paths[turn % 2])
+        answer = connection.getresponse()
+        answer.read()
+        status = answer.status
+    except (OSError, http.client.HTTPException):
+        connection.close()
+        connection = http.client.HTTPConnection(host, port, timeout=60)
+        continue
+    print(started, time.monotonic() - started, status, flush=True)
+    turn += 1
+    time.sleep(max(0.0, every - (time.monotonic() - started)))
+"""
+
+
+def start_lister(
+    processes: harness.Processes, server: harness.Server, every_s: float, directory: Path
+) -> harness.Child:
+    """Someone looking at the cluster: 5,000 jobs, then every worker, every ``every_s``."""
+    argv = [harness.PYTHON, "-c", LISTER, server.host, str(server.port), str(every_s)]
+    return processes.start("lister", argv, directory / f"lister-{server.port}.log")
+
+
+def lister_latencies(child: harness.Child, window: Window) -> None:
+    """The lists that started within the window."""
+    started_at = window.started
+    for line in child.log.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        at, took, status = float(parts[0]), float(parts[1]), int(parts[2])
+        if started_at <= at <= started_at + window.seconds and status == 200:
+            window.list_latency.append(took)
+
+
+async def scrape(server: harness.Server) -> tuple[float, float, float]:
+    """Admission passes, their seconds, and jobs reaped, from ``/metrics`` (a fresh connection: the
+    server closes one idle for 5 s)."""
+    conn = await harness.HttpConn(server.host, server.port).connect()
+    try:
+        _, text = await conn.request(b"GET", "/metrics")
+    finally:
+        await conn.close()
+    metrics = text.decode()
+    labels = '{loop="admission"}'
+    reaped = sum(
+        harness.metric(metrics, "corral_jobs_reaped_total", f'{{outcome="{outcome}"}}')
+        for outcome in ("requeued", "failed")
+    )
+    return (
+        harness.metric(metrics, "corral_scheduling_cycle_seconds_count", labels),
+        harness.metric(metrics, "corral_scheduling_cycle_seconds_sum", labels),
+        reaped,
+    )
+
+
+async def measure(
+    fleet: Fleet, window: Window, server: harness.Server, seconds: float, postgres: bool
+) -> Window:
+    passes, cycle_s, reaped = await scrape(server)
+    pid = server.child.process.pid
+    cpu = harness.cpu_seconds(pid)
+    pg_before = harness.postgres_cpu_seconds() if postgres else {}
+    window.started = time.monotonic()
+    fleet.window = window
+    await asyncio.sleep(seconds)
+    fleet.window = None
+    window.seconds = time.monotonic() - window.started
+    window.server_cpu = harness.cpu_seconds(pid) - cpu
+    if postgres:
+        window.postgres_cpu = harness.postgres_cpu_delta(pg_before)
+    passes_after, cycle_after, reaped_after = await scrape(server)
+    window.admission_passes = passes_after - passes
+    window.admission_seconds = cycle_after - cycle_s
+    window.reaped = reaped_after - reaped
+    return window
+
+
+async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: int) -> float:
+    conn = await harness.HttpConn(server.host, server.port).connect()
+    started = time.monotonic()
+    try:
+        single = {"command": "true", "resources": {"gpus": 1, "cpus": 1}, "preemption_class": 10}
+        for start in range(0, pending, 1000):
+            count = min(1000, pending - start)
+            body = orjson.dumps({"jobs": [{**single, "name": f"pending-{start + i}"} for i in range(count)]})
+            await conn.json(b"POST", "/jobs/batch", body, expect=201)
+        gang = {
+            "command": "true",
+            "gang_size": 4,
+            "resources": {"gpus": gpus, "cpus": 8},
+            "preemption_class": 10,
+        }
+        for start in range(0, gangs, 250):
+            count = min(250, gangs - start)
+            body = orjson.dumps({"jobs": [{**gang, "name": f"gang-{start + i}"} for i in range(count)]})
+            await conn.json(b"POST", "/jobs/batch", body, expect=201)
+    finally:
+        await conn.close()
+    return time.monotonic() - started
+
+
+async def bench_fleet(
+    server: harness.Server,
+    args: argparse.Namespace,
+    workers: int,
+    processes: harness.Processes,
+    directory: Path,
+) -> list[Window]:
+    probe = await harness.HttpConn(server.host, server.port).connect()
+    await harness.wait_ready(probe)
+    await probe.close()
+    started = time.monotonic()
+    conns, ids, jobs = await setup_fleet(server, args, workers)
+    print(
+        f"  set up {workers} workers x {args.gpus} GPUs, {workers * args.jobs_per_worker} running jobs"
+        f" in {time.monotonic() - started:.1f}s",
+        flush=True,
+    )
+    fleet = Fleet()
+    hosts = [
+        asyncio.create_task(simulate_host(fleet, conn, worker_id, host_jobs, args))
+        for conn, worker_id, host_jobs in zip(conns, ids, jobs, strict=True)
+    ]
+    listing: harness.Child | None = None
+    postgres = args.db == "postgres"
+    try:
+        await asyncio.sleep(args.settle_s)
+        idle = await measure(fleet, Window("idle"), server, args.window_s, postgres)
+        loaded = await submit_load(server, args.pending, args.gangs, args.gpus)
+        print(f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s", flush=True)
+        if args.list_every_s > 0:
+            listing = start_lister(processes, server, args.list_every_s, directory)
+        await asyncio.sleep(min(args.settle_s, 5.0))
+        spy = None
+        if args.profile:
+            out = directory / f"pyspy-{server.port}.txt"
+            spy = harness.start_pyspy(processes, server.child.process.pid, out, gil=True)
+        load = await measure(fleet, Window("load"), server, args.window_s, postgres)
+        if spy is not None:
+            harness.stop_pyspy(processes, spy)
+            harness.print_collapsed(out, title="server (GIL holder)")
+        if listing is not None:
+            lister_latencies(listing, load)
+        for task in hosts:
+            if task.done() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        fleet.stopping = True
+        if listing is not None:
+            processes.stop(listing, grace_s=1)
+        for task in hosts:
+            task.cancel()
+        await asyncio.gather(*hosts, return_exceptions=True)
+        for conn in conns:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await conn.close()
+    return [idle, load]
+
+
+def _ms(values: Sequence[float], q: float) -> float:
+    return 1e3 * harness.percentile(values, q) if values else float("nan")
+
+
+def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> None:
+    harness.banner(
+        f"fleet on {args.db}: {workers} workers x {args.gpus} GPUs, {args.jobs_per_worker} running job(s)"
+        + (
+            f" each; batched: one worker heartbeat with every job's lease every {args.heartbeat_s:g}s"
+            if args.batched
+            else f" each; job heartbeat {args.heartbeat_s:g}s, worker heartbeat {args.worker_heartbeat_s:g}s"
+        )
+    )
+    rate = workers * (args.jobs_per_worker / args.heartbeat_s + 1 / args.worker_heartbeat_s)
+    if args.batched:
+        rate = workers / args.heartbeat_s
+    print(
+        f"  offered heartbeat rate {rate:.0f} req/s; load window: {args.pending} pending, {args.gangs} gangs,"
+    )
+    print(f"  GET /jobs?limit=5000 and GET /workers alternately every {args.list_every_s:g}s")
+    print(
+        f"  {'window':<6} {'beats':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f" {'job p99':>8} {'wrk p99':>8} {'srv CPU':>8} {'adm passes':>10} {'adm ms':>7}"
+        f" {'missed':>6} {'list p50':>9} {'list max':>9} {'lag max':>8}"
+    )
+    for window in windows:
+        beats = window.heartbeats
+        cpu = 100 * window.server_cpu / window.seconds if window.seconds else float("nan")
+        adm = 1e3 * window.admission_seconds / window.admission_passes if window.admission_passes else 0.0
+        missed = window.stale + int(window.reaped)
+        print(
+            f"  {window.name:<6} {len(beats):>7} {_ms(beats, 50):>8.1f} {_ms(beats, 99):>8.1f}"
+            f" {1e3 * max(beats, default=float('nan')):>8.1f} {_ms(window.job_latency, 99):>8.1f}"
+            f" {_ms(window.worker_latency, 99):>8.1f} {cpu:>7.0f}% {window.admission_passes:>10.0f}"
+            f" {adm:>7.0f} {missed:>6} {_ms(window.list_latency, 50):>9.0f}"
+            f" {1e3 * max(window.list_latency, default=float('nan')):>9.0f}"
+            f" {1e3 * max(window.lag, default=float('nan')):>8.0f}"
+        )
+        failures = {status: count for status, count in window.statuses.items() if status != 200}
+        if failures or window.postgres_cpu == window.postgres_cpu:
+            extra = f"answers other than 200: {failures}" if failures else ""
+            if window.postgres_cpu == window.postgres_cpu:
+                extra += f"  PostgreSQL CPU {100 * window.postgres_cpu / window.seconds:.0f}%"
+            print(f"         {extra.strip()}")
+    idle, load = windows
+    ratio = _ms(load.heartbeats, 99) / _ms(idle.heartbeats, 99)
+    print(harness.figure("heartbeat p99 load / idle", ratio, "x", TARGET_P99_RATIO, at_least=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workers", default="500,2000", help="comma list of fleet sizes N")
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--pg-url", default=harness.DEFAULT_PG_URL)
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per worker")
+    parser.add_argument("--jobs-per-worker", type=int, default=1, help="running jobs per worker (k)")
+    parser.add_argument("--heartbeat-s", type=float, default=5.0, help="job heartbeat interval")
+    parser.add_argument("--worker-heartbeat-s", type=float, default=15.0, help="worker heartbeat interval")
+    parser.add_argument("--pending", type=int, default=20_000, help="pending single jobs in the load window")
+    parser.add_argument(
+        "--gangs", type=int, default=500, help="blocked gangs (4 x all GPUs) in the load window"
+    )
+    parser.add_argument("--list-every-s", type=float, default=2.0, help="0: nobody lists")
+    parser.add_argument("--window-s", type=float, default=20.0, help="length of each measuring window")
+    parser.add_argument("--settle-s", type=float, default=6.0, help="warm-up before the idle window")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra flag for corral server")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="each host sends one worker heartbeat every --heartbeat-s carrying all its jobs' leases",
+    )
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the server's GIL holder during the load window"
+    )
+    args = parser.parse_args(argv)
+    sizes = [int(part) for part in args.workers.split(",") if part.strip()]
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(sizes) + 256
+    if soft < wanted:  # the server inherits it: one connection per simulated worker
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(wanted, soft)), hard))
+    machine.print_machine()
+    if args.db == "postgres":
+        print(f"  postgres {harness.postgres_version(args.pg_url)} at {args.pg_url}")
+    harness.new_event_loop_policy()
+    processes = harness.Processes()
+    failed = False
+    try:
+        with harness.bounded(args.timeout), harness.workdir(args.keep) as directory:
+            for workers in sizes:
+                here = directory / f"fleet-{workers}"  # a fresh store (and logs) per size
+                here.mkdir()
+                with harness.store_url(args.db, here, args.pg_url) as db_url:
+                    server = harness.start_server(processes, db_url, here, args.server_arg)
+                    try:
+                        windows = asyncio.run(bench_fleet(server, args, workers, processes, here))
+                    except (harness.HttpError, OSError, TimeoutError) as error:
+                        print(f"\nfleet of {workers} FAILED: {error!r}", flush=True)
+                        print(f"  server log tail:\n{server.child.log.read_text(errors='replace')[-2000:]}")
+                        failed = True
+                        continue
+                    finally:
+                        processes.stop(server.child)
+                    report(workers, args, windows)
+    except KeyboardInterrupt:
+        print("interrupted; processes stopped", file=sys.stderr)
+        return 130
+    finally:
+        processes.stop_all()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""A worker heartbeat carrying its jobs' leases (issue 13, point 2): one request and one transaction
+for every running job of a host, each job answered as its own ``POST /jobs/{id}/heartbeat`` would be."""
+
+from __future__ import annotations
+
+from .conftest import claim, error_code, register, submit
+
+
+def test_a_worker_heartbeat_renews_its_jobs_and_answers_each(api, server, clock):
+    register(api, "w1", cpus=8)
+    register(api, "w2", cpus=8)
+    first, second, stopping = (submit(api, resources={"cpus": 1}) for _ in range(3))
+    for _ in range(3):
+        claim(api, "w1")
+    submit(api, resources={"cpus": 1})
+    elsewhere = claim(api, "w2")
+    stopped = api.post(f"/jobs/{stopping['id']}/cancel").json()
+    assert stopped["status"] == "preempting"
+    clock.advance(20)
+    beat = api.post(
+        "/workers/w1/heartbeat",
+        json={
+            "running": [first["id"], second["id"], stopping["id"]],
+            "jobs": [
+                {"id": first["id"], "attempt": 1, "progress": {"step": 7}, "gpu_util_pct": 90},
+                {"id": second["id"], "attempt": 1},
+                {"id": stopping["id"], "attempt": 1},
+                {"id": elsewhere["id"], "attempt": 1},
+                {"id": "j-unknown", "attempt": 1},
+            ],
+        },
+    )
+    assert beat.status_code == 200, beat.text
+    answers = beat.json()["jobs"]
+    assert answers[first["id"]] == {} and answers[second["id"]] == {}
+    assert answers[stopping["id"]] == {"action": "preempt", "preemption_epoch": stopped["preemption_epoch"]}
+    assert answers[elsewhere["id"]]["error"]["code"] == "stale_attempt"
+    assert answers["j-unknown"]["error"]["code"] == "not_found"
+    renewed = api.get(f"/jobs/{first['id']}").json()
+    assert renewed["progress"] == {"step": 7}
+    # The leases were renewed 20 s in: 20 s more is 40 s since the claim, but 20 since the beat.
+    clock.advance(20)
+    server.reap()
+    assert api.get(f"/jobs/{first['id']}").json()["status"] == "running"
+    assert api.get(f"/jobs/{second['id']}").json()["status"] == "running"
+    assert api.get(f"/jobs/{elsewhere['id']}").json()["status"] == "pending"  # w2 never beat: reaped
+
+
+def test_a_worker_heartbeat_without_jobs_answers_as_before(api):
+    register(api, "w1")
+    assert api.post("/workers/w1/heartbeat", json={}).json() == {}
+    bad = api.post("/workers/w1/heartbeat", json={"jobs": [{"id": "j-1"}]})
+    assert (bad.status_code, error_code(bad)) == (400, "invalid_request")

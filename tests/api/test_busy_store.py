@@ -1,0 +1,284 @@
+"""A locked store is an answer, not a freeze (issue 13, point 0), and the event loop never waits on
+the store (point 1).
+
+Another session holds the store's lock (``BEGIN EXCLUSIVE`` on the SQLite file, ``LOCK TABLE jobs``
+on PostgreSQL): ``/healthz`` still answers at once, ``/readyz`` says 503 within a second, a change
+is refused 503 ``store_busy`` with ``Retry-After`` once it has waited ``busy_timeout_s`` (never a
+500), and the SDK sends it again until the lock is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.client import ApiError, Client
+from corral.domain import errors
+from corral.domain.resources import Resources
+from corral.observability.metrics import Metrics
+from corral.server.loops.runner import Loop, LoopGroup
+from corral.store import open_store
+from corral.store.base import WorkerRegistration
+from corral.testing.server import ServerThread
+
+from .conftest import claim, error_code, register, submit
+
+BUSY_S = 0.5
+#: what "at once" means on a shared 2-core test machine
+PROMPT_S = 0.3
+
+
+@pytest.fixture
+def busy_server(store_url, clock, settings) -> Iterator[ServerThread]:
+    """A live server whose store gives up on a lock after ``BUSY_S``."""
+    server_store = open_store(store_url, busy_timeout_s=BUSY_S)
+    with ServerThread(server_store, settings, clock) as running:
+        yield running
+    server_store.close()
+
+
+@contextmanager
+def locked(store_url: str) -> Iterator[Any]:
+    """Another session holding the store's lock until the block ends (or ``release`` is called)."""
+    if store_url.startswith("sqlite:///"):
+        connection = sqlite3.connect(
+            store_url.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False
+        )
+        connection.execute("BEGIN EXCLUSIVE")
+    else:
+        import psycopg
+
+        connection = psycopg.connect(store_url)
+        connection.execute("LOCK TABLE jobs")
+    released = threading.Event()
+
+    def release() -> None:
+        if not released.is_set():
+            released.set()
+            connection.rollback() if not isinstance(connection, sqlite3.Connection) else connection.execute(
+                "ROLLBACK"
+            )
+            connection.close()
+
+    try:
+        yield release
+    finally:
+        release()
+
+
+def _timed(send: Any) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = send()
+    return response, time.monotonic() - started
+
+
+def test_a_locked_store_is_an_answer_not_a_freeze(busy_server, store_url):
+    with httpx.Client(base_url=busy_server.url, timeout=30) as api:
+        register(api, "w1")
+        job = submit(api)
+        claimed = claim(api, "w1")
+        fence = {"worker_id": "w1", "attempt": claimed["attempt"]}
+        with locked(store_url):
+            waiting: dict[str, Any] = {}
+
+            def beat() -> None:
+                with httpx.Client(base_url=busy_server.url, timeout=30) as other:
+                    waiting["answer"], waiting["took"] = _timed(
+                        lambda: other.post(f"/jobs/{job['id']}/heartbeat", params=fence)
+                    )
+
+            beating = threading.Thread(target=beat)
+            beating.start()
+            time.sleep(0.05)  # the heartbeat is waiting on the lock now
+            healthz, took = _timed(lambda: api.get("/healthz"))
+            assert healthz.status_code == 200 and took < PROMPT_S
+            health, took = _timed(lambda: api.get("/health"))
+            assert health.status_code == 200 and took < PROMPT_S
+            readyz, took = _timed(lambda: api.get("/readyz"))
+            assert readyz.status_code == 503 and took < 1.0 + PROMPT_S
+            assert error_code(readyz) in ("store_busy", "store_unavailable")
+            beating.join(10)
+            answer = waiting["answer"]
+            assert answer.status_code == 503, answer.text
+            assert error_code(answer) == "store_busy"
+            assert answer.headers["retry-after"] == "1"
+            assert waiting["took"] < BUSY_S + 1.0
+            beat_answer = api.post("/workers/w1/heartbeat", json={"running": [job["id"]]})
+            assert beat_answer.status_code == 503 and error_code(beat_answer) == "store_busy"
+            assert "retry-after" in beat_answer.headers
+            # A read: served beside the writer (SQLite's WAL), or refused as busy (PostgreSQL's
+            # LOCK TABLE blocks readers too); never a 500, never a hang.
+            read, took = _timed(lambda: api.get(f"/jobs/{job['id']}"))
+            assert read.status_code in (200, 503) and took < BUSY_S + 1.0
+        assert api.get("/readyz").status_code == 200
+        assert api.post(f"/jobs/{job['id']}/heartbeat", params=fence).status_code == 200
+
+
+def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server, store_url):
+    with Client(busy_server.url) as client:
+        client.register_worker({"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 4}})
+        client.submit({"command": "true"})
+        job = client.claim("w1")
+        assert job is not None
+        with locked(store_url) as release:
+            threading.Timer(1.2, release).start()
+            started = time.monotonic()
+            client.job_heartbeat(job.id, "w1", job.attempt)
+            assert time.monotonic() - started >= 1.0
+    with Client(busy_server.url, busy_retry_s=0) as impatient, locked(store_url):
+        with pytest.raises(ApiError) as refused:
+            impatient.job_heartbeat(job.id, "w1", job.attempt)
+        assert (refused.value.status, refused.value.code) == (503, "store_busy")
+
+
+def test_a_locked_store_raises_store_busy_not_a_driver_error(store_url):
+    store = open_store(store_url, busy_timeout_s=BUSY_S)
+    try:
+        store.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(cpus=1)), 1.0)
+        with locked(store_url):
+            started = time.monotonic()
+            with pytest.raises(errors.StoreBusy):
+                store.worker_heartbeat("w1", 2.0, None, running=[])
+            assert time.monotonic() - started < BUSY_S + 1.0
+        assert store.worker_heartbeat("w1", 2.0, None, running=[]).worker.last_heartbeat_at == 2.0
+    finally:
+        store.close()
+
+
+def test_a_slow_store_call_holds_up_no_other_request(server, monkeypatch):
+    """A 5,000-job list (here: a list that takes 1.5 s) runs on a store thread: heartbeats and
+    probes are answered meanwhile."""
+    store = server.state.store
+    slow_list = store.list_jobs
+
+    def list_jobs(*args: Any) -> Any:
+        time.sleep(1.5)
+        return slow_list(*args)
+
+    monkeypatch.setattr(store, "list_jobs", list_jobs)
+    with httpx.Client(base_url=server.url, timeout=30) as api:
+        register(api, "w1")
+        submit(api)
+        listing = threading.Thread(target=lambda: httpx.get(f"{server.url}/jobs?limit=5000", timeout=30))
+        listing.start()
+        time.sleep(0.1)
+        for send in (
+            lambda: api.get("/healthz"),
+            lambda: api.post("/workers/w1/heartbeat", json={}),
+            lambda: api.get("/jobs/next", params={"worker_id": "w1"}),
+        ):
+            answer, took = _timed(send)
+            assert answer.status_code == 200 and took < PROMPT_S, (answer.text, took)
+        assert listing.is_alive()  # still listing: the answers above did not wait for it
+        listing.join(10)
+
+
+def test_a_loop_pass_runs_on_its_own_thread():
+    """A pass that takes 0.4 s of blocking work leaves the event loop free, and a wake-up may come
+    from any thread."""
+    passes: list[str] = []
+
+    def tick() -> None:
+        time.sleep(0.4)
+        passes.append(threading.current_thread().name)
+
+    async def run() -> float:
+        group = LoopGroup([Loop("slow", 0.01, tick, jitter=0)], Metrics())
+        group.start(on_death=lambda name, error: None)
+        gaps, last = [], time.monotonic()
+        end = last + 1.0
+        while time.monotonic() < end:
+            await asyncio.sleep(0.01)
+            threading.Thread(target=group.wake, args=("slow",)).start()
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        await group.stop()
+        return max(gaps)
+
+    longest = asyncio.run(run())
+    assert passes and all(name.startswith("corral-loop-slow") for name in passes)
+    assert longest < 0.2
+
+
+def test_a_long_list_is_streamed_in_pieces_and_reads_as_one_page(api):
+    """Past 500 jobs the list is sent in pieces: the same items, order and cursor as pages."""
+    response = api.post("/jobs/batch", json={"jobs": [{"command": "true"} for _ in range(1100)]})
+    assert response.status_code == 201
+    paged, after = [], None
+    while True:
+        page = api.get("/jobs", params={"limit": 500, **({"after": after} if after else {})}).json()
+        paged += [item["id"] for item in page["items"]]
+        if not (after := page["next"]):
+            break
+    first = api.get("/jobs", params={"limit": 1000})
+    assert first.status_code == 200 and first.headers["content-type"] == "application/json"
+    body = first.json()
+    assert [item["id"] for item in body["items"]] == paged[:1000]
+    rest = api.get("/jobs", params={"limit": 1000, "after": body["next"]}).json()
+    assert [item["id"] for item in rest["items"]] == paged[1000:] and rest["next"] is None
+    whole = api.get("/jobs", params={"limit": 5000, "status": "pending"}).json()
+    assert [item["id"] for item in whole["items"]] == paged and whole["next"] is None
+    exact = api.get("/jobs", params={"limit": 1100}).json()
+    assert len(exact["items"]) == 1100 and exact["next"] is not None
+    assert api.get("/jobs", params={"limit": 1000, "after": exact["next"]}).json() == {
+        "items": [],
+        "next": None,
+    }
+
+
+def test_sqlite_writers_take_turns_first_come_first_served():
+    from corral.store.sqlite import _TakingTurns
+
+    turns = _TakingTurns()
+    assert turns.acquire(timeout=1)
+    assert not turns.acquire(timeout=0.05)  # held: a waiter gives up after its timeout
+    order: list[int] = []
+
+    def writer(index: int) -> None:
+        assert turns.acquire(timeout=5)
+        order.append(index)
+        turns.release()
+
+    waiting = []
+    for index in range(4):
+        thread = threading.Thread(target=writer, args=(index,))
+        thread.start()
+        waiting.append(thread)
+        time.sleep(0.02)  # queued in this order
+    turns.release()
+    for thread in waiting:
+        thread.join(5)
+    assert order == [0, 1, 2, 3]
+    assert turns.acquire(timeout=0.05)
+
+
+def test_store_threads_zero_runs_the_store_on_the_event_loop(store_url, clock):
+    """``CORRAL_STORE_THREADS=0``: the old way (no thread crossing), the same answers."""
+    from corral.config import ServerSettings
+
+    server_store = open_store(store_url)
+    try:
+        with (
+            ServerThread(server_store, ServerSettings(store_threads=0), clock) as running,
+            httpx.Client(base_url=running.url, timeout=10) as api,
+        ):
+            assert running.state.executor is None
+            register(api, "w1")
+            job = submit(api)
+            claimed = claim(api, "w1")
+            done = api.post(
+                f"/jobs/{job['id']}/done", params={"worker_id": "w1", "attempt": claimed["attempt"]}
+            )
+            assert done.json()["status"] == "done"
+            assert api.get("/jobs", params={"limit": 1000}).json()["items"][0]["status"] == "done"
+    finally:
+        server_store.close()
