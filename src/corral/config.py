@@ -43,7 +43,7 @@ class ServerSettings(BaseSettings):
     # Preemption (seed 003): planned by the admission cycle.
     max_victims: int = Field(3, ge=1, description="jobs or whole gangs one preemption may stop, at most")
     max_preemptions_per_cycle: int = Field(
-        256, ge=1, description="preemptions one admission cycle decides, at most (the rest wait a cycle)"
+        128, ge=1, description="preemptions one admission cycle decides, at most (the rest wait a cycle)"
     )
     near_completion_s: float = Field(
         300.0, ge=0, description="a job this close to its declared walltime is never preempted"

@@ -116,7 +116,7 @@ class PreemptionSettings:
     preempt_timeout_s: float = 45.0
     #: preemptions one cycle decides, at most: a cluster rebalancing at once is spread over a few
     #: cycles (each cycle's time grows with its preemptions), not stopped in one storm
-    max_preemptions_per_cycle: int = 256
+    max_preemptions_per_cycle: int = 128
     #: fair share's prefix rule (``corral.core.fairshare.preemptible_groups``)
     satisfaction_threshold: float = 1.0
     aggressive_satisfaction_threshold: float = 0.2

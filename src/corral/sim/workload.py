@@ -101,7 +101,7 @@ class SimSettings:
     starvation_tolerance: float = 0.8
     preemption_satisfaction_threshold: float = 1.0
     aggressive_preemption_satisfaction_threshold: float = 0.2
-    max_preemptions_per_cycle: int = 256
+    max_preemptions_per_cycle: int = 128
     heartbeat_s: float = 5.0
     checkpoint_save_s: float = 30.0
     stop_s: float = 1.0
