@@ -146,6 +146,17 @@ def build_snapshot(args: argparse.Namespace) -> Snapshot:
     return Snapshot(NOW, tuple(workers), tuple(allocations), tuple(gangs), pending, ends)
 
 
+def blocked_gang(gang_id: str, spec: JobSpec, submitted: float) -> Gang:
+    """A gang of ``spec.gang_size`` tasks, every one blocked."""
+    return Gang(
+        gang_id,
+        tuple(
+            Job(f"{gang_id}-t{rank}", spec, Status.BLOCKED, submitted, gang_id, rank)
+            for rank in range(spec.gang_size)
+        ),
+    )
+
+
 def build_busy_snapshot(args: argparse.Namespace) -> Snapshot:
     """Every GPU busy with mixed classes; higher-class singles and gangs waiting (module docstring)."""
     rng = random.Random(args.seed + 1)
@@ -230,14 +241,7 @@ def build_busy_snapshot(args: argparse.Namespace) -> Snapshot:
         )
         gang_id = f"g-want-{number:04d}"
         submitted = NOW - rng.uniform(0, 600)
-        gangs.append(
-            Gang(
-                gang_id,
-                tuple(
-                    Job(f"{gang_id}-t{r}", spec, Status.BLOCKED, submitted, gang_id, r) for r in range(size)
-                ),
-            )
-        )
+        gangs.append(blocked_gang(gang_id, spec, submitted))
     allocations = tuple(
         Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
         for job in holding
@@ -326,14 +330,7 @@ def build_fair_share_inputs(
         )
         gang_id = f"g-want-{number:04d}"
         submitted = NOW - rng.uniform(0, 600)
-        gangs.append(
-            Gang(
-                gang_id,
-                tuple(
-                    Job(f"{gang_id}-t{r}", spec, Status.BLOCKED, submitted, gang_id, r) for r in range(size)
-                ),
-            )
-        )
+        gangs.append(blocked_gang(gang_id, spec, submitted))
         count(spec.pool, Resources(gpus * size, 40_000, 64_000 * gpus * size, 8 * gpus * size), held=False)
     settings = {path: pools.PoolSettings(weight=rng.choice([1.0, 1.0, 2.0, 4.0])) for path in leaves}
     resolved = pools.resolve(settings, pools.PoolDefaults())
