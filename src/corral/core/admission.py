@@ -43,12 +43,12 @@ from corral.core import borrowing, drain, preemption
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
-from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill
+from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill, usable
 from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
 from corral.domain.resources import Resources
-from corral.domain.status import Status, WorkerStatus
+from corral.domain.status import Status
 
 _NOBODY: frozenset[int] = frozenset()
 #: Below any real quantity: ``(cpus, _FLOOR, _FLOOR)`` sorts before every index entry with ``cpus``.
@@ -264,12 +264,6 @@ def _stale_reservations(
         )
         released.update(task.id for task in reserved)
     return tuple(rollbacks), frozenset(released)
-
-
-def usable(worker: Worker) -> bool:
-    """A worker admission may reserve on: active, and not flagged dead (its heartbeat froze while it
-    holds running jobs: a reservation there would only expire)."""
-    return worker.status == WorkerStatus.ACTIVE and worker.flagged_dead_at is None
 
 
 def _is_candidate(gang: Gang, released: frozenset[str]) -> bool:

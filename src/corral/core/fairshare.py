@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from corral.core.placement import usable
 from corral.domain.pools import (
     NOT_STARVING,
     Pool,
@@ -47,7 +48,7 @@ from corral.domain.pools import (
     is_within,
     parent_of,
 )
-from corral.domain.records import Reason
+from corral.domain.records import Reason, Worker
 from corral.domain.resources import Resources
 
 __all__ = [
@@ -362,6 +363,12 @@ class FairShareState:
     starvation: Mapping[str, StarvationState]
     pools: Mapping[str, Pool]
 
+    def starving_pools(self) -> list[str]:
+        """The pools starving (aggressively or not), in path order."""
+        return sorted(
+            path for path, state in self.starvation.items() if state.status != Starvation.NON_STARVING
+        )
+
     def anyone_starving(self) -> bool:
         return any(state.status != Starvation.NON_STARVING for state in self.starvation.values())
 
@@ -472,9 +479,6 @@ class Books:
         allows = pool is None or pool.allow_aggressive_preemption
         return thresholds[0] if aggressive and allows else thresholds[1]
 
-    def describe(self, path: str) -> str:
-        return describe(path, self.state)
-
 
 #: shares are floats: a pool at its threshold to the last bit is at it
 _EPSILON = 1e-9
@@ -539,6 +543,15 @@ def explain(pool: str, state: FairShareState, now: float) -> Reason | None:
         if state.starvation.get(path, NOT_STARVING).below_since is not None:
             return Reason("fair_share", describe(path, state, now))
     return None
+
+
+def cluster_of(workers: Iterable[Worker]) -> Resources:
+    """What fair share divides: the resources of the workers work may be placed on."""
+    total = Resources()
+    for worker in workers:
+        if usable(worker):
+            total = total + worker.resources
+    return total
 
 
 def cycle_state(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from corral.core import borrowing, lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
-from corral.domain.status import Status
+from corral.domain.status import Status, WorkerStatus
 from corral.domain.transitions import Transition
 
 
@@ -186,3 +186,9 @@ def _room_left_for(reserved: Allocation, worker: Worker, allocations: Sequence[A
     return capacity.free.covers(reserved.resources) and set(reserved.gpu_indices) <= set(
         capacity.free_gpu_indices
     )
+
+
+def usable(worker: Worker) -> bool:
+    """A worker work may be placed on: active, and not flagged dead (its heartbeat froze while it
+    holds running jobs: a reservation there would only expire)."""
+    return worker.status == WorkerStatus.ACTIVE and worker.flagged_dead_at is None

@@ -990,9 +990,10 @@ class _Planner:
             )
         fair = ""
         if trigger.beneficiary is not None and self.books is not None:
+            pool = fairshare.describe(trigger.beneficiary, self.books.state)
             fair = (
-                f"; {self.books.describe(trigger.beneficiary)}: it may also take allocations of its own"
-                " class that other pools run past their fair share, and none would make room"
+                f"; {pool}: it may also take allocations of its own class that other pools run past"
+                " their fair share, and none would make room"
             )
         return Reason(
             "no_victim_set",

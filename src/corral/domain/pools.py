@@ -214,6 +214,14 @@ def effective(path: str, pools: Mapping[str, Pool], defaults: PoolDefaults) -> P
     return _inherit(path, defaults, None, explicit=False)
 
 
+def with_job_pools(pools: dict[str, Pool], paths: Iterable[str], defaults: PoolDefaults) -> dict[str, Pool]:
+    """``pools`` (``resolve``'s answer) with every one of ``paths`` it lacks (a pool a job not yet
+    ended names without a row: deleted under it by a race), under its nearest ancestor there."""
+    for path in sorted(set(paths) - pools.keys(), key=tree_order):
+        pools[path] = effective(path, pools, defaults)
+    return pools
+
+
 @dataclass(frozen=True, slots=True)
 class PoolUsage:
     """What a pool's non-terminal jobs hold and ask for, each task's resources summed."""

@@ -147,7 +147,7 @@ class Engine:
         self.pool_waiting: dict[str, list[int]] = {}
         #: the pools' starvation timers (the store's ``pool_starvation``)
         self.starvation: dict[str, pool_rules.StarvationState] = {}
-        self.total = sum((worker.resources for worker in self.workers), Resources())
+        self.total = fairshare.cluster_of(self.workers)
         self.now = 0.0
         self.jobs: dict[str, Job] = {}
         self.tasks: dict[str, Task] = {}
@@ -577,7 +577,7 @@ class Engine:
                 pending = tuple(sorted(pending, key=queue_key))
         fair = self._fair_share() if self.preemption_settings is not None else None
         if fair is not None and fair.anyone_starving():  # the store's ``pending_in_pools``
-            starving = [path for path, state in fair.starvation.items() if state.status != "non_starving"]
+            starving = fair.starving_pools()
             known = {job.id for job in pending}
             jobs = (self.jobs[job_id] for _, job_id in self.pending)
             pending += tuple(

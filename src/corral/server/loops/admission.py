@@ -15,7 +15,6 @@ from corral.core.preemption import Preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import pools
 from corral.domain.records import Worker
-from corral.domain.resources import Resources
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
@@ -30,7 +29,7 @@ def admission_tick(state: ServerState) -> None:
     resolved = pools.resolve(state.store.pools(), state.pool_defaults)
     fair = fair_share_of(state, resolved, inputs.workers, now)
     pending = inputs.pending
-    starving = sorted(path for path, starved in fair.starvation.items() if starved.status != "non_starving")
+    starving = fair.starving_pools()
     if starving:  # their jobs may preempt within their class, whatever the lowest running class
         known = {job.id for job in pending}
         pending += tuple(job for job in state.store.pending_in_pools(starving) if job.id not in known)
@@ -116,12 +115,8 @@ def fair_share_of(
     """This cycle's fair shares and starvation; the timers are kept in the store (written only when
     they change), so a new leader, and every replica's ``GET /pools``, sees them."""
     own_usage = state.store.pool_usage()
-    for path in own_usage.keys() - resolved.keys():
-        resolved[path] = pools.effective(path, resolved, state.pool_defaults)
-    total = Resources()
-    for worker in workers:
-        if admission.usable(worker):
-            total = total + worker.resources
+    pools.with_job_pools(resolved, own_usage, state.pool_defaults)
+    total = fairshare.cluster_of(workers)
     previous = state.store.pool_starvation()
     fair = fairshare.cycle_state(resolved, own_usage, total, previous, now)
     if fair.starvation != previous:

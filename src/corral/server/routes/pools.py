@@ -14,7 +14,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from corral.core import fairshare
-from corral.core.admission import usable
 from corral.core.fairshare import PoolShare
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
@@ -26,10 +25,10 @@ from corral.domain.pools import (
     PoolUsage,
     StarvationState,
     check_path,
-    effective,
     resolve,
     subtree_usage,
     tree_order,
+    with_job_pools,
 )
 from corral.domain.resources import ZERO, Resources
 from corral.protocol.answers import PoolAnswer, PoolPage
@@ -112,18 +111,12 @@ def _resolved(state: ServerState) -> tuple[dict[str, PoolSettings], dict[str, Po
     a race)."""
     stored = state.store.pools()
     own_usage = state.store.pool_usage()
-    pools = resolve(stored, state.pool_defaults)
-    for path in sorted(own_usage.keys() - pools.keys(), key=tree_order):
-        pools[path] = effective(path, pools, state.pool_defaults)
+    pools = with_job_pools(resolve(stored, state.pool_defaults), own_usage, state.pool_defaults)
     return stored, own_usage, pools
 
 
 def _cluster(state: ServerState) -> Resources:
-    total = Resources()
-    for worker in state.store.workers():
-        if usable(worker):
-            total = total + worker.resources
-    return total
+    return fairshare.cluster_of(state.store.workers())
 
 
 def fair_share_now(state: ServerState) -> fairshare.FairShareState:
