@@ -164,6 +164,7 @@ def _page(
     pool_headers = ["pool", "fair share", "jobs", *(f"{s['policy']} p99 delay (s)" for s in summaries)]
     pool_headers += [f"{s['policy']} GPU-h" for s in summaries] + [f"{s['policy']} rho" for s in summaries]
     pool_headers += [f"{s['policy']} starved gangs" for s in summaries]
+    pool_headers += [f"{s['policy']} gangs over the bound" for s in summaries]
     pool_rows = []
     for path, first in summaries[0]["pools"].items():
         row = [path, f"{100 * first['fair_share']:.1f}%", str(first["jobs"])]
@@ -171,6 +172,7 @@ def _page(
         row += [_cell(s["pools"].get(path, {}).get("gpu_hours")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("rho")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("starved_gangs")) for s in summaries]
+        row += [_cell(s["pools"].get(path, {}).get("gangs_over_bound")) for s in summaries]
         pool_rows.append(row)
     images = "\n".join(
         f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,"
@@ -208,13 +210,51 @@ policies: {", ".join(html.escape(str(s["policy"])) for s in summaries)}.</p>
 <p>Light pools (asking no more than their fair share over the arrivals):
 {html.escape(", ".join(summaries[0]["light_pools"]["pools"]) or "none")}.
 Heavy pools: {html.escape(", ".join(summaries[0]["heavy_pools"]["pools"]) or "none")}.
-A gang is starved when it waited longer than {summaries[0]["starvation_bound_s"] / 3600:g} h
-or never started.</p>
+A gang is over the bound when it waited longer than {summaries[0]["starvation_bound_s"] / 3600:g} h
+or never started, and starved when it waited that long while its pool held less than its starvation
+tolerance times its fair share (the time the scheduler owed its pool capacity).</p>
 {_html_table(pool_headers, pool_rows)}
+{_gangs_section(summaries)}
 <h2>Settings</h2>
 <p><code>{settings}</code></p>
 </body></html>
 """
+
+
+def _gangs_section(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Every policy's gangs over the bound (longest wait first), with the time their pool was
+    owed capacity, and the peak gang load that says whether any policy could start them all."""
+    first = summaries[0]
+    bound_h = first["starvation_bound_s"] / 3600
+    load = first.get("peak_gang_load", 0.0)
+    words = (
+        f"<p>Peak gang load: {load:.2f} (the most GPU-time gangs asked for within {bound_h:g} h, as a"
+        f" multiple of what the cluster runs in {bound_h:g} h)"
+        + (
+            ": above 1, the gangs of that window alone ask for more GPU-time than the whole cluster"
+            " has in it, so some of them wait long behind the others whatever the policy."
+            if load > 1
+            else "."
+        )
+        + "</p>"
+    )
+    headers = ["policy", "gang", "pool", "tasks x GPUs", "submitted (h)", "waited (h)", "owed (h)", "starved"]
+    rows = [
+        [
+            str(summary["policy"]),
+            gang["job_id"],
+            gang["pool"],
+            f"{gang['gang_size']} x {gang['gpus']}",
+            f"{gang['submit_time'] / 3600:.1f}",
+            "never started" if gang["queue_delay_s"] is None else f"{gang['queue_delay_s'] / 3600:.1f}",
+            f"{gang['below_fair_share_s'] / 3600:.1f}",
+            "yes" if gang["starved"] else "no",
+        ]
+        for summary in summaries
+        for gang in summary.get("gangs", ())
+    ]
+    table = _html_table(headers, rows) if rows else "<p>No gang waited past the bound.</p>"
+    return f"<h2>Gangs over the bound</h2>\n{words}\n{table}"
 
 
 def _cell(value: Any) -> str:

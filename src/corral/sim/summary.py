@@ -11,8 +11,18 @@ Definitions (the README's "Simulating a cluster" says the same):
   divided by the cluster's GPUs times the makespan;
 - **GPU-hours lost** to preemption: each victim's GPUs times the work it did since what it resumes
   from (its checkpoint phase's save, its own last periodic checkpoint, or its start);
-- **starved gangs**: gangs (``gang_size`` > 1) whose queueing delay exceeded
-  ``starvation_bound_s`` (6 h by default), or that never started;
+- **gangs over the bound**: gangs (``gang_size`` > 1) whose queueing delay exceeded
+  ``starvation_bound_s`` (6 h by default), or that never started, whatever kept them waiting;
+- **starved gangs**: those of them that waited longer than the bound *while their pool held less
+  than its starvation tolerance (0.8) times its fair share of the GPUs*: the time the scheduler owed
+  the pool capacity and did not give it (corral's own definition of starving, seed 002's, counted
+  for the gang). A gang of a pool at its fair share waits behind its own pool's work: that is
+  fair share at work, not starvation. The fair share is the one below (not the server's
+  demand-capped one), the same for every policy, so the figure compares policies;
+- **peak gang load**: the most GPU-time that gangs asked for within one window of the bound's
+  length, as a multiple of what the cluster can run in that window: above 1, the gangs of that
+  window alone ask for more GPU-time than the whole cluster has in it, so some of them wait long
+  behind the others whatever the policy (it says how hard the workload is, not what a policy did);
 - **fair share** of a pool: its guarantee's fraction of the guaranteed GPUs when any pool has a
   guarantee, else its weight's fraction of the weights of the pools that have jobs;
   ``fair_share_gpu_hours`` is that fraction of the cluster's GPU-hours over the makespan;
@@ -28,6 +38,7 @@ Definitions (the README's "Simulating a cluster" says the same):
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -97,6 +108,76 @@ def fair_shares(scenario: Scenario, pools: Iterable[str]) -> dict[str, float]:
     return {path: weights[path] / whole for path in paths}
 
 
+#: gangs over the bound the summary lists, at most (the longest waits)
+MAX_LISTED_GANGS = 100
+
+
+def peak_gang_load(gangs: Sequence[WorkloadJob], cluster_gpus: int, window_s: float) -> float:
+    """The most GPU-seconds gangs submitted within ``window_s`` ask for, over what ``cluster_gpus``
+    run in ``window_s`` (module docstring)."""
+    if cluster_gpus <= 0 or window_s <= 0 or not gangs:
+        return 0.0
+    ordered = sorted(gangs, key=lambda job: job.submit_time)
+    peak = total = 0.0
+    first = 0
+    for job in ordered:
+        total += job.gpus * job.gang_size * job.duration
+        while ordered[first].submit_time < job.submit_time - window_s:
+            leaving = ordered[first]
+            total -= leaving.gpus * leaving.gang_size * leaving.duration
+            first += 1
+        peak = max(peak, total)
+    return peak / (cluster_gpus * window_s)
+
+
+def time_below_fair_share(
+    gangs: Sequence[WorkloadJob],
+    record: Record,
+    fair_gpus: Mapping[str, float],
+    scenario: Scenario,
+    end: float,
+) -> dict[str, float]:
+    """For each gang, the seconds it waited (submission to start, or to ``end`` when it never
+    started) while its pool held less than its tolerance times its fair share of the GPUs: the
+    time the scheduler owed its pool capacity and did not give it (module docstring)."""
+    timelines: dict[str, list[tuple[float, int]]] = {}
+    for at, pool, delta in sorted(record.allocation, key=lambda entry: entry[0]):
+        timeline = timelines.setdefault(pool, [])
+        held = (timeline[-1][1] if timeline else 0) + delta
+        if timeline and timeline[-1][0] == at:
+            timeline[-1] = (at, held)
+        else:
+            timeline.append((at, held))
+    owed: dict[str, float] = {}
+    for job in gangs:
+        tolerance = _tolerance(scenario, job.pool)
+        bound = tolerance * fair_gpus.get(job.pool, 0.0)
+        start = record.starts.get(job.job_id, end)
+        timeline = timelines.get(job.pool, [])
+        index = bisect_right(timeline, (job.submit_time, math.inf)) - 1
+        held = timeline[index][1] if index >= 0 else 0
+        at, total = job.submit_time, 0.0
+        for next_at, next_held in timeline[index + 1 :]:
+            if next_at >= start:
+                break
+            if held < bound:
+                total += next_at - at
+            at, held = next_at, next_held
+        if held < bound:
+            total += max(0.0, start - at)
+        owed[job.job_id] = total
+    return owed
+
+
+def _tolerance(scenario: Scenario, path: str) -> float:
+    """The pool's starvation tolerance: its own, else the nearest ancestor's, else the setting."""
+    for candidate in [path, *reversed(pool_rules.ancestors(path))]:
+        pool = scenario.pools.get(candidate)
+        if pool is not None and pool.starvation_tolerance is not None:
+            return pool.starvation_tolerance
+    return scenario.settings.starvation_tolerance
+
+
 def summarize(
     scenario: Scenario, record: Record, policy: str, elapsed_s: float | None = None
 ) -> dict[str, Any]:
@@ -116,17 +197,18 @@ def summarize(
     last = max(record.ends.values(), default=first)
     series = allocation_series(record)
     bound = scenario.settings.starvation_bound_s
-    starved = [
-        job.job_id
-        for job in jobs
-        if job.gang_size > 1 and (job.job_id not in delays or delays[job.job_id] > bound)
-    ]
-    starved_set = set(starved)
     lost = sum(entry[4] for entry in record.preemptions) / 3600
     by_pool: dict[str, list[WorkloadJob]] = {}
     for job in jobs:
         by_pool.setdefault(job.pool, []).append(job)
     shares = fair_shares(scenario, by_pool)
+    gangs = [job for job in jobs if job.gang_size > 1]
+    over_bound = [job.job_id for job in gangs if job.job_id not in delays or delays[job.job_id] > bound]
+    owed = time_below_fair_share(
+        gangs, record, {path: share * cluster_gpus for path, share in shares.items()}, scenario, last
+    )
+    starved = [job.job_id for job in gangs if owed[job.job_id] > bound]
+    starved_set, over_set = set(starved), set(over_bound)
     makespan = last - first
     pools: dict[str, Any] = {}
     for path, members in sorted(by_pool.items(), key=lambda item: pool_rules.tree_order(item[0])):
@@ -150,6 +232,7 @@ def summarize(
             "preemptions": sum(1 for entry in record.preemptions if entry[2] == path),
             "rho": None if rho is None else round(rho, 3),
             "starved_gangs": sum(1 for job in members if job.job_id in starved_set),
+            "gangs_over_bound": sum(1 for job in members if job.job_id in over_set),
             "unfinished": sum(1 for job in members if job.job_id not in jcts),
         }
     arrivals = max((job.submit_time for job in jobs), default=first) - first or makespan
@@ -176,7 +259,26 @@ def summarize(
         "preemptions": len(record.preemptions),
         "gpu_hours_lost": round(lost, 3),
         "starved_gangs": len(starved),
+        "gangs_over_bound": len(over_bound),
         "starvation_bound_s": bound,
+        "peak_gang_load": round(peak_gang_load(gangs, cluster_gpus, bound), 3),
+        # the gangs over the bound, longest wait first (the report's table)
+        "gangs": [
+            {
+                "job_id": job.job_id,
+                "pool": job.pool,
+                "gang_size": job.gang_size,
+                "gpus": job.gpus,
+                "submit_time": job.submit_time,
+                "queue_delay_s": delays.get(job.job_id),
+                "below_fair_share_s": round(owed[job.job_id], 3),
+                "starved": job.job_id in starved_set,
+            }
+            for job in sorted(
+                (job for job in gangs if job.job_id in over_set),
+                key=lambda job: (-delays.get(job.job_id, math.inf), job.job_id),
+            )[:MAX_LISTED_GANGS]
+        ],
         "pools": pools,
         # pools that asked for no more than their fair share over the makespan, and the others
         "light_pools": _group(light, by_pool, delays),

@@ -1,0 +1,75 @@
+"""The summary's gang figures on hand-built records: the time a gang's pool was owed capacity while
+it waited, starved against over the bound, and the peak gang load."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.domain.pools import PoolSettings
+from corral.sim.engine import Record
+from corral.sim.readers import uniform_cluster
+from corral.sim.summary import peak_gang_load, summarize, time_below_fair_share
+from corral.sim.workload import Scenario, SimSettings, Workload, WorkloadJob
+
+HOUR = 3600.0
+
+
+def gang(job_id: str, submit: float, pool: str, size: int = 2, duration: float = 100.0) -> WorkloadJob:
+    return WorkloadJob(job_id, submit, duration, 4, gang_size=size, pool=pool)
+
+
+def scenario(*jobs: WorkloadJob, bound: float = 10.0) -> Scenario:
+    # two pools of equal weight on 4 x 4 GPUs: a fair share of 8 GPUs each, 6.4 under the tolerance
+    return Scenario(
+        Workload(jobs),
+        uniform_cluster(4, 4),
+        {"a": PoolSettings(weight=1.0), "b": PoolSettings(weight=1.0)},
+        SimSettings(starvation_bound_s=bound),
+    )
+
+
+def test_only_the_wait_while_the_pool_held_less_than_its_share_is_owed() -> None:
+    waiting = gang("g", 0.0, "a")
+    case = scenario(waiting, WorkloadJob("mine", 0.0, 50, 8, pool="a"))
+    record = Record()
+    # pool a holds 8 GPUs (its share) from 0 to 30, nothing from 30 to 45, then the gang starts
+    record.allocation = [(0.0, "a", 8), (30.0, "a", -8), (45.0, "a", 8)]
+    record.starts["g"] = 45.0
+    owed = time_below_fair_share([waiting], record, {"a": 8.0, "b": 8.0}, case, end=100.0)
+    assert owed == {"g": pytest.approx(15.0)}
+
+
+def test_a_gang_that_never_started_is_owed_until_the_end() -> None:
+    waiting = gang("g", 10.0, "b")
+    case = scenario(waiting)
+    owed = time_below_fair_share([waiting], Record(), {"a": 8.0, "b": 8.0}, case, end=70.0)
+    assert owed == {"g": pytest.approx(60.0)}
+
+
+def test_a_gang_waiting_behind_its_own_pools_work_is_over_the_bound_but_not_starved() -> None:
+    behind_own = gang("own", 0.0, "a")
+    owed_one = gang("owed", 0.0, "b")
+    case = scenario(behind_own, owed_one, WorkloadJob("mine", 0.0, 50, 8, pool="a"), bound=10.0)
+    record = Record()
+    record.allocation = [(0.0, "a", 8), (50.0, "a", -8), (50.0, "a", 8), (50.0, "b", 8)]
+    record.starts.update({"mine": 0.0, "own": 50.0, "owed": 50.0})
+    record.ends.update({"mine": 50.0, "own": 150.0, "owed": 150.0})
+    summary = summarize(case, record, "corral")
+    assert summary["gangs_over_bound"] == 2
+    assert summary["starved_gangs"] == 1
+    listed = {entry["job_id"]: entry for entry in summary["gangs"]}
+    assert listed["owed"]["starved"] and listed["owed"]["below_fair_share_s"] == pytest.approx(50.0)
+    assert not listed["own"]["starved"] and listed["own"]["below_fair_share_s"] == 0.0
+    assert summary["pools"]["b"]["starved_gangs"] == 1 and summary["pools"]["a"]["gangs_over_bound"] == 1
+
+
+def test_peak_gang_load_is_the_busiest_window_over_the_clusters_capacity() -> None:
+    gangs = [
+        gang("early", 0.0, "a", size=2, duration=HOUR),  # 8 GPU-hours
+        gang("late-1", 10 * HOUR, "a", size=4, duration=HOUR),  # 16 GPU-hours
+        gang("late-2", 11 * HOUR, "b", size=4, duration=HOUR),  # 16 GPU-hours
+    ]
+    # 16 GPUs over 2 h: 32 GPU-hours; the two late gangs fall in one window
+    assert peak_gang_load(gangs, 16, 2 * HOUR) == pytest.approx(1.0)
+    assert peak_gang_load(gangs, 16, HOUR / 2) == pytest.approx(16 / 8)
+    assert peak_gang_load([], 16, HOUR) == 0.0
