@@ -64,6 +64,7 @@ async def run_once(
         )
     pids = [server.child.process.pid] + [worker.process.pid for worker in workers]
     cpu_before = [harness.cpu_seconds(pid, children=True) for pid in pids]
+    own_before = [harness.cpu_seconds(pid) for pid in pids[1:]]
 
     started = time.time()
     for body in bodies:
@@ -87,6 +88,7 @@ async def run_once(
         await asyncio.sleep(0.05)
     observed = time.time()
     cpu_after = [harness.cpu_seconds(pid, children=True) for pid in pids]
+    own_after = [harness.cpu_seconds(pid) for pid in pids[1:]]
     for spy in spies:
         harness.stop_pyspy(processes, spy)
 
@@ -113,6 +115,7 @@ async def run_once(
         "workers_cpu": sum(
             after - before for after, before in zip(cpu_after[1:], cpu_before[1:], strict=True)
         ),
+        "workers_own_cpu": sum(after - before for after, before in zip(own_after, own_before, strict=True)),
         "timed_out": "yes" if ended < args.jobs else "no",
     }
 
@@ -145,7 +148,9 @@ def report(count: int, args: argparse.Namespace, result: dict[str, float | str])
         f"  CPU during the run: server {float(result['server_cpu']):.1f}s"
         f" ({100 * float(result['server_cpu']) / wall:.0f}% of one core),"
         f" workers with their jobs {float(result['workers_cpu']):.1f}s"
-        f" ({100 * float(result['workers_cpu']) / wall:.0f}%)"
+        f" ({100 * float(result['workers_cpu']) / wall:.0f}%), of which the workers themselves"
+        f" {float(result['workers_own_cpu']):.1f}s"
+        f" ({1e6 * float(result['workers_own_cpu']) / args.jobs:.0f} us per job)"
     )
     print(f"  statuses: {result['statuses']}; per worker: {result['per_worker']}")
     if result["timed_out"] == "yes":
