@@ -440,11 +440,11 @@ class Agent:
         try:
             answer = self._api.worker_beat(self.worker_id, body)
         except ServerUnreachable as error:
+            # One line for the worker and its leases; a deferral goes again with the next beat.
             logger.warning(
-                "worker heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
+                "worker heartbeat failed: server unreachable",
+                extra={**self.fields, "error": str(error), "leases": len(leases or ())},
             )
-            for run, _request in leases or ():
-                run.beat_unreachable(error)
             return False
         except ApiError as error:
             if error.status == 404:
