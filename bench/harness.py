@@ -658,3 +658,46 @@ def figure(label: str, value: float, unit: str, target: float | None = None, at_
 
 def banner(title: str) -> None:
     print(f"\n== {title} ==", flush=True)
+
+
+# --- the spawn ceiling -----------------------------------------------------------------------
+
+
+def spawn_ceiling(seconds: float = 2.0, threads: int = 2, command: str = "true") -> float:
+    """How many ``/bin/sh -c COMMAND`` processes Python spawns and reaps per second, with ``threads``
+    threads each doing ``Popen`` + ``wait`` in a loop for ``seconds``: the most a worker (one Python
+    process) could ever start and reap on this machine, whatever the scheduler does. Spawned as the
+    worker spawns a job: its own session, no inherited descriptors; output to /dev/null."""
+    import threading
+
+    counts = [0] * threads
+    stop = time.monotonic() + seconds
+
+    def spawn(index: int) -> None:
+        while time.monotonic() < stop:
+            child = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+            child.wait()
+            counts[index] += 1
+
+    started = time.monotonic()
+    pool = [threading.Thread(target=spawn, args=(index,)) for index in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return sum(counts) / (time.monotonic() - started)
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"

@@ -2,9 +2,13 @@
 
 Why not httpx: a worker makes two requests per job (claim, done) plus heartbeats, and on a busy
 host its CPU went mostly to the HTTP client (about 440 us per request with httpx against under
-100 us with ``http.client``). One connection per thread, kept alive; a request that finds its
-reused connection closed by the server is sent once more on a fresh one (the server closes idle
-keep-alive connections; nothing was processed on a connection that answered nothing).
+100 us with ``http.client``). Connections are kept alive in a pool: a request takes an idle one
+(or opens one when none is idle) and puts it back once answered, so a thread that makes a few
+requests and ends (one per job on a worker) reuses a connection instead of opening its own, and
+the pool holds no more connections than were ever in use at once (``MAX_IDLE`` at most idle). A
+request that finds its reused connection closed by the server is sent once more on a fresh one
+(the server closes idle keep-alive connections; nothing was processed on a connection that
+answered nothing).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit
 
 CONNECT_TIMEOUT_S = 5.0
+#: idle connections kept for reuse; more are closed when they are put back
+MAX_IDLE = 16
 
 
 class TransportError(Exception):
@@ -48,25 +54,25 @@ class Transport:
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._timeout_s = timeout_s
-        self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._idle: list[http.client.HTTPConnection] = []  # most recently used last
         self._lock = threading.Lock()
+        self._closed = False
 
-    def _connection(self) -> http.client.HTTPConnection:
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            factory = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            connection = factory(self._host, self._port, timeout=CONNECT_TIMEOUT_S)
-            self._local.connection = connection
-            with self._lock:
-                self._all.append(connection)
-        return connection
+    def _take(self) -> http.client.HTTPConnection:
+        """An idle connection (the most recently used: the least likely to be closed by the
+        server), else a new one; the caller has it to itself until ``_put_back``."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        factory = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return factory(self._host, self._port, timeout=CONNECT_TIMEOUT_S)
 
-    def _drop(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            connection.close()
-            self._local.connection = None
+    def _put_back(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE and not self._closed:
+                self._idle.append(connection)
+                return
+        connection.close()
 
     def request(
         self,
@@ -84,7 +90,7 @@ class Transport:
             target += "?" + urlencode({key: value for key, value in params.items() if value is not None})
         send_headers = {**self._headers, **(headers or {})}
         for attempt in (1, 2):
-            connection = self._connection()
+            connection = self._take()
             reused = connection.sock is not None
             try:
                 connection.timeout = timeout_s or self._timeout_s
@@ -94,15 +100,20 @@ class Transport:
                 answer = connection.getresponse()
                 content = answer.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
-                self._drop()
+                connection.close()
                 if reused and attempt == 1:
                     continue  # the server closed an idle keep-alive connection: send it once more
                 raise TransportError(str(error) or type(error).__name__) from error
             except (OSError, http.client.HTTPException) as error:
-                self._drop()
+                connection.close()
                 raise TransportError(str(error) or type(error).__name__) from error
+            except BaseException:
+                connection.close()  # a half-used connection is never reused
+                raise
             if answer.will_close:
-                self._drop()
+                connection.close()
+            else:
+                self._put_back(connection)
             return Response(
                 status_code=answer.status,
                 content=content,
@@ -112,7 +123,9 @@ class Transport:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        """Close the idle connections; one in use is closed when its request ends."""
         with self._lock:
-            for connection in self._all:
-                connection.close()
-            self._all.clear()
+            idle, self._idle = self._idle, []
+            self._closed = True
+        for connection in idle:
+            connection.close()

@@ -73,6 +73,16 @@ def test_a_job_writing_a_lot_never_blocks_and_keeps_its_tail():
     assert tail.endswith("END\n")
 
 
+def test_one_pump_keeps_many_jobs_outputs_apart():
+    """Every job's pipe is drained by the one output pump: each job gets exactly its own output,
+    all of it, and its end is seen (``finish`` returns at once)."""
+    processes = [start(f"for i in $(seq 200); do echo job{index}-$i; done", 1_000_000) for index in range(20)]
+    for index, process in enumerate(processes):
+        assert process.wait(20) == 0
+        lines = process.finish().splitlines()
+        assert lines == [f"job{index}-{step}" for step in range(1, 201)]
+
+
 def test_stop_runs_once_for_concurrent_callers(tmp_path: Path):
     marker = tmp_path / "terms"
     process = start(

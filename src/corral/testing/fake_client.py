@@ -10,12 +10,19 @@ the worker uses, with the same signatures, so a test passes it where a ``Client`
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from corral.client import ApiError
-from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer, JobAnswer, LogAppendedAnswer
+from corral.protocol.answers import (
+    ClaimAnswer,
+    HeartbeatAnswer,
+    JobAnswer,
+    LogAppendedAnswer,
+    WorkerHeartbeatAnswer,
+)
 
 Answer = bytes | Exception | None
 
@@ -70,6 +77,8 @@ class FakeClient:
         #: ``calls`` (how many chunks depends on timing); ``log_error`` is raised by every append
         self.logs: dict[tuple[str, int], bytearray] = {}
         self.log_error: Exception | None = None
+        #: the batched worker heartbeat's answer, from its body (see ``worker_beat``)
+        self.worker_beat_answer: Callable[[dict[str, Any]], Any] | None = None
         self.lock = threading.Lock()
 
     def _record(self, *call: Any) -> None:
@@ -157,3 +166,15 @@ class FakeClient:
 
     def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
         self._record("worker_heartbeat", worker_id, body)
+
+    def worker_beat(self, worker_id: str, body: dict[str, Any]) -> WorkerHeartbeatAnswer | None:
+        """``WorkerClient.worker_beat``: recorded as a worker heartbeat; answered by
+        ``worker_beat_answer(body)`` when scripted (a dict, or an exception to raise), else as an
+        older server answers (no per-job answers)."""
+        self._record("worker_heartbeat", worker_id, body)
+        if self.worker_beat_answer is None:
+            return None
+        answer = self.worker_beat_answer(body)
+        if isinstance(answer, Exception):
+            raise answer
+        return WorkerHeartbeatAnswer.model_validate(answer)

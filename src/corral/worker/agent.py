@@ -1,12 +1,17 @@
-"""The agent: register, heartbeat the worker, claim jobs and run each in its own thread, shut down.
+"""The agent: register, heartbeat the worker and its jobs, claim jobs and run each in its own
+thread, shut down.
 
 Threads and why:
 - the claim loop long-polls ``GET /jobs/next`` and starts every claimed job at once, then claims
-  again: the server decides what fits, so the worker runs as many jobs as the server hands it;
-- the worker heartbeat says "alive, running these" every ``worker_heartbeat_s``, independent of
-  the claim loop, whose long-polls would otherwise delay it;
-- one thread per job attempt (``JobRun``) for its heartbeats and its report, and one per attempt
-  for its watchdogs (``JobWatch``).
+  again: the server decides what fits, so the worker runs as many jobs as the server hands it. It
+  asks for as many jobs as its free capacity could hold (``max=N``), and for one at a time from a
+  server that does not know ``max`` (a 400, or one plain claim for an answer);
+- the heartbeat thread says "alive, running these" every ``worker_heartbeat_s``, and while jobs
+  run, every ``heartbeat_s`` with every running attempt's lease and progress in the same request
+  (``jobs``), dispatching each job's answer (checkpoint, preempt, stale) to its attempt. A server
+  that does not know the batched body (a 400 naming ``jobs``, or an answer without per-job
+  answers) gets one job heartbeat per attempt from this same thread instead, decided once;
+- one thread per job attempt (``JobRun``): its process, its watchdogs and its report.
 
 A job a watchdog tripped is dropped from the worker heartbeat's ``running`` list at once (and a
 heartbeat is sent right away): the worker must not advertise a busy ghost while the job is being
@@ -26,11 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.client import ApiError, Client, ServerUnreachable
+from corral.client import ApiError, ServerUnreachable
 from corral.config import WorkerSettings
-from corral.protocol.answers import ClaimAnswer
+from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
 from corral.worker import leftovers
-from corral.worker.job_run import SHUTDOWN_ERROR, JobRun, StopReason
+from corral.worker.calls import MAX_CLAIM, WorkerClient
+from corral.worker.job_run import SHUTDOWN_ERROR, BeatRequest, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
 from corral.worker.samplers import Samplers, open_gpu_sampler
@@ -53,8 +59,12 @@ class Agent:
         self.address = address
         self.offer = offer
         self.fields = {"worker_id": worker_id}
-        self._claims = Client(settings.server)
-        self._api = Client(settings.server, timeout_s=API_TIMEOUT_S)
+        self._claims = WorkerClient(settings.server)
+        self._api = WorkerClient(settings.server, timeout_s=API_TIMEOUT_S)
+        #: whether the server takes ``max`` on a claim / ``jobs`` in the worker heartbeat; None
+        #: until its first answer says
+        self.multi_claim: bool | None = None
+        self.batched_beats: bool | None = None
         self._lock = threading.Lock()
         self._runs: dict[tuple[str, int], JobRun] = {}
         self._accepting = True
@@ -171,7 +181,7 @@ class Agent:
         # they cost one HTTP round trip per interval and nothing in latency (a submit wakes them).
         wait_s = self.settings.claim_wait_s
         try:
-            claim = self._claims.claim(self.worker_id, wait_s=wait_s)
+            claims = self._claim(wait_s)
         except ServerUnreachable as error:
             logger.warning("claim failed: server unreachable", extra={**self.fields, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
@@ -187,11 +197,52 @@ class Agent:
             logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
             return
-        if claim is None:
+        if not claims:
             if wait_s <= 0:
                 self.stopping.wait(self.settings.poll_s)
             return
-        self._start_job(claim)
+        for claim in claims:
+            if isinstance(claim, ApiError):
+                self._refuse_claim(claim)
+            else:
+                self._start_job(claim)
+
+    def _claim(self, wait_s: float) -> list[ClaimAnswer | ApiError]:
+        """Claim up to what the free capacity could hold, all at once where the server can."""
+        room = self.claim_room()
+        if self.multi_claim is not False and room > 1:
+            try:
+                claimed = self._claims.claim_many(self.worker_id, wait_s, room)
+            except ApiError as error:
+                if error.status != 400:
+                    raise
+                self._no_multi_claim(f"{error.code}: {error.message}")
+            else:
+                if claimed.understood:
+                    self.multi_claim = True
+                else:
+                    self._no_multi_claim("it answered one plain claim")
+                return claimed.items
+        claim = self._claims.claim(self.worker_id, wait_s=wait_s)
+        return [] if claim is None else [claim]
+
+    def _no_multi_claim(self, why: str) -> None:
+        if self.multi_claim is not False:
+            logger.info(
+                "the server does not claim several jobs at once (max); claiming one at a time",
+                extra={**self.fields, "why": why},
+            )
+        self.multi_claim = False
+
+    def claim_room(self) -> int:
+        """How many jobs the free capacity could hold, as far as the worker can tell before it
+        sees them: free CPUs or free GPUs, whichever is more, between 1 and ``MAX_CLAIM``. The
+        server decides what really fits; this only bounds a claim."""
+        with self._lock:
+            claims = [run.claim for run in self._runs.values()]
+        free_cpus = self.offer.cpus - sum(claim.resources.cpus for claim in claims)
+        free_gpus = self.offer.gpus - sum(len(claim.gpu_indices) for claim in claims)
+        return max(1, min(MAX_CLAIM, max(free_cpus, free_gpus)))
 
     def _start_job(self, claim: ClaimAnswer) -> None:
         run = JobRun(
@@ -204,6 +255,7 @@ class Agent:
             on_tripped=self._job_tripped,
             on_gpus_unhealthy=self._gpus_unhealthy,
             records=self.records,
+            kept_by_agent=True,
         )
         with self._lock:
             accepted = self._accepting
@@ -272,20 +324,28 @@ class Agent:
         # Now, before the job's report frees its GPUs on the server: a wake-up of the heartbeat
         # thread could lose that race and let the server place new work on them.
         try:
-            self._heartbeat_once()
+            self._worker_beat(None)
         except Exception:
             logger.exception("worker heartbeat error", extra=self.fields)
 
     # --- the worker heartbeat --------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
+        """Every ``heartbeat_s``: the running attempts' leases, in the worker heartbeat where the
+        server takes them; the worker heartbeat alone every ``worker_heartbeat_s`` otherwise, or
+        at once when woken (a watchdog trip)."""
+        next_worker_beat = time.monotonic() + self.settings.worker_heartbeat_s
         while True:
-            self._heartbeat_wake.wait(self.settings.worker_heartbeat_s)
+            woken = self._heartbeat_wake.wait(
+                min(self.settings.heartbeat_s, self.settings.worker_heartbeat_s)
+            )
             self._heartbeat_wake.clear()
             if self._heartbeat_stop.is_set():
                 return
+            worker_due = woken or time.monotonic() >= next_worker_beat
             try:
-                self._heartbeat_once()
+                if self._heartbeat_once(worker_due):
+                    next_worker_beat = time.monotonic() + self.settings.worker_heartbeat_s
             except Exception:
                 logger.exception("worker heartbeat error", extra=self.fields)
 
@@ -313,23 +373,132 @@ class Agent:
             ]
         return body
 
-    def _heartbeat_once(self) -> None:
+    def _heartbeat_once(self, worker_due: bool = True) -> bool:
+        """One round of the heartbeat thread; True when the worker heartbeat went out."""
         if not self._registered:
-            return
+            return False
+        leases = self._lease_requests()
+        if self.batched_beats is False or not leases:
+            sent = worker_due and self._worker_beat(None) is True
+            self._job_beats(leases)
+            return sent
+        batch, rest = self._one_per_job(leases)
+        if self._worker_beat(batch) is None:
+            # Not understood, or no answer: each lease by its own heartbeat, this round already.
+            self._job_beats(batch)
+        self._job_beats(rest)
+        return True
+
+    def _lease_requests(self) -> list[tuple[JobRun, BeatRequest]]:
+        """Each running attempt that wants its lease kept, with what its heartbeat says."""
+        leases = []
+        for run in self._snapshot():
+            try:
+                request = run.beat_request()
+            except Exception:
+                logger.exception("job heartbeat error", extra=run.fields)
+                continue
+            if request is not None:
+                leases.append((run, request))
+        return leases
+
+    @staticmethod
+    def _one_per_job(
+        leases: list[tuple[JobRun, BeatRequest]],
+    ) -> tuple[list[tuple[JobRun, BeatRequest]], list[tuple[JobRun, BeatRequest]]]:
+        """The batch answers by job id: two attempts of one job (a gang task claimed again here
+        while its previous attempt ends) cannot share it; the older goes by its own heartbeat."""
+        newest: dict[str, tuple[JobRun, BeatRequest]] = {}
+        rest = []
+        for lease in sorted(leases, key=lambda lease: -lease[0].attempt):
+            if lease[0].job_id in newest:
+                rest.append(lease)
+            else:
+                newest[lease[0].job_id] = lease
+        return list(newest.values()), rest
+
+    def _job_beats(self, leases: list[tuple[JobRun, BeatRequest]]) -> None:
+        """One job heartbeat per attempt (a server without the batched body), one after another."""
+        for run, request in leases:
+            try:
+                run.heartbeat(request)
+            except Exception:
+                # A heartbeat must never end a healthy job.
+                logger.exception("job heartbeat error", extra=run.fields)
+
+    def _worker_beat(self, leases: list[tuple[JobRun, BeatRequest]] | None) -> bool | None:
+        """The worker heartbeat, with ``leases`` in its body when given. Without leases: whether
+        it went out. With them: True when every lease's answer was dispatched to its attempt,
+        None when the leases still need their own heartbeats (the server did not take the batch,
+        or a body of one job was refused), False when the heartbeat failed (unreachable, unknown
+        worker: nothing more to send this round)."""
+        body = self.heartbeat_body()
+        if leases:
+            body["jobs"] = [
+                {"id": run.job_id, "attempt": run.attempt, **request.body} for run, request in leases
+            ]
         try:
-            self._api.worker_heartbeat(self.worker_id, self.heartbeat_body())
+            answer = self._api.worker_beat(self.worker_id, body)
         except ServerUnreachable as error:
+            # One line for the worker and its leases; a deferral goes again with the next beat.
             logger.warning(
-                "worker heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
+                "worker heartbeat failed: server unreachable",
+                extra={**self.fields, "error": str(error), "leases": len(leases or ())},
             )
+            return False
         except ApiError as error:
             if error.status == 404:
                 self._forget_registration("the server does not know this worker")
                 self.register()
-            else:
-                logger.warning(
-                    "worker heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
-                )
+                return False
+            if leases and error.status == 400:
+                if "jobs" in error.message and self.batched_beats is None:
+                    self._no_batched_beats(f"{error.code}: {error.message}")
+                else:
+                    logger.warning(
+                        "batched heartbeat refused; each job heartbeats on its own this time",
+                        extra={**self.fields, "code": error.code, "error": error.message},
+                    )
+                # The worker itself was not heartbeated either.
+                self._worker_beat(None)
+                return None
+            logger.warning(
+                "worker heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
+            )
+            return False
+        if not leases:
+            return True
+        if answer is None:
+            self._no_batched_beats("its answer has no per-job answers")
+            return None
+        self.batched_beats = True
+        self._dispatch(leases, answer)
+        return True
+
+    def _no_batched_beats(self, why: str) -> None:
+        if self.batched_beats is not False:
+            logger.info(
+                "the server does not take job heartbeats in the worker heartbeat; one per job",
+                extra={**self.fields, "why": why},
+            )
+        self.batched_beats = False
+
+    def _dispatch(self, leases: list[tuple[JobRun, BeatRequest]], answer: WorkerHeartbeatAnswer) -> None:
+        """Each attempt gets its job's answer as its own heartbeat would have: an action, or the
+        refusal (``stale_attempt``, ``not_running``, ``not_found``: the attempt stops)."""
+        answers = answer.jobs or {}
+        for run, request in leases:
+            item = answers.get(run.job_id)
+            try:
+                if item is None:
+                    logger.warning("the worker heartbeat's answer left the job out", extra=run.fields)
+                elif item.error is not None:
+                    status = 404 if item.error.code == "not_found" else 409
+                    run.beat_refused(request, ApiError(status, item.error.code, item.error.message))
+                else:
+                    run.beat_answered(request, item)
+            except Exception:
+                logger.exception("job heartbeat error", extra=run.fields)
 
     # --- shutdown --------------------------------------------------------------------------
 

@@ -4,9 +4,12 @@ Why a session of its own: a job is a tree (a shell, a launcher, data-loader work
 stop signal goes to the process group, so nothing of the job is left running on a GPU after a
 stop, and a Ctrl-C at the worker's terminal does not reach the jobs (the worker decides).
 
-Output (stdout and stderr merged) is drained by a reader thread into a bounded tail, so a job that
-writes a lot never blocks on a full pipe and the worker never holds more than ``tail_bytes``; every
-chunk also goes to ``on_output`` (the log shipper's bounded buffer, which never blocks either).
+Output (stdout and stderr merged) is drained into a bounded tail, so a job that writes a lot never
+blocks on a full pipe and the worker never holds more than ``tail_bytes``; every chunk also goes to
+``on_output`` (the log shipper's bounded buffer, which never blocks either). One thread drains every
+job's pipe (``OutputPump``, on ``epoll`` where there is one): what it does with a chunk is two
+appends under short locks, so it keeps up with many jobs, and a worker running hundreds of short
+jobs a second does not start (and switch between) a reader thread per job.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import fcntl
 import logging
 import os
 import select
+import selectors
 import signal
 import subprocess
 import threading
@@ -119,6 +123,84 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class OutputPump:
+    """One thread that reads every registered pipe until its end.
+
+    ``add(descriptor, on_chunk, on_end)``: ``on_chunk(bytes)`` for each read (it must not block),
+    then ``on_end()`` once, at the end of the pipe or on a read error, which closes the descriptor
+    (the pump never does: the descriptor's owner may hold it in a file object). Registrations go
+    through a queue and a wake-up pipe, so only the pump's thread ever touches its selector.
+    Started on first use; one per process (``shared_pump``).
+    """
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, None)
+        self._pending: list[tuple[int, Callable[[bytes], None], Callable[[], None]]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="output-pump", daemon=True)
+        self._thread.start()
+
+    def add(self, descriptor: int, on_chunk: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.append((descriptor, on_chunk, on_end))
+        os.write(self._wake_write, b"\0")
+
+    def _register_pending(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_read, 4096):
+                pass
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for descriptor, on_chunk, on_end in pending:
+            self._selector.register(descriptor, selectors.EVENT_READ, (on_chunk, on_end))
+
+    def _run(self) -> None:
+        while True:
+            try:
+                events = self._selector.select()
+            except OSError:
+                logger.exception("output pump: select failed")
+                time.sleep(_POLL_S)
+                continue
+            for key, _mask in events:
+                if key.data is None:
+                    self._register_pending()
+                else:
+                    self._read(key.fd, *key.data)
+
+    def _read(self, descriptor: int, on_chunk: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        try:
+            chunk = os.read(descriptor, 65536)
+        except OSError:
+            chunk = b""
+        if chunk:
+            try:
+                on_chunk(chunk)
+            except Exception:
+                logger.exception("output pump: a listener failed")
+            return
+        self._selector.unregister(descriptor)
+        try:
+            on_end()
+        except Exception:
+            logger.exception("output pump: a listener failed at the end of its pipe")
+
+
+_pump: OutputPump | None = None
+_pump_lock = threading.Lock()
+
+
+def shared_pump() -> OutputPump:
+    global _pump
+    with _pump_lock:
+        if _pump is None:
+            _pump = OutputPump()
+        return _pump
+
+
 class OutputTail:
     """The last ``limit`` bytes written by the job; thread-safe."""
 
@@ -182,28 +264,27 @@ class JobProcess:
         )
         self.pid = self._popen.pid
         assert self._popen.stdout is not None
-        _widen_pipe(self._popen.stdout.fileno())
+        descriptor = self._popen.stdout.fileno()
+        _widen_pipe(descriptor)
         self._pidfd = _open_pidfd(self.pid)
         # Every line about the job carries its ids (job_id, worker_id, attempt) and the pid.
         self.fields = {**(log_fields or {}), "pid": self.pid}
-        self._reader = threading.Thread(target=self._read_output, name=f"output-{self.pid}", daemon=True)
-        self._reader.start()
+        self._output_ended = threading.Event()
+        shared_pump().add(descriptor, self._take_output, self._end_output)
 
     # --- output ----------------------------------------------------------------------------
 
-    def _read_output(self) -> None:
-        stream = self._popen.stdout
-        assert stream is not None
-        descriptor = stream.fileno()
-        try:
-            while chunk := os.read(descriptor, 65536):
-                self.tail.append(chunk)
-                if self._on_output is not None:
-                    self._hand_on(chunk)
-        except OSError:
-            logger.debug("output pipe closed", extra=self.fields)
-        finally:
-            stream.close()
+    def _end_output(self) -> None:
+        """From the pump's thread: the pipe reached its end (every writer is gone)."""
+        assert self._popen.stdout is not None
+        self._popen.stdout.close()
+        self._output_ended.set()
+
+    def _take_output(self, chunk: bytes) -> None:
+        """From the pump's thread: one chunk of the job's output."""
+        self.tail.append(chunk)
+        if self._on_output is not None:
+            self._hand_on(chunk)
 
     def _hand_on(self, chunk: bytes) -> None:
         """Give a chunk to ``on_output``; one that raises is dropped for good (the pipe must drain)."""
@@ -433,7 +514,8 @@ class JobProcess:
             if not self._stopping:
                 logger.info("job left processes behind; stopping them", extra=self.fields)
             self.stop()
-        self._reader.join(timeout=_READER_JOIN_S)
+        if not self._output_ended.wait(_READER_JOIN_S):
+            logger.debug("the job's output did not reach its end in time", extra=self.fields)
         self.close()
         return self.tail.text()
 

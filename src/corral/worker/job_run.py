@@ -1,10 +1,18 @@
-"""One claimed attempt, from start to report: the process, its heartbeats, its stop, its outcome.
+"""One claimed attempt, from start to report: the process, its watchdogs, its stop, its outcome.
 
-Each attempt has its own thread, so a slow report or a long stop of one job never delays the
-heartbeats of another. The thread owns the decision of what to report; other threads (the agent
-at shutdown, the heartbeat answer, the job's watchdogs) only ask for a stop with a reason, and the
-first reason wins, except that losing the job (409) overrides everything: a job that is no longer
-ours is never reported on.
+Each attempt has its own thread, so a slow report or a long stop of one job never delays another.
+The thread owns the decision of what to report; other threads (the agent at shutdown, the
+heartbeat answer) and the job's watchdogs only ask for a stop with a reason, and the first reason
+wins, except that losing the job (409) overrides everything: a job that is no longer ours is never
+reported on.
+
+The attempt's lease is kept by heartbeats from outside its thread, from the claim until its report
+goes out: on a worker, by the agent's one heartbeat thread, which renews every running attempt's
+lease in one worker heartbeat (``beat_request`` / ``beat_answered`` / ``beat_refused``), or one job
+heartbeat each for a server that does not know the batched body (``heartbeat``); an attempt run on
+its own (``kept_by_agent`` False: tests, tools) has a heartbeat thread of its own that calls
+``heartbeat``. So the attempt's thread never waits for a heartbeat, and drives the job's watchdogs
+itself (``corral.worker.job_watch``) while it waits for the process to exit.
 
 A watchdog trip is reported as ``POST /jobs/{id}/watchdog`` with what the watchdog saw, and never
 also as done or failed: the server decides between a re-queue and a failure. If the job's process
@@ -39,8 +47,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
@@ -48,7 +57,7 @@ from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints, log_shipper
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
-from corral.worker.job_watch import JobProbe, JobWatch, build_watch
+from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
 from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
 from corral.worker.samplers import Samplers
@@ -59,7 +68,8 @@ logger = logging.getLogger("corral.worker.job")
 
 SHUTDOWN_ERROR = "worker shut down"
 
-_T = TypeVar("_T")
+#: how long the attempt's thread waits for its process at a time when no watchdog is due sooner
+SUPERVISE_SLICE_S = 60.0
 
 
 class StopReason(enum.Enum):
@@ -77,6 +87,16 @@ def _saved_at(path: Path) -> float | None:
     except OSError:
         return None
     return round(status.st_mtime, 3) if status.st_size > 0 else None
+
+
+@dataclass(frozen=True)
+class BeatRequest:
+    """One heartbeat of an attempt: its body, and the deferral it carries (with the checkpoint
+    phase that asked for it), to be marked sent once the server had the request."""
+
+    body: dict[str, Any]
+    phase: CheckpointPhase | None = None
+    deferral: Deferral | None = None
 
 
 def describe_exit(exit_code: int) -> str:
@@ -100,6 +120,7 @@ class JobRun:
         on_tripped: Callable[[JobRun], None] | None = None,
         on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
         records: ProcessRecords | None = None,
+        kept_by_agent: bool = False,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -127,11 +148,15 @@ class JobRun:
         self._phase: CheckpointPhase | None = None  # the latest epoch's checkpoint phase
         self._checkpoint_epochs_seen: set[int] = set()
         self._reported = False  # a report (or the first try of one) went out: never send another
+        self._watching = False  # the attempt's thread ticks the watchdogs
         self.finished = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"job-{self.job_id}", daemon=True)
+        self._kept_by_agent = kept_by_agent
 
     def start(self) -> None:
         self.thread.start()
+        if not self._kept_by_agent:
+            threading.Thread(target=self._beat_alone, name=f"beat-{self.job_id}", daemon=True).start()
 
     # --- stopping --------------------------------------------------------------------------
 
@@ -163,7 +188,7 @@ class JobRun:
         logger.info("stopping job", extra={**self.fields, "reason": self._reason.value})
 
     def _watchdog_tripped(self, verdict: Verdict) -> None:
-        """From the watch thread: stop the job unless something else already is."""
+        """From the attempt's thread: stop the job unless something else already is."""
         with self._lock:
             first = self._reason is None
             if first:
@@ -201,7 +226,8 @@ class JobRun:
         with self._lock:
             stopping = self._reason is not None
         if not stopping:
-            self._watch.start_thread(self._watchdog_tripped)
+            self._watch.start(time.monotonic())
+            self._watching = True
 
     # --- the attempt -----------------------------------------------------------------------
 
@@ -218,8 +244,8 @@ class JobRun:
                 workspace.checkpoint_out,
                 self.fields,
             )
-            # Transfers can take a while for a large gang: the lease must outlive them too.
-            has_checkpoint = self._while_heartbeating(lambda: self._fetch_checkpoints(workspace))
+            # Transfers can take a while for a large gang: the heartbeats keep the lease meanwhile.
+            has_checkpoint = self._fetch_checkpoints(workspace)
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
             self._shipper = log_shipper.for_attempt(
                 self._client,
@@ -255,8 +281,8 @@ class JobRun:
             self._end_phase("the job exited")
             if self._watch is not None:
                 self._watch.stop()
-            # The lease must outlive a long stop of leftovers and the checkpoint upload.
-            tail, epoch = self._while_heartbeating(lambda: self._wind_down(process))
+            # The heartbeats keep the lease through a long stop of leftovers and the upload.
+            tail, epoch = self._wind_down(process)
             self._report(process, exit_code, tail, epoch)
         except Exception as error:
             # A bug or a host problem (disk full for the workspace): never leave the job running
@@ -286,27 +312,6 @@ class JobRun:
                 self._records.forget(self.job_id, self.attempt)
             self.finished.set()
             self._on_finished(self)
-
-    def _while_heartbeating(self, work: Callable[[], _T]) -> _T:
-        """``work()`` in a helper thread while this one keeps the job's lease with heartbeats."""
-        results: list[_T] = []
-        errors: list[BaseException] = []
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                results.append(work())
-            except BaseException as error:
-                errors.append(error)
-            finally:
-                done.set()
-
-        threading.Thread(target=target, name=f"lease-{self.job_id}", daemon=True).start()
-        while not done.wait(self._settings.heartbeat_s):
-            self._beat_unless_lost()
-        if errors:
-            raise errors[0]
-        return results[0]
 
     def _fetch_checkpoints(self, workspace: JobWorkspace) -> bool:
         """Before the start: the job's own checkpoint to ``CORRAL_CHECKPOINT_IN`` (True when it is
@@ -364,60 +369,108 @@ class JobRun:
         except Exception:
             logger.exception("checkpoint upload after a supervision error failed", extra=self.fields)
 
-    def _beat_unless_lost(self) -> None:
-        with self._lock:
-            lost = self._reason == StopReason.LOST
-        if lost:
-            return
-        try:
-            self._heartbeat()
-        except Exception:
-            # A heartbeat must never end a healthy job.
-            logger.exception("job heartbeat error", extra=self.fields)
-
     def _supervise(self, process: JobProcess) -> int:
-        """Wait for the process, heartbeating every ``heartbeat_s``; its exit code."""
-        interval = self._settings.heartbeat_s
-        next_beat = time.monotonic() + interval
+        """Wait for the process, ticking its watchdogs when they are due; its exit code.
+
+        Nothing else is done on this thread meanwhile (the heartbeats are elsewhere), so a
+        watchdog is never late because the server is slow."""
+        pause = MIN_WAIT_S
         while True:
-            exit_code = process.wait(next_beat - time.monotonic())
+            watch = self._watch if self._watching else None
+            if watch is not None and watch.stopped:
+                watch, self._watching = None, False
+            wait_s = SUPERVISE_SLICE_S
+            if watch is not None:
+                wait_s = max(pause, min(wait_s, watch.next_due() - time.monotonic()))
+            exit_code = process.wait(wait_s)
             if exit_code is not None:
                 return exit_code
-            self._beat_unless_lost()
-            next_beat = time.monotonic() + interval
+            if watch is None:
+                continue
+            pause = MIN_WAIT_S
+            try:
+                verdict = watch.tick(time.monotonic())
+            except Exception:
+                logger.exception("watchdog tick failed", extra=self.fields)
+                pause = ERROR_PAUSE_S
+                continue
+            if verdict is not None:
+                self._watching = False
+                if not watch.stopped:
+                    self._watchdog_tripped(verdict)
 
-    def _heartbeat(self) -> None:
-        body = self._heartbeat_body()
+    # --- heartbeats ------------------------------------------------------------------------
+
+    def _beat_alone(self) -> None:
+        """An attempt not kept by an agent: its own job heartbeat every ``heartbeat_s``."""
+        while not self.finished.wait(self._settings.heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception:
+                # A heartbeat must never end a healthy job.
+                logger.exception("job heartbeat error", extra=self.fields)
+
+    def heartbeat(self, request: BeatRequest | None = None) -> None:
+        """One job heartbeat (``POST /jobs/{id}/heartbeat``) saying ``request`` (by default what
+        ``beat_request`` says now), its answer obeyed."""
+        request = request or self.beat_request()
+        if request is None:
+            return
+        try:
+            answer = self._client.job_heartbeat(self.job_id, self._worker_id, self.attempt, request.body)
+        except ServerUnreachable as error:
+            self.beat_unreachable(error)
+        except ApiError as error:
+            self.beat_refused(request, error)
+        else:
+            self.beat_answered(request, answer)
+
+    def beat_request(self) -> BeatRequest | None:
+        """What this attempt's next heartbeat says; None when it wants none (lost, or its report
+        went out: the lease ends with the report)."""
         with self._lock:
+            if self._reason == StopReason.LOST or self._reported or self.finished.is_set():
+                return None
             phase = self._phase
+        body = self._heartbeat_body()
         deferral = self._pending_deferral(phase)
         if deferral is not None:
             body["defer_s"] = deferral.seconds
-        try:
-            answer = self._client.job_heartbeat(self.job_id, self._worker_id, self.attempt, body)
-        except ServerUnreachable as error:
-            # The request may not have reached the server: a deferral goes again with the next beat.
+        return BeatRequest(body, phase, deferral)
+
+    def beat_unreachable(self, error: Exception) -> None:
+        """The request may not have reached the server: a deferral goes again with the next beat."""
+        logger.warning("job heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)})
+
+    def beat_refused(self, request: BeatRequest, error: ApiError) -> None:
+        """The server refused this attempt's heartbeat: 404 or 409 means the job is no longer ours."""
+        self._deferral_delivered(request)  # the server answered: it had the request
+        if error.status not in (404, 409):
             logger.warning(
-                "job heartbeat failed: server unreachable", extra={**self.fields, "error": str(error)}
+                "job heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
             )
             return
-        except ApiError as error:
-            if phase is not None and deferral is not None:
-                phase.deferral_sent(deferral)  # the server answered: it had the request
-            if error.status in (404, 409):
-                logger.warning(
-                    "job is no longer ours; stopping it without a report",
-                    extra={**self.fields, "code": error.code, "error": error.message},
-                )
-                self.request_stop(StopReason.LOST)
-            else:
-                logger.warning(
-                    "job heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
-                )
+        with self._lock:
+            reported = self._reported
+        if reported:
+            # The beat crossed the attempt's own report: nothing is lost, the attempt just ended.
             return
-        if phase is not None and deferral is not None:
-            phase.deferral_sent(deferral)
-        self._obey(answer)
+        logger.warning(
+            "job is no longer ours; stopping it without a report",
+            extra={**self.fields, "code": error.code, "error": error.message},
+        )
+        self.request_stop(StopReason.LOST)
+
+    def beat_answered(self, request: BeatRequest, answer: HeartbeatAnswer) -> None:
+        self._deferral_delivered(request)
+        with self._lock:
+            reported = self._reported
+        if not reported:
+            self._obey(answer)
+
+    def _deferral_delivered(self, request: BeatRequest) -> None:
+        if request.phase is not None and request.deferral is not None:
+            request.phase.deferral_sent(request.deferral)
 
     def _pending_deferral(self, phase: CheckpointPhase | None) -> Deferral | None:
         if phase is None:
@@ -519,7 +572,8 @@ class JobRun:
         if reason == StopReason.LOST:
             logger.info("job stopped after it was lost; nothing reported", extra=fields)
             return
-        self._reported = True
+        with self._lock:
+            self._reported = True
         stopped = process.stopped_while_running
         if epoch is not None:
             logger.info("job stopped; acknowledging", extra={**fields, "preemption_epoch": epoch})
@@ -560,7 +614,8 @@ class JobRun:
             )
 
     def _report_failure(self, exit_code: int | None, error: str, tail: str, release: bool = False) -> None:
-        self._reported = True
+        with self._lock:
+            self._reported = True
         fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release}
         logger.info("job failed; reporting", extra=fields)
         options = {"release": True} if release else {}

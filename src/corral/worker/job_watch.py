@@ -1,8 +1,10 @@
 """One loop per running job that drives its watchdogs: beats in, readings in, a trip out.
 
-Why a thread of its own per job: the job's heartbeat thread can block on a slow server for up to
-its HTTP timeout, and a watchdog must not wait for that. The job is a separate process, so nothing
-it does (a CUDA call that never returns, a GIL held forever) can stop this loop.
+Where it runs: on the attempt's own thread while it waits for the job's process
+(``JobRun._supervise``), which makes no HTTP call meanwhile (the heartbeats are the agent's), so a
+slow server never delays a watchdog; ``start_thread`` runs the same loop on a thread of its own for
+a caller that has none. The job is a separate process, so nothing it does (a CUDA call that never
+returns, a GIL held forever) can stop this loop.
 
 Why it costs almost nothing: the loop sleeps until the earliest moment a watchdog needs it
 (``next_due``), and wakes at least every ``beat_poll_s`` (1 s at default settings) only to
@@ -203,6 +205,10 @@ class JobWatch:
     def stop(self) -> None:
         """Stop looking (the job ended or is being stopped); returns at once."""
         self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
 
     def join(self, timeout_s: float) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -18,6 +18,10 @@ blocks on a full pipe however fast it writes. A thread of the shipper sends what
 
 A 404 or 409 ``stale_attempt`` means the attempt is no longer the job's: shipping stops (the job's
 heartbeat stops the job). Any other refusal stops shipping with a warning; the job runs on.
+
+The shipping thread is started by the first chunk written, not by ``start``: most jobs of a busy
+worker write little or nothing, and a thread per job that never ships costs the worker a start, a
+wake-up every ``interval_s`` and the GIL they take. ``close`` sends what is left either way.
 """
 
 from __future__ import annotations
@@ -75,10 +79,23 @@ class LogShipper:
         self._closing = False
         self._stopped = False  # the server refused: ship nothing more
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        self._started = False  # ``start`` was called: the first chunk starts the thread
+        self._running = False  # the thread was started
 
     def start(self) -> LogShipper:
-        self._thread.start()
+        with self._lock:
+            self._started = True
+            pending = bool(self._buffer)
+        if pending:
+            self._start_thread()
         return self
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._running or not self._started or self._closing:
+                return
+            self._running = True
+        self._thread.start()
 
     # --- the job's side --------------------------------------------------------------------
 
@@ -95,6 +112,9 @@ class LogShipper:
                 self._dropped += excess
                 self.dropped_total += excess
             ready = len(self._buffer) >= self._chunk_bytes
+            idle = not self._running
+        if idle:
+            self._start_thread()
         if ready:
             self._wake.set()
 
@@ -168,14 +188,16 @@ class LogShipper:
         """Stop the thread, sending nothing more (after ``close``, or when the attempt is lost)."""
         with self._lock:
             self._stopped = True
-        self._closing = True
+            self._closing = True
         self._wake.set()
 
     def close(self) -> None:
         """After the job's output ended: stop the thread and send what is left (bounded in time).
         Never raises: the attempt's report must go out whatever happened to its output."""
-        self._closing = True
+        with self._lock:
+            self._closing = True
         self._wake.set()
+        # A thread started a moment ago but not yet alive sees ``_closing`` before it ships.
         if self._thread.is_alive():
             self._thread.join(timeout=self._flush_timeout_s)
         try:

@@ -63,4 +63,8 @@ class JobWorkspace:
         return environment
 
     def remove(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        # Most jobs leave nothing here: one rmdir, without rmtree's walk.
+        try:
+            os.rmdir(self.directory)
+        except OSError:
+            shutil.rmtree(self.directory, ignore_errors=True)
