@@ -254,6 +254,12 @@ def claim(store: Store, worker_id: str, now: Stamp) -> Job | None:
     return store.claim(worker_id, now, PLACEMENT)
 
 
+def claim_many(store: Store, worker_id: str, now: Stamp, limit: int) -> list[Job]:
+    """Up to ``limit`` claims for ``worker_id`` in one store transaction (``claim``'s rule, each
+    claim's capacity taken before the next is chosen)."""
+    return store.claim_many(worker_id, now, PLACEMENT, limit)
+
+
 def reserve_gang(
     store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: Stamp
 ) -> tuple[Job, ...] | None:

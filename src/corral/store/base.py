@@ -246,6 +246,11 @@ class Store(Protocol):
 
     # the job protocol
     def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None: ...
+    def claim_many(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int) -> list[Job]:
+        """Up to ``limit`` claims for the worker in one transaction, in the order single claims
+        would make them one after another (reserved tasks, then pending jobs in queue order)."""
+        ...
+
     def heartbeat_job(
         self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...

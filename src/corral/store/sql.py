@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -360,12 +361,22 @@ class SqlStore(abc.ABC):
     # --- the job protocol ----------------------------------------------------------------
 
     def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None:
-        """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit.
+        """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit
+        (``claim_many`` with a limit of one)."""
+        claimed = self.claim_many(worker_id, now, policy, 1)
+        return claimed[0] if claimed else None
 
-        Candidates come in queue order, pre-filtered in SQL by the worker's free capacity and checked
-        by ``policy`` (constraints, GPU indices); on PostgreSQL they are locked ``SKIP LOCKED`` so
-        replicas never hand out the same job. A clock for ``now`` is read once the worker is locked
-        and its allocations read: the claim is stamped after every release it counted on.
+    def claim_many(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int) -> list[Job]:
+        """Claim up to ``limit`` jobs for ``worker_id`` in one transaction: the jobs single claims
+        would start one after another, each one's capacity taken before the next is chosen.
+
+        1. The worker, locked, and its allocations; a clock for ``now`` is read then, so the claims
+           are stamped after every release they counted on.
+        2. Tasks reserved for the worker, as ``policy.reserved_task`` names them (their capacity is
+           already counted in the allocations).
+        3. Pending jobs in queue order, pre-filtered in SQL by the worker's free capacity and checked
+           by ``policy`` (constraints, GPU indices); on PostgreSQL locked ``SKIP LOCKED`` so replicas
+           never hand out the same job.
         """
         with self._transaction() as tx:
             # The worker, locked, and whether any capacity is held on it: holds exist only while a
@@ -379,35 +390,78 @@ class SqlStore(abc.ABC):
                 raise errors.NotFound(f"worker {worker_id} not found")
             worker, held = worker_from_row(rows[0][:-1]), bool(rows[0][-1])
             if worker.status == WorkerStatus.DRAINING:
-                return None
+                return []
             allocations = self._worker_allocations(tx, worker_id)
             at = stamp_of(now)
-            reserved = policy.reserved_task(worker, allocations)
-            if reserved is not None:
-                # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
-                # re-reservation that waits for this worker's row) is never waited for here; and a
-                # task that changed since the read above is no longer ours to start.
-                rows = tx.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,)
+            claimed = self._start_reserved(tx, worker, allocations, policy, at, limit)
+            if len(claimed) < limit:
+                holds = self.holds_on(tx, worker_id) if held else []
+                claimed += self._start_pending(
+                    tx, worker, allocations, holds, policy, at, limit - len(claimed)
                 )
-                task = job_from_row(rows[0]) if rows else None
-                started = policy.start(task, worker_id, task.gpu_indices, at) if task else None
-                if started is not None:
-                    return self._apply(tx, started)
-            capacity = policy.capacity(worker, allocations)
-            holds = self.holds_on(tx, worker_id) if held else []
+            return claimed
+
+    def _start_reserved(
+        self,
+        tx: Transaction,
+        worker: Worker,
+        allocations: list[Allocation],
+        policy: ClaimPolicy[Any],
+        at: float,
+        limit: int,
+    ) -> list[Job]:
+        """Start the tasks reserved for the worker, at most ``limit``. Each task tried is marked
+        running in ``allocations`` (started, or not ours to start now), so the policy names the
+        next one."""
+        started_jobs: list[Job] = []
+        while len(started_jobs) < limit:
+            reserved = policy.reserved_task(worker, allocations)
+            if reserved is None:
+                break
+            index = next(i for i, allocation in enumerate(allocations) if allocation.job_id == reserved)
+            allocations[index] = replace(allocations[index], status=Status.RUNNING)
+            # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
+            # re-reservation that waits for this worker's row) is never waited for here; and a
+            # task that changed since the read above is no longer ours to start.
+            rows = tx.execute(f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,))
+            task = job_from_row(rows[0]) if rows else None
+            started = policy.start(task, worker.id, task.gpu_indices, at) if task else None
+            if started is not None:
+                started_jobs.append(self._apply(tx, started))
+        return started_jobs
+
+    def _start_pending(
+        self,
+        tx: Transaction,
+        worker: Worker,
+        allocations: list[Allocation],
+        holds: list[Hold],
+        policy: ClaimPolicy[Any],
+        at: float,
+        limit: int,
+    ) -> list[Job]:
+        """Start up to ``limit`` pending jobs in queue order, each the first that fits what the
+        ones before it left free.
+
+        Candidates are read in pages filtered by the free capacity at the read; a start shrinks the
+        capacity, so the next read filters by what is left and begins again at the head of the queue
+        (the rows skipped so far fit even less now, but one refused for its constraints is read
+        again: a few rows, never a job missed).
+        """
+        started_jobs: list[Job] = []
+        capacity = policy.capacity(worker, allocations)
+        offset, page = 0, max(CLAIM_FIRST_PAGE, limit)
+        while len(started_jobs) < limit:
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
-                return None
-            offset, page = 0, CLAIM_FIRST_PAGE
-            while True:
-                rows = tx.execute(
-                    self.claim_candidates_sql(),
-                    (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
-                )
-                if not rows:
-                    return None
-                candidates = [job_from_row(row) for row in rows]
+                break
+            rows = tx.execute(
+                self.claim_candidates_sql(),
+                (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
+            )
+            candidates = [job_from_row(row) for row in rows]
+            before = len(started_jobs)
+            while len(started_jobs) < limit:
                 chosen = policy.choose(worker, capacity, candidates, holds, at)
                 while chosen is not None and policy.unreclaimable(chosen[0]):
                     # Work no preemption could take back does not start on borrowed capacity.
@@ -415,14 +469,26 @@ class SqlStore(abc.ABC):
                         break
                     candidates = [job for job in candidates if job.id != chosen[0].id]
                     chosen = policy.choose(worker, capacity, candidates, holds, at)
-                if chosen is not None:
-                    job, gpu_indices = chosen
-                    started = policy.start(job, worker_id, gpu_indices, at)
-                    if started is None:  # the candidates are pending and locked: cannot happen
-                        raise errors.Conflict(f"job {job.id} cannot be started; retry")
-                    return self._apply(tx, started)
+                if chosen is None:
+                    break
+                job, gpu_indices = chosen
+                started = policy.start(job, worker.id, gpu_indices, at)
+                if started is None:  # the candidates are pending and locked: cannot happen
+                    raise errors.Conflict(f"job {job.id} cannot be started; retry")
+                started_jobs.append(self._apply(tx, started))
+                allocations.append(
+                    Allocation(job.id, worker.id, job.spec.resources, tuple(gpu_indices), Status.RUNNING)
+                )
+                capacity = policy.capacity(worker, allocations)
+                candidates = [candidate for candidate in candidates if candidate.id != job.id]
+            if len(rows) < page:
+                break  # the queue holds nothing more that fits
+            if len(started_jobs) > before:
+                offset = 0  # capacity shrank: filter again from the head of the queue
+            else:
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
+        return started_jobs
 
     def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:
         """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold:
