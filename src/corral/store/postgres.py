@@ -17,11 +17,18 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
+from corral.domain.records import Job
+from corral.domain.transitions import Outcome
+from corral.store.base import JobDecision, JobReport
 from corral.store.retention import RetentionStore
+from corral.store.rows import JOB_SELECT, job_from_row
 from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
+    from psycopg import pq
+
+    _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -53,7 +60,10 @@ class _PostgresTransaction:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with _unavailable_on_connection_loss():
             cursor = self._store.connection().execute(_to_pyformat(sql), params)
-            return cursor.fetchall() if cursor.description is not None else []
+            # Whether rows came back, from the result's status: ``cursor.description`` would build
+            # a ``Column`` per column first (~50 per job row, a third of the driver's CPU per job).
+            result = cursor.pgresult
+            return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
@@ -101,6 +111,44 @@ class PostgresStore(RetentionStore):
             " SELECT id FROM moved"
         )
         return bool(tx.execute(statement, [*params, *event[1:]]))
+
+    def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome:
+        """A single job's report in one statement where nothing moves meanwhile, else as
+        ``SqlStore.change`` (locked).
+
+        1. Read the job and its row version (``xmin``: a new one at every update of the row), with
+           no transaction and no lock.
+        2. A gang task goes the locked way (its decision reads its gang's rows, locked in id order).
+        3. ``decide`` on that row; a refusal raises, nothing written; a plan that changes nothing
+           is its outcome.
+        4. A plan of one transition of this job is applied by one statement (the compare-and-set
+           and its event row) that matches only while the row is still that version: the decision
+           is then exactly the one the locked way would have made. A row that moved meanwhile is
+           decided again, locked. (Two round trips and one commit for a ``done``, where the locked
+           way takes four.)
+        """
+        rows = self._tx.execute(f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            raise errors.NotFound(f"job {job_id} not found")
+        job = job_from_row(rows[0][:-1])
+        if job.gang_id is None:
+            plan = decide(job, ())
+            if not plan.transitions:
+                return plan.outcome
+            (transition, *others) = plan.transitions
+            if not others and transition.before.id == job.id:
+                try:
+                    self._apply(self._tx, transition, " AND xmin::text = ?", (rows[0][-1],))
+                except errors.Conflict:
+                    pass  # the row moved since it was read: decide again, locked
+                else:
+                    return plan.outcome
+        return super().change(job_id, decide)
+
+    def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
+        """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round
+        trip, not three)."""
+        return self._renew(self._tx, job_id, worker_id, attempt, now, report)
 
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:

@@ -131,7 +131,9 @@ class SqlStore(abc.ABC):
 
     # --- applying the core's decisions ---------------------------------------------------
 
-    def _apply(self, tx: Transaction, transition: Transition) -> Job:
+    def _apply(
+        self, tx: Transaction, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
+    ) -> Job:
         """Write one transition: the one place a job's row changes status.
 
         A compare-and-set on the row's status and version (the event count): the decision was made
@@ -139,7 +141,8 @@ class SqlStore(abc.ABC):
         ``transition.after``. A status change is checked against the status table and appends its
         ``job_events`` row; a change of fields alone writes none. A missed compare-and-set means the
         row moved under a decision that was supposed to hold it locked: it raises ``Conflict`` and
-        the whole transaction rolls back.
+        the whole transaction rolls back. ``guard`` (a condition on the row, with ``guard_params``)
+        narrows the compare-and-set further (``PostgresStore.change``: the row version it read).
         """
         before, after = transition.before, transition.after
         moves = transition.changes_status
@@ -153,9 +156,9 @@ class SqlStore(abc.ABC):
             assignments.append("event_count = event_count + 1")
         update = (
             f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND status = ? AND event_count = ?"
-            " RETURNING id"
+            f"{guard} RETURNING id"
         )
-        params = [*changes.values(), before.id, before.status.value, before.version]
+        params = [*changes.values(), before.id, before.status.value, before.version, *guard_params]
         event = self._event_values(transition) if moves else None
         if not self._write(tx, update, params, event):
             raise errors.Conflict(f"job {before.id} changed while it was being decided on; retry")
