@@ -5,13 +5,15 @@ simulated workers (registered with ``--cpus`` each), as coroutines in the same p
 claim (``GET /jobs/next?worker_id=W``, no wait) then ``POST /jobs/{id}/done?worker_id=W&attempt=N``.
 The figure is jobs/s from the first submit sent to the last ``done`` answered. On the same server,
 just before, ``noop_http.measure_noop`` measures the no-op ceiling (``GET /healthz``, same client,
-same connection count); a job needs ``2 + 1/batch`` requests, so the protocol ratio is
-``jobs/s / (ceiling / (2 + 1/batch))``: the share of the bare HTTP stack the protocol keeps.
+same connection count); a job needs ``2 + 1/batch`` requests (with ``--claim-max N``, a claim
+answers up to N jobs: ``1 + claims/jobs + 1/batch``), so the protocol ratio is
+``jobs/s / (ceiling / requests per job)``: the share of the bare HTTP stack the protocol keeps.
 
 After the run every job must be ``done`` (counted with ``GET /jobs?status=done`` and
 ``corral_jobs_completed_total``), or the run fails.
 
     .venv/bin/python bench/protocol.py [--db sqlite,postgres] [--jobs 10000] [--batch 1000] [--workers 8]
+        [--claim-max N]   # claims of up to N jobs (GET /jobs/next?max=N)
         [--profile]   # run the server under cProfile and print where its time goes
 
 Targets (2-core machine): >= 1,000 jobs/s on SQLite; ratio >= 40%.

@@ -228,6 +228,11 @@ class Store(Protocol):
 
     # applying the core's decisions
     def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome: ...
+    def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``change`` for each, applied together: each one's outcome or the exception that refused
+        it (rolled back alone); raises, with nothing written, when the group as a whole fails."""
+        ...
+
     def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome: ...
 
     def submit(

@@ -18,7 +18,7 @@ from typing import Any
 
 from corral.domain import errors
 from corral.domain.records import Job
-from corral.domain.transitions import Outcome
+from corral.domain.transitions import Outcome, Plan
 from corral.store.base import JobDecision, JobReport
 from corral.store.retention import RetentionStore
 from corral.store.rows import JOB_SELECT, job_from_row
@@ -112,12 +112,16 @@ class PostgresStore(RetentionStore):
         )
         return bool(tx.execute(statement, [*params, *event[1:]]))
 
+    #: a single job's row and its version (``xmin``: a new one at every update of the row)
+    _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"
+    #: the compare-and-set's extra condition: the row is still the version the decision read
+    _SAME_VERSION = " AND xmin::text = ?"
+
     def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome:
         """A single job's report in one statement where nothing moves meanwhile, else as
         ``SqlStore.change`` (locked).
 
-        1. Read the job and its row version (``xmin``: a new one at every update of the row), with
-           no transaction and no lock.
+        1. Read the job and its row version, with no transaction and no lock.
         2. A gang task goes the locked way (its decision reads its gang's rows, locked in id order).
         3. ``decide`` on that row; a refusal raises, nothing written; a plan that changes nothing
            is its outcome.
@@ -127,7 +131,7 @@ class PostgresStore(RetentionStore):
            decided again, locked. (Two round trips and one commit for a ``done``, where the locked
            way takes four.)
         """
-        rows = self._tx.execute(f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?", (job_id,))
+        rows = self._tx.execute(self._VERSIONED_JOB, (job_id,))
         if not rows:
             raise errors.NotFound(f"job {job_id} not found")
         job = job_from_row(rows[0][:-1])
@@ -135,15 +139,64 @@ class PostgresStore(RetentionStore):
             plan = decide(job, ())
             if not plan.transitions:
                 return plan.outcome
-            (transition, *others) = plan.transitions
-            if not others and transition.before.id == job.id:
-                try:
-                    self._apply(self._tx, transition, " AND xmin::text = ?", (rows[0][-1],))
-                except errors.Conflict:
-                    pass  # the row moved since it was read: decide again, locked
-                else:
-                    return plan.outcome
+            if self._single(plan, job) and self._applied(
+                self._tx, plan.transitions[0], self._SAME_VERSION, (rows[0][-1],)
+            ):
+                return plan.outcome
         return super().change(job_id, decide)
+
+    @staticmethod
+    def _single(plan: Plan[Any], job: Job) -> bool:
+        return len(plan.transitions) == 1 and plan.transitions[0].before.id == job.id
+
+    def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``change`` for several reports at once (a group commit): one read of every job, each
+        decided on its row as read, and the compare-and-sets of the single-transition plans in one
+        transaction (in job id order, the order every lock is taken in). A change the group cannot
+        settle (a gang task, a plan of several transitions, a row that moved, the second report of
+        one job) goes the locked way after it, alone. A refused report's error is its result; only
+        the read or the group's transaction failing raises (nothing of the group written)."""
+        results: list[Any] = [None] * len(changes)
+        rows = self._tx.execute(
+            f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?)", (sorted({c[0] for c in changes}),)
+        )
+        found = {row[0]: (job_from_row(row[:-1]), row[-1]) for row in rows}
+        writes: list[tuple[str, int, Plan[Any], str]] = []
+        alone: list[int] = []
+        seen: set[str] = set()
+        for index, (job_id, decide) in enumerate(changes):
+            if job_id not in found:
+                results[index] = errors.NotFound(f"job {job_id} not found")
+                continue
+            job, version = found[job_id]
+            if job.gang_id is not None or job_id in seen:
+                alone.append(index)
+                continue
+            seen.add(job_id)
+            try:
+                plan = decide(job, ())
+            except Exception as error:
+                results[index] = error
+                continue
+            if not plan.transitions:
+                results[index] = plan.outcome
+            elif self._single(plan, job):
+                writes.append((job_id, index, plan, version))
+            else:
+                alone.append(index)
+        if writes:
+            with self._transaction() as tx:
+                for _, index, plan, version in sorted(writes, key=lambda write: write[0]):
+                    if self._applied(tx, plan.transitions[0], self._SAME_VERSION, (version,)):
+                        results[index] = plan.outcome
+                    else:
+                        alone.append(index)
+        for index in sorted(alone):
+            try:
+                results[index] = self.change(*changes[index])
+            except Exception as error:
+                results[index] = error
+        return results
 
     def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
         """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round

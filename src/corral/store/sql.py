@@ -144,13 +144,22 @@ class SqlStore(abc.ABC):
         the whole transaction rolls back. ``guard`` (a condition on the row, with ``guard_params``)
         narrows the compare-and-set further (``PostgresStore.change``: the row version it read).
         """
+        if not self._applied(tx, transition, guard, guard_params):
+            raise errors.Conflict(f"job {transition.before.id} changed while it was being decided on; retry")
+        return transition.after
+
+    def _applied(
+        self, tx: Transaction, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
+    ) -> bool:
+        """``_apply``'s compare-and-set and event row; whether the row matched (a miss writes
+        nothing)."""
         before, after = transition.before, transition.after
         moves = transition.changes_status
         if moves and not is_allowed(before.status, after.status):
             raise AssertionError(f"transition {before.status} -> {after.status} is not in the table")
         changes = changed_columns(transition)
         if not changes:
-            return after
+            return True
         assignments = [f"{column} = ?" for column in changes]
         if moves:
             assignments.append("event_count = event_count + 1")
@@ -159,10 +168,7 @@ class SqlStore(abc.ABC):
             f"{guard} RETURNING id"
         )
         params = [*changes.values(), before.id, before.status.value, before.version, *guard_params]
-        event = self._event_values(transition) if moves else None
-        if not self._write(tx, update, params, event):
-            raise errors.Conflict(f"job {before.id} changed while it was being decided on; retry")
-        return after
+        return self._write(tx, update, params, self._event_values(transition) if moves else None)
 
     @staticmethod
     def _event_values(transition: Transition) -> tuple[Any, ...]:
@@ -194,6 +200,25 @@ class SqlStore(abc.ABC):
         with self._transaction() as tx:
             job, gang = self._lock_for_change(tx, job_id)
             return self._apply_plan(tx, decide(job, gang))
+
+    def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``change`` for each ``(job_id, decide)`` in order, in one transaction (a group commit):
+        each one's outcome, or the error that refused it. Each change runs inside its own savepoint,
+        so one that fails (a refused report, an unknown job, a fault) is rolled back alone and the
+        others still apply; a failure of the transaction itself (a lost connection, a failed
+        commit) raises, with nothing of the group written."""
+        results: list[Any] = []
+        with self._transaction() as tx:
+            for job_id, decide in changes:
+                tx.execute("SAVEPOINT one_change")
+                try:
+                    job, gang = self._lock_for_change(tx, job_id)
+                    results.append(self._apply_plan(tx, decide(job, gang)))
+                except Exception as error:
+                    tx.execute("ROLLBACK TO SAVEPOINT one_change")
+                    results.append(error)
+                tx.execute("RELEASE SAVEPOINT one_change")
+        return results
 
     def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome:
         """As ``change``, for a decision about a whole gang (a stale reservation, a drain's end)."""

@@ -39,6 +39,7 @@ from corral.protocol.answers import (
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
+from corral.server.grouped import groups_of
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
 from corral.server.openapi import BYTES, FENCE, Operation, Param, integer, number, string
@@ -228,15 +229,9 @@ def heartbeat_answer(state: ServerState, action: HeartbeatAction, worker_id: str
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
-    reported = await run_short(
-        state,
-        changes.report_done,
-        state.store,
-        request.path_params["job_id"],
-        worker_id,
-        attempt,
-        state.clock.now(),
-    )
+    # applied with the other reports of this event-loop turn, in one transaction (group commit)
+    decide = changes.done_decision(worker_id, attempt, state.clock.now())
+    reported = await groups_of(state).change(request.path_params["job_id"], decide)
     job = reported.job
     state.metrics.jobs_completed.inc()
     if job.started_at is not None and job.finished_at is not None:
@@ -251,19 +246,10 @@ async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
-    reported = await run_short(
-        state,
-        changes.report_failure,
-        state.store,
-        request.path_params["job_id"],
-        worker_id,
-        attempt,
-        state.clock.now(),
-        body.exit_code,
-        body.error,
-        body.output_tail,
-        body.release,
+    decide = changes.failure_decision(
+        worker_id, attempt, state.clock.now(), body.exit_code, body.error, body.output_tail, body.release
     )
+    reported = await groups_of(state).change(request.path_params["job_id"], decide)
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
     record_reported(state, reported)
     state.released()
