@@ -16,6 +16,7 @@ from corral.store import open_store
 from corral.store.base import JobFilter
 from corral.testing import history
 from tests.contract import protocol
+from tests.contract.test_schema import plan_nodes
 from tests.contract.test_store import NOW, POLICY, assert_history_is_legal, register, spec, submit_one
 
 
@@ -147,3 +148,31 @@ def test_concurrent_claim_many_by_several_workers_never_share_a_job(store_url, s
     assert len(claimed) == len(set(claimed)) == 150
     verdict = history.check_store(store)
     assert verdict.ok, verdict.summary()
+
+
+@pytest.mark.postgres
+def test_postgres_claim_reads_allocations_and_candidates_walking_the_queue_index(postgres_store):
+    """The PostgreSQL claim's one-round-trip read (allocations and the first candidates) keeps the
+    candidate query's plan: the queue index gives the order, nothing is sorted."""
+    store = postgres_store
+    register(store, cpus=64)
+    protocol.submit(store, [spec(resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
+    store.claim_many("w1", NOW, POLICY, 8)
+    plan = store.explain(store._ALLOCATIONS_AND_CANDIDATES, ("w1", "w1", 8))
+    nodes = list(plan_nodes(plan))
+    assert not [node["Node Type"] for node in nodes if "Sort" in node["Node Type"]], nodes
+    assert "jobs_queue" in {node.get("Index Name") for node in nodes}, plan
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+def test_a_candidate_only_the_looser_first_read_admits_does_not_hide_the_next(store, limit):
+    """With an unhealthy GPU the worker has less free than its resources say: a job that would
+    fit only on paper is read first (PostgreSQL's first read filters by resources alone) and
+    refused, and the job behind it still starts."""
+    register(store, gpus=2, vram_mb=1000, cpus=8)
+    store.worker_heartbeat("w1", NOW, None, unhealthy_gpus=[1])
+    two = submit_one(store, resources=Resources(gpus=2))
+    one = submit_one(store, resources=Resources(gpus=1))
+    claimed = store.claim_many("w1", NOW, POLICY, limit)
+    assert [(job.id, job.gpu_indices) for job in claimed] == [(one.id, (0,))]
+    assert store.get_job(two.id).status == Status.PENDING

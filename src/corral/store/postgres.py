@@ -17,11 +17,12 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.domain.records import Job
+from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
+from corral.domain.records import Allocation, Job
 from corral.domain.transitions import Outcome, Plan
 from corral.store.base import JobDecision, JobReport
 from corral.store.retention import RetentionStore
-from corral.store.rows import JOB_SELECT, job_from_row
+from corral.store.rows import CLAIM_FIRST_PAGE, HOLDING_SQL, JOB_SELECT, QUEUE_ORDER, job_from_row
 from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
@@ -48,6 +49,11 @@ def _loop_key(loop: str) -> int:
 def _to_pyformat(sql: str) -> str:
     """Rewrite the shared ``?`` placeholders as psycopg's ``%s`` (no literal ``%`` in corral's SQL)."""
     return re.sub(r"\?", "%s", sql)
+
+
+def _queue_key(job: Job) -> tuple[float | str, ...]:
+    """A job's place in the queue, from the declaration the claim's ``ORDER BY`` comes from."""
+    return tuple(-float(key.value(job)) if key.descending else key.value(job) for key in QUEUE_CRITERIA)
 
 
 class _PostgresTransaction:
@@ -197,6 +203,38 @@ class PostgresStore(RetentionStore):
             except Exception as error:
                 results[index] = error
         return results
+
+    #: A claim's second read, one round trip: the jobs holding resources on the worker (its row is
+    #: locked by then, so this statement's snapshot sees every allocation committed before), and
+    #: the first page of pending candidates filtered by what those leave free of the worker's
+    #: resources (GPU indices and unhealthy GPUs aside: never stricter than the policy, which
+    #: checks each candidate), locked SKIP LOCKED like ``claim_candidates_sql``'s.
+    _ALLOCATIONS_AND_CANDIDATES = (
+        f"WITH held AS (SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {HOLDING_SQL}),"
+        " free AS (SELECT workers.gpus - COALESCE((SELECT SUM(gpus) FROM held), 0) AS gpus,"
+        " workers.memory_mb - COALESCE((SELECT SUM(memory_mb) FROM held), 0) AS memory_mb,"
+        " workers.cpus - COALESCE((SELECT SUM(cpus) FROM held), 0) AS cpus, workers.vram_mb"
+        " FROM workers WHERE id = ?),"
+        f" candidates AS (SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
+        " AND gpus <= (SELECT gpus FROM free) AND memory_mb <= (SELECT memory_mb FROM free)"
+        " AND cpus <= (SELECT cpus FROM free) AND (gpus = 0 OR vram_mb <= (SELECT vram_mb FROM free))"
+        f" ORDER BY {QUEUE_ORDER} LIMIT ? FOR UPDATE SKIP LOCKED)"
+        " SELECT false, * FROM held UNION ALL SELECT true, * FROM candidates"
+    )
+
+    def _allocations_and_first_page(
+        self, tx: Any, worker_id: str, limit: int
+    ) -> tuple[list[Allocation], list[Job] | None]:
+        rows = tx.execute(
+            self._ALLOCATIONS_AND_CANDIDATES, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit))
+        )
+        held = [job_from_row(row[1:]) for row in rows if not row[0]]
+        allocations = [
+            Allocation(job.id, worker_id, job.spec.resources, job.gpu_indices, job.status) for job in held
+        ]
+        # a UNION keeps no order: the candidates are put back in queue order (the same declaration)
+        candidates = sorted((job_from_row(row[1:]) for row in rows if row[0]), key=_queue_key)
+        return allocations, candidates
 
     def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
         """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round

@@ -419,15 +419,24 @@ class SqlStore(abc.ABC):
             worker, held = worker_from_row(rows[0][:-1]), bool(rows[0][-1])
             if worker.status == WorkerStatus.DRAINING:
                 return []
-            allocations = self._worker_allocations(tx, worker_id)
+            allocations, first_page = self._allocations_and_first_page(tx, worker_id, limit)
             at = stamp_of(now)
             claimed = self._start_reserved(tx, worker, allocations, policy, at, limit)
             if len(claimed) < limit:
                 holds = self.holds_on(tx, worker_id) if held else []
                 claimed += self._start_pending(
-                    tx, worker, allocations, holds, policy, at, limit - len(claimed)
+                    tx, worker, allocations, holds, policy, at, limit - len(claimed), first_page
                 )
             return claimed
+
+    def _allocations_and_first_page(
+        self, tx: Transaction, worker_id: str, limit: int
+    ) -> tuple[list[Allocation], list[Job] | None]:
+        """The worker's allocations, read once its row is locked; and, where a backend reads them in
+        the same round trip (``PostgresStore``), the first page of pending candidates in queue
+        order, filtered by a free capacity that is never less than the policy's. None: the
+        candidates are read after, filtered by the policy's free capacity."""
+        return self._worker_allocations(tx, worker_id), None
 
     def _start_reserved(
         self,
@@ -467,6 +476,7 @@ class SqlStore(abc.ABC):
         policy: ClaimPolicy[Any],
         at: float,
         limit: int,
+        first_page: list[Job] | None = None,
     ) -> list[Job]:
         """Start up to ``limit`` pending jobs in queue order, each the first that fits what the
         ones before it left free.
@@ -474,7 +484,8 @@ class SqlStore(abc.ABC):
         Candidates are read in pages filtered by the free capacity at the read; a start shrinks the
         capacity, so the next read filters by what is left and begins again at the head of the queue
         (the rows skipped so far fit even less now, but one refused for its constraints is read
-        again: a few rows, never a job missed).
+        again: a few rows, never a job missed). ``first_page`` (read with the allocations, with a
+        looser filter) stands for the first read; the next read begins again at the head too.
         """
         started_jobs: list[Job] = []
         capacity = policy.capacity(worker, allocations)
@@ -483,11 +494,16 @@ class SqlStore(abc.ABC):
             free = capacity.free
             if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
                 break
-            rows = tx.execute(
-                self.claim_candidates_sql(),
-                (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
-            )
-            candidates = [job_from_row(row) for row in rows]
+            loose = first_page is not None
+            if first_page is not None:
+                candidates, first_page = first_page, None
+            else:
+                rows = tx.execute(
+                    self.claim_candidates_sql(),
+                    (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
+                )
+                candidates = [job_from_row(row) for row in rows]
+            read = len(candidates)
             before = len(started_jobs)
             while len(started_jobs) < limit:
                 chosen = policy.choose(worker, capacity, candidates, holds, at)
@@ -509,10 +525,10 @@ class SqlStore(abc.ABC):
                 )
                 capacity = policy.capacity(worker, allocations)
                 candidates = [candidate for candidate in candidates if candidate.id != job.id]
-            if len(rows) < page:
+            if read < page:
                 break  # the queue holds nothing more that fits
-            if len(started_jobs) > before:
-                offset = 0  # capacity shrank: filter again from the head of the queue
+            if len(started_jobs) > before or loose:
+                offset = 0  # capacity shrank, or another filter: again from the head of the queue
             else:
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
