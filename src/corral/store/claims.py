@@ -11,6 +11,7 @@ from corral.domain import errors
 from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
+from corral.domain.transitions import Transition
 from corral.store.base import ClaimPolicy, Stamp, stamp_of
 from corral.store.rows import (
     CLAIM_FIRST_PAGE,
@@ -130,6 +131,7 @@ class ClaimStore(SqlStore):
         looser filter) stands for the first read; the next read begins again at the head too.
         """
         started_jobs: list[Job] = []
+        starts: list[Transition] = []
         capacity = policy.capacity(worker, allocations)
         offset, page = 0, max(CLAIM_FIRST_PAGE, limit)
         while len(started_jobs) < limit:
@@ -140,6 +142,8 @@ class ClaimStore(SqlStore):
             if first_page is not None:
                 candidates, first_page = first_page, None
             else:
+                self._apply_all(tx, starts)  # the read must see them started
+                starts.clear()
                 rows = tx.execute(
                     self.claim_candidates_sql(),
                     (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
@@ -151,6 +155,8 @@ class ClaimStore(SqlStore):
                 chosen = policy.choose(worker, capacity, candidates, holds, at)
                 while chosen is not None and policy.unreclaimable(chosen[0]):
                     # Work no preemption could take back does not start on borrowed capacity.
+                    self._apply_all(tx, starts)  # the cluster view counts them
+                    starts.clear()
                     if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
                         break
                     candidates = [job for job in candidates if job.id != chosen[0].id]
@@ -161,7 +167,8 @@ class ClaimStore(SqlStore):
                 started = policy.start(job, worker.id, gpu_indices, at)
                 if started is None:  # the candidates are pending and locked: cannot happen
                     raise errors.Conflict(f"job {job.id} cannot be started; retry")
-                started_jobs.append(self._apply(tx, started))
+                starts.append(started)  # written before the next read, or at the end
+                started_jobs.append(started.after)
                 allocations.append(
                     Allocation(job.id, worker.id, job.spec.resources, tuple(gpu_indices), Status.RUNNING)
                 )
@@ -174,6 +181,7 @@ class ClaimStore(SqlStore):
             else:
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
+        self._apply_all(tx, starts)
         return started_jobs
 
     def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:

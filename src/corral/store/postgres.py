@@ -19,7 +19,7 @@ from typing import Any
 from corral.domain import errors
 from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
 from corral.domain.records import Allocation, Job
-from corral.domain.transitions import Outcome, Plan
+from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport
 from corral.store.retention import RetentionStore
 from corral.store.rows import CLAIM_FIRST_PAGE, HOLDING_SQL, JOB_SELECT, QUEUE_ORDER, job_from_row
@@ -75,6 +75,17 @@ class _PostgresTransaction:
         with _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
             cursor.executemany(_to_pyformat(sql), rows)
 
+    def execute_each(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """``sql`` once per parameter row, sent together; the number of rows they returned."""
+        returned = 0
+        with _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
+            cursor.executemany(_to_pyformat(sql), rows, returning=True)
+            while True:
+                returned += len(cursor.fetchall())
+                if not cursor.nextset():
+                    break
+        return returned
+
 
 @contextmanager
 def _unavailable_on_connection_loss() -> Iterator[None]:
@@ -108,15 +119,33 @@ class PostgresStore(RetentionStore):
     def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
         """The compare-and-set and its event row in one statement (one round trip): the event is
         inserted only for the row the update matched."""
+        return bool(tx.execute(*self._one_statement(update, params, event)))
+
+    @staticmethod
+    def _one_statement(
+        update: str, params: list[Any], event: tuple[Any, ...] | None
+    ) -> tuple[str, list[Any]]:
         if event is None:
-            return bool(tx.execute(update, params))
+            return update, params
         statement = (
             f"WITH moved AS ({update}), event AS ("
             f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer, ?::double precision,"
             " ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved)"
             " SELECT id FROM moved"
         )
-        return bool(tx.execute(statement, [*params, *event[1:]]))
+        return statement, [*params, *event[1:]]
+
+    def _apply_all(self, tx: Any, transitions: Sequence[Transition]) -> None:
+        """Several transitions written alike (a claim of several jobs) in one round trip: the
+        statements are sent together (``executemany``, psycopg's pipeline) and every one must
+        have matched, else ``Conflict`` and the transaction rolls back, as ``_apply`` would."""
+        statements = [self._compare_and_set(transition) for transition in transitions]
+        written = [self._one_statement(*statement) for statement in statements if statement is not None]
+        if len(written) < 2 or len({sql for sql, _ in written}) > 1:
+            super()._apply_all(tx, transitions)
+            return
+        if tx.execute_each(written[0][0], [params for _, params in written]) != len(written):
+            raise errors.Conflict("a job changed while it was being claimed; retry")
 
     #: a single job's row and its version (``xmin``: a new one at every update of the row)
     _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"

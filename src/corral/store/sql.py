@@ -146,13 +146,26 @@ class SqlStore(abc.ABC):
     ) -> bool:
         """``_apply``'s compare-and-set and event row; whether the row matched (a miss writes
         nothing)."""
+        statement = self._compare_and_set(transition, guard, guard_params)
+        return statement is None or self._write(tx, *statement)
+
+    def _apply_all(self, tx: Transaction, transitions: Sequence[Transition]) -> None:
+        """``_apply`` each, in order (PostgreSQL sends a run of like statements at once)."""
+        for transition in transitions:
+            self._apply(tx, transition)
+
+    def _compare_and_set(
+        self, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
+    ) -> tuple[str, list[Any], tuple[Any, ...] | None] | None:
+        """The compare-and-set of ``transition``, its parameters and its event row (None when the
+        transition writes nothing)."""
         before, after = transition.before, transition.after
         moves = transition.changes_status
         if moves and not is_allowed(before.status, after.status):
             raise AssertionError(f"transition {before.status} -> {after.status} is not in the table")
         changes = changed_columns(transition)
         if not changes:
-            return True
+            return None
         assignments = [f"{column} = ?" for column in changes]
         if moves:
             assignments.append("event_count = event_count + 1")
@@ -161,7 +174,7 @@ class SqlStore(abc.ABC):
             f"{guard} RETURNING id"
         )
         params = [*changes.values(), before.id, before.status.value, before.version, *guard_params]
-        return self._write(tx, update, params, self._event_values(transition) if moves else None)
+        return update, params, self._event_values(transition) if moves else None
 
     @staticmethod
     def _event_values(transition: Transition) -> tuple[Any, ...]:
