@@ -28,6 +28,7 @@ from corral.protocol.answers import (
     Answer,
     CheckpointSaved,
     ClaimAnswer,
+    ClaimsAnswer,
     EventAnswer,
     EventsAnswer,
     GangAnswer,
@@ -274,6 +275,16 @@ class Client:
         response = self.request("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
         data = self._decode(response)
         return None if data is None else _parse(ClaimAnswer, response, data)
+
+    def claim_many(self, worker_id: str, limit: int, wait_s: float = 0.0) -> list[ClaimAnswer]:
+        """Claim up to ``limit`` (1 to 64) jobs that fit the worker together, started in one
+        server transaction (``GET /jobs/next?max=``): each as ``claim`` answers it; empty when none."""
+        params: dict[str, Any] = {"worker_id": worker_id, "max": limit}
+        if wait_s > 0:
+            params["wait"] = wait_s
+        response = self.request("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+        data = self._decode(response)
+        return [] if data is None else list(_parse(ClaimsAnswer, response, data).items)
 
     def job_heartbeat(
         self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None

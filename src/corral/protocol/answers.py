@@ -131,6 +131,12 @@ class ClaimAnswer(JobAnswer):
     gang_checkpoints: list[GangCheckpoint] = Field(default_factory=list)
 
 
+class ClaimsAnswer(Answer):
+    """``GET /jobs/next?max=N``: up to N claims made together, each as the single claim answers it."""
+
+    items: list[ClaimAnswer]
+
+
 class HeartbeatAnswer(Answer):
     """``POST /jobs/{id}/heartbeat``: carry on (no action), or stop / checkpoint at the epoch."""
 

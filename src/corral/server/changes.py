@@ -21,13 +21,18 @@ from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
 from corral.store import Store
-from corral.store.base import JobReport, LogAppended, Stamp, WorkerBeat, stamp_of
+from corral.store.base import JobDecision, JobReport, LogAppended, Stamp, WorkerBeat, stamp_of
 
 PLACEMENT = ClaimPlacement()
 
 
 def report_done(store: Store, job_id: str, worker_id: str, attempt: int, now: float) -> Reported:
-    return store.change(job_id, partial(lifecycle.report_done, worker_id=worker_id, attempt=attempt, now=now))
+    return store.change(job_id, done_decision(worker_id, attempt, now))
+
+
+def done_decision(worker_id: str, attempt: int, now: float) -> JobDecision[Reported]:
+    """The decision of a ``done`` report (for ``store.change``, or a group of reports)."""
+    return partial(lifecycle.report_done, worker_id=worker_id, attempt=attempt, now=now)
 
 
 def report_failure(
@@ -41,7 +46,22 @@ def report_failure(
     output_tail: str | None = None,
     release: bool = False,
 ) -> Reported:
-    decide = partial(
+    return store.change(
+        job_id, failure_decision(worker_id, attempt, now, exit_code, error, output_tail, release)
+    )
+
+
+def failure_decision(
+    worker_id: str,
+    attempt: int,
+    now: float,
+    exit_code: int | None,
+    error: str | None = None,
+    output_tail: str | None = None,
+    release: bool = False,
+) -> JobDecision[Reported]:
+    """The decision of a ``fail`` report (for ``store.change``, or a group of reports)."""
+    return partial(
         lifecycle.report_failure,
         worker_id=worker_id,
         attempt=attempt,
@@ -51,7 +71,6 @@ def report_failure(
         output_tail=output_tail,
         release=release,
     )
-    return store.change(job_id, decide)
 
 
 def report_trip(
@@ -252,6 +271,12 @@ def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
 def claim(store: Store, worker_id: str, now: Stamp) -> Job | None:
     """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction."""
     return store.claim(worker_id, now, PLACEMENT)
+
+
+def claim_many(store: Store, worker_id: str, now: Stamp, limit: int) -> list[Job]:
+    """Up to ``limit`` claims for ``worker_id`` in one store transaction (``claim``'s rule, each
+    claim's capacity taken before the next is chosen)."""
+    return store.claim_many(worker_id, now, PLACEMENT, limit)
 
 
 def reserve_gang(

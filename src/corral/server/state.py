@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,6 +33,9 @@ from corral.server import switching
 from corral.server.signal import WorkSignal
 from corral.store import Store
 from corral.store.base import WouldWait
+
+if TYPE_CHECKING:
+    from corral.server.grouped import ReportGroups
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -64,6 +67,8 @@ class ServerState:
     last_preemptive: dict[str, float] = field(default_factory=dict)
     #: the threads store work runs on (``run_store``); None: on the event loop (``store_threads`` 0)
     executor: ThreadPoolExecutor | None = field(init=False)
+    #: the job reports of one event-loop turn, applied together (``grouped.groups_of``)
+    report_groups: ReportGroups | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         threads = self.settings.store_threads

@@ -228,6 +228,11 @@ class Store(Protocol):
 
     # applying the core's decisions
     def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome: ...
+    def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``change`` for each, applied together: each one's outcome or the exception that refused
+        it (rolled back alone); raises, with nothing written, when the group as a whole fails."""
+        ...
+
     def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome: ...
 
     def submit(
@@ -246,6 +251,11 @@ class Store(Protocol):
 
     # the job protocol
     def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None: ...
+    def claim_many(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int) -> list[Job]:
+        """Up to ``limit`` claims for the worker in one transaction, in the order single claims
+        would make them one after another (reserved tasks, then pending jobs in queue order)."""
+        ...
+
     def heartbeat_job(
         self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job: ...

@@ -11,6 +11,7 @@ from corral.domain.ids import new_worker_id
 from corral.domain.records import Allocation, Job, Worker
 from corral.domain.resources import Resources
 from corral.store.base import WorkerBeat, WorkerRegistration, WorkerView
+from corral.store.claims import ClaimStore
 from corral.store.rows import (
     JOB_SELECT,
     LEASED_SQL,
@@ -20,10 +21,9 @@ from corral.store.rows import (
     to_json,
     worker_from_row,
 )
-from corral.store.sql import SqlStore
 
 
-class OperationsStore(SqlStore):
+class OperationsStore(ClaimStore):
     # --- workers -------------------------------------------------------------------------
 
     def register_worker(self, registration: WorkerRegistration, now: float) -> Worker:

@@ -1,8 +1,9 @@
-"""The SQL store shared by both backends: applying the core's decisions, submit and reads, the
-claim and the job heartbeat, written once.
+"""The SQL store shared by both backends: applying the core's decisions, submit and reads, and the
+job heartbeat, written once.
 
-The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) ->
-``OperationsStore`` (workers, the reaper's reads, the dead-worker flag) -> ``GangStore``
+The store is built in layers, each a module under ~600 lines: ``SqlStore`` (here) -> ``ClaimStore``
+(the claim, ``store.claims``) -> ``OperationsStore`` (workers, the reaper's reads, the dead-worker
+flag) -> ``GangStore``
 (reservations, checkpoints, holds, leadership) -> ``PoolStore`` (pool settings and usage) ->
 ``LogStore`` (job logs) -> ``SqliteStore`` / ``PostgresStore``. A backend supplies a connection, a
 transaction context and its dialect's few differences (placeholders, row locks, introspection).
@@ -24,32 +25,25 @@ from typing import Any, TypeVar
 import orjson
 
 from corral.domain import errors
-from corral.domain.records import Allocation, Hold, Job, JobEvent, Reason, Worker
-from corral.domain.resources import Resources
-from corral.domain.status import Status, WorkerStatus, is_allowed
+from corral.domain.records import Allocation, Job, JobEvent, Reason, Worker
+from corral.domain.status import Status, is_allowed
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
 from corral.store.base import (
-    ClaimPolicy,
     GangDecision,
     JobDecision,
     JobFilter,
     JobReport,
-    Stamp,
     SubmitResult,
     Submitted,
     WouldWait,
-    stamp_of,
 )
 from corral.store.pool_rows import place_in_pools
 from corral.store.rows import (
-    CLAIM_FIRST_PAGE,
-    CLAIM_MAX_PAGE,
     HOLDING_SQL,
     INSERT_EVENT,
     INSERT_JOB,
     JOB_SELECT,
     LEASED_SQL,
-    QUEUE_ORDER,
     WORKER_SELECT,
     Transaction,
     allocation_from_row,
@@ -130,7 +124,9 @@ class SqlStore(abc.ABC):
 
     # --- applying the core's decisions ---------------------------------------------------
 
-    def _apply(self, tx: Transaction, transition: Transition) -> Job:
+    def _apply(
+        self, tx: Transaction, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
+    ) -> Job:
         """Write one transition: the one place a job's row changes status.
 
         A compare-and-set on the row's status and version (the event count): the decision was made
@@ -138,27 +134,47 @@ class SqlStore(abc.ABC):
         ``transition.after``. A status change is checked against the status table and appends its
         ``job_events`` row; a change of fields alone writes none. A missed compare-and-set means the
         row moved under a decision that was supposed to hold it locked: it raises ``Conflict`` and
-        the whole transaction rolls back.
+        the whole transaction rolls back. ``guard`` (a condition on the row, with ``guard_params``)
+        narrows the compare-and-set further (``PostgresStore.change``: the row version it read).
         """
+        if not self._applied(tx, transition, guard, guard_params):
+            raise errors.Conflict(f"job {transition.before.id} changed while it was being decided on; retry")
+        return transition.after
+
+    def _applied(
+        self, tx: Transaction, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
+    ) -> bool:
+        """``_apply``'s compare-and-set and event row; whether the row matched (a miss writes
+        nothing)."""
+        statement = self._compare_and_set(transition, guard, guard_params)
+        return statement is None or self._write(tx, *statement)
+
+    def _apply_all(self, tx: Transaction, transitions: Sequence[Transition]) -> None:
+        """``_apply`` each, in order (PostgreSQL sends a run of like statements at once)."""
+        for transition in transitions:
+            self._apply(tx, transition)
+
+    def _compare_and_set(
+        self, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
+    ) -> tuple[str, list[Any], tuple[Any, ...] | None] | None:
+        """The compare-and-set of ``transition``, its parameters and its event row (None when the
+        transition writes nothing)."""
         before, after = transition.before, transition.after
         moves = transition.changes_status
         if moves and not is_allowed(before.status, after.status):
             raise AssertionError(f"transition {before.status} -> {after.status} is not in the table")
         changes = changed_columns(transition)
         if not changes:
-            return after
+            return None
         assignments = [f"{column} = ?" for column in changes]
         if moves:
             assignments.append("event_count = event_count + 1")
         update = (
             f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND status = ? AND event_count = ?"
-            " RETURNING id"
+            f"{guard} RETURNING id"
         )
-        params = [*changes.values(), before.id, before.status.value, before.version]
-        event = self._event_values(transition) if moves else None
-        if not self._write(tx, update, params, event):
-            raise errors.Conflict(f"job {before.id} changed while it was being decided on; retry")
-        return after
+        params = [*changes.values(), before.id, before.status.value, before.version, *guard_params]
+        return update, params, self._event_values(transition) if moves else None
 
     @staticmethod
     def _event_values(transition: Transition) -> tuple[Any, ...]:
@@ -190,6 +206,25 @@ class SqlStore(abc.ABC):
         with self._transaction() as tx:
             job, gang = self._lock_for_change(tx, job_id)
             return self._apply_plan(tx, decide(job, gang))
+
+    def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``change`` for each ``(job_id, decide)`` in order, in one transaction (a group commit):
+        each one's outcome, or the error that refused it. Each change runs inside its own savepoint,
+        so one that fails (a refused report, an unknown job, a fault) is rolled back alone and the
+        others still apply; a failure of the transaction itself (a lost connection, a failed
+        commit) raises, with nothing of the group written."""
+        results: list[Any] = []
+        with self._transaction() as tx:
+            for job_id, decide in changes:
+                tx.execute("SAVEPOINT one_change")
+                try:
+                    job, gang = self._lock_for_change(tx, job_id)
+                    results.append(self._apply_plan(tx, decide(job, gang)))
+                except Exception as error:
+                    tx.execute("ROLLBACK TO SAVEPOINT one_change")
+                    results.append(error)
+                tx.execute("RELEASE SAVEPOINT one_change")
+        return results
 
     def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome:
         """As ``change``, for a decision about a whole gang (a stale reservation, a drain's end)."""
@@ -359,109 +394,6 @@ class SqlStore(abc.ABC):
 
     # --- the job protocol ----------------------------------------------------------------
 
-    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None:
-        """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit.
-
-        Candidates come in queue order, pre-filtered in SQL by the worker's free capacity and checked
-        by ``policy`` (constraints, GPU indices); on PostgreSQL they are locked ``SKIP LOCKED`` so
-        replicas never hand out the same job. A clock for ``now`` is read once the worker is locked
-        and its allocations read: the claim is stamped after every release it counted on.
-        """
-        with self._transaction() as tx:
-            # The worker, locked, and whether any capacity is held on it: holds exist only while a
-            # gang waits, so the common claim skips reading them.
-            rows = tx.execute(
-                f"SELECT {WORKER_SELECT}, EXISTS (SELECT 1 FROM holds WHERE holds.worker_id = workers.id)"
-                f" FROM workers WHERE id = ?{self.lock_clause_plain}",
-                (worker_id,),
-            )
-            if not rows:
-                raise errors.NotFound(f"worker {worker_id} not found")
-            worker, held = worker_from_row(rows[0][:-1]), bool(rows[0][-1])
-            if worker.status == WorkerStatus.DRAINING:
-                return None
-            allocations = self._worker_allocations(tx, worker_id)
-            at = stamp_of(now)
-            reserved = policy.reserved_task(worker, allocations)
-            if reserved is not None:
-                # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
-                # re-reservation that waits for this worker's row) is never waited for here; and a
-                # task that changed since the read above is no longer ours to start.
-                rows = tx.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,)
-                )
-                task = job_from_row(rows[0]) if rows else None
-                started = policy.start(task, worker_id, task.gpu_indices, at) if task else None
-                if started is not None:
-                    return self._apply(tx, started)
-            capacity = policy.capacity(worker, allocations)
-            holds = self.holds_on(tx, worker_id) if held else []
-            free = capacity.free
-            if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
-                return None
-            offset, page = 0, CLAIM_FIRST_PAGE
-            while True:
-                rows = tx.execute(
-                    self.claim_candidates_sql(),
-                    (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
-                )
-                if not rows:
-                    return None
-                candidates = [job_from_row(row) for row in rows]
-                chosen = policy.choose(worker, capacity, candidates, holds, at)
-                while chosen is not None and policy.unreclaimable(chosen[0]):
-                    # Work no preemption could take back does not start on borrowed capacity.
-                    if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
-                        break
-                    candidates = [job for job in candidates if job.id != chosen[0].id]
-                    chosen = policy.choose(worker, capacity, candidates, holds, at)
-                if chosen is not None:
-                    job, gpu_indices = chosen
-                    started = policy.start(job, worker_id, gpu_indices, at)
-                    if started is None:  # the candidates are pending and locked: cannot happen
-                        raise errors.Conflict(f"job {job.id} cannot be started; retry")
-                    return self._apply(tx, started)
-                offset += page
-                page = min(page * 8, CLAIM_MAX_PAGE)
-
-    def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:
-        """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold:
-        read only for a claim candidate no preemption could take back (rare), in its transaction."""
-        guaranteed = {
-            str(row[0]): int(row[1])
-            for row in tx.execute("SELECT path, guarantee_gpus FROM pools WHERE guarantee_gpus > 0")
-        }
-        if not guaranteed:
-            return 0, {}, {}
-        held = {
-            str(row[0]): int(row[1] or 0)
-            for row in tx.execute(
-                f"SELECT pool, SUM(gpus) FROM jobs WHERE status IN {HOLDING_SQL} GROUP BY pool"
-            )
-        }
-        total = tx.execute(
-            "SELECT COALESCE(SUM(gpus), 0) FROM workers WHERE status = 'active' AND flagged_dead_at IS NULL"
-        )[0][0]
-        busy = tx.execute(
-            "SELECT COALESCE(SUM(jobs.gpus), 0) FROM jobs JOIN workers ON jobs.worker_id = workers.id"
-            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active'"
-            " AND workers.flagged_dead_at IS NULL"
-        )[0][0]
-        return int(total) - int(busy), guaranteed, held
-
-    def claim_candidates_sql(self) -> str:
-        """The claim's candidate query: pending jobs that fit the free capacity, in queue order.
-
-        Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset. Its ORDER BY is
-        the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
-        """
-        return (
-            f"SELECT {JOB_SELECT} FROM jobs{self.queue_index_hint}"
-            " WHERE status = 'pending' AND gang_id IS NULL"
-            " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
-            f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
-        )
-
     def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
         """Renew the lease of a running or preempting job held by this worker and attempt, with what
         the heartbeat reports (progress, GPU utilisation, memory). One statement on the hot path.
@@ -507,15 +439,6 @@ class SqlStore(abc.ABC):
             [*params, job_id, worker_id, attempt],
         )
         return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
-
-    def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]:
-        """The capacity held on a worker for waiting gangs (written by the admission leader)."""
-        rows = tx.execute(
-            "SELECT worker_id, gang_id, gpus, vram_mb, memory_mb, cpus, expected_at FROM holds"
-            " WHERE worker_id = ? ORDER BY gang_id",
-            (worker_id,),
-        )
-        return [Hold(row[1], row[0], Resources(row[2], row[3], row[4], row[5]), row[6]) for row in rows]
 
     # --- workers -------------------------------------------------------------------------
 

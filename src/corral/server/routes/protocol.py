@@ -29,19 +29,28 @@ from corral.core.lifecycle import HeartbeatAction
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
-from corral.protocol.answers import CheckpointSaved, ClaimAnswer, HeartbeatAnswer, JobAnswer
+from corral.protocol.answers import (
+    CheckpointSaved,
+    ClaimAnswer,
+    ClaimsAnswer,
+    HeartbeatAnswer,
+    JobAnswer,
+)
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
+from corral.server.grouped import groups_of
 from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
 from corral.server.loops.drain import record_reported
-from corral.server.openapi import BYTES, FENCE, Operation, integer, number, string
+from corral.server.openapi import BYTES, FENCE, Operation, Param, integer, number, string
 from corral.server.state import ServerState, run_short, run_store, state_of
 from corral.store.base import JobReport
 
 logger = logging.getLogger("corral.server.protocol")
 
 MAX_WAIT_S = 30.0
+#: the most jobs one claim (``max``) may start
+MAX_CLAIMS = 64
 # A long-poll re-checks the store this often even without a local wake-up (work that arrived
 # through another replica, or capacity freed by the reaper).
 RECHECK_S = 1.0
@@ -97,21 +106,38 @@ def rendezvous_env(state: ServerState, job: Job, tasks: list[Job]) -> dict[str, 
     }
 
 
+def claim_limit(request: Request) -> int | None:
+    """``max``: how many jobs one claim may start (None without it: the single claim)."""
+    if request.query_params.get("max") is None:
+        return None
+    limit = query_int(request, "max")
+    assert limit is not None
+    if not 1 <= limit <= MAX_CLAIMS:
+        raise errors.InvalidRequest(f"max must be an integer from 1 to {MAX_CLAIMS}", field="max")
+    return limit
+
+
 async def claim(request: Request) -> Response:
+    """One job (``ClaimAnswer``), or with ``max=N`` up to N jobs started together in one store
+    transaction (``ClaimsAnswer``: ``{"items": [...]}``, each item the single claim's answer)."""
     state = state_of(request)
     worker_id = request.query_params.get("worker_id")
     if not worker_id:
         raise errors.InvalidRequest("query parameter worker_id is required", field="worker_id")
+    limit = claim_limit(request)
     wait = query_float(request, "wait", 0.0)
     if wait > MAX_WAIT_S:
         raise errors.InvalidRequest(f"wait must be at most {MAX_WAIT_S:.0f} seconds", field="wait")
     deadline = time.monotonic() + wait
+    server_url = str(request.base_url).rstrip("/")
     while True:
         woken = state.signal.current()
-        server_url = str(request.base_url).rstrip("/")
-        claimed_now = await run_short(state, claimed, state, worker_id, server_url)
-        if claimed_now is not None:
-            job, body = claimed_now
+        if limit is None:
+            one = await run_short(state, claimed, state, worker_id, server_url)
+            made = [one] if one is not None else []
+        else:
+            made = await run_short(state, claimed_many, state, worker_id, server_url, limit)
+        if made:
             break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -120,12 +146,15 @@ async def claim(request: Request) -> Response:
             await asyncio.wait_for(woken.wait(), min(remaining, RECHECK_S))
         if await request.is_disconnected():
             return Response(status_code=204)
-    state.metrics.jobs_claimed.inc()
-    if job.started_at is not None and job.attempts == 1:
-        # A retry's wait would count its earlier runs too: only first starts measure the queue.
-        state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
-    logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
-    return json_response(body)
+    for job, _ in made:
+        state.metrics.jobs_claimed.inc()
+        if job.started_at is not None and job.attempts == 1:
+            # A retry's wait would count its earlier runs too: only first starts measure the queue.
+            state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
+        logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
+    if limit is None:
+        return json_response(made[0][1])
+    return json_response({"items": [body for _, body in made]})
 
 
 def claimed(state: ServerState, worker_id: str, server_url: str) -> tuple[Job, dict[str, Any]] | None:
@@ -133,14 +162,25 @@ def claimed(state: ServerState, worker_id: str, server_url: str) -> tuple[Job, d
     checkpoints (on a store thread, in one crossing: the claim is a job's hottest path). The claim
     reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came."""
     job = changes.claim(state.store, worker_id, state.clock.now)
-    if job is None:
-        return None
+    return None if job is None else (job, claim_body(state, job, server_url))
+
+
+def claimed_many(
+    state: ServerState, worker_id: str, server_url: str, limit: int
+) -> list[tuple[Job, dict[str, Any]]]:
+    """``claimed`` for up to ``limit`` jobs, started in one store transaction."""
+    jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit)
+    return [(job, claim_body(state, job, server_url)) for job in jobs]
+
+
+def claim_body(state: ServerState, job: Job, server_url: str) -> dict[str, Any]:
+    """A claimed job's answer: the job, its attempt, its environment and its gang's checkpoints."""
     tasks = state.store.gang_tasks(job.gang_id) if job.gang_id is not None else None
     body = job_to_wire(job)
     body["attempt"] = job.attempts
     body["env"] = claim_env(state, job, server_url, tasks)
     body["gang_checkpoints"] = gang_checkpoints(tasks)
-    return job, body
+    return body
 
 
 async def job_heartbeat(request: Request) -> Response:
@@ -189,15 +229,9 @@ def heartbeat_answer(state: ServerState, action: HeartbeatAction, worker_id: str
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
-    reported = await run_short(
-        state,
-        changes.report_done,
-        state.store,
-        request.path_params["job_id"],
-        worker_id,
-        attempt,
-        state.clock.now(),
-    )
+    # applied with the other reports of this event-loop turn, in one transaction (group commit)
+    decide = changes.done_decision(worker_id, attempt, state.clock.now())
+    reported = await groups_of(state).change(request.path_params["job_id"], decide)
     job = reported.job
     state.metrics.jobs_completed.inc()
     if job.started_at is not None and job.finished_at is not None:
@@ -212,19 +246,10 @@ async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
-    reported = await run_short(
-        state,
-        changes.report_failure,
-        state.store,
-        request.path_params["job_id"],
-        worker_id,
-        attempt,
-        state.clock.now(),
-        body.exit_code,
-        body.error,
-        body.output_tail,
-        body.release,
+    decide = changes.failure_decision(
+        worker_id, attempt, state.clock.now(), body.exit_code, body.error, body.output_tail, body.release
     )
+    reported = await groups_of(state).change(request.path_params["job_id"], decide)
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
     record_reported(state, reported)
     state.released()
@@ -362,13 +387,18 @@ described = [
     Operation(
         "GET",
         "/jobs/next",
-        "claim work for a registered worker (204: nothing; wait long-polls)",
+        "claim work for a registered worker (204: nothing; wait long-polls; max: several at once)",
         _PROTOCOL,
-        {200: ClaimAnswer, 204: None},
+        {200: (ClaimAnswer, ClaimsAnswer), 204: None},
         query=(
             string("worker_id", "the claiming worker", required=True, minLength=1),
             number(
                 "wait", f"seconds to wait for work, at most {MAX_WAIT_S:.0f}", minimum=0, maximum=MAX_WAIT_S
+            ),
+            Param(
+                "max",
+                {"type": "integer", "minimum": 1, "maximum": MAX_CLAIMS},
+                "claim up to this many jobs that fit together; answered as {items: [claim, ...]}",
             ),
         ),
         errors=(400, 404),

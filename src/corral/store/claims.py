@@ -1,0 +1,232 @@
+"""The claim: work for a worker, in one transaction (the reserved tasks first, then pending jobs in
+queue order, each one's capacity taken before the next is chosen), written once for both backends.
+A layer of the store (``store.sql`` says which)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from corral.domain import errors
+from corral.domain.records import Allocation, Hold, Job, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status, WorkerStatus
+from corral.domain.transitions import Transition
+from corral.store.base import ClaimPolicy, Stamp, stamp_of
+from corral.store.rows import (
+    CLAIM_FIRST_PAGE,
+    CLAIM_MAX_PAGE,
+    HOLDING_SQL,
+    JOB_SELECT,
+    QUEUE_ORDER,
+    WORKER_SELECT,
+    Transaction,
+    job_from_row,
+    worker_from_row,
+)
+from corral.store.sql import SqlStore
+
+
+class ClaimStore(SqlStore):
+    """``claim`` and ``claim_many``. A backend may read the first candidates together with the
+    worker's allocations (``_allocations_and_first_page``: PostgreSQL saves a round trip)."""
+
+    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None:
+        """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit
+        (``claim_many`` with a limit of one)."""
+        claimed = self.claim_many(worker_id, now, policy, 1)
+        return claimed[0] if claimed else None
+
+    def claim_many(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int) -> list[Job]:
+        """Claim up to ``limit`` jobs for ``worker_id`` in one transaction: the jobs single claims
+        would start one after another, each one's capacity taken before the next is chosen.
+
+        1. The worker, locked, and its allocations; a clock for ``now`` is read then, so the claims
+           are stamped after every release they counted on.
+        2. Tasks reserved for the worker, as ``policy.reserved_task`` names them (their capacity is
+           already counted in the allocations).
+        3. Pending jobs in queue order, pre-filtered in SQL by the worker's free capacity and checked
+           by ``policy`` (constraints, GPU indices); on PostgreSQL locked ``SKIP LOCKED`` so replicas
+           never hand out the same job.
+        """
+        with self._transaction() as tx:
+            # The worker, locked, and whether any capacity is held on it: holds exist only while a
+            # gang waits, so the common claim skips reading them.
+            rows = tx.execute(
+                f"SELECT {WORKER_SELECT}, EXISTS (SELECT 1 FROM holds WHERE holds.worker_id = workers.id)"
+                f" FROM workers WHERE id = ?{self.lock_clause_plain}",
+                (worker_id,),
+            )
+            if not rows:
+                raise errors.NotFound(f"worker {worker_id} not found")
+            worker, held = worker_from_row(rows[0][:-1]), bool(rows[0][-1])
+            if worker.status == WorkerStatus.DRAINING:
+                return []
+            allocations, first_page = self._allocations_and_first_page(tx, worker_id, limit)
+            at = stamp_of(now)
+            claimed = self._start_reserved(tx, worker, allocations, policy, at, limit)
+            if len(claimed) < limit:
+                holds = self.holds_on(tx, worker_id) if held else []
+                claimed += self._start_pending(
+                    tx, worker, allocations, holds, policy, at, limit - len(claimed), first_page
+                )
+            return claimed
+
+    def _allocations_and_first_page(
+        self, tx: Transaction, worker_id: str, limit: int
+    ) -> tuple[list[Allocation], list[Job] | None]:
+        """The worker's allocations, read once its row is locked; and, where a backend reads them in
+        the same round trip (``PostgresStore``), the first page of pending candidates in queue
+        order, filtered by a free capacity that is never less than the policy's. None: the
+        candidates are read after, filtered by the policy's free capacity."""
+        return self._worker_allocations(tx, worker_id), None
+
+    def _start_reserved(
+        self,
+        tx: Transaction,
+        worker: Worker,
+        allocations: list[Allocation],
+        policy: ClaimPolicy[Any],
+        at: float,
+        limit: int,
+    ) -> list[Job]:
+        """Start the tasks reserved for the worker, at most ``limit``. Each task tried is marked
+        running in ``allocations`` (started, or not ours to start now), so the policy names the
+        next one."""
+        started_jobs: list[Job] = []
+        while len(started_jobs) < limit:
+            reserved = policy.reserved_task(worker, allocations)
+            if reserved is None:
+                break
+            index = next(i for i, allocation in enumerate(allocations) if allocation.job_id == reserved)
+            allocations[index] = replace(allocations[index], status=Status.RUNNING)
+            # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
+            # re-reservation that waits for this worker's row) is never waited for here; and a
+            # task that changed since the read above is no longer ours to start.
+            rows = tx.execute(f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,))
+            task = job_from_row(rows[0]) if rows else None
+            started = policy.start(task, worker.id, task.gpu_indices, at) if task else None
+            if started is not None:
+                started_jobs.append(self._apply(tx, started))
+        return started_jobs
+
+    def _start_pending(
+        self,
+        tx: Transaction,
+        worker: Worker,
+        allocations: list[Allocation],
+        holds: list[Hold],
+        policy: ClaimPolicy[Any],
+        at: float,
+        limit: int,
+        first_page: list[Job] | None = None,
+    ) -> list[Job]:
+        """Start up to ``limit`` pending jobs in queue order, each the first that fits what the
+        ones before it left free.
+
+        Candidates are read in pages filtered by the free capacity at the read; a start shrinks the
+        capacity, so the next read filters by what is left and begins again at the head of the queue
+        (the rows skipped so far fit even less now, but one refused for its constraints is read
+        again: a few rows, never a job missed). ``first_page`` (read with the allocations, with a
+        looser filter) stands for the first read; the next read begins again at the head too.
+        """
+        started_jobs: list[Job] = []
+        starts: list[Transition] = []
+        capacity = policy.capacity(worker, allocations)
+        offset, page = 0, max(CLAIM_FIRST_PAGE, limit)
+        while len(started_jobs) < limit:
+            free = capacity.free
+            if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
+                break
+            loose = first_page is not None
+            if first_page is not None:
+                candidates, first_page = first_page, None
+            else:
+                self._apply_all(tx, starts)  # the read must see them started
+                starts.clear()
+                rows = tx.execute(
+                    self.claim_candidates_sql(),
+                    (free.gpus, free.memory_mb, free.cpus, free.vram_mb, page, offset),
+                )
+                candidates = [job_from_row(row) for row in rows]
+            read = len(candidates)
+            before = len(started_jobs)
+            while len(started_jobs) < limit:
+                chosen = policy.choose(worker, capacity, candidates, holds, at)
+                while chosen is not None and policy.unreclaimable(chosen[0]):
+                    # Work no preemption could take back does not start on borrowed capacity.
+                    self._apply_all(tx, starts)  # the cluster view counts them
+                    starts.clear()
+                    if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
+                        break
+                    candidates = [job for job in candidates if job.id != chosen[0].id]
+                    chosen = policy.choose(worker, capacity, candidates, holds, at)
+                if chosen is None:
+                    break
+                job, gpu_indices = chosen
+                started = policy.start(job, worker.id, gpu_indices, at)
+                if started is None:  # the candidates are pending and locked: cannot happen
+                    raise errors.Conflict(f"job {job.id} cannot be started; retry")
+                starts.append(started)  # written before the next read, or at the end
+                started_jobs.append(started.after)
+                allocations.append(
+                    Allocation(job.id, worker.id, job.spec.resources, tuple(gpu_indices), Status.RUNNING)
+                )
+                capacity = policy.capacity(worker, allocations)
+                candidates = [candidate for candidate in candidates if candidate.id != job.id]
+            if read < page:
+                break  # the queue holds nothing more that fits
+            if len(started_jobs) > before or loose:
+                offset = 0  # capacity shrank, or another filter: again from the head of the queue
+            else:
+                offset += page
+                page = min(page * 8, CLAIM_MAX_PAGE)
+        self._apply_all(tx, starts)
+        return started_jobs
+
+    def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:
+        """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold:
+        read only for a claim candidate no preemption could take back (rare), in its transaction."""
+        guaranteed = {
+            str(row[0]): int(row[1])
+            for row in tx.execute("SELECT path, guarantee_gpus FROM pools WHERE guarantee_gpus > 0")
+        }
+        if not guaranteed:
+            return 0, {}, {}
+        held = {
+            str(row[0]): int(row[1] or 0)
+            for row in tx.execute(
+                f"SELECT pool, SUM(gpus) FROM jobs WHERE status IN {HOLDING_SQL} GROUP BY pool"
+            )
+        }
+        total = tx.execute(
+            "SELECT COALESCE(SUM(gpus), 0) FROM workers WHERE status = 'active' AND flagged_dead_at IS NULL"
+        )[0][0]
+        busy = tx.execute(
+            "SELECT COALESCE(SUM(jobs.gpus), 0) FROM jobs JOIN workers ON jobs.worker_id = workers.id"
+            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active'"
+            " AND workers.flagged_dead_at IS NULL"
+        )[0][0]
+        return int(total) - int(busy), guaranteed, held
+
+    def claim_candidates_sql(self) -> str:
+        """The claim's candidate query: pending jobs that fit the free capacity, in queue order.
+
+        Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset. Its ORDER BY is
+        the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
+        """
+        return (
+            f"SELECT {JOB_SELECT} FROM jobs{self.queue_index_hint}"
+            " WHERE status = 'pending' AND gang_id IS NULL"
+            " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
+            f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
+        )
+
+    def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]:
+        """The capacity held on a worker for waiting gangs (written by the admission leader)."""
+        rows = tx.execute(
+            "SELECT worker_id, gang_id, gpus, vram_mb, memory_mb, cpus, expected_at FROM holds"
+            " WHERE worker_id = ? ORDER BY gang_id",
+            (worker_id,),
+        )
+        return [Hold(row[1], row[0], Resources(row[2], row[3], row[4], row[5]), row[6]) for row in rows]
