@@ -98,22 +98,15 @@ async def _parallel(count: int, make: object, concurrency: int = 32) -> None:
 
 
 async def setup_fleet(
-    server: harness.Server, args: argparse.Namespace, workers: int
-) -> tuple[list[harness.HttpConn], list[str], list[list[SimJob]]]:
-    """Register the workers, submit their jobs, let each claim its own: every GPU busy."""
+    server: harness.Server, args: argparse.Namespace, workers: int, fleet: Fleet
+) -> tuple[list[harness.HttpConn], list[str], list[list[SimJob]], list[asyncio.Task[None]]]:
+    """Submit the fleet's jobs, then bring each host up as a real worker comes up: register, claim
+    its jobs (``max``: one request; a 503 is retried after a second, as the worker does), and start
+    heartbeating at once, so no host sits silent while the rest of the fleet is set up (the reaper
+    would flag it dead and reap its leases)."""
     conns = [harness.HttpConn(server.host, server.port) for _ in range(workers)]
-    for conn in conns:
-        await conn.connect()
     ids = [f"fleet-w{index:05d}" for index in range(workers)]
     resources = {"gpus": args.gpus, "vram_mb": 81920, "memory_mb": 2_000_000, "cpus": 96}
-
-    async def register(index: int) -> None:
-        body = orjson.dumps(
-            {"id": ids[index], "address": f"10.0.{index // 250}.{index % 250}", "resources": resources}
-        )
-        await conns[index].json(b"POST", "/workers/register", body, expect=201)
-
-    await _parallel(workers, register)
     per_job = max(1, args.gpus // args.jobs_per_worker)
     total = workers * args.jobs_per_worker
     submit = await harness.HttpConn(server.host, server.port).connect()
@@ -133,17 +126,28 @@ async def setup_fleet(
         await submit.json(b"POST", "/jobs/batch", orjson.dumps(body), expect=201)
     await submit.close()
     jobs: list[list[SimJob]] = [[] for _ in range(workers)]
+    hosts: list[asyncio.Task[None]] = []
 
-    async def claim(index: int) -> None:
-        await conns[index].close()  # idle since it registered: the server may have closed it
-        for _ in range(args.jobs_per_worker):
-            answer = await conns[index].json(b"GET", f"/jobs/next?worker_id={ids[index]}")
-            if answer is None:
-                raise harness.HttpError(f"worker {ids[index]} found nothing to claim")
-            jobs[index].append(SimJob(answer["id"], answer["attempt"]))
+    async def bring_up(index: int) -> None:
+        conn = await conns[index].connect()
+        body = orjson.dumps(
+            {"id": ids[index], "address": f"10.0.{index // 250}.{index % 250}", "resources": resources}
+        )
+        await conn.json(b"POST", "/workers/register", body, expect=201)
+        while len(jobs[index]) < args.jobs_per_worker:
+            wanted = args.jobs_per_worker - len(jobs[index])
+            status, content = await conn.request(b"GET", f"/jobs/next?worker_id={ids[index]}&max={wanted}")
+            if status == 503:
+                await asyncio.sleep(1.0)
+                continue
+            if status != 200:
+                raise harness.HttpError(f"worker {ids[index]}: claim answered {status} {content[:200]!r}")
+            for item in orjson.loads(content)["items"]:
+                jobs[index].append(SimJob(item["id"], item["attempt"]))
+        hosts.append(asyncio.create_task(simulate_host(fleet, conn, ids[index], jobs[index], args)))
 
-    await _parallel(workers, claim)
-    return conns, ids, jobs
+    await _parallel(workers, bring_up)
+    return conns, ids, jobs, hosts
 
 
 async def simulate_host(
@@ -338,17 +342,13 @@ async def bench_fleet(
     await harness.wait_ready(probe)
     await probe.close()
     started = time.monotonic()
-    conns, ids, jobs = await setup_fleet(server, args, workers)
+    fleet = Fleet()
+    conns, _, _, hosts = await setup_fleet(server, args, workers, fleet)
     print(
         f"  set up {workers} workers x {args.gpus} GPUs, {workers * args.jobs_per_worker} running jobs"
         f" in {time.monotonic() - started:.1f}s",
         flush=True,
     )
-    fleet = Fleet()
-    hosts = [
-        asyncio.create_task(simulate_host(fleet, conn, worker_id, host_jobs, args))
-        for conn, worker_id, host_jobs in zip(conns, ids, jobs, strict=True)
-    ]
     listing: harness.Child | None = None
     postgres = args.db == "postgres"
     try:
@@ -482,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
                 here = directory / f"fleet-{workers}"  # a fresh store (and logs) per size
                 here.mkdir()
                 with harness.store_url(args.db, here, args.pg_url) as db_url:
-                    server = harness.start_server(processes, db_url, here, args.server_arg)
+                    # N hosts from one address: the per-client cap (256) is for one NAT address
+                    # of a real fleet, not for this load process standing in for N of them
+                    limit = ["--max-requests-per-client", str(max(256, 4 * workers))]
+                    server = harness.start_server(processes, db_url, here, [*limit, *args.server_arg])
                     try:
                         windows = asyncio.run(bench_fleet(server, args, workers, processes, here))
                     except (harness.HttpError, OSError, TimeoutError) as error:
