@@ -43,7 +43,14 @@ from corral.core import borrowing, drain, preemption
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
-from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill, usable
+from corral.core.placement import (
+    Capacity,
+    CapacityMemo,
+    free_capacity,
+    matches_constraints,
+    may_backfill,
+    usable,
+)
 from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
@@ -61,11 +68,16 @@ Take = tuple["_Slot", tuple[int, ...]]
 
 
 def decide(
-    snapshot: Snapshot, reservation_timeout_s: float, preemption_settings: PreemptionSettings | None = None
+    snapshot: Snapshot,
+    reservation_timeout_s: float,
+    preemption_settings: PreemptionSettings | None = None,
+    memo: CapacityMemo | None = None,
 ) -> AdmissionDecisions:
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
-    ``preemption_settings``, the preemption planner (step 7) over what it left waiting."""
-    admitted = _admit_gangs(snapshot, reservation_timeout_s)
+    ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
+    the workers' free capacity from earlier cycles, for a caller that keeps its records between
+    cycles (``placement.CapacityMemo``; the decisions are the same without it)."""
+    admitted = _admit_gangs(snapshot, reservation_timeout_s, memo)
     single_rollbacks = tuple(
         job.id
         for job in snapshot.holding
@@ -73,7 +85,7 @@ def decide(
     )
     if preemption_settings is None:
         return replace(admitted, single_rollbacks=single_rollbacks)
-    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings)
+    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings, memo)
 
 
 def _preempt(
@@ -81,6 +93,7 @@ def _preempt(
     admitted: AdmissionDecisions,
     single_rollbacks: tuple[str, ...],
     settings: PreemptionSettings,
+    memo: CapacityMemo | None = None,
 ) -> AdmissionDecisions:
     """Step 7: the gangs the regular placement left waiting (those that could ever fit) and the
     pending single jobs are the preemption planner's preemptors; a gang it makes room for is
@@ -120,6 +133,7 @@ def _preempt(
                 for reservation in admitted.reservations
                 for place in reservation.placements
             },
+            memo=memo,
         )
     )
     served = {found.preemptor for found in planned.preemptions}
@@ -157,7 +171,9 @@ def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
     return tuple(sorted(tasks, key=lambda task: (task.gang_index or 0, task.id)))
 
 
-def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisions:
+def _admit_gangs(
+    snapshot: Snapshot, reservation_timeout_s: float, memo: CapacityMemo | None = None
+) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
     now = snapshot.now
     rollbacks, released = _stale_reservations(snapshot.gangs, now, reservation_timeout_s)
@@ -169,7 +185,7 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
         return AdmissionDecisions(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
         )
-    cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now))
+    cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now, memo))
     shapes = _Shapes(cluster.slots)
     reservations: list[Reservation] = []
     holds: list[Hold] = []
@@ -326,6 +342,7 @@ def _slots(
     released: frozenset[str],
     expected_ends: Mapping[str, float],
     now: float,
+    memo: CapacityMemo | None = None,
 ) -> list[_Slot]:
     by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in active}
     for allocation in allocations:
@@ -349,7 +366,12 @@ def _slots(
             job_id = allocation.job_id
             end = now if allocation.status == preempting else expected_ends.get(job_id)
             holding.append((allocation.resources, end, job_id))
-        slots.append(_Slot(order, worker, free_capacity(worker, held), empty.free, holding))
+        free = memo.get("admission", worker, held) if memo is not None else None
+        if free is None:
+            free = free_capacity(worker, held)
+            if memo is not None:
+                memo.put("admission", worker, held, free)
+        slots.append(_Slot(order, worker, free, empty.free, holding))
     return slots
 
 

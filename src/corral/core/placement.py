@@ -48,6 +48,33 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
     return Capacity(free=free, free_gpu_indices=free_indices)
 
 
+class CapacityMemo:
+    """``free_capacity`` per worker as last computed, kept while the worker and the records it was
+    computed from are the very same objects (``is``), in the same order.
+
+    For a caller that keeps its records between cycles (the simulator keeps a job's row and its
+    allocation until they change): a cycle counts again only the workers whose allocations changed.
+    Right whatever the caller passes: the records are immutable and held here, so an object
+    compared is the one counted; a caller that reads fresh rows every cycle (the server) only ever
+    misses, and passes none. ``space`` keeps apart the callers that count different records."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str], tuple[Worker, Sequence[object], Capacity]] = {}
+
+    def get(self, space: str, worker: Worker, records: Sequence[object]) -> Capacity | None:
+        """The capacity kept for ``worker`` counted from ``records``, or None."""
+        kept = self._kept.get((space, worker.id))
+        if kept is None or kept[0] is not worker or len(kept[1]) != len(records):
+            return None
+        for old, new in zip(kept[1], records, strict=True):
+            if old is not new:
+                return None
+        return kept[2]
+
+    def put(self, space: str, worker: Worker, records: Sequence[object], capacity: Capacity) -> None:
+        self._kept[(space, worker.id)] = (worker, records, capacity)
+
+
 def matches_constraints(worker: Worker, constraints: Constraints) -> Reason | None:
     """None when ``worker`` satisfies ``constraints``, else the reason it does not."""
     if constraints.gpu_model is not None and constraints.gpu_model != worker.gpu_model:

@@ -63,7 +63,7 @@ from itertools import count
 
 from corral.core import borrowing, drain, fairshare
 from corral.core.decisions import TaskPlacement
-from corral.core.placement import Capacity, free_capacity, matches_constraints
+from corral.core.placement import Capacity, CapacityMemo, free_capacity, matches_constraints
 from corral.core.snapshot import PoolView
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
@@ -197,6 +197,8 @@ class PlanInputs:
     fair: fairshare.FairShareState | None = None
     #: the pool of each ``extra`` allocation's job, by job id (their usage counts for fair share)
     extra_pools: Mapping[str, str] = field(default_factory=dict)
+    #: the workers' free capacity from earlier plans (``placement.CapacityMemo``; None: counted)
+    memo: CapacityMemo | None = None
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -409,7 +411,7 @@ class _Planner:
         self.now = inputs.now
         self.settings = inputs.settings
         usable = [w for w in inputs.workers if w.status == "active" and w.flagged_dead_at is None]
-        by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in usable}
+        by_worker: dict[str, list[Job]] = {worker.id: [] for worker in usable}
         #: workers where earlier preemptions' victims are still stopping: their room is not free
         #: yet (a preemptor placed there is reserved, and waits for them)
         self.stopping: set[str] = set()
@@ -419,12 +421,16 @@ class _Planner:
             if job.status == Status.PREEMPTING and job.preempted_for is not None:
                 self.stopping.add(job.worker_id or "")
                 continue  # a victim stopping: its room is as good as free, and nobody else's
-            by_worker[job.worker_id].append(_allocation(job))
+            by_worker[job.worker_id].append(job)
+        extra: dict[str, list[Allocation]] = {}
         for allocation in inputs.extra:
             if allocation.worker_id in by_worker:
-                by_worker[allocation.worker_id].append(allocation)
+                extra.setdefault(allocation.worker_id, []).append(allocation)
         self.free = {
-            worker.id: _Free(worker, free_capacity(worker, by_worker[worker.id]))
+            worker.id: _Free(
+                worker,
+                _capacity_at_start(worker, by_worker[worker.id], extra.get(worker.id, ()), inputs.memo),
+            )
             for worker in sorted(usable, key=lambda w: w.id)
         }
         #: workers with a free GPU: the only ones where a GPU task may fit without a victim
@@ -1242,6 +1248,21 @@ def _started(job: Job, otherwise: float) -> float:
     if job.started_at is not None:
         return job.started_at
     return job.reserved_at if job.reserved_at is not None else otherwise
+
+
+def _capacity_at_start(
+    worker: Worker, jobs: Sequence[Job], extra: Sequence[Allocation], memo: CapacityMemo | None
+) -> Capacity:
+    """``free_capacity`` of ``worker`` after ``jobs`` and this cycle's ``extra`` reservations, from
+    ``memo`` where the same jobs were counted before (a worker with a reservation of this cycle is
+    counted)."""
+    if memo is None or extra:
+        return free_capacity(worker, [*map(_allocation, jobs), *extra])
+    found = memo.get("planner", worker, jobs)
+    if found is None:
+        found = free_capacity(worker, [_allocation(job) for job in jobs])
+        memo.put("planner", worker, jobs, found)
+    return found
 
 
 def _allocation(job: Job) -> Allocation:

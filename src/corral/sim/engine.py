@@ -33,7 +33,7 @@ from typing import Any
 from corral.core import admission, drain, fairshare, lifecycle
 from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import queue_key
-from corral.core.placement import Capacity, ClaimPlacement
+from corral.core.placement import Capacity, CapacityMemo, ClaimPlacement
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import errors
@@ -175,6 +175,9 @@ class Engine:
         self.events: list[tuple[float, int, int, int, tuple[Any, ...]]] = []
         self.seq = 0
         self.record = Record()
+        #: the workers' free capacity from earlier cycles: the engine keeps its job rows and
+        #: allocation records until they change, so a cycle counts only the workers that changed
+        self.memo: CapacityMemo | None = CapacityMemo()
         self.allocated_gpus = 0
         self.held_by_pool: dict[str, int] = {}
         #: the stored pools' guaranteed GPUs (the store's ``pools`` rows with a GPU guarantee)
@@ -548,12 +551,13 @@ class Engine:
         preemption (``corral.sim.shortcuts``): the decisions the engine applies are the same."""
         timeout = self.settings.reservation_timeout_s
         planner = self.preemption_settings
+        memo = self.memo
         if planner is None or shortcuts.planner_may_preempt(snapshot):
-            return admission.decide(snapshot, timeout, planner)
+            return admission.decide(snapshot, timeout, planner, memo)
         self.record.plans_skipped += 1
-        decisions = admission.decide(snapshot, timeout, None)
+        decisions = admission.decide(snapshot, timeout, None, memo)
         if self.verify_shortcuts:
-            full = admission.decide(snapshot, timeout, planner)
+            full = admission.decide(snapshot, timeout, planner, memo)
             if _applied(full) != _applied(decisions):
                 raise AssertionError(f"the planner shortcut changed a decision at {self.now}")
         return decisions
