@@ -352,20 +352,28 @@ def _slots(
     idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
     slots = []
     preempting = Status.PREEMPTING
+    nothing: list[Allocation] = []
     for order, worker in enumerate(active):
-        key = (worker.resources, worker.unhealthy_gpus)
-        empty = idle.get(key)
+        empty = memo.get("idle", worker, nothing) if memo is not None else None
         if empty is None:
-            empty = idle[key] = free_capacity(worker, ())
+            key = (worker.resources, worker.unhealthy_gpus)
+            empty = idle.get(key)
+            if empty is None:
+                empty = idle[key] = free_capacity(worker, ())
+            if memo is not None:
+                memo.put("idle", worker, nothing, empty)
         held = by_worker[worker.id]
         if not held:
             slots.append(_Slot(order, worker, empty, empty.free, []))
             continue
-        holding: list[Holding] = []
-        for allocation in held:
-            job_id = allocation.job_id
-            end = now if allocation.status == preempting else expected_ends.get(job_id)
-            holding.append((allocation.resources, end, job_id))
+        holding: list[Holding] = [
+            (
+                allocation.resources,
+                now if allocation.status == preempting else expected_ends.get(allocation.job_id),
+                allocation.job_id,
+            )
+            for allocation in held
+        ]
         free = memo.get("admission", worker, held) if memo is not None else None
         if free is None:
             free = free_capacity(worker, held)

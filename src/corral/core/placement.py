@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from corral.core import borrowing, lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
@@ -50,28 +51,28 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
 
 class CapacityMemo:
     """``free_capacity`` per worker as last computed, kept while the worker and the records it was
-    computed from are the very same objects (``is``), in the same order.
+    counted from are equal to the ones given, in the same order (records are immutable values:
+    equal records leave equal capacity).
 
     For a caller that keeps its records between cycles (the simulator keeps a job's row and its
-    allocation until they change): a cycle counts again only the workers whose allocations changed.
-    Right whatever the caller passes: the records are immutable and held here, so an object
-    compared is the one counted; a caller that reads fresh rows every cycle (the server) only ever
-    misses, and passes none. ``space`` keeps apart the callers that count different records."""
+    allocation until they change), the comparison finds the very same objects (the list's ``==``
+    checks identity first, in C), and a cycle counts again only the workers whose allocations
+    changed. A caller that reads fresh rows every cycle (the server) would only compare field by
+    field, and passes none. ``space`` keeps apart the callers that count different records."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[str, str], tuple[Worker, Sequence[object], Capacity]] = {}
+        self._kept: dict[tuple[str, str], tuple[Worker, list[Any], Capacity]] = {}
 
-    def get(self, space: str, worker: Worker, records: Sequence[object]) -> Capacity | None:
+    def get(self, space: str, worker: Worker, records: list[Any]) -> Capacity | None:
         """The capacity kept for ``worker`` counted from ``records``, or None."""
         kept = self._kept.get((space, worker.id))
-        if kept is None or kept[0] is not worker or len(kept[1]) != len(records):
-            return None
-        for old, new in zip(kept[1], records, strict=True):
-            if old is not new:
-                return None
-        return kept[2]
+        if kept is not None and (kept[0] is worker or kept[0] == worker) and kept[1] == records:
+            return kept[2]
+        return None
 
-    def put(self, space: str, worker: Worker, records: Sequence[object], capacity: Capacity) -> None:
+    def put(self, space: str, worker: Worker, records: list[Any], capacity: Capacity) -> None:
+        """Keep ``capacity``, counted for ``worker`` from ``records`` (which the caller leaves as
+        they are)."""
         self._kept[(space, worker.id)] = (worker, records, capacity)
 
 

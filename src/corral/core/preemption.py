@@ -1251,7 +1251,7 @@ def _started(job: Job, otherwise: float) -> float:
 
 
 def _capacity_at_start(
-    worker: Worker, jobs: Sequence[Job], extra: Sequence[Allocation], memo: CapacityMemo | None
+    worker: Worker, jobs: list[Job], extra: Sequence[Allocation], memo: CapacityMemo | None
 ) -> Capacity:
     """``free_capacity`` of ``worker`` after ``jobs`` and this cycle's ``extra`` reservations, from
     ``memo`` where the same jobs were counted before (a worker with a reservation of this cycle is
