@@ -296,11 +296,12 @@ class _Slot:
     included), the allocations that hold it, and what the head of the queue holds on it."""
 
     __slots__ = (
+        "_holding",
+        "_source",
         "cpus",
         "empty",
         "gpus",
         "held",
-        "holding",
         "indices",
         "memory",
         "order",
@@ -308,7 +309,12 @@ class _Slot:
     )
 
     def __init__(
-        self, order: int, worker: Worker, free: Capacity, empty: Resources, holding: list[Holding]
+        self,
+        order: int,
+        worker: Worker,
+        free: Capacity,
+        empty: Resources,
+        source: tuple[list[Allocation], float, Mapping[str, float]] | None = None,
     ) -> None:
         self.order = order  # rank of the worker id among the active workers: the id tie-break
         self.worker = worker
@@ -317,8 +323,30 @@ class _Slot:
         self.cpus = free.free.cpus
         self.memory = free.free.memory_mb
         self.indices = list(free.free_gpu_indices)
-        self.holding = holding
+        #: the allocations on the worker, now and the expected ends: ``holding`` is built from
+        #: them on first use (only the head of the queue's hold plan reads every worker's)
+        self._source = source
+        self._holding: list[Holding] | None = None if source else []
         self.held: Resources | None = None
+
+    @property
+    def holding(self) -> list[Holding]:
+        """What holds the worker's resources (``Holding``): a preempting allocation ends now (it has
+        been told to stop), another when ``expected_ends`` says, if it says."""
+        holding = self._holding
+        if holding is None:
+            assert self._source is not None
+            held, now, expected_ends = self._source
+            preempting = Status.PREEMPTING
+            holding = self._holding = [
+                (
+                    allocation.resources,
+                    now if allocation.status == preempting else expected_ends.get(allocation.job_id),
+                    allocation.job_id,
+                )
+                for allocation in held
+            ]
+        return holding
 
     def view(self) -> tuple[int, int, int]:
         """Free (GPUs, CPUs, memory) as work that may not backfill sees it: minus the head's hold,
@@ -351,7 +379,6 @@ def _slots(
             on.append(allocation)
     idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
     slots = []
-    preempting = Status.PREEMPTING
     nothing: list[Allocation] = []
     for order, worker in enumerate(active):
         empty = memo.get("idle", worker, nothing) if memo is not None else None
@@ -364,22 +391,14 @@ def _slots(
                 memo.put("idle", worker, nothing, empty)
         held = by_worker[worker.id]
         if not held:
-            slots.append(_Slot(order, worker, empty, empty.free, []))
+            slots.append(_Slot(order, worker, empty, empty.free))
             continue
-        holding: list[Holding] = [
-            (
-                allocation.resources,
-                now if allocation.status == preempting else expected_ends.get(allocation.job_id),
-                allocation.job_id,
-            )
-            for allocation in held
-        ]
         free = memo.get("admission", worker, held) if memo is not None else None
         if free is None:
             free = free_capacity(worker, held)
             if memo is not None:
                 memo.put("admission", worker, held, free)
-        slots.append(_Slot(order, worker, free, empty.free, holding))
+        slots.append(_Slot(order, worker, free, empty.free, (held, now, expected_ends)))
     return slots
 
 

@@ -1228,8 +1228,11 @@ def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
     for job in inputs.holding:
         if job.status == Status.PREEMPTING:
             continue  # leaving: what stays of its pool is what the prefix counts
-        key = job.gang_id or job.id
         started = _started(job, inputs.now)
+        if job.gang_id is None:  # a single job: its own allocation (``ZERO + r`` is ``r``)
+            allocations[job.id] = (job.spec.pool, started, job.spec.resources)
+            continue
+        key = job.gang_id
         pool, since, held = allocations.get(key, (job.spec.pool, started, ZERO))
         allocations[key] = (pool, max(since, started), held + job.spec.resources)
     groups = fairshare.preemptible_units(
