@@ -1,5 +1,5 @@
 """The simulator's caches against a count from scratch, over randomized sequences of cycles: the
-workers' free capacity kept between cycles (``placement.CapacityMemo``), the planner's room kept
+workers' free capacity kept between cycles (``placement.CycleMemo``), the planner's room kept
 up to date within a plan (``preemption._Planner._room``), and whole runs with and without them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from corral.core import preemption
-from corral.core.placement import CapacityMemo, free_capacity
+from corral.core.placement import CycleMemo, free_capacity
 from corral.core.preemption import PlanInputs, Preemptor
 from corral.domain.pools import PoolSettings
 from corral.domain.records import Allocation, Job, JobSpec, Worker
@@ -43,7 +43,7 @@ def test_the_capacity_memo_answers_what_a_count_from_scratch_does(seed: int) -> 
         f"w{index}": gpu_worker(gpus=rng.choice([2, 4, 8]), worker_id=f"w{index}") for index in range(6)
     }
     records: dict[str, list[Allocation]] = {worker_id: [] for worker_id in workers}
-    memo = CapacityMemo()
+    memo = CycleMemo()
     number = 0
     hits = 0
     for _ in range(300):

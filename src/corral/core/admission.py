@@ -45,7 +45,7 @@ from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollbac
 from corral.core.ordering import in_gang_order
 from corral.core.placement import (
     Capacity,
-    CapacityMemo,
+    CycleMemo,
     free_capacity,
     matches_constraints,
     may_backfill,
@@ -71,12 +71,12 @@ def decide(
     snapshot: Snapshot,
     reservation_timeout_s: float,
     preemption_settings: PreemptionSettings | None = None,
-    memo: CapacityMemo | None = None,
+    memo: CycleMemo | None = None,
 ) -> AdmissionDecisions:
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
     ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
     the workers' free capacity from earlier cycles, for a caller that keeps its records between
-    cycles (``placement.CapacityMemo``; the decisions are the same without it)."""
+    cycles (``placement.CycleMemo``; the decisions are the same without it)."""
     admitted = _admit_gangs(snapshot, reservation_timeout_s, memo)
     single_rollbacks = tuple(
         job.id
@@ -93,7 +93,7 @@ def _preempt(
     admitted: AdmissionDecisions,
     single_rollbacks: tuple[str, ...],
     settings: PreemptionSettings,
-    memo: CapacityMemo | None = None,
+    memo: CycleMemo | None = None,
 ) -> AdmissionDecisions:
     """Step 7: the gangs the regular placement left waiting (those that could ever fit) and the
     pending single jobs are the preemption planner's preemptors; a gang it makes room for is
@@ -172,7 +172,7 @@ def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
 
 
 def _admit_gangs(
-    snapshot: Snapshot, reservation_timeout_s: float, memo: CapacityMemo | None = None
+    snapshot: Snapshot, reservation_timeout_s: float, memo: CycleMemo | None = None
 ) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
     now = snapshot.now
@@ -186,7 +186,11 @@ def _admit_gangs(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
         )
     cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now, memo))
-    shapes = _Shapes(cluster.slots)
+    shapes = memo.recall("shapes", active) if memo is not None else None
+    if shapes is None:  # the same workers as the last cycle: the same shapes, and their answers
+        shapes = _Shapes(cluster.slots)
+        if memo is not None:
+            memo.remember("shapes", active, shapes)
     reservations: list[Reservation] = []
     holds: list[Hold] = []
     waiting: list[Waiting] = []
@@ -370,7 +374,7 @@ def _slots(
     released: frozenset[str],
     expected_ends: Mapping[str, float],
     now: float,
-    memo: CapacityMemo | None = None,
+    memo: CycleMemo | None = None,
 ) -> list[_Slot]:
     by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in active}
     for allocation in allocations:
@@ -416,6 +420,17 @@ class _Index:
     def __init__(self, size: int) -> None:
         self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(size)]
         self.entries: dict[int, tuple[int, tuple[int, int, int]]] = {}
+
+    def fill(self, rows: Iterable[tuple[int, int, int, int]]) -> None:
+        """File every worker of an empty index at once, each (order, GPUs, CPUs, memory) as ``put``
+        files it (the buckets sorted once, not kept sorted entry by entry)."""
+        for order, gpus, cpus, memory in rows:
+            if gpus >= 0:
+                entry = (cpus, memory, order)
+                self.buckets[gpus].append(entry)
+                self.entries[order] = (gpus, entry)
+        for bucket in self.buckets:
+            bucket.sort()
 
     def put(self, order: int, gpus: int, cpus: int, memory: int) -> None:
         """(Re)file worker ``order``; a worker with fewer than zero free GPUs is left out."""
@@ -500,8 +515,7 @@ class _Cluster:
         self._held_extra: dict[int, int] = {}
         #: per held worker (by order), its free GPUs whole and as ``view`` sees them, floored at 0
         self._held_gpus: dict[int, tuple[int, int]] = {}
-        for slot in slots:
-            self.view.put(slot.order, *slot.view())
+        self.view.fill((slot.order, *slot.view()) for slot in slots)
 
     def _reindex(self, slot: _Slot) -> None:
         self.view.put(slot.order, *slot.view())

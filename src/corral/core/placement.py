@@ -49,10 +49,11 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
     return Capacity(free=free, free_gpu_indices=free_indices)
 
 
-class CapacityMemo:
-    """``free_capacity`` per worker as last computed, kept while the worker and the records it was
-    counted from are equal to the ones given, in the same order (records are immutable values:
-    equal records leave equal capacity).
+class CycleMemo:
+    """What a cycle counted from the workers, for the next cycles: ``free_capacity`` per worker,
+    kept while the worker and the records it was counted from are equal to the ones given, in the
+    same order (records are immutable values: equal records leave equal capacity); and any value
+    computed from a list of records alone (``recall``, ``remember``), on the same terms.
 
     For a caller that keeps its records between cycles (the simulator keeps a job's row and its
     allocation until they change), the comparison finds the very same objects (the list's ``==``
@@ -62,6 +63,16 @@ class CapacityMemo:
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, str], tuple[Worker, list[Any], Capacity]] = {}
+        self._values: dict[str, tuple[list[Any], Any]] = {}
+
+    def recall(self, space: str, records: list[Any]) -> Any:
+        """The value ``remember`` kept under ``space`` for records equal to ``records``, or None."""
+        kept = self._values.get(space)
+        return kept[1] if kept is not None and kept[0] == records else None
+
+    def remember(self, space: str, records: list[Any], value: Any) -> None:
+        """Keep ``value``, computed from ``records`` alone (which the caller leaves as they are)."""
+        self._values[space] = (records, value)
 
     def get(self, space: str, worker: Worker, records: list[Any]) -> Capacity | None:
         """The capacity kept for ``worker`` counted from ``records``, or None."""

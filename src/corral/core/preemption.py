@@ -63,7 +63,7 @@ from itertools import count
 
 from corral.core import borrowing, drain, fairshare
 from corral.core.decisions import TaskPlacement
-from corral.core.placement import Capacity, CapacityMemo, free_capacity, matches_constraints
+from corral.core.placement import Capacity, CycleMemo, free_capacity, matches_constraints
 from corral.core.snapshot import PoolView
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
@@ -197,8 +197,8 @@ class PlanInputs:
     fair: fairshare.FairShareState | None = None
     #: the pool of each ``extra`` allocation's job, by job id (their usage counts for fair share)
     extra_pools: Mapping[str, str] = field(default_factory=dict)
-    #: the workers' free capacity from earlier plans (``placement.CapacityMemo``; None: counted)
-    memo: CapacityMemo | None = None
+    #: the workers' free capacity from earlier plans (``placement.CycleMemo``; None: counted)
+    memo: CycleMemo | None = None
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -1254,7 +1254,7 @@ def _started(job: Job, otherwise: float) -> float:
 
 
 def _capacity_at_start(
-    worker: Worker, jobs: list[Job], extra: Sequence[Allocation], memo: CapacityMemo | None
+    worker: Worker, jobs: list[Job], extra: Sequence[Allocation], memo: CycleMemo | None
 ) -> Capacity:
     """``free_capacity`` of ``worker`` after ``jobs`` and this cycle's ``extra`` reservations, from
     ``memo`` where the same jobs were counted before (a worker with a reservation of this cycle is

@@ -33,7 +33,7 @@ from typing import Any
 from corral.core import admission, drain, fairshare, lifecycle
 from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import queue_key
-from corral.core.placement import Capacity, CapacityMemo, ClaimPlacement
+from corral.core.placement import Capacity, ClaimPlacement, CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import errors
@@ -177,7 +177,7 @@ class Engine:
         self.record = Record()
         #: the workers' free capacity from earlier cycles: the engine keeps its job rows and
         #: allocation records until they change, so a cycle counts only the workers that changed
-        self.memo: CapacityMemo | None = CapacityMemo()
+        self.memo: CycleMemo | None = CycleMemo()
         self.allocated_gpus = 0
         self.held_by_pool: dict[str, int] = {}
         #: the stored pools' guaranteed GPUs (the store's ``pools`` rows with a GPU guarantee)
