@@ -381,18 +381,21 @@ def _slots(
         on = by_worker.get(allocation.worker_id)
         if on is not None and allocation.job_id not in released and allocation.status.holds_resources:
             on.append(allocation)
-    idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
-    slots = []
-    nothing: list[Allocation] = []
-    for order, worker in enumerate(active):
-        empty = memo.get("idle", worker, nothing) if memo is not None else None
-        if empty is None:
+    empties: list[Capacity] | None = memo.recall("idle", list(active)) if memo is not None else None
+    if empties is None:
+        idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
+        empties = []
+        for worker in active:
             key = (worker.resources, worker.unhealthy_gpus)
             empty = idle.get(key)
             if empty is None:
                 empty = idle[key] = free_capacity(worker, ())
-            if memo is not None:
-                memo.put("idle", worker, nothing, empty)
+            empties.append(empty)
+        if memo is not None:
+            memo.remember("idle", list(active), empties)
+    slots = []
+    for order, worker in enumerate(active):
+        empty = empties[order]
         held = by_worker[worker.id]
         if not held:
             slots.append(_Slot(order, worker, empty, empty.free))

@@ -62,7 +62,7 @@ class CycleMemo:
     field, and passes none. ``space`` keeps apart the callers that count different records."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[str, str], tuple[Worker, list[Any], Capacity]] = {}
+        self._kept: dict[str, dict[str, tuple[Worker, list[Any], Capacity]]] = {}
         self._values: dict[str, tuple[list[Any], Any]] = {}
 
     def recall(self, space: str, records: list[Any]) -> Any:
@@ -76,7 +76,7 @@ class CycleMemo:
 
     def get(self, space: str, worker: Worker, records: list[Any]) -> Capacity | None:
         """The capacity kept for ``worker`` counted from ``records``, or None."""
-        kept = self._kept.get((space, worker.id))
+        kept = self._kept.setdefault(space, {}).get(worker.id)
         if kept is not None and (kept[0] is worker or kept[0] == worker) and kept[1] == records:
             return kept[2]
         return None
@@ -84,7 +84,7 @@ class CycleMemo:
     def put(self, space: str, worker: Worker, records: list[Any], capacity: Capacity) -> None:
         """Keep ``capacity``, counted for ``worker`` from ``records`` (which the caller leaves as
         they are)."""
-        self._kept[(space, worker.id)] = (worker, records, capacity)
+        self._kept.setdefault(space, {})[worker.id] = (worker, records, capacity)
 
 
 def matches_constraints(worker: Worker, constraints: Constraints) -> Reason | None:
