@@ -518,7 +518,8 @@ class _Cluster:
         self._held_extra: dict[int, int] = {}
         #: per held worker (by order), its free GPUs whole and as ``view`` sees them, floored at 0
         self._held_gpus: dict[int, tuple[int, int]] = {}
-        self.view.fill((slot.order, *slot.view()) for slot in slots)
+        # nothing is held yet: every worker as ``_Slot.view`` files it, its whole free capacity
+        self.view.fill((slot.order, slot.gpus, slot.cpus, slot.memory) for slot in slots)
 
     def _reindex(self, slot: _Slot) -> None:
         self.view.put(slot.order, *slot.view())
@@ -755,7 +756,6 @@ def _plan_hold(
     offers: list[tuple[int, float, int, int, int, int, int]] = []
     for slot in cluster.slots:
         if eligible is None or eligible[slot.order]:
-            slot.holding.sort(key=lambda item: (item[1] is None, item[1] or 0.0, item[2]))
             offer = _offer(slot, request, 1, now)
             if offer is not None:
                 offers.append(offer)
@@ -786,7 +786,7 @@ def _offer(
     gpus, cpus, memory = slot.gpus, slot.cpus, slot.memory
     unknown, ready = 0, now
     if gpus < need.gpus or cpus < need.cpus or memory < need.memory_mb:
-        for resources, end, _ in slot.holding:
+        for resources, end, _ in _ending_first(slot.holding):
             gpus, cpus, memory = gpus + resources.gpus, cpus + resources.cpus, memory + resources.memory_mb
             if end is None:
                 unknown = 1
@@ -798,6 +798,14 @@ def _offer(
             unknown = 1
     left = empty.minus(need)
     return (unknown, 0.0 if unknown else ready, left.gpus, left.cpus, left.memory_mb, slot.order, count)
+
+
+def _ending_first(holding: list[Holding]) -> list[Holding]:
+    """``holding`` sorted in place by expected end, soonest first, unknown last, then job id (a
+    total order: sorted only where an offer reads it, it reads what sorting every worker first
+    would give)."""
+    holding.sort(key=lambda item: (item[1] is None, item[1] or 0.0, item[2]))
+    return holding
 
 
 def _times(request: Resources, count: int) -> Resources:
