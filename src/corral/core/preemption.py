@@ -805,7 +805,10 @@ class _Planner:
         or under its threshold (``fairshare.Books.may_take_from``)."""
         group = fairshare.Group
         wanted = group.AGGRESSIVELY_PREEMPTIBLE if trigger.aggressive else group.PREEMPTIBLE
-        if unit.group < wanted or self.books is None or trigger.beneficiary is None:
+        if self.books is None or trigger.beneficiary is None:
+            return False
+        self._built().group(self.inputs)
+        if unit.group < wanted:
             return False
         thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
         return self.books.may_take_from(
@@ -1123,14 +1126,13 @@ class _Victims:
     """The plan's victim units by worker (in comparator order) and each worker's ``reach``: built
     from the inputs alone (and the free GPUs at the start of the plan), once per plan."""
 
-    __slots__ = ("reach", "units_on")
+    __slots__ = ("_grouped", "reach", "units", "units_on")
 
     def __init__(
         self, inputs: PlanInputs, free: Mapping[str, _Free], free_gpus_at_start: Mapping[str, int]
     ) -> None:
-        units = sorted(_units(inputs, free).values(), key=victim_key)
-        if inputs.fair is not None and inputs.fair.anyone_starving():
-            _group_units(units, inputs)
+        units = self.units = sorted(_units(inputs, free).values(), key=victim_key)
+        self._grouped = False
         self.units_on: dict[str, list[_Unit]] = {}
         for unit in units:
             for worker_id in unit.frees:
@@ -1141,6 +1143,13 @@ class _Victims:
             + sum(sorted((unit.frees[worker_id][0].gpus for unit in on), reverse=True)[:most])
             for worker_id, on in self.units_on.items()
         }
+
+    def group(self, inputs: PlanInputs) -> None:
+        """Each unit's fair-share group (``_group_units``), set on first use: only a fair-share
+        victim's test reads it, and it depends on the inputs alone."""
+        if not self._grouped:
+            self._grouped = True
+            _group_units(self.units, inputs)
 
 
 def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
