@@ -442,8 +442,8 @@ class _Planner:
         self.used_units: set[str] = set()
         #: units on a worker in its backoff
         self.blocked_units: set[str] = set()
-        #: the victim units by worker, built on first use (``_Victims``): most plans serve no
-        #: preemptor that looks for a victim
+        #: the victim units by worker, built on first use (``_Victims``): a plan whose preemptors
+        #: all fit or wait without looking for a victim never builds them
         self._victims: _Victims | None = None
         #: the workers ``_touch`` changed, in order, and ``_room``'s answers kept up to date from it
         self._touched: list[str] = []
