@@ -43,7 +43,14 @@ from corral.core import borrowing, drain, preemption
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
-from corral.core.placement import Capacity, free_capacity, matches_constraints, may_backfill, usable
+from corral.core.placement import (
+    Capacity,
+    CycleMemo,
+    free_capacity,
+    matches_constraints,
+    may_backfill,
+    usable,
+)
 from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
@@ -61,11 +68,16 @@ Take = tuple["_Slot", tuple[int, ...]]
 
 
 def decide(
-    snapshot: Snapshot, reservation_timeout_s: float, preemption_settings: PreemptionSettings | None = None
+    snapshot: Snapshot,
+    reservation_timeout_s: float,
+    preemption_settings: PreemptionSettings | None = None,
+    memo: CycleMemo | None = None,
 ) -> AdmissionDecisions:
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
-    ``preemption_settings``, the preemption planner (step 7) over what it left waiting."""
-    admitted = _admit_gangs(snapshot, reservation_timeout_s)
+    ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
+    the workers' free capacity from earlier cycles, for a caller that keeps its records between
+    cycles (``placement.CycleMemo``; the decisions are the same without it)."""
+    admitted = _admit_gangs(snapshot, reservation_timeout_s, memo)
     single_rollbacks = tuple(
         job.id
         for job in snapshot.holding
@@ -73,7 +85,7 @@ def decide(
     )
     if preemption_settings is None:
         return replace(admitted, single_rollbacks=single_rollbacks)
-    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings)
+    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings, memo)
 
 
 def _preempt(
@@ -81,6 +93,7 @@ def _preempt(
     admitted: AdmissionDecisions,
     single_rollbacks: tuple[str, ...],
     settings: PreemptionSettings,
+    memo: CycleMemo | None = None,
 ) -> AdmissionDecisions:
     """Step 7: the gangs the regular placement left waiting (those that could ever fit) and the
     pending single jobs are the preemption planner's preemptors; a gang it makes room for is
@@ -120,6 +133,7 @@ def _preempt(
                 for reservation in admitted.reservations
                 for place in reservation.placements
             },
+            memo=memo,
         )
     )
     served = {found.preemptor for found in planned.preemptions}
@@ -157,7 +171,9 @@ def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
     return tuple(sorted(tasks, key=lambda task: (task.gang_index or 0, task.id)))
 
 
-def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionDecisions:
+def _admit_gangs(
+    snapshot: Snapshot, reservation_timeout_s: float, memo: CycleMemo | None = None
+) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
     now = snapshot.now
     rollbacks, released = _stale_reservations(snapshot.gangs, now, reservation_timeout_s)
@@ -169,8 +185,12 @@ def _admit_gangs(snapshot: Snapshot, reservation_timeout_s: float) -> AdmissionD
         return AdmissionDecisions(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
         )
-    cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now))
-    shapes = _Shapes(cluster.slots)
+    cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now, memo))
+    shapes = memo.recall("shapes", active) if memo is not None else None
+    if shapes is None:  # the same workers as the last cycle: the same shapes, and their answers
+        shapes = _Shapes(cluster.slots)
+        if memo is not None:
+            memo.remember("shapes", active, shapes)
     reservations: list[Reservation] = []
     holds: list[Hold] = []
     waiting: list[Waiting] = []
@@ -280,11 +300,12 @@ class _Slot:
     included), the allocations that hold it, and what the head of the queue holds on it."""
 
     __slots__ = (
+        "_holding",
+        "_source",
         "cpus",
         "empty",
         "gpus",
         "held",
-        "holding",
         "indices",
         "memory",
         "order",
@@ -292,7 +313,12 @@ class _Slot:
     )
 
     def __init__(
-        self, order: int, worker: Worker, free: Capacity, empty: Resources, holding: list[Holding]
+        self,
+        order: int,
+        worker: Worker,
+        free: Capacity,
+        empty: Resources,
+        source: tuple[list[Allocation], float, Mapping[str, float]] | None = None,
     ) -> None:
         self.order = order  # rank of the worker id among the active workers: the id tie-break
         self.worker = worker
@@ -301,8 +327,30 @@ class _Slot:
         self.cpus = free.free.cpus
         self.memory = free.free.memory_mb
         self.indices = list(free.free_gpu_indices)
-        self.holding = holding
+        #: the allocations on the worker, now and the expected ends: ``holding`` is built from
+        #: them on first use (only the head of the queue's hold plan reads every worker's)
+        self._source = source
+        self._holding: list[Holding] | None = None if source else []
         self.held: Resources | None = None
+
+    @property
+    def holding(self) -> list[Holding]:
+        """What holds the worker's resources (``Holding``): a preempting allocation ends now (it has
+        been told to stop), another when ``expected_ends`` says, if it says."""
+        holding = self._holding
+        if holding is None:
+            assert self._source is not None
+            held, now, expected_ends = self._source
+            preempting = Status.PREEMPTING
+            holding = self._holding = [
+                (
+                    allocation.resources,
+                    now if allocation.status == preempting else expected_ends.get(allocation.job_id),
+                    allocation.job_id,
+                )
+                for allocation in held
+            ]
+        return holding
 
     def view(self) -> tuple[int, int, int]:
         """Free (GPUs, CPUs, memory) as work that may not backfill sees it: minus the head's hold,
@@ -326,30 +374,38 @@ def _slots(
     released: frozenset[str],
     expected_ends: Mapping[str, float],
     now: float,
+    memo: CycleMemo | None = None,
 ) -> list[_Slot]:
     by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in active}
     for allocation in allocations:
         on = by_worker.get(allocation.worker_id)
         if on is not None and allocation.job_id not in released and allocation.status.holds_resources:
             on.append(allocation)
-    idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
+    empties: list[Capacity] | None = memo.recall("idle", list(active)) if memo is not None else None
+    if empties is None:
+        idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
+        empties = []
+        for worker in active:
+            key = (worker.resources, worker.unhealthy_gpus)
+            empty = idle.get(key)
+            if empty is None:
+                empty = idle[key] = free_capacity(worker, ())
+            empties.append(empty)
+        if memo is not None:
+            memo.remember("idle", list(active), empties)
     slots = []
-    preempting = Status.PREEMPTING
     for order, worker in enumerate(active):
-        key = (worker.resources, worker.unhealthy_gpus)
-        empty = idle.get(key)
-        if empty is None:
-            empty = idle[key] = free_capacity(worker, ())
+        empty = empties[order]
         held = by_worker[worker.id]
         if not held:
-            slots.append(_Slot(order, worker, empty, empty.free, []))
+            slots.append(_Slot(order, worker, empty, empty.free))
             continue
-        holding: list[Holding] = []
-        for allocation in held:
-            job_id = allocation.job_id
-            end = now if allocation.status == preempting else expected_ends.get(job_id)
-            holding.append((allocation.resources, end, job_id))
-        slots.append(_Slot(order, worker, free_capacity(worker, held), empty.free, holding))
+        free = memo.get("admission", worker, held) if memo is not None else None
+        if free is None:
+            free = free_capacity(worker, held)
+            if memo is not None:
+                memo.put("admission", worker, held, free)
+        slots.append(_Slot(order, worker, free, empty.free, (held, now, expected_ends)))
     return slots
 
 
@@ -367,6 +423,17 @@ class _Index:
     def __init__(self, size: int) -> None:
         self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(size)]
         self.entries: dict[int, tuple[int, tuple[int, int, int]]] = {}
+
+    def fill(self, rows: Iterable[tuple[int, int, int, int]]) -> None:
+        """File every worker of an empty index at once, each (order, GPUs, CPUs, memory) as ``put``
+        files it (the buckets sorted once, not kept sorted entry by entry)."""
+        for order, gpus, cpus, memory in rows:
+            if gpus >= 0:
+                entry = (cpus, memory, order)
+                self.buckets[gpus].append(entry)
+                self.entries[order] = (gpus, entry)
+        for bucket in self.buckets:
+            bucket.sort()
 
     def put(self, order: int, gpus: int, cpus: int, memory: int) -> None:
         """(Re)file worker ``order``; a worker with fewer than zero free GPUs is left out."""
@@ -451,8 +518,8 @@ class _Cluster:
         self._held_extra: dict[int, int] = {}
         #: per held worker (by order), its free GPUs whole and as ``view`` sees them, floored at 0
         self._held_gpus: dict[int, tuple[int, int]] = {}
-        for slot in slots:
-            self.view.put(slot.order, *slot.view())
+        # nothing is held yet: every worker as ``_Slot.view`` files it, its whole free capacity
+        self.view.fill((slot.order, slot.gpus, slot.cpus, slot.memory) for slot in slots)
 
     def _reindex(self, slot: _Slot) -> None:
         self.view.put(slot.order, *slot.view())
@@ -689,7 +756,6 @@ def _plan_hold(
     offers: list[tuple[int, float, int, int, int, int, int]] = []
     for slot in cluster.slots:
         if eligible is None or eligible[slot.order]:
-            slot.holding.sort(key=lambda item: (item[1] is None, item[1] or 0.0, item[2]))
             offer = _offer(slot, request, 1, now)
             if offer is not None:
                 offers.append(offer)
@@ -720,7 +786,7 @@ def _offer(
     gpus, cpus, memory = slot.gpus, slot.cpus, slot.memory
     unknown, ready = 0, now
     if gpus < need.gpus or cpus < need.cpus or memory < need.memory_mb:
-        for resources, end, _ in slot.holding:
+        for resources, end, _ in _ending_first(slot.holding):
             gpus, cpus, memory = gpus + resources.gpus, cpus + resources.cpus, memory + resources.memory_mb
             if end is None:
                 unknown = 1
@@ -732,6 +798,14 @@ def _offer(
             unknown = 1
     left = empty.minus(need)
     return (unknown, 0.0 if unknown else ready, left.gpus, left.cpus, left.memory_mb, slot.order, count)
+
+
+def _ending_first(holding: list[Holding]) -> list[Holding]:
+    """``holding`` sorted in place by expected end, soonest first, unknown last, then job id (a
+    total order: sorted only where an offer reads it, it reads what sorting every worker first
+    would give)."""
+    holding.sort(key=lambda item: (item[1] is None, item[1] or 0.0, item[2]))
+    return holding
 
 
 def _times(request: Resources, count: int) -> Resources:

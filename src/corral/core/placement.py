@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from corral.core import borrowing, lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
@@ -46,6 +47,44 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
     free_gpus = min(total.gpus - gpus, len(free_indices))
     free = Resources(free_gpus, total.vram_mb, total.memory_mb - memory_mb, total.cpus - cpus)
     return Capacity(free=free, free_gpu_indices=free_indices)
+
+
+class CycleMemo:
+    """What a cycle counted from the workers, for the next cycles: ``free_capacity`` per worker,
+    kept while the worker and the records it was counted from are equal to the ones given, in the
+    same order (records are immutable values: equal records leave equal capacity); and any value
+    computed from a list of records alone (``recall``, ``remember``), on the same terms.
+
+    For a caller that keeps its records between cycles (the simulator keeps a job's row and its
+    allocation until they change), the comparison finds the very same objects (the list's ``==``
+    checks identity first, in C), and a cycle counts again only the workers whose allocations
+    changed. A caller that reads fresh rows every cycle (the server) would only compare field by
+    field, and passes none. ``space`` keeps apart the callers that count different records."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, dict[str, tuple[Worker, list[Any], Capacity]]] = {}
+        self._values: dict[str, tuple[list[Any], Any]] = {}
+
+    def recall(self, space: str, records: list[Any]) -> Any:
+        """The value ``remember`` kept under ``space`` for records equal to ``records``, or None."""
+        kept = self._values.get(space)
+        return kept[1] if kept is not None and kept[0] == records else None
+
+    def remember(self, space: str, records: list[Any], value: Any) -> None:
+        """Keep ``value``, computed from ``records`` alone (which the caller leaves as they are)."""
+        self._values[space] = (records, value)
+
+    def get(self, space: str, worker: Worker, records: list[Any]) -> Capacity | None:
+        """The capacity kept for ``worker`` counted from ``records``, or None."""
+        kept = self._kept.setdefault(space, {}).get(worker.id)
+        if kept is not None and (kept[0] is worker or kept[0] == worker) and kept[1] == records:
+            return kept[2]
+        return None
+
+    def put(self, space: str, worker: Worker, records: list[Any], capacity: Capacity) -> None:
+        """Keep ``capacity``, counted for ``worker`` from ``records`` (which the caller leaves as
+        they are)."""
+        self._kept.setdefault(space, {})[worker.id] = (worker, records, capacity)
 
 
 def matches_constraints(worker: Worker, constraints: Constraints) -> Reason | None:

@@ -63,7 +63,7 @@ from itertools import count
 
 from corral.core import borrowing, drain, fairshare
 from corral.core.decisions import TaskPlacement
-from corral.core.placement import Capacity, free_capacity, matches_constraints
+from corral.core.placement import Capacity, CycleMemo, free_capacity, matches_constraints
 from corral.core.snapshot import PoolView
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
@@ -197,6 +197,8 @@ class PlanInputs:
     fair: fairshare.FairShareState | None = None
     #: the pool of each ``extra`` allocation's job, by job id (their usage counts for fair share)
     extra_pools: Mapping[str, str] = field(default_factory=dict)
+    #: the workers' free capacity from earlier plans (``placement.CycleMemo``; None: counted)
+    memo: CycleMemo | None = None
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -409,7 +411,7 @@ class _Planner:
         self.now = inputs.now
         self.settings = inputs.settings
         usable = [w for w in inputs.workers if w.status == "active" and w.flagged_dead_at is None]
-        by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in usable}
+        by_worker: dict[str, list[Job]] = {worker.id: [] for worker in usable}
         #: workers where earlier preemptions' victims are still stopping: their room is not free
         #: yet (a preemptor placed there is reserved, and waits for them)
         self.stopping: set[str] = set()
@@ -419,12 +421,16 @@ class _Planner:
             if job.status == Status.PREEMPTING and job.preempted_for is not None:
                 self.stopping.add(job.worker_id or "")
                 continue  # a victim stopping: its room is as good as free, and nobody else's
-            by_worker[job.worker_id].append(_allocation(job))
+            by_worker[job.worker_id].append(job)
+        extra: dict[str, list[Allocation]] = {}
         for allocation in inputs.extra:
             if allocation.worker_id in by_worker:
-                by_worker[allocation.worker_id].append(allocation)
+                extra.setdefault(allocation.worker_id, []).append(allocation)
         self.free = {
-            worker.id: _Free(worker, free_capacity(worker, by_worker[worker.id]))
+            worker.id: _Free(
+                worker,
+                _capacity_at_start(worker, by_worker[worker.id], extra.get(worker.id, ()), inputs.memo),
+            )
             for worker in sorted(usable, key=lambda w: w.id)
         }
         #: workers with a free GPU: the only ones where a GPU task may fit without a victim
@@ -436,8 +442,12 @@ class _Planner:
         self.used_units: set[str] = set()
         #: units on a worker in its backoff
         self.blocked_units: set[str] = set()
-        self.units_on: dict[str, list[_Unit]] = {}
-        units = sorted(_units(inputs, self.free).values(), key=victim_key)
+        #: the victim units by worker, built on first use (``_Victims``): a plan whose preemptors
+        #: all fit or wait without looking for a victim never builds them
+        self._victims: _Victims | None = None
+        #: the workers ``_touch`` changed, in order, and ``_room``'s answers kept up to date from it
+        self._touched: list[str] = []
+        self._rooms: dict[tuple[int, Resources], _RoomEntry] = {}
         #: the pools' usage as this plan places and preempts (None: no pool is starving)
         self.books: fairshare.Books | None = None
         if inputs.fair is not None and inputs.fair.anyone_starving():
@@ -449,10 +459,6 @@ class _Planner:
             for job in inputs.holding:  # being stopped: counted by their pools, and leaving them
                 if job.status == Status.PREEMPTING:
                     self.books.add(job.spec.pool, job.spec.resources, sign=-1)
-            _group_units(units, inputs)
-        for unit in units:
-            for worker_id in unit.frees:
-                self.units_on.setdefault(worker_id, []).append(unit)
         self.backoff: set[str] = set()
         for worker_id, at in inputs.last_preemptive.items():
             if at > self.now - inputs.settings.backoff_s:
@@ -469,20 +475,34 @@ class _Planner:
         self.guarantees = borrowing.Guarantees.of(free_gpus, guaranteed, inputs.holding)
         self._eligible: dict[tuple[object, ...], list[str]] = {}
         self._shapes: dict[tuple[object, ...], _Shape] = {}
-        #: every worker with units, by a lower bound of any victim set's key there (its cheapest
-        #: unit's class and cost): sets are computed in this order, only as far as needed
-        #: per worker, the GPUs free plus those of its ``max_victims`` largest units: no more can
-        #: come free there in one preemption, whatever the preemptor's class
-        self.reach = {
-            worker_id: self.free[worker_id].capacity.free.gpus
-            + sum(
-                sorted((unit.frees[worker_id][0].gpus for unit in units), reverse=True)[
-                    : self.settings.max_victims
-                ]
-            )
-            for worker_id, units in self.units_on.items()
+        #: the GPUs free on each worker before the plan changed anything (``reach``)
+        self._free_gpus_at_start = {
+            worker_id: free.capacity.free.gpus for worker_id, free in self.free.items()
         }
         self._bounds: dict[int, list[tuple[int, float, int, str]]] = {}
+
+    @property
+    def units_on(self) -> dict[str, list[_Unit]]:
+        """Every worker's victim units, in comparator order (``_Victims``)."""
+        return self._built().units_on
+
+    @property
+    def reach(self) -> dict[str, int]:
+        """Per worker with units, the GPUs free plus those of its ``max_victims`` largest units (at
+        the start of the plan): no more can come free there in one preemption, whatever the
+        preemptor's class."""
+        return self._built().reach
+
+    def _built(self) -> _Victims:
+        """The victim units, built from the inputs on first use. Nothing they are built from moves
+        during the plan (the inputs, the free GPUs at its start), so building them late gives what
+        building them first would; the workers blocked so far block their units from then on."""
+        victims = self._victims
+        if victims is None:
+            victims = self._victims = _Victims(self.inputs, self.free, self._free_gpus_at_start)
+            for worker_id in self.backoff:
+                self.blocked_units.update(unit.key for unit in victims.units_on.get(worker_id, ()))
+        return victims
 
     # -- one preemptor ---------------------------------------------------------------------
 
@@ -662,10 +682,12 @@ class _Planner:
     def _block(self, worker_id: str) -> None:
         """The worker had its preemptive placement of the backoff: nothing on it is taken again."""
         self.backoff.add(worker_id)
-        self.blocked_units.update(unit.key for unit in self.units_on.get(worker_id, ()))
+        if self._victims is not None:  # else ``_built`` blocks them
+            self.blocked_units.update(unit.key for unit in self._victims.units_on.get(worker_id, ()))
 
     def _touch(self, worker_id: str) -> None:
         self.versions[worker_id] = self.versions.get(worker_id, 0) + 1
+        self._touched.append(worker_id)
         if self.free[worker_id].capacity.free.gpus > 0:
             self.gpu_room.add(worker_id)
         else:
@@ -706,7 +728,34 @@ class _Planner:
         return found
 
     def _room(self, eligible: Sequence[str], request: Resources) -> dict[str, int]:
-        """Tasks of ``request`` each eligible worker holds now, where it holds any."""
+        """Tasks of ``request`` each eligible worker holds now, where it holds any.
+
+        Kept per (eligible workers, request) and brought up to date from the workers ``_touch``
+        changed since (every change of a worker's free capacity touches it), instead of counted
+        again over the cluster for every preemptor. The dict returned is the cache's: read it
+        before the next call, never change it."""
+        key = (id(eligible), request)
+        entry = self._rooms.get(key)
+        if entry is None:
+            entry = self._rooms[key] = _RoomEntry(
+                eligible, set(eligible), self._room_counted(eligible, request), len(self._touched)
+            )
+            return entry.room
+        touched = self._touched
+        if entry.seen < len(touched):
+            room, allowed, free = entry.room, entry.allowed, self.free
+            for worker_id in set(touched[entry.seen :]):
+                if worker_id in allowed:
+                    tasks = _tasks_fitting(free[worker_id].capacity.free, request)
+                    if tasks:
+                        room[worker_id] = tasks
+                    else:
+                        room.pop(worker_id, None)
+            entry.seen = len(touched)
+        return entry.room
+
+    def _room_counted(self, eligible: Sequence[str], request: Resources) -> dict[str, int]:
+        """``_room`` counted over the cluster as it is now (its first answer; the tests' reference)."""
         if request.gpus > 0:
             allowed = set(eligible)
             pool: Iterable[str] = (worker_id for worker_id in self.gpu_room if worker_id in allowed)
@@ -756,7 +805,10 @@ class _Planner:
         or under its threshold (``fairshare.Books.may_take_from``)."""
         group = fairshare.Group
         wanted = group.AGGRESSIVELY_PREEMPTIBLE if trigger.aggressive else group.PREEMPTIBLE
-        if unit.group < wanted or self.books is None or trigger.beneficiary is None:
+        if self.books is None or trigger.beneficiary is None:
+            return False
+        self._built().group(self.inputs)
+        if unit.group < wanted:
             return False
         thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
         return self.books.may_take_from(
@@ -1060,6 +1112,46 @@ class _Shape:
 # --- units, capacity arithmetic ---------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class _RoomEntry:
+    """``_Planner._room``'s answer for one (eligible workers, request), as of ``seen`` touches."""
+
+    eligible: Sequence[str]  # kept alive: the cache is keyed by its id
+    allowed: set[str]
+    room: dict[str, int]
+    seen: int
+
+
+class _Victims:
+    """The plan's victim units by worker (in comparator order) and each worker's ``reach``: built
+    from the inputs alone (and the free GPUs at the start of the plan), once per plan."""
+
+    __slots__ = ("_grouped", "reach", "units", "units_on")
+
+    def __init__(
+        self, inputs: PlanInputs, free: Mapping[str, _Free], free_gpus_at_start: Mapping[str, int]
+    ) -> None:
+        units = self.units = sorted(_units(inputs, free).values(), key=victim_key)
+        self._grouped = False
+        self.units_on: dict[str, list[_Unit]] = {}
+        for unit in units:
+            for worker_id in unit.frees:
+                self.units_on.setdefault(worker_id, []).append(unit)
+        most = inputs.settings.max_victims
+        self.reach = {
+            worker_id: free_gpus_at_start[worker_id]
+            + sum(sorted((unit.frees[worker_id][0].gpus for unit in on), reverse=True)[:most])
+            for worker_id, on in self.units_on.items()
+        }
+
+    def group(self, inputs: PlanInputs) -> None:
+        """Each unit's fair-share group (``_group_units``), set on first use: only a fair-share
+        victim's test reads it, and it depends on the inputs alone."""
+        if not self._grouped:
+            self._grouped = True
+            _group_units(self.units, inputs)
+
+
 def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
     """The victim candidates: running single jobs and gangs with every task started or reserved and
     none being stopped, on usable workers, that nothing protects (``non_preemptible``)."""
@@ -1145,8 +1237,11 @@ def _group_units(units: Sequence[_Unit], inputs: PlanInputs) -> None:
     for job in inputs.holding:
         if job.status == Status.PREEMPTING:
             continue  # leaving: what stays of its pool is what the prefix counts
-        key = job.gang_id or job.id
         started = _started(job, inputs.now)
+        if job.gang_id is None:  # a single job: its own allocation (``ZERO + r`` is ``r``)
+            allocations[job.id] = (job.spec.pool, started, job.spec.resources)
+            continue
+        key = job.gang_id
         pool, since, held = allocations.get(key, (job.spec.pool, started, ZERO))
         allocations[key] = (pool, max(since, started), held + job.spec.resources)
     groups = fairshare.preemptible_units(
@@ -1165,6 +1260,21 @@ def _started(job: Job, otherwise: float) -> float:
     if job.started_at is not None:
         return job.started_at
     return job.reserved_at if job.reserved_at is not None else otherwise
+
+
+def _capacity_at_start(
+    worker: Worker, jobs: list[Job], extra: Sequence[Allocation], memo: CycleMemo | None
+) -> Capacity:
+    """``free_capacity`` of ``worker`` after ``jobs`` and this cycle's ``extra`` reservations, from
+    ``memo`` where the same jobs were counted before (a worker with a reservation of this cycle is
+    counted)."""
+    if memo is None or extra:
+        return free_capacity(worker, [*map(_allocation, jobs), *extra])
+    found = memo.get("planner", worker, jobs)
+    if found is None:
+        found = free_capacity(worker, [_allocation(job) for job in jobs])
+        memo.put("planner", worker, jobs, found)
+    return found
 
 
 def _allocation(job: Job) -> Allocation:

@@ -33,7 +33,7 @@ from typing import Any
 from corral.core import admission, drain, fairshare, lifecycle
 from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import queue_key
-from corral.core.placement import Capacity, ClaimPlacement
+from corral.core.placement import Capacity, ClaimPlacement, CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import errors
@@ -156,6 +156,12 @@ class Engine:
         self.allocations: dict[str, dict[str, Allocation]] = {worker.id: {} for worker in self.workers}
         self.holding: dict[str, Job] = {}
         self.holding_ids: list[str] = []  # ``holding``'s keys, sorted (the snapshot's order)
+        #: the allocation record of each job in ``holding`` (``allocations`` by job id)
+        self.allocation_of: dict[str, Allocation] = {}
+        #: the jobs in ``holding`` that save checkpoints of their own (``_reported`` moves their
+        #: rows on), and those that declared a walltime (``expected_ends``)
+        self.periodic: set[str] = set()
+        self.walltimed: set[str] = set()
         self.capacity: dict[str, Capacity] = {}
         self.holds: dict[str, list[Hold]] = {}
         self.last_preemptive: dict[str, float] = {}
@@ -175,6 +181,9 @@ class Engine:
         self.events: list[tuple[float, int, int, int, tuple[Any, ...]]] = []
         self.seq = 0
         self.record = Record()
+        #: the workers' free capacity from earlier cycles: the engine keeps its job rows and
+        #: allocation records until they change, so a cycle counts only the workers that changed
+        self.memo: CycleMemo | None = CycleMemo()
         self.allocated_gpus = 0
         self.held_by_pool: dict[str, int] = {}
         #: the stored pools' guaranteed GPUs (the store's ``pools`` rows with a GPU guarantee)
@@ -548,19 +557,22 @@ class Engine:
         preemption (``corral.sim.shortcuts``): the decisions the engine applies are the same."""
         timeout = self.settings.reservation_timeout_s
         planner = self.preemption_settings
+        memo = self.memo
         if planner is None or shortcuts.planner_may_preempt(snapshot):
-            return admission.decide(snapshot, timeout, planner)
+            return admission.decide(snapshot, timeout, planner, memo)
         self.record.plans_skipped += 1
-        decisions = admission.decide(snapshot, timeout, None)
+        decisions = admission.decide(snapshot, timeout, None, memo)
         if self.verify_shortcuts:
-            full = admission.decide(snapshot, timeout, planner)
+            full = admission.decide(snapshot, timeout, planner, memo)
             if _applied(full) != _applied(decisions):
                 raise AssertionError(f"the planner shortcut changed a decision at {self.now}")
         return decisions
 
     def _snapshot(self) -> Snapshot:
         reported = self._reported
-        holding = tuple(reported(self.holding[job_id]) for job_id in self.holding_ids)
+        for job_id in self.periodic:  # the others' rows are as their heartbeats left them
+            reported(self.holding[job_id])
+        holding = tuple(map(self.holding.__getitem__, self.holding_ids))
         pending: tuple[Job, ...] = ()
         running = (
             [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
@@ -595,7 +607,7 @@ class Engine:
         gangs = tuple(Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs))
         expected_ends = {
             job.id: (job.started_at if job.started_at is not None else self.now) + job.spec.walltime_s
-            for job in holding
+            for job in map(self.holding.__getitem__, sorted(self.walltimed))
             if job.spec.walltime_s is not None
         }
         return Snapshot(
@@ -603,7 +615,7 @@ class Engine:
             workers=self.workers,
             # the engine's own allocation records: the rows' (worker, resources, GPUs, status),
             # which change only with the status (``_changed``)
-            allocations=tuple(self.allocations[job.worker_id or ""][job.id] for job in holding),
+            allocations=tuple(map(self.allocation_of.__getitem__, self.holding_ids)),
             gangs=gangs,
             pending=pending,
             expected_ends=expected_ends,
@@ -715,10 +727,11 @@ class Engine:
             self._enqueue(after)
         if before.status in HOLDING and before.worker_id is not None:
             del self.allocations[before.worker_id][before.id]
+            del self.allocation_of[before.id]
             self._unhold(before.id)
             self._capacity_changed(before.worker_id)
         if after.status in HOLDING and after.worker_id is not None:
-            self.allocations[after.worker_id][after.id] = Allocation(
+            self.allocations[after.worker_id][after.id] = self.allocation_of[after.id] = Allocation(
                 after.id, after.worker_id, after.spec.resources, after.gpu_indices, after.status
             )
             self._hold(after)
@@ -793,11 +806,17 @@ class Engine:
     def _hold(self, job: Job) -> None:
         if job.id not in self.holding:
             insort(self.holding_ids, job.id)
+            if self.tasks[job.id].work.checkpoint_every_s:
+                self.periodic.add(job.id)
+            if job.spec.walltime_s is not None:
+                self.walltimed.add(job.id)
         self.holding[job.id] = job
 
     def _unhold(self, job_id: str) -> None:
         del self.holding[job_id]
         del self.holding_ids[bisect_left(self.holding_ids, job_id)]
+        self.periodic.discard(job_id)
+        self.walltimed.discard(job_id)
 
     def _work_starts(self, job: Job) -> None:
         """A single job works from its start; a gang's ranks from the start of the last of them

@@ -1,0 +1,191 @@
+"""The simulator's caches against a count from scratch, over randomized sequences of cycles: the
+workers' free capacity kept between cycles (``placement.CycleMemo``), the planner's room kept
+up to date within a plan (``preemption._Planner._room``), and whole runs with and without them."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from corral.core import preemption
+from corral.core.placement import CycleMemo, free_capacity
+from corral.core.preemption import PlanInputs, Preemptor
+from corral.domain.pools import PoolSettings
+from corral.domain.records import Allocation, Job, JobSpec, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+from corral.sim import engine
+from corral.sim.policy import CORRAL, FIFO
+from corral.sim.readers import uniform_cluster
+from corral.sim.workload import Scenario, SimSettings, Workload, WorkloadJob
+from corral.testing.factories import gpu_worker
+
+NOW = 10_000.0
+
+
+def _allocation(rng: random.Random, worker: Worker, number: int) -> Allocation:
+    gpus = rng.randint(0, 3)
+    indices = tuple(sorted(rng.sample(range(worker.resources.gpus), min(gpus, worker.resources.gpus))))
+    resources = Resources(gpus=len(indices), memory_mb=rng.choice([0, 1024, 4096]), cpus=rng.randint(0, 4))
+    status = rng.choice([Status.RESERVED, Status.RUNNING, Status.PREEMPTING])
+    return Allocation(f"j{number}", worker.id, resources, indices, status)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_capacity_memo_answers_what_a_count_from_scratch_does(seed: int) -> None:
+    """Cycle after cycle, each worker's records are kept, replaced by equal or different ones,
+    reordered, added or removed, and the worker itself re-registers now and then: what the memo
+    gives (or counts and keeps on a miss) is ``free_capacity`` of the records as they are."""
+    rng = random.Random(seed)
+    workers = {
+        f"w{index}": gpu_worker(gpus=rng.choice([2, 4, 8]), worker_id=f"w{index}") for index in range(6)
+    }
+    records: dict[str, list[Allocation]] = {worker_id: [] for worker_id in workers}
+    memo = CycleMemo()
+    number = 0
+    hits = 0
+    for _ in range(300):
+        worker_id = rng.choice(sorted(workers))
+        worker = workers[worker_id]
+        held = records[worker_id]
+        move = rng.random()
+        if move < 0.25:
+            number += 1
+            held.append(_allocation(rng, worker, number))
+        elif move < 0.4 and held:
+            held.pop(rng.randrange(len(held)))
+        elif move < 0.5 and held:
+            at = rng.randrange(len(held))
+            held[at] = replace(held[at])  # an equal record, another object
+        elif move < 0.6 and held:
+            at = rng.randrange(len(held))
+            held[at] = replace(held[at], status=Status.PREEMPTING, gpu_indices=())
+        elif move < 0.65:
+            rng.shuffle(held)
+        elif move < 0.7:
+            workers[worker_id] = worker = replace(worker, unhealthy_gpus=(0,) if rng.random() < 0.5 else ())
+        for space in ("admission", "planner"):
+            given = list(held)  # the caller builds its list afresh each cycle
+            kept = memo.get(space, worker, given)
+            if kept is None:
+                memo.put(space, worker, given, free_capacity(worker, given))
+            else:
+                hits += 1
+            assert (kept or memo.get(space, worker, given)) == free_capacity(worker, given)
+    assert hits > 0
+
+
+def _running(worker: Worker, first: int, gpus: int, number: int, rng: random.Random) -> Job:
+    return Job(
+        id=f"r{number}",
+        spec=JobSpec(
+            command="true",
+            resources=Resources(gpus=gpus, memory_mb=rng.choice([0, 2048]), cpus=rng.randint(0, 2)),
+            preemption_class=rng.randint(0, 9),
+            pool=rng.choice(["a", "b"]),
+            checkpoint_mode=rng.choice(["none", "auto"]),
+        ),
+        status=Status.RUNNING,
+        submitted_at=0.0,
+        worker_id=worker.id,
+        gpu_indices=tuple(range(first, first + gpus)),
+        started_at=NOW - rng.uniform(10, 5000),
+        attempts=1,
+    )
+
+
+def _waiting(number: int, rng: random.Random) -> Preemptor:
+    job = Job(
+        id=f"p{number}",
+        spec=JobSpec(
+            command="true",
+            resources=Resources(
+                gpus=rng.choice([1, 1, 2, 4]), memory_mb=rng.choice([0, 1024]), cpus=rng.randint(0, 2)
+            ),
+            preemption_class=rng.randint(3, 10),
+            pool=rng.choice(["a", "b"]),
+        ),
+        status=Status.PENDING,
+        submitted_at=NOW - rng.uniform(1, 100),
+    )
+    return Preemptor(job.id, (job,))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_planners_room_kept_up_to_date_is_the_room_counted_again(seed: int) -> None:
+    """Preemptor after preemptor (each setting room aside or preempting, so that workers change
+    under the kept answers), every kept ``_room`` answer is the one counted over the cluster now."""
+    rng = random.Random(seed)
+    workers = [
+        gpu_worker(gpus=rng.choice([4, 8]), worker_id=f"w{index:02d}") for index in range(rng.randint(2, 10))
+    ]
+    holding: list[Job] = []
+    for worker in workers:
+        index = 0
+        while index < worker.resources.gpus:
+            gpus = min(rng.choice([1, 2, 4]), worker.resources.gpus - index)
+            if rng.random() < 0.7:
+                holding.append(_running(worker, index, gpus, len(holding), rng))
+            index += gpus
+    preemptors = [_waiting(number, rng) for number in range(rng.randint(3, 20))]
+    guarantee = Resources(gpus=rng.choice([0, 8]))
+    pools = {"a": _Pool(guarantee), "b": _Pool(Resources())}
+    planner = preemption._Planner(
+        PlanInputs(
+            now=NOW, workers=tuple(workers), holding=tuple(holding), preemptors=tuple(preemptors), pools=pools
+        )
+    )
+    placed = 0
+    for preemptor in preemptors:
+        if isinstance(planner.place(preemptor), preemption.Preemption):
+            placed += 1
+        for (_, request), entry in planner._rooms.items():
+            assert planner._room(entry.eligible, request) == planner._room_counted(entry.eligible, request)
+    assert planner._rooms
+
+
+class _Pool:
+    kind = "batch"
+    mode = "fair_share"
+
+    def __init__(self, guarantee: Resources) -> None:
+        self.guarantee = guarantee
+
+
+def _workload(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    jobs = []
+    for number in range(120):
+        gang = rng.random() < 0.15
+        jobs.append(
+            WorkloadJob(
+                f"j{number:03d}",
+                rng.uniform(0, 600),
+                rng.uniform(5, 400),
+                8 if gang else rng.choice([1, 2, 4, 8]),
+                gang_size=rng.choice([2, 3]) if gang else 1,
+                preemption_class=rng.choice([3, 5, 5, 8]),
+                pool=rng.choice(["a", "b", "c"]),
+                checkpoint=rng.choice(["none", "auto"]),
+            )
+        )
+    settings = SimSettings(heartbeat_s=5.0, checkpoint_save_s=10.0, stop_s=1.0)
+    pools = {"a": PoolSettings(weight=2, guarantee=Resources(gpus=16)), "b": PoolSettings(weight=1)}
+    return Scenario(Workload(tuple(jobs)), uniform_cluster(rng.randint(4, 10), 8), pools, settings=settings)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", [CORRAL, FIFO], ids=["corral", "fifo"])
+def test_a_run_with_the_memo_decides_what_a_run_counting_every_cycle_decides(
+    seed: int, policy: object
+) -> None:
+    """Whole runs: every status change at the same time, with the memo and without it (every
+    worker's capacity counted from scratch every cycle, as the server does)."""
+    case = _workload(seed)
+    kept = engine.Engine(case, policy, record_decisions=True, verify_shortcuts=True)  # type: ignore[arg-type]
+    counted = engine.Engine(case, policy, record_decisions=True)  # type: ignore[arg-type]
+    counted.memo = None
+    assert kept.run().decisions == counted.run().decisions
+    assert kept.record.cycles > 10
