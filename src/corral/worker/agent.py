@@ -11,7 +11,8 @@ Threads and why:
   (``jobs``), dispatching each job's answer (checkpoint, preempt, stale) to its attempt. A server
   that does not know the batched body (a 400 naming ``jobs``, or an answer without per-job
   answers) gets one job heartbeat per attempt from this same thread instead, decided once;
-- one thread per job attempt (``JobRun``): its process, its watchdogs and its report.
+- one thread per job attempt (``JobRun``): its process, its watchdogs and its report; the threads
+  are reused from one attempt to the next (``corral.worker.threads``), so a short job starts none.
 
 A job a watchdog tripped is dropped from the worker heartbeat's ``running`` list at once (and a
 heartbeat is sent right away): the worker must not advertise a busy ghost while the job is being
@@ -41,6 +42,7 @@ from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
 from corral.worker.samplers import Samplers, open_gpu_sampler
 from corral.worker.samplers.process import ProcessTreeSampler
+from corral.worker.threads import ThreadPool
 
 logger = logging.getLogger("corral.worker.agent")
 
@@ -77,6 +79,7 @@ class Agent:
         self.samplers = self._open_samplers()
         state_dir = Path(settings.state_dir) if settings.state_dir else leftovers.default_state_dir(worker_id)
         self.records = leftovers.ProcessRecords(state_dir)
+        self._job_threads = ThreadPool("job")
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
@@ -212,7 +215,7 @@ class Agent:
         room = self.claim_room()
         if self.multi_claim is not False and room > 1:
             try:
-                claimed = self._claims.claim_many(self.worker_id, wait_s, room)
+                claimed = self._claims.claim_several(self.worker_id, wait_s, room)
             except ApiError as error:
                 if error.status != 400:
                     raise
@@ -256,6 +259,7 @@ class Agent:
             on_gpus_unhealthy=self._gpus_unhealthy,
             records=self.records,
             kept_by_agent=True,
+            threads=self._job_threads,
         )
         with self._lock:
             accepted = self._accepting
