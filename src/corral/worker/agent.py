@@ -69,6 +69,7 @@ class Agent:
         self.batched_beats: bool | None = None
         self._lock = threading.Lock()
         self._runs: dict[tuple[str, int], JobRun] = {}
+        self._used: tuple[int, int] = (0, 0)  # CPUs and GPUs the running attempts hold
         self._accepting = True
         self._registered = False
         self._register_lock = threading.Lock()
@@ -242,9 +243,9 @@ class Agent:
         sees them: free CPUs or free GPUs, whichever is more, between 1 and ``MAX_CLAIM``. The
         server decides what really fits; this only bounds a claim."""
         with self._lock:
-            claims = [run.claim for run in self._runs.values()]
-        free_cpus = self.offer.cpus - sum(claim.resources.cpus for claim in claims)
-        free_gpus = self.offer.gpus - sum(len(claim.gpu_indices) for claim in claims)
+            used_cpus, used_gpus = self._used
+        free_cpus = self.offer.cpus - used_cpus
+        free_gpus = self.offer.gpus - used_gpus
         return max(1, min(MAX_CLAIM, max(free_cpus, free_gpus)))
 
     def _start_job(self, claim: ClaimAnswer) -> None:
@@ -265,6 +266,7 @@ class Agent:
             accepted = self._accepting
             if accepted:
                 self._runs[(run.job_id, run.attempt)] = run
+                self._count(run, 1)
         if not accepted:
             # Claimed after shutdown stopped waiting for the claim loop: hand it straight back.
             logger.warning("job claimed during shutdown; handing it back", extra=run.fields)
@@ -276,7 +278,9 @@ class Agent:
                 run.fields,
             )
             return
-        logger.info("job claimed", extra={**run.fields, "command": run.command})
+        # At debug level: the attempt's "job started" line carries the command (one line fewer per
+        # job, on a worker running hundreds a second).
+        logger.debug("job claimed", extra={**run.fields, "command": run.command})
         run.start()
 
     def _refuse_claim(self, malformed: ApiError) -> None:
@@ -310,6 +314,13 @@ class Agent:
         with self._lock:
             if self._runs.get(key) is run:
                 del self._runs[key]
+                self._count(run, -1)
+
+    def _count(self, run: JobRun, sign: int) -> None:
+        """Called with the lock held: what the running attempts hold, kept as they start and end
+        (``claim_room``, asked before every claim, no longer sums over every running job)."""
+        cpus, gpus = self._used
+        self._used = (cpus + sign * run.claim.resources.cpus, gpus + sign * len(run.claim.gpu_indices))
 
     def _job_tripped(self, run: JobRun) -> None:
         """Stop advertising the job now (``running_job_ids`` skips it) and say so at once."""

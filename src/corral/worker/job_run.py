@@ -287,7 +287,13 @@ class JobRun:
                 self._process = process
                 self._start_stopper()
             logger.info(
-                "job started", extra={**self.fields, "pid": process.pid, "gpu_indices": self.gpu_indices}
+                "job started",
+                extra={
+                    **self.fields,
+                    "pid": process.pid,
+                    "gpu_indices": self.gpu_indices,
+                    "command": self.command,
+                },
             )
             exit_code = process.wait(max(0.0, started_at + WATCH_AFTER_S - time.monotonic()))
             if exit_code is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import tempfile
 import time
@@ -29,6 +30,7 @@ import psutil
 logger = logging.getLogger("corral.worker.leftovers")
 
 POLL_S = 0.05
+_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def default_state_dir(worker_id: str) -> Path:
@@ -79,7 +81,12 @@ class ProcessRecords:
         return ticks / self._ticks + self._boot_time
 
     def _path(self, job_id: str, attempt: int) -> Path:
-        safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in job_id)
+        # Server ids are plain ASCII: they are kept as they are without a walk over their characters.
+        safe = (
+            job_id
+            if _PLAIN.fullmatch(job_id)
+            else "".join(char if char.isalnum() or char in "-_." else "_" for char in job_id)
+        )
         return self.directory / f"{safe}-{attempt}.json"
 
     def record(self, job_id: str, attempt: int, pid: int) -> None:
