@@ -20,7 +20,7 @@ def test_the_worker_heartbeat_renews_leases_and_answers_each_job(server, client:
         worker.register_worker(REGISTRATION)
         for _ in range(3):
             client.submit({"command": "sleep 30", "resources": {"cpus": 1}})
-        claimed = worker.claim_many("w1", 0, 3)
+        claimed = worker.claim_several("w1", 0, 3)
         if not claimed.understood:
             # A server without ``max``: one plain claim; the worker claims one at a time.
             assert len(claimed.items) == 1

@@ -191,8 +191,8 @@ class MultiClaims(FakeClient):
         taken, self.items = self.items[:count], self.items[count:]
         return taken
 
-    def claim_many(self, worker_id: str, wait_s: float, max_jobs: int) -> Claimed:
-        self._record("claim_many", max_jobs)
+    def claim_several(self, worker_id: str, wait_s: float, max_jobs: int) -> Claimed:
+        self._record("claim_several", max_jobs)
         self.asked.append(max_jobs)
         if self.mode == "refused":
             raise ApiError(400, "invalid_request", "max: unknown query parameter")
@@ -255,7 +255,7 @@ def test_a_server_without_max_gets_one_claim_at_a_time(mode: str):
     agent._claim_once()  # the next claim does not ask for several again
     assert agent.running_job_ids() == ["j-0", "j-1"]
     names = [call[0] for call in client.calls if call[0].startswith("claim")]
-    assert names == (["claim_many", "claim", "claim"] if mode == "refused" else ["claim_many", "claim"])
+    assert names == (["claim_several", "claim", "claim"] if mode == "refused" else ["claim_several", "claim"])
     for run in agent._snapshot():
         finish(run)
 

@@ -90,11 +90,14 @@ def test_a_job_stopped_at_shutdown_is_released(tmp_path: Path):
 # --- the lease outlives the post-exit work ---------------------------------------------------
 
 
-def test_heartbeats_continue_while_leftovers_are_stopped():
+def test_heartbeats_continue_while_leftovers_are_stopped(tmp_path: Path):
     client = FakeClient()
-    # The main process exits at once; its background child ignores SIGTERM, so the stop of the
-    # leftovers waits out the whole grace before SIGKILL.
-    run = make_run(client, "(trap '' TERM; sleep 30) & exit 0", preempt_grace_s=0.6)
+    # The main process exits as soon as its background child ignores SIGTERM (not before: a
+    # SIGTERM that came first would end the child at once), so the stop of the leftovers waits out
+    # the whole grace before SIGKILL.
+    ready = tmp_path / "ready"
+    command = f"(trap '' TERM; touch {ready}; sleep 30) & while [ ! -e {ready} ]; do sleep 0.01; done; exit 0"
+    run = make_run(client, command, preempt_grace_s=0.6)
     run.start()
     finish(run)
     assert client.names() == ["done"]

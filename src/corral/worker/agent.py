@@ -11,7 +11,8 @@ Threads and why:
   (``jobs``), dispatching each job's answer (checkpoint, preempt, stale) to its attempt. A server
   that does not know the batched body (a 400 naming ``jobs``, or an answer without per-job
   answers) gets one job heartbeat per attempt from this same thread instead, decided once;
-- one thread per job attempt (``JobRun``): its process, its watchdogs and its report.
+- one thread per job attempt (``JobRun``): its process, its watchdogs and its report; the threads
+  are reused from one attempt to the next (``corral.worker.threads``), so a short job starts none.
 
 A job a watchdog tripped is dropped from the worker heartbeat's ``running`` list at once (and a
 heartbeat is sent right away): the worker must not advertise a busy ghost while the job is being
@@ -41,6 +42,7 @@ from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
 from corral.worker.samplers import Samplers, open_gpu_sampler
 from corral.worker.samplers.process import ProcessTreeSampler
+from corral.worker.threads import ThreadPool
 
 logger = logging.getLogger("corral.worker.agent")
 
@@ -67,6 +69,7 @@ class Agent:
         self.batched_beats: bool | None = None
         self._lock = threading.Lock()
         self._runs: dict[tuple[str, int], JobRun] = {}
+        self._used: tuple[int, int] = (0, 0)  # CPUs and GPUs the running attempts hold
         self._accepting = True
         self._registered = False
         self._register_lock = threading.Lock()
@@ -77,6 +80,7 @@ class Agent:
         self.samplers = self._open_samplers()
         state_dir = Path(settings.state_dir) if settings.state_dir else leftovers.default_state_dir(worker_id)
         self.records = leftovers.ProcessRecords(state_dir)
+        self._job_threads = ThreadPool("job")
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
@@ -212,7 +216,7 @@ class Agent:
         room = self.claim_room()
         if self.multi_claim is not False and room > 1:
             try:
-                claimed = self._claims.claim_many(self.worker_id, wait_s, room)
+                claimed = self._claims.claim_several(self.worker_id, wait_s, room)
             except ApiError as error:
                 if error.status != 400:
                     raise
@@ -239,9 +243,9 @@ class Agent:
         sees them: free CPUs or free GPUs, whichever is more, between 1 and ``MAX_CLAIM``. The
         server decides what really fits; this only bounds a claim."""
         with self._lock:
-            claims = [run.claim for run in self._runs.values()]
-        free_cpus = self.offer.cpus - sum(claim.resources.cpus for claim in claims)
-        free_gpus = self.offer.gpus - sum(len(claim.gpu_indices) for claim in claims)
+            used_cpus, used_gpus = self._used
+        free_cpus = self.offer.cpus - used_cpus
+        free_gpus = self.offer.gpus - used_gpus
         return max(1, min(MAX_CLAIM, max(free_cpus, free_gpus)))
 
     def _start_job(self, claim: ClaimAnswer) -> None:
@@ -256,11 +260,13 @@ class Agent:
             on_gpus_unhealthy=self._gpus_unhealthy,
             records=self.records,
             kept_by_agent=True,
+            threads=self._job_threads,
         )
         with self._lock:
             accepted = self._accepting
             if accepted:
                 self._runs[(run.job_id, run.attempt)] = run
+                self._count(run, 1)
         if not accepted:
             # Claimed after shutdown stopped waiting for the claim loop: hand it straight back.
             logger.warning("job claimed during shutdown; handing it back", extra=run.fields)
@@ -272,7 +278,9 @@ class Agent:
                 run.fields,
             )
             return
-        logger.info("job claimed", extra={**run.fields, "command": run.command})
+        # At debug level: the attempt's "job started" line carries the command (one line fewer per
+        # job, on a worker running hundreds a second).
+        logger.debug("job claimed", extra={**run.fields, "command": run.command})
         run.start()
 
     def _refuse_claim(self, malformed: ApiError) -> None:
@@ -306,6 +314,13 @@ class Agent:
         with self._lock:
             if self._runs.get(key) is run:
                 del self._runs[key]
+                self._count(run, -1)
+
+    def _count(self, run: JobRun, sign: int) -> None:
+        """Called with the lock held: what the running attempts hold, kept as they start and end
+        (``claim_room``, asked before every claim, no longer sums over every running job)."""
+        cpus, gpus = self._used
+        self._used = (cpus + sign * run.claim.resources.cpus, gpus + sign * len(run.claim.gpu_indices))
 
     def _job_tripped(self, run: JobRun) -> None:
         """Stop advertising the job now (``running_job_ids`` skips it) and say so at once."""

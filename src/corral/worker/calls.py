@@ -7,7 +7,7 @@ understood, and the agent falls back to the older form (``corral.worker.agent``)
 - ``worker_beat``: ``POST /workers/{id}/heartbeat`` with ``jobs`` in the body, answered
   ``{"jobs": {id: answer}}``. An older server either refuses the unknown field (400) or answers
   ``{}``: the answer is then ``None`` and the jobs' leases were not renewed.
-- ``claim_many``: ``GET /jobs/next?worker_id=W&max=N``, answered 200 ``{"items": [claim, ...]}``
+- ``claim_several``: ``GET /jobs/next?worker_id=W&max=N``, answered 200 ``{"items": [claim, ...]}``
   or 204. An older server refuses ``max`` (400, raised as ``ApiError``), or ignores it and
   answers one plain claim (returned as a list of one, with ``understood`` False).
 """
@@ -67,7 +67,7 @@ class WorkerClient(Client):
                 data,
             ) from error
 
-    def claim_many(self, worker_id: str, wait_s: float, max_jobs: int) -> Claimed:
+    def claim_several(self, worker_id: str, wait_s: float, max_jobs: int) -> Claimed:
         """Claim up to ``max_jobs`` jobs (see the module doc); ``ApiError`` 400 from an older server."""
         params: dict[str, Any] = {"worker_id": worker_id, "max": max(1, min(MAX_CLAIM, max_jobs))}
         if wait_s > 0:

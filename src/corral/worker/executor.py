@@ -118,6 +118,20 @@ def _widen_pipe(descriptor: int) -> None:
             fcntl.fcntl(descriptor, set_size, 256 * 1024)
 
 
+_devnull_fd: int | None = None
+_devnull_lock = threading.Lock()
+
+
+def _devnull() -> int:
+    """One read-only ``/dev/null`` descriptor for every job's stdin, opened once (``Popen``'s own
+    ``DEVNULL`` opens and closes one per job); close-on-exec, so only the job's stdin gets it."""
+    global _devnull_fd
+    with _devnull_lock:
+        if _devnull_fd is None:
+            _devnull_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return _devnull_fd
+
+
 def exit_code_of(returncode: int) -> int:
     """The shell convention: a death by signal N is 128 + N (Popen reports it as -N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -255,8 +269,8 @@ class JobProcess:
         # Running the user's command in a shell is the worker's purpose (the job's submitter chose it).
         self._popen = subprocess.Popen(  # noqa: S603
             ["/bin/sh", "-c", command],
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
+            env=env,
+            stdin=_devnull(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,

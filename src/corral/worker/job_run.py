@@ -1,6 +1,7 @@
 """One claimed attempt, from start to report: the process, its watchdogs, its stop, its outcome.
 
-Each attempt has its own thread, so a slow report or a long stop of one job never delays another.
+Each attempt has its own thread (on a worker, one of the agent's reused threads,
+``corral.worker.threads``), so a slow report or a long stop of one job never delays another.
 The thread owns the decision of what to report; other threads (the agent at shutdown, the
 heartbeat answer) and the job's watchdogs only ask for a stop with a reason, and the first reason
 wins, except that losing the job (409) overrides everything: a job that is no longer ours is never
@@ -61,6 +62,7 @@ from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatc
 from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
 from corral.worker.samplers import Samplers
+from corral.worker.threads import ThreadPool
 from corral.worker.watchdogs import Verdict
 from corral.worker.workspace import JobWorkspace
 
@@ -70,6 +72,11 @@ SHUTDOWN_ERROR = "worker shut down"
 
 #: how long the attempt's thread waits for its process at a time when no watchdog is due sooner
 SUPERVISE_SLICE_S = 60.0
+#: the job's watchdogs are built only once it has run this long: most jobs of a busy worker end
+#: sooner, and building them (a probe, two or three watchdogs, their beat file) was a tenth of such
+#: a job's cost to the worker. They are started with the job's start time, so a budget still
+#: counts from the spawn; a trip is at most this late.
+WATCH_AFTER_S = 0.05
 
 
 class StopReason(enum.Enum):
@@ -121,6 +128,7 @@ class JobRun:
         on_gpus_unhealthy: Callable[[JobRun], None] | None = None,
         records: ProcessRecords | None = None,
         kept_by_agent: bool = False,
+        threads: ThreadPool | None = None,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -150,11 +158,15 @@ class JobRun:
         self._reported = False  # a report (or the first try of one) went out: never send another
         self._watching = False  # the attempt's thread ticks the watchdogs
         self.finished = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"job-{self.job_id}", daemon=True)
         self._kept_by_agent = kept_by_agent
+        self._threads = threads  # the agent's reused threads; None: a thread of its own
 
     def start(self) -> None:
-        self.thread.start()
+        name = f"job-{self.job_id}"
+        if self._threads is not None:
+            self._threads.submit(self._run, name)
+        else:
+            threading.Thread(target=self._run, name=name, daemon=True).start()
         if not self._kept_by_agent:
             threading.Thread(target=self._beat_alone, name=f"beat-{self.job_id}", daemon=True).start()
 
@@ -204,7 +216,7 @@ class JobRun:
             self._on_tripped(self)
         self.request_stop(StopReason.WATCHDOG)
 
-    def _start_watch(self, process: JobProcess, workspace: JobWorkspace) -> None:
+    def _start_watch(self, process: JobProcess, workspace: JobWorkspace, started_at: float) -> None:
         if self._samplers is None:
             return
         gpu = self._samplers.gpu
@@ -226,7 +238,7 @@ class JobRun:
         with self._lock:
             stopping = self._reason is not None
         if not stopping:
-            self._watch.start(time.monotonic())
+            self._watch.start(started_at)
             self._watching = True
 
     # --- the attempt -----------------------------------------------------------------------
@@ -268,16 +280,25 @@ class JobRun:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
                 self._report_failure(None, f"could not start: {error}", "")
                 return
+            started_at = time.monotonic()
             if self._records is not None:
                 self._records.record(self.job_id, self.attempt, process.pid)
             with self._lock:
                 self._process = process
                 self._start_stopper()
             logger.info(
-                "job started", extra={**self.fields, "pid": process.pid, "gpu_indices": self.gpu_indices}
+                "job started",
+                extra={
+                    **self.fields,
+                    "pid": process.pid,
+                    "gpu_indices": self.gpu_indices,
+                    "command": self.command,
+                },
             )
-            self._start_watch(process, workspace)
-            exit_code = self._supervise(process)
+            exit_code = process.wait(max(0.0, started_at + WATCH_AFTER_S - time.monotonic()))
+            if exit_code is None:
+                self._start_watch(process, workspace, started_at)
+                exit_code = self._supervise(process)
             self._end_phase("the job exited")
             if self._watch is not None:
                 self._watch.stop()

@@ -78,7 +78,9 @@ class LogShipper:
         self._wake = threading.Event()
         self._closing = False
         self._stopped = False  # the server refused: ship nothing more
-        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        # Made by the first chunk (most jobs of a busy worker write nothing: a Thread object alone is
+        # a Condition, an Event and a name to format, a noticeable part of a short job's cost).
+        self._thread: threading.Thread | None = None
         self._started = False  # ``start`` was called: the first chunk starts the thread
         self._running = False  # the thread was started
 
@@ -95,7 +97,8 @@ class LogShipper:
             if self._running or not self._started or self._closing:
                 return
             self._running = True
-        self._thread.start()
+            thread = self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        thread.start()
 
     # --- the job's side --------------------------------------------------------------------
 
@@ -198,8 +201,10 @@ class LogShipper:
             self._closing = True
         self._wake.set()
         # A thread started a moment ago but not yet alive sees ``_closing`` before it ships.
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._flush_timeout_s)
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=self._flush_timeout_s)
         try:
             self._flush()
         except Exception:
