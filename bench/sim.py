@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import sys
 import time
@@ -70,6 +71,12 @@ def main() -> int:
     parser.add_argument("--traces", default=str(Path("/work/shared/traces")))
     parser.add_argument("--profile", action="store_true", help="profile each run (slower) and print the top")
     parser.add_argument(
+        "--decisions",
+        metavar="PATH",
+        help="record each run's decisions and write them with its summary (less the wall time) as JSON to"
+        " PATH.<policy>.json: two runs made the same decisions when their files are equal",
+    )
+    parser.add_argument(
         "--tick", type=float, default=None, help="CORRAL_ADMISSION_TICK_S for the run (default 5)"
     )
     parser.add_argument(
@@ -95,7 +102,12 @@ def main() -> int:
         started = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        run = engine.Engine(scenario, POLICIES[name], _watch(started, args.time_limit))
+        run = engine.Engine(
+            scenario,
+            POLICIES[name],
+            _watch(started, args.time_limit),
+            record_decisions=args.decisions is not None,
+        )
         try:
             record = run.run()
         except _OutOfTime as stop:
@@ -114,6 +126,9 @@ def main() -> int:
                 profiler.disable()
         wall = time.perf_counter() - started
         summary = summarize(scenario, record, name, wall)
+        if args.decisions is not None:
+            kept = {"summary": summarize(scenario, record, name), "decisions": record.decisions}
+            Path(f"{args.decisions}.{name}.json").write_text(json.dumps(kept, sort_keys=True, default=str))
         jobs = len(scenario.workload.jobs)
         verdict = "meets" if wall < target else "MISSES"
         print(

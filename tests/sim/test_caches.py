@@ -189,3 +189,143 @@ def test_a_run_with_the_memo_decides_what_a_run_counting_every_cycle_decides(
     counted.memo = None
     assert kept.run().decisions == counted.run().decisions
     assert kept.record.cycles > 10
+
+
+def _unit_job(
+    rng: random.Random, worker: Worker, first: int, gpus: int, key: str, gang: tuple[str, int] | None
+) -> Job:
+    """A holding job for the units test: single or a gang's task, running (now and then reserved,
+    stopping or with a walltime near its end), on ``gpus`` GPUs of ``worker`` from ``first``."""
+    started = NOW - rng.uniform(10, 5000)
+    status = rng.choice([Status.RUNNING] * 8 + [Status.RESERVED, Status.PREEMPTING])
+    return Job(
+        id=key,
+        spec=JobSpec(
+            command="true",
+            resources=Resources(gpus=gpus, memory_mb=rng.choice([0, 2048]), cpus=rng.randint(0, 2)),
+            preemption_class=rng.choice([0, 3, 5, 8, 10]),
+            pool=rng.choice(["a", "b", "s"]),
+            checkpoint_mode=rng.choice(["none", "auto"]),
+            walltime_s=rng.choice([None, None, 6000.0]),
+            gang_size=gang[1] if gang is not None else 1,
+        ),
+        status=status,
+        submitted_at=0.0,
+        worker_id=worker.id,
+        gpu_indices=tuple(range(first, first + gpus)),
+        started_at=None if status == Status.RESERVED else started,
+        reserved_at=started - 1.0,
+        attempts=1,
+        gang_id=gang[0] if gang is not None else None,
+        last_checkpoint_at=started + rng.uniform(0, 100) if rng.random() < 0.5 else None,
+    )
+
+
+class _SensitivePool(_Pool):
+    kind = "sensitive"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(seed: int) -> None:
+    """Plan after plan (the clock moving on, job records replaced by equal or changed ones, jobs
+    and gang tasks ending or arriving, records reordered), the planner's victim units built with
+    the memo (reused where their records are the same objects) are the units built without it:
+    the same units, field by field, in the same order on every worker, and the same reach."""
+    rng = random.Random(seed)
+    workers = [gpu_worker(gpus=8, worker_id=f"w{index:02d}") for index in range(rng.randint(2, 8))]
+    holding: list[Job] = []
+    number = 0
+
+    def fill() -> None:
+        nonlocal number
+        for worker in workers:
+            used = {index for job in holding if job.worker_id == worker.id for index in job.gpu_indices}
+            free = [index for index in range(8) if index not in used]
+            while free and rng.random() < 0.6:
+                number += 1
+                gpus = 1 if len(free) < 2 else rng.choice([1, 2])
+                if gpus == 2 and free[1] != free[0] + 1:
+                    gpus = 1
+                size = rng.choice([1, 1, 1, 2, 3])
+                gang = (f"g{number}", size) if size > 1 else None
+                holding.append(_unit_job(rng, worker, free[0], gpus, f"j{number}", gang))
+                free = free[gpus:]
+                if gang is not None:  # the other tasks, wherever there is room (or missing: a partial gang)
+                    for task in range(1, size):
+                        other = rng.choice(workers)
+                        taken = {i for job in holding if job.worker_id == other.id for i in job.gpu_indices}
+                        room = [index for index in range(8) if index not in taken]
+                        if room and rng.random() < 0.9:
+                            holding.append(_unit_job(rng, other, room[0], 1, f"j{number}t{task}", gang))
+                            if other is worker:
+                                free = [index for index in free if index != room[0]]
+
+    fill()
+    memo = CycleMemo()
+    pools = {"a": _Pool(Resources(gpus=8)), "b": _Pool(Resources()), "s": _SensitivePool(Resources())}
+    now = NOW
+    reused = 0
+    previous: dict[str, object] = {}
+    for _ in range(30):
+        now += rng.choice([0.0, 1.0, 30.0, 600.0])
+        for at in range(len(holding)):
+            move = rng.random()
+            if move < 0.1:
+                holding[at] = replace(holding[at])  # an equal record, another object
+            elif move < 0.15:
+                holding[at] = replace(holding[at], status=Status.PREEMPTING)
+            elif move < 0.2:
+                holding[at] = replace(holding[at], status=Status.RUNNING, started_at=now - 5.0)
+            elif move < 0.23:
+                holding[at] = replace(holding[at], victims_deadline=now + 60.0)
+            elif move < 0.26:
+                holding[at] = replace(holding[at], last_checkpoint_at=now - 1.0)
+        holding[:] = [job for job in holding if rng.random() > 0.08]
+        if rng.random() < 0.2:
+            rng.shuffle(holding)
+        fill()
+        unusable = {rng.choice(workers).id} if rng.random() < 0.2 else set()
+        usable = tuple(worker for worker in workers if worker.id not in unusable)
+        preemptor = Preemptor("p", (_waiting(0, rng).first,))
+        built = []
+        for given in (memo, None):
+            inputs = PlanInputs(
+                now=now,
+                workers=usable,
+                holding=tuple(holding),
+                preemptors=(preemptor,),
+                pools=pools,
+                memo=given,
+            )
+            planner = preemption._Planner(inputs)
+            victims = planner._built()
+            built.append(
+                (
+                    {
+                        worker_id: [_fields(unit) for unit in units]
+                        for worker_id, units in victims.units_on.items()
+                    },
+                    victims.reach,
+                    [_fields(unit) for unit in victims.units],
+                )
+            )
+            if given is memo:
+                reused += sum(1 for unit in victims.units if previous.get(unit.key) is unit)
+                previous = {unit.key: unit for unit in victims.units}
+        assert built[0] == built[1]
+    assert reused > 0
+
+
+def _fields(unit: preemption._Unit) -> tuple[object, ...]:
+    return (
+        unit.key,
+        unit.jobs,
+        unit.preemption_class,
+        unit.cost,
+        unit.started_at,
+        unit.pool,
+        unit.frees,
+        unit.borrowed,
+        unit.held,
+        unit.group,
+    )

@@ -52,8 +52,10 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
 class CycleMemo:
     """What a cycle counted from the workers, for the next cycles: ``free_capacity`` per worker,
     kept while the worker and the records it was counted from are equal to the ones given, in the
-    same order (records are immutable values: equal records leave equal capacity); and any value
-    computed from a list of records alone (``recall``, ``remember``), on the same terms.
+    same order (records are immutable values: equal records leave equal capacity); any value
+    computed from a list of records alone (``recall``, ``remember``), on the same terms; and tables
+    of entries by key (``kept``, ``keep``: the preemption planner's victim units), each of which the
+    caller checks against its records before reusing it.
 
     For a caller that keeps its records between cycles (the simulator keeps a job's row and its
     allocation until they change), the comparison finds the very same objects (the list's ``==``
@@ -64,6 +66,7 @@ class CycleMemo:
     def __init__(self) -> None:
         self._kept: dict[str, dict[str, tuple[Worker, list[Any], Capacity]]] = {}
         self._values: dict[str, tuple[list[Any], Any]] = {}
+        self._tables: dict[str, dict[str, Any]] = {}
 
     def recall(self, space: str, records: list[Any]) -> Any:
         """The value ``remember`` kept under ``space`` for records equal to ``records``, or None."""
@@ -73,6 +76,16 @@ class CycleMemo:
     def remember(self, space: str, records: list[Any], value: Any) -> None:
         """Keep ``value``, computed from ``records`` alone (which the caller leaves as they are)."""
         self._values[space] = (records, value)
+
+    def kept(self, space: str) -> dict[str, Any]:
+        """The entries ``keep`` left under ``space`` (empty at first): the caller checks each one is
+        still valid for its records."""
+        found: dict[str, Any] = self._tables.get(space, {})
+        return found
+
+    def keep(self, space: str, entries: dict[str, Any]) -> None:
+        """Keep ``entries`` under ``space`` in place of the last ones (what is not in them is dropped)."""
+        self._tables[space] = entries
 
     def get(self, space: str, worker: Worker, records: list[Any]) -> Capacity | None:
         """The capacity kept for ``worker`` counted from ``records``, or None."""

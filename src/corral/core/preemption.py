@@ -1154,12 +1154,17 @@ class _Victims:
 
 def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
     """The victim candidates: running single jobs and gangs with every task started or reserved and
-    none being stopped, on usable workers, that nothing protects (``non_preemptible``)."""
+    none being stopped, on usable workers, that nothing protects (``non_preemptible``). With a
+    ``memo``, the units of the last plan are reused where their job records are the same objects."""
     now, near = inputs.now, inputs.settings.near_completion_s
     pools = inputs.pools
     gangs: dict[str, list[Job]] = {}
     borrowed = _borrowed(inputs.holding, pools)
     units: dict[str, _Unit] = {}
+    # the units of the last plan (``memo``): a unit whose job records are the very same objects
+    # keeps what they alone decide (its jobs, class, pool, what it frees and holds); a unit lives
+    # for one plan at a time, so its other fields are set anew here
+    kept: dict[str, _Unit] = inputs.memo.kept("units") if inputs.memo is not None else {}
     for job in inputs.holding:
         if job.gang_id is not None:
             gangs.setdefault(job.gang_id, []).append(job)
@@ -1169,17 +1174,25 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             continue
         if non_preemptible(job, now, near, pools.get(job.spec.pool)):
             continue
-        units[job.id] = _Unit(
-            key=job.id,
-            jobs=(job,),
-            preemption_class=job.spec.preemption_class,
-            cost=cost(job, now),
-            started_at=job.started_at if job.started_at is not None else now,
-            pool=job.spec.pool,
-            frees={job.worker_id or "": (job.spec.resources, job.gpu_indices)},
-            borrowed=job.id in borrowed,
-            held=job.spec.resources,
-        )
+        unit = kept.get(job.id)
+        if unit is None or unit.jobs[0] is not job:
+            unit = _Unit(
+                key=job.id,
+                jobs=(job,),
+                preemption_class=job.spec.preemption_class,
+                cost=0.0,
+                started_at=0.0,
+                pool=job.spec.pool,
+                frees={job.worker_id or "": (job.spec.resources, job.gpu_indices)},
+                borrowed=False,
+                held=job.spec.resources,
+            )
+        # what depends on the time and on the whole snapshot is set anew
+        unit.cost = cost(job, now)
+        unit.started_at = job.started_at if job.started_at is not None else now
+        unit.borrowed = job.id in borrowed
+        unit.group = fairshare.Group.NON_PREEMPTIBLE
+        units[job.id] = unit
     for key, jobs in gangs.items():
         first = jobs[0]
         if len(jobs) != first.spec.gang_size:
@@ -1192,22 +1205,35 @@ def _units(inputs: PlanInputs, free: Mapping[str, _Free]) -> dict[str, _Unit]:
             continue
         if any(non_preemptible(job, now, near, pools.get(job.spec.pool)) for job in jobs):
             continue
-        frees: dict[str, tuple[Resources, tuple[int, ...]]] = {}
-        for job in jobs:
-            worker_id = job.worker_id or ""
-            resources, indices = frees.get(worker_id, (ZERO, ()))
-            frees[worker_id] = (_plus(resources, job.spec.resources), indices + job.gpu_indices)
-        units[key] = _Unit(
-            key=key,
-            jobs=tuple(jobs),
-            preemption_class=first.spec.preemption_class,
-            cost=sum(cost(job, now) for job in jobs if job.status == Status.RUNNING),
-            started_at=max(job.started_at if job.started_at is not None else now for job in jobs),
-            pool=first.spec.pool,
-            frees=frees,
-            borrowed=any(job.id in borrowed for job in jobs),
-            held=sum((job.spec.resources for job in jobs), ZERO),
-        )
+        unit = kept.get(key)
+        if (
+            unit is None
+            or len(unit.jobs) != len(jobs)
+            or any(a is not b for a, b in zip(unit.jobs, jobs, strict=True))
+        ):
+            frees: dict[str, tuple[Resources, tuple[int, ...]]] = {}
+            for job in jobs:
+                worker_id = job.worker_id or ""
+                resources, indices = frees.get(worker_id, (ZERO, ()))
+                frees[worker_id] = (_plus(resources, job.spec.resources), indices + job.gpu_indices)
+            unit = _Unit(
+                key=key,
+                jobs=tuple(jobs),
+                preemption_class=first.spec.preemption_class,
+                cost=0.0,
+                started_at=0.0,
+                pool=first.spec.pool,
+                frees=frees,
+                borrowed=False,
+                held=sum((job.spec.resources for job in jobs), ZERO),
+            )
+        unit.cost = sum(cost(job, now) for job in jobs if job.status == Status.RUNNING)
+        unit.started_at = max(job.started_at if job.started_at is not None else now for job in jobs)
+        unit.borrowed = any(job.id in borrowed for job in jobs)
+        unit.group = fairshare.Group.NON_PREEMPTIBLE
+        units[key] = unit
+    if inputs.memo is not None:
+        inputs.memo.keep("units", units)
     return units
 
 
