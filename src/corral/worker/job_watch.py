@@ -2,8 +2,7 @@
 
 Where it runs: on the attempt's own thread while it waits for the job's process
 (``JobRun._supervise``), which makes no HTTP call meanwhile (the heartbeats are the agent's), so a
-slow server never delays a watchdog; ``start_thread`` runs the same loop on a thread of its own for
-a caller that has none. The job is a separate process, so nothing it does (a CUDA call that never
+slow server never delays a watchdog. The job is a separate process, so nothing it does (a CUDA call that never
 returns, a GIL held forever) can stop this loop.
 
 Why it costs almost nothing: the loop sleeps until the earliest moment a watchdog needs it
@@ -106,7 +105,7 @@ class JobWatch:
     """The watchdogs of one attempt, their beat source and their probe; ``tick`` is the loop body.
 
     ``tick(now)`` is synchronous and takes the time as an argument, so a test drives a whole job's
-    watch with a fake clock; ``start_thread`` runs the same tick on the real clock.
+    watch with a fake clock; ``JobRun._supervise`` runs it on the real clock.
     """
 
     def __init__(
@@ -117,7 +116,6 @@ class JobWatch:
         beat_poll_s: float,
         fields: Mapping[str, Any],
         extra_detail: Mapping[str, Any] | None = None,
-        clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.watchdogs = list(watchdogs)
@@ -127,12 +125,10 @@ class JobWatch:
         self.tripped: Verdict | None = None
         self._read = read
         self._extra_detail = dict(extra_detail or {})
-        self._clock = clock
         self._wall_clock = wall_clock
         self._started_at = 0.0
         self._next_beat_check = math.inf
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- the pure part -----------------------------------------------------------------------
 
@@ -193,14 +189,7 @@ class JobWatch:
             **self._extra_detail,
         }
 
-    # --- the thread --------------------------------------------------------------------------
-
-    def start_thread(self, on_trip: Callable[[Verdict], None]) -> None:
-        self.start(self._clock())
-        self._thread = threading.Thread(
-            target=self._run, args=(on_trip,), name=f"watch-{self.fields.get('job_id')}", daemon=True
-        )
-        self._thread.start()
+    # --- stopping ----------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Stop looking (the job ended or is being stopped); returns at once."""
@@ -209,25 +198,6 @@ class JobWatch:
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
-
-    def join(self, timeout_s: float) -> None:
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-
-    def _run(self, on_trip: Callable[[Verdict], None]) -> None:
-        pause = MIN_WAIT_S
-        while not self._stop.wait(max(pause, self.next_due() - self._clock())):
-            pause = MIN_WAIT_S
-            try:
-                verdict = self.tick(self._clock())
-            except Exception:
-                logger.exception("watchdog tick failed", extra=self.fields)
-                pause = ERROR_PAUSE_S
-                continue
-            if verdict is not None:
-                if not self._stop.is_set():
-                    on_trip(verdict)
-                return
 
 
 def _positive_seconds(value: Any) -> float | None:
