@@ -90,6 +90,21 @@ def statuses(client: Client) -> dict[str, str]:
         after = page.next
 
 
+def describe_failures(client: Client, ended: dict[str, str]) -> str:
+    """Each job that did not end ``done``: its fields and its events, for the assertion message."""
+    lines = []
+    for job_id, status in sorted(ended.items()):
+        if status == "done":
+            continue
+        job = client.get_job(job_id)
+        lines.append(
+            f"{job_id} {status} attempts={job.attempts} exit_code={job.exit_code} error={job.error!r} "
+            f"gang={job.gang_id} tail={job.output_tail!r}"
+        )
+        lines.extend(f"    {event.model_dump(exclude_none=True)}" for event in client.events(job_id))
+    return "\n".join(lines)
+
+
 def wait_all_terminal(client: Client, count: int, timeout_s: float) -> dict[str, str]:
     def ended() -> dict[str, str] | None:
         try:

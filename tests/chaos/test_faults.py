@@ -15,6 +15,7 @@ from corral.client import ApiError, Client
 from tests.chaos.conftest import (
     FAST_SERVER,
     assert_history,
+    describe_failures,
     kill9,
     port_of,
     statuses,
@@ -42,7 +43,7 @@ def test_server_kill9_mid_claim_storm_and_admission(db_url: str, start_server, s
     server = start_server("--db", db_url, *FAST_SERVER, port=port_of(server))
     with Client(server.url) as client:
         ended = wait_all_terminal(client, 170, 60)
-    assert set(ended.values()) == {"done"}
+        assert set(ended.values()) == {"done"}, describe_failures(client, ended)
     verdict = assert_history(db_url)
     assert verdict.by_status == {"done": 170}
 
