@@ -23,7 +23,12 @@ and the load process's own lag (how late it sent a heartbeat: when it is large, 
 the server, is the bottleneck). The figure with the target (issue 13): heartbeat p99 under load
 within 3x of idle.
 
+With ``--replicas R`` (PostgreSQL), R servers share the store and host i talks to replica i mod R
+(what a load balancer in front of them would do); the CPU column is their sum, each one's share
+below it, and the admission passes are the leader's.
+
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
+        [--batched --jobs-per-worker 8] [--replicas 2]
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class Window:
     lag: list[float] = field(default_factory=list)
     seconds: float = 0.0
     server_cpu: float = 0.0
+    #: each replica's share of ``server_cpu`` (one entry with one server)
+    replica_cpu: list[float] = field(default_factory=list)
     postgres_cpu: float = float("nan")
     admission_passes: float = 0.0
     admission_seconds: float = 0.0
@@ -98,13 +105,18 @@ async def _parallel(count: int, make: object, concurrency: int = 32) -> None:
 
 
 async def setup_fleet(
-    server: harness.Server, args: argparse.Namespace, workers: int, fleet: Fleet
+    servers: list[harness.Server], args: argparse.Namespace, workers: int, fleet: Fleet
 ) -> tuple[list[harness.HttpConn], list[str], list[list[SimJob]], list[asyncio.Task[None]]]:
     """Submit the fleet's jobs, then bring each host up as a real worker comes up: register, claim
     its jobs (``max``: one request; a 503 is retried after a second, as the worker does), and start
     heartbeating at once, so no host sits silent while the rest of the fleet is set up (the reaper
-    would flag it dead and reap its leases)."""
-    conns = [harness.HttpConn(server.host, server.port) for _ in range(workers)]
+    would flag it dead and reap its leases). Host i talks to replica i mod R, as a load balancer
+    would spread them."""
+    server = servers[0]
+    conns = [
+        harness.HttpConn(servers[index % len(servers)].host, servers[index % len(servers)].port)
+        for index in range(workers)
+    ]
     ids = [f"fleet-w{index:05d}" for index in range(workers)]
     resources = {"gpus": args.gpus, "vram_mb": 81920, "memory_mb": 2_000_000, "cpus": 96}
     per_job = max(1, args.gpus // args.jobs_per_worker)
@@ -285,22 +297,29 @@ async def scrape(server: harness.Server) -> tuple[float, float, float]:
     )
 
 
+async def scrape_all(servers: list[harness.Server]) -> tuple[float, float, float]:
+    """``scrape`` summed over the replicas (only the admission leader runs passes)."""
+    totals = [await scrape(server) for server in servers]
+    return sum(t[0] for t in totals), sum(t[1] for t in totals), sum(t[2] for t in totals)
+
+
 async def measure(
-    fleet: Fleet, window: Window, server: harness.Server, seconds: float, postgres: bool
+    fleet: Fleet, window: Window, servers: list[harness.Server], seconds: float, postgres: bool
 ) -> Window:
-    passes, cycle_s, reaped = await scrape(server)
-    pid = server.child.process.pid
-    cpu = harness.cpu_seconds(pid)
+    passes, cycle_s, reaped = await scrape_all(servers)
+    pids = [server.child.process.pid for server in servers]
+    cpu = [harness.cpu_seconds(pid) for pid in pids]
     pg_before = harness.postgres_cpu_seconds() if postgres else {}
     window.started = time.monotonic()
     fleet.window = window
     await asyncio.sleep(seconds)
     fleet.window = None
     window.seconds = time.monotonic() - window.started
-    window.server_cpu = harness.cpu_seconds(pid) - cpu
+    window.replica_cpu = [harness.cpu_seconds(pid) - before for pid, before in zip(pids, cpu, strict=True)]
+    window.server_cpu = sum(window.replica_cpu)
     if postgres:
         window.postgres_cpu = harness.postgres_cpu_delta(pg_before)
-    passes_after, cycle_after, reaped_after = await scrape(server)
+    passes_after, cycle_after, reaped_after = await scrape_all(servers)
     window.admission_passes = passes_after - passes
     window.admission_seconds = cycle_after - cycle_s
     window.reaped = reaped_after - reaped
@@ -332,18 +351,20 @@ async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: in
 
 
 async def bench_fleet(
-    server: harness.Server,
+    servers: list[harness.Server],
     args: argparse.Namespace,
     workers: int,
     processes: harness.Processes,
     directory: Path,
 ) -> list[Window]:
-    probe = await harness.HttpConn(server.host, server.port).connect()
-    await harness.wait_ready(probe)
-    await probe.close()
+    server = servers[0]
+    for replica in servers:
+        probe = await harness.HttpConn(replica.host, replica.port).connect()
+        await harness.wait_ready(probe)
+        await probe.close()
     started = time.monotonic()
     fleet = Fleet()
-    conns, _, _, hosts = await setup_fleet(server, args, workers, fleet)
+    conns, _, _, hosts = await setup_fleet(servers, args, workers, fleet)
     print(
         f"  set up {workers} workers x {args.gpus} GPUs, {workers * args.jobs_per_worker} running jobs"
         f" in {time.monotonic() - started:.1f}s",
@@ -353,7 +374,7 @@ async def bench_fleet(
     postgres = args.db == "postgres"
     try:
         await asyncio.sleep(args.settle_s)
-        idle = await measure(fleet, Window("idle"), server, args.window_s, postgres)
+        idle = await measure(fleet, Window("idle"), servers, args.window_s, postgres)
         loaded = await submit_load(server, args.pending, args.gangs, args.gpus)
         print(f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s", flush=True)
         if args.list_every_s > 0:
@@ -363,7 +384,7 @@ async def bench_fleet(
         if args.profile:
             out = directory / f"pyspy-{server.port}.txt"
             spy = harness.start_pyspy(processes, server.child.process.pid, out, gil=True)
-        load = await measure(fleet, Window("load"), server, args.window_s, postgres)
+        load = await measure(fleet, Window("load"), servers, args.window_s, postgres)
         if spy is not None:
             harness.stop_pyspy(processes, spy)
             harness.print_collapsed(out, title="server (GIL holder)")
@@ -390,8 +411,10 @@ def _ms(values: Sequence[float], q: float) -> float:
 
 
 def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> None:
+    replicas = f", {args.replicas} replicas" if args.replicas > 1 else ""
     harness.banner(
-        f"fleet on {args.db}: {workers} workers x {args.gpus} GPUs, {args.jobs_per_worker} running job(s)"
+        f"fleet on {args.db}{replicas}: {workers} workers x {args.gpus} GPUs,"
+        f" {args.jobs_per_worker} running job(s)"
         + (
             f" each; batched: one worker heartbeat with every job's lease every {args.heartbeat_s:g}s"
             if args.batched
@@ -424,8 +447,11 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
             f" {1e3 * max(window.lag, default=float('nan')):>8.0f}"
         )
         failures = {status: count for status, count in window.statuses.items() if status != 200}
-        if failures or window.postgres_cpu == window.postgres_cpu:
+        if failures or window.postgres_cpu == window.postgres_cpu or len(window.replica_cpu) > 1:
             extra = f"answers other than 200: {failures}" if failures else ""
+            if len(window.replica_cpu) > 1:
+                shares = " + ".join(f"{100 * cpu / window.seconds:.0f}%" for cpu in window.replica_cpu)
+                extra += f"  replicas' CPU {shares}"
             if window.postgres_cpu == window.postgres_cpu:
                 extra += f"  PostgreSQL CPU {100 * window.postgres_cpu / window.seconds:.0f}%"
             print(f"         {extra.strip()}")
@@ -459,11 +485,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each host sends one worker heartbeat every --heartbeat-s carrying all its jobs' leases",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="server processes on the one store (PostgreSQL only); host i talks to replica i mod R",
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(
         "--profile", action="store_true", help="py-spy the server's GIL holder during the load window"
     )
     args = parser.parse_args(argv)
+    if args.replicas < 1 or (args.replicas > 1 and args.db != "postgres"):
+        parser.error("--replicas: 1, or more on PostgreSQL (one server per SQLite file)")
     sizes = [int(part) for part in args.workers.split(",") if part.strip()]
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -485,16 +519,25 @@ def main(argv: list[str] | None = None) -> int:
                     # N hosts from one address: the per-client cap (256) is for one NAT address
                     # of a real fleet, not for this load process standing in for N of them
                     limit = ["--max-requests-per-client", str(max(256, 4 * workers))]
-                    server = harness.start_server(processes, db_url, here, [*limit, *args.server_arg])
+                    servers = []
+                    for replica in range(args.replicas):
+                        place = here / f"replica-{replica}" if args.replicas > 1 else here
+                        place.mkdir(exist_ok=True)
+                        servers.append(
+                            harness.start_server(processes, db_url, place, [*limit, *args.server_arg])
+                        )
                     try:
-                        windows = asyncio.run(bench_fleet(server, args, workers, processes, here))
+                        windows = asyncio.run(bench_fleet(servers, args, workers, processes, here))
                     except (harness.HttpError, OSError, TimeoutError) as error:
                         print(f"\nfleet of {workers} FAILED: {error!r}", flush=True)
-                        print(f"  server log tail:\n{server.child.log.read_text(errors='replace')[-2000:]}")
+                        for server in servers:
+                            tail = server.child.log.read_text(errors="replace")[-2000:]
+                            print(f"  server log tail ({server.url}):\n{tail}")
                         failed = True
                         continue
                     finally:
-                        processes.stop(server.child)
+                        for server in servers:
+                            processes.stop(server.child)
                     report(workers, args, windows)
     except KeyboardInterrupt:
         print("interrupted; processes stopped", file=sys.stderr)
