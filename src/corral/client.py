@@ -267,24 +267,38 @@ class Client:
 
     # --- the job protocol (workers) -------------------------------------------------------
 
-    def claim(self, worker_id: str, wait_s: float = 0.0) -> ClaimAnswer | None:
-        """Claim work: the job with ``attempt``, ``gpu_indices`` and ``env``, or ``None``."""
-        params: dict[str, Any] = {"worker_id": worker_id}
-        if wait_s > 0:
-            params["wait"] = wait_s
-        response = self.request("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+    def claim(
+        self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None
+    ) -> ClaimAnswer | None:
+        """Claim work: the job with ``attempt``, ``gpu_indices`` and ``env``, or ``None``.
+
+        Retry a claim that got no answer (``ServerUnreachable``, a 5xx) with the same
+        ``idempotency_key``: if the first one started a run, the retry answers that run again
+        instead of leaving it to be lost with its lease."""
+        response = self._claim_request(worker_id, wait_s, idempotency_key, None)
         data = self._decode(response)
         return None if data is None else _parse(ClaimAnswer, response, data)
 
-    def claim_many(self, worker_id: str, limit: int, wait_s: float = 0.0) -> list[ClaimAnswer]:
+    def claim_many(
+        self, worker_id: str, limit: int, wait_s: float = 0.0, idempotency_key: str | None = None
+    ) -> list[ClaimAnswer]:
         """Claim up to ``limit`` (1 to 64) jobs that fit the worker together, started in one
-        server transaction (``GET /jobs/next?max=``): each as ``claim`` answers it; empty when none."""
-        params: dict[str, Any] = {"worker_id": worker_id, "max": limit}
-        if wait_s > 0:
-            params["wait"] = wait_s
-        response = self.request("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+        server transaction (``GET /jobs/next?max=``): each as ``claim`` answers it; empty when none.
+        ``idempotency_key`` as for ``claim``."""
+        response = self._claim_request(worker_id, wait_s, idempotency_key, limit)
         data = self._decode(response)
         return [] if data is None else list(_parse(ClaimsAnswer, response, data).items)
+
+    def _claim_request(
+        self, worker_id: str, wait_s: float, idempotency_key: str | None, limit: int | None
+    ) -> Response:
+        params: dict[str, Any] = {"worker_id": worker_id}
+        if limit is not None:
+            params["max"] = limit
+        if wait_s > 0:
+            params["wait"] = wait_s
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self.request("GET", "/jobs/next", params=params, headers=headers, timeout_s=wait_s + 30.0)
 
     def job_heartbeat(
         self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None

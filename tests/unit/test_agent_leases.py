@@ -191,7 +191,9 @@ class MultiClaims(FakeClient):
         taken, self.items = self.items[:count], self.items[count:]
         return taken
 
-    def claim_several(self, worker_id: str, wait_s: float, max_jobs: int) -> Claimed:
+    def claim_several(
+        self, worker_id: str, wait_s: float, max_jobs: int, idempotency_key: str | None = None
+    ) -> Claimed:
         self._record("claim_several", max_jobs)
         self.asked.append(max_jobs)
         if self.mode == "refused":
@@ -204,7 +206,7 @@ class MultiClaims(FakeClient):
                 items.append(ApiError(200, "bad_response", str(error), item))
         return Claimed(items, self.mode == "understood")
 
-    def claim(self, worker_id: str, wait_s: float = 0.0) -> Any:
+    def claim(self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None) -> Any:
         self._record("claim", worker_id)
         return ClaimAnswer.model_validate(self._take(1)[0])
 

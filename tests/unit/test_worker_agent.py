@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from corral.client import ApiError
+from corral.client import ApiError, ServerUnreachable
 from corral.protocol.answers import ClaimAnswer
 from corral.testing.fake_client import FakeClient, claim_answer
 from corral.worker.agent import Agent
@@ -45,7 +45,7 @@ class NotFoundClaims:
     def __init__(self) -> None:
         self.claims = 0
 
-    def claim(self, worker_id: str, wait_s: float = 0.0) -> Any:
+    def claim(self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None) -> Any:
         self.claims += 1
         raise ApiError(404, "not_found", "unknown worker")
 
@@ -73,7 +73,7 @@ class ClaimingClient(FakeClient):
         super().__init__()
         self.claim_body = claim
 
-    def claim(self, worker_id: str, wait_s: float = 0.0) -> Any:
+    def claim(self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None) -> Any:
         self._record("claim", worker_id)
         try:
             return ClaimAnswer.model_validate(self.claim_body)
@@ -113,3 +113,44 @@ def test_a_claim_without_usable_id_and_attempt_is_not_reported(claim: Any):
     agent, client = claiming_agent(claim)
     agent._claim_once()
     assert client.names() == ["claim"]
+
+
+# --- a claim that got no answer is retried with its key ---------------------------------------
+
+
+class ScriptedClaims(FakeClient):
+    """Each claim takes the next scripted outcome (an exception to raise, or None: no work) and
+    records the Idempotency-Key it carried."""
+
+    def __init__(self, outcomes: list[Exception | None]) -> None:
+        super().__init__()
+        self.outcomes = outcomes
+        self.keys: list[str | None] = []
+
+    def claim(self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None) -> Any:
+        self.keys.append(idempotency_key)
+        outcome = self.outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+        return None
+
+
+def scripted_agent(outcomes: list[Exception | None]) -> tuple[Agent, ScriptedClaims]:
+    claims = ScriptedClaims(outcomes)
+    agent = make_agent(FakeClient(), poll_s=0.01)
+    agent._claims = claims  # type: ignore[assignment]
+    agent._registered = True
+    return agent, claims
+
+
+def test_a_claim_without_an_answer_is_retried_with_the_same_key_and_an_answered_one_is_not():
+    unreachable = ServerUnreachable("http://x", ConnectionError("reset"))
+    agent, claims = scripted_agent(
+        [unreachable, ApiError(503, "store_busy", "busy"), None, ApiError(400, "invalid_request", "no"), None]
+    )
+    for _ in range(5):
+        agent._claim_once()
+    first, after_503, answered, refused, fresh = claims.keys
+    assert first is not None and after_503 == first and answered == first
+    assert refused not in (None, first), "after an answer, the next claim has a key of its own"
+    assert fresh not in (None, first, refused), "a refused claim started nothing: its key is dropped"

@@ -138,10 +138,13 @@ def submitted(specs: Sequence[JobSpec], now: float) -> tuple[Submission, ...]:
 # --- the claim --------------------------------------------------------------------------------
 
 
-def start(job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition | None:
+def start(
+    job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+) -> Transition | None:
     """pending -> running (any worker it fits) or reserved -> running (the worker it is reserved
     on, seed 001: a reservation rolled back, or moved to another worker, is not claimed); None when
-    neither holds. The new attempt number is the fence of every report the worker makes for it."""
+    neither holds. The new attempt number is the fence of every report the worker makes for it;
+    ``claim_key`` (the claim's Idempotency-Key) lets a retry of the same claim find this run."""
     reserved_here = job.status == Status.RESERVED and job.worker_id == worker_id
     if job.status != Status.PENDING and not reserved_here:
         return None
@@ -159,6 +162,7 @@ def start(job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> T
         exit_code=None,
         reason=None,
         victims_deadline=None,
+        claim_key=claim_key,
     )
 
 

@@ -178,8 +178,10 @@ class ClaimPlacement:
     used by a job that backfills (``may_backfill``).
     """
 
-    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition | None:
-        return lifecycle.start(job, worker_id, gpu_indices, now)
+    def start(
+        self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+    ) -> Transition | None:
+        return lifecycle.start(job, worker_id, gpu_indices, now, claim_key)
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)

@@ -115,6 +115,9 @@ class Job:
     last_checkpoint_at: float | None = None
     #: checkpoint phases that ended without a checkpoint (late or failed)
     checkpoint_failures: int = 0
+    #: the Idempotency-Key of the claim that started this run, if it carried one: a worker that
+    #: lost the claim's answer retries with the same key and is handed this run again
+    claim_key: str | None = None
 
     @property
     def attempts_used(self) -> int:

@@ -268,15 +268,16 @@ def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
     return store.change(job_id, partial(lifecycle.cancel, now=now))
 
 
-def claim(store: Store, worker_id: str, now: Stamp) -> Job | None:
-    """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction."""
-    return store.claim(worker_id, now, PLACEMENT)
+def claim(store: Store, worker_id: str, now: Stamp, key: str | None = None) -> Job | None:
+    """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction.
+    ``key``: the claim's Idempotency-Key (``Store.claim_many`` says what a retry gets)."""
+    return store.claim(worker_id, now, PLACEMENT, key)
 
 
-def claim_many(store: Store, worker_id: str, now: Stamp, limit: int) -> list[Job]:
+def claim_many(store: Store, worker_id: str, now: Stamp, limit: int, key: str | None = None) -> list[Job]:
     """Up to ``limit`` claims for ``worker_id`` in one store transaction (``claim``'s rule, each
     claim's capacity taken before the next is chosen)."""
-    return store.claim_many(worker_id, now, PLACEMENT, limit)
+    return store.claim_many(worker_id, now, PLACEMENT, limit, key)
 
 
 def reserve_gang(

@@ -148,6 +148,14 @@ def query_float(request: Request, name: str, default: float) -> float:
     return value
 
 
+def idempotency_key(request: Request) -> str | None:
+    """The ``Idempotency-Key`` header (a retried submit, a retried claim), 1 to 256 characters."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= 256:
+        raise errors.InvalidRequest("Idempotency-Key must be 1 to 256 characters", field="Idempotency-Key")
+    return key
+
+
 def fence(request: Request) -> tuple[str, int]:
     """``worker_id`` and ``attempt`` of a worker's report (400 when missing or malformed)."""
     worker_id = request.query_params.get("worker_id")

@@ -87,9 +87,11 @@ class ClaimPolicy(Protocol[CapacityT]):
         now: float,
     ) -> tuple[Job, tuple[int, ...]] | None: ...
 
-    def start(self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float) -> Transition | None:
-        """The claim's transition (pending, or reserved for this worker -> running); None when the
-        job may not be started by this worker."""
+    def start(
+        self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+    ) -> Transition | None:
+        """The claim's transition (pending, or reserved for this worker -> running), recording the
+        claim's ``claim_key``; None when the job may not be started by this worker."""
         ...
 
 
@@ -250,10 +252,16 @@ class Store(Protocol):
     def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]: ...
 
     # the job protocol
-    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None: ...
-    def claim_many(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int) -> list[Job]:
+    def claim(
+        self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], claim_key: str | None = None
+    ) -> Job | None: ...
+    def claim_many(
+        self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int, claim_key: str | None = None
+    ) -> list[Job]:
         """Up to ``limit`` claims for the worker in one transaction, in the order single claims
-        would make them one after another (reserved tasks, then pending jobs in queue order)."""
+        would make them one after another (reserved tasks, then pending jobs in queue order).
+        With ``claim_key``: the runs an earlier claim with that key started on the worker and
+        that still run there, if any (their leases renewed), instead of new claims."""
         ...
 
     def heartbeat_job(

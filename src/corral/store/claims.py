@@ -31,16 +31,24 @@ class ClaimStore(SqlStore):
     """``claim`` and ``claim_many``. A backend may read the first candidates together with the
     worker's allocations (``_allocations_and_first_page``: PostgreSQL saves a round trip)."""
 
-    def claim(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any]) -> Job | None:
+    def claim(
+        self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], claim_key: str | None = None
+    ) -> Job | None:
         """Claim work for ``worker_id`` in one transaction: its reserved task first, else the best fit
         (``claim_many`` with a limit of one)."""
-        claimed = self.claim_many(worker_id, now, policy, 1)
+        claimed = self.claim_many(worker_id, now, policy, 1, claim_key)
         return claimed[0] if claimed else None
 
-    def claim_many(self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int) -> list[Job]:
+    def claim_many(
+        self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int, claim_key: str | None = None
+    ) -> list[Job]:
         """Claim up to ``limit`` jobs for ``worker_id`` in one transaction: the jobs single claims
         would start one after another, each one's capacity taken before the next is chosen.
 
+        0. A retried claim (``claim_key`` already on runs started on this worker, still running):
+           those runs again, leases renewed, and nothing new. The first claim was applied and its
+           answer lost (a server killed between commit and reply, a dropped connection): without
+           this the worker would never run them and they would be lost with their lease.
         1. The worker, locked, and its allocations; a clock for ``now`` is read then, so the claims
            are stamped after every release they counted on.
         2. Tasks reserved for the worker, as ``policy.reserved_task`` names them (their capacity is
@@ -50,27 +58,48 @@ class ClaimStore(SqlStore):
            never hand out the same job.
         """
         with self._transaction() as tx:
-            # The worker, locked, and whether any capacity is held on it: holds exist only while a
-            # gang waits, so the common claim skips reading them.
-            rows = tx.execute(
-                f"SELECT {WORKER_SELECT}, EXISTS (SELECT 1 FROM holds WHERE holds.worker_id = workers.id)"
-                f" FROM workers WHERE id = ?{self.lock_clause_plain}",
-                (worker_id,),
-            )
+            # The worker, locked; whether any capacity is held on it (holds exist only while a gang
+            # waits, so the common claim skips reading them); whether this claim is a retry.
+            rows = tx.execute(self.claiming_worker_sql(), (claim_key, worker_id))
             if not rows:
                 raise errors.NotFound(f"worker {worker_id} not found")
-            worker, held = worker_from_row(rows[0][:-1]), bool(rows[0][-1])
+            worker, held, retried = worker_from_row(rows[0][:-2]), bool(rows[0][-2]), bool(rows[0][-1])
+            if retried:
+                return self._claimed_again(tx, worker_id, claim_key, stamp_of(now))
             if worker.status == WorkerStatus.DRAINING:
                 return []
             allocations, first_page = self._allocations_and_first_page(tx, worker_id, limit)
             at = stamp_of(now)
-            claimed = self._start_reserved(tx, worker, allocations, policy, at, limit)
+            claimed = self._start_reserved(tx, worker, allocations, policy, at, limit, claim_key)
             if len(claimed) < limit:
                 holds = self.holds_on(tx, worker_id) if held else []
                 claimed += self._start_pending(
-                    tx, worker, allocations, holds, policy, at, limit - len(claimed), first_page
+                    tx, worker, allocations, holds, policy, at, limit - len(claimed), first_page, claim_key
                 )
             return claimed
+
+    def claiming_worker_sql(self) -> str:
+        """The claim's first read: the worker's row, locked; whether capacity is held on it; whether
+        a run started by a claim with this key (the first parameter) still runs on it (the
+        ``jobs_claim_key`` index: one lookup, whatever the worker runs)."""
+        return (
+            f"SELECT {WORKER_SELECT}, EXISTS (SELECT 1 FROM holds WHERE holds.worker_id = workers.id),"
+            " EXISTS (SELECT 1 FROM jobs WHERE jobs.claim_key = ? AND jobs.worker_id = workers.id"
+            "  AND jobs.status = 'running')"
+            f" FROM workers WHERE id = ?{self.lock_clause_plain}"
+        )
+
+    def _claimed_again(self, tx: Transaction, worker_id: str, claim_key: str | None, at: float) -> list[Job]:
+        """The runs a claim with ``claim_key`` started on the worker, leases renewed from ``at``
+        (the first answer was lost: the worker has not been heartbeating them); gang tasks first,
+        then in the order they were submitted."""
+        rows = tx.execute(
+            "UPDATE jobs SET last_heartbeat_at = ? WHERE worker_id = ? AND claim_key = ?"
+            f" AND status = 'running' RETURNING {JOB_SELECT}",
+            (at, worker_id, claim_key),
+        )
+        jobs = map(job_from_row, rows)
+        return sorted(jobs, key=lambda job: (job.gang_id is None, job.submitted_at, job.id))
 
     def _allocations_and_first_page(
         self, tx: Transaction, worker_id: str, limit: int
@@ -89,6 +118,7 @@ class ClaimStore(SqlStore):
         policy: ClaimPolicy[Any],
         at: float,
         limit: int,
+        claim_key: str | None = None,
     ) -> list[Job]:
         """Start the tasks reserved for the worker, at most ``limit``. Each task tried is marked
         running in ``allocations`` (started, or not ours to start now), so the policy names the
@@ -105,7 +135,7 @@ class ClaimStore(SqlStore):
             # task that changed since the read above is no longer ours to start.
             rows = tx.execute(f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,))
             task = job_from_row(rows[0]) if rows else None
-            started = policy.start(task, worker.id, task.gpu_indices, at) if task else None
+            started = policy.start(task, worker.id, task.gpu_indices, at, claim_key) if task else None
             if started is not None:
                 started_jobs.append(self._apply(tx, started))
         return started_jobs
@@ -120,6 +150,7 @@ class ClaimStore(SqlStore):
         at: float,
         limit: int,
         first_page: list[Job] | None = None,
+        claim_key: str | None = None,
     ) -> list[Job]:
         """Start up to ``limit`` pending jobs in queue order, each the first that fits what the
         ones before it left free.
@@ -164,7 +195,7 @@ class ClaimStore(SqlStore):
                 if chosen is None:
                     break
                 job, gpu_indices = chosen
-                started = policy.start(job, worker.id, gpu_indices, at)
+                started = policy.start(job, worker.id, gpu_indices, at, claim_key)
                 if started is None:  # the candidates are pending and locked: cannot happen
                     raise errors.Conflict(f"job {job.id} cannot be started; retry")
                 starts.append(started)  # written before the next read, or at the end

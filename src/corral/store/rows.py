@@ -63,7 +63,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
         event_count, master_port, refunds, gpu_util_pct, rss_mb, preempted_for, victims_deadline,
         checkpoint_requested_at, checkpoint_deadline, checkpoint_extended, checkpoint_deferred_s,
-        checkpoint_durations, last_checkpoint_at, checkpoint_failures,
+        checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -123,6 +123,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         checkpoint_durations=_parse_durations(checkpoint_durations),
         last_checkpoint_at=last_checkpoint_at,
         checkpoint_failures=checkpoint_failures,
+        claim_key=claim_key,
     )
 
 
@@ -172,6 +173,7 @@ _COLUMNS_OF_FIELD: dict[str, Callable[[Job], dict[str, Any]]] = {
     },
     "last_checkpoint_at": lambda job: {"last_checkpoint_at": job.last_checkpoint_at},
     "checkpoint_failures": lambda job: {"checkpoint_failures": job.checkpoint_failures},
+    "claim_key": lambda job: {"claim_key": job.claim_key},
     "version": lambda job: {},  # event_count, bumped by the store with the status change
 }
 

@@ -142,6 +142,7 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "checkpoint_durations TEXT NOT NULL DEFAULT ''",  # migration 7
         "last_checkpoint_at DOUBLE PRECISION",  # migration 7
         "checkpoint_failures INTEGER NOT NULL DEFAULT 0",  # migration 7
+        "claim_key TEXT",  # migration 11
     ),
     "workers": columns(
         "id TEXT NOT NULL",
@@ -263,6 +264,7 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_gang": Index("jobs", ("gang_id", "gang_index"), where="gang_id IS NOT NULL"),
     "jobs_pool_submitted": Index("jobs", ("pool", "submitted_at", "id")),
     "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
+    "jobs_claim_key": Index("jobs", ("claim_key",), where="claim_key IS NOT NULL"),
     "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
 }
 
@@ -573,6 +575,17 @@ MIGRATIONS: tuple[Migration, ...] = (
                 since DOUBLE PRECISION
             )
             """,
+        ),
+    ),
+    Migration(
+        11,
+        "claim keys",
+        (
+            # The Idempotency-Key of the claim that started the job's run: a worker that lost the
+            # claim's answer retries with the same key and is handed the same run again. Every
+            # claim asks whether its key is known: one index lookup, not a scan of the running.
+            "ALTER TABLE jobs ADD COLUMN claim_key TEXT",
+            "CREATE INDEX jobs_claim_key ON jobs (claim_key) WHERE claim_key IS NOT NULL",
         ),
     ),
 )

@@ -27,6 +27,7 @@ warning, waits ``poll_s`` and tries again. Nothing here lets an exception end th
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -67,6 +68,9 @@ class Agent:
         #: until its first answer says
         self.multi_claim: bool | None = None
         self.batched_beats: bool | None = None
+        #: the Idempotency-Key of a claim that got no answer, sent again with the next claim
+        #: (``_claim_once``); None after an answer
+        self._claim_key: str | None = None
         self._lock = threading.Lock()
         self._runs: dict[tuple[str, int], JobRun] = {}
         self._used: tuple[int, int] = (0, 0)  # CPUs and GPUs the running attempts hold
@@ -184,13 +188,20 @@ class Agent:
         # Short long-polls (2 s by default) let the claim loop see a shutdown within that time;
         # they cost one HTTP round trip per interval and nothing in latency (a submit wakes them).
         wait_s = self.settings.claim_wait_s
+        # A claim that got no answer may have started runs on the server (it applied the claim,
+        # then died or lost the connection): the next claim carries the same key, and the server
+        # answers those runs again rather than leave them to be lost with their lease.
+        if self._claim_key is None:
+            self._claim_key = secrets.token_hex(16)
         try:
-            claims = self._claim(wait_s)
+            claims = self._claim(wait_s, self._claim_key)
         except ServerUnreachable as error:
             logger.warning("claim failed: server unreachable", extra={**self.fields, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
             return
         except ApiError as error:
+            if error.status < 500:
+                self._claim_key = None  # refused: nothing was started
             if error.status == 404:
                 self._forget_registration("the server does not know this worker")
                 self.stopping.wait(self.settings.poll_s)
@@ -201,6 +212,7 @@ class Agent:
             logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
             return
+        self._claim_key = None
         if not claims:
             if wait_s <= 0:
                 self.stopping.wait(self.settings.poll_s)
@@ -211,12 +223,13 @@ class Agent:
             else:
                 self._start_job(claim)
 
-    def _claim(self, wait_s: float) -> list[ClaimAnswer | ApiError]:
-        """Claim up to what the free capacity could hold, all at once where the server can."""
+    def _claim(self, wait_s: float, key: str | None = None) -> list[ClaimAnswer | ApiError]:
+        """Claim up to what the free capacity could hold, all at once where the server can;
+        ``key`` is the claim's Idempotency-Key."""
         room = self.claim_room()
         if self.multi_claim is not False and room > 1:
             try:
-                claimed = self._claims.claim_several(self.worker_id, wait_s, room)
+                claimed = self._claims.claim_several(self.worker_id, wait_s, room, key)
             except ApiError as error:
                 if error.status != 400:
                     raise
@@ -227,7 +240,7 @@ class Agent:
                 else:
                     self._no_multi_claim("it answered one plain claim")
                 return claimed.items
-        claim = self._claims.claim(self.worker_id, wait_s=wait_s)
+        claim = self._claims.claim(self.worker_id, wait_s=wait_s, idempotency_key=key)
         return [] if claim is None else [claim]
 
     def _no_multi_claim(self, why: str) -> None:
@@ -249,6 +262,14 @@ class Agent:
         return max(1, min(MAX_CLAIM, max(free_cpus, free_gpus)))
 
     def _start_job(self, claim: ClaimAnswer) -> None:
+        with self._lock:
+            if (claim.id, claim.attempt) in self._runs:
+                # A claim answered again (its key retried) for a run this worker already has.
+                logger.warning(
+                    "claim answered a run already running here; ignored",
+                    extra={**self.fields, "job_id": claim.id, "attempt": claim.attempt},
+                )
+                return
         run = JobRun(
             claim,
             self._api,

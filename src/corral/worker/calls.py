@@ -67,12 +67,12 @@ class WorkerClient(Client):
                 data,
             ) from error
 
-    def claim_several(self, worker_id: str, wait_s: float, max_jobs: int) -> Claimed:
-        """Claim up to ``max_jobs`` jobs (see the module doc); ``ApiError`` 400 from an older server."""
-        params: dict[str, Any] = {"worker_id": worker_id, "max": max(1, min(MAX_CLAIM, max_jobs))}
-        if wait_s > 0:
-            params["wait"] = wait_s
-        response = self.request("GET", "/jobs/next", params=params, timeout_s=wait_s + 30.0)
+    def claim_several(
+        self, worker_id: str, wait_s: float, max_jobs: int, idempotency_key: str | None = None
+    ) -> Claimed:
+        """Claim up to ``max_jobs`` jobs (see the module doc); ``ApiError`` 400 from an older server.
+        ``idempotency_key``: as for ``Client.claim``."""
+        response = self._claim_request(worker_id, wait_s, idempotency_key, max(1, min(MAX_CLAIM, max_jobs)))
         data = self._decode(response)
         if data is None:
             return Claimed([], True)

@@ -34,7 +34,15 @@ from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server import changes
 from corral.server.auth import Principal, principal_of, redact_job
-from corral.server.http import answer, decode_body, json_response, query_int, read_body, require_json
+from corral.server.http import (
+    answer,
+    decode_body,
+    idempotency_key,
+    json_response,
+    query_int,
+    read_body,
+    require_json,
+)
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
 from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
@@ -66,9 +74,7 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     limit = BATCH_BODY_LIMIT if batch else 1024 * 1024
     body = await read_body(request, limit)
     require_json(request, body)
-    key = request.headers.get("idempotency-key")
-    if key is not None and not 0 < len(key) <= 256:
-        raise errors.InvalidRequest("Idempotency-Key must be 1 to 256 characters", field="Idempotency-Key")
+    key = idempotency_key(request)
     now = state.clock.now()
     fingerprint = _fingerprint(request, body) if key else ""
     principal = principal_of(request)

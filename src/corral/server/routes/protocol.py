@@ -40,7 +40,15 @@ from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
 from corral.server.grouped import groups_of
-from corral.server.http import fence, json_response, parse_body, query_float, query_int, read_body
+from corral.server.http import (
+    fence,
+    idempotency_key,
+    json_response,
+    parse_body,
+    query_float,
+    query_int,
+    read_body,
+)
 from corral.server.loops.drain import record_reported
 from corral.server.openapi import BYTES, FENCE, Operation, Param, integer, number, string
 from corral.server.state import ServerState, run_short, run_store, state_of
@@ -125,6 +133,7 @@ async def claim(request: Request) -> Response:
     if not worker_id:
         raise errors.InvalidRequest("query parameter worker_id is required", field="worker_id")
     limit = claim_limit(request)
+    key = idempotency_key(request)
     wait = query_float(request, "wait", 0.0)
     if wait > MAX_WAIT_S:
         raise errors.InvalidRequest(f"wait must be at most {MAX_WAIT_S:.0f} seconds", field="wait")
@@ -133,10 +142,10 @@ async def claim(request: Request) -> Response:
     while True:
         woken = state.signal.current()
         if limit is None:
-            one = await run_short(state, claimed, state, worker_id, server_url)
+            one = await run_short(state, claimed, state, worker_id, server_url, key)
             made = [one] if one is not None else []
         else:
-            made = await run_short(state, claimed_many, state, worker_id, server_url, limit)
+            made = await run_short(state, claimed_many, state, worker_id, server_url, limit, key)
         if made:
             break
         remaining = deadline - time.monotonic()
@@ -157,19 +166,22 @@ async def claim(request: Request) -> Response:
     return json_response({"items": [body for _, body in made]})
 
 
-def claimed(state: ServerState, worker_id: str, server_url: str) -> tuple[Job, dict[str, Any]] | None:
+def claimed(
+    state: ServerState, worker_id: str, server_url: str, key: str | None = None
+) -> tuple[Job, dict[str, Any]] | None:
     """Claim, and build the answer: the job, its attempt, its environment and its gang's
     checkpoints (on a store thread, in one crossing: the claim is a job's hottest path). The claim
-    reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came."""
-    job = changes.claim(state.store, worker_id, state.clock.now)
+    reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came.
+    ``key``: the claim's Idempotency-Key (a retry is answered the runs the first one started)."""
+    job = changes.claim(state.store, worker_id, state.clock.now, key)
     return None if job is None else (job, claim_body(state, job, server_url))
 
 
 def claimed_many(
-    state: ServerState, worker_id: str, server_url: str, limit: int
+    state: ServerState, worker_id: str, server_url: str, limit: int, key: str | None = None
 ) -> list[tuple[Job, dict[str, Any]]]:
     """``claimed`` for up to ``limit`` jobs, started in one store transaction."""
-    jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit)
+    jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit, key)
     return [(job, claim_body(state, job, server_url)) for job in jobs]
 
 
@@ -399,6 +411,13 @@ described = [
                 "max",
                 {"type": "integer", "minimum": 1, "maximum": MAX_CLAIMS},
                 "claim up to this many jobs that fit together; answered as {items: [claim, ...]}",
+            ),
+        ),
+        headers=(
+            string(
+                "Idempotency-Key",
+                "a retried claim (its answer lost) is answered the runs the first one started, if they"
+                " still run on the worker, and starts nothing new",
             ),
         ),
         errors=(400, 404),

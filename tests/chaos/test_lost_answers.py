@@ -1,0 +1,67 @@
+"""Answers lost on the way back: the server applied the call, the worker never heard (a server
+killed between its commit and its reply, a dropped connection). The worker retries with the same
+key and the server hands back what it already gave, so nothing is run twice or lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.client import Client
+from tests.chaos.conftest import FAST_SERVER, assert_history, describe_failures, wait_all_terminal
+from tests.chaos.proxy import AnswerDroppingProxy
+from tests.e2e.conftest import wait_for
+
+
+def _first_claim_that_started_work(head: bytes, status: int) -> bool:
+    return head.startswith(b"GET /jobs/next") and status == 200
+
+
+def test_a_lost_claim_answer_is_handed_out_again_and_the_gang_finishes(
+    db_url: str, start_server, start_worker, tmp_path: Path
+):
+    """The CI failure of a kill -9 mid-claim, made certain: rank r's claim is committed, its answer
+    lost. Before, the worker never ran r; its heartbeat no longer listed r, the gang drained, and
+    since the other rank had ended ``done`` the gang failed. Now the retried claim (same
+    Idempotency-Key) answers r again, and every rank runs once, at attempt 1."""
+    server = start_server("--db", db_url, *FAST_SERVER)
+    runs = tmp_path / "runs.txt"
+    dropped_once = []
+
+    def drop(head: bytes, status: int) -> bool:
+        if dropped_once or not _first_claim_that_started_work(head, status):
+            return False
+        dropped_once.append(head)
+        return True
+
+    with AnswerDroppingProxy(server.url, drop) as proxy:
+        start_worker(proxy.url, "w1", "--cpus", "2")
+        start_worker(server.url, "w2", "--cpus", "2")
+        with Client(server.url) as client:
+            client.submit(
+                {
+                    "command": f'echo "$RANK $CORRAL_ATTEMPT" >> {runs}; sleep 1',
+                    "gang_size": 2,
+                    "resources": {"cpus": 2},
+                }
+            )
+            ended = wait_all_terminal(client, 2, 40)
+            assert set(ended.values()) == {"done"}, describe_failures(client, ended)
+            assert proxy.dropped, "the proxy never lost a claim's answer: the test proved nothing"
+    assert sorted(runs.read_text().splitlines()) == ["0 1", "1 1"]
+    assert_history(db_url)
+
+
+def test_a_lost_claim_answer_costs_a_single_job_no_attempt(db_url: str, start_server, start_worker):
+    """A single job's lost claim answer used to cost it a counted attempt (lost, re-queued, run
+    again at attempt 2); the retried claim now answers the same run."""
+    server = start_server("--db", db_url, *FAST_SERVER)
+    with AnswerDroppingProxy(server.url, _first_claim_that_started_work) as proxy:
+        start_worker(proxy.url, "w1", "--cpus", "1")
+        with Client(server.url) as client:
+            job = client.submit({"command": "true", "resources": {"cpus": 1}})
+            wait_for(lambda: proxy.dropped or None, 15, "a claim answer to be lost")
+            proxy.drop = lambda head, status: False
+            ended = wait_all_terminal(client, 1, 30)
+            assert ended == {job.id: "done"}, describe_failures(client, ended)
+            assert client.get_job(job.id).attempts == 1
+    assert_history(db_url)
