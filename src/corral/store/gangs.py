@@ -19,35 +19,77 @@ from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan
 from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision, PreemptionDecision
 from corral.store.operations import OperationsStore
-from corral.store.rows import HOLDING_SQL, JOB_SELECT, QUEUE_ORDER, Transaction, job_from_row
+from corral.store.rows import (
+    HOLDING_SQL,
+    JOB_HEARTBEAT_READINGS,
+    JOB_SELECT,
+    QUEUE_ORDER,
+    WORKER_HEARTBEAT_READINGS,
+    KeptConversions,
+    Transaction,
+    job_from_row,
+    select_without,
+    worker_from_row,
+)
+from corral.store.schema import JOB_COLUMNS, WORKER_COLUMNS
 
 #: pending single jobs the admission cycle reads as possible preemptors, at most, in queue order
 PREEMPTOR_CANDIDATES = 1000
 
 
+#: the admission cycle's select lists: every column, but the heartbeats' readings as NULL
+ADMISSION_JOB_SELECT = select_without(JOB_COLUMNS, JOB_HEARTBEAT_READINGS)
+ADMISSION_WORKER_SELECT = select_without(WORKER_COLUMNS, WORKER_HEARTBEAT_READINGS)
+
+
+def admission_record(row: Sequence[Any]) -> tuple[Job, Allocation | None]:
+    """A job of the admission snapshot and, where it is placed, its allocation (kept with it, so
+    that the cycle's per-worker lists hold the same allocation objects from pass to pass)."""
+    job = job_from_row(row)
+    if job.worker_id is None:
+        return job, None
+    return job, Allocation(job.id, job.worker_id, job.spec.resources, job.gpu_indices, job.status)
+
+
 class GangStore(OperationsStore):
+    #: the admission snapshot's records, kept between passes (``admission_inputs``); made on the
+    #: first pass, one pair per store instance (each replica has its own)
+    _admission_jobs: KeptConversions[tuple[Job, Allocation | None]] | None = None
+    _admission_workers: KeptConversions[Worker] | None = None
+
     # --- reads ---------------------------------------------------------------------------
 
     def admission_inputs(self, now: float) -> AdmissionInputs:
+        """The admission cycle's snapshot (``AdmissionInputs``: its jobs and workers carry no
+        heartbeat readings). Records whose rows did not change since the last call are the same
+        objects as then (``KeptConversions``), so a pass converts only what moved."""
+        if self._admission_jobs is None or self._admission_workers is None:
+            self._admission_jobs = KeptConversions(admission_record)
+            self._admission_workers = KeptConversions(worker_from_row)
         reader = self._read()
-        rows = reader.execute(
-            f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id IN"
+        jobs = self._admission_jobs.read()
+        workers_read = self._admission_workers.read()
+        gangs: dict[str, list[Job]] = {}
+        gang_rows = reader.execute(
+            f"SELECT {ADMISSION_JOB_SELECT} FROM jobs WHERE gang_id IN"
             " (SELECT DISTINCT gang_id FROM jobs"
             "  WHERE gang_id IS NOT NULL AND status IN ('blocked', 'reserved'))"
             " ORDER BY gang_id, gang_index"
         )
-        gangs: dict[str, list[Job]] = {}
-        for row in rows:
-            job = job_from_row(row)
+        for job, _ in jobs.records(gang_rows):
             gangs.setdefault(job.gang_id or "", []).append(job)
-        workers = tuple(self.workers())
-        holding = tuple(
-            job_from_row(row)
-            for row in reader.execute(
-                f"SELECT {JOB_SELECT} FROM jobs WHERE status IN {HOLDING_SQL}"
+        workers = tuple(
+            workers_read.records(
+                reader.execute(f"SELECT {ADMISSION_WORKER_SELECT} FROM workers ORDER BY registered_at, id")
+            )
+        )
+        held = jobs.records(
+            reader.execute(
+                f"SELECT {ADMISSION_JOB_SELECT} FROM jobs WHERE status IN {HOLDING_SQL}"
                 " AND worker_id IS NOT NULL ORDER BY id"
             )
         )
+        holding = tuple(job for job, _ in held)
         expected_ends = {
             job.id: (job.started_at if job.started_at is not None else now) + job.spec.walltime_s
             for job in holding
@@ -56,20 +98,17 @@ class GangStore(OperationsStore):
         running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
         pending: tuple[Job, ...] = ()
         if running:  # single jobs that might preempt: none can take from a class above theirs
-            pending = tuple(
-                job_from_row(row)
-                for row in reader.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
-                    f" AND preemption_class >= ? ORDER BY {QUEUE_ORDER} LIMIT ?",
-                    (min(running), PREEMPTOR_CANDIDATES),
-                )
+            pending_rows = reader.execute(
+                f"SELECT {ADMISSION_JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
+                f" AND preemption_class >= ? ORDER BY {QUEUE_ORDER} LIMIT ?",
+                (min(running), PREEMPTOR_CANDIDATES),
             )
+            pending = tuple(job for job, _ in jobs.records(pending_rows))
+        jobs.finish()
+        workers_read.finish()
         return AdmissionInputs(
             workers=workers,
-            allocations=tuple(
-                Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
-                for job in holding
-            ),
+            allocations=tuple(allocation for _, allocation in held if allocation is not None),
             gangs=tuple((gang_id, tuple(tasks)) for gang_id, tasks in sorted(gangs.items())),
             expected_ends=expected_ends,
             holding=holding,
