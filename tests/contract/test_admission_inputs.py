@@ -11,8 +11,9 @@ from corral.domain.records import JobSpec, Reason
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.server import changes
-from corral.store import Store, open_store
+from corral.store import Store, open_store, rows
 from corral.store.base import AdmissionInputs, JobReport, WorkerRegistration
+from corral.testing.factories import gpu_job
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
@@ -177,3 +178,32 @@ def test_the_cycle_memo_over_kept_records_decides_as_a_count_from_scratch(store)
         assert with_memo == admission.decide(snapshot, 30.0, PreemptionSettings(), None)
         planned += len(with_memo.preemptions)
     assert planned, "the rounds exercise the planner"
+
+
+def test_no_transition_writes_a_column_the_admission_read_compares_without():
+    # The admission read compares kept records on the columns that may change after the submit;
+    # a transition that wrote a spec column would leave a kept record stale.
+    job = gpu_job()
+    for field_name, columns_of in rows._COLUMNS_OF_FIELD.items():
+        assert not set(columns_of(job)) & rows.JOB_SPEC_COLUMNS, field_name
+
+
+def test_spec_columns_stay_as_submitted_through_a_jobs_life(store):
+    running = fleet(store)
+    spec_columns = sorted(rows.JOB_SPEC_COLUMNS)
+
+    def specs():
+        selected = store._read().execute(f"SELECT id, {', '.join(spec_columns)} FROM jobs ORDER BY id")
+        return {row[0]: row[1:] for row in selected}
+
+    submitted = specs()
+    job_ids = list(running)
+    full = JobReport(progress={"step": 3}, gpu_util_pct=90.0, rss_mb=512.0, checkpoint_at=NOW + 4)
+    store.heartbeat_job(job_ids[0], running[job_ids[0]], 1, NOW + 5, full)
+    store.heartbeat_jobs(running[job_ids[1]], NOW + 5, [(job_ids[1], 1, full)])
+    protocol.complete(store, job_ids[2], running[job_ids[2]], 1, NOW + 6)
+    protocol.fail(store, job_ids[3], running[job_ids[3]], 1, NOW + 7, exit_code=1)
+    changes.note_single_waiting(
+        store, store.admission_inputs(NOW + 8).pending[0].id, Reason("x", "y"), NOW + 8
+    )
+    assert specs() == submitted

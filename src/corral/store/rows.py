@@ -228,6 +228,17 @@ def worker_from_row(row: Sequence[Any]) -> Worker:
     )
 
 
+#: the columns a job's row is written with once, at submit (``insert_row``), and never again: its
+#: spec and place in a gang (no transition writes them, ``changed_columns``; nor does a heartbeat).
+#: The admission cycle compares rows without them (``KeptConversions``' changeable part): a column
+#: that may change after the submit must not be here
+JOB_SPEC_COLUMNS = frozenset({
+    "name", "command", "env", "gang_id", "gang_size", "gang_index", "gpus", "vram_mb", "memory_mb",
+    "cpus", "gpu_model", "labels", "pool", "username", "priority", "preemption_class",
+    "checkpoint_mode", "max_retries", "submitted_at", "budget_s", "walltime_s", "stall_timeout_s",
+})  # fmt: skip
+
+
 def insert_row(job: Job) -> tuple[Any, ...]:
     spec, resources = job.spec, job.spec.resources
     reason = job.reason
@@ -268,6 +279,10 @@ def submit_event(job: Job) -> tuple[Any, ...]:
 
 
 Record = TypeVar("Record")
+#: a record kept with what it was compared on: its whole row, or the changeable part of it
+_Kept = tuple[Sequence[Any], Record]
+#: the place of a row whose whole row was not there to read (``KeptConversionsRead.records``)
+_LEFT_OUT = object()
 
 
 class KeptConversions(Generic[Record]):
@@ -279,47 +294,86 @@ class KeptConversions(Generic[Record]):
 
     The rows must carry every column the records' users read (a column left out cannot go stale,
     it is never there): the kept record is only ever reused for an equal row, so keeping hides no
-    change. Each ``read`` starts from what the last finished one kept and keeps only the rows it
-    met: a record whose row is gone is dropped. Reads may run at once on several threads: each
-    fills its own table and the last to finish is kept (either one is valid).
+    change. With ``changeable`` (the part of a whole row that may change once it is written, key
+    first), a read may give only those parts and read the whole rows of the others alone
+    (``KeptConversionsRead.records``): fetching the columns written once is most of a read's time
+    too. Each ``read`` starts from what the last finished one kept and keeps only the rows it met:
+    a record whose row is gone is dropped. Reads may run at once on several threads: each fills its
+    own table and the last to finish is kept (either one is valid).
     """
 
-    def __init__(self, convert: Callable[[Sequence[Any]], Record]) -> None:
-        self._convert = convert
-        self._kept: dict[Any, tuple[Sequence[Any], Record]] = {}
+    def __init__(
+        self,
+        convert: Callable[[Sequence[Any]], Record],
+        changeable: Callable[[Sequence[Any]], Sequence[Any]] | None = None,
+    ) -> None:
+        self.convert = convert
+        self.changeable = changeable
+        self._kept: dict[Any, _Kept[Record]] = {}
 
     def read(self) -> KeptConversionsRead[Record]:
         """One read's conversions; ``finish`` it to keep them for the next read."""
         return KeptConversionsRead(self, self._kept)
 
-    def _keep(self, kept: dict[Any, tuple[Sequence[Any], Record]]) -> None:
+    def keep(self, kept: dict[Any, _Kept[Record]]) -> None:
+        """Keep ``kept`` (a finished read's records) for the next reads, in place of the last."""
         self._kept = kept
 
 
 class KeptConversionsRead(Generic[Record]):
     """The conversions of one read (``KeptConversions.read``), keyed by the row's first column."""
 
-    def __init__(
-        self, owner: KeptConversions[Record], previous: dict[Any, tuple[Sequence[Any], Record]]
-    ) -> None:
+    def __init__(self, owner: KeptConversions[Record], previous: dict[Any, _Kept[Record]]) -> None:
         self._owner = owner
-        self._convert = owner._convert
         self._previous = previous
-        self._kept: dict[Any, tuple[Sequence[Any], Record]] = {}
+        self._kept: dict[Any, _Kept[Record]] = {}
 
-    def records(self, rows: Iterable[Sequence[Any]]) -> list[Record]:
-        """The record of each row, in order: the kept one where the row is unchanged."""
-        made: list[Record] = []
-        previous, kept, convert = self._previous, self._kept, self._convert
+    def records(
+        self,
+        rows: Iterable[Sequence[Any]],
+        whole_rows: Callable[[list[Any]], Iterable[Sequence[Any]]] | None = None,
+    ) -> list[Record]:
+        """The record of each row, in order: the kept one where the row is unchanged.
+
+        Without ``whole_rows``, ``rows`` are whole rows. With it, they are only their
+        ``changeable`` parts, and ``whole_rows(keys)`` reads the whole rows of the keys whose
+        parts differ from the kept ones (or that have none), as the same query would read them
+        now: a record is made from the row it answers, and a key it leaves out (the row left the
+        query's result meanwhile) is left out of the answer.
+        """
+        owner = self._owner
+        convert, changeable = owner.convert, owner.changeable
+        if whole_rows is not None and changeable is None:
+            raise ValueError("whole_rows needs the changeable part of a row (KeptConversions)")
+        # what a row is compared on: the rows as given where they are parts, or whole and kept whole
+        parts_of = changeable if changeable is not None and whole_rows is None else None
+        previous, kept = self._previous, self._kept
+        made: list[Any] = []
+        wanted: list[tuple[int, Any]] = []  # (position in made, key) of the rows not kept
         for row in rows:
             key = row[0]
+            compared = row if parts_of is None else parts_of(row)
             found = kept.get(key) or previous.get(key)
-            if found is None or found[0] != row:
-                found = (row, convert(row))
-            kept[key] = found
-            made.append(found[1])
-        return made
+            if found is not None and found[0] == compared:
+                kept[key] = found
+                made.append(found[1])
+            elif whole_rows is None:
+                found = (compared, convert(row))
+                kept[key] = found
+                made.append(found[1])
+            else:
+                wanted.append((len(made), key))
+                made.append(_LEFT_OUT)
+        if wanted and whole_rows is not None and changeable is not None:
+            whole = {row[0]: row for row in whole_rows([key for _, key in wanted])}
+            for position, key in wanted:
+                whole_row = whole.get(key)
+                if whole_row is not None:
+                    found = (changeable(whole_row), convert(whole_row))
+                    kept[key] = found
+                    made[position] = found[1]
+        return [record for record in made if record is not _LEFT_OUT]
 
     def finish(self) -> None:
         """Keep this read's records, and only them, for the next read."""
-        self._owner._keep(self._kept)
+        self._owner.keep(self._kept)
