@@ -82,22 +82,24 @@ class GangStore(OperationsStore):
             self._admission_jobs = KeptConversions(admission_record, changeable_job_part)
             self._admission_workers = KeptConversions(worker_from_row)
         reader = self._read()
-        jobs = self._admission_jobs.read()
-        workers_read = self._admission_workers.read()
+        job_reading = self._admission_jobs.read()
+        worker_reading = self._admission_workers.read()
         gangs: dict[str, list[Job]] = {}
         in_waiting_gangs = (
             "gang_id IN (SELECT DISTINCT gang_id FROM jobs"
             " WHERE gang_id IS NOT NULL AND status IN ('blocked', 'reserved'))"
         )
-        for job, _ in self._admission_jobs_where(reader, jobs, in_waiting_gangs, "gang_id, gang_index"):
+        for job, _ in self._admission_jobs_where(
+            reader, job_reading, in_waiting_gangs, "gang_id, gang_index"
+        ):
             gangs.setdefault(job.gang_id or "", []).append(job)
         workers = tuple(
-            workers_read.records(
+            worker_reading.records(
                 reader.execute(f"SELECT {ADMISSION_WORKER_SELECT} FROM workers ORDER BY registered_at, id")
             )
         )
         held = self._admission_jobs_where(
-            reader, jobs, f"status IN {HOLDING_SQL} AND worker_id IS NOT NULL", "id"
+            reader, job_reading, f"status IN {HOLDING_SQL} AND worker_id IS NOT NULL", "id"
         )
         holding = tuple(job for job, _ in held)
         expected_ends = {
@@ -110,15 +112,15 @@ class GangStore(OperationsStore):
         if running:  # single jobs that might preempt: none can take from a class above theirs
             candidates = self._admission_jobs_where(
                 reader,
-                jobs,
+                job_reading,
                 "status = 'pending' AND gang_id IS NULL AND preemption_class >= ?",
                 f"{QUEUE_ORDER} LIMIT ?",
                 (min(running),),
                 (PREEMPTOR_CANDIDATES,),
             )
             pending = tuple(job for job, _ in candidates)
-        jobs.finish()
-        workers_read.finish()
+        job_reading.finish()
+        worker_reading.finish()
         return AdmissionInputs(
             workers=workers,
             allocations=tuple(allocation for _, allocation in held if allocation is not None),
@@ -131,7 +133,7 @@ class GangStore(OperationsStore):
     @staticmethod
     def _admission_jobs_where(
         reader: Transaction,
-        jobs: KeptConversionsRead[tuple[Job, Allocation | None]],
+        job_reading: KeptConversionsRead[tuple[Job, Allocation | None]],
         condition: str,
         order: str,
         params: Sequence[Any] = (),
@@ -158,7 +160,7 @@ class GangStore(OperationsStore):
                 )
             return rows
 
-        return jobs.records(parts, whole_rows)
+        return job_reading.records(parts, whole_rows)
 
     def pending_in_pools(self, paths: Sequence[str], limit: int = PREEMPTOR_CANDIDATES) -> tuple[Job, ...]:
         """Pending single jobs of ``paths``' subtrees, in queue order, at most ``limit``: the
