@@ -58,10 +58,11 @@ class CycleMemo:
     caller checks against its records before reusing it.
 
     For a caller that keeps its records between cycles (the simulator keeps a job's row and its
-    allocation until they change), the comparison finds the very same objects (the list's ``==``
+    allocation until they change; the server's store hands back the same records for unchanged
+    rows, ``Store.admission_inputs``), the comparison finds the very same objects (the list's ``==``
     checks identity first, in C), and a cycle counts again only the workers whose allocations
-    changed. A caller that reads fresh rows every cycle (the server) would only compare field by
-    field, and passes none. ``space`` keeps apart the callers that count different records."""
+    changed. A caller that made new records every cycle would only compare field by field.
+    ``space`` keeps apart the callers that count different records."""
 
     def __init__(self) -> None:
         self._kept: dict[str, dict[str, tuple[Worker, list[Any], Capacity]]] = {}

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from corral.config import ServerSettings
+from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
 from corral.domain.clock import Clock
 from corral.domain.pools import PoolDefaults
@@ -65,6 +66,12 @@ class ServerState:
     #: Kept by the loop leader in memory: a new leader may preempt on a worker once more within
     #: one backoff, nothing worse.
     last_preemptive: dict[str, float] = field(default_factory=dict)
+    #: what one admission pass counted from the workers (free capacity, worker shapes, the
+    #: planner's victim units), for the next: the store hands the cycle the same record objects
+    #: for unchanged rows (``Store.admission_inputs``), so a pass counts again only the workers
+    #: whose records changed. Used by the admission loop's one thread; the decisions are the same
+    #: without it (``placement.CycleMemo``)
+    admission_memo: CycleMemo = field(default_factory=CycleMemo)
     #: the threads store work runs on (``run_store``); None: on the event loop (``store_threads`` 0)
     executor: ThreadPoolExecutor | None = field(init=False)
     #: the job reports of one event-loop turn, applied together (``grouped.groups_of``)

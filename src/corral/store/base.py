@@ -163,7 +163,15 @@ class WorkerView:
 @dataclass(frozen=True)
 class AdmissionInputs:
     """What the admission cycle reads: active capacity, every allocation, and the gangs that have a
-    blocked or reserved task (each with all of its tasks, in ``gang_index`` order)."""
+    blocked or reserved task (each with all of its tasks, in ``gang_index`` order).
+
+    Its jobs and workers carry no heartbeat readings: a job's ``last_heartbeat_at``, ``progress``,
+    ``gpu_util_pct`` and ``rss_mb``, a worker's ``last_heartbeat_at`` and ``gpu_stats`` are None or
+    empty (``rows.JOB_HEARTBEAT_READINGS``; no admission, preemption or fair-share rule reads them,
+    and every change the cycle decides is applied to rows read again under their locks). So a row
+    only renewed by heartbeats reads the same from pass to pass, and the store hands back the same
+    record objects for unchanged rows (``rows.KeptConversions``). Everything else is as stored,
+    ``last_checkpoint_at`` (a victim's cost) included."""
 
     workers: tuple[Worker, ...]
     allocations: tuple[Any, ...]

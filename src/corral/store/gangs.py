@@ -10,6 +10,7 @@ deadlocking, and each decision is made on rows no one else can change under it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from corral.domain import errors
@@ -19,35 +20,88 @@ from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan
 from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision, PreemptionDecision
 from corral.store.operations import OperationsStore
-from corral.store.rows import HOLDING_SQL, JOB_SELECT, QUEUE_ORDER, Transaction, job_from_row
+from corral.store.rows import (
+    HOLDING_SQL,
+    JOB_HEARTBEAT_READINGS,
+    JOB_SELECT,
+    JOB_SPEC_COLUMNS,
+    QUEUE_ORDER,
+    WORKER_HEARTBEAT_READINGS,
+    KeptConversions,
+    KeptConversionsRead,
+    Transaction,
+    job_from_row,
+    select_without,
+    worker_from_row,
+)
+from corral.store.schema import JOB_COLUMNS, WORKER_COLUMNS
 
 #: pending single jobs the admission cycle reads as possible preemptors, at most, in queue order
 PREEMPTOR_CANDIDATES = 1000
 
 
+#: the admission cycle's select lists: every column, but the heartbeats' readings as NULL
+ADMISSION_JOB_SELECT = select_without(JOB_COLUMNS, JOB_HEARTBEAT_READINGS)
+ADMISSION_WORKER_SELECT = select_without(WORKER_COLUMNS, WORKER_HEARTBEAT_READINGS)
+#: what of a job's row the admission cycle reads first: the columns that may change after the submit
+#: (the id first), compared with those of the kept records; the whole rows only where they differ
+_CHANGEABLE_JOB_COLUMNS = tuple(
+    column for column in JOB_COLUMNS if column not in JOB_SPEC_COLUMNS | JOB_HEARTBEAT_READINGS
+)
+ADMISSION_JOB_PARTS_SELECT = ", ".join(_CHANGEABLE_JOB_COLUMNS)
+changeable_job_part = itemgetter(*(JOB_COLUMNS.index(column) for column in _CHANGEABLE_JOB_COLUMNS))
+#: whole rows read by id at most this many at a time; more than ``WHOLE_ROWS_AT_ONCE`` (a first
+#: pass) are read with the query's own condition, all at once
+WHOLE_ROWS_BY_ID = 500
+WHOLE_ROWS_AT_ONCE = 2000
+
+
+def admission_record(row: Sequence[Any]) -> tuple[Job, Allocation | None]:
+    """A job of the admission snapshot and, where it is placed, its allocation (kept with it, so
+    that the cycle's per-worker lists hold the same allocation objects from pass to pass)."""
+    job = job_from_row(row)
+    if job.worker_id is None:
+        return job, None
+    return job, Allocation(job.id, job.worker_id, job.spec.resources, job.gpu_indices, job.status)
+
+
 class GangStore(OperationsStore):
+    #: the admission snapshot's records, kept between passes (``admission_inputs``); made on the
+    #: first pass, one pair per store instance (each replica has its own)
+    _admission_jobs: KeptConversions[tuple[Job, Allocation | None]] | None = None
+    _admission_workers: KeptConversions[Worker] | None = None
+
     # --- reads ---------------------------------------------------------------------------
 
     def admission_inputs(self, now: float) -> AdmissionInputs:
+        """The admission cycle's snapshot (``AdmissionInputs``: its jobs and workers carry no
+        heartbeat readings). Records whose rows did not change since the last call are the same
+        objects as then (``KeptConversions``), so a pass converts only what moved; of the jobs'
+        rows it reads first the columns that may change, and whole rows only where they did."""
+        if self._admission_jobs is None or self._admission_workers is None:
+            self._admission_jobs = KeptConversions(admission_record, changeable_job_part)
+            self._admission_workers = KeptConversions(worker_from_row)
         reader = self._read()
-        rows = reader.execute(
-            f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id IN"
-            " (SELECT DISTINCT gang_id FROM jobs"
-            "  WHERE gang_id IS NOT NULL AND status IN ('blocked', 'reserved'))"
-            " ORDER BY gang_id, gang_index"
-        )
+        job_reading = self._admission_jobs.read()
+        worker_reading = self._admission_workers.read()
         gangs: dict[str, list[Job]] = {}
-        for row in rows:
-            job = job_from_row(row)
+        in_waiting_gangs = (
+            "gang_id IN (SELECT DISTINCT gang_id FROM jobs"
+            " WHERE gang_id IS NOT NULL AND status IN ('blocked', 'reserved'))"
+        )
+        for job, _ in self._admission_jobs_where(
+            reader, job_reading, in_waiting_gangs, "gang_id, gang_index"
+        ):
             gangs.setdefault(job.gang_id or "", []).append(job)
-        workers = tuple(self.workers())
-        holding = tuple(
-            job_from_row(row)
-            for row in reader.execute(
-                f"SELECT {JOB_SELECT} FROM jobs WHERE status IN {HOLDING_SQL}"
-                " AND worker_id IS NOT NULL ORDER BY id"
+        workers = tuple(
+            worker_reading.records(
+                reader.execute(f"SELECT {ADMISSION_WORKER_SELECT} FROM workers ORDER BY registered_at, id")
             )
         )
+        held = self._admission_jobs_where(
+            reader, job_reading, f"status IN {HOLDING_SQL} AND worker_id IS NOT NULL", "id"
+        )
+        holding = tuple(job for job, _ in held)
         expected_ends = {
             job.id: (job.started_at if job.started_at is not None else now) + job.spec.walltime_s
             for job in holding
@@ -56,25 +110,57 @@ class GangStore(OperationsStore):
         running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
         pending: tuple[Job, ...] = ()
         if running:  # single jobs that might preempt: none can take from a class above theirs
-            pending = tuple(
-                job_from_row(row)
-                for row in reader.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
-                    f" AND preemption_class >= ? ORDER BY {QUEUE_ORDER} LIMIT ?",
-                    (min(running), PREEMPTOR_CANDIDATES),
-                )
+            candidates = self._admission_jobs_where(
+                reader,
+                job_reading,
+                "status = 'pending' AND gang_id IS NULL AND preemption_class >= ?",
+                f"{QUEUE_ORDER} LIMIT ?",
+                (min(running),),
+                (PREEMPTOR_CANDIDATES,),
             )
+            pending = tuple(job for job, _ in candidates)
+        job_reading.finish()
+        worker_reading.finish()
         return AdmissionInputs(
             workers=workers,
-            allocations=tuple(
-                Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
-                for job in holding
-            ),
+            allocations=tuple(allocation for _, allocation in held if allocation is not None),
             gangs=tuple((gang_id, tuple(tasks)) for gang_id, tasks in sorted(gangs.items())),
             expected_ends=expected_ends,
             holding=holding,
             pending=pending,
         )
+
+    @staticmethod
+    def _admission_jobs_where(
+        reader: Transaction,
+        job_reading: KeptConversionsRead[tuple[Job, Allocation | None]],
+        condition: str,
+        order: str,
+        params: Sequence[Any] = (),
+        order_params: Sequence[Any] = (),
+    ) -> list[tuple[Job, Allocation | None]]:
+        """The admission records of the jobs ``condition`` selects, in ``order``: their changeable
+        columns first, then the whole rows of those not kept, read again under ``condition`` (a
+        row that left it meanwhile is left out, as if read a moment later)."""
+        parts = reader.execute(
+            f"SELECT {ADMISSION_JOB_PARTS_SELECT} FROM jobs WHERE {condition} ORDER BY {order}",
+            (*params, *order_params),
+        )
+
+        def whole_rows(job_ids: list[str]) -> list[tuple[Any, ...]]:
+            if len(job_ids) > WHOLE_ROWS_AT_ONCE:
+                return reader.execute(f"SELECT {ADMISSION_JOB_SELECT} FROM jobs WHERE {condition}", params)
+            rows: list[tuple[Any, ...]] = []
+            for start in range(0, len(job_ids), WHOLE_ROWS_BY_ID):
+                some = job_ids[start : start + WHOLE_ROWS_BY_ID]
+                rows += reader.execute(
+                    f"SELECT {ADMISSION_JOB_SELECT} FROM jobs WHERE ({condition})"
+                    f" AND id IN ({', '.join('?' for _ in some)})",
+                    (*params, *some),
+                )
+            return rows
+
+        return job_reading.records(parts, whole_rows)
 
     def pending_in_pools(self, paths: Sequence[str], limit: int = PREEMPTOR_CANDIDATES) -> tuple[Job, ...]:
         """Pending single jobs of ``paths``' subtrees, in queue order, at most ``limit``: the

@@ -45,7 +45,9 @@ def admission_tick(state: ServerState) -> None:
         last_preemptive=state.last_preemptive,
         fair=fair,
     )
-    decisions = admission.decide(snapshot, state.settings.reservation_timeout_s, state.preemption_settings())
+    decisions = admission.decide(
+        snapshot, state.settings.reservation_timeout_s, state.preemption_settings(), state.admission_memo
+    )
     for rollback in decisions.rollbacks:
         started, completion, rolled = changes.roll_back_stale(
             state.store, rollback.gang_id, now, state.settings.reservation_timeout_s
