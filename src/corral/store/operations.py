@@ -16,6 +16,7 @@ from corral.store.rows import (
     JOB_SELECT,
     LEASED_SQL,
     WORKER_SELECT,
+    Transaction,
     indices_text,
     job_from_row,
     to_json,
@@ -75,15 +76,27 @@ class OperationsStore(ClaimStore):
             )
             unlisted: tuple[Job, ...] = ()
             if running is not None:
-                listed = set(running)
-                held = tx.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}",
-                    (worker_id,),
-                )
-                unlisted = tuple(job for job in map(job_from_row, held) if job.id not in listed)
+                unlisted = self._unlisted_jobs(tx, worker_id, set(running))
             return WorkerBeat(
                 worker_from_row(rows[0]), previous.last_heartbeat_at, previous.unhealthy_gpus, unlisted
             )
+
+    def _unlisted_jobs(self, tx: Transaction, worker_id: str, listed: set[str]) -> tuple[Job, ...]:
+        """The jobs held running or preempting on the worker that ``listed`` leaves out, in id order.
+
+        Ids first, then whole rows for the unlisted ones only: a worker lists every job it runs, so
+        there are normally none, and a fleet's worker heartbeats need not build a ``Job`` for each
+        of its jobs (issue 13)."""
+        held = tx.execute(f"SELECT id FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}", (worker_id,))
+        missing = sorted(job_id for (job_id,) in held if job_id not in listed)
+        if not missing:
+            return ()
+        rows = tx.execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
+            f" AND id IN ({', '.join('?' for _ in missing)}) ORDER BY id",
+            (worker_id, *missing),
+        )
+        return tuple(map(job_from_row, rows))
 
     def drain_worker(self, worker_id: str) -> Worker:
         with self._transaction() as tx:
