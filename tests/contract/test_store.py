@@ -277,6 +277,19 @@ def test_a_batch_of_heartbeats_reads_back_only_what_each_answer_needs(store):
     assert (found[1].status, found[1].last_heartbeat_at) == (Status.PREEMPTING, NOW + 5)
     assert found[2] == untouched == store.get_job(elsewhere.id)
     assert found[3] is None
+    # a heartbeat that reports nothing renews the lease and keeps what was reported before
+    assert store.heartbeat_jobs("w1", NOW + 6, [(running.id, 1, JobReport())]) == [LeaseRenewed(running.id)]
+    assert (store.get_job(running.id).last_heartbeat_at, store.get_job(running.id).progress) == (
+        NOW + 6,
+        {"step": 3},
+    )
+    # a job named twice is renewed twice, in order: the later report is the one kept
+    twice = [
+        (running.id, 1, JobReport(progress={"step": 4})),
+        (running.id, 1, JobReport(progress={"step": 5})),
+    ]
+    assert store.heartbeat_jobs("w1", NOW + 7, twice) == [LeaseRenewed(running.id)] * 2
+    assert store.get_job(running.id).progress == {"step": 5}
 
 
 def test_a_worker_heartbeat_returns_the_held_jobs_its_running_list_leaves_out(store):
