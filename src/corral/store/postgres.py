@@ -287,7 +287,7 @@ class PostgresStore(RetentionStore):
         " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
         " rss_mb = COALESCE(beat.rss_mb, jobs.rss_mb),"
         " last_checkpoint_at = COALESCE(beat.checkpoint_at, jobs.last_checkpoint_at)"
-        " FROM unnest(?::text[], ?::integer[], ?::text[], ?::double precision[],"
+        " FROM unnest(?::text[], ?::bigint[], ?::text[], ?::double precision[],"
         " ?::double precision[], ?::double precision[])"
         " AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at)"
         " WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
