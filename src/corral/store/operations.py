@@ -22,6 +22,26 @@ from corral.store.rows import (
     to_json,
     worker_from_row,
 )
+from corral.store.schema import DECLARED_INDEXES
+
+
+def _partial_index_predicate(name: str) -> str:
+    """The predicate of a declared partial index, word for word as its DDL writes it."""
+    where = DECLARED_INDEXES[name].where
+    if where is None:
+        raise ValueError(f"index {name} is not partial")
+    return where
+
+
+#: the ids of the jobs a worker holds running or preempting (its heartbeat's ``running`` check).
+#: It names the ``jobs_holding`` index's predicate as the DDL writes it: SQLite uses a partial index
+#: only for a query whose WHERE holds that term as written (not the same statuses in another order,
+#: as ``HOLDING_SQL`` lists them); without it, SQLite looked for a worker's jobs by status among every
+#: running job of the fleet, at each worker heartbeat
+LEASED_ON_WORKER_SQL = (
+    f"SELECT id FROM jobs WHERE worker_id = ? AND {_partial_index_predicate('jobs_holding')}"
+    f" AND status IN {LEASED_SQL}"
+)
 
 
 class OperationsStore(ClaimStore):
@@ -87,7 +107,7 @@ class OperationsStore(ClaimStore):
         Ids first, then whole rows for the unlisted ones only: a worker lists every job it runs, so
         there are normally none, and a fleet's worker heartbeats need not build a ``Job`` for each
         of its jobs (issue 13)."""
-        held = tx.execute(f"SELECT id FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}", (worker_id,))
+        held = tx.execute(LEASED_ON_WORKER_SQL, (worker_id,))
         missing = sorted(job_id for (job_id,) in held if job_id not in listed)
         if not missing:
             return ()
