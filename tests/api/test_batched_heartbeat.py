@@ -51,3 +51,41 @@ def test_a_worker_heartbeat_without_jobs_answers_as_before(api):
     assert api.post("/workers/w1/heartbeat", json={}).json() == {}
     bad = api.post("/workers/w1/heartbeat", json={"jobs": [{"id": "j-1"}]})
     assert (bad.status_code, error_code(bad)) == (400, "invalid_request")
+
+
+def test_a_job_being_stopped_is_answered_in_the_batch_as_by_its_own_heartbeat(api, server, clock, settings):
+    """The batch reads back a running job's status alone (issue 13): a job in its checkpoint phase
+    still gets its deadline, its extension, its deferral and the phase's end, a job that ended its
+    refusal, beside a running job's empty answer."""
+    settings.checkpoint_timeout_s = 10
+    settings.max_deferral_s = 5
+    register(api, "w1", gpus=3, vram_mb=1000)
+    low = submit(api, resources={"gpus": 1}, preemption_class=2, checkpoint="manual")
+    kept, finished = (submit(api, resources={"gpus": 1}, preemption_class=9) for _ in range(2))
+    for _ in range(3):
+        claim(api, "w1")
+    fence = {"worker_id": "w1", "attempt": 1}
+    api.post(f"/jobs/{finished['id']}/done", params=fence).raise_for_status()
+    clock.advance(60)
+    submit(api, resources={"gpus": 2}, preemption_class=7)
+    server.run_loop("admission")
+    assert api.get(f"/jobs/{low['id']}").json()["status"] == "preempting"
+
+    def batch(**low_fields):
+        jobs = [{"id": job["id"], "attempt": 1} for job in (low, kept, finished)]
+        jobs[0].update(low_fields)
+        response = api.post("/workers/w1/heartbeat", json={"jobs": jobs})
+        assert response.status_code == 200, response.text
+        answers = response.json()["jobs"]
+        assert answers[kept["id"]] == {}
+        assert answers[finished["id"]]["error"]["code"] == "not_running"
+        return answers[low["id"]]
+
+    assert batch() == {"action": "checkpoint", "preemption_epoch": 1, "deadline_s": 10}
+    clock.advance(11)
+    assert batch()["deadline_s"] == 4, "still beating at the deadline: one extension of 50%"
+    assert batch(defer_s=30)["deadline_s"] == 5, "the job asked for more: 5 s at most in all"
+    clock.advance(6)
+    assert batch() == {"action": "preempt", "preemption_epoch": 1}
+    assert api.get(f"/jobs/{low['id']}").json()["reason"]["code"] == "checkpoint_timed_out"
+    assert "corral_preemption_failed_checkpoint_total 1.0" in api.get("/metrics").text

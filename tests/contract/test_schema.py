@@ -15,6 +15,7 @@ import pytest
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.store import open_store
+from corral.store.operations import LEASED_ON_WORKER_SQL
 from corral.store.schema import (
     DECLARED_COLUMNS,
     DECLARED_INDEXES,
@@ -87,3 +88,15 @@ def test_postgres_claim_query_walks_the_queue_index_without_sorting(postgres_sto
     node_types = [node["Node Type"] for node in nodes]
     assert not [kind for kind in node_types if "Sort" in kind], node_types  # the index gives the order
     assert "jobs_queue" in {node.get("Index Name") for node in nodes}, plan
+
+
+def test_sqlite_finds_a_workers_leased_jobs_through_the_holding_index(tmp_path):
+    """A worker heartbeat's ``running`` check reads the worker's jobs by the partial ``jobs_holding``
+    index, not by status among every running job of the fleet (issue 13): SQLite takes a partial
+    index only for a query that writes its predicate as the index does."""
+    store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+    try:
+        plan = store._read().execute(f"EXPLAIN QUERY PLAN {LEASED_ON_WORKER_SQL}", ("w1",))
+    finally:
+        store.close()
+    assert [detail for *_, detail in plan] == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]

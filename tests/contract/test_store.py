@@ -9,11 +9,11 @@ import pytest
 
 from corral.core.placement import ClaimPlacement
 from corral.domain import errors
-from corral.domain.records import Constraints, GpuReading, JobSpec
+from corral.domain.records import Constraints, GpuReading, Job, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status, is_allowed
 from corral.store import open_store
-from corral.store.base import JobFilter, WorkerRegistration
+from corral.store.base import JobFilter, JobReport, LeaseRenewed, WorkerRegistration
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
@@ -240,6 +240,78 @@ def test_heartbeat_renews_the_lease_and_records_progress(store):
     store.claim("w1", NOW, POLICY)
     beat = protocol.heartbeat_job(store, job.id, "w1", 1, NOW + 7, {"step": 12})
     assert (beat.last_heartbeat_at, beat.progress) == (NOW + 7, {"step": 12})
+
+
+def test_a_batch_of_heartbeats_reads_back_only_what_each_answer_needs(store):
+    """``heartbeat_jobs`` (issue 13): a running job's lease is renewed with its report and comes back
+    as ``LeaseRenewed`` alone; a job being stopped as its renewed row (its checkpoint phase); a
+    stale attempt as its untouched row (the refusal); an unknown job as None."""
+    register(store)
+    register(store, "w2")
+    running, stopping, elsewhere = (submit_one(store) for _ in range(3))
+    store.claim("w1", NOW, POLICY)
+    store.claim("w1", NOW, POLICY)
+    store.claim("w2", NOW, POLICY)
+    protocol.cancel(store, stopping.id, NOW + 1)
+    untouched = store.get_job(elsewhere.id)
+    found = store.heartbeat_jobs(
+        "w1",
+        NOW + 5,
+        [
+            (running.id, 1, JobReport(progress={"step": 3}, gpu_util_pct=50.0, rss_mb=100.0)),
+            (stopping.id, 1, JobReport()),
+            (elsewhere.id, 1, JobReport(progress={"step": 9})),
+            ("j-missing", 1, JobReport()),
+        ],
+    )
+    assert found[0] == LeaseRenewed(running.id)
+    renewed = store.get_job(running.id)
+    assert (renewed.last_heartbeat_at, renewed.progress, renewed.gpu_util_pct, renewed.rss_mb) == (
+        NOW + 5,
+        {"step": 3},
+        50.0,
+        100.0,
+    )
+    assert found[1] == store.get_job(stopping.id)
+    assert isinstance(found[1], Job)
+    assert (found[1].status, found[1].last_heartbeat_at) == (Status.PREEMPTING, NOW + 5)
+    assert found[2] == untouched == store.get_job(elsewhere.id)
+    assert found[3] is None
+    # a heartbeat that reports nothing renews the lease and keeps what was reported before
+    assert store.heartbeat_jobs("w1", NOW + 6, [(running.id, 1, JobReport())]) == [LeaseRenewed(running.id)]
+    assert (store.get_job(running.id).last_heartbeat_at, store.get_job(running.id).progress) == (
+        NOW + 6,
+        {"step": 3},
+    )
+    # a job named twice is renewed twice, in order: the later report is the one kept
+    twice = [
+        (running.id, 1, JobReport(progress={"step": 4})),
+        (running.id, 1, JobReport(progress={"step": 5})),
+    ]
+    assert store.heartbeat_jobs("w1", NOW + 7, twice) == [LeaseRenewed(running.id)] * 2
+    assert store.get_job(running.id).progress == {"step": 5}
+    # any attempt the protocol allows is refused by the row, not by the store's arrays (Schemathesis)
+    assert store.heartbeat_jobs("w1", NOW + 8, [(running.id, 2**63 - 1, JobReport())]) == [
+        store.get_job(running.id)
+    ]
+
+
+def test_a_worker_heartbeat_returns_the_held_jobs_its_running_list_leaves_out(store):
+    register(store)
+    listed, left_out, stopping, finished = (submit_one(store) for _ in range(4))
+    for _ in range(4):
+        store.claim("w1", NOW, POLICY)
+    protocol.cancel(store, stopping.id, NOW + 1)
+    protocol.complete(store, finished.id, "w1", 1, NOW + 1)
+    beat = store.worker_heartbeat("w1", NOW + 2, None, running=[listed.id])
+    assert beat.unlisted == tuple(
+        sorted((store.get_job(left_out.id), store.get_job(stopping.id)), key=lambda job: job.id)
+    )
+    assert (
+        store.worker_heartbeat("w1", NOW + 3, None, running=[listed.id, left_out.id, stopping.id]).unlisted
+        == ()
+    )
+    assert store.worker_heartbeat("w1", NOW + 4, None).unlisted == ()  # no list: nothing to judge
 
 
 @pytest.mark.parametrize("max_retries", [0, 1, 3])

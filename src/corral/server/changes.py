@@ -21,7 +21,7 @@ from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
 from corral.store import Store
-from corral.store.base import JobDecision, JobReport, LogAppended, Stamp, WorkerBeat, stamp_of
+from corral.store.base import JobDecision, JobReport, LeaseRenewed, LogAppended, Stamp, WorkerBeat, stamp_of
 
 PLACEMENT = ClaimPlacement()
 
@@ -168,15 +168,20 @@ def heartbeat_jobs(
     beats: Sequence[JobBeat],
     checkpoint_timeout_s: float = 600.0,
     max_deferral_s: float = 300.0,
-) -> dict[str, HeartbeatAction | errors.CorralError]:
+) -> dict[str, HeartbeatAction | errors.CorralError | None]:
     """Renew every lease of the batch in one transaction, then answer each job as its own
     ``heartbeat`` would: the action, or the refusal (``Conflict`` / ``NotFound``) for that job alone.
-    A checkpoint phase that moves is decided again on its locked row, as there."""
+    None for a lease renewed on a running job: nothing to do, which is what its own heartbeat would
+    answer too (the store did not read its row back to say so). A checkpoint phase that moves is
+    decided again on its locked row, as there."""
     renewed = store.heartbeat_jobs(
         worker_id, now, [(beat.job_id, beat.attempt, beat.report) for beat in beats]
     )
-    answers: dict[str, HeartbeatAction | errors.CorralError] = {}
+    answers: dict[str, HeartbeatAction | errors.CorralError | None] = {}
     for beat, job in zip(beats, renewed, strict=True):
+        if isinstance(job, LeaseRenewed):
+            answers[beat.job_id] = None
+            continue
         try:
             if job is None:
                 raise errors.NotFound(f"job {beat.job_id} not found")

@@ -16,10 +16,31 @@ from corral.store.rows import (
     JOB_SELECT,
     LEASED_SQL,
     WORKER_SELECT,
+    Transaction,
     indices_text,
     job_from_row,
     to_json,
     worker_from_row,
+)
+from corral.store.schema import DECLARED_INDEXES
+
+
+def _partial_index_predicate(name: str) -> str:
+    """The predicate of a declared partial index, word for word as its DDL writes it."""
+    where = DECLARED_INDEXES[name].where
+    if where is None:
+        raise ValueError(f"index {name} is not partial")
+    return where
+
+
+#: the ids of the jobs a worker holds running or preempting (its heartbeat's ``running`` check).
+#: It names the ``jobs_holding`` index's predicate as the DDL writes it: SQLite uses a partial index
+#: only for a query whose WHERE holds that term as written (not the same statuses in another order,
+#: as ``HOLDING_SQL`` lists them); without it, SQLite looked for a worker's jobs by status among every
+#: running job of the fleet, at each worker heartbeat
+LEASED_ON_WORKER_SQL = (
+    f"SELECT id FROM jobs WHERE worker_id = ? AND {_partial_index_predicate('jobs_holding')}"
+    f" AND status IN {LEASED_SQL}"
 )
 
 
@@ -75,15 +96,27 @@ class OperationsStore(ClaimStore):
             )
             unlisted: tuple[Job, ...] = ()
             if running is not None:
-                listed = set(running)
-                held = tx.execute(
-                    f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}",
-                    (worker_id,),
-                )
-                unlisted = tuple(job for job in map(job_from_row, held) if job.id not in listed)
+                unlisted = self._unlisted_jobs(tx, worker_id, set(running))
             return WorkerBeat(
                 worker_from_row(rows[0]), previous.last_heartbeat_at, previous.unhealthy_gpus, unlisted
             )
+
+    def _unlisted_jobs(self, tx: Transaction, worker_id: str, listed: set[str]) -> tuple[Job, ...]:
+        """The jobs held running or preempting on the worker that ``listed`` leaves out, in id order.
+
+        Ids first, then whole rows for the unlisted ones only: a worker lists every job it runs, so
+        there are normally none, and a fleet's worker heartbeats need not build a ``Job`` for each
+        of its jobs (issue 13)."""
+        held = tx.execute(LEASED_ON_WORKER_SQL, (worker_id,))
+        missing = sorted(job_id for (job_id,) in held if job_id not in listed)
+        if not missing:
+            return ()
+        rows = tx.execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
+            f" AND id IN ({', '.join('?' for _ in missing)}) ORDER BY id",
+            (worker_id, *missing),
+        )
+        return tuple(map(job_from_row, rows))
 
     def drain_worker(self, worker_id: str) -> Worker:
         with self._transaction() as tx:

@@ -19,10 +19,19 @@ from typing import Any
 from corral.domain import errors
 from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
 from corral.domain.records import Allocation, Job
+from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan, Transition
-from corral.store.base import JobDecision, JobReport
+from corral.store.base import JobDecision, JobReport, LeaseRenewed
 from corral.store.retention import RetentionStore
-from corral.store.rows import CLAIM_FIRST_PAGE, HOLDING_SQL, JOB_SELECT, QUEUE_ORDER, job_from_row
+from corral.store.rows import (
+    CLAIM_FIRST_PAGE,
+    HOLDING_SQL,
+    JOB_SELECT,
+    LEASED_SQL,
+    QUEUE_ORDER,
+    job_from_row,
+    to_json,
+)
 from corral.store.schema import EVENT_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
@@ -269,6 +278,59 @@ class PostgresStore(RetentionStore):
         """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round
         trip, not three)."""
         return self._renew(self._tx, job_id, worker_id, attempt, now, report)
+
+    #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job;
+    #: a value the heartbeat did not report (NULL) keeps the column as it is, as ``_renew`` does
+    _RENEW_BATCH = (
+        "UPDATE jobs SET last_heartbeat_at = ?,"
+        " progress = COALESCE(beat.progress, jobs.progress),"
+        " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
+        " rss_mb = COALESCE(beat.rss_mb, jobs.rss_mb),"
+        " last_checkpoint_at = COALESCE(beat.checkpoint_at, jobs.last_checkpoint_at)"
+        " FROM unnest(?::text[], ?::bigint[], ?::text[], ?::double precision[],"
+        " ?::double precision[], ?::double precision[])"
+        " AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at)"
+        " WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
+        f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
+    )
+
+    def heartbeat_jobs(
+        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | LeaseRenewed | None]:
+        """``SqlStore.heartbeat_jobs`` in one statement for the whole batch (one round trip, not
+        one per job), then a read of each job whose answer needs its row (normally none).
+
+        A batch naming a job twice renews it in order, one statement per job, as ``SqlStore`` does:
+        one ``UPDATE ... FROM`` would apply only one of the two."""
+        job_ids = [job_id for job_id, _, _ in beats]
+        if len(set(job_ids)) != len(job_ids):
+            return super().heartbeat_jobs(worker_id, now, beats)
+        reports = [report for _, _, report in beats]
+        with self._transaction() as tx:
+            rows = tx.execute(
+                self._RENEW_BATCH,
+                (
+                    now,
+                    job_ids,
+                    [attempt for _, attempt, _ in beats],
+                    [to_json(report.progress) if report.progress is not None else None for report in reports],
+                    [report.gpu_util_pct for report in reports],
+                    [report.rss_mb for report in reports],
+                    [report.checkpoint_at for report in reports],
+                    worker_id,
+                ),
+            )
+            running = {job_id for job_id, status in rows if status == Status.RUNNING}
+            found: list[Job | LeaseRenewed | None] = []
+            for job_id in job_ids:
+                if job_id in running:
+                    found.append(LeaseRenewed(job_id))
+                    continue
+                try:
+                    found.append(self._load_job(tx, job_id))
+                except errors.NotFound:
+                    found.append(None)
+        return found
 
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:

@@ -33,6 +33,7 @@ from corral.store.base import (
     JobDecision,
     JobFilter,
     JobReport,
+    LeaseRenewed,
     SubmitResult,
     Submitted,
     WouldWait,
@@ -406,15 +407,23 @@ class SqlStore(abc.ABC):
 
     def heartbeat_jobs(
         self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
-    ) -> list[Job | None]:
+    ) -> list[Job | LeaseRenewed | None]:
         """``heartbeat_job`` for each ``(job_id, attempt, report)`` of one worker, all in one
-        transaction (a worker heartbeat carrying its jobs' leases): each job as it is now, renewed
-        or untouched as ``heartbeat_job`` says, or None for an unknown job."""
-        found: list[Job | None] = []
+        transaction (a worker heartbeat carrying its jobs' leases).
+
+        Each lease renewed on a running job comes back as a ``LeaseRenewed`` (the renewal reads
+        back its status alone: its answer is "carry on"); any other job as it is now, for the
+        answer that needs the row: renewed while being stopped (its checkpoint phase), or untouched
+        (the core says why its heartbeat is refused); None for an unknown job."""
+        found: list[Job | LeaseRenewed | None] = []
         with self._transaction() as tx:
             for job_id, attempt, report in beats:
+                rows = self._renew_returning(tx, "status", job_id, worker_id, attempt, now, report)
+                if rows and rows[0][0] == Status.RUNNING:
+                    found.append(LeaseRenewed(job_id))
+                    continue
                 try:
-                    found.append(self._renew(tx, job_id, worker_id, attempt, now, report))
+                    found.append(self._load_job(tx, job_id))
                 except errors.NotFound:
                     found.append(None)
         return found
@@ -422,6 +431,22 @@ class SqlStore(abc.ABC):
     def _renew(
         self, tx: Transaction, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
     ) -> Job:
+        rows = self._renew_returning(tx, JOB_SELECT, job_id, worker_id, attempt, now, report)
+        return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
+
+    @staticmethod
+    def _renew_returning(
+        tx: Transaction,
+        returning: str,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        now: float,
+        report: JobReport,
+    ) -> list[tuple[Any, ...]]:
+        """Renew the lease when this worker and attempt hold the job while it runs or is being
+        stopped, writing what the heartbeat reports; the ``returning`` columns of the renewed row,
+        or no row when it did not match."""
         assignments = ["last_heartbeat_at = ?"]
         params: list[Any] = [now]
         for column, value in (
@@ -433,12 +458,11 @@ class SqlStore(abc.ABC):
             if value is not None:
                 assignments.append(f"{column} = ?")
                 params.append(value)
-        rows = tx.execute(
+        return tx.execute(
             f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ? AND worker_id = ? AND attempts = ?"
-            f" AND status IN {LEASED_SQL} RETURNING {JOB_SELECT}",
+            f" AND status IN {LEASED_SQL} RETURNING {returning}",
             [*params, job_id, worker_id, attempt],
         )
-        return job_from_row(rows[0]) if rows else self._load_job(tx, job_id)
 
     # --- workers -------------------------------------------------------------------------
 

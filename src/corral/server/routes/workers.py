@@ -127,6 +127,8 @@ async def heartbeat(request: Request) -> Response:
     for job_id, action in jobs.items():
         if isinstance(action, errors.CorralError):
             answers[job_id] = {"error": {"code": action.code, "message": action.message}}
+        elif action is None:  # renewed on a running job: carry on
+            answers[job_id] = {}
         else:
             answers[job_id] = protocol.heartbeat_answer(state, action, worker_id)
     return json_response({"jobs": answers})
@@ -139,7 +141,7 @@ def _beat(
     readings: list[dict[str, object]] | None,
     body: WorkerHeartbeatBody,
     beats: list[changes.JobBeat],
-) -> tuple[changes.WorkerHeartbeat, dict[str, HeartbeatAction | errors.CorralError]]:
+) -> tuple[changes.WorkerHeartbeat, dict[str, HeartbeatAction | errors.CorralError | None]]:
     """The worker's own heartbeat, then its jobs' leases (one transaction for all of them)."""
     settings = state.settings
     applied = changes.worker_heartbeat(
