@@ -13,7 +13,7 @@ from corral.domain.records import Allocation, Constraints, GpuReading, Job, JobS
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, LEASED, NON_TERMINAL, TERMINAL, Status
 from corral.domain.transitions import Transition
-from corral.store.schema import EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
+from corral.store.schema import DECLARED_INDEXES, EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
 
 JOB_SELECT = ", ".join(JOB_COLUMNS)
 WORKER_SELECT = ", ".join(WORKER_COLUMNS)
@@ -37,9 +37,20 @@ def _sql_set(statuses: frozenset[Status]) -> str:
     return "(" + ", ".join(f"'{status.value}'" for status in sorted(statuses)) + ")"
 
 
-#: jobs that hold resources on their worker / whose heartbeats renew a lease / not yet ended
-#: (``domain.status``)
-HOLDING_SQL = _sql_set(HOLDING)
+def _as_indexed(statuses: frozenset[Status], index: str) -> str:
+    """``statuses`` as the partial ``index``'s predicate (``status IN (...)``) lists them, word for
+    word: SQLite uses a partial index only for a query that writes its predicate as the DDL does,
+    and a claim reads a worker's holdings through ``jobs_holding``."""
+    where = DECLARED_INDEXES[index].where or ""
+    listed = where.removeprefix("status IN ")
+    if {part.strip(" '()") for part in listed.split(",")} != {status.value for status in statuses}:
+        raise AssertionError(f"index {index} ({where}) does not cover exactly {sorted(statuses)}")
+    return listed
+
+
+#: jobs that hold resources on their worker (as the ``jobs_holding`` index lists them) / whose
+#: heartbeats renew a lease / not yet ended (``domain.status``)
+HOLDING_SQL = _as_indexed(HOLDING, "jobs_holding")
 LEASED_SQL = _sql_set(LEASED)
 NON_TERMINAL_SQL = _sql_set(NON_TERMINAL)
 TERMINAL_SQL = _sql_set(TERMINAL)

@@ -478,13 +478,15 @@ class SqlStore(abc.ABC):
     #: a plain row lock (no SKIP LOCKED), for the worker row during a claim
     lock_clause_plain = ""
 
+    #: a worker's allocations (a claim's first read): by the ``jobs_holding`` index, whose
+    #: predicate ``HOLDING_SQL`` writes word for word
+    WORKER_ALLOCATIONS_SQL = (
+        "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
+        f" WHERE worker_id = ? AND status IN {HOLDING_SQL}"
+    )
+
     def _worker_allocations(self, tx: Transaction, worker_id: str) -> list[Allocation]:
-        rows = tx.execute(
-            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
-            f" WHERE worker_id = ? AND status IN {HOLDING_SQL}",
-            (worker_id,),
-        )
-        return [allocation_from_row(row) for row in rows]
+        return [allocation_from_row(row) for row in tx.execute(self.WORKER_ALLOCATIONS_SQL, (worker_id,))]
 
     def allocations(self) -> list[Allocation]:
         rows = self._read().execute(
