@@ -321,16 +321,7 @@ class PostgresStore(RetentionStore):
                 ),
             )
             running = {job_id for job_id, status in rows if status == Status.RUNNING}
-            found: list[Job | LeaseRenewed | None] = []
-            for job_id in job_ids:
-                if job_id in running:
-                    found.append(LeaseRenewed(job_id))
-                    continue
-                try:
-                    found.append(self._load_job(tx, job_id))
-                except errors.NotFound:
-                    found.append(None)
-        return found
+            return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
 
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:

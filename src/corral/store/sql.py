@@ -419,14 +419,18 @@ class SqlStore(abc.ABC):
         with self._transaction() as tx:
             for job_id, attempt, report in beats:
                 rows = self._renew_returning(tx, "status", job_id, worker_id, attempt, now, report)
-                if rows and rows[0][0] == Status.RUNNING:
-                    found.append(LeaseRenewed(job_id))
-                    continue
-                try:
-                    found.append(self._load_job(tx, job_id))
-                except errors.NotFound:
-                    found.append(None)
+                found.append(self._lease_answer(tx, job_id, bool(rows) and rows[0][0] == Status.RUNNING))
         return found
+
+    def _lease_answer(self, tx: Transaction, job_id: str, renewed_running: bool) -> Job | LeaseRenewed | None:
+        """What ``heartbeat_jobs`` gives for one job: ``LeaseRenewed`` for a lease renewed on a
+        running job, else the job as it is now (its answer needs the row), None when unknown."""
+        if renewed_running:
+            return LeaseRenewed(job_id)
+        try:
+            return self._load_job(tx, job_id)
+        except errors.NotFound:
+            return None
 
     def _renew(
         self, tx: Transaction, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
