@@ -24,6 +24,7 @@ from corral.store.schema import (
     Column,
     columns,
 )
+from corral.store.sql import SqlStore
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
@@ -90,25 +91,26 @@ def test_postgres_claim_query_walks_the_queue_index_without_sorting(postgres_sto
     assert "jobs_queue" in {node.get("Index Name") for node in nodes}, plan
 
 
+def sqlite_plan(tmp_path, sql: str, params: tuple[object, ...]) -> list[str]:
+    """The details of ``EXPLAIN QUERY PLAN sql`` on a fresh SQLite store."""
+    store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+    try:
+        return [detail for *_, detail in store._read().execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+    finally:
+        store.close()
+
+
 def test_sqlite_finds_a_workers_leased_jobs_through_the_holding_index(tmp_path):
     """A worker heartbeat's ``running`` check reads the worker's jobs by the partial ``jobs_holding``
     index, not by status among every running job of the fleet (issue 13): SQLite takes a partial
     index only for a query that writes its predicate as the index does."""
-    store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
-    try:
-        plan = store._read().execute(f"EXPLAIN QUERY PLAN {LEASED_ON_WORKER_SQL}", ("w1",))
-    finally:
-        store.close()
-    assert [detail for *_, detail in plan] == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]
+    plan = sqlite_plan(tmp_path, LEASED_ON_WORKER_SQL, ("w1",))
+    assert plan == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]
 
 
 def test_sqlite_reads_a_claiming_workers_holdings_through_the_holding_index(tmp_path):
     """The claim's allocations read (``_worker_allocations``) takes the partial ``jobs_holding``
     index too: before, SQLite read them by status among every running job of the fleet, at each
     claim (2,000 hosts x 8 jobs took minutes to come up in ``bench/fleet.py``)."""
-    store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
-    try:
-        plan = store._read().execute(f"EXPLAIN QUERY PLAN {store.WORKER_ALLOCATIONS_SQL}", ("w1",))
-    finally:
-        store.close()
-    assert [detail for *_, detail in plan] == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]
+    plan = sqlite_plan(tmp_path, SqlStore.WORKER_ALLOCATIONS_SQL, ("w1",))
+    assert plan == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]
