@@ -21,7 +21,16 @@ from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
 from corral.store import Store
-from corral.store.base import JobDecision, JobReport, LeaseRenewed, LogAppended, Stamp, WorkerBeat, stamp_of
+from corral.store.base import (
+    ClaimAsk,
+    JobDecision,
+    JobReport,
+    LeaseRenewed,
+    LogAppended,
+    Stamp,
+    WorkerBeat,
+    stamp_of,
+)
 
 PLACEMENT = ClaimPlacement()
 
@@ -283,6 +292,12 @@ def claim_many(store: Store, worker_id: str, now: Stamp, limit: int, key: str | 
     """Up to ``limit`` claims for ``worker_id`` in one store transaction (``claim``'s rule, each
     claim's capacity taken before the next is chosen)."""
     return store.claim_many(worker_id, now, PLACEMENT, limit, key)
+
+
+def claim_group(store: Store, asks: Sequence[ClaimAsk], now: Stamp) -> list[list[Job]]:
+    """The claims of one turn of the server's event loop, in one store transaction (``claim_many``'s
+    rule for each, each seeing the ones before it)."""
+    return store.claim_group(asks, now, PLACEMENT)
 
 
 def reserve_gang(

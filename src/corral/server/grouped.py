@@ -1,82 +1,120 @@
-"""Group commit: the job reports that arrive in the same turn of the event loop are applied by one
-store call, in one transaction (``Store.change_many``), instead of one transaction each.
+"""Group commit: the protocol calls that arrive in the same turn of the event loop are applied by one
+store call, in one transaction, instead of one transaction each: job reports (``Store.change_many``)
+and claims (``Store.claim_group``).
 
-A report hands its job id and its core decision to ``ReportGroups.change`` and awaits its own
-outcome. The first report of a turn schedules the group's flush for the end of the turn (after every
-request task that became ready in it has run up to its report); the flush makes one store call, on
-the event loop where the store can take it without waiting (``run_short``), and answers each report
-with its own outcome or its own error. Inside the group each report is rolled back alone when it
-fails; when the group as a whole fails (nothing of it written), each report is applied again on its
-own, so that a fault in one never becomes another's answer, and no report is lost or applied twice
-(the compare-and-set fence makes a report that did apply refuse a second time). A store that is
-busy or unavailable answers every report of the group so (503: the worker sends it again).
+A request hands its item to ``TurnGroup.apply`` and awaits its own outcome. The first item of a turn
+schedules the group's flush for the end of the turn (after every request task that became ready in
+it has run up to its store call); the flush makes one store call, on the event loop where the store
+can take it without waiting (``run_short``), and answers each request with its own outcome or its
+own error. When the group as a whole fails (nothing of it written), each item is applied again on
+its own, so that a fault in one never becomes another's answer, and nothing is lost or applied
+twice (the compare-and-set fence makes a report that did apply refuse a second time; a claim with
+an Idempotency-Key is answered the runs it started). A store that is busy or unavailable answers
+every item of the group so (503: the worker sends it again).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from corral.domain import errors
 from corral.server.state import ServerState, run_short
 from corral.store.base import JobDecision
 
-#: a group larger than this is split: one transaction should not hold the write lock for long
-MAX_GROUP = 64
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+#: a group of reports larger than this is split: one transaction should not hold the write lock long
+MAX_REPORTS = 64
 
 
-class ReportGroups:
-    """The reports waiting for this turn's flush, for one server."""
+class TurnGroup(Generic[Item, Result]):
+    """The items waiting for this turn's flush.
 
-    def __init__(self, state: ServerState) -> None:
+    ``apply_many`` applies a group in one transaction and returns each item's outcome, or the
+    exception that refused that item alone; it raises when the group as a whole fails, with nothing
+    written. ``apply_one`` applies a single item (a group of one, and each item after a failed group).
+    Both run where ``run_short`` puts them (a store thread, or the loop when the store would not wait).
+    """
+
+    def __init__(
+        self,
+        state: ServerState,
+        apply_many: Callable[[list[Item]], Sequence[Result | BaseException]],
+        apply_one: Callable[[Item], Result],
+        max_group: int,
+    ) -> None:
         self._state = state
-        self._waiting: list[tuple[str, JobDecision[Any], asyncio.Future[Any]]] = []
+        self._apply_many = apply_many
+        self._apply_one = apply_one
+        self._max_group = max_group
+        self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
 
-    async def change(self, job_id: str, decide: JobDecision[Any]) -> Any:
-        """``Store.change(job_id, decide)``, applied with the other reports of this turn."""
+    async def apply(self, item: Item) -> Result:
+        """``item``'s outcome, applied with the other items of this turn."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Result] = loop.create_future()
         if not self._waiting:
             loop.call_soon(self._flush)
-        self._waiting.append((job_id, decide, future))
+        self._waiting.append((item, future))
         return await future
 
     def _flush(self) -> None:
         while self._waiting:
-            group, self._waiting = self._waiting[:MAX_GROUP], self._waiting[MAX_GROUP:]
+            group, self._waiting = self._waiting[: self._max_group], self._waiting[self._max_group :]
             task = asyncio.ensure_future(self._apply(group))
             self._flushes.add(task)
             task.add_done_callback(self._flushes.discard)
 
-    async def _apply(self, group: list[tuple[str, JobDecision[Any], asyncio.Future[Any]]]) -> None:
+    async def _apply(self, group: list[tuple[Item, asyncio.Future[Result]]]) -> None:
         state = self._state
-        results: list[Any]
+        items = [item for item, _ in group]
+        results: Sequence[Result | BaseException]
         try:
-            if len(group) == 1:
-                job_id, decide, _ = group[0]
-                results = [await run_short(state, state.store.change, job_id, decide)]
+            if len(items) == 1:
+                results = [await run_short(state, self._apply_one, items[0])]
             else:
-                results = await run_short(state, state.store.change_many, [(j, d) for j, d, _ in group])
+                results = await run_short(state, self._apply_many, items)
         except Exception as failure:
-            if len(group) == 1 or isinstance(failure, errors.StoreUnavailable):
-                # the store itself is busy or gone: every report of the group is answered so
+            if len(items) == 1 or isinstance(failure, errors.StoreUnavailable):
+                # the store itself is busy or gone: every item of the group is answered so
                 # (503, retried by the worker), nothing of it written
-                results = [failure] * len(group)
+                results = [failure] * len(items)
             else:  # a fault, nothing of the group written: each on its own, for its own answer
-                results = []
-                for job_id, decide, _ in group:
-                    try:
-                        results.append(await run_short(state, state.store.change, job_id, decide))
-                    except Exception as error:
-                        results.append(error)
-        for (_, _, future), result in zip(group, results, strict=True):
+                results = [await self._apply_alone(item) for item in items]
+        for (_, future), result in zip(group, results, strict=True):
             if future.done():  # its request went away meanwhile
                 continue
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+    async def _apply_alone(self, item: Item) -> Result | BaseException:
+        try:
+            return await run_short(self._state, self._apply_one, item)
+        except Exception as error:
+            return error
+
+
+class ReportGroups(TurnGroup[tuple[str, JobDecision[Any]], Any]):
+    """The job reports of one turn, applied by ``Store.change_many``, each in its own savepoint."""
+
+    def __init__(self, state: ServerState) -> None:
+        store = state.store
+        super().__init__(
+            state,
+            apply_many=lambda group: store.change_many(group),
+            apply_one=lambda item: store.change(*item),
+            max_group=MAX_REPORTS,
+        )
+
+    async def change(self, job_id: str, decide: JobDecision[Any]) -> Any:
+        """``Store.change(job_id, decide)``, applied with the other reports of this turn."""
+        return await self.apply((job_id, decide))
 
 
 def groups_of(state: ServerState) -> ReportGroups:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,7 +36,7 @@ from corral.store import Store
 from corral.store.base import WouldWait
 
 if TYPE_CHECKING:
-    from corral.server.grouped import ReportGroups
+    from corral.server.grouped import ReportGroups, TurnGroup
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -76,6 +76,8 @@ class ServerState:
     executor: ThreadPoolExecutor | None = field(init=False)
     #: the job reports of one event-loop turn, applied together (``grouped.groups_of``)
     report_groups: ReportGroups | None = field(default=None, init=False)
+    #: the claims of one event-loop turn, started together (``routes.protocol.claim_groups``)
+    claim_groups: TurnGroup[Any, Any] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         threads = self.settings.store_threads

@@ -36,6 +36,16 @@ class WouldWait(Exception):
     work inline); nothing was written, so the caller runs it again on a store thread."""
 
 
+@dataclass(frozen=True)
+class ClaimAsk:
+    """One claim of a group (``Store.claim_group``): up to ``limit`` jobs for the worker, with the
+    claim's Idempotency-Key."""
+
+    worker_id: str
+    limit: int = 1
+    claim_key: str | None = None
+
+
 #: a decision about one job: the job and, for a gang task, every task of its gang (locked)
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
@@ -282,6 +292,11 @@ class Store(Protocol):
         would make them one after another (reserved tasks, then pending jobs in queue order).
         With ``claim_key``: the runs an earlier claim with that key started on the worker and
         that still run there, if any (their leases renewed), instead of new claims."""
+        ...
+
+    def claim_group(self, asks: Sequence[ClaimAsk], now: Stamp, policy: ClaimPolicy[Any]) -> list[list[Job]]:
+        """``claim_many`` for each ask, in one transaction: each ask's jobs in the order of ``asks``,
+        each claim seeing the ones before it. Raises, with nothing written, when any claim fails."""
         ...
 
     def heartbeat_job(

@@ -4,6 +4,7 @@ A layer of the store (``store.sql`` says which)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
 from corral.domain.transitions import Transition
-from corral.store.base import ClaimPolicy, Stamp, stamp_of
+from corral.store.base import ClaimAsk, ClaimPolicy, Stamp, stamp_of
 from corral.store.rows import (
     CLAIM_FIRST_PAGE,
     CLAIM_MAX_PAGE,
@@ -58,25 +59,51 @@ class ClaimStore(SqlStore):
            never hand out the same job.
         """
         with self._transaction() as tx:
-            # The worker, locked; whether any capacity is held on it (holds exist only while a gang
-            # waits, so the common claim skips reading them); whether this claim is a retry.
-            rows = tx.execute(self.claiming_worker_sql(), (claim_key, worker_id))
-            if not rows:
-                raise errors.NotFound(f"worker {worker_id} not found")
-            worker, held, retried = worker_from_row(rows[0][:-2]), bool(rows[0][-2]), bool(rows[0][-1])
-            if retried:
-                return self._claimed_again(tx, worker_id, claim_key, stamp_of(now))
-            if worker.status == WorkerStatus.DRAINING:
-                return []
-            allocations, first_page = self._allocations_and_first_page(tx, worker_id, limit)
-            at = stamp_of(now)
-            claimed = self._start_reserved(tx, worker, allocations, policy, at, limit, claim_key)
-            if len(claimed) < limit:
-                holds = self.holds_on(tx, worker_id) if held else []
-                claimed += self._start_pending(
-                    tx, worker, allocations, holds, policy, at, limit - len(claimed), first_page, claim_key
-                )
-            return claimed
+            return self._claim_in(tx, worker_id, now, policy, limit, claim_key)
+
+    def claim_group(self, asks: Sequence[ClaimAsk], now: Stamp, policy: ClaimPolicy[Any]) -> list[list[Job]]:
+        """``claim_many`` for each ask, all in one transaction (the server's group commit of the
+        claims that arrive in one turn of its event loop): each ask's jobs, in the order of
+        ``asks``. The workers are locked in id order, the order every other writer of several
+        worker rows takes them in. Each claim sees the ones before it (never the same job twice).
+        Any failure raises with nothing of the group written: the caller applies the asks one by
+        one, each for its own answer."""
+        claimed: dict[int, list[Job]] = {}
+        with self._transaction() as tx:
+            for index in sorted(range(len(asks)), key=lambda index: asks[index].worker_id):
+                ask = asks[index]
+                claimed[index] = self._claim_in(tx, ask.worker_id, now, policy, ask.limit, ask.claim_key)
+        return [claimed[index] for index in range(len(asks))]
+
+    def _claim_in(
+        self,
+        tx: Transaction,
+        worker_id: str,
+        now: Stamp,
+        policy: ClaimPolicy[Any],
+        limit: int,
+        claim_key: str | None,
+    ) -> list[Job]:
+        """``claim_many``'s work inside the transaction ``tx``."""
+        # The worker, locked; whether any capacity is held on it (holds exist only while a gang
+        # waits, so the common claim skips reading them); whether this claim is a retry.
+        rows = tx.execute(self.claiming_worker_sql(), (claim_key, worker_id))
+        if not rows:
+            raise errors.NotFound(f"worker {worker_id} not found")
+        worker, held, retried = worker_from_row(rows[0][:-2]), bool(rows[0][-2]), bool(rows[0][-1])
+        if retried:
+            return self._claimed_again(tx, worker_id, claim_key, stamp_of(now))
+        if worker.status == WorkerStatus.DRAINING:
+            return []
+        allocations, first_page = self._allocations_and_first_page(tx, worker_id, limit)
+        at = stamp_of(now)
+        claimed = self._start_reserved(tx, worker, allocations, policy, at, limit, claim_key)
+        if len(claimed) < limit:
+            holds = self.holds_on(tx, worker_id) if held else []
+            claimed += self._start_pending(
+                tx, worker, allocations, holds, policy, at, limit - len(claimed), first_page, claim_key
+            )
+        return claimed
 
     def claiming_worker_sql(self) -> str:
         """The claim's first read: the worker's row, locked; whether capacity is held on it; whether

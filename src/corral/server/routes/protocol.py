@@ -18,6 +18,8 @@ import base64
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -39,7 +41,7 @@ from corral.protocol.answers import (
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
-from corral.server.grouped import groups_of
+from corral.server.grouped import TurnGroup, groups_of
 from corral.server.http import (
     fence,
     idempotency_key,
@@ -52,13 +54,15 @@ from corral.server.http import (
 from corral.server.loops.drain import record_reported
 from corral.server.openapi import BYTES, FENCE, Operation, Param, integer, number, string
 from corral.server.state import ServerState, run_short, run_store, state_of
-from corral.store.base import JobReport
+from corral.store.base import ClaimAsk, JobReport
 
 logger = logging.getLogger("corral.server.protocol")
 
 MAX_WAIT_S = 30.0
 #: the most jobs one claim (``max``) may start
 MAX_CLAIMS = 64
+#: the most claims one transaction starts together (``claim_groups``): each may start ``max`` jobs
+MAX_CLAIM_GROUP = 16
 # A long-poll re-checks the store this often even without a local wake-up (work that arrived
 # through another replica, or capacity freed by the reaper).
 RECHECK_S = 1.0
@@ -139,13 +143,10 @@ async def claim(request: Request) -> Response:
         raise errors.InvalidRequest(f"wait must be at most {MAX_WAIT_S:.0f} seconds", field="wait")
     deadline = time.monotonic() + wait
     server_url = str(request.base_url).rstrip("/")
+    ask = ClaimRequest(worker_id, limit, key, server_url)
     while True:
         woken = state.signal.current()
-        if limit is None:
-            one = await run_short(state, claimed, state, worker_id, server_url, key)
-            made = [one] if one is not None else []
-        else:
-            made = await run_short(state, claimed_many, state, worker_id, server_url, limit, key)
+        made = await claim_groups(state).apply(ask)
         if made:
             break
         remaining = deadline - time.monotonic()
@@ -183,6 +184,56 @@ def claimed_many(
     """``claimed`` for up to ``limit`` jobs, started in one store transaction."""
     jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit, key)
     return [(job, claim_body(state, job, server_url)) for job in jobs]
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """A claim request, as the group commit of claims applies it."""
+
+    worker_id: str
+    #: ``max``; None: the single claim
+    limit: int | None
+    key: str | None
+    server_url: str
+
+
+#: a claim's answer: each job started, with its body
+Claimed = list[tuple[Job, dict[str, Any]]]
+
+
+def claim_groups(state: ServerState) -> TurnGroup[ClaimRequest, Claimed]:
+    """The server's group commit of claims (``grouped.TurnGroup``), made at its first claim: the
+    claims of one event-loop turn start their jobs in one transaction (``Store.claim_group``)."""
+    if state.claim_groups is None:
+        state.claim_groups = TurnGroup(
+            state, partial(claimed_together, state), partial(claimed_alone, state), MAX_CLAIM_GROUP
+        )
+    groups: TurnGroup[ClaimRequest, Claimed] = state.claim_groups
+    return groups
+
+
+def claimed_alone(state: ServerState, ask: ClaimRequest) -> Claimed:
+    """One claim in its own transaction (a turn with one claim, or each claim of a failed group)."""
+    if ask.limit is None:
+        one = claimed(state, ask.worker_id, ask.server_url, ask.key)
+        return [one] if one is not None else []
+    return claimed_many(state, ask.worker_id, ask.server_url, ask.limit, ask.key)
+
+
+def claimed_together(state: ServerState, asks: list[ClaimRequest]) -> list[Claimed | BaseException]:
+    """The claims of one turn, started in one store transaction, then each one's bodies. A body
+    that cannot be built (a store read failing after the commit) is that claim's error alone: the
+    worker asks again with the same Idempotency-Key and is answered the runs it started."""
+    started = changes.claim_group(
+        state.store, [ClaimAsk(ask.worker_id, ask.limit or 1, ask.key) for ask in asks], state.clock.now
+    )
+    answers: list[Claimed | BaseException] = []
+    for ask, jobs in zip(asks, started, strict=True):
+        try:
+            answers.append([(job, claim_body(state, job, ask.server_url)) for job in jobs])
+        except Exception as error:
+            answers.append(error)
+    return answers
 
 
 def claim_body(state: ServerState, job: Job, server_url: str) -> dict[str, Any]:
