@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
-from corral.domain.status import Status, WorkerStatus
+from corral.domain.status import Status
 from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
@@ -51,21 +51,12 @@ DESCRIBED = [
 def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Jobs by status, workers by status, and the GPUs of active workers by state."""
     jobs_by_status = store.count_jobs_by_status()
-    workers = store.workers()
-    workers_by_status: dict[str, int] = {}
-    for worker in workers:
-        workers_by_status[worker.status] = workers_by_status.get(worker.status, 0) + 1
-    active = {worker.id: worker for worker in workers if worker.status == WorkerStatus.ACTIVE}
-    total = sum(worker.resources.gpus for worker in active.values())
-    reserved = busy = 0
-    for allocation in store.allocations():
-        if allocation.worker_id in active:
-            if allocation.status == Status.RESERVED:
-                reserved += allocation.resources.gpus
-            else:
-                busy += allocation.resources.gpus
-    gpus = {"free": max(0, total - reserved - busy), "reserved": reserved, "busy": busy}
-    return jobs_by_status, workers_by_status, gpus
+    counts = store.cluster_counts()
+    held = counts.held_gpus_by_status
+    reserved = held.get(Status.RESERVED, 0)
+    busy = sum(held.values()) - reserved
+    gpus = {"free": max(0, counts.active_gpus - reserved - busy), "reserved": reserved, "busy": busy}
+    return jobs_by_status, counts.workers_by_status, gpus
 
 
 def create_app(

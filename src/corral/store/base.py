@@ -183,6 +183,17 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class ClusterCounts:
+    """What the cluster gauges of ``/metrics`` show, counted by the store (no record per row)."""
+
+    workers_by_status: dict[str, int]
+    #: the GPUs of active workers
+    active_gpus: int
+    #: the GPUs held on active workers, by the status of the job holding them
+    held_gpus_by_status: dict[str, int]
+
+
+@dataclass(frozen=True)
 class AdmissionInputs:
     """What the admission cycle reads: active capacity, every allocation, and the gangs that have a
     blocked or reserved task (each with all of its tasks, in ``gang_index`` order).
@@ -279,6 +290,7 @@ class Store(Protocol):
     def gang_tasks(self, gang_id: str) -> list[Job]: ...
     def job_events(self, job_id: str) -> list[JobEvent]: ...
     def count_jobs_by_status(self) -> dict[str, int]: ...
+    def cluster_counts(self) -> ClusterCounts: ...
     def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]: ...
 
     # the job protocol

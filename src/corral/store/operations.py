@@ -10,9 +10,10 @@ from corral.domain import errors
 from corral.domain.ids import new_worker_id
 from corral.domain.records import Allocation, Job, Worker
 from corral.domain.resources import Resources
-from corral.store.base import WorkerBeat, WorkerRegistration, WorkerView
+from corral.store.base import ClusterCounts, WorkerBeat, WorkerRegistration, WorkerView
 from corral.store.claims import ClaimStore
 from corral.store.rows import (
+    HOLDING_SQL,
     JOB_SELECT,
     LEASED_SQL,
     WORKER_SELECT,
@@ -155,7 +156,53 @@ class OperationsStore(ClaimStore):
         return [worker_from_row(row) for row in rows]
 
     def list_workers(self) -> list[WorkerView]:
-        return self._views(self.workers(), self.allocations())
+        """Every worker with what it holds. The holdings are summed from plain rows, not read as
+        ``Allocation`` records: at 2,000 workers x 8 jobs the records cost more than the rest of
+        ``GET /workers``, a long read whose interpreter time the heartbeats wait on."""
+        rows = self._read().execute(
+            "SELECT worker_id, id, gpus, vram_mb, memory_mb, cpus FROM jobs"
+            f" WHERE status IN {HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
+        )
+        held: dict[str, tuple[int, int, int, int, list[str]]] = {}
+        for worker_id, job_id, gpus, vram_mb, memory_mb, cpus in rows:
+            summed = held.get(worker_id)
+            if summed is None:
+                held[worker_id] = (gpus, vram_mb, memory_mb, cpus, [job_id])
+            else:  # VRAM is per GPU: the largest is kept, as ``Resources.__add__`` does
+                summed[4].append(job_id)
+                held[worker_id] = (
+                    summed[0] + gpus,
+                    max(summed[1], vram_mb),
+                    summed[2] + memory_mb,
+                    summed[3] + cpus,
+                    summed[4],
+                )
+        views = []
+        for worker in self.workers():
+            gpus, vram_mb, memory_mb, cpus, job_ids = held.get(worker.id, (0, 0, 0, 0, []))
+            views.append(WorkerView(worker, Resources(gpus, vram_mb, memory_mb, cpus), tuple(job_ids)))
+        return views
+
+    def cluster_counts(self) -> ClusterCounts:
+        """Workers by status, the GPUs of the active ones and the GPUs held on them by the holding
+        job's status, each counted in SQL: ``/metrics`` is scraped every few seconds, and reading
+        every worker and allocation as records for three gauges cost 10% of a 2,000-host server."""
+        read = self._read()
+        workers_by_status: dict[str, int] = {}
+        active_gpus = 0
+        for status, count, gpus in read.execute(
+            "SELECT status, COUNT(*), SUM(gpus) FROM workers GROUP BY status"
+        ):
+            workers_by_status[str(status)] = int(count)
+            if status == "active":
+                active_gpus = int(gpus or 0)
+        rows = read.execute(
+            "SELECT jobs.status, SUM(jobs.gpus) FROM jobs JOIN workers ON workers.id = jobs.worker_id"
+            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active' GROUP BY jobs.status"
+        )
+        return ClusterCounts(
+            workers_by_status, active_gpus, {str(status): int(gpus or 0) for status, gpus in rows}
+        )
 
     def workers_by_id(self, worker_ids: Sequence[str]) -> dict[str, Worker]:
         """The named workers (unknown ids left out), without their allocations."""
