@@ -11,7 +11,7 @@ import pytest
 
 from corral.core import lifecycle
 from corral.domain import errors
-from corral.domain.records import JobSpec
+from corral.domain.records import JobSpec, Reason
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.server import changes
@@ -113,3 +113,18 @@ def test_a_group_leaves_a_legal_history(store, count):
     assert {result.job.status for result in results} == {Status.DONE}
     verdict = history.check_store(store)
     assert verdict.ok, verdict.summary()
+
+
+def test_why_notes_of_a_pass_are_written_in_groups_and_a_refused_one_is_skipped(store):
+    register(store, cpus=1)
+    pending = [
+        submit_one(store, resources=Resources(cpus=1)) for _ in range(changes.NOTES_PER_TRANSACTION + 6)
+    ]
+    (claimed,) = store.claim_many("w1", NOW, POLICY, 1)
+    reason = Reason("no_victim_set", "nothing this job may preempt frees enough")
+    notes = [(job.id, reason) for job in pending] + [("j-gone", reason)]
+    changes.note_singles_waiting(store, notes, NOW + 1)
+    assert claimed.id == pending[0].id
+    assert store.get_job(claimed.id).reason != reason, "a running job's note is not written"
+    assert {store.get_job(job.id).reason for job in pending[1:]} == {reason}
+    assert {store.get_job(job.id).status for job in pending[1:]} == {Status.PENDING}

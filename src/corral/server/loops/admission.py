@@ -94,9 +94,9 @@ def admission_tick(state: ServerState) -> None:
             state.signal.notify()
     reserved_any = _apply_preemptions(state, decisions.preemptions, snapshot, now) or reserved_any
     said = {job.id: job.reason for job in snapshot.pending}
-    for job_id, reason in decisions.single_waiting:
-        if said.get(job_id) != reason:  # the core decides again on the locked row
-            changes.note_single_waiting(state.store, job_id, reason, now)
+    # the core decides again on each locked row
+    notes = [(job_id, reason) for job_id, reason in decisions.single_waiting if said.get(job_id) != reason]
+    changes.note_singles_waiting(state.store, notes, now)
     # Compared with the table, not with this replica's memory: holds written by a leader that
     # has since stopped must not outlive it.
     if list(decisions.holds) != state.store.list_holds():
