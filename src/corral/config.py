@@ -120,6 +120,11 @@ class ServerSettings(BaseSettings):
     store_busy_timeout_s: float = Field(
         5.0, gt=0, description="a change waiting longer than this for a store lock is answered 503 store_busy"
     )
+    admission_process: bool = Field(
+        True,
+        description="plan the admission pass in a process of its own (corral server only): its Python"
+        " then never competes with the requests for the interpreter; false: on a thread of the server",
+    )
 
 
 class WorkerSettings(BaseSettings):

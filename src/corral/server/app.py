@@ -26,7 +26,8 @@ from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.limits import ClientLimitsMiddleware
-from corral.server.loops.admission import admission_tick
+from corral.server.loops.admission import PlanSettings, admission_tick
+from corral.server.loops.planner import PlannerConfig, PlannerProcess
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
@@ -65,12 +66,21 @@ def create_app(
     clock: Clock | None = None,
     run_loops: bool = True,
     tokens: auth.TokenFile | None = None,
+    planner_store_url: str | None = None,
 ) -> Starlette:
     """The server application. ``run_loops=False`` leaves the background loops to the caller (tests
-    drive ``state.loops`` by hand with a fake clock). Authentication is on when ``tokens`` is given
+    drive ``state.loops`` by hand with a fake clock). ``planner_store_url``: the store's URL, for
+    the process that plans the admission pass (``loops.planner``; ``corral server`` passes it, a
+    test server plans on the loop's thread). Authentication is on when ``tokens`` is given
     or ``settings.auth_tokens`` names a token file (an unreadable one raises ``OSError``)."""
     settings = settings or ServerSettings()
     state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
+    if planner_store_url is not None and settings.admission_process:
+        state.planner = PlannerProcess(
+            PlannerConfig(
+                planner_store_url, settings.store_busy_timeout_s, settings.log_level, PlanSettings.of(state)
+            )
+        )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
     state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
@@ -95,6 +105,8 @@ def create_app(
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
         await loops.stop()
+        if state.planner is not None:
+            await asyncio.to_thread(state.planner.close)
         if state.executor is not None:
             await asyncio.to_thread(state.executor.shutdown)
 

@@ -37,6 +37,7 @@ from corral.store.base import WouldWait
 
 if TYPE_CHECKING:
     from corral.server.grouped import ReportGroups, TurnGroup
+    from corral.server.loops.planner import PlannerProcess
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -78,6 +79,9 @@ class ServerState:
     report_groups: ReportGroups | None = field(default=None, init=False)
     #: the claims of one event-loop turn, started together (``routes.protocol.claim_groups``)
     claim_groups: TurnGroup[Any, Any] | None = field(default=None, init=False)
+    #: the process that plans the admission pass (``loops.planner``); None: planned on the loop's
+    #: thread (a server made in a test, or ``CORRAL_ADMISSION_PROCESS=false``)
+    planner: PlannerProcess | None = None
 
     def __post_init__(self) -> None:
         threads = self.settings.store_threads

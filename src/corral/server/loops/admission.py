@@ -8,31 +8,83 @@ and is simply made again, correctly, on the next pass.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from corral.core import admission, fairshare
-from corral.core.preemption import Preemption
+from corral.core.decisions import AdmissionDecisions
+from corral.core.placement import CycleMemo
+from corral.core.preemption import Preemption, PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import pools
-from corral.domain.records import Worker
+from corral.domain.records import Job, Reason, Worker
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
+from corral.store import Store
 
 logger = logging.getLogger("corral.server.admission")
 
 
+@dataclass(frozen=True)
+class PassPlan:
+    """What one admission pass decided, with what applying it needs of the snapshot it read: a
+    value, so the pass may be planned in another process (``loops.planner``) and applied here."""
+
+    decisions: AdmissionDecisions
+    #: whether a gang waits (blocked or reserved tasks): ``ServerState.gangs_waiting``
+    gangs_waiting: bool
+    #: the reason each pending single job the decisions name showed in the snapshot
+    said: dict[str, Reason | None]
+    #: the reasons the tasks of each waiting gang showed in the snapshot
+    gang_reasons: dict[str, tuple[Reason | None, ...]]
+    #: the records of the jobs the preemptions name (which of them are gangs)
+    jobs: dict[str, Job]
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What planning a pass reads of the server's settings."""
+
+    reservation_timeout_s: float
+    preemption: PreemptionSettings
+    pool_defaults: pools.PoolDefaults
+
+    @classmethod
+    def of(cls, state: ServerState) -> PlanSettings:
+        return cls(state.settings.reservation_timeout_s, state.preemption_settings(), state.pool_defaults)
+
+
 def admission_tick(state: ServerState) -> None:
+    """One admission pass: planned in the planner process where the server runs one (the pass's
+    Python then never competes with the requests for the interpreter), else here; applied here."""
     now = state.clock.now()
-    inputs = state.store.admission_inputs(now)
-    state.gangs_waiting = bool(inputs.gangs)
-    resolved = pools.resolve(state.store.pools(), state.pool_defaults)
-    fair = fair_share_of(state, resolved, inputs.workers, now)
+    if state.planner is not None:
+        plan = state.planner.plan(now, dict(state.last_preemptive))
+    else:
+        plan = plan_pass(
+            state.store, PlanSettings.of(state), state.admission_memo, state.last_preemptive, now
+        )
+    apply_pass(state, plan, now)
+
+
+def plan_pass(
+    store: Store,
+    settings: PlanSettings,
+    memo: CycleMemo,
+    last_preemptive: Mapping[str, float],
+    now: float,
+) -> PassPlan:
+    """Read the snapshot and let the core decide. Writes only the fair-share timers (when they
+    change): the decisions are applied by ``apply_pass``."""
+    inputs = store.admission_inputs(now)
+    resolved = pools.resolve(store.pools(), settings.pool_defaults)
+    fair = fair_share_of(store, settings.pool_defaults, resolved, inputs.workers, now)
     pending = inputs.pending
     starving = fair.starving_pools()
     if starving:  # their jobs may preempt within their class, whatever the lowest running class
         known = {job.id for job in pending}
-        pending += tuple(job for job in state.store.pending_in_pools(starving) if job.id not in known)
+        pending += tuple(job for job in store.pending_in_pools(starving) if job.id not in known)
     snapshot = Snapshot(
         now=now,
         workers=inputs.workers,
@@ -42,12 +94,41 @@ def admission_tick(state: ServerState) -> None:
         expected_ends=inputs.expected_ends,
         holding=inputs.holding,
         pools=resolved,
-        last_preemptive=state.last_preemptive,
+        last_preemptive=last_preemptive,
         fair=fair,
     )
-    decisions = admission.decide(
-        snapshot, state.settings.reservation_timeout_s, state.preemption_settings(), state.admission_memo
+    decisions = admission.decide(snapshot, settings.reservation_timeout_s, settings.preemption, memo)
+    noted = {job_id for job_id, _ in decisions.single_waiting}
+    waiting_gangs = {waiting.gang_id for waiting in decisions.waiting}
+    named = {
+        *(job_id for preemption in decisions.preemptions for job_id in preemption.job_ids),
+        *(
+            job_id
+            for preemption in decisions.preemptions
+            for victim in preemption.victims
+            for job_id in victim.job_ids
+        ),
+    }
+    jobs = {job.id: job for job in snapshot.holding if job.id in named}
+    jobs.update((job.id, job) for job in snapshot.pending if job.id in named)
+    jobs.update((task.id, task) for gang in snapshot.gangs for task in gang.tasks if task.id in named)
+    return PassPlan(
+        decisions=decisions,
+        gangs_waiting=bool(inputs.gangs),
+        said={job.id: job.reason for job in snapshot.pending if job.id in noted},
+        gang_reasons={
+            gang.gang_id: tuple(task.reason for task in gang.tasks)
+            for gang in snapshot.gangs
+            if gang.gang_id in waiting_gangs
+        },
+        jobs=jobs,
     )
+
+
+def apply_pass(state: ServerState, plan: PassPlan, now: float) -> None:
+    """Apply a pass's decisions through the store, each in its own compare-and-set transaction."""
+    state.gangs_waiting = plan.gangs_waiting
+    decisions = plan.decisions
     for rollback in decisions.rollbacks:
         started, completion, rolled = changes.roll_back_stale(
             state.store, rollback.gang_id, now, state.settings.reservation_timeout_s
@@ -92,48 +173,49 @@ def admission_tick(state: ServerState) -> None:
         ):
             logger.warning("reservation rolled back", extra={"job_id": job_id})
             state.signal.notify()
-    reserved_any = _apply_preemptions(state, decisions.preemptions, snapshot, now) or reserved_any
-    said = {job.id: job.reason for job in snapshot.pending}
+    reserved_any = _apply_preemptions(state, decisions.preemptions, plan.jobs, now) or reserved_any
     # the core decides again on each locked row
-    notes = [(job_id, reason) for job_id, reason in decisions.single_waiting if said.get(job_id) != reason]
+    notes = [
+        (job_id, reason) for job_id, reason in decisions.single_waiting if plan.said.get(job_id) != reason
+    ]
     changes.note_singles_waiting(state.store, notes, now)
     # Compared with the table, not with this replica's memory: holds written by a leader that
     # has since stopped must not outlive it.
     if list(decisions.holds) != state.store.list_holds():
         state.store.replace_holds(decisions.holds)
-    tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
     for waiting in decisions.waiting:
         # Only where the snapshot shows a blocked task saying something else (the common cycle
         # changes nothing); the core decides again on the locked rows.
-        if any(task.reason != waiting.reason for task in tasks_of.get(waiting.gang_id, ())):
+        if any(reason != waiting.reason for reason in plan.gang_reasons.get(waiting.gang_id, ())):
             changes.note_waiting(state.store, waiting.gang_id, waiting.reason, now)
     if reserved_any:
         state.signal.notify()
 
 
 def fair_share_of(
-    state: ServerState, resolved: dict[str, pools.Pool], workers: Sequence[Worker], now: float
+    store: Store,
+    defaults: pools.PoolDefaults,
+    resolved: dict[str, pools.Pool],
+    workers: Sequence[Worker],
+    now: float,
 ) -> fairshare.FairShareState:
     """This cycle's fair shares and starvation; the timers are kept in the store (written only when
     they change), so a new leader, and every replica's ``GET /pools``, sees them."""
-    own_usage = state.store.pool_usage()
-    pools.with_job_pools(resolved, own_usage, state.pool_defaults)
+    own_usage = store.pool_usage()
+    pools.with_job_pools(resolved, own_usage, defaults)
     total = fairshare.cluster_of(workers)
-    previous = state.store.pool_starvation()
+    previous = store.pool_starvation()
     fair = fairshare.cycle_state(resolved, own_usage, total, previous, now)
     if fair.starvation != previous:
-        state.store.put_pool_starvation(fair.starvation)
+        store.put_pool_starvation(fair.starvation)
     return fair
 
 
 def _apply_preemptions(
-    state: ServerState, preemptions: Sequence[Preemption], snapshot: Snapshot, now: float
+    state: ServerState, preemptions: Sequence[Preemption], jobs: Mapping[str, Job], now: float
 ) -> bool:
     """Each preemption in its own transaction, all of it or nothing; metrics and the log lines that
     tell who was stopped for whom, and why. True when any preemptor was reserved."""
-    jobs = {job.id: job for job in snapshot.holding}
-    jobs.update((job.id, job) for job in snapshot.pending)
-    jobs.update((task.id, task) for gang in snapshot.gangs for task in gang.tasks)
     started_any = False
     for preemption in preemptions:
         started = changes.preempt(
