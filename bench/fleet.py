@@ -308,14 +308,16 @@ async def measure(
 ) -> Window:
     passes, cycle_s, reaped = await scrape_all(servers)
     pids = [server.child.process.pid for server in servers]
-    cpu = [harness.cpu_seconds(pid) for pid in pids]
+    cpu = [harness.cpu_seconds(pid, children=True) for pid in pids]  # with the planner process
     pg_before = harness.postgres_cpu_seconds() if postgres else {}
     window.started = time.monotonic()
     fleet.window = window
     await asyncio.sleep(seconds)
     fleet.window = None
     window.seconds = time.monotonic() - window.started
-    window.replica_cpu = [harness.cpu_seconds(pid) - before for pid, before in zip(pids, cpu, strict=True)]
+    window.replica_cpu = [
+        harness.cpu_seconds(pid, children=True) - before for pid, before in zip(pids, cpu, strict=True)
+    ]
     window.server_cpu = sum(window.replica_cpu)
     if postgres:
         window.postgres_cpu = harness.postgres_cpu_delta(pg_before)

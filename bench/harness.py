@@ -299,16 +299,43 @@ def print_profile(path: Path, limit: int = 30) -> None:
 
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """User + system CPU seconds a process has used so far (Linux ``/proc``); with ``children``,
-    plus those of its children it has waited for (a worker's job processes)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
+    plus those of its descendants: the ones it has waited for (a worker's ended job processes) and
+    the ones still running (its running jobs, the server's planner process)."""
+    fields = _stat_fields(pid)
+    if fields is None:
         return float("nan")
     ticks = int(fields[11]) + int(fields[12])
     if children:
         ticks += int(fields[13]) + int(fields[14])
+        for descendant in _live_descendants(pid):
+            own = _stat_fields(descendant)
+            if own is not None:
+                ticks += int(own[11]) + int(own[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (field 3 on), or None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _live_descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None:
+            parents[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent:
+                found.append(child)
+                frontier.append(child)
+    return found
 
 
 def postgres_cpu_seconds() -> dict[int, float]:

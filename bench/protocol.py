@@ -174,7 +174,10 @@ async def bench_backend(
     spy = None
     if args.profile == "py-spy":
         spy = harness.start_pyspy(processes, server.child.process.pid, directory / f"pyspy-{server.port}.txt")
-    server_cpu, client_cpu = harness.cpu_seconds(server.child.process.pid), harness.self_cpu_seconds()
+    server_cpu, client_cpu = (
+        harness.cpu_seconds(server.child.process.pid, children=True),
+        harness.self_cpu_seconds(),
+    )
     postgres_before = harness.postgres_cpu_seconds() if args.backend == "postgres" else {}
     try:
         run = await run_protocol(
@@ -188,7 +191,7 @@ async def bench_backend(
             args.claim_max,
         )
     finally:
-        server_cpu = harness.cpu_seconds(server.child.process.pid) - server_cpu
+        server_cpu = harness.cpu_seconds(server.child.process.pid, children=True) - server_cpu
         client_cpu = harness.self_cpu_seconds() - client_cpu
         postgres_cpu = harness.postgres_cpu_delta(postgres_before) if postgres_before else float("nan")
         if spy is not None:
