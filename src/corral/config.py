@@ -120,10 +120,11 @@ class ServerSettings(BaseSettings):
     store_busy_timeout_s: float = Field(
         5.0, gt=0, description="a change waiting longer than this for a store lock is answered 503 store_busy"
     )
-    admission_process: bool = Field(
+    store_processes: bool = Field(
         True,
-        description="plan the admission pass in a process of its own (corral server only): its Python"
-        " then never competes with the requests for the interpreter; false: on a thread of the server",
+        description="plan the admission pass, and build the large list answers (GET /jobs pages over"
+        " 500 jobs, GET /workers), in two processes of their own (corral server only): their Python then"
+        " never competes with the requests for the interpreter; false: on the server's threads",
     )
 
 

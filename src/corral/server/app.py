@@ -26,11 +26,11 @@ from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.limits import ClientLimitsMiddleware
-from corral.server.loops.admission import PlanSettings, admission_tick
-from corral.server.loops.planner import PlannerConfig, PlannerProcess
+from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
+from corral.server.offload import StoreProcess, StoreProcessConfig
 from corral.server.routes import jobs, logs, operations, pools, protocol, workers
 from corral.server.state import ServerState
 from corral.store import Store
@@ -66,21 +66,19 @@ def create_app(
     clock: Clock | None = None,
     run_loops: bool = True,
     tokens: auth.TokenFile | None = None,
-    planner_store_url: str | None = None,
+    store_url: str | None = None,
 ) -> Starlette:
     """The server application. ``run_loops=False`` leaves the background loops to the caller (tests
-    drive ``state.loops`` by hand with a fake clock). ``planner_store_url``: the store's URL, for
-    the process that plans the admission pass (``loops.planner``; ``corral server`` passes it, a
-    test server plans on the loop's thread). Authentication is on when ``tokens`` is given
-    or ``settings.auth_tokens`` names a token file (an unreadable one raises ``OSError``)."""
+    drive ``state.loops`` by hand with a fake clock). ``store_url``: the store's URL, for the
+    processes that plan the admission pass and build large lists (``offload``; ``corral server``
+    passes it, a server made in a test does that work on its threads). Authentication is on when
+    ``tokens`` is given or ``settings.auth_tokens`` names a token file (an unreadable one raises
+    ``OSError``)."""
     settings = settings or ServerSettings()
     state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
-    if planner_store_url is not None and settings.admission_process:
-        state.planner = PlannerProcess(
-            PlannerConfig(
-                planner_store_url, settings.store_busy_timeout_s, settings.log_level, PlanSettings.of(state)
-            )
-        )
+    if store_url is not None and settings.store_processes:
+        config = StoreProcessConfig(store_url, settings.store_busy_timeout_s, settings.log_level)
+        state.planner, state.reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
     state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
@@ -105,8 +103,9 @@ def create_app(
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
         await loops.stop()
-        if state.planner is not None:
-            await asyncio.to_thread(state.planner.close)
+        for process in (state.planner, state.reader):
+            if process is not None:
+                await asyncio.to_thread(process.close)
         if state.executor is not None:
             await asyncio.to_thread(state.executor.shutdown)
 

@@ -40,7 +40,7 @@ def run(arguments: argparse.Namespace) -> int:
         print(f"corral server: {error.message}", file=sys.stderr)
         return 2
     try:
-        app = create_app(store, settings, planner_store_url=settings.db)
+        app = create_app(store, settings, store_url=settings.db)
     except OSError as error:
         print(f"corral server: cannot read the token file (--auth-tokens): {error.strerror}", file=sys.stderr)
         store.close()

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,13 +31,13 @@ from corral.domain.clock import Clock
 from corral.domain.pools import PoolDefaults
 from corral.observability.metrics import Metrics
 from corral.server import switching
+from corral.server.offload import OffloadGone, StoreProcess
 from corral.server.signal import WorkSignal
 from corral.store import Store
 from corral.store.base import WouldWait
 
 if TYPE_CHECKING:
     from corral.server.grouped import ReportGroups, TurnGroup
-    from corral.server.loops.planner import PlannerProcess
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -79,9 +79,11 @@ class ServerState:
     report_groups: ReportGroups | None = field(default=None, init=False)
     #: the claims of one event-loop turn, started together (``routes.protocol.claim_groups``)
     claim_groups: TurnGroup[Any, Any] | None = field(default=None, init=False)
-    #: the process that plans the admission pass (``loops.planner``); None: planned on the loop's
-    #: thread (a server made in a test, or ``CORRAL_ADMISSION_PROCESS=false``)
-    planner: PlannerProcess | None = None
+    #: the processes that plan the admission pass and build the large list answers
+    #: (``offload.StoreProcess``); None: on the server's threads (a server made in a test, or
+    #: ``CORRAL_STORE_PROCESSES=false``)
+    planner: StoreProcess | None = None
+    reader: StoreProcess | None = None
 
     def __post_init__(self) -> None:
         threads = self.settings.store_threads
@@ -146,6 +148,26 @@ async def run_long_read(state: ServerState, work: Callable[P, T], *args: P.args,
             return call()
 
     return await run_store(state, long_read)
+
+
+async def run_read(
+    state: ServerState,
+    work: Callable[Concatenate[Store, dict[str, Any], P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """A long read that makes its answer from the store alone (a page of 5,000 jobs, every
+    worker): done by the reader process where the server runs one (``offload``: its Python then
+    never competes with the requests for the interpreter), else on a store thread as a long read.
+    ``work(store, memory, *args)`` is a module-level function; a reader that died is replaced at
+    the next read, and this one is done on a store thread instead."""
+    reader = state.reader
+    if reader is not None:
+        try:
+            return await run_store(state, reader.call, partial(work, **kwargs), *args)
+        except OffloadGone:
+            pass
+    return await run_long_read(state, work, state.store, {}, *args, **kwargs)
 
 
 async def run_short(state: ServerState, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from corral.core import admission, fairshare
 from corral.core.decisions import AdmissionDecisions
@@ -56,16 +57,29 @@ class PlanSettings:
 
 
 def admission_tick(state: ServerState) -> None:
-    """One admission pass: planned in the planner process where the server runs one (the pass's
-    Python then never competes with the requests for the interpreter), else here; applied here."""
+    """One admission pass: planned in the planner process where the server runs one
+    (``offload.StoreProcess``: the pass's Python then never competes with the requests for the
+    interpreter), else here; applied here."""
     now = state.clock.now()
     if state.planner is not None:
-        plan = state.planner.plan(now, dict(state.last_preemptive))
+        plan = state.planner.call(plan_in_process, PlanSettings.of(state), dict(state.last_preemptive), now)
     else:
         plan = plan_pass(
             state.store, PlanSettings.of(state), state.admission_memo, state.last_preemptive, now
         )
     apply_pass(state, plan, now)
+
+
+def plan_in_process(
+    store: Store,
+    memory: dict[str, Any],
+    settings: PlanSettings,
+    last_preemptive: Mapping[str, float],
+    now: float,
+) -> PassPlan:
+    """``plan_pass`` in the planner process, with the ``CycleMemo`` it keeps there."""
+    memo: CycleMemo = memory.setdefault("admission_memo", CycleMemo())
+    return plan_pass(store, settings, memo, last_preemptive, now)
 
 
 def plan_pass(

@@ -45,7 +45,8 @@ from corral.server.http import (
 )
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
-from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
+from corral.server.state import ServerState, run_long_read, run_read, run_short, run_store, state_of
+from corral.store import Store
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
 logger = logging.getLogger("corral.server.jobs")
@@ -128,7 +129,11 @@ async def submit_batch(request: Request) -> Response:
 
 
 def _encode_cursor(job: Job) -> str:
-    return base64.urlsafe_b64encode(f"{job.submitted_at!r}|{job.id}".encode()).decode()
+    return _encode_position(job.submitted_at, job.id)
+
+
+def _encode_position(submitted_at: float, job_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{submitted_at!r}|{job_id}".encode()).decode()
 
 
 def _decode_cursor(cursor: str) -> tuple[float, str]:
@@ -181,18 +186,20 @@ def _job_page(
     return json_response({"items": items, "next": next_cursor})
 
 
-def _chunk(
-    state: ServerState,
+def job_chunk(
+    store: Store,
+    memory: dict[str, Any],
     filters: JobFilter,
     limit: int,
     after: tuple[float, str] | None,
     principal: Principal | None,
-) -> tuple[bytes, int, Job | None]:
+) -> tuple[bytes, int, tuple[float, str] | None]:
     """Up to ``limit`` jobs after ``after``, encoded as JSON array items (no brackets), as the
-    caller may see them."""
-    jobs = state.store.list_jobs(filters, limit, after)
+    caller may see them; how many, and the last one's place in the order (by the reader process,
+    or a store thread)."""
+    jobs = store.list_jobs(filters, limit, after)
     encoded = b",".join(orjson.dumps(redact_job(job_to_wire(job), principal)) for job in jobs)
-    return encoded, len(jobs), jobs[-1] if jobs else None
+    return encoded, len(jobs), (jobs[-1].submitted_at, jobs[-1].id) if jobs else None
 
 
 async def _streamed_page(
@@ -203,23 +210,22 @@ async def _streamed_page(
     principal: Principal | None,
 ) -> AsyncIterator[bytes]:
     """A large page (up to 5,000 jobs, ~4 MB) as ``STREAM_CHUNK``-job pieces, each read and encoded
-    on a store thread: the same answer as ``_job_page``, but no single stretch of it keeps a
-    store thread (and the interpreter's lock) for the ~150 ms the whole page takes, so heartbeats
-    are served between the pieces. The pieces are read one after another by the cursor, as a
-    client paging through would (a job submitted meanwhile may or may not appear)."""
+    by the reader process (``state.run_read``; on a store thread without one): the same answer as
+    ``_job_page``, but no single stretch of it keeps the store thread (and the interpreter's lock)
+    for the ~150 ms the whole page takes, so heartbeats are served between the pieces. The pieces
+    are read one after another by the cursor, as a client paging through would (a job submitted
+    meanwhile may or may not appear)."""
     yield b'{"items":['
-    sent, last = 0, None
+    sent = 0
     while sent < limit:
         want = min(STREAM_CHUNK, limit - sent)
-        data, count, tail = await run_long_read(state, _chunk, state, filters, want, after, principal)
+        data, count, last = await run_read(state, job_chunk, filters, want, after, principal)
         if count:
             yield (b"," if sent else b"") + data
-            sent, last = sent + count, tail
-            assert tail is not None
-            after = (tail.submitted_at, tail.id)
+            sent, after = sent + count, last
         if count < want:
             break
-    next_cursor = _encode_cursor(last) if sent == limit and last is not None else None
+    next_cursor = _encode_position(*after) if sent == limit and after is not None else None
     yield b'],"next":' + orjson.dumps(next_cursor) + b"}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -20,7 +21,8 @@ from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
 from corral.server.routes import protocol
-from corral.server.state import ServerState, run_long_read, run_short, run_store, state_of
+from corral.server.state import ServerState, run_read, run_short, run_store, state_of
+from corral.store import Store
 from corral.store.base import JobReport, WorkerRegistration, WorkerView
 
 logger = logging.getLogger("corral.server.workers")
@@ -156,17 +158,18 @@ def _beat(
 
 
 async def list_workers(request: Request) -> Response:
-    state = state_of(request)
-    return await run_long_read(state, _worker_page, state)
+    body = await run_read(state_of(request), worker_page)
+    return Response(body, media_type="application/json")
 
 
-def _worker_page(state: ServerState) -> Response:
-    """Read and encode every worker (on a store thread: thousands of them take a while)."""
-    views = state.store.list_workers()
+def worker_page(store: Store, memory: dict[str, Any]) -> bytes:
+    """Every worker, read and encoded (by the reader process, or a store thread: thousands of them
+    take a while)."""
+    views = store.list_workers()
     # Not checked against WorkerPage: for 2,000 workers with their GPU readings the check cost more
     # than the rest of the answer; the items are the same worker_to_wire as every single-worker
     # answer, which is checked.
-    return json_response({"items": [worker_to_wire(view) for view in views], "next": None})
+    return orjson.dumps({"items": [worker_to_wire(view) for view in views], "next": None})
 
 
 async def get_worker(request: Request) -> Response:

@@ -1,0 +1,198 @@
+"""Work that runs long in Python, done in a process of its own: the admission pass and the large
+list answers.
+
+The server's event loop shares the interpreter lock with its threads. A thread in a long stretch of
+Python (an admission pass over 2,000 hosts, a page of 5,000 jobs) makes every request the loop
+serves meanwhile wait for the lock again at each statement and each socket call: at 2,000 hosts
+heartbeat p99 went from ~7 ms to a large part of the pass or the list (``bench/fleet.py``). A
+``StoreProcess`` is a child with its own store connection that runs such work, a module-level
+function of ``(store, memory, *args)`` named by the server (``call``), and sends back its result:
+a value (a ``PassPlan``) or the bytes of an answer. ``memory`` is the child's own dict, kept from
+call to call (the admission pass keeps its records and ``CycleMemo`` there, as the server would).
+
+The child is started at the first call and again after it died (the call that found it dead
+mid-work raises ``OffloadGone``; one found dead before is replaced first); it ends when the server
+closes it, or when its input closes (the server died). Messages are length-prefixed pickles on the
+child's stdin and its stdout (its own writes to stdout go to stderr instead). Only ``corral server``
+runs them (``CORRAL_STORE_PROCESSES``); a server made in a test does this work on its threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
+
+logger = logging.getLogger("corral.server.offload")
+
+T = TypeVar("T")
+
+_LENGTH = struct.Struct("!Q")
+
+
+class OffloadGone(Exception):
+    """The child ended or its pipe broke (or the server is stopping); the next call starts a new one."""
+
+
+@dataclass(frozen=True)
+class StoreProcessConfig:
+    """What the child needs to open the store as the server does."""
+
+    store_url: str
+    busy_timeout_s: float
+    log_level: str
+
+
+def send(stream: IO[bytes], message: object) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.flush()
+
+
+def receive(stream: IO[bytes]) -> Any:
+    """The next message, or EOFError when the other end closed."""
+    header = stream.read(_LENGTH.size)
+    if len(header) < _LENGTH.size:
+        raise EOFError("the pipe closed")
+    (length,) = _LENGTH.unpack(header)
+    data = stream.read(length)
+    if len(data) < length:
+        raise EOFError("the pipe closed mid-message")
+    return pickle.loads(data)  # noqa: S301 (our own child process, over its own pipes)
+
+
+class StoreProcess:
+    """The server's side: ``call`` sends one piece of work and waits for its result (one at a
+    time: a second caller waits for the first)."""
+
+    def __init__(self, config: StoreProcessConfig, name: str) -> None:
+        self._config = config
+        self.name = name
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def call(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(store, memory, *args)`` in the child: its result, or what it raised, or
+        ``OffloadGone``. ``function`` is pickled by name: a module-level function of corral."""
+        with self._lock:
+            if self._closed:  # the server is stopping: work still in flight starts no new child
+                raise OffloadGone(f"the {self.name} process is closed: the server is stopping")
+            process = self._running()
+            assert process.stdin is not None and process.stdout is not None
+            try:
+                send(process.stdin, (function, args))
+                outcome = receive(process.stdout)
+            except (EOFError, OSError) as error:
+                self._stop(process)
+                raise OffloadGone(
+                    f"the {self.name} process ended ({error}); a new one takes the next call"
+                ) from error
+        if isinstance(outcome, _Raised):
+            raise outcome.error
+        result: T = outcome
+        return result
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        process = self._process
+        if process is not None and process.poll() is not None:
+            logger.warning(
+                "store process ended; starting another",
+                extra={"helper": self.name, "exit_code": process.returncode},
+            )
+            self._stop(process)
+        if process is None or process.poll() is not None:
+            process = self._process = subprocess.Popen(  # noqa: S603 (this interpreter, a module of corral)
+                [sys.executable, "-m", "corral.server.offload", self.name],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            assert process.stdin is not None
+            send(process.stdin, self._config)
+            logger.info("store process started", extra={"helper": self.name, "pid": process.pid})
+        return process
+
+    def _stop(self, process: subprocess.Popen[bytes]) -> None:
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if self._process is process:
+            self._process = None
+
+    def close(self) -> None:
+        """End the child: its input closes, it returns from its loop and closes its store."""
+        with self._lock:
+            self._closed = True
+            if self._process is not None:
+                self._stop(self._process)
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """What the work raised, sent back as such (an exception is also a possible result)."""
+
+    error: Exception
+
+
+def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
+    """The child's loop: a ``StoreProcessConfig``, then one result per request until the input
+    closes."""
+    from corral.observability.logging import configure_logging
+    from corral.store import open_store
+
+    config: StoreProcessConfig = receive(requests)
+    configure_logging(config.log_level)
+    store = open_store(config.store_url, migrate=False, busy_timeout_s=config.busy_timeout_s)
+    memory: dict[str, Any] = {}
+    try:
+        while True:
+            try:
+                function, args = receive(requests)
+            except EOFError:
+                return
+            try:
+                outcome: object = function(store, memory, *args)
+            except Exception as error:
+                outcome = _Raised(_sendable(error))
+            send(answers, outcome)
+    finally:
+        store.close()
+
+
+def _sendable(error: Exception) -> Exception:
+    """The error itself where it survives pickling, else a RuntimeError that names it."""
+    try:
+        pickle.loads(pickle.dumps(error))  # noqa: S301 (a round trip of our own object)
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the server stops the child itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not break a message
+    serve(sys.stdin.buffer, answers)
+
+
+if __name__ == "__main__":
+    # Run as the module's own name, not ``__main__``, so what it sends back pickles by that name.
+    from corral.server import offload
+
+    offload.main()

@@ -1,0 +1,147 @@
+"""Long work in processes of their own (``offload.StoreProcess``), on SQLite and PostgreSQL: the
+admission pass planned there is the plan a pass on the server's thread makes, the large lists read
+there are the same bytes, a child that died is replaced at the next call (and a read it was doing
+is done on a thread instead), and none is left once the server closed it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from corral.config import ServerSettings
+from corral.core.placement import CycleMemo
+from corral.domain.records import JobSpec
+from corral.domain.resources import Resources
+from corral.server.loops.admission import PlanSettings, plan_in_process, plan_pass
+from corral.server.offload import OffloadGone, StoreProcess, StoreProcessConfig
+from corral.server.routes.jobs import job_chunk
+from corral.server.routes.workers import worker_page
+from corral.server.state import ServerState, run_read
+from corral.store.base import JobFilter
+from corral.testing.clock import FakeClock
+from tests.contract import protocol
+from tests.contract.test_store import NOW, POLICY, register, submit_one
+
+
+def _settings(store) -> PlanSettings:
+    return PlanSettings.of(ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW)))
+
+
+def _cluster(store) -> str:
+    """Two 2-GPU workers, one GPU busy on each, and a 2 x 1-GPU gang that fits."""
+    for worker_id in ("w1", "w2"):
+        register(store, worker_id, gpus=2, vram_mb=1000)
+        submit_one(store, resources=Resources(gpus=1))
+        store.claim_many(worker_id, NOW, POLICY, 1)
+    fits = protocol.submit(
+        store, [JobSpec(command="train", gang_size=2, resources=Resources(gpus=1))], NOW + 1
+    )
+    return fits.items[0].gang_id
+
+
+@pytest.fixture
+def planner(store_url):
+    process = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "planner")
+    yield process
+    process.close()
+
+
+def _plan(planner: StoreProcess, store, now, last_preemptive=None):
+    return planner.call(plan_in_process, _settings(store), last_preemptive or {}, now)
+
+
+def test_the_planner_process_plans_what_the_server_thread_would(store, planner):
+    fits = _cluster(store)
+    here = plan_pass(store, _settings(store), CycleMemo(), {}, NOW + 10)
+    there = _plan(planner, store, NOW + 10)
+    assert there == here
+    assert [reservation.gang_id for reservation in there.decisions.reservations] == [fits]
+    assert there.gangs_waiting
+    # the child keeps its records and memo between passes: the same plan again
+    assert _plan(planner, store, NOW + 11) == plan_pass(store, _settings(store), CycleMemo(), {}, NOW + 11)
+
+
+class _EndsTheChild:
+    """Unpickled by the child as it reads the request: the child exits mid-pass."""
+
+    def __reduce__(self):
+        return (os._exit, (3,))
+
+
+def test_a_planner_that_died_mid_pass_fails_that_pass_and_is_replaced(store, planner):
+    _cluster(store)
+    first = _plan(planner, store, NOW + 10)
+    process = planner._process
+    with pytest.raises(OffloadGone):
+        planner.call(plan_in_process, _settings(store), {}, _EndsTheChild())
+    assert process is not None and process.wait(10) == 3
+    assert _plan(planner, store, NOW + 12).decisions == first.decisions
+    assert planner._process is not None and planner._process.pid != process.pid
+
+
+def test_a_planner_killed_between_passes_is_replaced_before_the_next(store, planner):
+    _cluster(store)
+    first = _plan(planner, store, NOW + 10)
+    process = planner._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
+    assert _plan(planner, store, NOW + 12).decisions == first.decisions
+    assert planner._process is not None and planner._process.pid != process.pid
+
+
+def test_an_error_in_the_pass_is_the_pass_error_and_the_child_stays(store, planner):
+    _cluster(store)
+    _plan(planner, store, NOW + 10)
+    process = planner._process
+    with pytest.raises(TypeError):
+        planner.call(plan_in_process, _settings(store), {}, "not an instant")
+    assert planner._process is process and process.poll() is None
+    assert _plan(planner, store, NOW + 12).decisions.reservations
+
+
+def test_a_closed_planner_leaves_no_child_and_starts_none(store, planner):
+    _cluster(store)
+    _plan(planner, store, NOW + 10)
+    process = planner._process
+    planner.close()
+    assert process is not None and process.poll() is not None, "the child ended with its input"
+    with pytest.raises(OffloadGone):
+        _plan(planner, store, NOW + 11)
+    assert planner._process is None
+
+
+def test_the_reader_process_encodes_the_same_lists(store, planner):
+    _cluster(store)
+    for _ in range(7):
+        submit_one(store)
+    assert planner.call(worker_page) == worker_page(store, {})
+    everything = JobFilter()
+    first = planner.call(job_chunk, everything, 4, None, None)
+    assert first == job_chunk(store, {}, everything, 4, None, None)
+    data, count, last = first
+    assert count == 4 and data.count(b'"id":"j-') == 4
+    assert planner.call(job_chunk, everything, 100, last, None) == job_chunk(
+        store, {}, everything, 100, last, None
+    )
+
+
+def test_a_read_the_reader_could_not_do_is_done_on_a_thread(store, store_url, monkeypatch):
+    _cluster(store)
+    state = ServerState(store, ServerSettings(store_threads=2), FakeClock(NOW))
+    state.reader = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "reader")
+    try:
+        expected = worker_page(store, {})
+        assert asyncio.run(run_read(state, worker_page)) == expected
+        assert state.reader._process is not None, "read by the reader process"
+
+        def gone(*args):
+            raise OffloadGone("the reader process ended")
+
+        monkeypatch.setattr(state.reader, "call", gone)
+        assert asyncio.run(run_read(state, worker_page)) == expected
+    finally:
+        state.reader.close()
