@@ -145,3 +145,15 @@ def test_a_read_the_reader_could_not_do_is_done_on_a_thread(store, store_url, mo
         assert asyncio.run(run_read(state, worker_page)) == expected
     finally:
         state.reader.close()
+
+
+def test_a_child_that_cannot_open_the_store_is_gone_not_a_crash(tmp_path):
+    broken = StoreProcess(
+        StoreProcessConfig(f"sqlite:///{tmp_path}/missing/dir/c.db", 5.0, "warning"), "reader"
+    )
+    try:
+        for _ in range(2):  # each call tries a new child
+            with pytest.raises(OffloadGone):
+                broken.call(worker_page)
+    finally:
+        broken.close()

@@ -87,13 +87,14 @@ class StoreProcess:
         with self._lock:
             if self._closed:  # the server is stopping: work still in flight starts no new child
                 raise OffloadGone(f"the {self.name} process is closed: the server is stopping")
-            process = self._running()
-            assert process.stdin is not None and process.stdout is not None
             try:
+                process = self._running()
+                assert process.stdin is not None and process.stdout is not None
                 send(process.stdin, (function, args))
                 outcome = receive(process.stdout)
             except (EOFError, OSError) as error:
-                self._stop(process)
+                if self._process is not None:
+                    self._stop(self._process)
                 raise OffloadGone(
                     f"the {self.name} process ended ({error}); a new one takes the next call"
                 ) from error
