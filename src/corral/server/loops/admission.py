@@ -30,7 +30,7 @@ logger = logging.getLogger("corral.server.admission")
 @dataclass(frozen=True)
 class PassPlan:
     """What one admission pass decided, with what applying it needs of the snapshot it read: a
-    value, so the pass may be planned in another process (``loops.planner``) and applied here."""
+    value, so the pass may be planned in another process (``offload``) and applied here."""
 
     decisions: AdmissionDecisions
     #: whether a gang waits (blocked or reserved tasks): ``ServerState.gangs_waiting``
