@@ -5,6 +5,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from corral.store import open_store
+from corral.testing import history
+
 
 @pytest.fixture
 def api(server) -> Iterator[httpx.Client]:
@@ -35,3 +38,14 @@ def claim(api: httpx.Client, worker_id: str = "w1") -> dict:
     response = api.get("/jobs/next", params={"worker_id": worker_id})
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def assert_store_history_is_legal(store_url: str) -> None:
+    """Every job's history in the store at ``store_url`` checked (``corral.testing.history``): no
+    worker over capacity, no illegal transition, on a connection of its own."""
+    checked = open_store(store_url)
+    try:
+        verdict = history.check_store(checked)
+    finally:
+        checked.close()
+    assert verdict.ok, verdict.summary()

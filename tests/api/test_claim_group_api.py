@@ -14,10 +14,8 @@ from corral.config import ServerSettings
 from corral.domain import errors
 from corral.server.routes.protocol import ClaimRequest, claim_groups
 from corral.server.state import ServerState
-from corral.store import open_store
-from corral.testing import history
 from corral.testing.clock import FakeClock
-from tests.api.conftest import register
+from tests.api.conftest import assert_store_history_is_legal, register
 from tests.contract.test_store import register as register_in_store
 from tests.contract.test_store import submit_one
 
@@ -117,9 +115,4 @@ def test_concurrent_claims_over_http_each_start_their_own_jobs(api, server, stor
         for job_id in ids:
             stored = api.get(f"/jobs/{job_id}").json()
             assert (stored["status"], stored["worker_id"]) == ("running", worker_id)
-    checked = open_store(store_url)
-    try:
-        verdict = history.check_store(checked)
-    finally:
-        checked.close()
-    assert verdict.ok, verdict.summary()
+    assert_store_history_is_legal(store_url)

@@ -11,9 +11,7 @@ import pytest
 
 from corral.client import Client
 from corral.protocol.answers import ClaimAnswer, ClaimsAnswer
-from corral.store import open_store
-from corral.testing import history
-from tests.api.conftest import error_code, register, submit
+from tests.api.conftest import assert_store_history_is_legal, error_code, register, submit
 
 
 def claim_many(api: httpx.Client, limit: int, worker_id: str = "w1", **params) -> httpx.Response:
@@ -146,12 +144,7 @@ def test_concurrent_claims_with_max_hand_out_each_job_once(api, server, store_ur
     for thread in threads:
         thread.join(timeout=60)
     assert len(claimed) == len(set(claimed)) == 40
-    checked = open_store(store_url)
-    try:
-        verdict = history.check_store(checked)
-    finally:
-        checked.close()
-    assert verdict.ok, verdict.summary()
+    assert_store_history_is_legal(store_url)
 
 
 def test_sdk_claim_many(api, server):

@@ -21,11 +21,10 @@ import pytest
 from corral.config import ServerSettings
 from corral.domain import errors
 from corral.store import Store, open_store
-from corral.testing import history
 from corral.testing.clock import FakeClock
 from corral.testing.server import ServerThread
 
-from .conftest import claim, register, submit
+from .conftest import assert_store_history_is_legal, claim, register, submit
 
 
 class _HeldClaims:
@@ -91,9 +90,4 @@ def test_a_claim_held_up_before_its_transaction_is_stamped_after_the_release_it_
         waiting.join(30)
     assert answers and answers[0].status_code == 200, answers
     assert answers[0].json()["id"] == second
-    checked = open_store(store_url)
-    try:
-        verdict = history.check_store(checked)
-    finally:
-        checked.close()
-    assert verdict.ok, verdict.summary()
+    assert_store_history_is_legal(store_url)

@@ -14,10 +14,8 @@ from corral.config import ServerSettings
 from corral.domain import errors
 from corral.server.grouped import ReportGroups
 from corral.server.state import ServerState
-from corral.store import open_store
-from corral.testing import history
 from corral.testing.clock import FakeClock
-from tests.api.conftest import register
+from tests.api.conftest import assert_store_history_is_legal, register
 
 
 def test_concurrent_reports_each_get_their_own_answer(api, server, store_url):
@@ -59,12 +57,7 @@ def test_concurrent_reports_each_get_their_own_answer(api, server, store_url):
     assert [statuses[job["id"]] for job in claimed] == [
         "pending" if index % 3 == 0 else "done" for index in range(len(claimed))
     ]
-    checked = open_store(store_url)
-    try:
-        verdict = history.check_store(checked)
-    finally:
-        checked.close()
-    assert verdict.ok, verdict.summary()
+    assert_store_history_is_legal(store_url)
 
 
 class _CountingStore:
