@@ -13,6 +13,7 @@ import pytest
 from corral.domain import errors
 from corral.domain.status import Status
 from corral.domain.transitions import Transition
+from corral.store.base import JobReport, LeaseRenewed
 from tests.contract.test_store import NOW, POLICY, register, submit_one
 
 #: values a literal must quote exactly: quotes, backslashes (an ordinary character in standard
@@ -65,3 +66,28 @@ def test_postgres_a_deferred_start_that_misses_rolls_the_whole_transaction_back(
     assert [event.to_status for event in postgres_store.job_events(first.id)] == [Status.PENDING]
     # and the connection goes on: a claim starts the first job
     assert postgres_store.claim("w1", NOW + 1, POLICY) == postgres_store.get_job(first.id)
+
+
+def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
+    """PostgreSQL sends a batch's reports as array texts: quotes, backslashes, braces and commas
+    in a progress report, and exact floats, come back as they were sent."""
+    register(store)
+    first, second = submit_one(store), submit_one(store)
+    claimed = [store.claim("w1", NOW, POLICY) for _ in range(2)]
+    assert [job.id for job in claimed if job] == [first.id, second.id]
+    progress = {"message": "a\"b\\c'd,{x} NULL", "values": [1, None], "é": "\u2603"}
+    beats = [
+        (
+            first.id,
+            1,
+            JobReport(
+                progress=progress, gpu_util_pct=12.345678901234567, rss_mb=1e3, checkpoint_at=NOW + 0.1
+            ),
+        ),
+        (second.id, 1, JobReport(progress="NULL", gpu_util_pct=None, rss_mb=None, checkpoint_at=None)),
+    ]
+    assert store.heartbeat_jobs("w1", NOW + 1, beats) == [LeaseRenewed(first.id), LeaseRenewed(second.id)]
+    renewed = store.get_job(first.id)
+    assert (renewed.progress, renewed.gpu_util_pct, renewed.rss_mb) == (progress, 12.345678901234567, 1e3)
+    assert (renewed.last_checkpoint_at, renewed.last_heartbeat_at) == (NOW + 0.1, NOW + 1)
+    assert store.get_job(second.id).progress == "NULL"
