@@ -40,9 +40,11 @@ from corral.store.schema import EVENT_COLUMNS, WORKER_COLUMNS, Column, Index
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
     from psycopg import pq
+    from psycopg.adapt import Transformer
 
     _TUPLES_OK = pq.ExecStatus.TUPLES_OK
     _COMMAND_OK = pq.ExecStatus.COMMAND_OK
+    _CONNECTION_BAD = pq.ConnStatus.BAD
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -104,12 +106,12 @@ class _OpenTransaction:
     def send_prefix(self) -> None:
         """Send what is waiting alone (before a statement that cannot carry it)."""
         if self.waiting():
-            self.statements.run(self.prefix())
+            self.statements.last(self.prefix())
 
     def commit(self) -> None:
         """``COMMIT``, with the deferred writes in front of it: one round trip."""
         if self.begun or self.deferred:  # else nothing was sent: nothing to commit
-            self.statements.run([*self.prefix(), ("COMMIT", ())])
+            self.statements.last([*self.prefix(), ("COMMIT", ())])
 
     def rollback(self) -> None:
         """Roll back what was sent; a connection that cannot is closed (the next call reconnects).
@@ -146,29 +148,15 @@ class _CarriedStatements:
         self.connection = connection
         #: SQL -> the name it is prepared under on this connection
         self.names: dict[str, str] = {}
+        self.encoding = connection.info.encoding
+        self.loader = Transformer(connection)
 
     def run(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
-        """Each statement's rows, in order. A claim's compare-and-set that matched no row raises
-        ``Conflict`` (``_CLAIM_CONFLICT``). The statements this call prepares are known from its
-        success on (after an error, prepared again under new names: a name is never used unsent)."""
-        named: dict[str, str] = {}  # the statements this call prepares, by name
-        parts: list[str] = []
-        answers: list[bool] = []  # per part: one of ``statements`` (else a PREPARE: no answer)
-        for sql, params in statements:
-            if not params:
-                parts.append(sql.replace("%%", "%"))
-                answers.append(True)
-                continue
-            name = self.names.get(sql) or named.get(sql)
-            if name is None:
-                name = named[sql] = f"corral_{next(self._numbers)}"
-                parts.append(f"PREPARE {name} AS {_to_numbered(sql)}")
-                answers.append(False)
-            parts.append(f"EXECUTE {name}({', '.join(map(_literal, params))})")
-            answers.append(True)
+        """Each statement's rows, in order (``last`` when only the last one's are wanted)."""
+        text, answers, named = self._query(statements)
         cursor = psycopg.ClientCursor(self.connection)
         try:
-            cursor.execute("; ".join(parts))
+            cursor.execute(text)
         except psycopg.Error as error:
             refusal = self._answer_to(error)
             if refusal is error:
@@ -182,6 +170,50 @@ class _CarriedStatements:
                 rows.append(cursor.fetchall() if result is not None and result.status == _TUPLES_OK else [])
             cursor.nextset()
         return rows
+
+    def last(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[Any, ...]]:
+        """The last statement's rows: the whole query is one call into libpq (``PQexec``, which
+        lets go of the interpreter while it waits, once, where psycopg's wait takes it back at
+        each step of the exchange), and its rows are loaded by psycopg's own loaders."""
+        text, _, named = self._query(statements)
+        connection = self.connection
+        result = connection.pgconn.exec_(text.encode(self.encoding))
+        status = result.status
+        if status == _TUPLES_OK:
+            self.names.update(named)
+            self.loader.set_pgresult(result)
+            return self.loader.load_rows(0, result.ntuples, tuple)
+        if status == _COMMAND_OK:
+            self.names.update(named)
+            return []
+        if connection.pgconn.status == _CONNECTION_BAD:
+            raise psycopg.OperationalError(result.get_error_message(self.encoding) or "connection lost")
+        error = psycopg.errors.error_from_result(result, self.encoding)
+        refusal = self._answer_to(error)
+        raise refusal from (None if refusal is error else error)
+
+    def _query(
+        self, statements: Sequence[tuple[str, Sequence[Any]]]
+    ) -> tuple[str, list[bool], dict[str, str]]:
+        """The query's text; per statement of it, whether it is one of ``statements`` (else a
+        ``PREPARE``, which answers nothing); the statements it prepares, known once it ran (a name
+        is never used unsent: after an error, prepared again under a new one)."""
+        named: dict[str, str] = {}
+        parts: list[str] = []
+        answers: list[bool] = []
+        for sql, params in statements:
+            if not params:
+                parts.append(sql.replace("%%", "%"))
+                answers.append(True)
+                continue
+            name = self.names.get(sql) or named.get(sql)
+            if name is None:
+                name = named[sql] = f"corral_{next(self._numbers)}"
+                parts.append(f"PREPARE {name} AS {_to_numbered(sql)}")
+                answers.append(False)
+            parts.append(f"EXECUTE {name}({', '.join(map(_literal, params))})")
+            answers.append(True)
+        return "; ".join(parts), answers, named
 
     def _answer_to(self, error: psycopg.Error) -> Exception:
         """The error a failed simple query raises: ``Conflict`` for a claim's start that missed;
@@ -262,12 +294,18 @@ class _PostgresTransaction:
     def _open(self) -> _OpenTransaction | None:
         return getattr(self._store._local, "open", None)
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def execute(self, sql: str, params: Sequence[Any] = (), carried: bool = False) -> list[tuple[Any, ...]]:
+        """``sql``'s rows. A statement of ``carried`` (or ``carried``: a compare-and-set) is sent as
+        an ``EXECUTE`` of a statement prepared on the connection (``_CarriedStatements.last``),
+        with the transaction's ``BEGIN`` and deferred writes if they wait; any other through
+        psycopg (prepared at its fifth run)."""
         with _unavailable_on_connection_loss():
             open_transaction = self._open()
+            if carried or sql in self.carried:  # the BEGIN and the deferred writes, if any, go with it
+                if open_transaction is None:
+                    return self._store.carried_statements().last([(sql, params)])
+                return open_transaction.statements.last([*open_transaction.prefix(), (sql, params)])
             if open_transaction is not None and open_transaction.waiting():
-                if sql in self.carried:  # the BEGIN and the deferred writes go with it: one round trip
-                    return open_transaction.statements.run([*open_transaction.prefix(), (sql, params)])[-1]
                 open_transaction.send_prefix()
             cursor = self._store.connection().execute(_to_pyformat(sql), params)
             # Whether rows came back, from the result's status: ``cursor.description`` would build
@@ -281,7 +319,7 @@ class _PostgresTransaction:
         open_transaction = self._open()
         if open_transaction is None:
             with _unavailable_on_connection_loss():
-                self._store.carried_statements().run([(sql, params)])
+                self._store.carried_statements().last([(sql, params)])
             return
         open_transaction.deferred.append((sql, params))
 
@@ -337,7 +375,7 @@ class PostgresStore(RetentionStore):
     def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
         """The compare-and-set and its event row in one statement (one round trip): the event is
         inserted only for the row the update matched."""
-        return bool(tx.execute(*self._one_statement(update, params, event)))
+        return bool(tx.execute(*self._one_statement(update, params, event), carried=True))
 
     @staticmethod
     def _one_statement(
@@ -374,6 +412,8 @@ class PostgresStore(RetentionStore):
 
     #: a single job's row and its version (``xmin``: a new one at every update of the row)
     _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"
+    #: several jobs' rows and versions (the ids as an array's text: ``_text_array``)
+    _VERSIONED_JOBS = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?::text[])"
     #: the compare-and-set's extra condition: the row is still the version the decision read
     _SAME_VERSION = " AND xmin::text = ?"
 
@@ -417,9 +457,8 @@ class PostgresStore(RetentionStore):
         one job) goes the locked way after it, alone. A refused report's error is its result; only
         the read or the group's transaction failing raises (nothing of the group written)."""
         results: list[Any] = [None] * len(changes)
-        rows = self._tx.execute(
-            f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?)", (sorted({c[0] for c in changes}),)
-        )
+        job_ids = _text_array(sorted({job_id for job_id, _ in changes}))
+        rows = self._tx.execute(self._VERSIONED_JOBS, (job_ids,), carried=True)
         found = {row[0]: (job_from_row(row[:-1]), row[-1]) for row in rows}
         writes: list[tuple[str, int, Plan[Any], str]] = []
         alone: list[int] = []
@@ -640,9 +679,10 @@ class PostgresStore(RetentionStore):
         self._probe_lock = threading.Lock()
         self.connection()
         self._tx = _PostgresTransaction(self)
-        self._tx.carried = frozenset(
-            {self.claiming_worker_sql(), self._ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql()}
-        )
+        self._tx.carried = frozenset({
+            self.claiming_worker_sql(), self._ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql(),
+            self._VERSIONED_JOB, self._BEAT, self._BEAT_LISTING, self._RENEW_BATCH,
+        })  # fmt: skip
 
     def carried_statements(self) -> _CarriedStatements:
         """This thread's connection's statements carried together (``_CarriedStatements``)."""
