@@ -527,3 +527,63 @@ def test_claims_follow_the_core_queue_order(store):
         protocol.watchdog_trip(store, claimed.id, "w1", claimed.attempts, NOW, "stall", "", max_retries=3)
     expected = [job.id for job in in_queue_order([store.get_job(job_id) for job_id in ids])]
     assert [store.claim("w1", NOW, POLICY).id for _ in ids] == expected
+
+
+def test_a_worker_heartbeat_keeps_a_drain_and_answers_the_contact_before_it(store):
+    """PostgreSQL writes the common heartbeat as one statement (the row locked, updated, returned
+    with its contact before): the same answers as the locked read-then-write."""
+    register(store, gpus=2, vram_mb=100)
+    store.drain_worker("w1")
+    beat = store.worker_heartbeat("w1", NOW + 5, [{"index": 0, "util_pct": 1.0}], running=[])
+    assert (beat.worker.status, beat.worker.last_heartbeat_at, beat.previous_contact) == (
+        "draining",
+        NOW + 5,
+        NOW,
+    )
+    assert beat.unlisted == ()
+    beat = store.worker_heartbeat("w1", NOW + 9, None)  # no readings: the last ones are kept
+    assert (beat.previous_contact, beat.worker.gpu_stats) == (NOW + 5, (GpuReading(0, 1.0, None),))
+    assert store.worker_heartbeat("w1", NOW + 10, None, unhealthy_gpus=[1]).previous_unhealthy == ()
+    beat = store.worker_heartbeat("w1", NOW + 11, None)
+    assert (beat.previous_unhealthy, beat.worker.unhealthy_gpus, beat.previous_contact) == (
+        (1,),
+        (1,),
+        NOW + 10,
+    )
+    assert store.get_worker("w1").worker == beat.worker
+
+
+def _beat_at_once(stores, times):
+    """A heartbeat of worker w1 on each store at once; the contact each answered was the last."""
+    previous: list[float | None] = [None] * len(stores)
+
+    def beat(index: int) -> None:
+        previous[index] = stores[index].worker_heartbeat("w1", times[index], None).previous_contact
+
+    threads = [threading.Thread(target=beat, args=(index,)) for index in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return previous
+
+
+def test_concurrent_heartbeats_of_one_worker_each_answer_the_contact_before_their_own(store_url):
+    """Two heartbeats of one worker at once: the first answers the contact before both, the second
+    the first's (the row is locked before it is read: never both the same contact)."""
+    stores = [open_store(store_url) for _ in range(2)]
+    try:
+        register(stores[0])
+        contact = NOW
+        for round_number in range(20):
+            times = (NOW + 10 * round_number + 1, NOW + 10 * round_number + 2)
+            previous = _beat_at_once(stores, times)
+            view = stores[0].get_worker("w1")
+            assert view is not None
+            last = view.worker.last_heartbeat_at
+            first = times[0] if last == times[1] else times[1]
+            assert sorted(previous) == sorted([contact, first]), (round_number, previous, last)
+            contact = last
+    finally:
+        for opened in stores:
+            opened.close()

@@ -9,6 +9,8 @@ an explicit transaction for every change.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -21,7 +23,7 @@ from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
 from corral.domain.records import Allocation, Job
 from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan, Transition
-from corral.store.base import JobDecision, JobReport, LeaseRenewed
+from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.retention import RetentionStore
 from corral.store.rows import (
     CLAIM_FIRST_PAGE,
@@ -31,14 +33,18 @@ from corral.store.rows import (
     QUEUE_ORDER,
     job_from_row,
     to_json,
+    worker_from_row,
 )
-from corral.store.schema import EVENT_COLUMNS, Column, Index
+from corral.store.schema import EVENT_COLUMNS, WORKER_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
     from psycopg import pq
+    from psycopg.adapt import Transformer
 
     _TUPLES_OK = pq.ExecStatus.TUPLES_OK
+    _COMMAND_OK = pq.ExecStatus.COMMAND_OK
+    _CONNECTION_BAD = pq.ConnStatus.BAD
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -60,40 +66,281 @@ def _to_pyformat(sql: str) -> str:
     return re.sub(r"\?", "%s", sql)
 
 
+#: a worker's columns, as ``WORKER_SELECT``, named by table (a statement joining another row of it)
+_WORKER_RETURNED = ", ".join(f"workers.{column}" for column in WORKER_COLUMNS)
+
+
 def _queue_key(job: Job) -> tuple[float | str, ...]:
     """A job's place in the queue, from the declaration the claim's ``ORDER BY`` comes from."""
     return tuple(-float(key.value(job)) if key.descending else key.value(job) for key in QUEUE_CRITERIA)
 
 
+#: the text a claim's compare-and-set fails with when it matched no row (``checked``): the
+#: statement raises, so the transaction it was sent in aborts before its ``COMMIT`` takes effect
+_CLAIM_CONFLICT = "corral: a claimed job changed while it was being claimed"
+
+
+class _OpenTransaction:
+    """The transaction open on one thread's connection, begun lazily: its ``BEGIN`` travels with
+    its first statement, and the compare-and-sets whose only answer is "matched, else roll back"
+    (``defer``) travel with the statement after them or with the ``COMMIT``. Each is a round trip
+    the server no longer waits for (a claim: five round trips become three)."""
+
+    def __init__(self, statements: _CarriedStatements) -> None:
+        self.statements = statements
+        self.connection = statements.connection
+        self.begun = False
+        #: statements to send before the next one, in order, each raising if it matched no row
+        self.deferred: list[tuple[str, Sequence[Any]]] = []
+
+    def waiting(self) -> bool:
+        """Whether a ``BEGIN`` or deferred writes wait to be sent."""
+        return not self.begun or bool(self.deferred)
+
+    def prefix(self) -> list[tuple[str, Sequence[Any]]]:
+        """What must run before the next statement (and clear it): ``BEGIN``, the deferred writes."""
+        prefix = ([] if self.begun else [("BEGIN", ())]) + self.deferred
+        self.begun, self.deferred = True, []
+        return prefix
+
+    def send_prefix(self) -> None:
+        """Send what is waiting alone (before a statement that cannot carry it)."""
+        if self.waiting():
+            self.statements.last(self.prefix())
+
+    def commit(self) -> None:
+        """``COMMIT``, with the deferred writes in front of it: one round trip."""
+        if self.begun or self.deferred:  # else nothing was sent: nothing to commit
+            self.statements.last([*self.prefix(), ("COMMIT", ())])
+
+    def rollback(self) -> None:
+        """Roll back what was sent; a connection that cannot is closed (the next call reconnects).
+
+        Sent past psycopg (``PGconn.exec_``): psycopg answers a ``ROLLBACK`` it sees by dropping
+        every prepared statement of the session (``DEALLOCATE ALL``, its own and the carried
+        ones), though PostgreSQL keeps a session's prepared statements through a rollback."""
+        self.deferred = []
+        connection = self.connection
+        if not self.begun or connection.closed:
+            return
+        try:
+            result = connection.pgconn.exec_(b"ROLLBACK")
+        except psycopg.Error:
+            connection.close()
+            return
+        if result.status != _COMMAND_OK:
+            connection.close()
+
+
+class _CarriedStatements:
+    """Several statements in one simple query (one round trip), on one connection: each statement
+    with values is a prepared statement of the session (``PREPARE`` once, then ``EXECUTE`` with
+    its values as literals), so PostgreSQL plans it once per connection as psycopg's own prepared
+    statements, and only its values are written into the query text (``_literal``).
+
+    Only statements whose parameters PostgreSQL infers from their context are carried (the
+    compare-and-sets, and the claim's reads named in ``_PostgresTransaction.carried``): a
+    ``PREPARE`` without types."""
+
+    _numbers = itertools.count(1)
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        #: SQL -> the name it is prepared under on this connection
+        self.names: dict[str, str] = {}
+        self.encoding = connection.info.encoding
+        self.loader = Transformer(connection)
+
+    def run(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """Each statement's rows, in order (``last`` when only the last one's are wanted)."""
+        text, answers, named = self._query(statements)
+        cursor = psycopg.ClientCursor(self.connection)
+        try:
+            cursor.execute(text)
+        except psycopg.Error as error:
+            refusal = self._answer_to(error)
+            if refusal is error:
+                raise
+            raise refusal from error
+        self.names.update(named)
+        rows: list[list[tuple[Any, ...]]] = []
+        for answer in answers:
+            if answer:
+                result = cursor.pgresult
+                rows.append(cursor.fetchall() if result is not None and result.status == _TUPLES_OK else [])
+            cursor.nextset()
+        return rows
+
+    def last(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[Any, ...]]:
+        """The last statement's rows: the whole query is one call into libpq (``PQexec``, which
+        lets go of the interpreter while it waits, once, where psycopg's wait takes it back at
+        each step of the exchange), and its rows are loaded by psycopg's own loaders."""
+        text, _, named = self._query(statements)
+        connection = self.connection
+        result = connection.pgconn.exec_(text.encode(self.encoding))
+        status = result.status
+        if status == _TUPLES_OK:
+            self.names.update(named)
+            self.loader.set_pgresult(result)
+            return self.loader.load_rows(0, result.ntuples, tuple)
+        if status == _COMMAND_OK:
+            self.names.update(named)
+            return []
+        if connection.pgconn.status == _CONNECTION_BAD:
+            raise psycopg.OperationalError(result.get_error_message(self.encoding) or "connection lost")
+        error = psycopg.errors.error_from_result(result, self.encoding)
+        refusal = self._answer_to(error)
+        raise refusal from (None if refusal is error else error)
+
+    def _query(
+        self, statements: Sequence[tuple[str, Sequence[Any]]]
+    ) -> tuple[str, list[bool], dict[str, str]]:
+        """The query's text; per statement of it, whether it is one of ``statements`` (else a
+        ``PREPARE``, which answers nothing); the statements it prepares, known once it ran (a name
+        is never used unsent: after an error, prepared again under a new one)."""
+        named: dict[str, str] = {}
+        parts: list[str] = []
+        answers: list[bool] = []
+        for sql, params in statements:
+            if not params:
+                parts.append(sql.replace("%%", "%"))
+                answers.append(True)
+                continue
+            name = self.names.get(sql) or named.get(sql)
+            if name is None:
+                name = named[sql] = f"corral_{next(self._numbers)}"
+                parts.append(f"PREPARE {name} AS {_to_numbered(sql)}")
+                answers.append(False)
+            parts.append(f"EXECUTE {name}({', '.join(map(_literal, params))})")
+            answers.append(True)
+        return "; ".join(parts), answers, named
+
+    def _answer_to(self, error: psycopg.Error) -> Exception:
+        """The error a failed simple query raises: ``Conflict`` for a claim's start that missed;
+        "busy, retry" when the session's prepared statements were dropped (psycopg's ``DEALLOCATE
+        ALL`` after a rollback, a ``DROP`` or an ``ALTER`` it saw; prepared again next time: the
+        transaction was rolled back whole); else the driver's own."""
+        if isinstance(error, psycopg.errors.InvalidTextRepresentation) and _CLAIM_CONFLICT in str(error):
+            return errors.Conflict("a job changed while it was being claimed; retry")
+        if isinstance(error, psycopg.errors.InvalidSqlStatementName):
+            self.names.clear()
+            return errors.StoreBusy(f"the database dropped a prepared statement; retry: {error}")
+        return error
+
+
+def _to_numbered(sql: str) -> str:
+    """``?`` placeholders as ``$1``, ``$2``... (a ``PREPARE``'s parameters)."""
+    numbers = itertools.count(1)
+    return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
+
+
+def _literal(value: Any) -> str:
+    """``value`` as an SQL literal of an ``EXECUTE``: its type is the prepared parameter's.
+
+    Strings are quoted as the SQL standard does (``standard_conforming_strings``, on since
+    PostgreSQL 9.1 and checked at connect: a backslash is an ordinary character); a NUL, which no
+    text value can hold, is refused as psycopg refuses it. Anything else is psycopg's literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    return psycopg.sql.Literal(value).as_string(None)
+
+
+def _text_array(values: Sequence[str | None]) -> str:
+    """``values`` as the text of a PostgreSQL array (``{"a","b",NULL}``), for a ``?::text[]``
+    parameter: psycopg's list dumper inspects every element for its type first (a worker
+    heartbeat with 8 leases: ~240 us of store CPU with lists, ~190 us with texts). Each element
+    is quoted, its ``"`` and ``\\`` escaped, as the array input syntax wants."""
+    return "{" + ",".join("NULL" if value is None else _quoted_element(value) for value in values) + "}"
+
+
+def _quoted_element(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _number_array(values: Sequence[float | None]) -> str:
+    """``_text_array`` for a ``?::bigint[]`` or ``?::double precision[]`` parameter (``repr`` is
+    a float's exact text; ``inf`` and ``nan`` are PostgreSQL's ``Infinity`` and ``NaN``)."""
+    return "{" + ",".join(_number_element(value) for value in values) + "}"
+
+
+def _number_element(value: float | None) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return repr(value)
+
+
 class _PostgresTransaction:
-    """Statements on the calling thread's connection. A lost connection is a 503
-    (``StoreUnavailable``), and the thread's next call reconnects."""
+    """Statements on the calling thread's connection, inside the transaction open on it if any. A
+    lost connection is a 503 (``StoreUnavailable``), and the thread's next call reconnects."""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
+        #: the statements that may carry a transaction's ``BEGIN`` and deferred writes with them
+        #: (``_CarriedStatements``: their parameters' types are inferred from their context)
+        self.carried: frozenset[str] = frozenset()
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _open(self) -> _OpenTransaction | None:
+        return getattr(self._store._local, "open", None)
+
+    def execute(self, sql: str, params: Sequence[Any] = (), carried: bool = False) -> list[tuple[Any, ...]]:
+        """``sql``'s rows. A statement of ``carried`` (or ``carried``: a compare-and-set) is sent as
+        an ``EXECUTE`` of a statement prepared on the connection (``_CarriedStatements.last``),
+        with the transaction's ``BEGIN`` and deferred writes if they wait; any other through
+        psycopg (prepared at its fifth run)."""
         with _unavailable_on_connection_loss():
+            open_transaction = self._open()
+            if carried or sql in self.carried:  # the BEGIN and the deferred writes, if any, go with it
+                if open_transaction is None:
+                    return self._store.carried_statements().last([(sql, params)])
+                return open_transaction.statements.last([*open_transaction.prefix(), (sql, params)])
+            if open_transaction is not None and open_transaction.waiting():
+                open_transaction.send_prefix()
             cursor = self._store.connection().execute(_to_pyformat(sql), params)
             # Whether rows came back, from the result's status: ``cursor.description`` would build
             # a ``Column`` per column first (~50 per job row, a third of the driver's CPU per job).
             result = cursor.pgresult
             return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
 
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
-            cursor.executemany(_to_pyformat(sql), rows)
+    def defer(self, sql: str, params: Sequence[Any]) -> None:
+        """Run ``sql`` (a statement that raises when its write matched no row) with the next
+        statement of the open transaction, or its ``COMMIT``; at once outside a transaction."""
+        open_transaction = self._open()
+        if open_transaction is None:
+            with _unavailable_on_connection_loss():
+                self._store.carried_statements().last([(sql, params)])
+            return
+        open_transaction.deferred.append((sql, params))
 
-    def execute_each(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        """``sql`` once per parameter row, sent together; the number of rows they returned."""
-        returned = 0
-        with _unavailable_on_connection_loss(), self._store.connection().cursor() as cursor:
-            cursor.executemany(_to_pyformat(sql), rows, returning=True)
-            while True:
-                returned += len(cursor.fetchall())
-                if not cursor.nextset():
-                    break
-        return returned
+    def together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """Several statements, each with its rows, in one round trip and one transaction of their
+        own (a simple query of several statements is one implicit transaction): each is written
+        or none. Outside any transaction (with ``BEGIN`` ... ``COMMIT`` around them otherwise)."""
+        assert self._open() is None, "together() runs its own transaction"
+        with _unavailable_on_connection_loss():
+            return self._store.carried_statements().run(statements)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with _unavailable_on_connection_loss():
+            self._send_prefix()
+            with self._store.connection().cursor() as cursor:
+                cursor.executemany(_to_pyformat(sql), rows)
+
+    def _send_prefix(self) -> None:
+        open_transaction = self._open()
+        if open_transaction is not None:
+            open_transaction.send_prefix()
 
 
 @contextmanager
@@ -128,36 +375,45 @@ class PostgresStore(RetentionStore):
     def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
         """The compare-and-set and its event row in one statement (one round trip): the event is
         inserted only for the row the update matched."""
-        return bool(tx.execute(*self._one_statement(update, params, event)))
+        return bool(tx.execute(*self._one_statement(update, params, event), carried=True))
 
     @staticmethod
     def _one_statement(
-        update: str, params: list[Any], event: tuple[Any, ...] | None
+        update: str, params: list[Any], event: tuple[Any, ...] | None, checked: bool = False
     ) -> tuple[str, list[Any]]:
-        if event is None:
+        """The compare-and-set ``update`` with its event row's insert, one statement. ``checked``:
+        a statement that raises (``_CLAIM_CONFLICT``) when the update matched no row, so that it
+        can be sent without waiting for its answer: its transaction then fails whole."""
+        if event is None and not checked:
             return update, params
+        answer = (
+            f"SELECT CAST(CASE WHEN count(*) = 1 THEN '1' ELSE '{_CLAIM_CONFLICT}' END AS integer) FROM moved"
+            if checked
+            else "SELECT id FROM moved"
+        )
+        if event is None:
+            return f"WITH moved AS ({update}) {answer}", params
         statement = (
             f"WITH moved AS ({update}), event AS ("
             f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer, ?::double precision,"
-            " ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved)"
-            " SELECT id FROM moved"
+            f" ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved) {answer}"
         )
         return statement, [*params, *event[1:]]
 
     def _apply_all(self, tx: Any, transitions: Sequence[Transition]) -> None:
-        """Several transitions written alike (a claim of several jobs) in one round trip: the
-        statements are sent together (``executemany``, psycopg's pipeline) and every one must
-        have matched, else ``Conflict`` and the transaction rolls back, as ``_apply`` would."""
-        statements = [self._compare_and_set(transition) for transition in transitions]
-        written = [self._one_statement(*statement) for statement in statements if statement is not None]
-        if len(written) < 2 or len({sql for sql, _ in written}) > 1:
-            super()._apply_all(tx, transitions)
-            return
-        if tx.execute_each(written[0][0], [params for _, params in written]) != len(written):
-            raise errors.Conflict("a job changed while it was being claimed; retry")
+        """A claim's starts, not waited for: each compare-and-set (checked: it raises when it
+        matched no row) goes with the claim's next statement or its ``COMMIT``, in the same round
+        trip. A start that missed fails the statement, so the transaction rolls back whole and the
+        claim raises ``Conflict``, as ``_apply`` would (its candidates are locked: it cannot)."""
+        for transition in transitions:
+            statement = self._compare_and_set(transition)
+            if statement is not None:
+                tx.defer(*self._one_statement(*statement, checked=True))
 
     #: a single job's row and its version (``xmin``: a new one at every update of the row)
     _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"
+    #: several jobs' rows and versions (the ids as an array's text: ``_text_array``)
+    _VERSIONED_JOBS = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?::text[])"
     #: the compare-and-set's extra condition: the row is still the version the decision read
     _SAME_VERSION = " AND xmin::text = ?"
 
@@ -196,14 +452,13 @@ class PostgresStore(RetentionStore):
     def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
         """``change`` for several reports at once (a group commit): one read of every job, each
         decided on its row as read, and the compare-and-sets of the single-transition plans in one
-        transaction (in job id order, the order every lock is taken in). A change the group cannot
+        transaction and one round trip (``_write_together``). A change the group cannot
         settle (a gang task, a plan of several transitions, a row that moved, the second report of
         one job) goes the locked way after it, alone. A refused report's error is its result; only
         the read or the group's transaction failing raises (nothing of the group written)."""
         results: list[Any] = [None] * len(changes)
-        rows = self._tx.execute(
-            f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?)", (sorted({c[0] for c in changes}),)
-        )
+        job_ids = _text_array(sorted({job_id for job_id, _ in changes}))
+        rows = self._tx.execute(self._VERSIONED_JOBS, (job_ids,), carried=True)
         found = {row[0]: (job_from_row(row[:-1]), row[-1]) for row in rows}
         writes: list[tuple[str, int, Plan[Any], str]] = []
         alone: list[int] = []
@@ -228,19 +483,36 @@ class PostgresStore(RetentionStore):
                 writes.append((job_id, index, plan, version))
             else:
                 alone.append(index)
-        if writes:
-            with self._transaction() as tx:
-                for _, index, plan, version in sorted(writes, key=lambda write: write[0]):
-                    if self._applied(tx, plan.transitions[0], self._SAME_VERSION, (version,)):
-                        results[index] = plan.outcome
-                    else:
-                        alone.append(index)
+        alone += self._write_together(writes, results)
         for index in sorted(alone):
             try:
                 results[index] = self.change(*changes[index])
             except Exception as error:
                 results[index] = error
         return results
+
+    def _write_together(self, writes: list[tuple[str, int, Plan[Any], str]], results: list[Any]) -> list[int]:
+        """The compare-and-sets of ``change_many``'s group (in job id order, the order every lock
+        is taken in) in one round trip and one transaction (``_PostgresTransaction.together``):
+        each matched one's outcome into ``results``; the indexes of those that missed (their row
+        moved since the read: decided again, alone)."""
+        missed: list[int] = []
+        sent: list[tuple[int, Plan[Any]]] = []
+        statements: list[tuple[str, Sequence[Any]]] = []
+        for _, index, plan, version in sorted(writes, key=lambda write: write[0]):
+            statement = self._compare_and_set(plan.transitions[0], self._SAME_VERSION, (version,))
+            if statement is None:  # nothing to write
+                results[index] = plan.outcome
+                continue
+            sent.append((index, plan))
+            statements.append(self._one_statement(*statement))
+        if statements:
+            for (index, plan), rows in zip(sent, self._tx.together(statements), strict=True):
+                if rows:
+                    results[index] = plan.outcome
+                else:
+                    missed.append(index)
+        return missed
 
     #: A claim's second read, one round trip: the jobs holding resources on the worker (its row is
     #: locked by then, so this statement's snapshot sees every allocation committed before), and
@@ -298,7 +570,9 @@ class PostgresStore(RetentionStore):
         self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
     ) -> list[Job | LeaseRenewed | None]:
         """``SqlStore.heartbeat_jobs`` in one statement for the whole batch (one round trip, not
-        one per job), then a read of each job whose answer needs its row (normally none).
+        one per job), then a read of each job whose answer needs its row (normally none). The
+        statement is atomic alone: no transaction around it (no ``BEGIN`` and ``COMMIT`` round
+        trips; the reads after it were each a statement of their own in the transaction too).
 
         A batch naming a job twice renews it in order, one statement per job, as ``SqlStore`` does:
         one ``UPDATE ... FROM`` would apply only one of the two."""
@@ -306,22 +580,86 @@ class PostgresStore(RetentionStore):
         if len(set(job_ids)) != len(job_ids):
             return super().heartbeat_jobs(worker_id, now, beats)
         reports = [report for _, _, report in beats]
-        with self._transaction() as tx:
-            rows = tx.execute(
-                self._RENEW_BATCH,
-                (
-                    now,
-                    job_ids,
-                    [attempt for _, attempt, _ in beats],
-                    [to_json(report.progress) if report.progress is not None else None for report in reports],
-                    [report.gpu_util_pct for report in reports],
-                    [report.rss_mb for report in reports],
-                    [report.checkpoint_at for report in reports],
-                    worker_id,
+        tx = self._tx
+        rows = tx.execute(
+            self._RENEW_BATCH,
+            (
+                now,
+                _text_array(job_ids),
+                _number_array([attempt for _, attempt, _ in beats]),
+                _text_array(
+                    [to_json(report.progress) if report.progress is not None else None for report in reports]
                 ),
+                _number_array([report.gpu_util_pct for report in reports]),
+                _number_array([report.rss_mb for report in reports]),
+                _number_array([report.checkpoint_at for report in reports]),
+                worker_id,
+            ),
+        )
+        running = {job_id for job_id, status in rows if status == Status.RUNNING}
+        return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
+
+    def worker_heartbeat(
+        self,
+        worker_id: str,
+        now: float,
+        gpu_stats: list[dict[str, Any]] | None,
+        unhealthy_gpus: Sequence[int] | None = None,
+        running: Sequence[str] | None = None,
+    ) -> WorkerBeat:
+        """``OperationsStore.worker_heartbeat`` in one statement where the heartbeat reports no
+        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
+
+        The statement locks the worker's row, updates it, and returns it with its contact before
+        this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
+        reports unhealthy GPUs merges them with the row's in Python, the locked way."""
+        if unhealthy_gpus:
+            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+        statement = self._BEAT_LISTING if running is not None else self._BEAT
+        rows = self._tx.execute(
+            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
+        )
+        if not rows:
+            raise errors.NotFound(f"worker {worker_id} not found")
+        row = rows[0]
+        worker = worker_from_row(row[: len(WORKER_COLUMNS)])
+        unlisted: tuple[Job, ...] = ()
+        if running is not None:
+            listed = set(running)
+            unlisted = self._leased_jobs(
+                worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
             )
-            running = {job_id for job_id, status in rows if status == Status.RUNNING}
-            return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
+        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
+
+    #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
+    #: contact before this heartbeat comes from the row as locked, the newest version), then
+    #: updated; the lock makes ``previous`` and the update see the same row
+    _BEAT = (
+        "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
+        " status = CASE WHEN workers.status = 'offline' THEN 'active' ELSE workers.status END,"
+        " gpu_stats = COALESCE(?, workers.gpu_stats)"
+        " FROM (SELECT id, last_heartbeat_at FROM workers WHERE id = ? FOR UPDATE) AS previous"
+        " WHERE workers.id = previous.id"
+        f" RETURNING {_WORKER_RETURNED}, previous.last_heartbeat_at"
+    )
+    #: ``_BEAT`` and the ids of the jobs held running or preempting on the worker (by the
+    #: ``jobs_holding`` index, as ``LEASED_ON_WORKER_SQL``), for its ``running`` list
+    _BEAT_LISTING = (
+        f"{_BEAT}, ARRAY(SELECT jobs.id FROM jobs WHERE jobs.worker_id = workers.id"
+        f" AND jobs.status IN {HOLDING_SQL} AND jobs.status IN {LEASED_SQL})"
+    )
+
+    def _leased_jobs(self, worker_id: str, job_ids: list[str]) -> tuple[Job, ...]:
+        """The named jobs still held running or preempting on the worker, in id order (the jobs a
+        heartbeat's ``running`` list left out: normally none, and then no read)."""
+        if not job_ids:
+            return ()
+        rows = self._tx.execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
+            " AND id = ANY(?) ORDER BY id",
+            (worker_id, job_ids),
+        )
+        return tuple(map(job_from_row, rows))
 
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:
@@ -341,6 +679,18 @@ class PostgresStore(RetentionStore):
         self._probe_lock = threading.Lock()
         self.connection()
         self._tx = _PostgresTransaction(self)
+        self._tx.carried = frozenset({
+            self.claiming_worker_sql(), self._ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql(),
+            self._VERSIONED_JOB, self._BEAT, self._BEAT_LISTING, self._RENEW_BATCH,
+        })  # fmt: skip
+
+    def carried_statements(self) -> _CarriedStatements:
+        """This thread's connection's statements carried together (``_CarriedStatements``)."""
+        connection = self.connection()
+        carried: _CarriedStatements | None = getattr(self._local, "carried", None)
+        if carried is None or carried.connection is not connection:
+            carried = self._local.carried = _CarriedStatements(connection)
+        return carried
 
     def connection(self) -> Any:
         """This thread's open connection, (re)connecting when there is none or it was lost."""
@@ -373,6 +723,8 @@ class PostgresStore(RetentionStore):
         # never marks dead index entries, so each claim wades through all of them again).
         # corral's queries are all served by their indexes in order; bitmap scans buy nothing.
         connection.execute("SET enable_bitmapscan = off")
+        # ``_literal`` quotes as the SQL standard does (the default since PostgreSQL 9.1)
+        connection.execute("SET standard_conforming_strings = on")
         for setting, value in (
             ("tcp_keepalives_idle", 10),
             ("tcp_keepalives_interval", 5),
@@ -390,14 +742,45 @@ class PostgresStore(RetentionStore):
             self._tx.execute("SELECT pg_advisory_lock(?)", (_MIGRATION_LOCK,))
             try:
                 super().migrate()
+                self.carried_statements().names.clear()  # psycopg saw ALTERs: DEALLOCATE ALL
             finally:
                 self._tx.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
                 self._tx.execute(f"SET lock_timeout = {max(1, int(self.busy_timeout_s * 1000))}")
 
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:
-        with _unavailable_on_connection_loss(), self.connection().transaction():
-            yield self._tx
+        """A transaction on this thread's connection whose ``BEGIN`` goes with its first statement
+        and whose deferred writes go with its ``COMMIT`` (``_OpenTransaction``). One opened inside
+        another is a savepoint of it (psycopg's, once the outer one has begun)."""
+        local = self._local
+        outer: _OpenTransaction | None = getattr(local, "open", None)
+        if outer is not None:
+            with _unavailable_on_connection_loss():
+                outer.send_prefix()
+                try:
+                    with outer.connection.transaction():
+                        yield self._tx
+                except BaseException:
+                    outer.statements.names.clear()  # psycopg saw its ROLLBACK TO: DEALLOCATE ALL
+                    raise
+            return
+        with _unavailable_on_connection_loss():
+            transaction = _OpenTransaction(self.carried_statements())
+        local.open = transaction
+        try:
+            with _unavailable_on_connection_loss():
+                try:
+                    yield self._tx
+                except BaseException:
+                    transaction.rollback()
+                    raise
+                try:
+                    transaction.commit()
+                except BaseException:
+                    transaction.rollback()
+                    raise
+        finally:
+            local.open = None
 
     def _read(self) -> _PostgresTransaction:
         return self._tx

@@ -1,0 +1,125 @@
+"""CPU of the PostgreSQL store's protocol calls, alone: no HTTP, no server threads, one thread
+calling the store the way the server does (a claim, a ``done``, a group of four ``done`` reports,
+a worker heartbeat with its 8 jobs' leases), measured by the calling thread's CPU time
+(``time.thread_time``: user and system) and the PostgreSQL backend's (``/proc``, on this host).
+
+``bench/protocol.py`` measures the same calls end to end, where the HTTP stack, the thread
+handoffs and a noisy machine add as much as the store; this isolates the store's part, to compare
+two versions run one after the other:
+
+    PYTHONPATH=src .venv/bin/python bench/pg_store_cpu.py [--jobs 1500] [--pg-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from corral.core import lifecycle
+from corral.core.placement import ClaimPlacement
+from corral.domain.records import Job, JobSpec
+from corral.domain.resources import Resources
+from corral.server.changes import done_decision
+from corral.store import Store, open_store
+from corral.store.base import JobReport, WorkerRegistration
+
+NOW = 1_800_000_000.0
+POLICY = ClaimPlacement()
+
+
+def backend_cpu_s(pid: int) -> float:
+    """The PostgreSQL backend's CPU so far (user and system), from ``/proc`` (same host)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def claimed(store: Store) -> Job:
+    job = store.claim("w1", NOW + 1, POLICY)
+    assert job is not None, "the queue ran dry: submit more jobs (--jobs)"
+    return job
+
+
+def claims_and_dones(store: Store, count: int, group: int) -> tuple[float, float]:
+    """CPU per claim and per ``done`` (us): ``group`` claims, then their reports in one call."""
+    claiming = reporting = 0.0
+    for _ in range(count // group):
+        started = time.thread_time()
+        jobs = [claimed(store) for _ in range(group)]
+        middle = time.thread_time()
+        decisions = [(job.id, done_decision("w1", job.attempts, NOW + 2)) for job in jobs]
+        if group == 1:
+            store.change(*decisions[0])
+        else:
+            store.change_many(decisions)
+        reporting += time.thread_time() - middle
+        claiming += middle - started
+    return claiming / count * 1e6, reporting / count * 1e6
+
+
+def per_call_us(action: Callable[[int], object], count: int) -> float:
+    started = time.thread_time()
+    for index in range(count):
+        action(index)
+    return (time.thread_time() - started) / count * 1e6
+
+
+def measure(store: Store, jobs: int) -> None:
+    store.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(0, 0, 8192, 64)), NOW)
+    specs = [JobSpec(command="true") for _ in range(jobs + 60)]
+    store.submit(lifecycle.submitted(specs, NOW), NOW)
+    claims_and_dones(store, 50, 1)  # warm up: every statement prepared
+    pid = store.connection().info.backend_pid
+    backend_before = backend_cpu_s(pid)
+    claim_us, done_us = claims_and_dones(store, jobs // 2, 1)
+    backend_us = (backend_cpu_s(pid) - backend_before) / (jobs // 2) * 1e6
+    group_claim_us, group_done_us = claims_and_dones(store, jobs // 2 // 4 * 4, 4)
+    leases = [claimed(store) for _ in range(8)]
+    beats = [(job.id, job.attempts, JobReport(progress={"step": 1}, gpu_util_pct=90.0)) for job in leases]
+    running = [job.id for job in leases]
+    readings = [{"index": index, "util_pct": 90.0, "mem_used_mb": 1000} for index in range(8)]
+
+    def heartbeat(index: int) -> None:
+        store.worker_heartbeat("w1", NOW + 3 + index, readings, None, running)
+        store.heartbeat_jobs("w1", NOW + 3 + index, beats)
+
+    heartbeat_us = per_call_us(heartbeat, 300)
+    backend = f"(PostgreSQL backend {backend_us:5.0f} us for both)"
+    print(f"  claim {claim_us:6.0f} us   done {done_us:6.0f} us   {backend}")
+    print(
+        f"  groups of 4: claim {group_claim_us:6.0f} us   done {group_done_us:6.0f} us per job (change_many)"
+    )
+    print(f"  worker heartbeat with 8 leases (worker_heartbeat + heartbeat_jobs) {heartbeat_us:6.0f} us")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    default_url = os.environ.get("CORRAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--pg-url", default=default_url, help="database a fresh schema is made in")
+    parser.add_argument("--jobs", type=int, default=1500, help="claims and reports measured")
+    args = parser.parse_args()
+    schema = "cpu_" + secrets.token_hex(4)
+    with psycopg.connect(args.pg_url, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    try:
+        store = open_store(f"{args.pg_url}?options=-csearch_path%3D{schema}")
+        try:
+            measure(store, args.jobs)
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(args.pg_url, autocommit=True) as connection:
+            connection.execute(f"DROP SCHEMA {schema} CASCADE")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
