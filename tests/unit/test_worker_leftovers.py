@@ -65,7 +65,7 @@ def test_compaction_keeps_the_open_records_only(tmp_path: Path, monkeypatch):
 
 
 def test_a_recorded_group_left_alive_is_stopped_at_start(tmp_path: Path):
-    left = subprocess.Popen(["/bin/sh", "-c", "sleep 60"], start_new_session=True)  # noqa: S603
+    left = subprocess.Popen(["/bin/sh", "-c", "sleep 60"], start_new_session=True)
     try:
         ProcessRecords(tmp_path).record("j-1", 1, left.pid)
         # A restarted worker: it stops the group, then holds no record any more.
