@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from corral.client import ApiError, Client
+from corral.worker.leftovers import ProcessRecords
 from tests.chaos.conftest import (
     FAST_SERVER,
     assert_history,
@@ -113,7 +114,7 @@ def test_a_worker_killed_with_minus_9_leaves_nothing_running_beside_attempt_two(
         orphan = int(pids.read_text().split()[0])
         reap_groups.append(orphan)
         # the record is written just after the job starts: a kill in that instant leaves none
-        wait_for(lambda: list((tmp_path / "state-w1").glob("*.json")) or None, 5, "the process record")
+        wait_for(lambda: ProcessRecords(tmp_path / "state-w1").records() or None, 5, "the process record")
         worker.process.send_signal(signal.SIGKILL)
         worker.process.wait(timeout=10)
         assert psutil.pid_exists(orphan), "the job outlived its worker (the defect's premise)"

@@ -41,7 +41,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def test_job_runs_with_its_environment_and_ends_done(server, client: Client, start_worker, tmp_path: Path):
-    start_worker(server.url, "w1")
+    worker = start_worker(server.url, "w1")
     env_file = tmp_path / "env.txt"
     job = client.submit({"command": f"env > {env_file}; echo hello", "env": {"GREETING": "hi there"}})
 
@@ -57,8 +57,16 @@ def test_job_runs_with_its_environment_and_ends_done(server, client: Client, sta
     assert environment["CUDA_VISIBLE_DEVICES"] == ""
     beat_file = Path(environment["CORRAL_BEAT_FILE"])
     assert Path(environment["CORRAL_CHECKPOINT_OUT"]).parent == beat_file.parent
-    # The per-attempt directory is removed once the attempt is over.
-    wait_for(lambda: not beat_file.parent.exists(), 5, "the job's temporary directory to be removed")
+    # Once the attempt is over its directory holds nothing (kept empty for the next attempt, or
+    # removed), and it is gone once the worker has exited.
+    wait_for(
+        lambda: not beat_file.parent.exists() or not any(beat_file.parent.iterdir()),
+        5,
+        "the job's temporary directory to be emptied",
+    )
+    worker.signal(signal.SIGTERM)
+    worker.process.wait(timeout=30)
+    assert not beat_file.parent.exists()
 
 
 def test_failing_job_is_retried_then_failed_with_its_output(server, client: Client, start_worker):

@@ -4,7 +4,7 @@ plain claim (the worker then claims one at a time)."""
 
 from __future__ import annotations
 
-from corral.client import Client
+from corral.client import ApiError, Client
 from corral.worker.calls import WorkerClient
 from tests.e2e.conftest import log_records, wait_status
 
@@ -58,3 +58,20 @@ def test_a_worker_keeps_its_leases_in_the_worker_heartbeat(start_server, start_w
             assert ended["attempts"] == 1
     fallback = "the server does not take job heartbeats in the worker heartbeat; one per job"
     assert not log_records([worker], fallback)
+
+
+def test_report_done_ends_the_job_and_a_second_report_is_refused(server, client: Client):
+    with WorkerClient(server.url) as worker:
+        worker.register_worker(REGISTRATION)
+        job = client.submit({"command": "true", "resources": {"cpus": 1}})
+        claim = worker.claim("w1")
+        assert claim is not None and claim.id == job["id"]
+        assert worker.report_done(claim.id, "w1", claim.attempt) is None
+        assert wait_status(client, claim.id, {"done", "failed"})["status"] == "done"
+        # A refusal is an ApiError, as for ``done``: the worker's delivery drops a 409.
+        try:
+            worker.report_done(claim.id, "w1", claim.attempt)
+        except ApiError as error:
+            assert error.status == 409
+        else:
+            raise AssertionError("a second done report was accepted")

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from corral.client import ApiError
 from corral.protocol.answers import ClaimAnswer
 from corral.testing.fake_client import FakeClient, claim_answer
+from corral.worker import agent as agent_module
 from corral.worker.agent import Agent
 from corral.worker.calls import Claimed
 from corral.worker.job_run import JobRun
@@ -231,6 +232,20 @@ def test_several_jobs_are_claimed_at_once_up_to_the_free_capacity():
     assert agent.running_job_ids() == ["j-0", "j-1", "j-2"]
     assert agent.multi_claim is True
     assert agent.claim_room() == 1  # full: the next claim asks for one
+    for run in agent._snapshot():
+        finish(run)
+
+
+def test_a_worker_with_much_room_claims_a_batch_at_a_time():
+    jobs = agent_module.CLAIM_BATCH + 3
+    client = MultiClaims("understood", [claim_item(f"j-{index}") for index in range(jobs)])
+    agent = claiming(client, cpus=64)
+    agent._claim_once()
+    agent._claim_once()
+    # Room for 64: each claim asks for a batch, and the next claim takes the rest.
+    assert client.asked[0] == agent_module.CLAIM_BATCH
+    assert len(client.asked) == 2
+    assert max(client.asked) <= agent_module.CLAIM_BATCH
     for run in agent._snapshot():
         finish(run)
 

@@ -6,13 +6,21 @@ directory of every rank's checkpoint, and the two files of a preemption's checkp
 the job touches when the save SIGUSR1 asked for is complete, and the one it writes a number of
 seconds to when it needs more time); it is removed when the attempt ends, so nothing of one attempt
 leaks into the next or piles up on the host.
+
+An attempt that left its directory empty (most do) hands it on to the next attempt instead
+(``WorkspacePool``): creating and removing a directory are two journaled metadata updates of the
+file system (about 0.2 ms of a short job's cost to the worker on ext4), where seeing that a
+directory is empty is one read. Only an empty directory is handed on, so nothing of one attempt
+reaches the next; the few kept are removed when the worker exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,9 +31,61 @@ def visible_devices(gpu_indices: Sequence[int]) -> str:
     return ",".join(str(index) for index in gpu_indices)
 
 
+#: the most empty directories a worker keeps for the next attempts (about the jobs it starts at once)
+POOLED_MAX = 64
+
+
+class WorkspacePool:
+    """Empty job directories kept for the next attempts of this process."""
+
+    def __init__(self, limit: int = POOLED_MAX) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._empty: list[str] = []
+
+    def take(self) -> str:
+        """An empty directory: a kept one, else a new one."""
+        with self._lock:
+            if self._empty:
+                return self._empty.pop()
+        return tempfile.mkdtemp(prefix="corral-job-")
+
+    def give_back(self, directory: str) -> None:
+        """Keep ``directory`` when it is empty and there is room, else remove it with what it holds."""
+        try:
+            empty = not os.listdir(directory)
+        except OSError:
+            empty = False
+        if empty:
+            with self._lock:
+                if len(self._empty) < self._limit:
+                    self._empty.append(directory)
+                    return
+        try:
+            os.rmdir(directory)
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def clear(self) -> None:
+        """Remove the kept directories (at exit, and in tests)."""
+        with self._lock:
+            empty, self._empty = self._empty, []
+        for directory in empty:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+#: the worker's one pool
+pool = WorkspacePool()
+atexit.register(pool.clear)
+
+
 class JobWorkspace:
+    """``job_id`` and ``attempt`` no longer name the directory (a kept one served an earlier
+    attempt): the job's log lines tie its paths to it."""
+
     def __init__(self, job_id: str, attempt: int) -> None:
-        self.directory = Path(tempfile.mkdtemp(prefix=f"corral-{job_id}-{attempt}-"))
+        self._name: str | None = pool.take()
+        self.directory = Path(self._name)
         self.beat_file = self.directory / "beat"
         self.checkpoint_out = self.directory / "checkpoint.out"
         self.checkpoint_in = self.directory / "checkpoint.in"
@@ -63,8 +123,8 @@ class JobWorkspace:
         return environment
 
     def remove(self) -> None:
-        # Most jobs leave nothing here: one rmdir, without rmtree's walk.
-        try:
-            os.rmdir(self.directory)
-        except OSError:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        """The attempt ended: its directory goes back to the pool when it is empty, else is removed."""
+        # Idempotent: a directory given back twice would be handed to two attempts.
+        name, self._name = self._name, None
+        if name is not None:
+            pool.give_back(name)
