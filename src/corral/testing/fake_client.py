@@ -149,6 +149,11 @@ class FakeClient:
         self._record("done", job_id)
         return job_answer(job_id, "done")
 
+    def report_done(self, job_id: str, worker_id: str, attempt: int) -> None:
+        """As the real client: ``done`` with its answer left unread (a double overriding ``done``
+        is heard here too)."""
+        self.done(job_id, worker_id, attempt)
+
     def fail(self, job_id: str, worker_id: str, attempt: int, *rest: Any, **options: Any) -> JobAnswer:
         self._record("fail", job_id, *rest, *sorted(options.items()))
         return job_answer(job_id, "failed")

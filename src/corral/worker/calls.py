@@ -67,12 +67,6 @@ class WorkerClient(Client):
                 data,
             ) from error
 
-    def report_done(self, job_id: str, worker_id: str, attempt: int) -> None:
-        """``done``, without reading the answer (the job object) into its model: the worker does
-        nothing with it, and validating it was a twelfth of the worker's own CPU per short job
-        (py-spy, ``bench/e2e.py``). Refusals and retries are ``Client.request``'s, as for ``done``."""
-        self.request("POST", f"/jobs/{job_id}/done", {}, params={"worker_id": worker_id, "attempt": attempt})
-
     def claim_several(
         self, worker_id: str, wait_s: float, max_jobs: int, idempotency_key: str | None = None
     ) -> Claimed:
