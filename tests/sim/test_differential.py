@@ -61,32 +61,129 @@ FAIR = (
     WorkloadJob("h-gang", 8, 200, 1, gang_size=2, pool="heavy"),
     *(WorkloadJob(f"l{index}", 20 + index, 100, 1, pool="light") for index in range(4)),
 )
+#: every pool kind: a service pool preemptible only where it borrows, a sensitive pool never
+#: preempted (its work waits rather than take another pool's guarantee for good), training and
+#: interactive pools beside batch
+KINDS = {
+    "svc": {"kind": "service", "guarantee": {"gpus": 2}},
+    "sens": {"kind": "sensitive", "guarantee": {"gpus": 2}},
+    "train": {"kind": "training", "guarantee": {"gpus": 2}},
+    "inter": {"kind": "interactive"},
+    "batch": {"kind": "batch"},
+}
+POOL_KINDS = (
+    WorkloadJob("v1", 0, 300, 2, pool="svc", preemption_class=4, checkpoint="auto"),
+    WorkloadJob("v2", 1, 300, 2, pool="svc", preemption_class=4, checkpoint="auto"),
+    WorkloadJob("t1", 2, 250, 2, pool="train", preemption_class=3, checkpoint="manual"),
+    WorkloadJob("b1", 3, 200, 2, pool="batch", preemption_class=2),
+    WorkloadJob("s1", 10, 120, 2, pool="sens", preemption_class=5),
+    WorkloadJob("i1", 12, 60, 1, pool="inter", preemption_class=7, checkpoint="auto"),
+    WorkloadJob("sg", 30, 90, 1, gang_size=2, pool="sens", preemption_class=6),
+    WorkloadJob("t2", 40, 100, 2, pool="train", preemption_class=8, checkpoint="auto"),
+    WorkloadJob("b2", 60, 50, 1, pool="batch", preemption_class=9),
+)
+#: a light pool that may starve aggressively: its timers are short, the heavy pool's work cannot
+#: checkpoint, and the light pool asks for more than its share. Durations differ so that no two
+#: allocations start at the same instant: the victim order breaks such ties on job ids, which the
+#: server draws at random and the simulator takes from the workload
+AGGRESSIVE_POOLS = {
+    "heavy": {},
+    "light": {
+        "enable_aggressive_starvation": True,
+        "allow_aggressive_preemption": True,
+        "starvation_timeout_s": 10,
+        "aggressive_starvation_timeout_s": 20,
+    },
+}
+AGGRESSIVE = (
+    *(WorkloadJob(f"h{index}", index, 500, 1, pool="heavy", preemption_class=4) for index in range(6)),
+    WorkloadJob("hg", 6, 450, 1, gang_size=2, pool="heavy", preemption_class=4),
+    *(
+        WorkloadJob(f"l{index}", 20 + index, 100 + 9 * index, 1, pool="light", preemption_class=4)
+        for index in range(6)
+    ),
+)
+#: every preemption trigger in one run: priority (class 8 over class 2), fair share (a starving
+#: pool), reclaim (a pool below its guarantee takes back what another borrowed); gangs as victims
+#: and as preemptors, every pool kind
+EVERYTHING_POOLS = {
+    "prod": {"kind": "training", "guarantee": {"gpus": 4}, "weight": 2},
+    "research": {"kind": "batch", "weight": 1, "starvation_timeout_s": 15},
+    "svc": {"kind": "service", "guarantee": {"gpus": 2}},
+    "sens": {"kind": "sensitive"},
+    "lab": {"kind": "batch", "weight": 1, "starvation_timeout_s": 10},
+}
+EVERYTHING = (
+    WorkloadJob("r1", 0, 400, 2, pool="research", preemption_class=2, checkpoint="auto"),
+    WorkloadJob("r2", 1, 400, 2, pool="research", preemption_class=2),
+    WorkloadJob("rg", 2, 300, 1, gang_size=2, pool="research", preemption_class=3, checkpoint="auto"),
+    WorkloadJob("r3", 3, 350, 2, pool="research", preemption_class=3),
+    WorkloadJob("p1", 20, 200, 2, pool="prod", preemption_class=5, checkpoint="manual"),
+    WorkloadJob("pg", 25, 150, 1, gang_size=2, pool="prod", preemption_class=6),
+    WorkloadJob("v1", 30, 100, 2, pool="svc", preemption_class=4),
+    WorkloadJob("x1", 45, 80, 2, pool="research", preemption_class=8),
+    WorkloadJob("s1", 50, 60, 1, pool="sens", preemption_class=5),
+    WorkloadJob("r4", 60, 120, 1, pool="research", preemption_class=1, checkpoint="auto"),
+    WorkloadJob("p2", 90, 100, 2, pool="prod", preemption_class=7, checkpoint="none"),
+    WorkloadJob("l1", 330, 60, 1, pool="lab", preemption_class=2),
+    WorkloadJob("l2", 331, 70, 1, pool="lab", preemption_class=2),
+    WorkloadJob("l3", 332, 50, 2, pool="lab", preemption_class=2),
+)
+#: (workload, pools, workers, GPUs per worker, the victims' reason codes the run must show). No two
+#: jobs of a workload are submitted or started at the same instant: the queue and victim orders
+#: break such ties on job ids, which the server draws at random and the simulator does not.
 CASES = {
-    "classes-and-gangs": (WORKLOAD, {}),
-    "pools-reclaim-and-borrowing": (POOLED, POOLS),
-    "fair-share-starvation": (FAIR, {"heavy": {}, "light": {}}),
+    "classes-and-gangs": (WORKLOAD, {}, 3, 2, {"preempted_priority"}),
+    "pools-reclaim-and-borrowing": (POOLED, POOLS, 3, 2, {"preempted_reclaim"}),
+    "fair-share-starvation": (FAIR, {"heavy": {}, "light": {}}, 3, 2, {"preempted_fair_share"}),
+    "pool-kinds": (POOL_KINDS, KINDS, 4, 2, set()),
+    "aggressive-starvation": (AGGRESSIVE, AGGRESSIVE_POOLS, 4, 2, {"preempted_fair_share"}),
+    "every-trigger": (
+        EVERYTHING,
+        EVERYTHING_POOLS,
+        4,
+        2,
+        {"preempted_priority", "preempted_fair_share", "preempted_reclaim"},
+    ),
 }
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
 
 
-def simulated(workload: tuple[WorkloadJob, ...], pools: dict) -> list[tuple[float, str, str, str]]:
+Decision = tuple[float, str, str, str, str]
+
+
+def simulated(workload: tuple[WorkloadJob, ...], pools: dict, workers: int, gpus: int) -> list[Decision]:
     settings = {path: pool_settings(body) for path, body in pools.items()}
-    scenario = Scenario(Workload(workload), uniform_cluster(3, 2), settings, SETTINGS)
+    scenario = Scenario(Workload(workload), uniform_cluster(workers, gpus), settings, SETTINGS)
     record = engine.run(scenario, CORRAL, record_decisions=True)
-    return sorted(_comparable(at, status, job, worker) for at, status, job, worker in record.decisions)
+    return sorted(_comparable(*decision) for decision in record.decisions)
 
 
-def _comparable(at: float, status: str, job: str, worker: str) -> tuple[float, str, str, str]:
-    return (round(at, 3), status, job, worker if status in ("reserved", "running") else "")
+def _comparable(at: float, status: str, job: str, worker: str, reason: str) -> Decision:
+    """A status change as both sides can tell it: the worker where one is assigned, the reason
+    where a victim is told why it is stopped (which preemption trigger chose it)."""
+    return (
+        round(at, 3),
+        status,
+        job,
+        worker if status in ("reserved", "running") else "",
+        reason if status == "preempting" else "",
+    )
 
 
 class Driver:
     """Workers and jobs around a live server, by the simulator's model of them."""
 
     def __init__(
-        self, api: httpx.Client, server: ServerThread, clock: FakeClock, workload: tuple[WorkloadJob, ...]
+        self,
+        api: httpx.Client,
+        server: ServerThread,
+        clock: FakeClock,
+        workload: tuple[WorkloadJob, ...],
+        workers: tuple[str, ...],
     ) -> None:
         self.api, self.server, self.clock = api, server, clock
+        self.workers = workers
         self.workload = workload
         self.events: list[tuple[float, int, int, tuple[object, ...]]] = []
         self.seq = 0
@@ -141,7 +238,7 @@ class Driver:
         self.claims()
 
     def claims(self) -> None:
-        for worker in ("w0", "w1", "w2"):
+        for worker in self.workers:
             while True:
                 answer = self.api.get("/jobs/next", params={"worker_id": worker})
                 if answer.status_code == 204:
@@ -228,12 +325,18 @@ class Driver:
         since = self.working_since.get(job_id, self.now)
         return self.kept.get(job_id, 0.0) + self.now - since
 
-    def decisions(self) -> list[tuple[float, str, str, str]]:
+    def decisions(self) -> list[Decision]:
         found = []
         for job_id, name in self.names.items():
             events = self.api.get(f"/jobs/{job_id}/events").json()["items"]
             found.extend(
-                _comparable(_seconds(event["at"]), event["to"], name, event.get("worker_id") or "")
+                _comparable(
+                    _seconds(event["at"]),
+                    event["to"],
+                    name,
+                    event.get("worker_id") or "",
+                    (event.get("reason") or {}).get("code", ""),
+                )
                 for event in events
             )
         return sorted(found)
@@ -249,9 +352,6 @@ def live(tmp_path) -> Iterator[tuple[httpx.Client, ServerThread, FakeClock]]:
     store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
     settings = ServerSettings(heartbeat_timeout_s=3600, worker_offline_s=3600, dead_worker_after_s=3600)
     with ServerThread(store, settings, clock) as server, httpx.Client(base_url=server.url, timeout=10) as api:
-        for worker in ("w0", "w1", "w2"):
-            body = {"id": worker, "address": "127.0.0.1", "resources": {"gpus": 2}}
-            assert api.post("/workers/register", json=body).status_code == 201
         yield api, server, clock
     store.close()
 
@@ -259,16 +359,22 @@ def live(tmp_path) -> Iterator[tuple[httpx.Client, ServerThread, FakeClock]]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_server_and_the_simulator_decide_the_same(live, case) -> None:
     api, server, clock = live
-    workload, pools = CASES[case]
+    workload, pools, workers, gpus, triggers = CASES[case]
+    names = tuple(worker.id for worker in uniform_cluster(workers, gpus).workers)
+    for worker in names:
+        body = {"id": worker, "address": "127.0.0.1", "resources": {"gpus": gpus}}
+        assert api.post("/workers/register", json=body).status_code == 201
     for path, body in pools.items():
         assert api.put(f"/pools/{path}", json=body).status_code in (200, 201)
-    expected = simulated(workload, pools)
-    driver = Driver(api, server, clock, workload)
-    driver.run(until=max(at for at, _, _, _ in expected) + SETTINGS.admission_tick_s)
+    expected = simulated(workload, pools, workers, gpus)
+    driver = Driver(api, server, clock, workload, names)
+    driver.run(until=max(at for at, *_ in expected) + SETTINGS.admission_tick_s)
     got = driver.decisions()
     assert got == expected
-    statuses = {status for _, status, _, _ in expected}
+    statuses = {status for _, status, *_ in expected}
     assert {"preempting", "preempted", "reserved", "blocked", "done"} <= statuses, "the workload covers them"
     assert {job.job_id for job in workload} <= {
-        job.split(".")[0] for _, status, job, _ in expected if status == "done"
+        job.split(".")[0] for _, status, job, *_ in expected if status == "done"
     }
+    reasons = {reason for *_, reason in expected if reason}
+    assert triggers <= reasons, f"the workload preempts for {sorted(triggers)}; it showed {sorted(reasons)}"

@@ -86,8 +86,9 @@ class Record:
     allocation: list[tuple[float, str, int]] = field(default_factory=list)
     #: (time, victim job id, pool, gpus, GPU-seconds of work lost)
     preemptions: list[tuple[float, str, str, int, float]] = field(default_factory=list)
-    #: (time, kind, job id, worker id or ""): every status change, for the differential test
-    decisions: list[tuple[float, str, str, str]] = field(default_factory=list)
+    #: (time, kind, job id, worker id or "", reason code or ""): every status change, for the
+    #: differential test
+    decisions: list[tuple[float, str, str, str, str]] = field(default_factory=list)
     cycles: int = 0
     cycles_skipped: int = 0
     #: cycles run without the preemption planner (``corral.sim.shortcuts``)
@@ -720,7 +721,7 @@ class Engine:
         now = self.now
         self._count(before, -1)
         self._count(after, 1)
-        self._note(after.status.value, after)
+        self._note(after.status.value, after, transition.reason.code if transition.reason else "")
         if before.status == Status.PENDING:
             self._dequeue(before)
         if after.status == Status.PENDING:
@@ -848,9 +849,9 @@ class Engine:
         self.held_by_pool[after.spec.pool] = self.held_by_pool.get(after.spec.pool, 0) + gpus
         self.record.allocation.append((self.now, after.spec.pool, gpus))
 
-    def _note(self, kind: str, job: Job) -> None:
+    def _note(self, kind: str, job: Job, reason: str = "") -> None:
         if self.record_decisions:
-            self.record.decisions.append((self.now, kind, job.id, job.worker_id or ""))
+            self.record.decisions.append((self.now, kind, job.id, job.worker_id or "", reason))
 
 
 def _applied(decisions: AdmissionDecisions) -> tuple[object, ...]:
