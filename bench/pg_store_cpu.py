@@ -22,7 +22,7 @@ from collections.abc import Callable
 import psycopg
 
 from corral.core import lifecycle
-from corral.core.placement import ClaimPlacement
+from corral.core.claim import Claim
 from corral.domain.records import Job, JobSpec
 from corral.domain.resources import Resources
 from corral.server.changes import done_decision
@@ -30,7 +30,7 @@ from corral.store import Store, open_store
 from corral.store.base import JobReport, WorkerRegistration
 
 NOW = 1_800_000_000.0
-POLICY = ClaimPlacement()
+POLICY = Claim()
 
 
 def backend_cpu_s(pid: int) -> float:

@@ -174,14 +174,13 @@ def test_nothing_is_preempted_for_nothing_and_why_says_what_blocks(
 def test_sensitive_pools_are_never_preempted_and_borrowed_capacity_is_reclaimed(
     api: httpx.Client, server: ServerThread, clock
 ) -> None:
-    for path, body in (
-        ("secure", {"kind": "sensitive"}),
-        ("home", {"guarantee": {"gpus": 1}}),
-        ("guest", {}),
-    ):
+    for path, body in (("secure", {"kind": "sensitive"}), ("guest", {})):
         assert api.put(f"/pools/{path}", json=body).status_code == 200
     register(api, "w1", gpus=1, vram_mb=1000)
     secure = low_job_running(api, clock, "w1", pool="secure")
+    # Guaranteed only now: a sensitive pool's job never starts on capacity another pool is
+    # guaranteed and not using (it could never be taken back).
+    assert api.put("/pools/home", json={"guarantee": {"gpus": 1}}).status_code == 200
     urgent = submit(api, resources={"gpus": 1}, preemption_class=9, pool="guest", checkpoint="auto")
     server.run_loop("admission")
     assert job_of(api, secure["id"])["status"] == "running", "class 2, but in a sensitive pool"
@@ -224,3 +223,26 @@ def test_work_no_preemption_could_take_back_is_not_placed_on_borrowed_capacity(
     assert job_of(api, borrower["id"])["status"] == "preempting", "and is reclaimed"
     assert job_of(api, first["id"])["status"] == "running"
     assert job_of(api, owner["id"])["worker_id"] == "w2"
+
+
+def test_a_sensitive_pools_single_job_is_not_placed_on_borrowed_capacity_as_its_gang_is_not(
+    api: httpx.Client, server: ServerThread
+) -> None:
+    """The claim reads the pool's kind: a sensitive pool's work is never preempted, so a single job
+    of one waits rather than take capacity another pool is guaranteed, as an equal gang does."""
+    assert api.put("/pools/home", json={"guarantee": {"gpus": 1}}).status_code == 200
+    assert api.put("/pools/secure", json={"kind": "sensitive"}).status_code == 200
+    register(api, "w1", gpus=1, vram_mb=1000)
+    register(api, "w2", gpus=1, vram_mb=1000)
+    first = submit(api, resources={"gpus": 1}, preemption_class=2, checkpoint="auto", pool="secure")
+    assert claim(api, "w1").json()["id"] == first["id"], "one GPU is left for home's guarantee"
+    second = submit(api, resources={"gpus": 1}, preemption_class=2, checkpoint="auto", pool="secure/team")
+    assert claim(api, "w2").status_code == 204, "class 2 with checkpoints, but its pool is sensitive"
+    server.run_loop("admission")
+    reasons = [reason["code"] for reason in api.get(f"/jobs/{second['id']}/why").json()["reasons"]]
+    assert "borrowing_refused" in reasons
+    gang = submit(api, resources={"gpus": 1}, gang_size=2, preemption_class=2, pool="secure")
+    server.run_loop("admission")
+    assert api.get(f"/jobs/{gang['tasks'][0]}").json()["status"] == "blocked"
+    assert api.put("/pools/home", json={"guarantee": {"gpus": 0}}).status_code == 200
+    assert claim(api, "w2").json()["id"] == second["id"], "no guarantee left to protect: it starts"

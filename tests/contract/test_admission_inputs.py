@@ -4,7 +4,8 @@ kept from one read to the next while their rows are unchanged, never a stale val
 from __future__ import annotations
 
 from corral.core import admission
-from corral.core.placement import ClaimPlacement, CycleMemo
+from corral.core.claim import Claim
+from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import JobSpec, Reason
@@ -17,7 +18,7 @@ from corral.testing.factories import gpu_job
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
-POLICY = ClaimPlacement()
+POLICY = Claim()
 
 
 def fleet(store: Store) -> dict[str, str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core.claim import Claim
 from corral.core.drain import DrainStarted
-from corral.core.placement import ClaimPlacement
 from corral.domain import errors
 from corral.domain.records import Hold, JobSpec
 from corral.domain.resources import Resources
@@ -17,7 +17,7 @@ from tests.contract import protocol
 from tests.contract.test_store import assert_history_is_legal
 
 NOW = 1_800_000_000.0
-POLICY = ClaimPlacement()
+POLICY = Claim()
 
 
 def workers(store, count, gpus=1, address="10.0.0.{}"):
@@ -295,7 +295,7 @@ def test_a_peer_finishing_during_the_drain_completes_it_as_failed(store):
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
 
 
-class RacingPlacement(ClaimPlacement):
+class RacingPlacement(Claim):
     """The claim's policy, with another replica acting on the gang at the worst moment: after the
     claim has read the worker's allocations, before it locks the reserved task."""
 

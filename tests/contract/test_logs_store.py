@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.core.placement import ClaimPlacement
+from corral.core.claim import Claim
 from corral.domain import errors
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
@@ -14,7 +14,7 @@ from corral.store.base import WorkerRegistration
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
-POLICY = ClaimPlacement()
+POLICY = Claim()
 
 
 def running_job(store, max_retries=3):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from corral.core import lifecycle
-from corral.core.placement import ClaimPlacement
+from corral.core.claim import Claim
 from corral.domain import errors
 from corral.domain.pools import (
     UNLIMITED,
@@ -116,7 +116,7 @@ def test_usage_sums_tasks_held_and_waiting_per_pool_and_counts_unfinished_jobs(s
         JobSpec(command="gang", pool="t/b", gang_size=3, resources=Resources(gpus=1, memory_mb=10)),
         JobSpec(command="cancelled", pool="t/b"),
     )
-    claimed = store.claim("w1", NOW + 1, ClaimPlacement())
+    claimed = store.claim("w1", NOW + 1, Claim())
     assert claimed.spec.command == "run"
     (cancelled,) = [job for job in store.list_jobs(JobFilter(pool="t/b"), 10, None) if job.gang_id is None]
     protocol.cancel(store, cancelled.id, NOW + 2)

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from corral.core.placement import ClaimPlacement
+from corral.core.claim import Claim
 from corral.domain import errors
 from corral.domain.records import Constraints, GpuReading, Job, JobSpec
 from corral.domain.resources import Resources
@@ -17,7 +17,7 @@ from corral.store.base import JobFilter, JobReport, LeaseRenewed, WorkerRegistra
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
-POLICY = ClaimPlacement()
+POLICY = Claim()
 
 
 def spec(command="true", **fields):

@@ -2,9 +2,10 @@
 
 import pytest
 
+from corral.core.claim import Claim
 from corral.core.explain import explain_pending
 from corral.core.ordering import in_queue_order
-from corral.core.placement import ClaimPlacement, Placement, free_capacity, place
+from corral.core.placement import Placement, free_capacity, place
 from corral.domain.records import Allocation, Constraints, Reason
 from corral.domain.resources import Resources
 from corral.domain.status import WorkerStatus
@@ -88,7 +89,7 @@ def test_queue_order_class_priority_front_time_id():
 
 def test_claim_policy_takes_the_first_candidate_that_fits():
     worker = gpu_worker(gpus=2)
-    policy = ClaimPlacement()
+    policy = Claim()
     capacity = policy.capacity(worker, [holding(worker, "x", gpus=1, indices=[0])])
     candidates = [gpu_job(job_id="j-big", gpus=2), gpu_job(job_id="j-small", gpus=1)]
     chosen = policy.choose(worker, capacity, candidates, [], 0.0)

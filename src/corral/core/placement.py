@@ -1,20 +1,18 @@
 """The single-job placement decision: does this job fit this worker, and on which GPUs.
 
-Pure functions over values: the claim path in the store calls them inside its transaction with the
-worker's current allocations, and the admission cycle and the simulator call them on what-if copies.
+Pure functions over values: the claim (``corral.core.claim``) calls them with the worker's current
+allocations, and the admission cycle and the simulator on what-if copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core import borrowing, lifecycle
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
-from corral.domain.status import Status, WorkerStatus
-from corral.domain.transitions import Transition
+from corral.domain.status import WorkerStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,77 +168,13 @@ def may_backfill(job: Job, holds: Sequence[Hold], now: float) -> bool:
     return all(hold.expected_at is not None and now + walltime <= hold.expected_at for hold in holds)
 
 
-class ClaimPlacement:
-    """The claim's policy, handed to the store: free capacity, then the first candidate that fits,
-    then how it starts (``corral.core.lifecycle.start``).
-
-    Candidates arrive in queue order (``corral.domain.queue_order``), so the first one that fits is
-    the job the queue says should run next on this worker. Capacity held for a waiting gang is only
-    used by a job that backfills (``may_backfill``).
-    """
-
-    def start(
-        self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
-    ) -> Transition | None:
-        return lifecycle.start(job, worker_id, gpu_indices, now, claim_key)
-
-    def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
-        return free_capacity(worker, allocations)
-
-    def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
-        """A task reserved on the worker goes first (its gang waits for it, seed 001); of several,
-        the lowest id. A preemptor's reservation is started only once its victims have left: its
-        GPU indices and resources are free of every other allocation on the worker."""
-        for allocation in sorted(allocations, key=lambda allocation: allocation.job_id):
-            if allocation.status == Status.RESERVED and _room_left_for(allocation, worker, allocations):
-                return allocation.job_id
-        return None
-
-    def unreclaimable(self, job: Job) -> bool:
-        """A job no preemption could take back (``corral.core.borrowing``): the claim then asks
-        ``may_borrow`` before starting it."""
-        return borrowing.unreclaimable(job)
-
-    def may_borrow(
-        self, job: Job, free_gpus: int, guaranteed: Mapping[str, int], held: Mapping[str, int]
-    ) -> bool:
-        """``borrowing.may_place`` on the cluster as the claim's transaction read it."""
-        guarantees = borrowing.Guarantees(
-            free_gpus, {p: g for p, g in guaranteed.items() if g > 0}, dict(held)
-        )
-        return borrowing.may_place(job, job.spec.resources.gpus, guarantees)
-
-    def choose(
-        self, worker: Worker, capacity: Capacity, candidates: Sequence[Job], holds: Sequence[Hold], now: float
-    ) -> tuple[Job, tuple[int, ...]] | None:
-        # ``first_fit`` per candidate, with the held-back capacity computed once, and a candidate
-        # that cannot fit it skipped before a reason is worded (a poll may read thousands).
-        held_back = without_holds(capacity, holds) if holds else capacity
-        for job in candidates:
-            usable = capacity if not holds or may_backfill(job, holds, now) else held_back
-            if not usable.free.covers(job.spec.resources):
-                continue
-            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
-            if isinstance(decision, Placement):
-                return job, decision.gpu_indices
-        return None
-
-
 def first_fit(
     job: Job, worker: Worker, capacity: Capacity, holds: Sequence[Hold], now: float
 ) -> Placement | Reason:
-    """Where ``job`` would go on ``worker`` at a claim now: the claim's own rule (``ClaimPlacement``),
+    """Where ``job`` would go on ``worker`` at a claim now: the claim's own rule (``corral.core.claim``),
     held capacity included, so ``why`` never says "fits" where every claim would refuse."""
     usable = capacity if not holds or may_backfill(job, holds, now) else without_holds(capacity, holds)
     return place(job.spec.resources, job.spec.constraints, worker, usable)
-
-
-def _room_left_for(reserved: Allocation, worker: Worker, allocations: Sequence[Allocation]) -> bool:
-    others = [allocation for allocation in allocations if allocation.job_id != reserved.job_id]
-    capacity = free_capacity(worker, others)
-    return capacity.free.covers(reserved.resources) and set(reserved.gpu_indices) <= set(
-        capacity.free_gpu_indices
-    )
 
 
 def usable(worker: Worker) -> bool:

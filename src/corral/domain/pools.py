@@ -223,6 +223,17 @@ def with_job_pools(pools: dict[str, Pool], paths: Iterable[str], defaults: PoolD
 
 
 @dataclass(frozen=True, slots=True)
+class BorrowingView:
+    """What the claim reads of the cluster to keep work no preemption could take back off borrowed
+    capacity (``corral.core.claim``): GPUs free on usable workers, each pool's guaranteed GPUs
+    (pools with a guarantee only) and the GPUs each pool's jobs hold."""
+
+    free_gpus: int
+    guaranteed: Mapping[str, int]
+    held: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class PoolUsage:
     """What a pool's non-terminal jobs hold and ask for, each task's resources summed."""
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from corral.core import drain, lifecycle
+from corral.core.claim import Claim
 from corral.core.drain import DrainCompleted, DrainStarted
 from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
-from corral.core.placement import ClaimPlacement
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
 from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker
@@ -32,7 +32,8 @@ from corral.store.base import (
     stamp_of,
 )
 
-PLACEMENT = ClaimPlacement()
+#: the claim's policy where no pool is stored (a gang's reservation reads only its capacity rules)
+PLACEMENT = Claim()
 
 
 def report_done(store: Store, job_id: str, worker_id: str, attempt: int, now: float) -> Reported:
@@ -300,22 +301,29 @@ def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
     return store.change(job_id, partial(lifecycle.cancel, now=now))
 
 
-def claim(store: Store, worker_id: str, now: Stamp, key: str | None = None) -> Job | None:
+def claim(
+    store: Store, worker_id: str, now: Stamp, key: str | None = None, policy: Claim = PLACEMENT
+) -> Job | None:
     """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction.
-    ``key``: the claim's Idempotency-Key (``Store.claim_many`` says what a retry gets)."""
-    return store.claim(worker_id, now, PLACEMENT, key)
+    ``key``: the claim's Idempotency-Key (``Store.claim_many`` says what a retry gets); ``policy``:
+    the claim's rule with the stored pools (``ServerState.claim_policy``)."""
+    return store.claim(worker_id, now, policy, key)
 
 
-def claim_many(store: Store, worker_id: str, now: Stamp, limit: int, key: str | None = None) -> list[Job]:
+def claim_many(
+    store: Store, worker_id: str, now: Stamp, limit: int, key: str | None = None, policy: Claim = PLACEMENT
+) -> list[Job]:
     """Up to ``limit`` claims for ``worker_id`` in one store transaction (``claim``'s rule, each
     claim's capacity taken before the next is chosen)."""
-    return store.claim_many(worker_id, now, PLACEMENT, limit, key)
+    return store.claim_many(worker_id, now, policy, limit, key)
 
 
-def claim_group(store: Store, asks: Sequence[ClaimAsk], now: Stamp) -> list[list[Job]]:
+def claim_group(
+    store: Store, asks: Sequence[ClaimAsk], now: Stamp, policy: Claim = PLACEMENT
+) -> list[list[Job]]:
     """The claims of one turn of the server's event loop, in one store transaction (``claim_many``'s
     rule for each, each seeing the ones before it)."""
-    return store.claim_group(asks, now, PLACEMENT)
+    return store.claim_group(asks, now, policy)
 
 
 def reserve_gang(

@@ -25,8 +25,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from corral.config import ServerSettings
+from corral.core.claim import Claim
 from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
+from corral.domain import pools
 from corral.domain.clock import Clock
 from corral.domain.pools import PoolDefaults
 from corral.observability.metrics import Metrics
@@ -84,6 +86,8 @@ class ServerState:
     #: ``CORRAL_STORE_PROCESSES=false``)
     planner: StoreProcess | None = None
     reader: StoreProcess | None = None
+    #: the claim's policy with the pools it was made from, and when (``claim_policy``)
+    _claim: tuple[float, Claim] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         threads = self.settings.store_threads
@@ -113,6 +117,22 @@ class ServerState:
             aggressive_starvation_timeout_s=settings.aggressive_starvation_timeout_s,
             starvation_tolerance=settings.starvation_tolerance,
         )
+
+    def claim_policy(self) -> Claim:
+        """The claim's policy (``corral.core.claim``), with the pools as stored (the claim reads a
+        job's pool kind): read again once it is an admission tick old, and at once after this
+        replica changed a pool (``pools_changed``); another replica's change reaches this one's
+        claims within a tick. Called on store threads: the swap of one attribute is atomic."""
+        kept = self._claim
+        now = time.monotonic()
+        if kept is None or now - kept[0] >= self.settings.admission_tick_s:
+            kept = (now, Claim(pools.resolve(self.store.pools(), self.pool_defaults)))
+            self._claim = kept
+        return kept[1]
+
+    def pools_changed(self) -> None:
+        """A pool was stored or deleted here: the next claim reads the pools again."""
+        self._claim = None
 
     def released(self, gang_waiting: bool = False) -> None:
         """Capacity may have come free: wake long-polling claims, and the admission cycle when a

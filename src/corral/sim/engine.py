@@ -5,7 +5,7 @@ event due then, in a fixed order (job ends, victims' heartbeats, checkpoint uplo
 submits), (2) lets workers claim, in worker id order, as a woken long poll would, (3) runs the
 admission cycle when the instant is a tick (a multiple of ``admission_tick_s``), (4) lets workers
 claim again. Every status change is a ``Plan`` of ``corral.core`` applied to the engine's records
-(``_apply``): ``lifecycle.start`` for a claim (chosen by ``placement.ClaimPlacement`` exactly as the
+(``_apply``): ``lifecycle.start`` for a claim (chosen by ``corral.core.claim`` exactly as the
 store's claim does), ``lifecycle.report_done``, ``heartbeat_action``, ``accept_checkpoint``,
 ``acknowledge_stop`` for the job's side; ``admission.decide`` then ``drain.reserve``,
 ``drain.stale_reservation``, ``lifecycle.stale_single_reservation`` and
@@ -31,13 +31,15 @@ from itertools import islice
 from typing import Any
 
 from corral.core import admission, drain, fairshare, lifecycle
+from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions
 from corral.core.ordering import queue_key
-from corral.core.placement import Capacity, ClaimPlacement, CycleMemo
+from corral.core.placement import Capacity, CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import errors
 from corral.domain import pools as pool_rules
+from corral.domain.pools import BorrowingView
 from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, TERMINAL, Status
@@ -46,12 +48,9 @@ from corral.sim import shortcuts
 from corral.sim.policy import Policy
 from corral.sim.workload import Scenario, WorkloadJob
 
-PLACEMENT = ClaimPlacement()
 #: pending single jobs the cycle reads as possible preemptors, at most (the store's
 #: ``PREEMPTOR_CANDIDATES``: the simulator sees what the server sees)
 PREEMPTOR_CANDIDATES = 1000
-#: the claim reads candidates in pages, as the store does (first page, then x8 up to the cap)
-CLAIM_FIRST_PAGE, CLAIM_MAX_PAGE = 64, 4096
 
 # event kinds, in the order they are handled within one instant
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
@@ -149,6 +148,9 @@ class Engine:
         #: the pools' starvation timers (the store's ``pool_starvation``)
         self.starvation: dict[str, pool_rules.StarvationState] = {}
         self.total = fairshare.cluster_of(self.workers)
+        self.total_gpus = scenario.cluster.gpus
+        #: the claim's policy, reading the pools' kinds from ``pools`` as they grow
+        self.claim = Claim(self.pools)
         self.now = 0.0
         self.jobs: dict[str, Job] = {}
         self.tasks: dict[str, Task] = {}
@@ -170,6 +172,11 @@ class Engine:
         self.queue_keys: dict[str, Any] = {}
         self.pending_added = 0  # bumped whenever a job enters the queue
         self.round_version = 0  # ``pending_added`` at the last claim round
+        #: pending jobs no preemption could take back (the claim's borrowing rule may refuse them
+        #: on any worker), and whether GPUs were released since the last claim round: the rule's
+        #: answer then may change on workers whose own capacity did not
+        self.pending_unreclaimable = 0
+        self.released_since_round = False
         self.pending_gpus: dict[int, int] = {}  # GPUs asked -> pending jobs asking for that many
         self.dirty: set[str] = set()  # workers whose capacity, holds or reservations changed
         self.worker_ids = [worker.id for worker in self.workers]
@@ -369,11 +376,16 @@ class Engine:
 
         Who may find something: a worker whose capacity, holds or reservations changed (``dirty``),
         and, once a job entered the queue, every worker with a free GPU (every worker at all when
-        a queued job asks for none). A worker that found nothing finds nothing again until one of
-        those changes, and once the queue is empty only the dirty workers are left to poll.
+        a queued job asks for none); every such worker too once GPUs were released anywhere while a
+        job no preemption could take back waits (the claim's borrowing rule reads the whole
+        cluster). A worker that found nothing finds nothing again until one of those changes, and
+        once the queue is empty only the dirty workers are left to poll.
         """
         self._refresh_roomy()
-        fresh = bool(self.pending) and self.pending_added > self.round_version
+        fresh = bool(self.pending) and (
+            self.pending_added > self.round_version
+            or (self.released_since_round and self.pending_unreclaimable > 0 and bool(self.guaranteed))
+        )
         if not self.dirty and not fresh:
             return
         dirty = sorted(self.dirty)
@@ -400,6 +412,7 @@ class Engine:
                 pass
             self.claimer = None
         self.round_version = self.pending_added
+        self.released_since_round = False
 
     def _refresh_roomy(self) -> None:
         """Keep ``roomy`` (the workers with a free GPU, sorted) up to date for the workers whose
@@ -420,16 +433,18 @@ class Engine:
     def _capacity(self, worker: Worker) -> Capacity:
         capacity = self.capacity.get(worker.id)
         if capacity is None:
-            capacity = PLACEMENT.capacity(worker, tuple(self.allocations[worker.id].values()))
+            capacity = self.claim.capacity(worker, tuple(self.allocations[worker.id].values()))
             self.capacity[worker.id] = capacity
         return capacity
 
     def _claim(self, worker: Worker) -> bool:
+        """One claim by ``worker`` (``corral.core.claim``): its reserved task, else the first pending
+        job in queue order that fits and may start."""
         allocations = tuple(self.allocations[worker.id].values())
-        reserved = PLACEMENT.reserved_task(worker, allocations)
+        reserved = self.claim.reserved_task(worker, allocations)
         if reserved is not None:
             job = self.jobs[reserved]
-            started = PLACEMENT.start(job, worker.id, job.gpu_indices, self.now)
+            started = self.claim.start(job, worker.id, job.gpu_indices, self.now)
             if started is not None:
                 self._apply(Plan((started,), None))
                 return True
@@ -440,37 +455,22 @@ class Engine:
         if free.cpus < 0 or free.memory_mb < 0 or free.gpus < 0:
             return False
         holds = self.holds.get(worker.id, [])
-        offset, page = 0, CLAIM_FIRST_PAGE
-        fitting = self._fitting(free)
-        while True:
-            candidates = [job for _, job in zip(range(page), fitting, strict=False)]
-            if not candidates:
-                return False
-            chosen = PLACEMENT.choose(worker, capacity, candidates, holds, self.now)
-            while chosen is not None and PLACEMENT.unreclaimable(chosen[0]):
-                # The store's rule: work no preemption could take back does not start on
-                # borrowed capacity (``corral.core.borrowing``), decided on the whole cluster.
-                if PLACEMENT.may_borrow(chosen[0], *self._borrowing_view()):
-                    break
-                candidates = [job for job in candidates if job.id != chosen[0].id]
-                chosen = PLACEMENT.choose(worker, capacity, candidates, holds, self.now)
-            if chosen is not None:
-                job, indices = chosen
-                started = PLACEMENT.start(job, worker.id, indices, self.now)
-                if started is None:
-                    raise AssertionError(f"pending job {job.id} could not start")
-                self._apply(Plan((started,), None))
-                return True
-            offset += page
-            page = min(page * 8, CLAIM_MAX_PAGE)
+        view = self._borrowing_view if self.guaranteed else None
+        chosen = self.claim.choose(worker, capacity, self._fitting(free), holds, self.now, view)
+        if chosen is None:
+            return False
+        job, indices = chosen
+        started = self.claim.start(job, worker.id, indices, self.now)
+        if started is None:
+            raise AssertionError(f"pending job {job.id} could not start")
+        self._apply(Plan((started,), None))
+        return True
 
-    def _borrowing_view(self) -> tuple[int, dict[str, int], dict[str, int]]:
+    def _borrowing_view(self) -> BorrowingView:
         """What the store's claim reads for the borrowing rule: GPUs free on the (usable) workers,
         each stored pool's guaranteed GPUs, the GPUs each pool's jobs hold."""
-        if not self.guaranteed:
-            return 0, {}, {}
-        free = self.scenario.cluster.gpus - self.allocated_gpus
-        return free, self.guaranteed, {pool: gpus for pool, gpus in self.held_by_pool.items() if gpus}
+        held = {pool: gpus for pool, gpus in self.held_by_pool.items() if gpus}
+        return BorrowingView(self.total_gpus - self.allocated_gpus, self.guaranteed, held)
 
     def _fitting(self, free: Resources) -> Iterable[Job]:
         """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
@@ -489,6 +489,8 @@ class Engine:
         self.queue_keys[job.id] = key
         insort(self.pending, (key, job.id))
         self.pending_added += 1
+        if self.claim.unreclaimable(job):
+            self.pending_unreclaimable += 1
         gpus = job.spec.resources.gpus
         self.pending_gpus[gpus] = self.pending_gpus.get(gpus, 0) + 1
 
@@ -498,6 +500,8 @@ class Engine:
         if index < len(self.pending) and self.pending[index] == entry:
             del self.pending[index]
             self.pending_gpus[job.spec.resources.gpus] -= 1
+            if self.claim.unreclaimable(job):
+                self.pending_unreclaimable -= 1
 
     # --- the admission cycle -------------------------------------------------------------------
 
@@ -845,6 +849,8 @@ class Engine:
         if was == now_holds:
             return
         gpus = after.spec.resources.gpus * (1 if now_holds else -1)
+        if gpus < 0:
+            self.released_since_round = True
         self.allocated_gpus += gpus
         self.held_by_pool[after.spec.pool] = self.held_by_pool.get(after.spec.pool, 0) + gpus
         self.record.allocation.append((self.now, after.spec.pool, gpus))

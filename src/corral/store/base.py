@@ -10,11 +10,11 @@ rule) which candidate fits and how it starts. A decision that refuses (a stale r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from corral.domain.pools import PoolSettings, PoolUsage, StarvationState
+from corral.domain.pools import BorrowingView, PoolSettings, PoolUsage, StarvationState
 from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker
 from corral.domain.resources import Resources
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
@@ -74,16 +74,6 @@ class ClaimPolicy(Protocol[CapacityT]):
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
 
-    def unreclaimable(self, job: Job) -> bool:
-        """A job no preemption could take back: the claim checks ``may_borrow`` before it starts."""
-        ...
-
-    def may_borrow(
-        self, job: Job, free_gpus: int, guaranteed: Mapping[str, int], held: Mapping[str, int]
-    ) -> bool:
-        """Whether it may start on the cluster as it is (free GPUs, pools' guarantees and usage)."""
-        ...
-
     def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
         """The task reserved for this worker that its claim starts before any pending job."""
         ...
@@ -92,10 +82,15 @@ class ClaimPolicy(Protocol[CapacityT]):
         self,
         worker: Worker,
         capacity: CapacityT,
-        candidates: Sequence[Job],
+        candidates: Iterable[Job],
         holds: Sequence[Hold],
         now: float,
-    ) -> tuple[Job, tuple[int, ...]] | None: ...
+        borrowing_view: Callable[[], BorrowingView] | None = None,
+    ) -> tuple[Job, tuple[int, ...]] | None:
+        """The first candidate that fits and may start (``corral.core.claim``). ``borrowing_view``
+        reads the cluster's borrowing figures, in the claim's transaction, when the policy needs
+        them; None: nothing is borrowed."""
+        ...
 
     def start(
         self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from corral.domain import errors
+from corral.domain.pools import BorrowingView
 from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
@@ -190,6 +191,12 @@ class ClaimStore(SqlStore):
         """
         started_jobs: list[Job] = []
         starts: list[Transition] = []
+
+        def borrowing_view() -> BorrowingView:
+            self._apply_all(tx, starts)  # the cluster's figures count them
+            starts.clear()
+            return self._borrowing_view(tx)
+
         capacity = policy.capacity(worker, allocations)
         offset, page = 0, max(CLAIM_FIRST_PAGE, limit)
         while len(started_jobs) < limit:
@@ -210,15 +217,7 @@ class ClaimStore(SqlStore):
             read = len(candidates)
             before = len(started_jobs)
             while len(started_jobs) < limit:
-                chosen = policy.choose(worker, capacity, candidates, holds, at)
-                while chosen is not None and policy.unreclaimable(chosen[0]):
-                    # Work no preemption could take back does not start on borrowed capacity.
-                    self._apply_all(tx, starts)  # the cluster view counts them
-                    starts.clear()
-                    if policy.may_borrow(chosen[0], *self._borrowing_view(tx)):
-                        break
-                    candidates = [job for job in candidates if job.id != chosen[0].id]
-                    chosen = policy.choose(worker, capacity, candidates, holds, at)
+                chosen = policy.choose(worker, capacity, candidates, holds, at, borrowing_view)
                 if chosen is None:
                     break
                 job, gpu_indices = chosen
@@ -242,15 +241,15 @@ class ClaimStore(SqlStore):
         self._apply_all(tx, starts)
         return started_jobs
 
-    def _borrowing_view(self, tx: Transaction) -> tuple[int, dict[str, int], dict[str, int]]:
-        """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold:
-        read only for a claim candidate no preemption could take back (rare), in its transaction."""
+    def _borrowing_view(self, tx: Transaction) -> BorrowingView:
+        """GPUs free on usable workers, each pool's guaranteed GPUs and the GPUs its jobs hold: read
+        only when the policy asks (a candidate no preemption could take back), in its transaction."""
         guaranteed = {
             str(row[0]): int(row[1])
             for row in tx.execute("SELECT path, guarantee_gpus FROM pools WHERE guarantee_gpus > 0")
         }
         if not guaranteed:
-            return 0, {}, {}
+            return BorrowingView(0, {}, {})
         held = {
             str(row[0]): int(row[1] or 0)
             for row in tx.execute(
@@ -265,7 +264,7 @@ class ClaimStore(SqlStore):
             f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active'"
             " AND workers.flagged_dead_at IS NULL"
         )[0][0]
-        return int(total) - int(busy), guaranteed, held
+        return BorrowingView(int(total) - int(busy), guaranteed, held)
 
     def claim_candidates_sql(self) -> str:
         """The claim's candidate query: pending jobs that fit the free capacity, in queue order.

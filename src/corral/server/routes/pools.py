@@ -180,12 +180,14 @@ async def put_pool(request: Request) -> Response:
 
 def _put(state: ServerState, path: str, settings: PoolSettings, now: float) -> dict[str, Any]:
     state.store.put_pool(path, settings, now)
+    state.pools_changed()
     return _one(state, path)
 
 
 async def delete_pool(request: Request) -> Response:
     state = state_of(request)
     await run_store(state, state.store.delete_pool, _path(request))
+    state.pools_changed()
     return Response(status_code=204)
 
 

@@ -174,7 +174,7 @@ def claimed(
     checkpoints (on a store thread, in one crossing: the claim is a job's hottest path). The claim
     reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came.
     ``key``: the claim's Idempotency-Key (a retry is answered the runs the first one started)."""
-    job = changes.claim(state.store, worker_id, state.clock.now, key)
+    job = changes.claim(state.store, worker_id, state.clock.now, key, state.claim_policy())
     return None if job is None else (job, claim_body(state, job, server_url))
 
 
@@ -182,7 +182,7 @@ def claimed_many(
     state: ServerState, worker_id: str, server_url: str, limit: int, key: str | None = None
 ) -> list[tuple[Job, dict[str, Any]]]:
     """``claimed`` for up to ``limit`` jobs, started in one store transaction."""
-    jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit, key)
+    jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit, key, state.claim_policy())
     return [(job, claim_body(state, job, server_url)) for job in jobs]
 
 
@@ -225,7 +225,10 @@ def claimed_together(state: ServerState, asks: list[ClaimRequest]) -> list[Claim
     that cannot be built (a store read failing after the commit) is that claim's error alone: the
     worker asks again with the same Idempotency-Key and is answered the runs it started."""
     started = changes.claim_group(
-        state.store, [ClaimAsk(ask.worker_id, ask.limit or 1, ask.key) for ask in asks], state.clock.now
+        state.store,
+        [ClaimAsk(ask.worker_id, ask.limit or 1, ask.key) for ask in asks],
+        state.clock.now,
+        state.claim_policy(),
     )
     answers: list[Claimed | BaseException] = []
     for ask, jobs in zip(asks, started, strict=True):

@@ -1,0 +1,123 @@
+"""The claim's choice: what a worker's claim starts, written once for the store's claim transaction
+and the simulator.
+
+1. A task reserved for the worker goes first (its gang waits for it, seed 001); of several, the
+   lowest id. A preemptor's reservation starts only once its victims have left: its GPU indices and
+   resources are free of every other allocation on the worker.
+2. Else the pending single jobs, in queue order (``corral.domain.queue_order``): the first that fits
+   the worker's free capacity (``placement.place``: constraints, GPU indices). Capacity held for a
+   waiting gang is used only by a job that backfills (``placement.may_backfill``).
+3. A job no preemption could take back (``borrowing.unreclaimable``, with its pool's kind: a
+   sensitive pool's work is never preempted) does not start on borrowed capacity
+   (``borrowing.may_place``, on the cluster as the claim reads it): it is passed over and the next
+   candidate is tried, as admission refuses a gang of the same kind.
+
+Pure: the caller hands in the worker, its allocations, the candidates and a function that reads the
+cluster's borrowing figures, which is called at most once per choice and only for a candidate that
+step 3 concerns (the store reads them inside its transaction; the common claim never does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from corral.core import borrowing, lifecycle
+from corral.core.placement import Capacity, Placement, free_capacity, may_backfill, place, without_holds
+from corral.core.snapshot import PoolView
+from corral.domain import pools as pool_rules
+from corral.domain.pools import BorrowingView
+from corral.domain.records import Allocation, Hold, Job, Worker
+from corral.domain.status import Status
+from corral.domain.transitions import Transition
+
+__all__ = ["Claim", "reserved_task"]
+
+
+class Claim:
+    """The claim policy the store's claim and the simulator's call (module docstring).
+
+    ``pools`` are the pools as the scheduler resolved them (``corral.domain.pools.resolve``): the
+    claim reads a job's pool kind from them, a path without an entry taking its nearest ancestor's
+    kind (the default kind when none has one)."""
+
+    def __init__(self, pools: Mapping[str, PoolView] | None = None) -> None:
+        self.pools: Mapping[str, PoolView] = pools if pools is not None else {}
+
+    def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
+        return free_capacity(worker, allocations)
+
+    def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
+        return reserved_task(worker, allocations)
+
+    def start(
+        self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+    ) -> Transition | None:
+        return lifecycle.start(job, worker_id, gpu_indices, now, claim_key)
+
+    def unreclaimable(self, job: Job) -> bool:
+        """Step 3's test: work no preemption could take back, its pool's kind included."""
+        return borrowing.unreclaimable(job, self.pool_kind(job.spec.pool) == pool_rules.PoolKind.SENSITIVE)
+
+    def pool_kind(self, path: str) -> str:
+        pool = self.pools.get(path)
+        if pool is None:
+            pool = next(
+                (
+                    self.pools[ancestor]
+                    for ancestor in reversed(pool_rules.ancestors(path))
+                    if ancestor in self.pools
+                ),
+                None,
+            )
+        return pool.kind if pool is not None else pool_rules.PoolKind.BATCH
+
+    def choose(
+        self,
+        worker: Worker,
+        capacity: Capacity,
+        candidates: Iterable[Job],
+        holds: Sequence[Hold],
+        now: float,
+        borrowing_view: Callable[[], BorrowingView] | None = None,
+    ) -> tuple[Job, tuple[int, ...]] | None:
+        """Steps 2 and 3: the first candidate, in the order given, that fits and may start; None when
+        none does. ``borrowing_view`` None: nothing is borrowed (no guarantees to protect)."""
+        # The held-back capacity is computed once, and a candidate that cannot fit it is skipped
+        # before a reason is worded: a poll may read thousands.
+        held_back = without_holds(capacity, holds) if holds else capacity
+        guarantees: borrowing.Guarantees | None = None
+        for job in candidates:
+            usable = capacity if not holds or may_backfill(job, holds, now) else held_back
+            if not usable.free.covers(job.spec.resources):
+                continue
+            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
+            if not isinstance(decision, Placement):
+                continue
+            if borrowing_view is not None and self.unreclaimable(job):
+                if guarantees is None:
+                    view = borrowing_view()
+                    guarantees = borrowing.Guarantees(
+                        view.free_gpus,
+                        {path: gpus for path, gpus in view.guaranteed.items() if gpus > 0},
+                        dict(view.held),
+                    )
+                if not borrowing.may_place(job, job.spec.resources.gpus, guarantees):
+                    continue
+            return job, decision.gpu_indices
+        return None
+
+
+def reserved_task(worker: Worker, allocations: Sequence[Allocation]) -> str | None:
+    """Step 1: the task reserved on the worker that its claim starts first, or None."""
+    for allocation in sorted(allocations, key=lambda allocation: allocation.job_id):
+        if allocation.status == Status.RESERVED and _room_left_for(allocation, worker, allocations):
+            return allocation.job_id
+    return None
+
+
+def _room_left_for(reserved: Allocation, worker: Worker, allocations: Sequence[Allocation]) -> bool:
+    others = [allocation for allocation in allocations if allocation.job_id != reserved.job_id]
+    capacity = free_capacity(worker, others)
+    return capacity.free.covers(reserved.resources) and set(reserved.gpu_indices) <= set(
+        capacity.free_gpu_indices
+    )
