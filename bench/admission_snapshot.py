@@ -112,7 +112,7 @@ def measure(backend: str, store: Store, args: argparse.Namespace) -> None:
     admission_tick(state)
     for round_ in range(args.rounds):
         heartbeat_all(store, clock, held, round_)
-        inputs = timed(reads, lambda: store.admission_inputs(clock.now()))
+        inputs = timed(reads, lambda: store.admission_inputs())
         timed(ticks, lambda: admission_tick(state))
     print(
         f"{backend}: {len(inputs.holding)} holding, {len(inputs.pending)} pending read,"

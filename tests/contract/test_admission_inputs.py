@@ -3,11 +3,10 @@ kept from one read to the next while their rows are unchanged, never a stale val
 
 from __future__ import annotations
 
-from corral.core import admission
+from corral.core import admission, cycle
 from corral.core.claim import Claim
 from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
-from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import JobSpec, Reason
 from corral.domain.resources import Resources
 from corral.domain.status import Status
@@ -65,21 +64,21 @@ def same_objects(
 
 def test_an_unchanged_store_gives_the_same_records(store):
     fleet(store)
-    first = store.admission_inputs(NOW + 10)
+    first = store.admission_inputs()
     assert len(first.holding) == 4 and len(first.pending) == 1 and len(first.gangs) == 1
     assert len(first.allocations) == 4 and len(first.workers) == 2
-    same_objects(first, store.admission_inputs(NOW + 10))
+    same_objects(first, store.admission_inputs())
 
 
 def test_heartbeats_leave_the_records_as_they_were_and_carry_no_readings(store):
     running = fleet(store)
-    first = store.admission_inputs(NOW + 10)
+    first = store.admission_inputs()
     report = JobReport(progress={"step": 7}, gpu_util_pct=93.0, rss_mb=2048.0)
     for job_id, worker_id in running.items():
         store.heartbeat_job(job_id, worker_id, 1, NOW + 15, report)
     for worker_id in ("w0", "w1"):
         store.worker_heartbeat(worker_id, NOW + 15, [{"index": 0, "util_pct": 93.0, "mem_used_mb": 100}])
-    second = store.admission_inputs(NOW + 20)
+    second = store.admission_inputs()
     same_objects(first, second)
     for job in second.holding:
         assert (job.last_heartbeat_at, job.progress, job.gpu_util_pct, job.rss_mb) == (None, None, None, None)
@@ -92,10 +91,10 @@ def test_heartbeats_leave_the_records_as_they_were_and_carry_no_readings(store):
 
 def test_a_checkpoint_time_a_heartbeat_brings_is_seen(store):
     running = fleet(store)
-    first = store.admission_inputs(NOW + 10)
+    first = store.admission_inputs()
     job_id, worker_id = next(iter(running.items()))
     store.heartbeat_job(job_id, worker_id, 1, NOW + 15, JobReport(checkpoint_at=NOW + 14))
-    second = store.admission_inputs(NOW + 20)
+    second = store.admission_inputs()
     # the allocation is made again with its job's record, equal to the one before
     same_objects(first, second, {f"job {job_id}", f"allocation {job_id}"})
     assert records(first)[f"allocation {job_id}"] == records(second)[f"allocation {job_id}"]
@@ -104,20 +103,20 @@ def test_a_checkpoint_time_a_heartbeat_brings_is_seen(store):
 
 def test_changed_rows_are_read_again_and_the_others_kept(store):
     running = fleet(store)
-    first = store.admission_inputs(NOW + 10)
+    first = store.admission_inputs()
     pending_id = first.pending[0].id
     changes.note_single_waiting(store, pending_id, Reason("no_fit", "nothing fits"), NOW + 11)
     finished_id, worker_id = next(iter(running.items()))
     protocol.complete(store, finished_id, worker_id, 1, NOW + 12)
     store.drain_worker("w1")
-    second = store.admission_inputs(NOW + 20)
+    second = store.admission_inputs()
     old, new = records(first), records(second)
     assert set(old) - set(new) == {f"job {finished_id}", f"allocation {finished_id}"}
     changed = {f"job {pending_id}", "worker w1"}
     assert {key for key in new if new[key] is not old[key]} == changed
     assert second.pending[0].reason == Reason("no_fit", "nothing fits")
     assert next(worker for worker in second.workers if worker.id == "w1").status == "draining"
-    assert finished_id not in second.expected_ends and all(job.id != finished_id for job in second.holding)
+    assert all(job.id != finished_id for job in second.holding)
 
 
 def test_a_replica_sees_what_another_wrote(store_url):
@@ -125,11 +124,11 @@ def test_a_replica_sees_what_another_wrote(store_url):
     first_replica, second_replica = open_store(store_url), open_store(store_url)
     try:
         running = fleet(first_replica)
-        before = first_replica.admission_inputs(NOW + 10)
-        second_replica.admission_inputs(NOW + 10)
+        before = first_replica.admission_inputs()
+        second_replica.admission_inputs()
         job_id, worker_id = next(iter(running.items()))
         protocol.complete(second_replica, job_id, worker_id, 1, NOW + 12)
-        after = first_replica.admission_inputs(NOW + 20)
+        after = first_replica.admission_inputs()
         assert [job.id for job in after.holding] == [job.id for job in before.holding if job.id != job_id]
         reread = second_replica.get_job(job_id)
         assert reread is not None and reread.status == Status.DONE
@@ -165,16 +164,11 @@ def test_the_cycle_memo_over_kept_records_decides_as_a_count_from_scratch(store)
     for round_, step in enumerate(steps):
         step()
         now = NOW + 30 + round_
-        inputs = store.admission_inputs(now)
-        snapshot = Snapshot(
-            now=now,
-            workers=inputs.workers,
-            allocations=inputs.allocations,
-            gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in inputs.gangs),
-            pending=inputs.pending,
-            expected_ends=inputs.expected_ends,
-            holding=inputs.holding,
+        inputs = store.admission_inputs()
+        reading = cycle.CycleReading(
+            inputs.workers, inputs.allocations, inputs.gangs, inputs.holding, inputs.pending
         )
+        snapshot = cycle.snapshot_of(reading, now, None, lambda paths: (), {})
         with_memo = admission.decide(snapshot, 30.0, PreemptionSettings(), memo)
         assert with_memo == admission.decide(snapshot, 30.0, PreemptionSettings(), None)
         planned += len(with_memo.preemptions)
@@ -204,7 +198,5 @@ def test_spec_columns_stay_as_submitted_through_a_jobs_life(store):
     store.heartbeat_jobs(running[job_ids[1]], NOW + 5, [(job_ids[1], 1, full)])
     protocol.complete(store, job_ids[2], running[job_ids[2]], 1, NOW + 6)
     protocol.fail(store, job_ids[3], running[job_ids[3]], 1, NOW + 7, exit_code=1)
-    changes.note_single_waiting(
-        store, store.admission_inputs(NOW + 8).pending[0].id, Reason("x", "y"), NOW + 8
-    )
+    changes.note_single_waiting(store, store.admission_inputs().pending[0].id, Reason("x", "y"), NOW + 8)
     assert specs() == submitted

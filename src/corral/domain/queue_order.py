@@ -12,10 +12,11 @@ Pending work is ordered by, in turn:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from corral.domain.records import Job
+from corral.domain.status import Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +41,16 @@ QUEUE_ORDER: tuple[OrderBy, ...] = (
 def order_by_sql(order: tuple[OrderBy, ...] = QUEUE_ORDER) -> str:
     """``preemption_class DESC, priority DESC, ...``: the claim query's ORDER BY."""
     return ", ".join(f"{key.column} DESC" if key.descending else key.column for key in order)
+
+
+#: pending single jobs a cycle reads as possible preemptors, at most: the store's read and the
+#: simulator's take the same number (``preemptor_floor`` says which)
+PREEMPTOR_CANDIDATES = 1000
+
+
+def preemptor_floor(holding: Iterable[Job]) -> int | None:
+    """The lowest preemption class among running jobs: pending single jobs of that class or above,
+    in queue order, are a cycle's possible preemptors (no job may take from a class above its
+    own; the fair-share trigger adds the starving pools' jobs apart). None: nothing runs, so no
+    pending job can preempt."""
+    return min((job.spec.preemption_class for job in holding if job.status == Status.RUNNING), default=None)

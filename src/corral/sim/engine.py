@@ -30,27 +30,24 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-from corral.core import admission, drain, fairshare, lifecycle
+from corral.core import admission, cycle, drain, lifecycle
 from corral.core.claim import Claim
-from corral.core.decisions import AdmissionDecisions
+from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.ordering import queue_key
 from corral.core.placement import Capacity, CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
-from corral.core.snapshot import Gang, Snapshot
+from corral.core.snapshot import Snapshot
 from corral.domain import errors
 from corral.domain import pools as pool_rules
 from corral.domain.pools import BorrowingView
-from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, Worker
+from corral.domain.queue_order import PREEMPTOR_CANDIDATES, preemptor_floor
+from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, TERMINAL, Status
 from corral.domain.transitions import Plan, Transition
 from corral.sim import shortcuts
 from corral.sim.policy import Policy
 from corral.sim.workload import Scenario, WorkloadJob
-
-#: pending single jobs the cycle reads as possible preemptors, at most (the store's
-#: ``PREEMPTOR_CANDIDATES``: the simulator sees what the server sees)
-PREEMPTOR_CANDIDATES = 1000
 
 # event kinds, in the order they are handled within one instant
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
@@ -147,7 +144,6 @@ class Engine:
         self.pool_waiting: dict[str, list[int]] = {}
         #: the pools' starvation timers (the store's ``pool_starvation``)
         self.starvation: dict[str, pool_rules.StarvationState] = {}
-        self.total = fairshare.cluster_of(self.workers)
         self.total_gpus = scenario.cluster.gpus
         #: the claim's policy, reading the pools' kinds from ``pools`` as they grow
         self.claim = Claim(self.pools)
@@ -528,33 +524,17 @@ class Engine:
         if not self._tick_may_act(self.now):
             self.record.cycles_skipped += 1
             if self.holds and not self.waiting_gangs:
-                self._replace_holds(())
+                self.replace_holds(())
             return
         self.record.cycles += 1
         self.changed = False
-        now = self.now
         snapshot = self._snapshot()
         decisions = self._decide(snapshot)
-        acted = False
-        timeout = self.settings.reservation_timeout_s
-        for rollback in decisions.rollbacks:
-            tasks = self._gang_by_id(rollback.gang_id)
-            acted |= self._apply(drain.stale_reservation(tasks, now, timeout))
-        for reservation in decisions.reservations:
-            tasks = self._gang_by_id(reservation.gang_id)
-            where = {place.job_id: (place.worker_id, place.gpu_indices) for place in reservation.placements}
-            rank_zero = next(place.worker_id for place in reservation.placements)
-            port = drain.first_free_port(self._ports_on(rank_zero))
-            acted |= self._apply(drain.reserve(tasks, where, port, now))
-        for job_id in decisions.single_rollbacks:
-            acted |= self._apply(lifecycle.stale_single_reservation(self.jobs[job_id], (), now, timeout))
-        for preemption in decisions.preemptions:
-            acted |= self._preempt(preemption)
-        cutoff = now - self.settings.preemptive_backoff_s
-        for worker_id in [worker_id for worker_id, at in self.last_preemptive.items() if at <= cutoff]:
-            del self.last_preemptive[worker_id]
-        self._replace_holds(decisions.holds)
-        if acted:
+        applied = cycle.apply_cycle(
+            decisions, self, self.now, self.last_preemptive, self.settings.preemptive_backoff_s
+        )
+        self.last_preemptive = applied.last_preemptive
+        if applied.changed:
             self.changed = True
 
     def _decide(self, snapshot: Snapshot) -> AdmissionDecisions:
@@ -574,60 +554,51 @@ class Engine:
         return decisions
 
     def _snapshot(self) -> Snapshot:
+        """``cycle.snapshot_of`` on the engine's records (the store's ``admission_inputs``): the
+        holding jobs' rows as their heartbeats left them, their allocation records, the waiting
+        gangs, the possible preemptors in corral's queue order."""
         reported = self._reported
         for job_id in self.periodic:  # the others' rows are as their heartbeats left them
             reported(self.holding[job_id])
         holding = tuple(map(self.holding.__getitem__, self.holding_ids))
-        pending: tuple[Job, ...] = ()
-        running = (
-            [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
-            if self.preemption_settings is not None  # only the planner reads preemptors
-            else []
-        )
-        if running:
-            lowest = min(running)
+        planned = self.preemption_settings is not None
+        floor = preemptor_floor(holding) if planned else None
+        preemptors: tuple[Job, ...] = ()
+        if floor is not None:
             jobs = (self.jobs[job_id] for _, job_id in self.pending)
-            pending = tuple(
-                islice((job for job in jobs if job.spec.preemption_class >= lowest), PREEMPTOR_CANDIDATES)
+            preemptors = tuple(
+                islice((job for job in jobs if job.spec.preemption_class >= floor), PREEMPTOR_CANDIDATES)
             )
             if self.policy.name != "corral":  # the planner reads preemptors in corral's queue order
-                pending = tuple(sorted(pending, key=queue_key))
-        fair = self._fair_share() if self.preemption_settings is not None else None
-        if fair is not None and fair.anyone_starving():  # the store's ``pending_in_pools``
-            starving = fair.starving_pools()
-            known = {job.id for job in pending}
-            jobs = (self.jobs[job_id] for _, job_id in self.pending)
-            pending += tuple(
-                islice(
-                    (
-                        job
-                        for job in jobs
-                        if job.id not in known
-                        and job.gang_id is None
-                        and any(pool_rules.is_within(job.spec.pool, path) for path in starving)
-                    ),
-                    PREEMPTOR_CANDIDATES,
-                )
-            )
-        gangs = tuple(Gang(gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs))
-        expected_ends = {
-            job.id: (job.started_at if job.started_at is not None else self.now) + job.spec.walltime_s
-            for job in map(self.holding.__getitem__, sorted(self.walltimed))
-            if job.spec.walltime_s is not None
-        }
-        return Snapshot(
-            now=self.now,
+                preemptors = tuple(sorted(preemptors, key=queue_key))
+        reading = cycle.CycleReading(
             workers=self.workers,
             # the engine's own allocation records: the rows' (worker, resources, GPUs, status),
             # which change only with the status (``_changed``)
             allocations=tuple(map(self.allocation_of.__getitem__, self.holding_ids)),
-            gangs=gangs,
-            pending=pending,
-            expected_ends=expected_ends,
+            gangs=tuple((gang_id, self._gang_by_id(gang_id)) for gang_id in sorted(self.waiting_gangs)),
             holding=holding,
-            pools=self.pools,
-            last_preemptive=dict(self.last_preemptive),
-            fair=fair,
+            preemptors=preemptors,
+        )
+        fair_share = None
+        if planned:
+            fair_share = cycle.FairShareReading(
+                self.pools, self._pool_usage(), self.starvation, self.pool_defaults
+            )
+        snapshot = cycle.snapshot_of(
+            reading, self.now, fair_share, self._pending_in_pools, self.last_preemptive
+        )
+        if snapshot.fair is not None:
+            self.starvation = dict(snapshot.fair.starvation)
+        return snapshot
+
+    def _pending_in_pools(self, paths: Sequence[str]) -> Iterable[Job]:
+        """The store's ``pending_in_pools``: pending single jobs of ``paths``' subtrees, in the
+        queue's order, at most ``PREEMPTOR_CANDIDATES``."""
+        jobs = (self.jobs[job_id] for _, job_id in self.pending)
+        return islice(
+            (job for job in jobs if any(pool_rules.is_within(job.spec.pool, path) for path in paths)),
+            PREEMPTOR_CANDIDATES,
         )
 
     def _reported(self, job: Job) -> Job:
@@ -644,7 +615,24 @@ class Engine:
         self.holding[job.id] = updated
         return updated
 
-    def _preempt(self, preemption: Preemption) -> bool:
+    # --- the cycle's effects (``cycle.CycleEffects``) on the records ------------------------------
+
+    def roll_back_gang(self, rollback: Rollback) -> bool:
+        tasks = self._gang_by_id(rollback.gang_id)
+        return self._apply(drain.stale_reservation(tasks, self.now, self.settings.reservation_timeout_s))
+
+    def reserve_gang(self, reservation: Reservation) -> bool:
+        tasks = self._gang_by_id(reservation.gang_id)
+        where = {place.job_id: (place.worker_id, place.gpu_indices) for place in reservation.placements}
+        rank_zero = next(place.worker_id for place in reservation.placements)
+        port = drain.first_free_port(self._ports_on(rank_zero))
+        return self._apply(drain.reserve(tasks, where, port, self.now))
+
+    def roll_back_single(self, job_id: str) -> bool:
+        timeout = self.settings.reservation_timeout_s
+        return self._apply(lifecycle.stale_single_reservation(self.jobs[job_id], (), self.now, timeout))
+
+    def preempt(self, preemption: Preemption) -> bool:
         """``changes.preempt``: the rows of the preemptor and the victims (whole gangs), the
         placement workers with their allocations, rank 0's ports for a gang preemptor."""
         ids = {*preemption.job_ids, *(job_id for victim in preemption.victims for job_id in victim.job_ids)}
@@ -672,9 +660,13 @@ class Engine:
         if plan.outcome is None:
             return False
         self._apply(plan)
-        for worker_id in preemption.worker_ids:
-            self.last_preemptive[worker_id] = self.now
         return True
+
+    def note_singles_waiting(self, notes: Sequence[tuple[str, Reason]]) -> None:
+        """The waiting reasons change no status: the engine does not keep them."""
+
+    def note_gangs_waiting(self, waiting: Sequence[Waiting]) -> None:
+        """The waiting reasons change no status: the engine does not keep them."""
 
     def _ports_on(self, worker_id: str) -> set[int]:
         return {
@@ -683,7 +675,7 @@ class Engine:
             if (job := self.jobs[job_id]).master_port is not None
         }
 
-    def _replace_holds(self, holds: Sequence[Hold]) -> None:
+    def replace_holds(self, holds: Sequence[Hold]) -> None:
         by_worker: dict[str, list[Hold]] = {}
         for hold in holds:
             by_worker.setdefault(hold.worker_id, []).append(hold)
@@ -779,9 +771,8 @@ class Engine:
         counts[1] += sign * resources.memory_mb
         counts[2] += sign * resources.cpus
 
-    def _fair_share(self) -> fairshare.FairShareState:
-        """The admission loop's ``fair_share_of``: shares from the pools' usage and demand, the
-        timers moved on to now."""
+    def _pool_usage(self) -> dict[str, pool_rules.PoolUsage]:
+        """The store's ``pool_usage``: what each pool's own jobs hold and wait for."""
         own: dict[str, pool_rules.PoolUsage] = {}
         for path in self.pool_held.keys() | self.pool_waiting.keys():
             held = self.pool_held.get(path, [0, 0, 0])
@@ -790,9 +781,7 @@ class Engine:
                 own[path] = pool_rules.PoolUsage(
                     Resources(held[0], 0, held[1], held[2]), Resources(waiting[0], 0, waiting[1], waiting[2])
                 )
-        fair = fairshare.cycle_state(self.pools, own, self.total, self.starvation, self.now)
-        self.starvation = dict(fair.starvation)
-        return fair
+        return own
 
     def _starvation_due(self) -> float:
         """When the next pool timer runs out (a pool below its fair share becomes starving, or

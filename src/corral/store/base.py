@@ -204,9 +204,6 @@ class AdmissionInputs:
     workers: tuple[Worker, ...]
     allocations: tuple[Any, ...]
     gangs: tuple[tuple[str, tuple[Job, ...]], ...]
-    #: job id -> expected end (start, or now when not started, plus declared walltime), for the
-    #: allocations that declared one
-    expected_ends: dict[str, float] = field(default_factory=dict)
     #: every job holding resources (reserved, running, preempting), whole rows: the preemption
     #: planner's victims and the reservations it may roll back
     holding: tuple[Job, ...] = ()
@@ -361,7 +358,7 @@ class Store(Protocol):
     def mark_offline(self, cutoff: float) -> list[str]: ...
 
     # gangs (seeds 001 and 000)
-    def admission_inputs(self, now: float) -> AdmissionInputs: ...
+    def admission_inputs(self) -> AdmissionInputs: ...
     def pending_in_pools(self, paths: Sequence[str], limit: int = ...) -> tuple[Job, ...]: ...
     def reserve_gang(
         self,

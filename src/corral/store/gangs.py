@@ -14,9 +14,9 @@ from operator import itemgetter
 from typing import Any
 
 from corral.domain import errors
+from corral.domain.queue_order import PREEMPTOR_CANDIDATES, preemptor_floor
 from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
-from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan
 from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision, PreemptionDecision
 from corral.store.operations import OperationsStore
@@ -35,10 +35,6 @@ from corral.store.rows import (
     worker_from_row,
 )
 from corral.store.schema import JOB_COLUMNS, WORKER_COLUMNS
-
-#: pending single jobs the admission cycle reads as possible preemptors, at most, in queue order
-PREEMPTOR_CANDIDATES = 1000
-
 
 #: the admission cycle's select lists: every column, but the heartbeats' readings as NULL
 ADMISSION_JOB_SELECT = select_without(JOB_COLUMNS, JOB_HEARTBEAT_READINGS)
@@ -73,7 +69,7 @@ class GangStore(OperationsStore):
 
     # --- reads ---------------------------------------------------------------------------
 
-    def admission_inputs(self, now: float) -> AdmissionInputs:
+    def admission_inputs(self) -> AdmissionInputs:
         """The admission cycle's snapshot (``AdmissionInputs``: its jobs and workers carry no
         heartbeat readings). Records whose rows did not change since the last call are the same
         objects as then (``KeptConversions``), so a pass converts only what moved; of the jobs'
@@ -102,20 +98,15 @@ class GangStore(OperationsStore):
             reader, job_reading, f"status IN {HOLDING_SQL} AND worker_id IS NOT NULL", "id"
         )
         holding = tuple(job for job, _ in held)
-        expected_ends = {
-            job.id: (job.started_at if job.started_at is not None else now) + job.spec.walltime_s
-            for job in holding
-            if job.spec.walltime_s is not None
-        }
-        running = [job.spec.preemption_class for job in holding if job.status == Status.RUNNING]
+        floor = preemptor_floor(holding)
         pending: tuple[Job, ...] = ()
-        if running:  # single jobs that might preempt: none can take from a class above theirs
+        if floor is not None:  # single jobs that might preempt: none can take from a class above theirs
             candidates = self._admission_jobs_where(
                 reader,
                 job_reading,
                 "status = 'pending' AND gang_id IS NULL AND preemption_class >= ?",
                 f"{QUEUE_ORDER} LIMIT ?",
-                (min(running),),
+                (floor,),
                 (PREEMPTOR_CANDIDATES,),
             )
             pending = tuple(job for job, _ in candidates)
@@ -125,7 +116,6 @@ class GangStore(OperationsStore):
             workers=workers,
             allocations=tuple(allocation for _, allocation in held if allocation is not None),
             gangs=tuple((gang_id, tuple(tasks)) for gang_id, tasks in sorted(gangs.items())),
-            expected_ends=expected_ends,
             holding=holding,
             pending=pending,
         )

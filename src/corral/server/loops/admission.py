@@ -1,4 +1,5 @@
-"""The admission loop: load a snapshot, let the core decide, apply each decision through the store.
+"""The admission loop: the scheduling cycle (``corral.core.cycle``) on the store: read the snapshot,
+let the core decide, apply each decision through the store.
 
 Every decision is applied by its own compare-and-set transaction, so a decision made on a snapshot
 that has moved on (a claim took the capacity, another replica reserved the gang) changes nothing
@@ -12,13 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core import admission, fairshare
-from corral.core.decisions import AdmissionDecisions
+from corral.core import admission, cycle
+from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.placement import CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings
-from corral.core.snapshot import Gang, Snapshot
 from corral.domain import pools
-from corral.domain.records import Job, Reason, Worker
+from corral.domain.records import Hold, Job, Reason
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
@@ -89,28 +89,27 @@ def plan_pass(
     last_preemptive: Mapping[str, float],
     now: float,
 ) -> PassPlan:
-    """Read the snapshot and let the core decide. Writes only the fair-share timers (when they
-    change): the decisions are applied by ``apply_pass``."""
-    inputs = store.admission_inputs(now)
-    resolved = pools.resolve(store.pools(), settings.pool_defaults)
-    fair = fair_share_of(store, settings.pool_defaults, resolved, inputs.workers, now)
-    pending = inputs.pending
-    starving = fair.starving_pools()
-    if starving:  # their jobs may preempt within their class, whatever the lowest running class
-        known = {job.id for job in pending}
-        pending += tuple(job for job in store.pending_in_pools(starving) if job.id not in known)
-    snapshot = Snapshot(
-        now=now,
+    """Read the snapshot (``cycle.snapshot_of``) and let the core decide. Writes only the
+    fair-share timers (when they change: kept in the store, so a new leader and every replica's
+    ``GET /pools`` see them): the decisions are applied by ``apply_pass``."""
+    inputs = store.admission_inputs()
+    reading = cycle.CycleReading(
         workers=inputs.workers,
         allocations=inputs.allocations,
-        gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in inputs.gangs),
-        pending=pending,
-        expected_ends=inputs.expected_ends,
+        gangs=inputs.gangs,
         holding=inputs.holding,
-        pools=resolved,
-        last_preemptive=last_preemptive,
-        fair=fair,
+        preemptors=inputs.pending,
     )
+    previous = store.pool_starvation()
+    fair_share = cycle.FairShareReading(
+        pools=pools.resolve(store.pools(), settings.pool_defaults),
+        usage=store.pool_usage(),
+        starvation=previous,
+        defaults=settings.pool_defaults,
+    )
+    snapshot = cycle.snapshot_of(reading, now, fair_share, store.pending_in_pools, last_preemptive)
+    if snapshot.fair is not None and snapshot.fair.starvation != previous:
+        store.put_pool_starvation(snapshot.fair.starvation)
     decisions = admission.decide(snapshot, settings.reservation_timeout_s, settings.preemption, memo)
     noted = {job_id for job_id, _ in decisions.single_waiting}
     waiting_gangs = {waiting.gang_id for waiting in decisions.waiting}
@@ -140,12 +139,30 @@ def plan_pass(
 
 
 def apply_pass(state: ServerState, plan: PassPlan, now: float) -> None:
-    """Apply a pass's decisions through the store, each in its own compare-and-set transaction."""
+    """Apply a pass's decisions in the cycle's order (``cycle.apply_cycle``), each through the
+    store in its own compare-and-set transaction (``StoreEffects``)."""
     state.gangs_waiting = plan.gangs_waiting
-    decisions = plan.decisions
-    for rollback in decisions.rollbacks:
+    effects = StoreEffects(state, plan, now)
+    applied = cycle.apply_cycle(
+        plan.decisions, effects, now, state.last_preemptive, state.settings.preemptive_backoff_s
+    )
+    state.last_preemptive.clear()
+    state.last_preemptive.update(applied.last_preemptive)
+    if applied.reserved:
+        state.signal.notify()
+
+
+class StoreEffects:
+    """The server's ``cycle.CycleEffects``: each decision through the store (``changes``), with the
+    metrics and the log lines that tell who was reserved, rolled back or stopped for whom."""
+
+    def __init__(self, state: ServerState, plan: PassPlan, now: float) -> None:
+        self.state, self.plan, self.now = state, plan, now
+
+    def roll_back_gang(self, rollback: Rollback) -> bool:
+        state = self.state
         started, completion, rolled = changes.roll_back_stale(
-            state.store, rollback.gang_id, now, state.settings.reservation_timeout_s
+            state.store, rollback.gang_id, self.now, state.settings.reservation_timeout_s
         )
         if started is not None:
             record_drain(state, started)
@@ -160,16 +177,17 @@ def apply_pass(state: ServerState, plan: PassPlan, now: float) -> None:
             )
         if completion is not None:
             record_completion(state, completion)
-    reserved_any = False
-    for reservation in decisions.reservations:
+        return bool(rolled) or started is not None or completion is not None
+
+    def reserve_gang(self, reservation: Reservation) -> bool:
+        state = self.state
         placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
         reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, state.clock.now)
         if reserved is None:
             logger.info(
                 "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}
             )
-            continue
-        reserved_any = True
+            return False
         state.metrics.gangs_reserved.inc()
         logger.info(
             "gang reserved",
@@ -180,69 +198,27 @@ def apply_pass(state: ServerState, plan: PassPlan, now: float) -> None:
                 "reservation_epoch": reserved[0].reservation_epoch,
             },
         )
-    for job_id in decisions.single_rollbacks:
-        if (
-            changes.roll_back_single(state.store, job_id, now, state.settings.reservation_timeout_s)
-            is not None
-        ):
-            logger.warning("reservation rolled back", extra={"job_id": job_id})
-            state.signal.notify()
-    reserved_any = _apply_preemptions(state, decisions.preemptions, plan.jobs, now) or reserved_any
-    # the core decides again on each locked row
-    notes = [
-        (job_id, reason) for job_id, reason in decisions.single_waiting if plan.said.get(job_id) != reason
-    ]
-    changes.note_singles_waiting(state.store, notes, now)
-    # Compared with the table, not with this replica's memory: holds written by a leader that
-    # has since stopped must not outlive it.
-    if list(decisions.holds) != state.store.list_holds():
-        state.store.replace_holds(decisions.holds)
-    for waiting in decisions.waiting:
-        # Only where the snapshot shows a blocked task saying something else (the common cycle
-        # changes nothing); the core decides again on the locked rows.
-        if any(reason != waiting.reason for reason in plan.gang_reasons.get(waiting.gang_id, ())):
-            changes.note_waiting(state.store, waiting.gang_id, waiting.reason, now)
-    if reserved_any:
+        return True
+
+    def roll_back_single(self, job_id: str) -> bool:
+        state = self.state
+        rolled = changes.roll_back_single(state.store, job_id, self.now, state.settings.reservation_timeout_s)
+        if rolled is None:
+            return False
+        logger.warning("reservation rolled back", extra={"job_id": job_id})
         state.signal.notify()
+        return True
 
-
-def fair_share_of(
-    store: Store,
-    defaults: pools.PoolDefaults,
-    resolved: dict[str, pools.Pool],
-    workers: Sequence[Worker],
-    now: float,
-) -> fairshare.FairShareState:
-    """This cycle's fair shares and starvation; the timers are kept in the store (written only when
-    they change), so a new leader, and every replica's ``GET /pools``, sees them."""
-    own_usage = store.pool_usage()
-    pools.with_job_pools(resolved, own_usage, defaults)
-    total = fairshare.cluster_of(workers)
-    previous = store.pool_starvation()
-    fair = fairshare.cycle_state(resolved, own_usage, total, previous, now)
-    if fair.starvation != previous:
-        store.put_pool_starvation(fair.starvation)
-    return fair
-
-
-def _apply_preemptions(
-    state: ServerState, preemptions: Sequence[Preemption], jobs: Mapping[str, Job], now: float
-) -> bool:
-    """Each preemption in its own transaction, all of it or nothing; metrics and the log lines that
-    tell who was stopped for whom, and why. True when any preemptor was reserved."""
-    started_any = False
-    for preemption in preemptions:
+    def preempt(self, preemption: Preemption) -> bool:
+        state = self.state
         started = changes.preempt(
-            state.store, preemption, jobs, state.clock.now, state.settings.checkpoint_timeout_s
+            state.store, preemption, self.plan.jobs, state.clock.now, state.settings.checkpoint_timeout_s
         )
         if started is None:
             logger.info(
                 "preemption lost a race; planning again next pass", extra={"preemptor": preemption.preemptor}
             )
-            continue
-        started_any = True
-        for worker_id in preemption.worker_ids:
-            state.last_preemptive[worker_id] = now
+            return False
         for victim in preemption.victims:
             state.metrics.preemptions.labels(reason=victim.reason).inc()
             logger.warning(
@@ -256,7 +232,24 @@ def _apply_preemptions(
                     "cost_gpu_s": round(victim.cost, 1),
                 },
             )
-    cutoff = now - state.settings.preemptive_backoff_s
-    for worker_id in [worker_id for worker_id, at in state.last_preemptive.items() if at <= cutoff]:
-        del state.last_preemptive[worker_id]
-    return started_any
+        return True
+
+    def note_singles_waiting(self, notes: Sequence[tuple[str, Reason]]) -> None:
+        # Only where the snapshot showed another reason; the core decides again on each locked row.
+        said = self.plan.said
+        changed = [(job_id, reason) for job_id, reason in notes if said.get(job_id) != reason]
+        changes.note_singles_waiting(self.state.store, changed, self.now)
+
+    def replace_holds(self, holds: Sequence[Hold]) -> None:
+        # Compared with the table, not with this replica's memory: holds written by a leader that
+        # has since stopped must not outlive it.
+        store = self.state.store
+        if list(holds) != store.list_holds():
+            store.replace_holds(holds)
+
+    def note_gangs_waiting(self, waiting: Sequence[Waiting]) -> None:
+        # Only where the snapshot shows a blocked task saying something else (the common cycle
+        # changes nothing); the core decides again on the locked rows.
+        for each in waiting:
+            if any(reason != each.reason for reason in self.plan.gang_reasons.get(each.gang_id, ())):
+                changes.note_waiting(self.state.store, each.gang_id, each.reason, self.now)

@@ -1,0 +1,186 @@
+"""One scheduling cycle, written once: the snapshot it decides on, and the order in which its
+decisions are applied. The server's admission loop and the simulator run the same three steps:
+
+1. ``snapshot_of``: the state a cycle reads (``CycleReading``: one consistent read of the store,
+   or the simulator's records) becomes the ``Snapshot``: the allocations' expected ends, this
+   cycle's fair shares and starvation timers, the starving pools' pending jobs added to the
+   possible preemptors.
+2. ``admission.decide``: the decisions, as values.
+3. ``apply_cycle``: each decision through a ``CycleEffects`` (the store's compare-and-set
+   transactions in the server, the simulator's records in ``corral sim``), in the one order below,
+   then the per-worker preemption backoff kept up to date.
+
+Nothing else knows the apply order: a decision type added to ``AdmissionDecisions`` is applied
+here, and both callers apply it the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from corral.core import fairshare
+from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
+from corral.core.preemption import Preemption
+from corral.core.snapshot import Gang, Snapshot
+from corral.domain import pools as pool_rules
+from corral.domain.records import Allocation, Hold, Job, Reason, Worker
+
+__all__ = [
+    "CycleEffects",
+    "CycleReading",
+    "FairShareReading",
+    "apply_cycle",
+    "expected_ends",
+    "snapshot_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReading:
+    """What a cycle reads of the state, in one consistent read.
+
+    ``preemptors``: the pending single jobs that may preempt, in queue order: those of a class at
+    least ``domain.queue_order.preemptor_floor`` of the holding jobs, at most
+    ``PREEMPTOR_CANDIDATES`` (empty where the preemption planner does not run)."""
+
+    workers: tuple[Worker, ...]
+    allocations: tuple[Allocation, ...]
+    #: the gangs with a blocked or reserved task, each with every task in ``gang_index`` order
+    gangs: tuple[tuple[str, tuple[Job, ...]], ...]
+    #: every job holding resources (reserved, running, preempting), whole rows
+    holding: tuple[Job, ...]
+    preemptors: tuple[Job, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareReading:
+    """What a cycle reads for fair share: the pools as resolved, what each pool's own jobs hold and
+    ask for, and the starvation timers as the last cycle left them."""
+
+    pools: dict[str, pool_rules.Pool]
+    usage: Mapping[str, pool_rules.PoolUsage]
+    starvation: Mapping[str, pool_rules.StarvationState]
+    defaults: pool_rules.PoolDefaults
+
+
+def expected_ends(holding: Iterable[Job], now: float) -> dict[str, float]:
+    """When each allocation that declared a walltime is expected to give its room back: its start
+    (now, for one reserved and not started) plus its walltime."""
+    return {
+        job.id: (job.started_at if job.started_at is not None else now) + job.spec.walltime_s
+        for job in holding
+        if job.spec.walltime_s is not None
+    }
+
+
+def snapshot_of(
+    reading: CycleReading,
+    now: float,
+    fair_share: FairShareReading | None,
+    pending_in_pools: Callable[[Sequence[str]], Iterable[Job]],
+    last_preemptive: Mapping[str, float],
+) -> Snapshot:
+    """Step 1 (module docstring). ``fair_share`` None: fair share is not planned (the simulator's
+    baselines without preemption). ``pending_in_pools`` reads the pending single jobs of the
+    starving pools' subtrees, in queue order, at most ``PREEMPTOR_CANDIDATES``: they may preempt
+    for fair share whatever the lowest running class. The new starvation timers are the
+    snapshot's ``fair.starvation``: the caller keeps them for the next cycle."""
+    pools: Mapping[str, pool_rules.Pool] = {}
+    fair: fairshare.FairShareState | None = None
+    preemptors = reading.preemptors
+    if fair_share is not None:
+        pools = pool_rules.with_job_pools(fair_share.pools, fair_share.usage, fair_share.defaults)
+        total = fairshare.cluster_of(reading.workers)
+        fair = fairshare.cycle_state(pools, fair_share.usage, total, fair_share.starvation, now)
+        starving = fair.starving_pools()
+        if starving:
+            known = {job.id for job in preemptors}
+            preemptors += tuple(job for job in pending_in_pools(starving) if job.id not in known)
+    return Snapshot(
+        now=now,
+        workers=reading.workers,
+        allocations=reading.allocations,
+        gangs=tuple(Gang(gang_id, tasks) for gang_id, tasks in reading.gangs),
+        pending=preemptors,
+        expected_ends=expected_ends(reading.holding, now),
+        holding=reading.holding,
+        pools=pools,
+        last_preemptive=last_preemptive,
+        fair=fair,
+    )
+
+
+class CycleEffects(Protocol):
+    """How a cycle's decisions change the state: one method per kind of decision. Each applies its
+    decision whole or not at all and says whether it did (a decision made on a snapshot that has
+    since moved on changes nothing; the next cycle decides again)."""
+
+    def roll_back_gang(self, rollback: Rollback) -> bool: ...
+
+    def reserve_gang(self, reservation: Reservation) -> bool: ...
+
+    def roll_back_single(self, job_id: str) -> bool: ...
+
+    def preempt(self, preemption: Preemption) -> bool: ...
+
+    def note_singles_waiting(self, notes: Sequence[tuple[str, Reason]]) -> None:
+        """Why each pending single job a preemption could not make room for waits."""
+        ...
+
+    def replace_holds(self, holds: Sequence[Hold]) -> None:
+        """The capacity held for waiting gangs, in place of the last cycle's."""
+        ...
+
+    def note_gangs_waiting(self, waiting: Sequence[Waiting]) -> None:
+        """Why each gang not placed this cycle waits."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CycleApplied:
+    """What applying a cycle did: whether any decision changed the state, whether it reserved any
+    room (claims may now find work), and the per-worker preemption backoff afterwards."""
+
+    changed: bool
+    reserved: bool
+    last_preemptive: dict[str, float]
+
+
+def apply_cycle(
+    decisions: AdmissionDecisions,
+    effects: CycleEffects,
+    now: float,
+    last_preemptive: Mapping[str, float],
+    backoff_s: float,
+) -> CycleApplied:
+    """Step 3: the one apply order.
+
+    1. stale gang reservations rolled back (their room is free for what follows);
+    2. gangs reserved;
+    3. stale single reservations (a preemptor's) rolled back;
+    4. preemptions started, each worker placed on starting its backoff;
+    5. why the single jobs wait, the holds for waiting gangs, why the gangs wait.
+    Backoffs older than ``backoff_s`` are dropped."""
+    changed = reserved = False
+    for rollback in decisions.rollbacks:
+        changed |= effects.roll_back_gang(rollback)
+    for reservation in decisions.reservations:
+        done = effects.reserve_gang(reservation)
+        changed |= done
+        reserved |= done
+    for job_id in decisions.single_rollbacks:
+        changed |= effects.roll_back_single(job_id)
+    backoff = dict(last_preemptive)
+    for preemption in decisions.preemptions:
+        if effects.preempt(preemption):
+            changed = reserved = True
+            for worker_id in preemption.worker_ids:
+                backoff[worker_id] = now
+    cutoff = now - backoff_s
+    backoff = {worker_id: at for worker_id, at in backoff.items() if at > cutoff}
+    effects.note_singles_waiting(decisions.single_waiting)
+    effects.replace_holds(decisions.holds)
+    effects.note_gangs_waiting(decisions.waiting)
+    return CycleApplied(changed, reserved, backoff)
