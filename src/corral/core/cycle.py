@@ -22,7 +22,7 @@ from typing import Protocol
 
 from corral.core import fairshare
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
-from corral.core.preemption import Preemption
+from corral.core.preemption import Preemption, PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import pools as pool_rules
 from corral.domain.records import Allocation, Hold, Job, Reason, Worker
@@ -30,11 +30,71 @@ from corral.domain.records import Allocation, Hold, Job, Reason, Worker
 __all__ = [
     "CycleEffects",
     "CycleReading",
+    "CycleSettings",
     "FairShareReading",
     "apply_cycle",
     "expected_ends",
+    "pool_defaults",
+    "preemption_settings",
     "snapshot_of",
 ]
+
+
+class CycleSettings(Protocol):
+    """The settings a cycle reads, by the names the server's ``ServerSettings`` and the simulator's
+    ``SimSettings`` both give them (``CORRAL_<NAME>``)."""
+
+    @property
+    def reservation_timeout_s(self) -> float: ...
+    @property
+    def max_victims(self) -> int: ...
+    @property
+    def near_completion_s(self) -> float: ...
+    @property
+    def preemptive_backoff_s(self) -> float: ...
+    @property
+    def checkpoint_timeout_s(self) -> float: ...
+    @property
+    def max_deferral_s(self) -> float: ...
+    @property
+    def preempt_timeout_s(self) -> float: ...
+    @property
+    def max_preemptions_per_cycle(self) -> int: ...
+    @property
+    def preemption_satisfaction_threshold(self) -> float: ...
+    @property
+    def aggressive_preemption_satisfaction_threshold(self) -> float: ...
+    @property
+    def starvation_timeout_s(self) -> float: ...
+    @property
+    def aggressive_starvation_timeout_s(self) -> float: ...
+    @property
+    def starvation_tolerance(self) -> float: ...
+
+
+def preemption_settings(settings: CycleSettings) -> PreemptionSettings:
+    """The preemption planner's settings: the one place they are read from the server's or the
+    simulator's settings."""
+    return PreemptionSettings(
+        max_victims=settings.max_victims,
+        near_completion_s=settings.near_completion_s,
+        backoff_s=settings.preemptive_backoff_s,
+        checkpoint_timeout_s=settings.checkpoint_timeout_s,
+        max_deferral_s=settings.max_deferral_s,
+        preempt_timeout_s=settings.preempt_timeout_s,
+        max_preemptions_per_cycle=settings.max_preemptions_per_cycle,
+        satisfaction_threshold=settings.preemption_satisfaction_threshold,
+        aggressive_satisfaction_threshold=settings.aggressive_preemption_satisfaction_threshold,
+    )
+
+
+def pool_defaults(settings: CycleSettings) -> pool_rules.PoolDefaults:
+    """What a pool inherits when neither it nor an ancestor sets a value."""
+    return pool_rules.PoolDefaults(
+        starvation_timeout_s=settings.starvation_timeout_s,
+        aggressive_starvation_timeout_s=settings.aggressive_starvation_timeout_s,
+        starvation_tolerance=settings.starvation_tolerance,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from corral.config import ServerSettings
+from corral.core import cycle
 from corral.core.claim import Claim
 from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
@@ -94,29 +95,12 @@ class ServerState:
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="corral-store") if threads else None
 
     def preemption_settings(self) -> PreemptionSettings:
-        settings = self.settings
-        return PreemptionSettings(
-            max_victims=settings.max_victims,
-            max_preemptions_per_cycle=settings.max_preemptions_per_cycle,
-            near_completion_s=settings.near_completion_s,
-            backoff_s=settings.preemptive_backoff_s,
-            checkpoint_timeout_s=settings.checkpoint_timeout_s,
-            max_deferral_s=settings.max_deferral_s,
-            preempt_timeout_s=settings.preempt_timeout_s,
-            satisfaction_threshold=settings.preemption_satisfaction_threshold,
-            aggressive_satisfaction_threshold=settings.aggressive_preemption_satisfaction_threshold,
-        )
+        return cycle.preemption_settings(self.settings)
 
     @property
     def pool_defaults(self) -> PoolDefaults:
-        """What a pool inherits when neither it nor an ancestor sets a value: the one place the
-        server's pool settings become ``corral.domain.pools.PoolDefaults``."""
-        settings = self.settings
-        return PoolDefaults(
-            starvation_timeout_s=settings.starvation_timeout_s,
-            aggressive_starvation_timeout_s=settings.aggressive_starvation_timeout_s,
-            starvation_tolerance=settings.starvation_tolerance,
-        )
+        """What a pool inherits when neither it nor an ancestor sets a value."""
+        return cycle.pool_defaults(self.settings)
 
     def claim_policy(self) -> Claim:
         """The claim's policy (``corral.core.claim``), with the pools as stored (the claim reads a

@@ -112,32 +112,12 @@ class Engine:
         self.verify_shortcuts = verify_shortcuts
         self.workers = tuple(sorted(scenario.cluster.workers, key=lambda worker: worker.id))
         self.worker_by_id = {worker.id: worker for worker in self.workers}
-        self.pools = pool_rules.resolve(
-            scenario.pools,
-            pool_rules.PoolDefaults(
-                starvation_timeout_s=self.settings.starvation_timeout_s,
-                aggressive_starvation_timeout_s=self.settings.aggressive_starvation_timeout_s,
-                starvation_tolerance=self.settings.starvation_tolerance,
-            ),
-        )  # a pool a job names without a row is added at its submit (the server creates it)
+        self.pool_defaults = cycle.pool_defaults(self.settings)
+        # a pool a job names without a row is added at its submit (the server creates it)
+        self.pools = pool_rules.resolve(scenario.pools, self.pool_defaults)
         self.preemption_settings: PreemptionSettings | None = None
         if policy.preemption:
-            self.preemption_settings = PreemptionSettings(
-                max_victims=self.settings.max_victims,
-                near_completion_s=self.settings.near_completion_s,
-                backoff_s=self.settings.preemptive_backoff_s,
-                checkpoint_timeout_s=self.settings.checkpoint_timeout_s,
-                max_deferral_s=self.settings.max_deferral_s,
-                preempt_timeout_s=self.settings.preempt_timeout_s,
-                max_preemptions_per_cycle=self.settings.max_preemptions_per_cycle,
-                satisfaction_threshold=self.settings.preemption_satisfaction_threshold,
-                aggressive_satisfaction_threshold=self.settings.aggressive_preemption_satisfaction_threshold,
-            )
-        self.pool_defaults = pool_rules.PoolDefaults(
-            starvation_timeout_s=self.settings.starvation_timeout_s,
-            aggressive_starvation_timeout_s=self.settings.aggressive_starvation_timeout_s,
-            starvation_tolerance=self.settings.starvation_tolerance,
-        )
+            self.preemption_settings = cycle.preemption_settings(self.settings)
         #: per pool, what its jobs hold and wait for as (gpus, memory_mb, cpus): the store's
         #: ``pool_usage``, kept up to date by every status change
         self.pool_held: dict[str, list[int]] = {}
