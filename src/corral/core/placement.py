@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core import borrowing, lifecycle
+from corral.core import borrowing, lifecycle, protection
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
 from corral.domain.status import Status, WorkerStatus
@@ -199,7 +199,7 @@ class ClaimPlacement:
     def unreclaimable(self, job: Job) -> bool:
         """A job no preemption could take back (``corral.core.borrowing``): the claim then asks
         ``may_borrow`` before starting it."""
-        return borrowing.unreclaimable(job)
+        return protection.unreclaimable(job, None)
 
     def may_borrow(
         self, job: Job, free_gpus: int, guaranteed: Mapping[str, int], held: Mapping[str, int]
