@@ -73,6 +73,7 @@ class Room:
         }
 
     def free_gpus(self) -> int:
+        """The GPUs free on the usable workers, as the plan has them now."""
         return sum(free.capacity.free.gpus for free in self.free.values())
 
     def eligible_workers(self, first: Job) -> list[str]:

@@ -72,7 +72,9 @@ class Units:
     looking for a victim never builds them), and the ones it may no longer take: taken by an earlier
     preemption of the cycle (``used``), or on a worker in its backoff (``blocked``)."""
 
-    def __init__(self, inputs: PlanInputs, free: Mapping[str, Free], free_gpus_at_start: Mapping[str, int]):
+    def __init__(
+        self, inputs: PlanInputs, free: Mapping[str, Free], free_gpus_at_start: Mapping[str, int]
+    ) -> None:
         self.inputs = inputs
         self._free = free
         #: the GPUs free on each worker before the plan changed anything (``reach``)
