@@ -57,6 +57,11 @@ def test_a_pool_below_its_share_starves_after_its_timer_then_takes_the_newest_al
     assert statuses() == ["running", "running", "preempting", "preempting"]
     victims = [api.get(f"/jobs/{hog['id']}").json() for hog in hogs[2:]]
     assert all(job["reason"]["code"] == "preempted_fair_share" for job in victims)
+    assert all(
+        "for fair share: its pool hog runs above its fair share" in job["reason"]["message"]
+        for job in victims
+    )
+    assert not any("reclaim" in job["reason"]["message"] for job in victims)
     reserved = [api.get(f"/jobs/{job['id']}").json()["status"] for job in late]
     assert sorted(reserved) == ["pending", "reserved", "reserved"]
 

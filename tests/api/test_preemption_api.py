@@ -197,6 +197,7 @@ def test_sensitive_pools_are_never_preempted_and_borrowed_capacity_is_reclaimed(
     assert stopped["status"] == "preempting"
     assert stopped["reason"]["code"] == "preempted_reclaim"
     assert owner["id"] in stopped["reason"]["message"]
+    assert "to reclaim its pool's guaranteed capacity" in stopped["reason"]["message"]
     assert job_of(api, owner["id"])["worker_id"] == "w2"
     assert 'corral_preemptions_total{reason="reclaim"} 1.0' in api.get("/metrics").text
 

@@ -1,6 +1,6 @@
 """The simulator's caches against a count from scratch, over randomized sequences of cycles: the
 workers' free capacity kept between cycles (``placement.CycleMemo``), the planner's room kept
-up to date within a plan (``preemption._Planner._room``), and whole runs with and without them."""
+up to date within a plan (``preemption.room.Room.tasks_on``), and whole runs with and without them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from corral.core import preemption
 from corral.core.placement import CycleMemo, free_capacity
 from corral.core.preemption import PlanInputs, Preemptor
+from corral.core.preemption.planner import Planner
+from corral.core.preemption.units import Unit
 from corral.domain.pools import PoolSettings
 from corral.domain.records import Allocation, Job, JobSpec, Worker
 from corral.domain.resources import Resources
@@ -132,7 +134,7 @@ def test_the_planners_room_kept_up_to_date_is_the_room_counted_again(seed: int) 
     preemptors = [_waiting(number, rng) for number in range(rng.randint(3, 20))]
     guarantee = Resources(gpus=rng.choice([0, 8]))
     pools = {"a": _Pool(guarantee), "b": _Pool(Resources())}
-    planner = preemption._Planner(
+    planner = Planner(
         PlanInputs(
             now=NOW, workers=tuple(workers), holding=tuple(holding), preemptors=tuple(preemptors), pools=pools
         )
@@ -141,9 +143,11 @@ def test_the_planners_room_kept_up_to_date_is_the_room_counted_again(seed: int) 
     for preemptor in preemptors:
         if isinstance(planner.place(preemptor), preemption.Preemption):
             placed += 1
-        for (_, request), entry in planner._rooms.items():
-            assert planner._room(entry.eligible, request) == planner._room_counted(entry.eligible, request)
-    assert planner._rooms
+        for (_, request), entry in planner.room.answers.items():
+            assert planner.room.tasks_on(entry.eligible, request) == planner.room.tasks_counted(
+                entry.eligible, request
+            )
+    assert planner.room.answers
 
 
 class _Pool:
@@ -297,8 +301,8 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(see
                 pools=pools,
                 memo=given,
             )
-            planner = preemption._Planner(inputs)
-            victims = planner._built()
+            planner = Planner(inputs)
+            victims = planner.units.built()
             built.append(
                 (
                     {
@@ -316,7 +320,7 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(see
     assert reused > 0
 
 
-def _fields(unit: preemption._Unit) -> tuple[object, ...]:
+def _fields(unit: Unit) -> tuple[object, ...]:
     return (
         unit.key,
         unit.jobs,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from corral.core.borrowing import Guarantees, may_place, unreclaimable
+from corral.core.borrowing import Guarantees, may_place
 from corral.domain.records import Job, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status
@@ -19,15 +17,6 @@ def job(pool: str = "guest", cls: int = 7, checkpoint: str = "none", gpus: int =
         checkpoint_mode=checkpoint,
     )
     return Job("j-1", spec, Status.PENDING, 0.0)
-
-
-@pytest.mark.parametrize(
-    ("cls", "checkpoint", "sensitive", "expected"),
-    [(10, "auto", False, True), (7, "none", False, True), (7, "auto", False, False),
-     (6, "none", False, False), (2, "auto", True, True)],
-)  # fmt: skip
-def test_unreclaimable(cls: int, checkpoint: str, sensitive: bool, expected: bool) -> None:
-    assert unreclaimable(job(cls=cls, checkpoint=checkpoint), sensitive) is expected
 
 
 def test_without_guarantees_nothing_is_borrowed() -> None:

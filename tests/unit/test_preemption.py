@@ -269,6 +269,42 @@ def test_cost_counts_gpu_seconds_since_the_last_checkpoint_or_the_checkpoint_tim
     )
 
 
+@pytest.mark.parametrize(
+    ("trigger", "says", "never"),
+    [
+        ("priority", "(a higher preemption class) for priority", "fair share"),
+        ("reclaim", "to reclaim its pool's guaranteed capacity this job borrowed", "fair share"),
+        (
+            "fair_share",
+            "for fair share: its pool hog runs above its fair share and a starving pool needs the room",
+            "reclaim",
+        ),
+    ],
+)
+def test_each_victim_is_told_the_trigger_it_was_preempted_for(trigger: str, says: str, never: str) -> None:
+    """The wire code is ``preempted_<trigger>``; the message says the same trigger, in words."""
+    worker = gpu_worker(gpus=1, worker_id="w1")
+    victim = running(worker, [0], cls=5, pool="hog")
+    want = waiting(cls=5, pool="late")
+    found = Preemption(
+        preemptor=want.id,
+        job_ids=(want.id,),
+        placements=(TaskPlacement(want.id, "w1", (0,)),),
+        victims=(preemption.Victim(victim.id, (victim.id,), 5, 600.0, trigger),),
+        worker_ids=("w1",),
+        victims_deadline=NOW + 100,
+    )
+    allocations = [Allocation(victim.id, "w1", victim.spec.resources, (0,), Status.RUNNING)]
+    started = preemption.start_preemption(
+        found, {job.id: job for job in (victim, want)}, {"w1": (worker, allocations)}, set(), NOW, 600.0
+    ).outcome
+    assert started is not None
+    (stopped,) = started.stopped
+    assert stopped.reason is not None and stopped.reason.code == f"preempted_{trigger}"
+    assert stopped.reason.message.startswith(f"preempted by {want.id} {says}; cost 600 GPU-seconds")
+    assert never not in stopped.reason.message
+
+
 # --- properties over random clusters ---------------------------------------------------------
 
 
@@ -400,7 +436,9 @@ def test_properties_over_random_clusters(seed: int) -> None:
                 assert job.spec.preemption_class < 10
                 assert pools.get(job.spec.pool, Pool()).kind != "sensitive"
                 assert (
-                    preemption.non_preemptible(job, NOW, settings.near_completion_s, pools.get(job.spec.pool))
+                    preemption.why_protected(
+                        job, pools.get(job.spec.pool, Pool()).kind, NOW, settings.near_completion_s
+                    )
                     is None
                 )
                 if victim.reason == "priority":

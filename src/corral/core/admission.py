@@ -52,6 +52,7 @@ from corral.core.placement import (
     usable,
 )
 from corral.core.preemption import PreemptionSettings
+from corral.core.protection import unreclaimable
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
 from corral.domain.resources import Resources
@@ -162,9 +163,9 @@ def guarantees_of(snapshot: Snapshot) -> borrowing.Guarantees:
     return borrowing.Guarantees.of(total - held, guaranteed, snapshot.holding)
 
 
-def _sensitive(snapshot: Snapshot, path: str) -> bool:
+def _pool_kind(snapshot: Snapshot, path: str) -> str | None:
     pool = snapshot.pools.get(path)
-    return pool is not None and pool.kind == "sensitive"
+    return pool.kind if pool is not None else None
 
 
 def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
@@ -199,9 +200,9 @@ def _admit_gangs(
     for gang in candidates:
         spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
         request, constraints = spec.resources, spec.constraints
-        if borrowing.unreclaimable(
-            gang.tasks[0], _sensitive(snapshot, spec.pool)
-        ) and not borrowing.may_place(gang.tasks[0], request.gpus * size, guarantees):
+        if unreclaimable(gang.tasks[0], _pool_kind(snapshot, spec.pool)) and not borrowing.may_place(
+            gang.tasks[0], request.gpus * size, guarantees
+        ):
             waiting.append(Waiting(gang.gang_id, borrowing.refusal(gang.tasks[0], request.gpus * size)))
             continue
         eligible = shapes.eligible(request, constraints)

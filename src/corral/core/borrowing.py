@@ -1,10 +1,9 @@
 """Work no preemption could take back is not placed on borrowed capacity (seed 003).
 
-A job is *unreclaimable* when the preemption planner may never stop it for another: class 10, or
-class 7 and above without checkpoints (``preemption.non_preemptible``'s static rules; a sensitive
-pool's work too, where the caller knows the pool's kind). Capacity is *borrowed* when a pool runs
-beyond its guarantee: another pool's guarantee is then what a reclaim would take back, and an
-unreclaimable job there would hold it for good.
+A job is *unreclaimable* when the preemption planner may never stop it for another
+(``corral.core.protection.unreclaimable``: the protection rules that do not depend on time).
+Capacity is *borrowed* when a pool runs beyond its guarantee: another pool's guarantee is then what
+a reclaim would take back, and an unreclaimable job there would hold it for good.
 
 The rule (``may_place``): an unreclaimable job starts only while its own pool stays within its
 guarantee, or while the GPUs left free after it still cover every other pool's unused guarantee.
@@ -22,12 +21,7 @@ from dataclasses import dataclass, field
 from corral.domain.records import Job, Reason
 from corral.domain.status import HOLDING
 
-__all__ = ["Guarantees", "may_place", "refusal", "unreclaimable"]
-
-#: ``preemption.NEVER_PREEMPTED_CLASS`` and ``preemption.HIGH_CLASS``, restated to keep this module
-#: free of the planner (the planner imports this one)
-_NEVER = 10
-_HIGH = 7
+__all__ = ["Guarantees", "may_place", "refusal"]
 
 
 @dataclass(slots=True)
@@ -51,13 +45,6 @@ class Guarantees:
         """Book a placement made since (the rest of a cycle sees it)."""
         self.held[pool] = self.held.get(pool, 0) + gpus
         self.free_gpus -= gpus
-
-
-def unreclaimable(job: Job, sensitive: bool = False) -> bool:
-    spec = job.spec
-    if spec.preemption_class >= _NEVER or sensitive:
-        return True
-    return spec.checkpoint_mode == "none" and spec.preemption_class >= _HIGH
 
 
 def may_place(job: Job, gpus: int, guarantees: Guarantees) -> bool:

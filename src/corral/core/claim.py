@@ -7,7 +7,7 @@ and the simulator.
 2. Else the pending single jobs, in queue order (``corral.domain.queue_order``): the first that fits
    the worker's free capacity (``placement.place``: constraints, GPU indices). Capacity held for a
    waiting gang is used only by a job that backfills (``placement.may_backfill``).
-3. A job no preemption could take back (``borrowing.unreclaimable``, with its pool's kind: a
+3. A job no preemption could take back (``protection.unreclaimable``, with its pool's kind: a
    sensitive pool's work is never preempted) does not start on borrowed capacity
    (``borrowing.may_place``, on the cluster as the claim reads it): it is passed over and the next
    candidate is tried, as admission refuses a gang of the same kind.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from corral.core import borrowing, lifecycle
+from corral.core import borrowing, lifecycle, protection
 from corral.core.placement import Capacity, Placement, free_capacity, may_backfill, place, without_holds
 from corral.core.snapshot import PoolView
 from corral.domain import pools as pool_rules
@@ -56,7 +56,7 @@ class Claim:
 
     def unreclaimable(self, job: Job) -> bool:
         """Step 3's test: work no preemption could take back, its pool's kind included."""
-        return borrowing.unreclaimable(job, self.pool_kind(job.spec.pool) == pool_rules.PoolKind.SENSITIVE)
+        return protection.unreclaimable(job, self.pool_kind(job.spec.pool))
 
     def pool_kind(self, path: str) -> str:
         pool = self.pools.get(path)

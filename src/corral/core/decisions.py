@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from corral.domain.records import Hold, Reason
 
-if TYPE_CHECKING:  # the planner imports this module for TaskPlacement
-    from corral.core.preemption import Preemption
-
-__all__ = ["AdmissionDecisions", "Hold", "Reservation", "Rollback", "TaskPlacement", "Waiting"]
+__all__ = [
+    "AdmissionDecisions",
+    "Hold",
+    "Preemption",
+    "Reservation",
+    "Rollback",
+    "TaskPlacement",
+    "Victim",
+    "Waiting",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +52,40 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
+class Victim:
+    """One unit to stop: a single job (``key`` its id) or a whole gang (``key`` its gang id), the
+    jobs it stops (its running and reserved tasks), its class, its cost, and the trigger."""
+
+    key: str
+    job_ids: tuple[str, ...]
+    preemption_class: int
+    cost: float
+    reason: str  # "priority", "reclaim" or "fair_share"
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop ``victims`` so that ``preemptor`` runs on ``placements`` (one per task): the preemption
+    planner's decision (``corral.core.preemption``)."""
+
+    preemptor: str
+    job_ids: tuple[str, ...]
+    placements: tuple[TaskPlacement, ...]
+    victims: tuple[Victim, ...]
+    #: the victims' workers: each had its one preemptive placement of the backoff
+    worker_ids: tuple[str, ...]
+    #: P's reservation does not expire before this: the victims have left by then
+    victims_deadline: float
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionDecisions:
     rollbacks: tuple[Rollback, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     holds: tuple[Hold, ...] = ()
     #: gangs (by gang id) and single jobs (by job id) not placed this cycle, and why
     waiting: tuple[Waiting, ...] = ()
-    #: the preemption planner's decisions (``corral.core.preemption.Preemption``)
+    #: the preemption planner's decisions
     preemptions: tuple[Preemption, ...] = ()
     #: single jobs whose reservation (a preemptor's) went stale: back to pending
     single_rollbacks: tuple[str, ...] = ()

@@ -9,7 +9,7 @@ can return no ``Preemption`` for the snapshot; the engine then calls ``admission
 the planner, which leaves every other decision as it is (the planner only removes the holds of
 the gangs it serves, and it serves none).
 
-The argument, from ``preemption._Planner.place`` (the only producer of a ``Preemption``):
+The argument, from ``corral.core.preemption.planner.Planner.place`` (the only producer of a ``Preemption``):
 
 1. A preemption without victims is placed only on room that victims of earlier cycles are still
    freeing: on a worker where a job is ``preempting`` for another (``preempted_for``), and only
@@ -36,18 +36,16 @@ from __future__ import annotations
 
 from corral.core import borrowing
 from corral.core.placement import free_capacity
+from corral.core.protection import NEVER_PREEMPTED_CLASS
 from corral.core.snapshot import Snapshot
 from corral.domain.records import Allocation, Job
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 
-#: ``preemption.NEVER_PREEMPTED_CLASS``: the lowest running class when nothing runs
-_NEVER = 10
-
 
 def planner_may_preempt(snapshot: Snapshot) -> bool:
     """False only when the planner can decide no preemption on ``snapshot`` (module docstring)."""
-    lowest = _NEVER
+    lowest = NEVER_PREEMPTED_CLASS  # the lowest running class when nothing runs
     stopping: set[str] = set()
     for job in snapshot.holding:
         if _stopping(job):

@@ -1,0 +1,207 @@
+"""One preemptor at a time (seed 003): room without anyone stopping first (left to the claim, or
+reserved on room victims of earlier cycles are freeing), else a victim set (``search``), checked
+against the fair-share and borrowing rules (``triggers``), and committed to the plan's books."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from corral.core import fairshare
+from corral.core.decisions import Preemption, TaskPlacement, Victim
+from corral.core.preemption.inputs import PlanInputs, Preemptor
+from corral.core.preemption.room import Room
+from corral.core.preemption.rules import NEVER_PREEMPTED_CLASS, PLANNER_CODES, Trigger
+from corral.core.preemption.search import Search
+from corral.core.preemption.triggers import Triggers
+from corral.core.preemption.units import Unit, Units
+from corral.domain.records import Reason
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+
+__all__ = ["Planner"]
+
+
+class Planner:
+    """One cycle's plan: the room (``Room``), the victim units (``Units``), the pools' books
+    (``Triggers``) and the search over them (``Search``), and what the plan gave so far."""
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        self.inputs = inputs
+        self.now = inputs.now
+        self.settings = inputs.settings
+        self.room = Room(inputs)
+        self.units = Units(inputs, self.room.free, self.room.free_gpus_at_start)
+        self.triggers = Triggers(inputs, self.room.free_gpus(), self.units)
+        self.search = Search(inputs, self.room, self.units, self.triggers)
+        for worker_id, at in inputs.last_preemptive.items():
+            if at > self.now - inputs.settings.backoff_s:
+                self.units.block(worker_id)
+        #: below every running job's class, nothing may be taken: such a job just waits for capacity
+        self.lowest_class = min(
+            (job.spec.preemption_class for job in inputs.holding if job.status == Status.RUNNING),
+            default=NEVER_PREEMPTED_CLASS,
+        )
+        #: preemptors that fit without anyone stopping, and the room set aside for them
+        self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
+        #: the preemptors given room, in the order the plan gave it
+        self.order: list[str] = []
+
+    @property
+    def books(self) -> fairshare.Books | None:
+        """Fair share's books as the plan moves them (None: no pool is starving)."""
+        return self.triggers.books
+
+    def place(self, preemptor: Preemptor, aggressive: bool = False) -> Preemption | Reason | None:
+        """A preemption for ``preemptor``, or why it waits (None: nothing to say: it fits without
+        anyone stopping, or can never fit, or waits for capacity like any job)."""
+        spec = preemptor.first.spec
+        request, size = spec.resources, len(preemptor.tasks)
+        eligible = self.room.eligible_workers(preemptor.first)
+        if not eligible:
+            return None  # the admission cycle or ``why`` already says it can never fit
+        room = self.room.tasks_on(eligible, request)
+        if sum(room.values()) >= size:
+            refused = self.triggers.refusal(preemptor, ())
+            if refused is not None:
+                return refused
+            if not self.room.stopping.intersection(room) or self.room.fits_now(preemptor, room):
+                # It fits without anyone stopping: the claim or the next cycle places it. The room
+                # is set aside in this plan's books, so no lower preemptor counts on it.
+                fitting = self.room.placements(preemptor, [], set(room), request) or []
+                self._take(fitting, request, spec.pool)
+                self.fitting.append((preemptor.key, tuple(fitting)))
+                self.order.append(preemptor.key)
+                return None
+            # It fits once victims of earlier preemptions have left: reserved there, nobody else
+            # takes that room, and nobody more is stopped for it.
+            waiting_room = self.room.placements(preemptor, [], set(room), request)
+            if waiting_room is not None:
+                return self._commit(preemptor, [], waiting_room, Trigger())
+        trigger = self.triggers.of(preemptor, aggressive)
+        if spec.preemption_class <= self.lowest_class and not trigger:
+            # Nothing below it to take from: it waits for capacity like any job. A reason an
+            # earlier cycle's plan gave it (its pool was starving then) would mislead now.
+            if preemptor.first.reason is not None and preemptor.first.reason.code in PLANNER_CODES:
+                return Reason(
+                    "queued",
+                    "waiting for a worker with free capacity; nothing it may preempt (no lower class"
+                    " running, its pool not starving)",
+                )
+            return None
+        shape = self.search.shape(preemptor.first, eligible, trigger)
+        failed = shape.failed_sizes.get(trigger.beneficiary)
+        if failed is not None and size >= failed:
+            # Within a cycle room only shrinks: what failed for this shape fails again.
+            return self._no_set(preemptor, eligible, trigger)
+        found = self.search.find(preemptor, room, shape, trigger)
+        decided = self._finish(
+            preemptor, found.chosen, room, found.missing, eligible, trigger, found.examined
+        )
+        self.search.restore(shape, found.popped)
+        return decided
+
+    def _finish(
+        self,
+        preemptor: Preemptor,
+        chosen: list[Unit],
+        room: Mapping[str, int],
+        missing: int,
+        eligible: Sequence[str],
+        trigger: Trigger,
+        examined: int,
+    ) -> Preemption | Reason:
+        """The set found, made minimal and placed, if the fair-share and borrowing rules allow it."""
+        request, size = preemptor.first.spec.resources, len(preemptor.tasks)
+        if missing > 0:
+            return self._no_set(preemptor, eligible, trigger, examined)
+        workers = set(room) | {worker_id for unit in chosen for worker_id in unit.frees}
+        chosen = self.search.minimal(chosen, workers, request, size)
+        placements = self.room.placements(preemptor, chosen, workers, request)
+        if placements is None:  # the put-back left less than it counted: cannot happen
+            return self._no_set(preemptor, eligible, trigger, examined)
+        if not self.triggers.fair_set_holds(chosen, preemptor.first, trigger):
+            return self._no_set(preemptor, eligible, trigger, examined)
+        refused = self.triggers.refusal(preemptor, chosen)
+        if refused is not None:
+            return refused
+        return self._commit(preemptor, chosen, placements, trigger)
+
+    def _take(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
+        """The room these placements use is ``pool``'s, and no one else's this cycle."""
+        self.triggers.take(placements, request, pool)
+        self.room.take(placements, request)
+
+    def _commit(
+        self,
+        preemptor: Preemptor,
+        chosen: Sequence[Unit],
+        placements: Sequence[TaskPlacement],
+        trigger: Trigger,
+    ) -> Preemption:
+        first = preemptor.first
+        victims = tuple(
+            Victim(
+                unit.key,
+                tuple(job.id for job in unit.jobs),
+                unit.preemption_class,
+                unit.cost,
+                self.triggers.reason(unit, first, trigger) or "priority",
+            )
+            for unit in chosen
+        )
+        worker_ids = tuple(sorted({worker_id for unit in chosen for worker_id in unit.frees}))
+        self.units.used.update(unit.key for unit in chosen)
+        self.room.release(chosen)
+        self.triggers.release(chosen)
+        self._take(placements, first.spec.resources, first.spec.pool)
+        for worker_id in worker_ids:
+            self.room.touch(worker_id)
+            self.units.block(worker_id)
+        self.order.append(preemptor.key)
+        checkpointing = any(job.spec.checkpoint_mode != "none" for unit in chosen for job in unit.jobs) or (
+            not chosen  # placed on room still held by stopping victims: they may be checkpointing
+        )
+        return Preemption(
+            preemptor=preemptor.key,
+            job_ids=tuple(task.id for task in preemptor.tasks),
+            placements=tuple(placements),
+            victims=victims,
+            worker_ids=worker_ids,
+            victims_deadline=self.now + self.settings.victims_leave_within(checkpointing),
+        )
+
+    def _no_set(
+        self, preemptor: Preemptor, eligible: Sequence[str], trigger: Trigger, examined: int = 0
+    ) -> Reason:
+        """Why no victim set makes room for ``preemptor``: its workers are in their backoff (when
+        no set was even looked at), or no set of preemptible work would do."""
+        first = preemptor.first
+        size = len(preemptor.tasks)
+        what = f"its {size} tasks" if size > 1 else "it"
+        allowed = set(eligible)
+        if not examined and any(
+            worker_id in allowed
+            and any(self.triggers.reason(unit, first, trigger) for unit in self.units.on.get(worker_id, ()))
+            for worker_id in self.units.backoff
+        ):
+            return Reason(
+                "preemption_backoff",
+                f"no free room for {what}; workers running work it may preempt had a preemptive"
+                f" placement in the last {self.settings.backoff_s:g} s (at most one per worker per"
+                " backoff): it is tried again next cycle",
+            )
+        fair = ""
+        books = self.triggers.books
+        if trigger.beneficiary is not None and books is not None:
+            pool = fairshare.describe(trigger.beneficiary, books.state)
+            fair = (
+                f"; {pool}: it may also take allocations of its own class that other pools run past"
+                " their fair share, and none would make room"
+            )
+        return Reason(
+            "no_victim_set",
+            f"no free room for {what}, and no set of at most {self.settings.max_victims} preemptible"
+            f" jobs or gangs of a class below {first.spec.preemption_class} would make room (class 10,"
+            " sensitive pools, jobs near their walltime and class 7+ jobs without checkpoints are"
+            f" never preempted){fair}",
+        )

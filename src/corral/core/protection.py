@@ -1,0 +1,54 @@
+"""Which work may never be preempted (seed 003, DESIGN.md "Preemption: corral's choices"): the one
+protection rule, used by the preemption planner (victims), the admission cycle (gangs on borrowed
+capacity) and the claim (single jobs on borrowed capacity).
+
+A job is protected when it is class 10, in a pool of kind ``sensitive``, ``checkpoint: none`` with
+class 7 and above (all its progress would be lost), or within ``near_completion_s`` of its declared
+walltime. The first three do not depend on time: a job they protect is *unreclaimable* (no
+preemption could ever take back the capacity it holds), so it is not placed on borrowed capacity
+(``corral.core.borrowing``). The class and borrowing tests, which depend on the preemptor, belong to
+the planner (``corral.core.preemption.triggers``).
+"""
+
+from __future__ import annotations
+
+from corral.domain.records import Job
+
+__all__ = ["HIGH_CLASS", "NEVER_PREEMPTED_CLASS", "SENSITIVE", "unreclaimable", "why_protected"]
+
+#: class 10 is never preempted (seed 003)
+NEVER_PREEMPTED_CLASS = 10
+#: ``checkpoint: none`` at or above this class cannot be preempted (all progress would be lost)
+HIGH_CLASS = 7
+#: the pool kind whose work is never preempted
+SENSITIVE = "sensitive"
+
+
+def why_protected(job: Job, pool_kind: str | None, now: float, near_completion_s: float) -> str | None:
+    """Why ``job`` (of a pool of kind ``pool_kind``; None: not known) may never be a victim, or None
+    when it may be."""
+    static = _static_protection(job, pool_kind)
+    if static is not None:
+        return static
+    walltime = job.spec.walltime_s
+    started = job.started_at
+    if walltime is not None and started is not None and started + walltime - now < near_completion_s:
+        return f"within {near_completion_s:g} s of its walltime"
+    return None
+
+
+def unreclaimable(job: Job, pool_kind: str | None) -> bool:
+    """``why_protected``'s rules that do not depend on time: no preemption could ever take ``job``
+    back, so it may not be placed on borrowed capacity."""
+    return _static_protection(job, pool_kind) is not None
+
+
+def _static_protection(job: Job, pool_kind: str | None) -> str | None:
+    spec = job.spec
+    if spec.preemption_class >= NEVER_PREEMPTED_CLASS:
+        return "class 10 is never preempted"
+    if pool_kind == SENSITIVE:
+        return "a sensitive pool's work is never preempted"
+    if spec.checkpoint_mode == "none" and spec.preemption_class >= HIGH_CLASS:
+        return "class 7 and above without checkpoints is not preemptible"
+    return None

@@ -1,0 +1,54 @@
+"""The one protection rule: which work may never be preempted, and its static part (no preemption
+could ever take the job back, so it is not placed on borrowed capacity)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core.protection import unreclaimable, why_protected
+from corral.domain.records import Job, JobSpec
+from corral.domain.resources import Resources
+from corral.domain.status import Status
+
+NOW = 10_000.0
+
+
+def job(
+    cls: int = 7, checkpoint: str = "none", walltime_s: float | None = None, started_at: float = 0.0
+) -> Job:
+    spec = JobSpec(
+        command="true",
+        resources=Resources(gpus=1),
+        preemption_class=cls,
+        checkpoint_mode=checkpoint,
+        walltime_s=walltime_s,
+    )
+    return Job("j-1", spec, Status.RUNNING, 0.0, started_at=started_at)
+
+
+@pytest.mark.parametrize(
+    ("cls", "checkpoint", "kind", "expected"),
+    [(10, "auto", None, True), (7, "none", None, True), (7, "auto", None, False),
+     (6, "none", "batch", False), (2, "auto", "sensitive", True), (2, "auto", "service", False)],
+)  # fmt: skip
+def test_unreclaimable(cls: int, checkpoint: str, kind: str | None, expected: bool) -> None:
+    assert unreclaimable(job(cls=cls, checkpoint=checkpoint), kind) is expected
+
+
+@pytest.mark.parametrize(
+    ("cls", "checkpoint", "kind", "why"),
+    [(10, "auto", None, "class 10 is never preempted"),
+     (3, "auto", "sensitive", "a sensitive pool's work is never preempted"),
+     (8, "none", None, "class 7 and above without checkpoints is not preemptible"),
+     (8, "auto", None, None), (6, "none", None, None)],
+)  # fmt: skip
+def test_why_protected_says_which_rule(cls: int, checkpoint: str, kind: str | None, why: str | None) -> None:
+    assert why_protected(job(cls=cls, checkpoint=checkpoint), kind, NOW, 300.0) == why
+
+
+def test_near_its_walltime_a_job_is_protected_but_still_reclaimable_in_principle() -> None:
+    """The time rule is not static: such a job may have been placed on borrowed capacity."""
+    near = job(cls=3, checkpoint="auto", walltime_s=1_000.0, started_at=NOW - 800.0)
+    assert why_protected(near, None, NOW, 300.0) == "within 300 s of its walltime"
+    assert why_protected(near, None, NOW, 100.0) is None
+    assert not unreclaimable(near, None)
