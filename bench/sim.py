@@ -6,7 +6,10 @@ Cases (``--case``):
   6,212 GPUs); target < 60 s per policy on a 2-core machine;
 - ``synthetic``: the multi-tenant workload of ``corral.sim.synthetic`` at ``--jobs`` (100,000) on
   ``--workers`` (2,000) x 8 GPUs with gangs and ``--pools`` (50) pools; target < 10 minutes;
-- ``small``: the synthetic workload at 2,000 jobs on 64 workers (what CI runs).
+- ``small``: the synthetic workload at 2,000 jobs on 64 workers (what CI runs);
+- ``contended``: the synthetic workload at 12,000 jobs on 121 workers x 8 GPUs (968) with 18 pools,
+  three of them offered 70% of the jobs (about six times their share), gangs up to 16 x 8; target
+  < 3 minutes per policy.
 
 Prints per policy: wall time, simulated jobs per second, events, admission cycles run and skipped
 (and those run without the preemption planner, ``corral.sim.shortcuts``), where the time goes
@@ -38,7 +41,7 @@ from corral.sim.summary import summarize
 from corral.sim.workload import Scenario
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-TARGETS = {"alibaba": 60.0, "synthetic": 600.0, "small": 60.0}
+TARGETS = {"alibaba": 60.0, "synthetic": 600.0, "small": 60.0, "contended": 180.0}
 
 
 def build(args: argparse.Namespace) -> Scenario:
@@ -52,6 +55,8 @@ def build(args: argparse.Namespace) -> Scenario:
     quotas = readers.venus_quotas(traces / "helios-venus" / "cluster_gpu_number.csv")
     if args.case == "small":
         shape = synthetic.Shape(jobs=2000, workers=64)
+    elif args.case == "contended":
+        shape = synthetic.Shape(jobs=12_000, workers=121, pools=18)
     else:
         shape = synthetic.Shape(jobs=args.jobs, workers=args.workers, pools=args.pools)
     workload, cluster, pools = synthetic.multi_tenant(trace, quotas, shape, seed=args.seed)

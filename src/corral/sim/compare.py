@@ -17,6 +17,7 @@ ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("JCT p50 (s)", ("jct_s", "p50")),
     ("JCT p99 (s)", ("jct_s", "p99")),
     ("GPU allocation", ("gpu_allocation",)),
+    ("GPU reserved", ("gpu_reserved",)),
     ("preemptions", ("preemptions",)),
     ("GPU-hours lost", ("gpu_hours_lost",)),
     ("starved gangs", ("starved_gangs",)),
@@ -40,7 +41,7 @@ def _format(label: str, value: Any) -> str:
         return "-"
     if label.startswith("makespan"):
         return f"{value / 3600:.1f}"
-    if label == "GPU allocation":
+    if label in ("GPU allocation", "GPU reserved"):
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:.1f}" if abs(value) < 1e6 else f"{value:.3g}"

@@ -49,6 +49,10 @@ from corral.sim import shortcuts
 from corral.sim.policy import Policy
 from corral.sim.workload import Scenario, WorkloadJob
 
+#: the statuses whose GPUs a run counts as busy, and as reserved (``Record.allocation``, ``reserved``)
+BUSY = frozenset({Status.RUNNING, Status.PREEMPTING})
+RESERVED = frozenset({Status.RESERVED})
+
 # event kinds, in the order they are handled within one instant
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
 
@@ -78,8 +82,12 @@ class Record:
     #: workload job id -> (submit, start of the gang/job, end)
     starts: dict[str, float] = field(default_factory=dict)
     ends: dict[str, float] = field(default_factory=dict)
-    #: (time, pool, gpus delta): allocation changes (reserved, running, preempting)
+    #: (time, pool, gpus delta): changes of the GPUs busy with work (running, preempting: a victim
+    #: holds its GPUs until it has exited)
     allocation: list[tuple[float, str, int]] = field(default_factory=list)
+    #: (time, pool, gpus delta): changes of the GPUs reserved for work not started yet (a gang's
+    #: tasks, a preemptor waiting for its victims to leave: room held, not used)
+    reserved: list[tuple[float, str, int]] = field(default_factory=list)
     #: (time, victim job id, pool, gpus, GPU-seconds of work lost)
     preemptions: list[tuple[float, str, str, int, float]] = field(default_factory=list)
     #: (time, kind, job id, worker id or "", reason code or ""): every status change, for the
@@ -815,14 +823,18 @@ class Engine:
 
     def _allocation_delta(self, before: Job, after: Job) -> None:
         was, now_holds = before.status in HOLDING, after.status in HOLDING
-        if was == now_holds:
-            return
-        gpus = after.spec.resources.gpus * (1 if now_holds else -1)
-        if gpus < 0:
-            self.released_since_round = True
-        self.allocated_gpus += gpus
-        self.held_by_pool[after.spec.pool] = self.held_by_pool.get(after.spec.pool, 0) + gpus
-        self.record.allocation.append((self.now, after.spec.pool, gpus))
+        pool = after.spec.pool
+        gpus = after.spec.resources.gpus
+        if was != now_holds:
+            delta = gpus if now_holds else -gpus
+            if delta < 0:
+                self.released_since_round = True
+            self.allocated_gpus += delta
+            self.held_by_pool[pool] = self.held_by_pool.get(pool, 0) + delta
+        for books, statuses in ((self.record.allocation, BUSY), (self.record.reserved, RESERVED)):
+            before_in, after_in = before.status in statuses, after.status in statuses
+            if before_in != after_in:
+                books.append((self.now, pool, gpus if after_in else -gpus))
 
     def _note(self, kind: str, job: Job, reason: str = "") -> None:
         if self.record_decisions:

@@ -7,8 +7,11 @@ Definitions (the README's "Simulating a cluster" says the same):
   (``unfinished``);
 - **job completion time** (``jct_s``): submission to the end of its last task;
 - **makespan**: first submission to the last end;
-- **GPU allocation**: GPUs held (reserved, running, preempting) integrated over the makespan,
-  divided by the cluster's GPUs times the makespan;
+- **GPU allocation**: GPUs busy with work (running, or preempting: a victim holds its GPUs until it
+  has exited) integrated over the makespan, divided by the cluster's GPUs times the makespan;
+  **GPU reserved** the same for the GPUs reserved for work not started yet (a gang's tasks waiting
+  for their claims, a preemptor waiting for its victims to leave): room held, not used. Both
+  policies are counted alike; the two never overlap, so their sum is at most 100%;
 - **GPU-hours lost** to preemption: each victim's GPUs times the work it did since what it resumes
   from (its checkpoint phase's save, its own last periodic checkpoint, or its start);
 - **gangs over the bound**: gangs (``gang_size`` > 1) whose queueing delay exceeded
@@ -67,11 +70,12 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-def allocation_series(record: Record) -> list[tuple[float, int]]:
-    """(time, GPUs held from then on), one point per instant where it changed."""
+def allocation_series(record: Record, reserved: bool = False) -> list[tuple[float, int]]:
+    """(time, GPUs busy from then on), one point per instant where it changed; ``reserved``: the
+    GPUs reserved instead."""
     series: list[tuple[float, int]] = []
     held = 0
-    for at, _, delta in record.allocation:
+    for at, _, delta in record.reserved if reserved else record.allocation:
         held += delta
         if series and series[-1][0] == at:
             series[-1] = (at, held)
@@ -82,7 +86,7 @@ def allocation_series(record: Record) -> list[tuple[float, int]]:
 
 def mean_allocation(series: Sequence[tuple[float, float]], start: float, end: float, gpus: int) -> float:
     """Time-weighted mean of ``series`` over [start, end], as a fraction of ``gpus``."""
-    if end <= start or gpus <= 0:
+    if end <= start or gpus <= 0 or not series:
         return 0.0
     area = 0.0
     for (at, held), (following, _) in zip(series, [*series[1:], (end, 0)], strict=True):
@@ -141,7 +145,7 @@ def time_below_fair_share(
     started) while its pool held less than its tolerance times its fair share of the GPUs: the
     time the scheduler owed its pool capacity and did not give it (module docstring)."""
     timelines: dict[str, list[tuple[float, int]]] = {}
-    for at, pool, delta in sorted(record.allocation, key=lambda entry: entry[0]):
+    for at, pool, delta in sorted([*record.allocation, *record.reserved], key=lambda entry: entry[0]):
         timeline = timelines.setdefault(pool, [])
         held = (timeline[-1][1] if timeline else 0) + delta
         if timeline and timeline[-1][0] == at:
@@ -256,6 +260,9 @@ def summarize(
         "queue_delay_s": percentiles(list(delays.values())),
         "jct_s": percentiles(list(jcts.values())),
         "gpu_allocation": round(mean_allocation(series, first, last, cluster_gpus), 4),
+        "gpu_reserved": round(
+            mean_allocation(allocation_series(record, reserved=True), first, last, cluster_gpus), 4
+        ),
         "preemptions": len(record.preemptions),
         "gpu_hours_lost": round(lost, 3),
         "starved_gangs": len(starved),
