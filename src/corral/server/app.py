@@ -6,7 +6,6 @@ store with a fake clock; ``corral.server.main`` builds the real one from setting
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -75,10 +74,15 @@ def create_app(
     ``tokens`` is given or ``settings.auth_tokens`` names a token file (an unreadable one raises
     ``OSError``)."""
     settings = settings or ServerSettings()
-    state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
+    planner = reader = None
     if store_url is not None and settings.store_processes:
         config = StoreProcessConfig(store_url, settings.store_busy_timeout_s, settings.log_level)
-        state.planner, state.reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
+        planner, reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
+    # the executor (``state.executor``) holds the store threads, the children, the loops' threads
+    # and the switch interval long work runs with (``CORRAL_SWITCH_INTERVAL_S``)
+    state = ServerState(
+        store=store, settings=settings, clock=clock or SystemClock(), planner=planner, reader=reader
+    )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
     state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
@@ -93,6 +97,7 @@ def create_app(
             )
         ],
         state.metrics,
+        state.executor.lanes,
     )
     state.wake_loop = loops.wake
 
@@ -103,11 +108,7 @@ def create_app(
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
         await loops.stop()
-        for process in (state.planner, state.reader):
-            if process is not None:
-                await asyncio.to_thread(process.close)
-        if state.executor is not None:
-            await asyncio.to_thread(state.executor.shutdown)
+        await state.executor.close()
 
     routes = [
         *protocol.routes,
