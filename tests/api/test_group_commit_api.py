@@ -1,5 +1,6 @@
 """Group commit: job reports arriving in the same event-loop turn are applied by one store call
-(``corral.server.grouped``, the executor's ``grouped``), each answered with its own outcome, on SQLite and PostgreSQL."""
+(``corral.server.grouped``, through the executor's ``grouped``), each answered with its own
+outcome, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ from corral.config import ServerSettings
 from corral.core.placement import CycleMemo
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
+from corral.server.executor import Work
 from corral.server.loops.admission import PlanSettings, plan_in_process, plan_pass
 from corral.server.offload import OffloadGone, StoreProcess, StoreProcessConfig
 from corral.server.routes.jobs import job_chunk
 from corral.server.routes.workers import worker_page
-from corral.server.executor import Work
 from corral.server.state import ServerState
 from corral.store.base import JobFilter
 from corral.testing.clock import FakeClock
@@ -158,3 +158,15 @@ def test_a_child_that_cannot_open_the_store_is_gone_not_a_crash(tmp_path):
                 broken.call(worker_page)
     finally:
         broken.close()
+
+
+def test_the_executor_plans_in_the_planner_process_what_it_plans_without_one(store, planner):
+    """``Work.PLAN`` (the admission tick's call): the planner process where the server runs one,
+    else the pass's own thread; the same plan either way."""
+    _cluster(store)
+    with_child = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW), planner=planner)
+    without = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW))
+    there = with_child.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
+    assert planner._process is not None, "planned by the planner process"
+    here = without.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
+    assert there == here and here.decisions.reservations

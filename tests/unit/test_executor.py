@@ -164,7 +164,7 @@ def test_a_read_goes_to_the_reader_process_waited_for_on_a_store_thread() -> Non
 
 def test_a_read_the_reader_could_not_do_runs_as_long_work_with_the_store() -> None:
     store, reader = FakeStore(), FakeChild(gone=True)
-    thread, (given, calls), args = run(lambda: executor(store, reader=reader).run(Work.READ, standalone, 7))
+    thread, (given, _), args = run(lambda: executor(store, reader=reader).run(Work.READ, standalone, 7))
     assert len(reader.calls) == 1
     assert thread.startswith("corral-store") and given is store and args == (7,)
 
