@@ -66,6 +66,7 @@ class Work(enum.Enum):
     PROBE = "probe"
 
 
+_SHORT = Work.SHORT
 #: the kinds whose function is a module-level ``(store, memory, *args)``: a child may run it
 STANDALONE = frozenset({Work.READ, Work.PLAN})
 #: the kinds long in Python: the short switch interval wherever they run in this process
@@ -204,7 +205,14 @@ class StoreExecutor(Generic[C]):
     async def run(self, work: Work, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``function(*args, **kwargs)`` (for ``READ`` and ``PLAN``: ``function(store, memory,
         *args, **kwargs)``), awaited from the event loop, where ``work`` runs."""
-        chosen = self.places(work, on_loop=True)
+        if work is _SHORT and self._threads is not None:
+            # ``places``' first choice for the protocol's hot path (a claim, a report, a heartbeat),
+            # written out: enum lookups cost as much as the rest of the crossing on CPython 3.11
+            try:
+                return self._store.run_inline(partial(function, *args, **kwargs))
+            except WouldWait:
+                return await self._run_at(Place.STORE_THREAD, work, function, args, kwargs)
+        chosen = self._places[work, True]
         for place in chosen[:-1]:
             try:
                 return await self._run_at(place, work, function, args, kwargs)
@@ -248,7 +256,7 @@ class StoreExecutor(Generic[C]):
                 partial(batch.apply_many, self._context),
                 partial(batch.apply_one, self._context),
                 batch.max_group,
-                self._run_short,
+                partial(self.run, Work.SHORT),
             )
         result: Result = await group.apply(item)
         return result
@@ -265,9 +273,6 @@ class StoreExecutor(Generic[C]):
                 await asyncio.to_thread(process.close)
         if self._threads is not None:
             await asyncio.to_thread(self._threads.shutdown)
-
-    async def _run_short(self, function: Callable[[Any], Any], item: Any) -> Any:
-        return await self.run(Work.SHORT, function, item)
 
     async def _run_at(
         self,
