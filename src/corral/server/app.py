@@ -23,6 +23,7 @@ from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status
 from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
+from corral.server.executor import Work
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
@@ -131,9 +132,8 @@ def create_app(
     if tokens is None and settings.auth_tokens:
         tokens = auth.TokenFile(settings.auth_tokens)
     if tokens is not None:
-        middleware.append(
-            Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=partial(_owner_of, store))
-        )
+        owner_of = partial(_owner_lookup, state)
+        middleware.append(Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=owner_of))
     app = Starlette(
         routes=routes,
         middleware=middleware,
@@ -147,6 +147,11 @@ def create_app(
     app.state.openapi = openapi.build(DESCRIBED)
     app.state.loops = loops
     return app
+
+
+async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[bool, str | None]:
+    """``_owner_of``, run by the executor as a short call (the access rules ask it before a route)."""
+    return await state.executor.run(Work.SHORT, _owner_of, state.store, kind, object_id)
 
 
 def _owner_of(store: Store, kind: str, object_id: str) -> tuple[bool, str | None]:
