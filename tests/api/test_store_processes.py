@@ -133,7 +133,7 @@ def test_the_reader_process_encodes_the_same_lists(store, planner):
 def test_a_read_the_reader_could_not_do_is_done_on_a_thread(store, store_url, monkeypatch):
     _cluster(store)
     reader = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "reader")
-    state = ServerState(store, ServerSettings(store_threads=2), FakeClock(NOW), reader=reader)
+    state = ServerState(store, ServerSettings(store_threads=2), FakeClock(NOW), reader_process=reader)
     try:
         expected = worker_page(store, {})
         assert asyncio.run(state.executor.run(Work.READ, worker_page)) == expected
@@ -164,7 +164,7 @@ def test_the_executor_plans_in_the_planner_process_what_it_plans_without_one(sto
     """``Work.PLAN`` (the admission tick's call): the planner process where the server runs one,
     else the pass's own thread; the same plan either way."""
     _cluster(store)
-    with_child = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW), planner=planner)
+    with_child = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW), planner_process=planner)
     without = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW))
     there = with_child.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
     assert planner._process is not None, "planned by the planner process"

@@ -82,7 +82,11 @@ def create_app(
     # the executor (``state.executor``) holds the store threads, the children, the loops' threads
     # and the switch interval long work runs with (``CORRAL_SWITCH_INTERVAL_S``)
     state = ServerState(
-        store=store, settings=settings, clock=clock or SystemClock(), planner=planner, reader=reader
+        store=store,
+        settings=settings,
+        clock=clock or SystemClock(),
+        planner_process=planner,
+        reader_process=reader,
     )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))

@@ -59,10 +59,12 @@ class ServerState:
     #: the one way routes, loops and the dashboard run store work (``executor``)
     executor: StoreExecutor[ServerState] = field(init=False)
     #: the processes that plan the admission pass and build the large list answers
-    #: (``offload.StoreProcess``), handed to the executor; None: on the server's threads (a server
-    #: made in a test, or ``CORRAL_STORE_PROCESSES=false``)
-    planner: InitVar[StoreProcess | None] = None
-    reader: InitVar[StoreProcess | None] = None
+    #: (``offload.StoreProcess``), handed to the executor (``executor.planner``, ``.reader``: not
+    #: attributes of the state, so that a reader of ``state.planner`` fails loudly instead of
+    #: finding None); None: on the server's threads (a server made in a test, or
+    #: ``CORRAL_STORE_PROCESSES=false``)
+    planner_process: InitVar[StoreProcess | None] = None
+    reader_process: InitVar[StoreProcess | None] = None
 
     def __post_init__(self, planner: StoreProcess | None, reader: StoreProcess | None) -> None:
         settings = self.settings
