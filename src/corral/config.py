@@ -126,6 +126,14 @@ class ServerSettings(BaseSettings):
         " 500 jobs, GET /workers), in two processes of their own (corral server only): their Python then"
         " never competes with the requests for the interpreter; false: on the server's threads",
     )
+    switch_interval_s: float = Field(
+        0.0005,
+        gt=0,
+        le=1,
+        description="the interpreter's switch interval while long work (a large list, a dashboard page,"
+        " a loop pass) runs on a thread beside the event loop, so that requests get the interpreter"
+        " back soon; the interpreter's own (5 ms) the rest of the time",
+    )
 
 
 class WorkerSettings(BaseSettings):

@@ -271,7 +271,7 @@ def test_store_threads_zero_runs_the_store_on_the_event_loop(store_url, clock):
             ServerThread(server_store, ServerSettings(store_threads=0), clock) as running,
             httpx.Client(base_url=running.url, timeout=10) as api,
         ):
-            assert running.state.executor is None
+            assert not running.state.executor.has_threads
             register(api, "w1")
             job = submit(api)
             claimed = claim(api, "w1")

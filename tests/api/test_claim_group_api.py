@@ -1,5 +1,5 @@
 """Group commit of claims: the claims arriving in the same event-loop turn start their jobs in one
-store transaction (``routes.protocol.claim_groups``), each answered with its own jobs, on SQLite and
+store transaction (``routes.protocol.CLAIMS``), each answered with its own jobs, on SQLite and
 PostgreSQL."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import httpx
 
 from corral.config import ServerSettings
 from corral.domain import errors
-from corral.server.routes.protocol import ClaimRequest, claim_groups
+from corral.server.routes.protocol import CLAIMS, ClaimRequest
 from corral.server.state import ServerState
 from corral.testing.clock import FakeClock
 from tests.api.conftest import assert_store_history_is_legal, register
@@ -47,8 +47,9 @@ def _claims(store: _CountedStore, asks: list[ClaimRequest]) -> list[Any]:
     state = ServerState(store, ServerSettings(store_threads=0), FakeClock())  # type: ignore[arg-type]
 
     async def main() -> list[Any]:
-        groups = claim_groups(state)
-        return await asyncio.gather(*(groups.apply(ask) for ask in asks), return_exceptions=True)
+        return await asyncio.gather(
+            *(state.executor.grouped(CLAIMS, ask) for ask in asks), return_exceptions=True
+        )
 
     return asyncio.run(main())
 

@@ -1,5 +1,6 @@
 """Group commit: job reports arriving in the same event-loop turn are applied by one store call
-(``corral.server.grouped``), each answered with its own outcome, on SQLite and PostgreSQL."""
+(``corral.server.grouped``, through the executor's ``grouped``), each answered with its own
+outcome, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from corral.config import ServerSettings
 from corral.domain import errors
-from corral.server.grouped import ReportGroups
+from corral.server.routes.protocol import REPORTS
 from corral.server.state import ServerState
 from corral.testing.clock import FakeClock
 from tests.api.conftest import assert_store_history_is_legal, register
@@ -87,9 +88,18 @@ class _CountingStore:
         return results
 
 
-def _groups(store: _CountingStore) -> ReportGroups:
-    state = ServerState(store, ServerSettings(store_threads=0), FakeClock())  # type: ignore[arg-type]
-    return ReportGroups(state)
+class _Reports:
+    """Reports handed to a server's executor as the routes hand them (``REPORTS``)."""
+
+    def __init__(self, store: _CountingStore) -> None:
+        self.state = ServerState(store, ServerSettings(store_threads=0), FakeClock())  # type: ignore[arg-type]
+
+    async def change(self, job_id: str, decide: Any) -> Any:
+        return await self.state.executor.grouped(REPORTS, (job_id, decide))
+
+
+def _groups(store: _CountingStore) -> _Reports:
+    return _Reports(store)
 
 
 def _refuse(job_id: str) -> str:

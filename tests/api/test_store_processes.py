@@ -15,11 +15,12 @@ from corral.config import ServerSettings
 from corral.core.placement import CycleMemo
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
+from corral.server.executor import Work
 from corral.server.loops.admission import PlanSettings, plan_in_process, plan_pass
 from corral.server.offload import OffloadGone, StoreProcess, StoreProcessConfig
 from corral.server.routes.jobs import job_chunk
 from corral.server.routes.workers import worker_page
-from corral.server.state import ServerState, run_read
+from corral.server.state import ServerState
 from corral.store.base import JobFilter
 from corral.testing.clock import FakeClock
 from tests.contract import protocol
@@ -131,20 +132,20 @@ def test_the_reader_process_encodes_the_same_lists(store, planner):
 
 def test_a_read_the_reader_could_not_do_is_done_on_a_thread(store, store_url, monkeypatch):
     _cluster(store)
-    state = ServerState(store, ServerSettings(store_threads=2), FakeClock(NOW))
-    state.reader = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "reader")
+    reader = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "reader")
+    state = ServerState(store, ServerSettings(store_threads=2), FakeClock(NOW), reader_process=reader)
     try:
         expected = worker_page(store, {})
-        assert asyncio.run(run_read(state, worker_page)) == expected
-        assert state.reader._process is not None, "read by the reader process"
+        assert asyncio.run(state.executor.run(Work.READ, worker_page)) == expected
+        assert reader._process is not None, "read by the reader process"
 
         def gone(*args):
             raise OffloadGone("the reader process ended")
 
-        monkeypatch.setattr(state.reader, "call", gone)
-        assert asyncio.run(run_read(state, worker_page)) == expected
+        monkeypatch.setattr(reader, "call", gone)
+        assert asyncio.run(state.executor.run(Work.READ, worker_page)) == expected
     finally:
-        state.reader.close()
+        asyncio.run(state.executor.close())
 
 
 def test_a_child_that_cannot_open_the_store_is_gone_not_a_crash(tmp_path):
@@ -157,3 +158,15 @@ def test_a_child_that_cannot_open_the_store_is_gone_not_a_crash(tmp_path):
                 broken.call(worker_page)
     finally:
         broken.close()
+
+
+def test_the_executor_plans_in_the_planner_process_what_it_plans_without_one(store, planner):
+    """``Work.PLAN`` (the admission tick's call): the planner process where the server runs one,
+    else the pass's own thread; the same plan either way."""
+    _cluster(store)
+    with_child = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW), planner_process=planner)
+    without = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW))
+    there = with_child.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
+    assert planner._process is not None, "planned by the planner process"
+    here = without.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
+    assert there == here and here.decisions.reservations

@@ -6,7 +6,6 @@ store with a fake clock; ``corral.server.main`` builds the real one from setting
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status
 from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
+from corral.server.executor import Work
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
@@ -75,10 +75,19 @@ def create_app(
     ``tokens`` is given or ``settings.auth_tokens`` names a token file (an unreadable one raises
     ``OSError``)."""
     settings = settings or ServerSettings()
-    state = ServerState(store=store, settings=settings, clock=clock or SystemClock())
+    planner = reader = None
     if store_url is not None and settings.store_processes:
         config = StoreProcessConfig(store_url, settings.store_busy_timeout_s, settings.log_level)
-        state.planner, state.reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
+        planner, reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
+    # the executor (``state.executor``) holds the store threads, the children, the loops' threads
+    # and the switch interval long work runs with (``CORRAL_SWITCH_INTERVAL_S``)
+    state = ServerState(
+        store=store,
+        settings=settings,
+        clock=clock or SystemClock(),
+        planner_process=planner,
+        reader_process=reader,
+    )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
     state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
@@ -93,6 +102,7 @@ def create_app(
             )
         ],
         state.metrics,
+        state.executor.lanes,
     )
     state.wake_loop = loops.wake
 
@@ -103,11 +113,7 @@ def create_app(
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
         await loops.stop()
-        for process in (state.planner, state.reader):
-            if process is not None:
-                await asyncio.to_thread(process.close)
-        if state.executor is not None:
-            await asyncio.to_thread(state.executor.shutdown)
+        await state.executor.close()
 
     routes = [
         *protocol.routes,
@@ -130,9 +136,8 @@ def create_app(
     if tokens is None and settings.auth_tokens:
         tokens = auth.TokenFile(settings.auth_tokens)
     if tokens is not None:
-        middleware.append(
-            Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=partial(_owner_of, store))
-        )
+        owner_of = partial(_owner_lookup, state)
+        middleware.append(Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=owner_of))
     app = Starlette(
         routes=routes,
         middleware=middleware,
@@ -146,6 +151,11 @@ def create_app(
     app.state.openapi = openapi.build(DESCRIBED)
     app.state.loops = loops
     return app
+
+
+async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[bool, str | None]:
+    """``_owner_of``, run by the executor as a short call (the access rules ask it before a route)."""
+    return await state.executor.run(Work.SHORT, _owner_of, state.store, kind, object_id)
 
 
 def _owner_of(store: Store, kind: str, object_id: str) -> tuple[bool, str | None]:

@@ -28,7 +28,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -361,8 +361,9 @@ def redact_job(wire: dict[str, Any], principal: Principal | None) -> dict[str, A
     return {**wire, "env": dict.fromkeys(wire["env"], HIDDEN)}
 
 
-#: ``(kind, id)`` -> whether the job (``kind`` "job") or gang exists, and its owner (``user``)
-OwnerLookup = Callable[[str, str], tuple[bool, str | None]]
+#: ``(kind, id)`` -> whether the job (``kind`` "job") or gang exists, and its owner (``user``):
+#: store work, awaited (the server runs it through its executor)
+OwnerLookup = Callable[[str, str], Awaitable[tuple[bool, str | None]]]
 
 
 class AuthMiddleware:
@@ -426,14 +427,16 @@ class AuthMiddleware:
             )
             await response(scope, receive, send)
             return
-        refusal = self._refusal(rule, principal, scope, params)
+        refusal = await self._refusal(rule, principal, scope, params)
         if refusal is not None:
             await error_response(403, "forbidden", refusal)(scope, receive, send)
             return
         scope["corral.principal"] = principal
         await self.app(scope, receive, send)
 
-    def _refusal(self, rule: Rule, principal: Principal, scope: Scope, params: dict[str, Any]) -> str | None:
+    async def _refusal(
+        self, rule: Rule, principal: Principal, scope: Scope, params: dict[str, Any]
+    ) -> str | None:
         """Why ``principal`` may not call this route, or None when it may."""
         assert rule.roles is not None
         if principal.role not in rule.roles:
@@ -450,7 +453,7 @@ class AuthMiddleware:
             return None
         if principal.role == Role.USER and rule.owner is not None:
             kind = "job" if rule.owner == "job_id" else "gang"
-            exists, owner = self.owner_of(kind, str(params.get(rule.owner, "")))
+            exists, owner = await self.owner_of(kind, str(params.get(rule.owner, "")))
             if exists and owner != principal.name:
                 return f"only the owner of this {kind} (or an admin) may do this"
         return None

@@ -4,52 +4,66 @@ and claims (``Store.claim_group``).
 
 A request hands its item to ``TurnGroup.apply`` and awaits its own outcome. The first item of a turn
 schedules the group's flush for the end of the turn (after every request task that became ready in
-it has run up to its store call); the flush makes one store call, on the event loop where the store
-can take it without waiting (``run_short``), and answers each request with its own outcome or its
-own error. When the group as a whole fails (nothing of it written), each item is applied again on
-its own, so that a fault in one never becomes another's answer, and nothing is lost or applied
-twice (the compare-and-set fence makes a report that did apply refuse a second time; a claim with
-an Idempotency-Key is answered the runs it started). A store that is busy or unavailable answers
-every item of the group so (503: the worker sends it again).
+it has run up to its store call); the flush makes one store call, run as the protocol's short work
+(``executor.Work.SHORT``: on the event loop where the store can take it without waiting), and
+answers each request with its own outcome or its own error. When the group as a whole fails
+(nothing of it written), each item is applied again on its own, so that a fault in one never
+becomes another's answer, and nothing is lost or applied twice (the compare-and-set fence makes a
+report that did apply refuse a second time; a claim with an Idempotency-Key is answered the runs
+it started). A store that is busy or unavailable answers every item of the group so (503: the
+worker sends it again).
+
+Callers do not make groups: they declare a ``Batch`` and hand its items to the server's executor
+(``executor.StoreExecutor.grouped``), which keeps one ``TurnGroup`` per batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from corral.domain import errors
-from corral.server.state import ServerState, run_short
-from corral.store.base import JobDecision
 
+Context = TypeVar("Context")
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-#: a group of reports larger than this is split: one transaction should not hold the write lock long
-MAX_REPORTS = 64
+#: runs ``function(item)`` where the protocol's short work runs (the executor's ``SHORT`` placement)
+RunShort = Callable[[Callable[[Any], Any], Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Batch(Generic[Context, Item, Result]):
+    """Work a caller declares combinable with the same batch's items of one event-loop turn.
+
+    ``apply_many(context, items)`` applies a group in one transaction and returns each item's
+    outcome, or the exception that refused that item alone; it raises when the group as a whole
+    fails, with nothing written. ``apply_one(context, item)`` applies a single item (a group of one,
+    and each item after a failed group). ``context`` is the executor's (the server's state)."""
+
+    name: str
+    apply_many: Callable[[Context, list[Item]], Sequence[Result | BaseException]]
+    apply_one: Callable[[Context, Item], Result]
+    #: the most items one transaction applies (a larger turn is split)
+    max_group: int
 
 
 class TurnGroup(Generic[Item, Result]):
-    """The items waiting for this turn's flush.
-
-    ``apply_many`` applies a group in one transaction and returns each item's outcome, or the
-    exception that refused that item alone; it raises when the group as a whole fails, with nothing
-    written. ``apply_one`` applies a single item (a group of one, and each item after a failed group).
-    Both run where ``run_short`` puts them (a store thread, or the loop when the store would not wait).
-    """
+    """The items of one batch waiting for this turn's flush."""
 
     def __init__(
         self,
-        state: ServerState,
         apply_many: Callable[[list[Item]], Sequence[Result | BaseException]],
         apply_one: Callable[[Item], Result],
         max_group: int,
+        run_short: RunShort,
     ) -> None:
-        self._state = state
         self._apply_many = apply_many
         self._apply_one = apply_one
         self._max_group = max_group
+        self._run_short = run_short
         self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
 
@@ -70,14 +84,13 @@ class TurnGroup(Generic[Item, Result]):
             task.add_done_callback(self._flushes.discard)
 
     async def _apply(self, group: list[tuple[Item, asyncio.Future[Result]]]) -> None:
-        state = self._state
         items = [item for item, _ in group]
         results: Sequence[Result | BaseException]
         try:
             if len(items) == 1:
-                results = [await run_short(state, self._apply_one, items[0])]
+                results = [await self._run_short(self._apply_one, items[0])]
             else:
-                results = await run_short(state, self._apply_many, items)
+                results = await self._run_short(self._apply_many, items)
         except Exception as failure:
             if len(items) == 1 or isinstance(failure, errors.StoreUnavailable):
                 # the store itself is busy or gone: every item of the group is answered so
@@ -95,31 +108,7 @@ class TurnGroup(Generic[Item, Result]):
 
     async def _apply_alone(self, item: Item) -> Result | BaseException:
         try:
-            return await run_short(self._state, self._apply_one, item)
+            result: Result = await self._run_short(self._apply_one, item)
         except Exception as error:
             return error
-
-
-class ReportGroups(TurnGroup[tuple[str, JobDecision[Any]], Any]):
-    """The job reports of one turn, applied by ``Store.change_many``, each in its own savepoint."""
-
-    def __init__(self, state: ServerState) -> None:
-        store = state.store
-        super().__init__(
-            state,
-            apply_many=lambda group: store.change_many(group),
-            apply_one=lambda item: store.change(*item),
-            max_group=MAX_REPORTS,
-        )
-
-    async def change(self, job_id: str, decide: JobDecision[Any]) -> Any:
-        """``Store.change(job_id, decide)``, applied with the other reports of this turn."""
-        return await self.apply((job_id, decide))
-
-
-def groups_of(state: ServerState) -> ReportGroups:
-    """The server's ``ReportGroups``, made at its first report."""
-    if state.report_groups is None:
-        state.report_groups = ReportGroups(state)
-    groups: ReportGroups = state.report_groups
-    return groups
+        return result

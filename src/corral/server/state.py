@@ -1,25 +1,22 @@
 """What every route and loop shares: built once by the composition root (``app.create_app``).
 
-The event loop never waits on the store: a route hands its store work to ``run_store``, which runs
-it on one of the server's store threads (``CORRAL_STORE_THREADS``) while the loop goes on serving
-other requests (``run_short``, for the protocol's short calls, first tries the work on the event
-loop where the store can take it without any wait: SQLite with no lock in the way); the background
-loops run their passes on threads of their own (``loops.runner``). Anything a route or a pass
-calls from such a thread must be thread-safe: metrics and logging are, ``WorkSignal.notify`` and
-``wake_loop`` hand the wake-up to the event loop.
+The event loop never waits on the store: a route hands its store work to the server's executor
+(``state.executor``, ``executor.StoreExecutor``) with what the work is (``executor.Work``), and the
+executor runs it where it belongs (on the event loop when the store can take it without any wait,
+on one of the store threads, in a child process, grouped with the rest of the turn) while the loop
+goes on serving other requests; the background loops run their passes on threads of their own.
+Anything a route or a pass calls from such a thread must be thread-safe: metrics and logging are,
+``WorkSignal.notify`` and ``wake_loop`` hand the wake-up to the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from dataclasses import InitVar, dataclass, field
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,23 +24,15 @@ from starlette.responses import Response
 from corral.config import ServerSettings
 from corral.core import cycle
 from corral.core.claim import Claim
-from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
 from corral.domain import pools
 from corral.domain.clock import Clock
 from corral.domain.pools import PoolDefaults
 from corral.observability.metrics import Metrics
-from corral.server import switching
-from corral.server.offload import OffloadGone, StoreProcess
+from corral.server.executor import StoreExecutor, Work
+from corral.server.offload import StoreProcess
 from corral.server.signal import WorkSignal
 from corral.store import Store
-from corral.store.base import WouldWait
-
-if TYPE_CHECKING:
-    from corral.server.grouped import ReportGroups, TurnGroup
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 @dataclass
@@ -70,29 +59,28 @@ class ServerState:
     #: Kept by the loop leader in memory: a new leader may preempt on a worker once more within
     #: one backoff, nothing worse.
     last_preemptive: dict[str, float] = field(default_factory=dict)
-    #: what one admission pass counted from the workers (free capacity, worker shapes, the
-    #: planner's victim units), for the next: the store hands the cycle the same record objects
-    #: for unchanged rows (``Store.admission_inputs``), so a pass counts again only the workers
-    #: whose records changed. Used by the admission loop's one thread; the decisions are the same
-    #: without it (``placement.CycleMemo``)
-    admission_memo: CycleMemo = field(default_factory=CycleMemo)
-    #: the threads store work runs on (``run_store``); None: on the event loop (``store_threads`` 0)
-    executor: ThreadPoolExecutor | None = field(init=False)
-    #: the job reports of one event-loop turn, applied together (``grouped.groups_of``)
-    report_groups: ReportGroups | None = field(default=None, init=False)
-    #: the claims of one event-loop turn, started together (``routes.protocol.claim_groups``)
-    claim_groups: TurnGroup[Any, Any] | None = field(default=None, init=False)
+    #: the one way routes, loops and the dashboard run store work (``executor``)
+    executor: StoreExecutor[ServerState] = field(init=False)
     #: the processes that plan the admission pass and build the large list answers
-    #: (``offload.StoreProcess``); None: on the server's threads (a server made in a test, or
+    #: (``offload.StoreProcess``), handed to the executor (``executor.planner``, ``.reader``: not
+    #: attributes of the state, so that a reader of ``state.planner`` fails loudly instead of
+    #: finding None); None: on the server's threads (a server made in a test, or
     #: ``CORRAL_STORE_PROCESSES=false``)
-    planner: StoreProcess | None = None
-    reader: StoreProcess | None = None
+    planner_process: InitVar[StoreProcess | None] = None
+    reader_process: InitVar[StoreProcess | None] = None
     #: the claim's policy with the pools it was made from, and when (``claim_policy``)
     _claim: tuple[float, Claim] | None = field(default=None, init=False)
 
-    def __post_init__(self) -> None:
-        threads = self.settings.store_threads
-        self.executor = ThreadPoolExecutor(threads, thread_name_prefix="corral-store") if threads else None
+    def __post_init__(self, planner: StoreProcess | None, reader: StoreProcess | None) -> None:
+        settings = self.settings
+        self.executor = StoreExecutor(
+            self.store,
+            self,
+            threads=settings.store_threads,
+            switch_interval_s=settings.switch_interval_s,
+            planner=planner,
+            reader=reader,
+        )
 
     def preemption_settings(self) -> PreemptionSettings:
         return cycle.preemption_settings(self.settings)
@@ -129,82 +117,15 @@ class ServerState:
             self.wake_loop("admission")
 
 
-async def run_store(state: ServerState, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``work(*args, **kwargs)`` on one of the store threads: the event loop serves every other
-    request (heartbeats, ``/healthz``) while a store call, a slow read or a locked store takes its
-    time. ``work`` is a store call, or a function of the route's doing several (and the encoding of
-    a large answer), so that a request crosses to a thread once."""
-    if state.executor is None:
-        return work(*args, **kwargs)
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(state.executor, partial(work, *args, **kwargs))
-
-
-async def run_long_read(state: ServerState, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``run_store`` for a read that runs long in Python (a page of 5,000 jobs, every worker, a
-    dashboard page, ``why``): with the short switch interval while it runs (``switching``), so that
-    the event loop gets the interpreter back at once for the heartbeats meanwhile. (Not for a
-    submit: what waits on it waits for the write lock, not the interpreter.)"""
-    call = partial(work, *args, **kwargs)
-
-    def long_read() -> T:
-        with switching.long_work():
-            return call()
-
-    return await run_store(state, long_read)
-
-
-async def run_read(
-    state: ServerState,
-    work: Callable[Concatenate[Store, dict[str, Any], P], T],
-    *args: P.args,
-    **kwargs: P.kwargs,
-) -> T:
-    """A long read that makes its answer from the store alone (a page of 5,000 jobs, every
-    worker): done by the reader process where the server runs one (``offload``: its Python then
-    never competes with the requests for the interpreter), else on a store thread as a long read.
-    ``work(store, memory, *args)`` is a module-level function; a reader that died is replaced at
-    the next read, and this one is done on a store thread instead."""
-    reader = state.reader
-    if reader is not None:
-        try:
-            return await run_store(state, reader.call, partial(work, **kwargs), *args)
-        except OffloadGone:
-            pass
-    return await run_long_read(state, work, state.store, {}, *args, **kwargs)
-
-
-async def run_short(state: ServerState, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``run_store`` for the protocol's short calls (a claim, a report, a heartbeat): tried on the
-    event loop first when the store can take it without waiting (SQLite with no writer in the way,
-    ``Store.run_inline``), which is as fast as before the store threads; else on a store thread."""
-    if state.executor is None:
-        return work(*args, **kwargs)
-    call = partial(work, *args, **kwargs)
-    try:
-        return state.store.run_inline(call)
-    except WouldWait:
-        pass
-    return await run_store(state, _beside_the_loop, call)
-
-
-def _beside_the_loop(call: Callable[[], T]) -> T:
-    """Work on a store thread with the short switch interval: the thread gets the interpreter back
-    from the event loop within 0.5 ms at each statement, not 5 ms. On SQLite this thread holds the
-    write lock meanwhile, so every call tried inline finds it taken and follows onto a thread: a
-    thread slow to finish would keep the calls queueing behind one another (``bench/protocol.py``:
-    6.7% of the calls on threads and 8-10% fewer jobs/s than main at 5 ms)."""
-    with switching.long_work():
-        return call()
-
-
-def off_loop(handler: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
-    """A route whose whole handler is store work (it awaits nothing), run on a store thread as a
-    long read (the dashboard's pages)."""
+def store_handler(
+    work: Literal[Work.SHORT, Work.STORE, Work.LONG], handler: Callable[[Request], Response]
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route whose whole handler is store work (it awaits nothing), run by the executor as
+    ``work`` (the dashboard's pages: ``Work.LONG``)."""
 
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
-        return await run_long_read(state_of(request), handler, request)
+        return await state_of(request).executor.run(work, handler, request)
 
     return endpoint
 

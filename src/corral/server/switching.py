@@ -7,20 +7,21 @@ every SQLite statement: with CPython's 5 ms, heartbeat p99 at 2,000 hosts was 15
 550 ms loaded; at 0.5 ms, 43 and 186 ms (``bench/fleet.py``). But the short interval costs the
 loop's own work 3-5% of its CPU when no such thread runs (``bench/protocol.py``: 603/582/563 us
 of server CPU per job at 0.5 ms, 547/567/564 at 5 ms, main 556/555/537, alternating runs). So the
-interval is short only while long work is running: ``long_work()`` around a long read
-(``state.run_long_read``: lists, ``why``, dashboard pages, metrics) and a loop pass.
+interval is short only while long work is running: ``long_work(short_s)`` around a long read (the
+executor's ``Work.LONG`` and ``Work.READ``: lists, ``why``, dashboard pages, metrics), a short call
+sent to a store thread, and a loop pass.
+
+The short interval is a setting (``ServerSettings.switch_interval_s``, ``CORRAL_SWITCH_INTERVAL_S``),
+handed by the server's composition root to its executor, which passes it here: nothing is read from
+the environment at import. The count of long work running is the process's, as the interval is.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-#: the switch interval while long work runs beside the event loop (``CORRAL_SWITCH_INTERVAL_S``)
-SHORT_S = float(os.environ.get("CORRAL_SWITCH_INTERVAL_S") or 0.0005)
 
 _lock = threading.Lock()
 _running = 0
@@ -28,14 +29,18 @@ _normal_s = sys.getswitchinterval()
 
 
 @contextmanager
-def long_work() -> Iterator[None]:
-    """The short switch interval while this (and any other long work) runs; the interpreter's own
-    interval again once the last one ends."""
+def long_work(short_s: float | None) -> Iterator[None]:
+    """The short switch interval (``short_s``, at most) while this and any other long work runs;
+    the interpreter's own interval again once the last one ends. ``short_s`` None: the interval is
+    left as it is (a loop group made without an executor, in a test)."""
     global _running, _normal_s
+    if short_s is None:
+        yield
+        return
     with _lock:
         if _running == 0:
             _normal_s = sys.getswitchinterval()
-            sys.setswitchinterval(min(SHORT_S, _normal_s))
+            sys.setswitchinterval(min(short_s, _normal_s))
         _running += 1
     try:
         yield

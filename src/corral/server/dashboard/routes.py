@@ -7,7 +7,8 @@ the drain story), ``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools. Eac
 ``?partial=1`` with its live part alone, which the script fetches every few seconds; cancel is a
 plain form post (it works without the script too).
 
-Every page reads the store: its handler is a plain function, run on a store thread (``off_loop``).
+Every page reads the store: its handler is a plain function, run by the server's executor as long work
+(``state.store_handler``, ``Work.LONG``: a store thread with the short switch interval).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from corral.domain.clock import to_rfc3339
 from corral.domain.status import Status
 from corral.server import changes
 from corral.server.dashboard import views
+from corral.server.executor import Work
 from corral.server.http import query_int
 from corral.server.openapi import HTML, Operation, integer, string
 from corral.server.routes.jobs import _decode_cursor, _encode_cursor, _record_cancel
 from corral.server.routes.pools import fair_share_now
-from corral.server.state import off_loop, state_of
+from corral.server.state import state_of, store_handler
 from corral.store.base import JobFilter
 
 _HERE = Path(__file__).parent
@@ -257,13 +259,13 @@ described = [
 ]
 
 routes = [
-    Route("/", off_loop(overview), methods=["GET"]),
-    Route("/ui/jobs", off_loop(job_list), methods=["GET"]),
-    Route("/ui/jobs/{job_id}", off_loop(job_page), methods=["GET"]),
-    Route("/ui/jobs/{job_id}/cancel", off_loop(cancel_job), methods=["POST"]),
-    Route("/ui/gangs/{gang_id}", off_loop(gang_page), methods=["GET"]),
-    Route("/ui/gangs/{gang_id}/cancel", off_loop(cancel_gang), methods=["POST"]),
-    Route("/ui/workers", off_loop(workers_page), methods=["GET"]),
-    Route("/ui/pools", off_loop(pools_page), methods=["GET"]),
+    Route("/", store_handler(Work.LONG, overview), methods=["GET"]),
+    Route("/ui/jobs", store_handler(Work.LONG, job_list), methods=["GET"]),
+    Route("/ui/jobs/{job_id}", store_handler(Work.LONG, job_page), methods=["GET"]),
+    Route("/ui/jobs/{job_id}/cancel", store_handler(Work.LONG, cancel_job), methods=["POST"]),
+    Route("/ui/gangs/{gang_id}", store_handler(Work.LONG, gang_page), methods=["GET"]),
+    Route("/ui/gangs/{gang_id}/cancel", store_handler(Work.LONG, cancel_gang), methods=["POST"]),
+    Route("/ui/workers", store_handler(Work.LONG, workers_page), methods=["GET"]),
+    Route("/ui/pools", store_handler(Work.LONG, pools_page), methods=["GET"]),
     Route("/ui/static/{name}", static, methods=["GET"]),
 ]

@@ -20,6 +20,7 @@ from corral.core.preemption import Preemption, PreemptionSettings
 from corral.domain import pools
 from corral.domain.records import Hold, Job, Reason
 from corral.server import changes
+from corral.server.executor import Work
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
 from corral.store import Store
@@ -61,12 +62,9 @@ def admission_tick(state: ServerState) -> None:
     (``offload.StoreProcess``: the pass's Python then never competes with the requests for the
     interpreter), else here; applied here."""
     now = state.clock.now()
-    if state.planner is not None:
-        plan = state.planner.call(plan_in_process, PlanSettings.of(state), dict(state.last_preemptive), now)
-    else:
-        plan = plan_pass(
-            state.store, PlanSettings.of(state), state.admission_memo, state.last_preemptive, now
-        )
+    plan = state.executor.call(
+        Work.PLAN, plan_in_process, PlanSettings.of(state), dict(state.last_preemptive), now
+    )
     apply_pass(state, plan, now)
 
 

@@ -1,8 +1,8 @@
 """The one runner every background loop goes through.
 
-A loop is a named ``tick()`` (synchronous: load, decide, apply), run on a thread of its own so a
-long pass (the admission cycle over a large cluster) never holds up the event loop. The runner
-calls it every
+A loop is a named ``tick()`` (synchronous: load, decide, apply), run on a thread of its own (the
+executor's lanes, ``executor.Lanes``, with the short switch interval) so a long pass (the admission
+cycle over a large cluster) never holds up the event loop. The runner calls it every
 ``interval_s`` with a little jitter (so replicas do not tick in lockstep), times it into
 ``corral_scheduling_cycle_seconds{loop}``, logs a failing pass without dying, and counts it. A loop
 that stops for any other reason (a bug in the runner itself) is fatal: ``LoopGroup.wait`` raises and
@@ -17,12 +17,11 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
 from corral.observability.metrics import Metrics
-from corral.server import switching
+from corral.server.executor import Lanes
 
 logger = logging.getLogger("corral.server.loops")
 
@@ -40,13 +39,14 @@ class Loop:
 
 
 class LoopRunner:
-    def __init__(self, loop: Loop, metrics: Metrics) -> None:
+    def __init__(self, loop: Loop, metrics: Metrics, lanes: Lanes | None = None) -> None:
         self.loop = loop
         self.metrics = metrics
         self.passes = 0
         self._woken: asyncio.Event | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"corral-loop-{loop.name}")
+        #: where the passes run (the server's executor's; a runner made alone, in a test: its own)
+        self.lanes = lanes or Lanes(switch_interval_s=None)
 
     def wake(self) -> None:
         """Run the next pass soon instead of at the next interval (after a submit or a release).
@@ -81,8 +81,7 @@ class LoopRunner:
             return True
         started = time.perf_counter()
         try:
-            with switching.long_work():
-                self.loop.tick()
+            self.loop.tick()
         except Exception:
             self.metrics.loop_errors.labels(loop=self.loop.name).inc()
             logger.exception("loop pass failed", extra={"loop": self.loop.name})
@@ -104,14 +103,17 @@ class LoopRunner:
                 # Debounce: a burst of submits makes one pass, not one each.
                 await asyncio.sleep(_WAKE_DEBOUNCE_S)
                 self._woken.clear()
-            await self._event_loop.run_in_executor(self.thread, self.run_once)
+            await self.lanes.run(self.loop.name, self.run_once)
 
 
 class LoopGroup:
     """Starts every loop as a task; ``stop`` cancels them; a loop that ends by itself is fatal."""
 
-    def __init__(self, loops: list[Loop], metrics: Metrics) -> None:
-        self.runners = [LoopRunner(loop, metrics) for loop in loops]
+    def __init__(self, loops: list[Loop], metrics: Metrics, lanes: Lanes | None = None) -> None:
+        """``lanes``: the threads the passes run on (``StoreExecutor.lanes``); None: threads of the
+        group's own, the switch interval left as it is."""
+        self.lanes = lanes or Lanes(switch_interval_s=None)
+        self.runners = [LoopRunner(loop, metrics, self.lanes) for loop in loops]
         self.tasks: list[asyncio.Task[None]] = []
         self._on_death: Callable[[str, BaseException | None], None] | None = None
 
@@ -142,6 +144,5 @@ class LoopGroup:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.tasks.clear()
-        for runner in self.runners:
-            # A pass already running finishes before the store is closed under it.
-            await asyncio.to_thread(runner.thread.shutdown)
+        # A pass already running finishes before the store is closed under it.
+        await self.lanes.close()

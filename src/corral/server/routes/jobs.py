@@ -34,6 +34,7 @@ from corral.protocol.models import BatchBody, SubmitBody
 from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
 from corral.server import changes
 from corral.server.auth import Principal, principal_of, redact_job
+from corral.server.executor import Work
 from corral.server.http import (
     answer,
     decode_body,
@@ -45,7 +46,7 @@ from corral.server.http import (
 )
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
-from corral.server.state import ServerState, run_long_read, run_read, run_short, run_store, state_of
+from corral.server.state import ServerState, state_of
 from corral.store import Store
 from corral.store.base import JobFilter, SubmitResult, Submitted
 
@@ -80,8 +81,8 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     fingerprint = _fingerprint(request, body) if key else ""
     principal = principal_of(request)
     owner = principal.name if principal is not None else None
-    specs, result = await run_store(
-        state, _store_submission, state, body, batch, now, key, fingerprint, owner
+    specs, result = await state.executor.run(
+        Work.STORE, _store_submission, state, body, batch, now, key, fingerprint, owner
     )
     if not result.replayed:
         tasks = sum(spec.gang_size for spec in specs)
@@ -164,7 +165,7 @@ async def list_jobs(request: Request) -> Response:
     after = _decode_cursor(params["after"]) if params.get("after") else None
     principal = principal_of(request)
     if limit <= STREAM_CHUNK:
-        return await run_long_read(state, _job_page, state, filters, limit, after, principal)
+        return await state.executor.run(Work.LONG, _job_page, state, filters, limit, after, principal)
     return StreamingResponse(
         _streamed_page(state, filters, limit, after, principal), media_type="application/json"
     )
@@ -210,7 +211,7 @@ async def _streamed_page(
     principal: Principal | None,
 ) -> AsyncIterator[bytes]:
     """A large page (up to 5,000 jobs, ~4 MB) as ``STREAM_CHUNK``-job pieces, each read and encoded
-    by the reader process (``state.run_read``; on a store thread without one): the same answer as
+    by the reader process (``executor.Work.READ``; on a store thread without one): the same answer as
     ``_job_page``, but no single stretch of it keeps the store thread (and the interpreter's lock)
     for the ~150 ms the whole page takes, so heartbeats are served between the pieces. The pieces
     are read one after another by the cursor, as a client paging through would (a job submitted
@@ -219,7 +220,7 @@ async def _streamed_page(
     sent = 0
     while sent < limit:
         want = min(STREAM_CHUNK, limit - sent)
-        data, count, last = await run_read(state, job_chunk, filters, want, after, principal)
+        data, count, last = await state.executor.run(Work.READ, job_chunk, filters, want, after, principal)
         if count:
             yield (b"," if sent else b"") + data
             sent, after = sent + count, last
@@ -243,13 +244,13 @@ def _job_wire(request: Request, job: Job) -> dict[str, Any]:
 
 async def get_job(request: Request) -> Response:
     state = state_of(request)
-    job = await run_short(state, _job_or_404, state, request.path_params["job_id"])
+    job = await state.executor.run(Work.SHORT, _job_or_404, state, request.path_params["job_id"])
     return answer(JobAnswer, _job_wire(request, job))
 
 
 async def job_events(request: Request) -> Response:
     state = state_of(request)
-    return await run_long_read(state, _events, state, request.path_params["job_id"])
+    return await state.executor.run(Work.LONG, _events, state, request.path_params["job_id"])
 
 
 def _events(state: ServerState, job_id: str) -> Response:
@@ -259,7 +260,7 @@ def _events(state: ServerState, job_id: str) -> Response:
 
 async def why(request: Request) -> Response:
     state = state_of(request)
-    return await run_long_read(state, _why, state, request.path_params["job_id"])
+    return await state.executor.run(Work.LONG, _why, state, request.path_params["job_id"])
 
 
 def _why(state: ServerState, job_id: str) -> Response:
@@ -300,7 +301,7 @@ def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
 async def cancel_job(request: Request) -> Response:
     state = state_of(request)
     job_id = request.path_params["job_id"]
-    changed, current = await run_store(state, _cancel, state, job_id, state.clock.now())
+    changed, current = await state.executor.run(Work.STORE, _cancel, state, job_id, state.clock.now())
     _record_cancel(state, changed)
     return answer(JobAnswer, _job_wire(request, current))
 
@@ -332,14 +333,15 @@ async def get_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
     return answer(
-        GangAnswer, _gang_to_wire(request, gang_id, await run_store(state, _gang_or_404, state, gang_id))
+        GangAnswer,
+        _gang_to_wire(request, gang_id, await state.executor.run(Work.STORE, _gang_or_404, state, gang_id)),
     )
 
 
 async def cancel_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
-    changed, tasks = await run_store(state, _cancel_gang, state, gang_id, state.clock.now())
+    changed, tasks = await state.executor.run(Work.STORE, _cancel_gang, state, gang_id, state.clock.now())
     _record_cancel(state, changed)
     return answer(GangAnswer, _gang_to_wire(request, gang_id, tasks))
 

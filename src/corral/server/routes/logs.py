@@ -24,9 +24,10 @@ from corral.domain.records import Job
 from corral.domain.status import LEASED, TERMINAL
 from corral.protocol.answers import LogAppendedAnswer
 from corral.server import changes
+from corral.server.executor import Work
 from corral.server.http import fence, json_response, query_int, read_body
 from corral.server.openapi import BYTES, FENCE, TEXT, Operation, integer, string
-from corral.server.state import ServerState, run_short, run_store, state_of
+from corral.server.state import ServerState, state_of
 from corral.store.base import LogSlice
 
 logger = logging.getLogger("corral.server.logs")
@@ -47,8 +48,8 @@ async def append(request: Request) -> Response:
     worker_id, attempt = fence(request)
     offset = _non_negative(request, "offset", required=True)
     data = await read_body(request, CHUNK_MAX_BYTES)
-    appended = await run_short(
-        state,
+    appended = await state.executor.run(
+        Work.SHORT,
         changes.append_log,
         state.store,
         request.path_params["job_id"],
@@ -100,10 +101,12 @@ async def read(request: Request) -> Response:
     offset = _non_negative(request, "offset")
     follow = request.query_params.get("follow", "0").lower() in ("1", "true")
     if not follow:
-        piece = await run_store(state, state.store.read_log, job_id, attempt, offset, READ_MAX_BYTES)
+        piece = await state.executor.run(
+            Work.STORE, state.store.read_log, job_id, attempt, offset, READ_MAX_BYTES
+        )
         return Response(piece.data, media_type=MEDIA_TYPE, headers=_headers(piece))
-    piece = await run_store(
-        state, state.store.read_log, job_id, attempt, offset, FOLLOW_READ_BYTES
+    piece = await state.executor.run(
+        Work.STORE, state.store.read_log, job_id, attempt, offset, FOLLOW_READ_BYTES
     )  # 404 first
     return StreamingResponse(
         _follow(state, job_id, attempt, piece), media_type=MEDIA_TYPE, headers=_headers(piece)
@@ -124,20 +127,24 @@ async def _follow(
     yet waits for its first attempt."""
     while attempt is None and piece.job.attempts == 0 and piece.job.status not in TERMINAL:
         await asyncio.sleep(FOLLOW_POLL_S)
-        piece = await run_store(state, state.store.read_log, job_id, None, 0, FOLLOW_READ_BYTES)
+        piece = await state.executor.run(Work.STORE, state.store.read_log, job_id, None, 0, FOLLOW_READ_BYTES)
     which = piece.attempt
     while True:
         if piece.data:
             yield piece.data
         offset = piece.start + len(piece.data)
         if offset < piece.size:  # more is stored already
-            piece = await run_store(state, state.store.read_log, job_id, which, offset, FOLLOW_READ_BYTES)
+            piece = await state.executor.run(
+                Work.STORE, state.store.read_log, job_id, which, offset, FOLLOW_READ_BYTES
+            )
             continue
         if attempt_ended(piece.job, which):
             # The job was read before the bytes: what the attempt stored before it ended is in.
             return
         await asyncio.sleep(FOLLOW_POLL_S)
-        piece = await run_store(state, state.store.read_log, job_id, which, offset, FOLLOW_READ_BYTES)
+        piece = await state.executor.run(
+            Work.STORE, state.store.read_log, job_id, which, offset, FOLLOW_READ_BYTES
+        )
 
 
 described = [

@@ -14,9 +14,10 @@ from starlette.routing import Route
 from corral import __version__
 from corral.domain import errors
 from corral.protocol.answers import HealthAnswer, OpenApiAnswer, StatusAnswer
+from corral.server.executor import Work
 from corral.server.http import answer, error_response, json_response
 from corral.server.openapi import PROMETHEUS, Operation
-from corral.server.state import run_long_read, state_of
+from corral.server.state import state_of
 
 READY_TIMEOUT_S = 1.0
 
@@ -43,9 +44,11 @@ async def readyz(request: Request) -> Response:
     """Ready when the store answers, and could take a write, within a second (checked on the
     store's probe connection in a thread of its own, so neither a hung store nor busy store threads
     can hold this probe up): a store locked by someone else is 503 ``store_busy``."""
-    store = state_of(request).store
+    state = state_of(request)
     try:
-        await asyncio.wait_for(asyncio.to_thread(store.ping, READY_TIMEOUT_S * 0.8), READY_TIMEOUT_S)
+        await asyncio.wait_for(
+            state.executor.run(Work.PROBE, state.store.ping, READY_TIMEOUT_S * 0.8), READY_TIMEOUT_S
+        )
     except TimeoutError:
         return error_response(
             503, "store_unavailable", f"the store did not answer within {READY_TIMEOUT_S:.0f}s"
@@ -59,7 +62,7 @@ async def readyz(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """On a store thread: the cluster gauges read the store at every scrape."""
     state = state_of(request)
-    text = await run_long_read(state, generate_latest, state.metrics.registry)
+    text = await state.executor.run(Work.LONG, generate_latest, state.metrics.registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -33,9 +33,10 @@ from corral.domain.pools import (
 from corral.domain.resources import ZERO, Resources
 from corral.protocol.answers import PoolAnswer, PoolPage
 from corral.protocol.models import PoolBody
+from corral.server.executor import Work
 from corral.server.http import answer, parse_body
 from corral.server.openapi import Operation
-from corral.server.state import ServerState, run_long_read, run_store, state_of
+from corral.server.state import ServerState, state_of
 
 
 def limits_to_wire(limits: Resources | None) -> dict[str, int | None] | None:
@@ -163,19 +164,22 @@ def _one(state: ServerState, path: str) -> dict[str, Any]:
 
 async def list_pools(request: Request) -> Response:
     state = state_of(request)
-    return answer(PoolPage, {"items": await run_long_read(state, _tree, state), "next": None})
+    return answer(PoolPage, {"items": await state.executor.run(Work.LONG, _tree, state), "next": None})
 
 
 async def get_pool(request: Request) -> Response:
     state = state_of(request)
-    return answer(PoolAnswer, await run_store(state, _one, state, _path(request)))
+    return answer(PoolAnswer, await state.executor.run(Work.STORE, _one, state, _path(request)))
 
 
 async def put_pool(request: Request) -> Response:
     state = state_of(request)
     path = _path(request)
     body = await parse_body(request, PoolBody, optional=True)
-    return answer(PoolAnswer, await run_store(state, _put, state, path, body.to_domain(), state.clock.now()))
+    return answer(
+        PoolAnswer,
+        await state.executor.run(Work.STORE, _put, state, path, body.to_domain(), state.clock.now()),
+    )
 
 
 def _put(state: ServerState, path: str, settings: PoolSettings, now: float) -> dict[str, Any]:
@@ -186,7 +190,7 @@ def _put(state: ServerState, path: str, settings: PoolSettings, now: float) -> d
 
 async def delete_pool(request: Request) -> Response:
     state = state_of(request)
-    await run_store(state, state.store.delete_pool, _path(request))
+    await state.executor.run(Work.STORE, state.store.delete_pool, _path(request))
     state.pools_changed()
     return Response(status_code=204)
 

@@ -19,7 +19,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import orjson
@@ -41,7 +40,8 @@ from corral.protocol.answers import (
 from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
-from corral.server.grouped import TurnGroup, groups_of
+from corral.server.executor import Work
+from corral.server.grouped import Batch
 from corral.server.http import (
     fence,
     idempotency_key,
@@ -53,15 +53,15 @@ from corral.server.http import (
 )
 from corral.server.loops.drain import record_reported
 from corral.server.openapi import BYTES, FENCE, Operation, Param, integer, number, string
-from corral.server.state import ServerState, run_short, run_store, state_of
-from corral.store.base import ClaimAsk, JobReport
+from corral.server.state import ServerState, state_of
+from corral.store.base import ClaimAsk, JobDecision, JobReport
 
 logger = logging.getLogger("corral.server.protocol")
 
 MAX_WAIT_S = 30.0
 #: the most jobs one claim (``max``) may start
 MAX_CLAIMS = 64
-#: the most claims one transaction starts together (``claim_groups``): each may start ``max`` jobs
+#: the most claims one transaction starts together (``CLAIMS``): each may start ``max`` jobs
 MAX_CLAIM_GROUP = 16
 # A long-poll re-checks the store this often even without a local wake-up (work that arrived
 # through another replica, or capacity freed by the reaper).
@@ -146,7 +146,7 @@ async def claim(request: Request) -> Response:
     ask = ClaimRequest(worker_id, limit, key, server_url)
     while True:
         woken = state.signal.current()
-        made = await claim_groups(state).apply(ask)
+        made = await state.executor.grouped(CLAIMS, ask)
         if made:
             break
         remaining = deadline - time.monotonic()
@@ -171,9 +171,10 @@ def claimed(
     state: ServerState, worker_id: str, server_url: str, key: str | None = None
 ) -> tuple[Job, dict[str, Any]] | None:
     """Claim, and build the answer: the job, its attempt, its environment and its gang's
-    checkpoints (on a store thread, in one crossing: the claim is a job's hottest path). The claim
-    reads the clock inside its transaction (see ``store.base.Stamp``), not when the request came.
-    ``key``: the claim's Idempotency-Key (a retry is answered the runs the first one started)."""
+    checkpoints (where the executor runs short work, in one crossing: the claim is a job's hottest
+    path). The claim reads the clock inside its transaction (see ``store.base.Stamp``), not when
+    the request came. ``key``: the claim's Idempotency-Key (a retry is answered the runs the first
+    one started)."""
     job = changes.claim(state.store, worker_id, state.clock.now, key, state.claim_policy())
     return None if job is None else (job, claim_body(state, job, server_url))
 
@@ -199,17 +200,6 @@ class ClaimRequest:
 
 #: a claim's answer: each job started, with its body
 Claimed = list[tuple[Job, dict[str, Any]]]
-
-
-def claim_groups(state: ServerState) -> TurnGroup[ClaimRequest, Claimed]:
-    """The server's group commit of claims (``grouped.TurnGroup``), made at its first claim: the
-    claims of one event-loop turn start their jobs in one transaction (``Store.claim_group``)."""
-    if state.claim_groups is None:
-        state.claim_groups = TurnGroup(
-            state, partial(claimed_together, state), partial(claimed_alone, state), MAX_CLAIM_GROUP
-        )
-    groups: TurnGroup[ClaimRequest, Claimed] = state.claim_groups
-    return groups
 
 
 def claimed_alone(state: ServerState, ask: ClaimRequest) -> Claimed:
@@ -239,6 +229,31 @@ def claimed_together(state: ServerState, asks: list[ClaimRequest]) -> list[Claim
     return answers
 
 
+#: the group commit of claims (``grouped``): the claims of one event-loop turn start their jobs in
+#: one transaction (``Store.claim_group``)
+CLAIMS: Batch[ServerState, ClaimRequest, Claimed] = Batch(
+    "claims", claimed_together, claimed_alone, MAX_CLAIM_GROUP
+)
+
+#: the most job reports one transaction applies: it should not hold the write lock long
+MAX_REPORTS = 64
+
+
+def _change_many(state: ServerState, group: list[tuple[str, JobDecision[Any]]]) -> list[Any]:
+    return state.store.change_many(group)
+
+
+def _change(state: ServerState, item: tuple[str, JobDecision[Any]]) -> Any:
+    return state.store.change(*item)
+
+
+#: the group commit of job reports (``done``, ``fail``): the reports of one event-loop turn, applied
+#: by ``Store.change_many``, each in its own savepoint
+REPORTS: Batch[ServerState, tuple[str, JobDecision[Any]], Any] = Batch(
+    "reports", _change_many, _change, MAX_REPORTS
+)
+
+
 def claim_body(state: ServerState, job: Job, server_url: str) -> dict[str, Any]:
     """A claimed job's answer: the job, its attempt, its environment and its gang's checkpoints."""
     tasks = state.store.gang_tasks(job.gang_id) if job.gang_id is not None else None
@@ -260,8 +275,8 @@ async def job_heartbeat(request: Request) -> Response:
         checkpoint_at=body.checkpoint_at,
     )
     settings = state.settings
-    action = await run_short(
-        state,
+    action = await state.executor.run(
+        Work.SHORT,
         changes.heartbeat,
         state.store,
         request.path_params["job_id"],
@@ -297,7 +312,7 @@ async def done(request: Request) -> Response:
     worker_id, attempt = fence(request)
     # applied with the other reports of this event-loop turn, in one transaction (group commit)
     decide = changes.done_decision(worker_id, attempt, state.clock.now())
-    reported = await groups_of(state).change(request.path_params["job_id"], decide)
+    reported = await state.executor.grouped(REPORTS, (request.path_params["job_id"], decide))
     job = reported.job
     state.metrics.jobs_completed.inc()
     if job.started_at is not None and job.finished_at is not None:
@@ -315,7 +330,7 @@ async def fail(request: Request) -> Response:
     decide = changes.failure_decision(
         worker_id, attempt, state.clock.now(), body.exit_code, body.error, body.output_tail, body.release
     )
-    reported = await groups_of(state).change(request.path_params["job_id"], decide)
+    reported = await state.executor.grouped(REPORTS, (request.path_params["job_id"], decide))
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
     record_reported(state, reported)
     state.released()
@@ -342,8 +357,8 @@ async def preempted(request: Request) -> Response:
     worker_id, attempt = fence(request)
     epoch = query_int(request, "epoch")
     assert epoch is not None
-    reported = await run_short(
-        state,
+    reported = await state.executor.run(
+        Work.SHORT,
         changes.acknowledge_stop,
         state.store,
         request.path_params["job_id"],
@@ -369,8 +384,8 @@ async def watchdog(request: Request) -> Response:
     worker_id, attempt = fence(request)
     body = await parse_body(request, WatchdogBody)
     detail = body.detail if isinstance(body.detail, str) else orjson.dumps(body.detail or {}).decode()
-    reported = await run_short(
-        state,
+    reported = await state.executor.run(
+        Work.SHORT,
         changes.report_trip,
         state.store,
         request.path_params["job_id"],
@@ -412,8 +427,8 @@ async def upload_checkpoint(request: Request) -> Response:
     data = await read_body(request, state.settings.checkpoint_max_bytes)
     if not data:
         raise errors.InvalidRequest("checkpoint body is empty", field="body")
-    accepted = await run_store(
-        state,
+    accepted = await state.executor.run(
+        Work.STORE,
         changes.save_checkpoint,
         state.store,
         request.path_params["job_id"],
@@ -442,7 +457,7 @@ async def upload_checkpoint(request: Request) -> Response:
 
 async def download_checkpoint(request: Request) -> Response:
     state = state_of(request)
-    data = await run_store(state, state.store.get_checkpoint, request.path_params["job_id"])
+    data = await state.executor.run(Work.STORE, state.store.get_checkpoint, request.path_params["job_id"])
     if data is None:
         return Response(status_code=204)
     return Response(data, media_type="application/octet-stream")

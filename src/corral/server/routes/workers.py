@@ -17,11 +17,12 @@ from corral.protocol.answers import WorkerAnswer, WorkerHeartbeatAnswer, WorkerP
 from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
 from corral.server.auth import principal_of, require_worker_id
+from corral.server.executor import Work
 from corral.server.http import answer, json_response, parse_body
 from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
 from corral.server.routes import protocol
-from corral.server.state import ServerState, run_read, run_short, run_store, state_of
+from corral.server.state import ServerState, state_of
 from corral.store import Store
 from corral.store.base import JobReport, WorkerRegistration, WorkerView
 
@@ -77,8 +78,8 @@ async def register(request: Request) -> Response:
     if worker_id:
         # (no id with a fleet token, ``*``: the server assigns one, as without auth)
         require_worker_id(request, worker_id)
-    view = await run_store(
-        state,
+    view = await state.executor.run(
+        Work.STORE,
         _register,
         state,
         WorkerRegistration(
@@ -111,7 +112,7 @@ async def heartbeat(request: Request) -> Response:
         )
         for beat in body.jobs or ()
     ]
-    applied, jobs = await run_short(state, _beat, state, worker_id, now, readings, body, beats)
+    applied, jobs = await state.executor.run(Work.SHORT, _beat, state, worker_id, now, readings, body, beats)
     worker = applied.beat.worker
     if body.unhealthy_gpus and set(body.unhealthy_gpus) - set(applied.beat.previous_unhealthy):
         # Once per newly reported GPU, not at every heartbeat that repeats it.
@@ -158,7 +159,7 @@ def _beat(
 
 
 async def list_workers(request: Request) -> Response:
-    body = await run_read(state_of(request), worker_page)
+    body = await state_of(request).executor.run(Work.READ, worker_page)
     return Response(body, media_type="application/json")
 
 
@@ -174,13 +175,13 @@ def worker_page(store: Store, memory: dict[str, Any]) -> bytes:
 
 async def get_worker(request: Request) -> Response:
     state = state_of(request)
-    view = await run_store(state, _view, state, request.path_params["worker_id"])
+    view = await state.executor.run(Work.STORE, _view, state, request.path_params["worker_id"])
     return answer(WorkerAnswer, worker_to_wire(view))
 
 
 async def drain(request: Request) -> Response:
     state = state_of(request)
-    view = await run_store(state, _drain, state, request.path_params["worker_id"])
+    view = await state.executor.run(Work.STORE, _drain, state, request.path_params["worker_id"])
     logger.info("worker draining", extra={"worker_id": view.worker.id})
     return answer(WorkerAnswer, worker_to_wire(view))
 
@@ -193,7 +194,7 @@ def _undrain(state: ServerState, worker_id: str) -> WorkerView:
 async def undrain(request: Request) -> Response:
     """Undo a drain: the worker takes work again (a re-register keeps ``draining``; this does not)."""
     state = state_of(request)
-    view = await run_store(state, _undrain, state, request.path_params["worker_id"])
+    view = await state.executor.run(Work.STORE, _undrain, state, request.path_params["worker_id"])
     logger.info("worker undrained", extra={"worker_id": view.worker.id, "status": view.worker.status})
     state.released(gang_waiting=True)
     return answer(WorkerAnswer, worker_to_wire(view))
