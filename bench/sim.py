@@ -223,13 +223,14 @@ def _watch(started: float, limit: float | None):  # type: ignore[no-untyped-def]
     """A progress callback: a line on stderr every 30 s of wall time, and the stop at ``limit``."""
     last = [started]
 
-    def progress(now: float, horizon: float) -> None:
+    def progress(how_far: engine.Progress) -> None:
         clock = time.perf_counter()
-        fraction = now / horizon if horizon else 1.0
+        fraction = how_far.now / how_far.horizon if how_far.horizon else 1.0
         if clock - last[0] > 30:
             last[0] = clock
             print(
-                f"         ... {clock - started:.0f} s: simulated {fraction:.1%} of the arrivals",
+                f"         ... {clock - started:.0f} s: simulated {fraction:.1%} of the arrivals,"
+                f" {how_far.done} of {how_far.total} jobs done",
                 file=sys.stderr,
             )
         if limit is not None and clock - started > limit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -143,3 +144,38 @@ def test_generate_writes_a_multi_tenant_workload_the_simulator_reads(tmp_path, c
     )
     assert summary["jobs"] == 200 and summary["cluster"]["gpus"] == 64
     assert len(summary["pools"]) > 10 and summary["light_pools"]["pools"]
+
+
+class Captured(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+def test_progress_is_a_line_every_10_s_off_a_terminal_and_a_bar_on_one() -> None:
+    from corral.cli.sim import _progress_bar
+    from corral.sim.engine import Progress
+
+    now = [0.0]
+    stream = Captured(terminal=False)
+    show = _progress_bar("corral", stream, clock=lambda: now[0])
+    for second in range(25):
+        now[0] = float(second)
+        show(Progress(now=3600.0 * second, horizon=86400.0, submitted=10 * second, done=second, total=30))
+    lines = stream.getvalue().splitlines()
+    assert lines == [
+        "corral sim: corral: 0/30 jobs done, 0 submitted, simulated 0 s",
+        "corral sim: corral: 10/30 jobs done, 100 submitted, simulated 10.0 h",
+        "corral sim: corral: 20/30 jobs done, 200 submitted, simulated 20.0 h",
+    ]
+    show(Progress(now=200_000.0, horizon=86400.0, submitted=300, done=30, total=30))
+    assert stream.getvalue().splitlines()[-1].startswith("corral sim: corral: 30/30 jobs done"), "the end"
+    bar = Captured(terminal=True)
+    _progress_bar("fifo", bar, clock=lambda: 0.0)(Progress(60.0, 120.0, 4, 2, 4))
+    assert (
+        bar.getvalue()
+        == "\r  fifo [###############...............] 2/4 jobs done, 4 submitted, simulated 60 s"
+    )

@@ -9,8 +9,10 @@ file, line and column (exit 2).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -103,11 +105,11 @@ def run(arguments: argparse.Namespace) -> int:
     summaries: list[dict[str, Any]] = []
     records = {}
     for name in policies:
-        progress = None if arguments.json else _progress_bar(name)
+        progress = _progress_bar(name)
         started = time.perf_counter()
         record = engine.run(scenario, POLICIES[name], progress)
         elapsed = time.perf_counter() - started
-        if progress is not None:
+        if sys.stderr.isatty():
             sys.stderr.write("\n")
         summaries.append(summarize(scenario, record, name, elapsed))
         records[name] = record
@@ -234,18 +236,44 @@ def _compare(paths: list[str]) -> int:
     return exit_codes.OK
 
 
-def _progress_bar(name: str) -> Any:
-    if not sys.stderr.isatty():
-        return None
-    width = 30
+#: how often a run's progress is written when stderr is not a terminal (wall seconds)
+PROGRESS_EVERY_S = 10.0
 
-    def show(now: float, horizon: float) -> None:
-        fraction = min(1.0, now / horizon) if horizon > 0 else 1.0
-        filled = int(fraction * width)
-        sys.stderr.write(
-            f"\r{name:>6} [{'#' * filled}{'.' * (width - filled)}] {100 * fraction:5.1f}%"
-            f"  sim day {now / 86400:.1f}"
+
+def _progress_bar(
+    name: str, stream: Any = None, clock: Callable[[], float] = time.monotonic
+) -> Callable[[engine.Progress], None]:
+    """A run's progress on stderr: a bar redrawn in place when stderr is a terminal, else a line
+    every ``PROGRESS_EVERY_S`` of wall time (jobs done and submitted, simulated time)."""
+    stream = stream if stream is not None else sys.stderr
+    terminal = stream.isatty()
+    width = 30
+    last = [-math.inf]
+
+    def show(progress: engine.Progress) -> None:
+        at = clock()
+        finished = progress.done == progress.total
+        if at - last[0] < (0.1 if terminal else PROGRESS_EVERY_S) and not finished:
+            return
+        last[0] = at
+        fraction = progress.done / progress.total if progress.total else 1.0
+        counts = (
+            f"{progress.done:,}/{progress.total:,} jobs done, {progress.submitted:,} submitted,"
+            f" simulated {_duration(progress.now)}"
         )
-        sys.stderr.flush()
+        if terminal:
+            filled = int(fraction * width)
+            stream.write(f"\r{name:>6} [{'#' * filled}{'.' * (width - filled)}] {counts}")
+        else:
+            stream.write(f"corral sim: {name}: {counts}\n")
+        stream.flush()
 
     return show
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.0f} s"

@@ -57,6 +57,18 @@ RESERVED = frozenset({Status.RESERVED})
 END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a run has got, for a progress display: simulated time against the last arrival,
+    workload jobs (a gang counts once) submitted and done so far, out of ``total``."""
+
+    now: float
+    horizon: float
+    submitted: int
+    done: int
+    total: int
+
+
 @dataclass(slots=True)
 class Task:
     """The simulator's side of one job (a gang: one per task): its work, what it has saved."""
@@ -107,7 +119,7 @@ class Engine:
         self,
         scenario: Scenario,
         policy: Policy,
-        progress: Callable[[float, float], None] | None = None,
+        progress: Callable[[Progress], None] | None = None,
         record_decisions: bool = False,
         verify_shortcuts: bool = False,
     ) -> None:
@@ -173,6 +185,7 @@ class Engine:
         self.events: list[tuple[float, int, int, int, tuple[Any, ...]]] = []
         self.seq = 0
         self.record = Record()
+        self.submitted = 0  # workload jobs submitted so far
         #: the workers' free capacity from earlier cycles: the engine keeps its job rows and
         #: allocation records until they change, so a cycle counts only the workers that changed
         self.memo: CycleMemo | None = CycleMemo()
@@ -216,10 +229,16 @@ class Engine:
                 self._cycle()
                 self._claims()
                 next_tick = self._next_tick(next_tick, tick)
-            if self.progress is not None and self.now - last_report > horizon / 200:
+            if self.progress is not None and self.now - last_report > horizon / 1000:
                 last_report = self.now
-                self.progress(self.now, horizon)
+                self.progress(self._how_far(horizon))
+        if self.progress is not None:
+            self.progress(self._how_far(horizon))
         return self.record
+
+    def _how_far(self, horizon: float) -> Progress:
+        total = len(self.scenario.workload.jobs)
+        return Progress(self.now, horizon, self.submitted, len(self.record.ends), total)
 
     def _next_tick(self, current: float, tick: float) -> float:
         """The next tick that may decide something: the next one, or, when a cycle then could not
@@ -273,6 +292,7 @@ class Engine:
             return  # refused as the server refuses it: nothing changes
 
     def _submit(self, work: WorkloadJob) -> None:
+        self.submitted += 1
         spec = JobSpec(
             command="sim",
             name=work.job_id,
@@ -855,7 +875,7 @@ def _applied(decisions: AdmissionDecisions) -> tuple[object, ...]:
 def run(
     scenario: Scenario,
     policy: Policy,
-    progress: Callable[[float, float], None] | None = None,
+    progress: Callable[[Progress], None] | None = None,
     record_decisions: bool = False,
 ) -> Record:
     return Engine(scenario, policy, progress, record_decisions).run()
