@@ -8,8 +8,8 @@ Cases (``--case``):
   ``--workers`` (2,000) x 8 GPUs with gangs and ``--pools`` (50) pools; target < 10 minutes;
 - ``small``: the synthetic workload at 2,000 jobs on 64 workers (what CI runs);
 - ``contended``: the synthetic workload at 12,000 jobs on 121 workers x 8 GPUs (968) with 18 pools,
-  three of them offered 70% of the jobs (about six times their share), gangs up to 16 x 8; target
-  < 3 minutes per policy.
+  three of them (32% of the quotas) offered 70% of the jobs at 2.75 times what the cluster can run:
+  six times their share; gangs up to 16 x 8; target < 3 minutes per policy.
 
 Prints per policy: wall time, simulated jobs per second, events, admission cycles run and skipped
 (and those run without the preemption planner, ``corral.sim.shortcuts``), where the time goes
@@ -56,7 +56,7 @@ def build(args: argparse.Namespace) -> Scenario:
     if args.case == "small":
         shape = synthetic.Shape(jobs=2000, workers=64)
     elif args.case == "contended":
-        shape = synthetic.Shape(jobs=12_000, workers=121, pools=18)
+        shape = synthetic.Shape(jobs=12_000, workers=121, pools=18, load=2.75)
     else:
         shape = synthetic.Shape(jobs=args.jobs, workers=args.workers, pools=args.pools)
     workload, cluster, pools = synthetic.multi_tenant(trace, quotas, shape, seed=args.seed)
