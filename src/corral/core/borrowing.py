@@ -32,6 +32,15 @@ class Guarantees:
     free_gpus: int
     guaranteed: Mapping[str, int]
     held: dict[str, int] = field(default_factory=dict)
+    #: the guaranteed GPUs their pools' jobs do not hold, summed over the pools (kept by ``take``):
+    #: ``may_place`` costs the same whatever the number of pools
+    unused: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.unused = sum(self.unused_of(path) for path in self.guaranteed)
+
+    def unused_of(self, pool: str) -> int:
+        return max(0, self.guaranteed.get(pool, 0) - self.held.get(pool, 0))
 
     @classmethod
     def of(cls, free_gpus: int, guaranteed: Mapping[str, int], holding: Iterable[Job]) -> Guarantees:
@@ -43,8 +52,10 @@ class Guarantees:
 
     def take(self, pool: str, gpus: int) -> None:
         """Book a placement made since (the rest of a cycle sees it)."""
+        before = self.unused_of(pool)
         self.held[pool] = self.held.get(pool, 0) + gpus
         self.free_gpus -= gpus
+        self.unused += self.unused_of(pool) - before
 
 
 def may_place(job: Job, gpus: int, guarantees: Guarantees) -> bool:
@@ -55,12 +66,8 @@ def may_place(job: Job, gpus: int, guarantees: Guarantees) -> bool:
     own = guarantees.guaranteed.get(pool, 0)
     if guarantees.held.get(pool, 0) + gpus <= own:
         return True
-    unused = sum(
-        max(0, guaranteed - guarantees.held.get(path, 0))
-        for path, guaranteed in guarantees.guaranteed.items()
-        if path != pool
-    )
-    return guarantees.free_gpus - gpus >= unused
+    others_unused = guarantees.unused - guarantees.unused_of(pool)
+    return guarantees.free_gpus - gpus >= others_unused
 
 
 def refusal(job: Job, gpus: int) -> Reason:
