@@ -218,6 +218,7 @@ class Engine:
                 self._cycle()
                 self._claims()
                 next_tick = self._next_tick(next_tick, tick)
+                last_report = self._report(last_report, horizon)
                 continue
             self.now = due
             while self.events and self.events[0][0] == due:
@@ -229,12 +230,18 @@ class Engine:
                 self._cycle()
                 self._claims()
                 next_tick = self._next_tick(next_tick, tick)
-            if self.progress is not None and self.now - last_report > horizon / 1000:
-                last_report = self.now
-                self.progress(self._how_far(horizon))
+            last_report = self._report(last_report, horizon)
         if self.progress is not None:
             self.progress(self._how_far(horizon))
         return self.record
+
+    def _report(self, last: float, horizon: float) -> float:
+        """Tell ``progress`` how far the run has got, once a thousandth of the arrival window has
+        been simulated since it was last told; answers when it was last told."""
+        if self.progress is None or self.now - last <= horizon / 1000:
+            return last
+        self.progress(self._how_far(horizon))
+        return self.now
 
     def _how_far(self, horizon: float) -> Progress:
         total = len(self.scenario.workload.jobs)
