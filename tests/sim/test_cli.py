@@ -179,3 +179,16 @@ def test_progress_is_a_line_every_10_s_off_a_terminal_and_a_bar_on_one() -> None
         bar.getvalue()
         == "\r  fifo [###############...............] 2/4 jobs done, 4 submitted, simulated 60 s"
     )
+
+
+def test_the_end_of_a_run_is_shown_once() -> None:
+    from corral.cli.sim import _progress_bar
+    from corral.sim.engine import Progress
+
+    stream = Captured(terminal=False)
+    show = _progress_bar("corral", stream, clock=lambda: 0.0)
+    for _ in range(3):
+        show(Progress(now=50.0, horizon=10.0, submitted=2, done=2, total=2))
+    assert stream.getvalue().splitlines() == [
+        "corral sim: corral: 2/2 jobs done, 2 submitted, simulated 50 s"
+    ]

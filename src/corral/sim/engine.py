@@ -206,7 +206,6 @@ class Engine:
         tick = self.settings.admission_tick_s
         horizon = max((job.submit_time for job in self.scenario.workload.jobs), default=0.0)
         next_tick = 0.0
-        last_report = -math.inf
         while True:
             due = self.events[0][0] if self.events else math.inf
             if due == math.inf and next_tick == math.inf:
@@ -218,7 +217,7 @@ class Engine:
                 self._cycle()
                 self._claims()
                 next_tick = self._next_tick(next_tick, tick)
-                last_report = self._report(last_report, horizon)
+                self._report(horizon)
                 continue
             self.now = due
             while self.events and self.events[0][0] == due:
@@ -230,18 +229,15 @@ class Engine:
                 self._cycle()
                 self._claims()
                 next_tick = self._next_tick(next_tick, tick)
-            last_report = self._report(last_report, horizon)
-        if self.progress is not None:
-            self.progress(self._how_far(horizon))
+            self._report(horizon)
+        self._report(horizon)
         return self.record
 
-    def _report(self, last: float, horizon: float) -> float:
-        """Tell ``progress`` how far the run has got, once a thousandth of the arrival window has
-        been simulated since it was last told; answers when it was last told."""
-        if self.progress is None or self.now - last <= horizon / 1000:
-            return last
-        self.progress(self._how_far(horizon))
-        return self.now
+    def _report(self, horizon: float) -> None:
+        """Tell ``progress`` how far the run has got (after each step: the callback decides how
+        often to show it, by the wall clock)."""
+        if self.progress is not None:
+            self.progress(self._how_far(horizon))
 
     def _how_far(self, horizon: float) -> Progress:
         total = len(self.scenario.workload.jobs)
