@@ -16,7 +16,9 @@ guaranteed its quota's share of the cluster), and makes the shape issue 10 asks 
    8 whole GPUs).
 5. **Classes and checkpoints**: every job class 5 (the light and heavy pools differ by quota, not
    by class); half checkpoint (``auto``), the rest save every ``checkpoint_every_s`` (1 h) on
-   their own.
+   their own. ``protected_fraction`` of the single jobs (drawn from a stream of their own, so the
+   rest of the workload is the same) are instead class 8 without checkpoints: work no preemption
+   could take back, which the claim keeps off borrowed capacity.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Shape:
     gang_fraction: float = 0.04
     max_duration_s: float = 48 * 3600.0
     checkpoint_every_s: float = 3600.0
+    protected_fraction: float = 0.0
     #: pools: the Venus quotas; with more pools asked than VCs, the quotas are repeated
     pools: int | None = None
 
@@ -82,11 +85,25 @@ def multi_tenant(
     window = offered / (shape.load * cluster.gpus)
     raw = sum(gap for gap, _, _, _ in drawn) or 1.0
     scale = window / raw
+    protector = random.Random(seed + 1)
+    protected = [protector.random() < shape.protected_fraction for _ in drawn]
     jobs: list[WorkloadJob] = []
     now = 0.0
     for index, (gap, gpus, pool, duration) in enumerate(drawn):
         now += gap * scale
         gang = gangs[index]
+        if protected[index] and not gang:
+            jobs.append(
+                WorkloadJob(
+                    job_id=f"j{index:06d}",
+                    submit_time=round(now, 3),
+                    duration=duration,
+                    gpus=min(gpus, shape.gpus_per_worker),
+                    pool=f"venus/{pool}",
+                    preemption_class=8,
+                )
+            )
+            continue
         jobs.append(
             WorkloadJob(
                 job_id=f"j{index:06d}",
