@@ -7,7 +7,7 @@ it claims); the store contract's seeds; requests to a live server; the CLI and p
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -32,6 +32,36 @@ def examples(count: int, **more: Any) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         **more,
     )
+
+
+class Drawn:
+    """The few methods of ``random.Random`` the generators call, each a Hypothesis draw: a
+    generator written against it is a strategy (``st.composite``) whose examples shrink, the
+    shapes it draws unchanged. ``random()`` is drawn in thousandths so that it shrinks to 0."""
+
+    def __init__(self, draw: st.DrawFn) -> None:
+        self.draw = draw
+
+    def choice(self, items: Sequence[T]) -> T:
+        return self.draw(st.sampled_from(items))
+
+    def randint(self, low: int, high: int) -> int:
+        return self.draw(st.integers(low, high))
+
+    def randrange(self, stop: int) -> int:
+        return self.draw(st.integers(0, stop - 1))
+
+    def random(self) -> float:
+        return self.draw(st.integers(0, 999)) / 1000
+
+    def uniform(self, low: float, high: float) -> float:
+        return self.draw(st.floats(low, high))
+
+    def sample(self, items: Sequence[T], count: int) -> list[T]:
+        return self.draw(st.permutations(items))[:count]
+
+    def shuffle(self, items: list[Any]) -> None:
+        items[:] = self.draw(st.permutations(items))
 
 
 def shapes_drawn(
