@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 
 from corral.config import ServerSettings
@@ -29,11 +30,19 @@ REQUIRE_POSTGRES = os.environ.get("CORRAL_REQUIRE_POSTGRES") == "1"
 _postgres_error: str | None = None
 _postgres_checked = False
 
+#: no explain phase: on the long draws of the simulator's properties it takes minutes
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 hypothesis_settings.register_profile(
-    "ci", derandomize=True, deadline=None, max_examples=100, print_blob=True, database=None
+    "ci", derandomize=True, deadline=None, max_examples=100, print_blob=True, database=None, phases=PHASES
 )
 hypothesis_settings.register_profile(
-    "thorough", derandomize=False, deadline=None, max_examples=1000, print_blob=True, database=None
+    "thorough",
+    derandomize=False,
+    deadline=None,
+    max_examples=1000,
+    print_blob=True,
+    database=None,
+    phases=PHASES,
 )
 hypothesis_settings.load_profile(os.environ.get("CORRAL_HYPOTHESIS_PROFILE", "ci"))
 

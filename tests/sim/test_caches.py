@@ -4,10 +4,11 @@ up to date within a plan (``preemption._Planner._room``), and whole runs with an
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
 
 from corral.core import preemption
 from corral.core.placement import CycleMemo, free_capacity
@@ -21,11 +22,16 @@ from corral.sim.policy import CORRAL, FIFO
 from corral.sim.readers import uniform_cluster
 from corral.sim.workload import Scenario, SimSettings, Workload, WorkloadJob
 from corral.testing.factories import gpu_worker
+from tests.helpers import Drawn, examples, missing_shapes, shapes_drawn
 
 NOW = 10_000.0
+#: changes to the workers' records in one run of the memo property, and plans in one run of the
+#: units property: as many as one example's draws hold
+MOVES = 100
+PLANS = 10
 
 
-def _allocation(rng: random.Random, worker: Worker, number: int) -> Allocation:
+def _allocation(rng: Drawn, worker: Worker, number: int) -> Allocation:
     gpus = rng.randint(0, 3)
     indices = tuple(sorted(rng.sample(range(worker.resources.gpus), min(gpus, worker.resources.gpus))))
     resources = Resources(gpus=len(indices), memory_mb=rng.choice([0, 1024, 4096]), cpus=rng.randint(0, 4))
@@ -33,12 +39,13 @@ def _allocation(rng: random.Random, worker: Worker, number: int) -> Allocation:
     return Allocation(f"j{number}", worker.id, resources, indices, status)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_capacity_memo_answers_what_a_count_from_scratch_does(seed: int) -> None:
+@examples(40)
+@given(st.data())
+def test_the_capacity_memo_answers_what_a_count_from_scratch_does(data: st.DataObject) -> None:
     """Cycle after cycle, each worker's records are kept, replaced by equal or different ones,
     reordered, added or removed, and the worker itself re-registers now and then: what the memo
     gives (or counts and keeps on a miss) is ``free_capacity`` of the records as they are."""
-    rng = random.Random(seed)
+    rng = Drawn(data.draw)
     workers = {
         f"w{index}": gpu_worker(gpus=rng.choice([2, 4, 8]), worker_id=f"w{index}") for index in range(6)
     }
@@ -46,7 +53,7 @@ def test_the_capacity_memo_answers_what_a_count_from_scratch_does(seed: int) -> 
     memo = CycleMemo()
     number = 0
     hits = 0
-    for _ in range(300):
+    for _ in range(MOVES):
         worker_id = rng.choice(sorted(workers))
         worker = workers[worker_id]
         held = records[worker_id]
@@ -74,10 +81,10 @@ def test_the_capacity_memo_answers_what_a_count_from_scratch_does(seed: int) -> 
             else:
                 hits += 1
             assert (kept or memo.get(space, worker, given)) == free_capacity(worker, given)
-    assert hits > 0
+    event("memo hits" if hits else "no memo hit")  # (the minimal example moves nothing back)
 
 
-def _running(worker: Worker, first: int, gpus: int, number: int, rng: random.Random) -> Job:
+def _running(worker: Worker, first: int, gpus: int, number: int, rng: Drawn) -> Job:
     return Job(
         id=f"r{number}",
         spec=JobSpec(
@@ -96,7 +103,7 @@ def _running(worker: Worker, first: int, gpus: int, number: int, rng: random.Ran
     )
 
 
-def _waiting(number: int, rng: random.Random) -> Preemptor:
+def _waiting(number: int, rng: Drawn) -> Preemptor:
     job = Job(
         id=f"p{number}",
         spec=JobSpec(
@@ -113,11 +120,11 @@ def _waiting(number: int, rng: random.Random) -> Preemptor:
     return Preemptor(job.id, (job,))
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_the_planners_room_kept_up_to_date_is_the_room_counted_again(seed: int) -> None:
-    """Preemptor after preemptor (each setting room aside or preempting, so that workers change
-    under the kept answers), every kept ``_room`` answer is the one counted over the cluster now."""
-    rng = random.Random(seed)
+@st.composite
+def planner_cases(draw: st.DrawFn) -> PlanInputs:
+    """2-10 workers of 4 or 8 GPUs, most GPUs held by jobs of classes 0-9 in two pools (one of
+    them guaranteeing 8 GPUs or nothing), 3-20 single preemptors of classes 3-10."""
+    rng = Drawn(draw)
     workers = [
         gpu_worker(gpus=rng.choice([4, 8]), worker_id=f"w{index:02d}") for index in range(rng.randint(2, 10))
     ]
@@ -132,13 +139,41 @@ def test_the_planners_room_kept_up_to_date_is_the_room_counted_again(seed: int) 
     preemptors = [_waiting(number, rng) for number in range(rng.randint(3, 20))]
     guarantee = Resources(gpus=rng.choice([0, 8]))
     pools = {"a": _Pool(guarantee), "b": _Pool(Resources())}
-    planner = preemption._Planner(
-        PlanInputs(
-            now=NOW, workers=tuple(workers), holding=tuple(holding), preemptors=tuple(preemptors), pools=pools
-        )
+    return PlanInputs(
+        now=NOW, workers=tuple(workers), holding=tuple(holding), preemptors=tuple(preemptors), pools=pools
     )
+
+
+def shapes_of_planner_case(inputs: PlanInputs) -> list[str]:
+    shapes = []
+    if inputs.pools["a"].guarantee.gpus:
+        shapes.append("a pool with a guarantee")
+    if len(inputs.preemptors) >= 10:
+        shapes.append("ten preemptors or more")
+    planner = preemption._Planner(inputs)
+    found = [planner.place(preemptor) for preemptor in inputs.preemptors]
+    if any(isinstance(one, preemption.Preemption) and one.victims for one in found):
+        shapes.append("a preemption")
+    if any(not isinstance(one, preemption.Preemption) for one in found):
+        shapes.append("a preemptor left waiting")
+    return shapes
+
+
+def test_the_planner_cases_have_every_shape_the_property_claims() -> None:
+    claimed = ["a pool with a guarantee", "ten preemptors or more", "a preemption"]
+    claimed.append("a preemptor left waiting")
+    seen = shapes_drawn(planner_cases(), shapes_of_planner_case, 60)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
+@examples(60)
+@given(planner_cases())
+def test_the_planners_room_kept_up_to_date_is_the_room_counted_again(inputs: PlanInputs) -> None:
+    """Preemptor after preemptor (each setting room aside or preempting, so that workers change
+    under the kept answers), every kept ``_room`` answer is the one counted over the cluster now."""
+    planner = preemption._Planner(inputs)
     placed = 0
-    for preemptor in preemptors:
+    for preemptor in inputs.preemptors:
         if isinstance(planner.place(preemptor), preemption.Preemption):
             placed += 1
         for (_, request), entry in planner._rooms.items():
@@ -154,8 +189,9 @@ class _Pool:
         self.guarantee = guarantee
 
 
-def _workload(seed: int) -> Scenario:
-    rng = random.Random(seed)
+def _workload(rng: Drawn) -> Scenario:
+    """120 jobs over 10 minutes (one in seven a gang of 2-3 x 8 GPUs) of classes 3-8 in three pools
+    (one guaranteeing 16 GPUs), on 4-10 workers of 8 GPUs."""
     jobs = []
     for number in range(120):
         gang = rng.random() < 0.15
@@ -176,14 +212,39 @@ def _workload(seed: int) -> Scenario:
     return Scenario(Workload(tuple(jobs)), uniform_cluster(rng.randint(4, 10), 8), pools, settings=settings)
 
 
-@pytest.mark.parametrize("seed", range(6))
+workloads = st.composite(lambda draw: _workload(Drawn(draw)))
+
+
+def test_the_workloads_have_every_shape_the_property_claims() -> None:
+    def shapes(case: Scenario) -> list[str]:
+        jobs = case.workload.jobs
+        found = []
+        if any(job.gang_size > 1 for job in jobs):
+            found.append("a gang")
+        if len({job.preemption_class for job in jobs}) >= 3:
+            found.append("three classes or more")
+        if len({job.pool for job in jobs}) == 3:
+            found.append("three pools")
+        if any(job.checkpoint == "auto" for job in jobs):
+            found.append("a job that checkpoints")
+        if sum(job.gpus * job.gang_size for job in jobs) > 8 * len(case.cluster.workers):
+            found.append("more asked for than the cluster holds")
+        return found
+
+    claimed = ["a gang", "three classes or more", "three pools", "a job that checkpoints"]
+    claimed.append("more asked for than the cluster holds")
+    seen = shapes_drawn(workloads(), shapes, 20)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
 @pytest.mark.parametrize("policy", [CORRAL, FIFO], ids=["corral", "fifo"])
+@examples(6)
+@given(case=workloads())
 def test_a_run_with_the_memo_decides_what_a_run_counting_every_cycle_decides(
-    seed: int, policy: object
+    policy: object, case: Scenario
 ) -> None:
     """Whole runs: every status change at the same time, with the memo and without it (every
     worker's capacity counted from scratch every cycle, as the server does)."""
-    case = _workload(seed)
     kept = engine.Engine(case, policy, record_decisions=True, verify_shortcuts=True)  # type: ignore[arg-type]
     counted = engine.Engine(case, policy, record_decisions=True)  # type: ignore[arg-type]
     counted.memo = None
@@ -192,7 +253,7 @@ def test_a_run_with_the_memo_decides_what_a_run_counting_every_cycle_decides(
 
 
 def _unit_job(
-    rng: random.Random, worker: Worker, first: int, gpus: int, key: str, gang: tuple[str, int] | None
+    rng: Drawn, worker: Worker, first: int, gpus: int, key: str, gang: tuple[str, int] | None
 ) -> Job:
     """A holding job for the units test: single or a gang's task, running (now and then reserved,
     stopping or with a walltime near its end), on ``gpus`` GPUs of ``worker`` from ``first``."""
@@ -225,13 +286,14 @@ class _SensitivePool(_Pool):
     kind = "sensitive"
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(seed: int) -> None:
+@examples(10)
+@given(st.data())
+def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(data: st.DataObject) -> None:
     """Plan after plan (the clock moving on, job records replaced by equal or changed ones, jobs
     and gang tasks ending or arriving, records reordered), the planner's victim units built with
     the memo (reused where their records are the same objects) are the units built without it:
     the same units, field by field, in the same order on every worker, and the same reach."""
-    rng = random.Random(seed)
+    rng = Drawn(data.draw)
     workers = [gpu_worker(gpus=8, worker_id=f"w{index:02d}") for index in range(rng.randint(2, 8))]
     holding: list[Job] = []
     number = 0
@@ -266,7 +328,7 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(see
     now = NOW
     reused = 0
     previous: dict[str, object] = {}
-    for _ in range(30):
+    for _ in range(PLANS):
         now += rng.choice([0.0, 1.0, 30.0, 600.0])
         for at in range(len(holding)):
             move = rng.random()
@@ -288,14 +350,14 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(see
         usable = tuple(worker for worker in workers if worker.id not in unusable)
         preemptor = Preemptor("p", (_waiting(0, rng).first,))
         built = []
-        for given in (memo, None):
+        for kept_in in (memo, None):
             inputs = PlanInputs(
                 now=now,
                 workers=usable,
                 holding=tuple(holding),
                 preemptors=(preemptor,),
                 pools=pools,
-                memo=given,
+                memo=kept_in,
             )
             planner = preemption._Planner(inputs)
             victims = planner._built()
@@ -309,11 +371,11 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(see
                     [_fields(unit) for unit in victims.units],
                 )
             )
-            if given is memo:
+            if kept_in is memo:
                 reused += sum(1 for unit in victims.units if previous.get(unit.key) is unit)
                 previous = {unit.key: unit for unit in victims.units}
         assert built[0] == built[1]
-    assert reused > 0
+    event("units reused" if reused else "no unit reused")
 
 
 def _fields(unit: preemption._Unit) -> tuple[object, ...]:
