@@ -8,8 +8,7 @@ import re
 import time
 
 from tests.api.conftest import claim, register, submit
-from tests.api.test_gangs_api import admitted_and_running
-from tests.api.test_logs_api import send
+from tests.helpers import admitted_and_running, send
 
 PAGES = ("/", "/ui/jobs", "/ui/workers", "/ui/pools")
 

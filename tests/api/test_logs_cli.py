@@ -7,9 +7,7 @@ import threading
 import time
 
 from tests.api.conftest import claim, register, submit
-from tests.api.test_cli import corral
-from tests.api.test_gangs_api import admitted_and_running
-from tests.api.test_logs_api import send
+from tests.helpers import admitted_and_running, corral, send
 
 
 def report(api, job, what="done"):

@@ -175,7 +175,7 @@ def test_killing_the_loop_leader_hands_every_loop_over_within_the_bound(start_se
     within 5 s (its advisory-lock sessions end with the process; the survivor's next tick takes
     each lock: the bound is the longest loop interval plus its jitter, 2 s here for the dead-worker
     sweep; 60 s for retention with its default CORRAL_RETENTION_TICK_S)."""
-    from tests.e2e.test_replicas import leader_of
+    from tests.helpers import leader_of
 
     replicas = [start_server("--db", postgres_url, *FAST_SERVER) for _ in range(2)]
     loops = ("admission", "reaper", "dead_worker_sweep", "retention")
