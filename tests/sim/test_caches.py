@@ -4,6 +4,7 @@ up to date within a plan (``preemption._Planner._room``), and whole runs with an
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -39,20 +40,32 @@ def _allocation(rng: Drawn, worker: Worker, number: int) -> Allocation:
     return Allocation(f"j{number}", worker.id, resources, indices, status)
 
 
-@examples(40)
+@examples(20)
 @given(st.data())
 def test_the_capacity_memo_answers_what_a_count_from_scratch_does(data: st.DataObject) -> None:
     """Cycle after cycle, each worker's records are kept, replaced by equal or different ones,
     reordered, added or removed, and the worker itself re-registers now and then: what the memo
     gives (or counts and keeps on a miss) is ``free_capacity`` of the records as they are."""
-    rng = Drawn(data.draw)
+    for shape in _memo_run(Drawn(data.draw)):
+        event(shape)
+
+
+def test_the_memo_runs_have_every_shape_the_property_claims() -> None:
+    claimed = ["added", "removed", "replaced by an equal record", "changed", "reordered", "re-registered"]
+    claimed.append("a memo hit")
+    seen = shapes_drawn(st.composite(lambda draw: _memo_run(Drawn(draw)))(), list, 10)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
+def _memo_run(rng: Drawn) -> Counter[str]:
+    """One run of the memo property; what it did (the moves, the hits)."""
+    seen: Counter[str] = Counter()
     workers = {
         f"w{index}": gpu_worker(gpus=rng.choice([2, 4, 8]), worker_id=f"w{index}") for index in range(6)
     }
     records: dict[str, list[Allocation]] = {worker_id: [] for worker_id in workers}
     memo = CycleMemo()
     number = 0
-    hits = 0
     for _ in range(MOVES):
         worker_id = rng.choice(sorted(workers))
         worker = workers[worker_id]
@@ -61,27 +74,33 @@ def test_the_capacity_memo_answers_what_a_count_from_scratch_does(data: st.DataO
         if move < 0.25:
             number += 1
             held.append(_allocation(rng, worker, number))
+            seen["added"] += 1
         elif move < 0.4 and held:
             held.pop(rng.randrange(len(held)))
+            seen["removed"] += 1
         elif move < 0.5 and held:
             at = rng.randrange(len(held))
             held[at] = replace(held[at])  # an equal record, another object
+            seen["replaced by an equal record"] += 1
         elif move < 0.6 and held:
             at = rng.randrange(len(held))
             held[at] = replace(held[at], status=Status.PREEMPTING, gpu_indices=())
+            seen["changed"] += 1
         elif move < 0.65:
             rng.shuffle(held)
+            seen["reordered"] += 1
         elif move < 0.7:
             workers[worker_id] = worker = replace(worker, unhealthy_gpus=(0,) if rng.random() < 0.5 else ())
+            seen["re-registered"] += 1
         for space in ("admission", "planner"):
             given = list(held)  # the caller builds its list afresh each cycle
             kept = memo.get(space, worker, given)
             if kept is None:
                 memo.put(space, worker, given, free_capacity(worker, given))
             else:
-                hits += 1
+                seen["a memo hit"] += 1
             assert (kept or memo.get(space, worker, given)) == free_capacity(worker, given)
-    event("memo hits" if hits else "no memo hit")  # (the minimal example moves nothing back)
+    return seen
 
 
 def _running(worker: Worker, first: int, gpus: int, number: int, rng: Drawn) -> Job:
@@ -233,12 +252,12 @@ def test_the_workloads_have_every_shape_the_property_claims() -> None:
 
     claimed = ["a gang", "three classes or more", "three pools", "a job that checkpoints"]
     claimed.append("more asked for than the cluster holds")
-    seen = shapes_drawn(workloads(), shapes, 20)
+    seen = shapes_drawn(workloads(), shapes, 10)
     assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
 
 
 @pytest.mark.parametrize("policy", [CORRAL, FIFO], ids=["corral", "fifo"])
-@examples(6)
+@examples(4)
 @given(case=workloads())
 def test_a_run_with_the_memo_decides_what_a_run_counting_every_cycle_decides(
     policy: object, case: Scenario
@@ -286,14 +305,28 @@ class _SensitivePool(_Pool):
     kind = "sensitive"
 
 
-@examples(10)
+@examples(6)
 @given(st.data())
 def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(data: st.DataObject) -> None:
     """Plan after plan (the clock moving on, job records replaced by equal or changed ones, jobs
     and gang tasks ending or arriving, records reordered), the planner's victim units built with
     the memo (reused where their records are the same objects) are the units built without it:
     the same units, field by field, in the same order on every worker, and the same reach."""
-    rng = Drawn(data.draw)
+    for shape in _units_run(Drawn(data.draw)):
+        event(shape)
+
+
+def test_the_units_runs_have_every_shape_the_property_claims() -> None:
+    claimed = ["a running gang", "a partial gang", "a reserved job", "a stopping job", "an equal record"]
+    claimed += ["a job restarted", "a deadline set", "a checkpoint", "a job gone", "reordered"]
+    claimed += ["a worker left out", "a unit reused"]
+    seen = shapes_drawn(st.composite(lambda draw: _units_run(Drawn(draw)))(), list, 6)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
+def _units_run(rng: Drawn) -> Counter[str]:
+    """One run of the units property; what it did."""
+    seen: Counter[str] = Counter()
     workers = [gpu_worker(gpus=8, worker_id=f"w{index:02d}") for index in range(rng.randint(2, 8))]
     holding: list[Job] = []
     number = 0
@@ -326,7 +359,6 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(dat
     memo = CycleMemo()
     pools = {"a": _Pool(Resources(gpus=8)), "b": _Pool(Resources()), "s": _SensitivePool(Resources())}
     now = NOW
-    reused = 0
     previous: dict[str, object] = {}
     for _ in range(PLANS):
         now += rng.choice([0.0, 1.0, 30.0, 600.0])
@@ -334,19 +366,38 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(dat
             move = rng.random()
             if move < 0.1:
                 holding[at] = replace(holding[at])  # an equal record, another object
+                seen["an equal record"] += 1
             elif move < 0.15:
                 holding[at] = replace(holding[at], status=Status.PREEMPTING)
+                seen["a stopping job"] += 1
             elif move < 0.2:
                 holding[at] = replace(holding[at], status=Status.RUNNING, started_at=now - 5.0)
+                seen["a job restarted"] += 1
             elif move < 0.23:
                 holding[at] = replace(holding[at], victims_deadline=now + 60.0)
+                seen["a deadline set"] += 1
             elif move < 0.26:
                 holding[at] = replace(holding[at], last_checkpoint_at=now - 1.0)
+                seen["a checkpoint"] += 1
+        before = len(holding)
         holding[:] = [job for job in holding if rng.random() > 0.08]
+        if len(holding) < before:
+            seen["a job gone"] += 1
         if rng.random() < 0.2:
             rng.shuffle(holding)
+            seen["reordered"] += 1
         fill()
         unusable = {rng.choice(workers).id} if rng.random() < 0.2 else set()
+        if unusable:
+            seen["a worker left out"] += 1
+        gangs = Counter(job.gang_id for job in holding if job.gang_id is not None)
+        sizes = {job.gang_id: job.spec.gang_size for job in holding if job.gang_id is not None}
+        if any(count == sizes[gang] for gang, count in gangs.items()):
+            seen["a running gang"] += 1
+        if any(count < sizes[gang] for gang, count in gangs.items()):
+            seen["a partial gang"] += 1
+        if any(job.status == Status.RESERVED for job in holding):
+            seen["a reserved job"] += 1
         usable = tuple(worker for worker in workers if worker.id not in unusable)
         preemptor = Preemptor("p", (_waiting(0, rng).first,))
         built = []
@@ -372,10 +423,10 @@ def test_the_victim_units_kept_across_plans_are_the_units_built_from_scratch(dat
                 )
             )
             if kept_in is memo:
-                reused += sum(1 for unit in victims.units if previous.get(unit.key) is unit)
+                seen["a unit reused"] += sum(1 for unit in victims.units if previous.get(unit.key) is unit)
                 previous = {unit.key: unit for unit in victims.units}
         assert built[0] == built[1]
-    event("units reused" if reused else "no unit reused")
+    return seen
 
 
 def _fields(unit: preemption._Unit) -> tuple[object, ...]:
