@@ -116,7 +116,7 @@ def test_the_clusters_and_asks_have_every_shape_the_property_claims() -> None:
         "a gang that does not fit",
         "a gang that fits",
     ]
-    seen = shapes_drawn(asks(), shapes_of_asks, 100)
+    seen = shapes_drawn(asks(), shapes_of_asks, 50)
     assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
 
 

@@ -261,11 +261,11 @@ def test_the_water_fill_generator_has_every_shape_the_property_claims() -> None:
         "part of the whole given",
         "different weights",
     ]
-    seen = shapes_drawn(water_fills(), shapes_of_water_fill, 200)
+    seen = shapes_drawn(water_fills(), shapes_of_water_fill, 100)
     assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
 
 
-@examples(200)
+@examples(100)
 @given(water_fills())
 def test_water_fill_properties(case: tuple[list[Claim], float]) -> None:
     """Shares add up to what is given (or to every cap when those add up to less); each is within
@@ -493,7 +493,7 @@ def test_the_prefix_generator_draws_preemptible_and_non_preemptible_allocations(
     assert not missing_shapes(seen, [group.name for group in Group]), seen
 
 
-@examples(200)
+@examples(100)
 @given(prefix_cases())
 def test_the_prefix_rule_leaves_at_least_threshold_times_fair_share_after_the_preemptible_go(
     case: tuple[float, list[int]],

@@ -466,7 +466,7 @@ CLAIMED_SHAPES = [
 
 
 def test_the_random_clusters_have_every_shape_the_properties_claim() -> None:
-    seen = shapes_drawn(cases(), shapes_of_case, 200)
+    seen = shapes_drawn(cases(), shapes_of_case, 120)
     assert not missing_shapes(seen, CLAIMED_SHAPES), (missing_shapes(seen, CLAIMED_SHAPES), seen)
 
 
@@ -504,7 +504,7 @@ def _check_fit(
     return True
 
 
-@examples(300)
+@examples(100)
 @given(cases())
 def test_properties_over_random_clusters(case: Case) -> None:
     """Never preempts for a preemptor that then does not fit; never upward, never within a class
