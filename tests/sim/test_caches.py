@@ -257,7 +257,7 @@ def test_the_workloads_have_every_shape_the_property_claims() -> None:
 
 
 @pytest.mark.parametrize("policy", [CORRAL, FIFO], ids=["corral", "fifo"])
-@examples(4)
+@examples(3)
 @given(case=workloads())
 def test_a_run_with_the_memo_decides_what_a_run_counting_every_cycle_decides(
     policy: object, case: Scenario

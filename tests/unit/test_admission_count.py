@@ -116,11 +116,11 @@ def test_the_clusters_and_asks_have_every_shape_the_property_claims() -> None:
         "a gang that does not fit",
         "a gang that fits",
     ]
-    seen = shapes_drawn(asks(), shapes_of_asks, 50)
+    seen = shapes_drawn(asks(), shapes_of_asks, 30)
     assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
 
 
-@examples(60)
+@examples(30)
 @given(asks())
 def test_the_count_is_what_the_search_places(case: tuple[admission._Cluster, list[Ask]]) -> None:
     cluster, found = case
