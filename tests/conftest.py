@@ -3,6 +3,10 @@
 PostgreSQL: ``CORRAL_TEST_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/test``). Each
 test gets its own schema, dropped afterwards. Without a reachable server the PostgreSQL tests skip
 with a message saying how to enable them; with ``CORRAL_REQUIRE_POSTGRES=1`` (CI) they fail instead.
+
+Hypothesis: the ``ci`` profile (derandomized, so every run draws the same examples; no example
+database written into the checkout) unless ``CORRAL_HYPOTHESIS_PROFILE=thorough`` asks for ten
+times the examples with fresh randomness. Per-test budgets (``tests.helpers.examples``) scale with it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase
+from hypothesis import settings as hypothesis_settings
 
 from corral.config import ServerSettings
 from corral.store import Store, open_store
@@ -23,6 +29,22 @@ POSTGRES_URL = os.environ.get("CORRAL_TEST_POSTGRES", "postgresql://postgres@127
 REQUIRE_POSTGRES = os.environ.get("CORRAL_REQUIRE_POSTGRES") == "1"
 _postgres_error: str | None = None
 _postgres_checked = False
+
+#: no explain phase: on the long draws of the simulator's properties it takes minutes
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+hypothesis_settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=100, print_blob=True, database=None, phases=PHASES
+)
+hypothesis_settings.register_profile(
+    "thorough",
+    derandomize=False,
+    deadline=None,
+    max_examples=1000,
+    print_blob=True,
+    database=None,
+    phases=PHASES,
+)
+hypothesis_settings.load_profile(os.environ.get("CORRAL_HYPOTHESIS_PROFILE", "ci"))
 
 
 def _postgres_unavailable() -> str | None:

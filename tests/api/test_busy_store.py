@@ -32,14 +32,23 @@ from corral.testing.server import ServerThread
 from .conftest import claim, error_code, register, submit
 
 BUSY_S = 0.5
-#: what "at once" means on a shared 2-core test machine
-PROMPT_S = 0.3
+#: a busy timeout no request of a test outlasts: a change waits on the lock until the test lets it go
+PATIENT_S = 60.0
 
 
 @pytest.fixture
 def busy_server(store_url, clock, settings) -> Iterator[ServerThread]:
     """A live server whose store gives up on a lock after ``BUSY_S``."""
     server_store = open_store(store_url, busy_timeout_s=BUSY_S)
+    with ServerThread(server_store, settings, clock) as running:
+        yield running
+    server_store.close()
+
+
+@pytest.fixture
+def patient_server(store_url, clock, settings) -> Iterator[ServerThread]:
+    """A live server whose store waits on a lock for longer than any test runs."""
+    server_store = open_store(store_url, busy_timeout_s=PATIENT_S)
     with ServerThread(server_store, settings, clock) as running:
         yield running
     server_store.close()
@@ -74,10 +83,33 @@ def locked(store_url: str) -> Iterator[Any]:
         release()
 
 
-def _timed(send: Any) -> tuple[httpx.Response, float]:
-    started = time.monotonic()
-    response = send()
-    return response, time.monotonic() - started
+def test_the_probes_answer_while_a_change_waits_on_the_lock(patient_server, store_url):
+    """While a heartbeat waits on the lock (and goes on waiting: its store is patient), the
+    liveness probes answer and ``/readyz`` says 503: none of them waits behind the heartbeat."""
+    with httpx.Client(base_url=patient_server.url, timeout=30) as api:
+        register(api, "w1")
+        job = submit(api)
+        claimed = claim(api, "w1")
+        fence = {"worker_id": "w1", "attempt": claimed["attempt"]}
+        with locked(store_url) as release:
+            waiting: dict[str, Any] = {}
+
+            def beat() -> None:
+                with httpx.Client(base_url=patient_server.url, timeout=PATIENT_S + 30) as other:
+                    waiting["answer"] = other.post(f"/jobs/{job['id']}/heartbeat", params=fence)
+
+            beating = threading.Thread(target=beat)
+            beating.start()
+            assert api.get("/healthz").status_code == 200
+            assert api.get("/health").status_code == 200
+            readyz = api.get("/readyz")
+            assert readyz.status_code == 503
+            assert error_code(readyz) in ("store_busy", "store_unavailable")
+            assert beating.is_alive(), "the heartbeat still waits on the lock"
+            release()
+            beating.join(30)
+        assert waiting["answer"].status_code == 200, waiting["answer"].text
+        assert api.get("/readyz").status_code == 200
 
 
 def test_a_locked_store_is_an_answer_not_a_freeze(busy_server, store_url):
@@ -91,33 +123,22 @@ def test_a_locked_store_is_an_answer_not_a_freeze(busy_server, store_url):
 
             def beat() -> None:
                 with httpx.Client(base_url=busy_server.url, timeout=30) as other:
-                    waiting["answer"], waiting["took"] = _timed(
-                        lambda: other.post(f"/jobs/{job['id']}/heartbeat", params=fence)
-                    )
+                    waiting["answer"] = other.post(f"/jobs/{job['id']}/heartbeat", params=fence)
 
             beating = threading.Thread(target=beat)
             beating.start()
-            time.sleep(0.05)  # the heartbeat is waiting on the lock now
-            healthz, took = _timed(lambda: api.get("/healthz"))
-            assert healthz.status_code == 200 and took < PROMPT_S
-            health, took = _timed(lambda: api.get("/health"))
-            assert health.status_code == 200 and took < PROMPT_S
-            readyz, took = _timed(lambda: api.get("/readyz"))
-            assert readyz.status_code == 503 and took < 1.0 + PROMPT_S
-            assert error_code(readyz) in ("store_busy", "store_unavailable")
             beating.join(10)
             answer = waiting["answer"]
             assert answer.status_code == 503, answer.text
             assert error_code(answer) == "store_busy"
             assert answer.headers["retry-after"] == "1"
-            assert waiting["took"] < BUSY_S + 1.0
             beat_answer = api.post("/workers/w1/heartbeat", json={"running": [job["id"]]})
             assert beat_answer.status_code == 503 and error_code(beat_answer) == "store_busy"
             assert "retry-after" in beat_answer.headers
             # A read: served beside the writer (SQLite's WAL), or refused as busy (PostgreSQL's
             # LOCK TABLE blocks readers too); never a 500, never a hang.
-            read, took = _timed(lambda: api.get(f"/jobs/{job['id']}"))
-            assert read.status_code in (200, 503) and took < BUSY_S + 1.0
+            read = api.get(f"/jobs/{job['id']}")
+            assert read.status_code in (200, 503)
         assert api.get("/readyz").status_code == 200
         assert api.post(f"/jobs/{job['id']}/heartbeat", params=fence).status_code == 200
 
@@ -129,10 +150,15 @@ def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server,
         job = client.claim("w1")
         assert job is not None
         with locked(store_url) as release:
-            threading.Timer(1.2, release).start()
-            started = time.monotonic()
+            freed = threading.Event()
+
+            def free() -> None:
+                freed.set()  # before the release: a heartbeat that gets through finds it set
+                release()
+
+            threading.Timer(1.2, free).start()
             client.job_heartbeat(job.id, "w1", job.attempt)
-            assert time.monotonic() - started >= 1.0
+            assert freed.is_set(), "the heartbeat got through only once the lock was gone"
     with Client(busy_server.url, busy_retry_s=0) as impatient, locked(store_url):
         with pytest.raises(ApiError) as refused:
             impatient.job_heartbeat(job.id, "w1", job.attempt)
@@ -143,24 +169,22 @@ def test_a_locked_store_raises_store_busy_not_a_driver_error(store_url):
     store = open_store(store_url, busy_timeout_s=BUSY_S)
     try:
         store.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(cpus=1)), 1.0)
-        with locked(store_url):
-            started = time.monotonic()
-            with pytest.raises(errors.StoreBusy):
-                store.worker_heartbeat("w1", 2.0, None, running=[])
-            assert time.monotonic() - started < BUSY_S + 1.0
+        with locked(store_url), pytest.raises(errors.StoreBusy):
+            store.worker_heartbeat("w1", 2.0, None, running=[])
         assert store.worker_heartbeat("w1", 2.0, None, running=[]).worker.last_heartbeat_at == 2.0
     finally:
         store.close()
 
 
 def test_a_slow_store_call_holds_up_no_other_request(server, monkeypatch):
-    """A 5,000-job list (here: a list that takes 1.5 s) runs on a store thread: heartbeats and
-    probes are answered meanwhile."""
+    """A 5,000-job list (here: a list held up until the test lets it go) runs on a store thread:
+    heartbeats and probes are answered meanwhile."""
     store = server.state.store
     slow_list = store.list_jobs
+    gate = threading.Event()
 
     def list_jobs(*args: Any) -> Any:
-        time.sleep(1.5)
+        gate.wait(30)
         return slow_list(*args)
 
     monkeypatch.setattr(store, "list_jobs", list_jobs)
@@ -169,44 +193,45 @@ def test_a_slow_store_call_holds_up_no_other_request(server, monkeypatch):
         submit(api)
         listing = threading.Thread(target=lambda: httpx.get(f"{server.url}/jobs?limit=5000", timeout=30))
         listing.start()
-        time.sleep(0.1)
         for send in (
             lambda: api.get("/healthz"),
             lambda: api.post("/workers/w1/heartbeat", json={}),
             lambda: api.get("/jobs/next", params={"worker_id": "w1"}),
         ):
-            answer, took = _timed(send)
-            assert answer.status_code == 200 and took < PROMPT_S, (answer.text, took)
+            answer = send()
+            assert answer.status_code == 200, answer.text
         assert listing.is_alive()  # still listing: the answers above did not wait for it
+        gate.set()
         listing.join(10)
 
 
 def test_a_loop_pass_runs_on_its_own_thread():
-    """A pass that takes 0.4 s of blocking work leaves the event loop free, and a wake-up may come
-    from any thread."""
+    """A pass blocked in its work (here: until the test lets it go) leaves the event loop free,
+    and a wake-up may come from any thread."""
     passes: list[str] = []
+    entered, gate = threading.Event(), threading.Event()
 
     def tick() -> None:
-        time.sleep(0.4)
+        entered.set()
+        gate.wait(30)
         passes.append(threading.current_thread().name)
 
-    async def run() -> float:
+    async def run() -> int:
         group = LoopGroup([Loop("slow", 0.01, tick, jitter=0)], Metrics())
         group.start(on_death=lambda name, error: None)
-        gaps, last = [], time.monotonic()
-        end = last + 1.0
-        while time.monotonic() < end:
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(entered.wait, 30), "the pass never started"
+        turns = 0
+        for _ in range(5):  # the event loop turns while the pass is blocked
+            await asyncio.sleep(0)
             threading.Thread(target=group.wake, args=("slow",)).start()
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
+            turns += 1
+        assert not passes, "the pass is still blocked"
+        gate.set()
         await group.stop()
-        return max(gaps)
+        return turns
 
-    longest = asyncio.run(run())
+    assert asyncio.run(run()) == 5
     assert passes and all(name.startswith("corral-loop-slow") for name in passes)
-    assert longest < 0.2
 
 
 def test_a_long_list_is_streamed_in_pieces_and_reads_as_one_page(api):

@@ -16,8 +16,8 @@ from corral.server.routes.protocol import CLAIMS, ClaimRequest
 from corral.server.state import ServerState
 from corral.testing.clock import FakeClock
 from tests.api.conftest import assert_store_history_is_legal, register
-from tests.contract.test_store import register as register_in_store
-from tests.contract.test_store import submit_one
+from tests.helpers import register as register_in_store
+from tests.helpers import submit_one
 
 
 class _CountedStore:

@@ -11,6 +11,7 @@ import pytest
 
 from corral.client import Client
 from corral.protocol.answers import ClaimAnswer, ClaimsAnswer
+from corral.server.routes import protocol as protocol_routes
 from tests.api.conftest import assert_store_history_is_legal, error_code, register, submit
 
 
@@ -93,7 +94,8 @@ def test_unknown_worker_is_404(api):
     assert claim_many(api, 4, "ghost").status_code == 404
 
 
-def test_wait_long_polls_for_several(api):
+def test_wait_long_polls_for_several(api, monkeypatch):
+    monkeypatch.setattr(protocol_routes, "RECHECK_S", 60.0)  # only the submit's wake answers it
     register(api)
     result = {}
 
@@ -104,13 +106,11 @@ def test_wait_long_polls_for_several(api):
     poller = threading.Thread(target=poll)
     poller.start()
     time.sleep(0.3)
-    started = time.monotonic()
     answer = api.post("/jobs/batch", json={"jobs": [{"command": "true"} for _ in range(3)]})
     assert answer.status_code == 201
-    poller.join(timeout=10)
+    poller.join(timeout=15)
     assert result["status"] == 200
     assert 1 <= len(result["body"]["items"]) <= 3
-    assert time.monotonic() - started < 5
 
 
 def test_concurrent_claims_with_max_hand_out_each_job_once(api, server, store_url):

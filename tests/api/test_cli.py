@@ -18,15 +18,7 @@ from corral.cli import jobs, pools
 from corral.cli.main import main
 from corral.client import Client
 from corral.protocol.answers import WorkerAnswer
-
-
-def corral(server: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run ``corral <argv> --server <url>``; return (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    command, *rest = argv
-    code = main([command, "--server", server.url, *rest])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from tests.helpers import corral
 
 
 def corral_json(server: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> Any:

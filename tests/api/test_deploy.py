@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.api.test_metrics_promtool import promtool
+from tests.helpers import promtool
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus" / "corral-alerts.yml"

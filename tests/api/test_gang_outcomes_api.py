@@ -3,7 +3,7 @@ on both stores."""
 
 from __future__ import annotations
 
-from tests.api.test_gangs_api import admitted_and_running, claim, fenced, gang_workers, submit_gang
+from tests.helpers import admitted_and_running, claim, fenced, gang_workers, submit_gang
 
 
 def test_a_rank_done_while_its_peer_is_still_reserved_leaves_the_peer_claimable(api, server):

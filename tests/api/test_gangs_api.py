@@ -6,43 +6,7 @@ import base64
 import logging
 
 from tests.api.conftest import error_code, register
-
-
-def gang_workers(api, count=2, gpus=1):
-    for index in range(count):
-        api.post(
-            "/workers/register",
-            json={
-                "id": f"w{index}",
-                "address": f"10.0.0.{index + 1}",
-                "resources": {"gpus": gpus, "vram_mb": 1000, "cpus": 4},
-            },
-        ).raise_for_status()
-
-
-def submit_gang(api, size=2, **fields):
-    response = api.post(
-        "/jobs", json={"command": "train", "gang_size": size, "resources": {"gpus": 1}, **fields}
-    )
-    assert response.status_code == 201
-    return response.json()
-
-
-def claim(api, worker_id):
-    response = api.get("/jobs/next", params={"worker_id": worker_id})
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def admitted_and_running(api, server, size=2):
-    gang_workers(api, size)
-    gang = submit_gang(api, size)
-    server.run_loop("admission")
-    return gang, [claim(api, f"w{index}") for index in range(size)]
-
-
-def fenced(job, **extra):
-    return {"worker_id": job["worker_id"], "attempt": job["attempt"], **extra}
+from tests.helpers import admitted_and_running, claim, fenced, gang_workers, submit_gang
 
 
 def test_admission_reserves_the_gang_and_claims_carry_the_rendezvous(api, server):

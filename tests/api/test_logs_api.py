@@ -8,19 +8,7 @@ import time
 import httpx
 
 from tests.api.conftest import claim, error_code, register, submit
-
-
-def send(api, job, offset, data, attempt=None, worker_id=None):
-    return api.post(
-        f"/jobs/{job['id']}/logs",
-        params={
-            "worker_id": worker_id or job["worker_id"],
-            "attempt": attempt or job["attempt"],
-            "offset": offset,
-        },
-        content=data,
-        headers={"content-type": "application/octet-stream"},
-    )
+from tests.helpers import send
 
 
 def test_chunks_append_once_and_read_back_as_text(api):

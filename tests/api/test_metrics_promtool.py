@@ -4,25 +4,10 @@ traffic: jobs done, failed, cancelled, a gang admitted, a watchdog trip, logs st
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
-import pytest
-
 from tests.api.conftest import claim, register, submit
-from tests.api.test_gangs_api import admitted_and_running
-from tests.api.test_logs_api import send
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        message = "promtool is not installed: apt-get install -y prometheus"
-        if os.environ.get("CI") or os.environ.get("CORRAL_REQUIRE_POSTGRES") == "1":
-            pytest.fail(message)  # CI installs it (.ci/run): never a silent skip there
-        pytest.skip(message)
-    return path
+from tests.helpers import admitted_and_running, promtool, send
 
 
 def report(api, job, what, body=None):

@@ -24,7 +24,7 @@ from corral.server.state import ServerState
 from corral.store.base import JobFilter
 from corral.testing.clock import FakeClock
 from tests.contract import protocol
-from tests.contract.test_store import NOW, POLICY, register, submit_one
+from tests.helpers import NOW, POLICY, register, submit_one
 
 
 def _settings(store) -> PlanSettings:

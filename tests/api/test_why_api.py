@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.api.conftest import claim, register
-from tests.api.test_gangs_api import submit_gang
+from tests.helpers import submit_gang
 
 
 def test_why_does_not_say_fits_now_for_room_held_for_a_waiting_gang(api, server, clock):

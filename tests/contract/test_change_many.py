@@ -17,7 +17,7 @@ from corral.domain.status import Status
 from corral.server import changes
 from corral.testing import history
 from tests.contract import protocol
-from tests.contract.test_store import NOW, POLICY, assert_history_is_legal, register, submit_one
+from tests.helpers import NOW, POLICY, assert_history_is_legal, register, submit_one
 
 
 def running_jobs(store, count):

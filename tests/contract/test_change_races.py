@@ -13,7 +13,7 @@ from corral.domain import errors
 from corral.domain.status import Status
 from corral.store import open_store
 from corral.store.base import JobReport
-from tests.contract.test_store import NOW, POLICY, assert_history_is_legal, register, submit_one
+from tests.helpers import NOW, POLICY, assert_history_is_legal, register, submit_one
 
 
 def test_a_row_that_moves_under_the_decision_is_decided_again(store_url, store):

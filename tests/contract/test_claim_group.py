@@ -10,7 +10,7 @@ from corral.domain import errors
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.store.base import ClaimAsk
-from tests.contract.test_store import NOW, POLICY, assert_history_is_legal, register, submit_one
+from tests.helpers import NOW, POLICY, assert_history_is_legal, register, submit_one
 
 
 def test_a_group_starts_what_claims_one_after_another_would(store):

@@ -9,8 +9,7 @@ import pytest
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from tests.contract import protocol
-from tests.contract.test_schema import plan_nodes
-from tests.contract.test_store import NOW, POLICY, assert_history_is_legal, register, spec, submit_one
+from tests.helpers import NOW, POLICY, assert_history_is_legal, plan_nodes, register, spec, submit_one
 
 
 def test_a_retried_claim_is_answered_the_runs_the_first_started(store):

@@ -16,8 +16,7 @@ from corral.store import open_store
 from corral.store.base import JobFilter
 from corral.testing import history
 from tests.contract import protocol
-from tests.contract.test_schema import plan_nodes
-from tests.contract.test_store import NOW, POLICY, assert_history_is_legal, register, spec, submit_one
+from tests.helpers import NOW, POLICY, assert_history_is_legal, plan_nodes, register, spec, submit_one
 
 
 def running(store, worker_id="w1"):

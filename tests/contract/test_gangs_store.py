@@ -14,7 +14,7 @@ from corral.server import changes
 from corral.store import open_store
 from corral.store.base import WorkerRegistration
 from tests.contract import protocol
-from tests.contract.test_store import assert_history_is_legal
+from tests.helpers import assert_history_is_legal
 
 NOW = 1_800_000_000.0
 POLICY = Claim()

@@ -3,8 +3,6 @@ each pool's jobs hold and wait for, and the pools a submit creates."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from corral.core import lifecycle
@@ -165,14 +163,11 @@ def test_a_replayed_submit_creates_no_pool_and_keeps_its_first_answer(store):
 
 
 def test_a_batch_of_ten_thousand_jobs_in_one_new_pool_is_one_creation(store):
-    started = time.perf_counter()
     items = submit(store, *[JobSpec(command="true", pool="big/batch")] * 10_000)
-    elapsed = time.perf_counter() - started
     assert len(items) == 10_000
     assert all("created" in item.job.reason.message for item in items)
     assert set(store.pools()) == {"default", "big", "big/batch"}
     assert store.pool_usage()["big/batch"].jobs == 10_000
-    assert elapsed < 30, elapsed
 
 
 def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypatch):

@@ -7,9 +7,6 @@ The declaration lives in ``corral.store.schema`` (``DECLARED_COLUMNS``, ``DECLAR
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from corral.domain.records import JobSpec
@@ -26,6 +23,7 @@ from corral.store.schema import (
 )
 from corral.store.sql import SqlStore
 from tests.contract import protocol
+from tests.helpers import plan_nodes
 
 NOW = 1_800_000_000.0
 
@@ -68,13 +66,6 @@ def test_migrate_twice_changes_nothing(store_url, store):
         assert again.index_definitions() == store.index_definitions()
     finally:
         again.close()
-
-
-def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan tree, depth first."""
-    yield node
-    for child in node.get("Plans", []):
-        yield from plan_nodes(child)
 
 
 @pytest.mark.postgres

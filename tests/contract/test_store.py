@@ -2,52 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import pytest
 
-from corral.core.claim import Claim
 from corral.domain import errors
-from corral.domain.records import Constraints, GpuReading, Job, JobSpec
+from corral.domain.records import Constraints, GpuReading, Job
 from corral.domain.resources import Resources
-from corral.domain.status import Status, is_allowed
+from corral.domain.status import Status
 from corral.store import open_store
-from corral.store.base import JobFilter, JobReport, LeaseRenewed, WorkerRegistration
+from corral.store.base import JobFilter, JobReport, LeaseRenewed
 from tests.contract import protocol
-
-NOW = 1_800_000_000.0
-POLICY = Claim()
-
-
-def spec(command="true", **fields):
-    return JobSpec(command=command, **fields)
-
-
-def register(store, worker_id="w1", gpus=0, cpus=8, memory_mb=8192, vram_mb=0, **fields):
-    return store.register_worker(
-        WorkerRegistration(worker_id, "127.0.0.1", Resources(gpus, vram_mb, memory_mb, cpus), **fields), NOW
-    )
-
-
-_submissions = itertools.count()
-
-
-def submit_one(store, **fields):
-    """Submit one job, each a millisecond after the previous, so queue order is submission order."""
-    return protocol.submit(store, [spec(**fields)], NOW + next(_submissions) / 1000).items[0].job
-
-
-def assert_history_is_legal(store, job_id):
-    """Every event is an allowed transition and each one starts where the previous ended."""
-    events = store.job_events(job_id)
-    previous = None
-    for event in events:
-        assert event.from_status == previous
-        assert is_allowed(event.from_status, event.to_status), (event.from_status, event.to_status)
-        previous = event.to_status
-    return events
-
+from tests.helpers import NOW, POLICY, assert_history_is_legal, register, spec, submit_one
 
 # --- submit ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from tests.contract import protocol
-from tests.contract.test_store import NOW, POLICY, register, submit_one
+from tests.helpers import NOW, POLICY, register, submit_one
 
 
 def _cluster(store):

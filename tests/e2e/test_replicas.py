@@ -3,16 +3,15 @@ no gang is reserved twice, and the loops fail over when the leader stops."""
 
 from __future__ import annotations
 
-import re
 import signal
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from corral.client import Client
 from tests.conftest import postgres_schema_url
 from tests.e2e.conftest import wait_for
+from tests.helpers import leader_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 FAST = ("--admission-tick-s", "0.1", "--reaper-tick-s", "0.1", "--reservation-timeout-s", "30")
@@ -21,12 +20,6 @@ FAST = ("--admission-tick-s", "0.1", "--reaper-tick-s", "0.1", "--reservation-ti
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     yield from postgres_schema_url()
-
-
-def leader_of(url: str, loop: str) -> bool:
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    match = re.search(rf'corral_loop_leader{{loop="{loop}"}} ([0-9.]+)', text)
-    return bool(match and float(match.group(1)) == 1.0)
 
 
 def test_two_replicas_share_one_database(start_server, postgres_url):

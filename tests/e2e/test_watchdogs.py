@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -221,10 +220,8 @@ def test_a_killed_group_of_zombies_is_gone(tmp_path: Path):
     # PID 1, which must not count as a process that survived the kill.
     process = executor.JobProcess("sleep 30 & exec sleep 30", {}, 1024, 0.1, kill_wait_s=2)
     wait_for(lambda: len(executor.live_group_members(process.pid)) == 2, 5, "both processes")
-    started = time.monotonic()
     assert process.stop() is True
-    assert not process.survived_kill
-    assert time.monotonic() - started < 2
+    assert not process.survived_kill, "the zombie counted as a process that survived the kill"
     process.finish()
 
 

@@ -123,20 +123,22 @@ def test_cancel_sends_sigterm_to_the_job_group(server, client: Client, start_wor
 
 def test_job_ignoring_sigterm_is_killed_after_the_grace(server, client: Client, start_worker, tmp_path: Path):
     start_worker(server.url, "w1", "--preempt-grace-s", "0.5")
+    # The job notes the SIGTERM and goes on: a line written after it shows the KILL did not come
+    # with the TERM but after it (the grace).
     command = (
-        f"trap '' TERM; echo $$ > {tmp_path}/pid; sleep 30 & echo $! > {tmp_path}/child; "
-        f"echo up > {tmp_path}/up; wait; wait"
+        f"trap 'echo term > {tmp_path}/term' TERM; echo $$ > {tmp_path}/pid; sleep 30 & echo $! >"
+        f" {tmp_path}/child; echo up > {tmp_path}/up; while true; do sleep 0.05;"
+        f" if [ -e {tmp_path}/term ]; then echo alive >> {tmp_path}/after; fi; done"
     )
     job = client.submit({"command": command})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
-    cancel_at = time.monotonic()
     client.cancel(job["id"])
     cancelled = wait_status(client, job["id"], {"cancelled", "done", "failed"})
-    took = time.monotonic() - cancel_at
 
     assert cancelled["status"] == "cancelled", cancelled
-    assert took >= 0.5, f"the stop took {took:.2f}s, less than the grace"
+    assert (tmp_path / "term").exists(), "the job got a SIGTERM first"
+    assert (tmp_path / "after").exists(), "and ran on after it: the KILL waited for the grace"
     for name in ("pid", "child"):
         pid = int((tmp_path / name).read_text())
         wait_for(lambda pid=pid: process_gone(pid), 5, f"process {name} to be SIGKILLed")
@@ -189,12 +191,10 @@ def test_shutdown_timeout_stops_the_job_and_reports_it(server, client: Client, s
     job = client.submit({"command": f"echo up > {tmp_path}/up; echo working; sleep 30", "max_retries": 1})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
-    started = time.monotonic()
     worker.signal(signal.SIGTERM)
-    worker.process.wait(timeout=15)
+    worker.process.wait(timeout=15)  # the job would sleep 30 s: the worker stopped it
 
     assert worker.process.returncode == 0, worker.log()
-    assert time.monotonic() - started < 8
     # Handed back: re-queued without spending its only attempt (the stop was the worker's doing).
     released = client.get_job(job["id"])
     assert released["status"] == "pending", released
@@ -209,14 +209,12 @@ def test_second_signal_stops_jobs_at_once(server, client: Client, start_worker, 
     job = client.submit({"command": f"echo up > {tmp_path}/up; sleep 30", "max_retries": 1})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
-    started = time.monotonic()
     worker.signal(signal.SIGINT)
     time.sleep(0.3)
     worker.signal(signal.SIGINT)
-    worker.process.wait(timeout=15)
+    worker.process.wait(timeout=15)  # within its 60 s shutdown timeout: the second signal stopped it
 
     assert worker.process.returncode == 0, worker.log()
-    assert time.monotonic() - started < 8
     assert client.get_job(job["id"])["error"] == "worker shut down"
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corral.core.admission import decide
 from corral.core.decisions import AdmissionDecisions
@@ -25,6 +27,7 @@ from corral.testing.factories import (
     gpu_worker,
     gpu_workers,
 )
+from tests.helpers import Drawn, examples, missing_shapes, shapes_drawn
 
 NOW = 1_000.0
 TIMEOUT_S = 30.0
@@ -538,9 +541,8 @@ def test_a_gang_that_would_fit_but_for_the_hold_is_told_so() -> None:
     assert "expected free in about 3600 s; declare a walltime_s" in reasons["g-small"].message
 
 
-def random_cluster(seed: int, workers: int = 60, gangs: int = 40) -> Snapshot:
-    """A mixed cluster (seeded): busy workers, reservations fresh and stale, constraints, walltimes."""
-    rng = random.Random(seed)
+def random_cluster(rng: random.Random | Drawn, workers: int = 60, gangs: int = 40) -> Snapshot:
+    """A mixed cluster: busy workers, reservations fresh and stale, constraints, walltimes."""
     pool = [
         gpu_worker(
             gpus=rng.choice([4, 8]),
@@ -584,8 +586,7 @@ def random_cluster(seed: int, workers: int = 60, gangs: int = 40) -> Snapshot:
     return admission_snapshot(pool, [*built, stale], allocations, expected_ends=ends)
 
 
-def shuffled(snapshot: Snapshot, seed: int) -> Snapshot:
-    rng = random.Random(seed)
+def shuffled(snapshot: Snapshot, rng: Drawn) -> Snapshot:
 
     def mix(items: tuple[Any, ...]) -> tuple[Any, ...]:
         items_list = list(items)
@@ -601,13 +602,59 @@ def shuffled(snapshot: Snapshot, seed: int) -> Snapshot:
     )
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_deterministic_and_independent_of_input_order(seed: int) -> None:
-    snapshot = random_cluster(seed)
+@st.composite
+def orders(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
+    """A random cluster, and the same in another order (workers, allocations, gangs, ends)."""
+    snapshot = random_cluster(Drawn(draw))
+    return snapshot, shuffled(snapshot, Drawn(draw))
+
+
+def shapes_of_cluster(case: tuple[Snapshot, Snapshot]) -> list[str]:
+    snapshot, _ = case
+    shapes = []
+    statuses = {worker.status for worker in snapshot.workers}
+    if WorkerStatus.DRAINING.value in statuses or WorkerStatus.OFFLINE.value in statuses:
+        shapes.append("a worker not active")
+    if any(one.tasks[0].spec.constraints.gpu_model for one in snapshot.gangs):
+        shapes.append("a gang asking for a GPU model")
+    if any(one.tasks[0].spec.walltime_s for one in snapshot.gangs):
+        shapes.append("a gang with a walltime")
+    if snapshot.expected_ends:
+        shapes.append("an allocation with an expected end")
+    decisions = run(snapshot)
+    if decisions.reservations:
+        shapes.append("a reservation")
+    if decisions.rollbacks:
+        shapes.append("a stale reservation rolled back")
+    if decisions.waiting:
+        shapes.append("a gang waiting")
+    if decisions.holds:
+        shapes.append("capacity held for the head of the queue")
+    return shapes
+
+
+def test_the_random_clusters_have_every_shape_the_property_claims() -> None:
+    claimed = [
+        "a worker not active",
+        "a gang asking for a GPU model",
+        "a gang with a walltime",
+        "an allocation with an expected end",
+        "a reservation",
+        "a stale reservation rolled back",
+        "a gang waiting",
+        "capacity held for the head of the queue",
+    ]
+    seen = shapes_drawn(orders(), shapes_of_cluster, 6)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
+@examples(5)
+@given(orders())
+def test_deterministic_and_independent_of_input_order(case: tuple[Snapshot, Snapshot]) -> None:
+    snapshot, reordered = case
     decisions = run(snapshot)
     assert run(snapshot) == decisions
-    assert run(shuffled(snapshot, seed)) == decisions
-    assert decisions.reservations, "the scenario should place something"
+    assert run(reordered) == decisions
     assert_consistent(snapshot, decisions)
 
 
@@ -617,4 +664,4 @@ def test_decide_reads_no_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for name in ("time", "monotonic", "perf_counter", "time_ns", "monotonic_ns"):
         monkeypatch.setattr(time, name, no_clock)
-    run(random_cluster(4))
+    run(random_cluster(random.Random(4)))

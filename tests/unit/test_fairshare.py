@@ -4,9 +4,9 @@ timers (B.4), the prefix rule (B.5), the plan's books and the words ``why`` show
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
 
 from corral.core import fairshare
 from corral.core.fairshare import Books, Claim, FairShareState, Group, PoolShare, water_fill
@@ -22,6 +22,7 @@ from corral.domain.pools import (
     resolve,
 )
 from corral.domain.resources import Resources
+from tests.helpers import Drawn, examples, missing_shapes, shapes_drawn
 
 #: a cluster of 10 GPUs (so a GPU is 0.1 of it), 100 CPUs, 1,000 MB
 TOTAL = Resources(gpus=10, cpus=100, memory_mb=1000)
@@ -214,19 +215,66 @@ def test_dominant_resource_a_cpu_heavy_and_a_gpu_heavy_pool_get_equal_dominant_s
     assert found.pools["gpu"].fair_share == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize("seed", range(200))
-def test_water_fill_properties(seed: int) -> None:
-    """Shares add up to what is given (or to every cap when those add up to less); each is within
-    its cap; each gets at least its guarantee (scaled down when the guarantees add up to more than
-    what is given); above their guarantees and below their caps, shares are in proportion to
-    the weights."""
-    rng = random.Random(seed)
+@st.composite
+def water_fills(draw: st.DrawFn) -> tuple[list[Claim], float]:
+    """1-6 claims: caps of 0, between 0 and 1, or 1; guarantees of 0 (mostly) or up to 0.5,
+    never above the cap; weights 0.5-3; and the amount given, all or a part."""
+    rng = Drawn(draw)
     claims = []
     for _ in range(rng.randint(1, 6)):
         upper = rng.choice([0.0, rng.uniform(0, 1), 1.0])
         lower = min(upper, rng.choice([0.0, 0.0, rng.uniform(0, 0.5)]))
         claims.append(Claim(rng.choice([0.5, 1.0, 2.0, 3.0]), lower, upper))
-    given = rng.choice([1.0, rng.uniform(0, 1)])
+    return claims, rng.choice([1.0, rng.uniform(0, 1)])
+
+
+def shapes_of_water_fill(case: tuple[list[Claim], float]) -> list[str]:
+    claims, given = case
+    shapes = []
+    if len(claims) >= 3:
+        shapes.append("three claims or more")
+    if any(claim.upper == 0 for claim in claims):
+        shapes.append("a claim capped at 0")
+    if any(0 < claim.upper < 1 for claim in claims):
+        shapes.append("a claim capped between 0 and 1")
+    if any(claim.lower > 0 for claim in claims):
+        shapes.append("a guarantee")
+    if sum(claim.lower for claim in claims) > given:
+        shapes.append("guarantees adding up to more than is given")
+    if sum(claim.upper for claim in claims) < given:
+        shapes.append("caps adding up to less than is given")
+    if given < 1:
+        shapes.append("part of the whole given")
+    if len({claim.weight for claim in claims}) >= 2:
+        shapes.append("different weights")
+    return shapes
+
+
+def test_the_water_fill_generator_has_every_shape_the_property_claims() -> None:
+    claimed = [
+        "three claims or more",
+        "a claim capped at 0",
+        "a claim capped between 0 and 1",
+        "a guarantee",
+        "guarantees adding up to more than is given",
+        "caps adding up to less than is given",
+        "part of the whole given",
+        "different weights",
+    ]
+    seen = shapes_drawn(water_fills(), shapes_of_water_fill, 100)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
+@examples(100)
+@given(water_fills())
+def test_water_fill_properties(case: tuple[list[Claim], float]) -> None:
+    """Shares add up to what is given (or to every cap when those add up to less); each is within
+    its cap; each gets at least its guarantee (scaled down when the guarantees add up to more than
+    what is given); above their guarantees and below their caps, shares are in proportion to
+    the weights."""
+    claims, given = case
+    for shape in shapes_of_water_fill(case):
+        event(shape)
     found = water_fill(claims, given)
     target = min(given, sum(claim.upper for claim in claims))
     assert sum(found) == pytest.approx(target, abs=1e-9)
@@ -424,28 +472,48 @@ def test_the_allocation_that_crosses_a_bound_is_in_the_less_preemptible_group() 
     assert groups == {"huge": Group.NON_PREEMPTIBLE}
 
 
-def test_the_prefix_rule_leaves_at_least_threshold_times_fair_share_after_the_preemptible_go() -> None:
-    rng = random.Random(7)
-    for _ in range(200):
-        fair = rng.uniform(0.05, 0.6)
-        sizes = [rng.choice([1, 2, 4, 8]) for _ in range(rng.randint(1, 12))]
+@st.composite
+def prefix_cases(draw: st.DrawFn) -> tuple[float, list[int]]:
+    """A fair share of 0.05-0.6 of 100 GPUs and 1-12 allocations of 1, 2, 4 or 8 GPUs, oldest first."""
+    rng = Drawn(draw)
+    fair = rng.uniform(0.05, 0.6)
+    return fair, [rng.choice([1, 2, 4, 8]) for _ in range(rng.randint(1, 12))]
+
+
+def test_the_prefix_generator_draws_preemptible_and_non_preemptible_allocations() -> None:
+    def shapes(case: tuple[float, list[int]]) -> list[str]:
+        fair, sizes = case
         allocations = [(f"a{index}", Resources(gpus=size)) for index, size in enumerate(sizes)]
-        groups = fairshare.preemptible_groups(allocations, leaf(fair), HUNDRED, 0.2, 1.0)
-        order = [groups[key] for key, _ in allocations]
-        assert order == sorted(order), "oldest first: NP, then AP, then P"
-        kept = sum(
-            size
-            for (key, _), size in zip(allocations, sizes, strict=True)
-            if groups[key] != Group.PREEMPTIBLE
-        )
-        if Group.PREEMPTIBLE in order:
-            assert kept / 100 >= fair - 1e-12
-        not_np = sum(
-            size
-            for (key, _), size in zip(allocations, sizes, strict=True)
-            if groups[key] == Group.NON_PREEMPTIBLE
-        )
-        assert not_np > 0, "the oldest allocation is never preemptible"
+        return [
+            group.name
+            for group in fairshare.preemptible_groups(allocations, leaf(fair), HUNDRED, 0.2, 1.0).values()
+        ]
+
+    seen = shapes_drawn(prefix_cases(), shapes, 100)
+    assert not missing_shapes(seen, [group.name for group in Group]), seen
+
+
+@examples(100)
+@given(prefix_cases())
+def test_the_prefix_rule_leaves_at_least_threshold_times_fair_share_after_the_preemptible_go(
+    case: tuple[float, list[int]],
+) -> None:
+    fair, sizes = case
+    allocations = [(f"a{index}", Resources(gpus=size)) for index, size in enumerate(sizes)]
+    groups = fairshare.preemptible_groups(allocations, leaf(fair), HUNDRED, 0.2, 1.0)
+    order = [groups[key] for key, _ in allocations]
+    assert order == sorted(order), "oldest first: NP, then AP, then P"
+    kept = sum(
+        size for (key, _), size in zip(allocations, sizes, strict=True) if groups[key] != Group.PREEMPTIBLE
+    )
+    if Group.PREEMPTIBLE in order:
+        assert kept / 100 >= fair - 1e-12
+    not_np = sum(
+        size
+        for (key, _), size in zip(allocations, sizes, strict=True)
+        if groups[key] == Group.NON_PREEMPTIBLE
+    )
+    assert not_np > 0, "the oldest allocation is never preemptible"
 
 
 def test_allow_aggressive_preemption_false_turns_aggressively_preemptible_into_non_preemptible() -> None:

@@ -4,12 +4,13 @@ and loads."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corral.core import fairshare
 from corral.core.decisions import TaskPlacement
@@ -28,6 +29,7 @@ from corral.domain.records import Job
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.testing.factories import gpu_worker
+from tests.helpers import Drawn, examples, missing_shapes, shapes_drawn
 
 from .fairshare_sim import NOW, Cluster, Cycle, fill, job, workers
 
@@ -529,7 +531,7 @@ QUIET = 8
 
 
 def _random_cluster(
-    seed: int, guarantees: bool = False, aggressive: bool = False, cpus: bool = False
+    rng: Drawn, guarantees: bool = False, aggressive: bool = False, cpus: bool = False
 ) -> Cluster:
     """2-3 root pools, each a leaf or a tree down to 3 levels (random weights; a pool with
     children has jobs of its own one time in five); 2-6 workers of 4 or 8 GPUs, nearly full of
@@ -538,7 +540,6 @@ def _random_cluster(
     GPUs; ``aggressive``: some root pools enable aggressive starvation (their subtrees inherit it);
     ``cpus``: GPU jobs ask for 4 CPUs a GPU, and CPU-only jobs of 16 or 32 CPUs fill the workers'
     96 CPUs and wait in some pools (a CPU-dominant pool beside GPU-dominant ones)."""
-    rng = random.Random(seed)
     paths: list[str] = []
     job_pools: list[str] = []
 
@@ -622,6 +623,83 @@ def _random_cluster(
     return Cluster.of(cluster_workers, pools, jobs, starvation)
 
 
+@st.composite
+def clusters(
+    draw: st.DrawFn, guarantees: bool = False, aggressive: bool = False, cpus: bool = False
+) -> Cluster:
+    """``_random_cluster`` as a strategy (a fresh ``Cluster`` each example: it is run in place)."""
+    return _random_cluster(Drawn(draw), guarantees, aggressive, cpus)
+
+
+def shapes_of_cluster(cluster: Cluster, cycles: int = 12) -> list[str]:
+    """The shapes of a cluster, and of its first ``cycles`` cycles."""
+    shapes = []
+    paths = [path for path in cluster.pools if path != "default"]
+    if any(path.count("/") >= 1 for path in paths):
+        shapes.append("a pool with children")
+    if any(path.count("/") >= 2 for path in paths):
+        shapes.append("a tree three levels deep")
+    jobs = list(cluster.jobs.values())
+    if any(
+        one.spec.pool in paths and any(other.startswith(one.spec.pool + "/") for other in paths)
+        for one in jobs
+    ):
+        shapes.append("jobs of a pool beside its children")
+    if any(one.status == Status.PENDING for one in jobs):
+        shapes.append("waiting jobs")
+    if any(cluster.pools[path].guarantee.gpus for path in paths):
+        shapes.append("a pool with a guarantee")
+    if any(cluster.pools[path].enable_aggressive_starvation for path in paths):
+        shapes.append("aggressive starvation")
+    if any(one.spec.resources.gpus == 0 for one in jobs):
+        shapes.append("CPU-only jobs")
+    if cluster.starvation:
+        shapes.append("a starvation timer running")
+    if len({one.spec.pool for one in jobs}) >= 3:
+        shapes.append("three pools with jobs or more")
+    ran = [cluster.cycle() for _ in range(cycles)]
+    if victims(ran):
+        shapes.append("a fair-share preemption")
+    if any(
+        victim.reason == "reclaim"
+        for cycle in ran
+        for found in cycle.plan.preemptions
+        for victim in found.victims
+    ):
+        shapes.append("a reclaim")
+    return shapes
+
+
+COMMON_SHAPES = [
+    "a pool with children",
+    "a tree three levels deep",
+    "jobs of a pool beside its children",
+    "waiting jobs",
+    "a starvation timer running",
+    "three pools with jobs or more",
+    "a fair-share preemption",
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "claimed"),
+    [
+        ({}, COMMON_SHAPES),
+        (
+            {"guarantees": True, "aggressive": True},
+            [*COMMON_SHAPES, "a pool with a guarantee", "aggressive starvation", "a reclaim"],
+        ),
+        ({"cpus": True}, [*COMMON_SHAPES, "CPU-only jobs"]),
+    ],
+    ids=["plain", "guarantees-aggressive", "cpus"],
+)
+def test_the_random_clusters_have_every_shape_the_properties_claim(
+    options: dict[str, bool], claimed: list[str]
+) -> None:
+    seen = shapes_drawn(clusters(**options), shapes_of_cluster, 30)
+    assert not missing_shapes(seen, claimed), (missing_shapes(seen, claimed), seen)
+
+
 def _path(pool: str) -> list[str]:
     return [*ancestors(pool), pool]
 
@@ -635,13 +713,13 @@ def _usage(jobs: Mapping[str, Job], path: str, total: Resources, own_only: bool 
     return fairshare.share_of(held, total)
 
 
-@pytest.mark.parametrize("seed", range(300))
-def test_fair_share_is_stable_over_random_pool_trees_and_loads(seed: int) -> None:
+@examples(100)
+@given(clusters())
+def test_fair_share_is_stable_over_random_pool_trees_and_loads(cluster: Cluster) -> None:
     """Cycle after cycle (the planner's decisions applied: victims re-queued, preemptors and work
     that fits started; the backoff expired; shares and timers recomputed from the new usage):
     every fair-share move is sound (``_check_moves``), no two pools take from each other in
     turn, and the cluster settles: re-planning then preempts nothing."""
-    cluster = _random_cluster(seed)
     cycles = [cluster.cycle() for _ in range(CYCLES)]
     moves = _check_moves(cycles, cluster.total)
     for taker, giver in moves:
@@ -649,21 +727,21 @@ def test_fair_share_is_stable_over_random_pool_trees_and_loads(seed: int) -> Non
     assert preempted(cycles[-QUIET:]) == [], "the cluster settles: re-planning preempts nothing"
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_fair_share_moves_are_sound_with_guarantees_and_aggressive_starvation(seed: int) -> None:
+@examples(40)
+@given(clusters(guarantees=True, aggressive=True))
+def test_fair_share_moves_are_sound_with_guarantees_and_aggressive_starvation(cluster: Cluster) -> None:
     """The same, with guarantees (reclaims) and aggressive starvation: each move is still sound.
     (Whether such a cluster settles: ``test_reclaim_and_fair_share_take_the_same_gpus_back_and_forth``
     and ``test_aggressive_starvation_swaps_two_pools_that_cannot_both_reach_tolerance``.)"""
-    cluster = _random_cluster(seed, guarantees=True, aggressive=True)
     _check_moves([cluster.cycle() for _ in range(CYCLES)], cluster.total)
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_fair_share_is_stable_while_victims_take_cycles_to_stop(seed: int) -> None:
+@examples(40)
+@given(clusters())
+def test_fair_share_is_stable_while_victims_take_cycles_to_stop(cluster: Cluster) -> None:
     """The same as ``test_fair_share_is_stable_over_random_pool_trees_and_loads`` with victims
     that take three cycles to stop (a checkpoint, a grace): meanwhile they still count for
     their pools and their preemptors are reserved on their room."""
-    cluster = _random_cluster(seed)
     cluster.stop_cycles = 3
     cycles = [cluster.cycle() for _ in range(CYCLES)]
     moves = _check_moves(cycles, cluster.total)
@@ -672,10 +750,10 @@ def test_fair_share_is_stable_while_victims_take_cycles_to_stop(seed: int) -> No
     assert preempted(cycles[-QUIET:]) == [], "the cluster settles: re-planning preempts nothing"
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_fair_share_is_stable_with_cpu_jobs_beside_gpu_jobs(seed: int) -> None:
+@examples(40)
+@given(clusters(cpus=True))
+def test_fair_share_is_stable_with_cpu_jobs_beside_gpu_jobs(cluster: Cluster) -> None:
     """The same with CPUs asked for too: CPU-only jobs make some pools CPU-dominant."""
-    cluster = _random_cluster(seed, cpus=True)
     cycles = [cluster.cycle() for _ in range(CYCLES)]
     moves = _check_moves(cycles, cluster.total)
     for taker, giver in moves:

