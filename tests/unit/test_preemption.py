@@ -556,11 +556,7 @@ def test_properties_over_random_clusters(case: Case) -> None:
     by_worker = {worker.id: worker for worker in workers}
     by_id = {job.id: job for job in holding}
     by_key = {preemptor.key: preemptor for preemptor in preemptors}
-    if _placed_against_constraints(result, by_key, by_worker):
-        # test_a_preemptor_is_placed_only_where_its_constraints_allow (xfail, PLACED_ANYWHERE):
-        # drop this carve-out once that test passes
-        event("a placement against the preemptor's constraints")
-        return
+    assert not _placed_against_constraints(result, by_key, by_worker)
     gone: set[str] = set()
     added: list[Allocation] = []
     used_workers: set[str] = set()
@@ -661,14 +657,6 @@ GREEDY_SEARCH = (
 )
 
 
-#: a gang victim frees room on every worker it holds; the preemptor is placed on any of them, also
-#: one its constraints exclude
-PLACED_ANYWHERE = (
-    "a preemptor asking for an H100 is placed on an A100 worker that its gang victim frees (the"
-    " victim holds an A100 and an H100 worker)"
-)
-
-
 def _placed_against_constraints(
     result: preemption.PreemptionPlan, by_key: Mapping[str, Preemptor], by_worker: Mapping[str, Worker]
 ) -> bool:
@@ -679,9 +667,9 @@ def _placed_against_constraints(
     return False
 
 
-@pytest.mark.xfail(strict=True, reason=PLACED_ANYWHERE)
 def test_a_preemptor_is_placed_only_where_its_constraints_allow() -> None:
-    """The smallest case ``test_properties_over_random_clusters`` found with running gangs."""
+    """The smallest case ``test_properties_over_random_clusters`` found with running gangs: a gang
+    victim frees an A100 worker too, which a preemptor asking for H100s may not use."""
     a100 = gpu_worker(gpus=2, worker_id="w-a100", gpu_model="A100")
     h100 = gpu_worker(gpus=2, worker_id="w-h100", gpu_model="H100")
     holding = running_gang("g-low", [(a100, [0, 1]), (h100, [0, 1])], cls=0)

@@ -114,7 +114,10 @@ class Planner:
         request, size = preemptor.first.spec.resources, len(preemptor.tasks)
         if missing > 0:
             return self._no_set(preemptor, eligible, trigger, examined)
-        workers = set(room) | {worker_id for unit in chosen for worker_id in unit.frees}
+        # A gang victim frees workers the preemptor may not use (its constraints): only the
+        # eligible ones count, and only they are placed on.
+        freed = {worker_id for unit in chosen for worker_id in unit.frees}
+        workers = (set(room) | freed) & set(eligible)
         chosen = self.search.minimal(chosen, workers, request, size)
         placements = self.room.placements(preemptor, chosen, workers, request)
         if placements is None:  # the put-back left less than it counted: cannot happen

@@ -187,13 +187,16 @@ class Room:
     def freed_capacity(
         self, chosen: Sequence[Unit], workers: set[str]
     ) -> dict[str, tuple[Resources, tuple[int, ...]]]:
-        """Each of ``workers``' free capacity (and GPU indices) once ``chosen`` has left."""
+        """Each of ``workers``' free capacity (and GPU indices) once ``chosen`` has left (what a
+        gang victim frees elsewhere is not counted)."""
         capacity = {
             worker_id: (self.free[worker_id].capacity.free, self.free[worker_id].capacity.free_gpu_indices)
             for worker_id in sorted(workers)
         }
         for unit in chosen:
             for worker_id, (resources, indices) in unit.frees.items():
+                if worker_id not in capacity:
+                    continue
                 have, have_indices = capacity[worker_id]
                 capacity[worker_id] = (
                     plus(have, resources),
