@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import harness
@@ -34,7 +32,7 @@ from corral.domain.resources import Resources
 from corral.server import changes
 from corral.server.loops.admission import admission_tick
 from corral.server.state import ServerState
-from corral.store import Store, open_store
+from corral.store import Store
 from corral.store.base import JobReport, WorkerRegistration
 from corral.testing.clock import FakeClock
 
@@ -89,12 +87,8 @@ def heartbeat_all(
 
 
 def run(backend: str, args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as directory, harness.store_url(backend, Path(directory)) as url:
-        store = open_store(url)
-        try:
-            measure(backend, store, args)
-        finally:
-            store.close()
+    with harness.fresh_store(backend) as store:
+        measure(backend, store, args)
 
 
 def measure(backend: str, store: Store, args: argparse.Namespace) -> None:

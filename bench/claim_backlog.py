@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import harness
 import machine
@@ -30,7 +28,7 @@ from corral.domain.pools import PoolSettings
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.server import changes
-from corral.store import Store, open_store
+from corral.store import Store
 from corral.store.base import WorkerRegistration
 from corral.testing.clock import FakeClock
 
@@ -92,12 +90,8 @@ def main() -> None:
     parser.add_argument("--startable", type=int, default=64)
     args = parser.parse_args()
     for backend in args.db.split(","):
-        with tempfile.TemporaryDirectory() as directory, harness.store_url(backend, Path(directory)) as url:
-            store = open_store(url)
-            try:
-                measure(backend, store, args)
-            finally:
-                store.close()
+        with harness.fresh_store(backend) as store:
+            measure(backend, store, args)
     machine.print_machine()
 
 

@@ -138,6 +138,20 @@ def workdir(keep: bool = False) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def fresh_store(backend: str) -> Iterator[Any]:
+    """A fresh store opened on ``backend`` (``store_url`` in a temporary directory), closed after:
+    for the benchmarks that drive the store API without a server."""
+    from corral.store import open_store
+
+    with tempfile.TemporaryDirectory() as directory, store_url(backend, Path(directory)) as url:
+        store = open_store(url)
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+@contextlib.contextmanager
 def store_url(
     backend: str, directory: Path, pg_url: str = DEFAULT_PG_URL, pg_settings: Sequence[str] = ()
 ) -> Iterator[str]:
