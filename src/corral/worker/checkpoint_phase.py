@@ -35,7 +35,6 @@ the same ``AttemptUploads``, so the phase's upload and the end's never race and 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral.worker import job_files
 from corral.worker.checkpoints import AttemptUploads
 from corral.worker.executor import Hint
 
@@ -159,17 +159,12 @@ class CheckpointPhase:
         signature = _signature(self._defer_file)
         if signature is None or signature == self._deferral_seen:
             return None
-        try:
-            text = self._defer_file.read_text(encoding="ascii", errors="replace").strip()
-        except OSError:
-            return None
-        if not text:
+        # Bounded and never waiting: the job may have made it a FIFO, a link to /dev/zero, megabytes.
+        raw = job_files.read_value(self._defer_file, job_files.DEFER_BYTES)
+        if raw is not None and not raw.strip():
             return None  # caught between the truncation and the write: the next beat reads it
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or seconds <= 0:
+        seconds = job_files.parse_seconds(raw)
+        if seconds is None:
             self._deferral_seen = signature
             logger.warning("the job's deferral request is not a positive number; ignored", extra=self.fields)
             return None

@@ -52,10 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints, log_shipper
+from corral.worker import checkpoints, job_files, log_shipper
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
@@ -93,7 +95,8 @@ def _saved_at(path: Path) -> float | None:
         status = os.stat(path)
     except OSError:
         return None
-    return round(status.st_mtime, 3) if status.st_size > 0 else None
+    # The job sets the time as it likes (``touch -d``): one no heartbeat can carry is left out.
+    return job_files.sane_time(round(status.st_mtime, 3)) if status.st_size > 0 else None
 
 
 @dataclass(frozen=True)
@@ -457,6 +460,14 @@ class JobRun:
         deferral = self._pending_deferral(phase)
         if deferral is not None:
             body["defer_s"] = deferral.seconds
+        try:
+            # The worker heartbeat carries every attempt's body: one that cannot be encoded would
+            # cost every job on the worker its lease. The readings are validated where they are
+            # taken; this is the last guard, and costs one small encode per attempt and beat.
+            orjson.dumps(body)
+        except (TypeError, orjson.JSONEncodeError):
+            logger.error("the job's heartbeat body cannot be encoded; sent bare", extra=self.fields)
+            return BeatRequest({})
         return BeatRequest(body, phase, deferral)
 
     def beat_unreachable(self, error: Exception) -> None:
@@ -513,9 +524,9 @@ class JobRun:
         if checkpoint_at is not None:
             body["checkpoint_at"] = checkpoint_at
         try:
-            step = watch.beat_file.step() if watch is not None else None
-            if step is not None and step.lstrip("-").isdigit():
-                body["progress"] = {"step": int(step)}
+            step = watch.beat_file.progress_step() if watch is not None else None
+            if step is not None:
+                body["progress"] = {"step": step}
             reading = probe.read() if probe is not None else None
         except Exception:
             logger.debug("job reading for the heartbeat failed", extra=self.fields, exc_info=True)
