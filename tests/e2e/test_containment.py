@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from corral.client import Client
-from tests.e2e.conftest import wait_for, wait_status
+from tests.e2e.conftest import FAST_WORKER_FLAGS, clean_environment, wait_for, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -26,3 +30,20 @@ def test_a_job_writing_a_huge_step_costs_no_other_job_its_lease(
         ended = wait_status(client, job_id, {"done", "failed"}, 20)
         assert ended["status"] == "done", ended
         assert ended["attempts"] == 1, "never re-run: its lease was kept"
+
+
+def test_a_second_worker_with_the_same_id_refuses_to_start_and_touches_nothing(
+    server, client: Client, start_worker, tmp_path: Path
+):
+    first = start_worker(server.url, "w1")
+    job = client.submit({"command": f"touch {tmp_path}/up; sleep 2"})["id"]
+    wait_for(lambda: (tmp_path / "up").exists(), 15, "the job to start")
+    command = [sys.executable, "-m", "corral", "worker", "--server", server.url, "--worker-id", "w1"]
+    command += [*FAST_WORKER_FLAGS, "--state-dir", str(tmp_path / "state-w1")]
+    second = subprocess.run(
+        command, env=clean_environment(), capture_output=True, timeout=60, cwd=tmp_path, check=False
+    )
+    assert second.returncode == 1
+    assert f"worker pid {first.process.pid} already runs" in second.stdout.decode() + second.stderr.decode()
+    ended = wait_status(client, job, {"done", "failed"}, 20)
+    assert ended["status"] == "done" and ended["attempts"] == 1, ended

@@ -31,7 +31,6 @@ import logging
 import secrets
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from corral.client import ApiError, ServerUnreachable
@@ -89,8 +88,7 @@ class Agent:
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
         self.samplers = self._open_samplers()
-        state_dir = Path(settings.state_dir) if settings.state_dir else leftovers.default_state_dir(worker_id)
-        self.records = leftovers.ProcessRecords(state_dir)
+        self.records = leftovers.ProcessRecords(leftovers.state_directory(settings.state_dir, worker_id))
         self._job_threads = ThreadPool("job")
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from corral.config import WorkerSettings, add_flags, load
 from corral.observability.logging import configure_logging
+from corral.worker import leftovers, state_lock
 from corral.worker.agent import Agent
 from corral.worker.resources import resolve_offer
 
@@ -78,6 +79,12 @@ def run(arguments: argparse.Namespace) -> int:
     )
     worker_id = settings.worker_id or socket.gethostname()
     address = settings.worker_address or default_address(settings.server)
+    try:
+        # Held until the process ends (the kernel drops it then): see corral.worker.state_lock.
+        state_lock.hold(leftovers.state_directory(settings.state_dir, worker_id))
+    except state_lock.StateDirectoryInUse as error:
+        logger.error(str(error), extra={"worker_id": worker_id, "holder_pid": error.pid})
+        return 1
     signals = ShutdownSignals(worker_id)
     signals.install()
     agent = Agent(settings, worker_id, address, offer)
