@@ -47,3 +47,37 @@ def test_a_second_worker_with_the_same_id_refuses_to_start_and_touches_nothing(
     assert f"worker pid {first.process.pid} already runs" in second.stdout.decode() + second.stderr.decode()
     ended = wait_status(client, job, {"done", "failed"}, 20)
     assert ended["status"] == "done" and ended["attempts"] == 1, ended
+
+
+def test_a_job_sees_none_of_its_workers_environment(server, client: Client, start_worker, tmp_path: Path):
+    start_worker(server.url, "w1", env={"CORRAL_TOKEN": "worker-secret", "SOME_SECRET": "x", "LC_ALL": "C"})
+    job = client.submit({"command": f"env > {tmp_path}/env", "env": {"MINE": "1"}})["id"]
+    assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
+    names = {line.partition("=")[0] for line in (tmp_path / "env").read_text().splitlines()}
+    assert "CORRAL_TOKEN" not in names and "SOME_SECRET" not in names
+    assert {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LC_ALL", "MINE", "CORRAL_JOB_ID"} <= names
+
+
+def test_a_job_starts_in_its_workdir_or_a_fresh_directory(
+    server, client: Client, start_worker, tmp_path: Path
+):
+    start_worker(server.url, "w1")
+    (tmp_path / "project").mkdir()
+    placed = client.submit({"command": "pwd > where", "workdir": str(tmp_path / "project")})["id"]
+    fresh = client.submit({"command": f"pwd > {tmp_path}/fresh"})["id"]
+    for job in (placed, fresh):
+        assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
+    assert (tmp_path / "project" / "where").read_text().strip() == str(tmp_path / "project")
+    assert Path((tmp_path / "fresh").read_text().strip()) != tmp_path  # never the worker's directory
+
+
+def test_a_missing_workdir_fails_the_job_at_once(server, client: Client, start_worker, tmp_path: Path):
+    start_worker(server.url, "w1")
+    job = client.submit({"command": "true", "workdir": str(tmp_path / "gone"), "max_retries": 3})["id"]
+    ended = wait_status(client, job, {"done", "failed"}, 20)
+    assert (ended["status"], ended["reason"]["code"], ended["attempts"]) == (
+        "failed",
+        "workdir_unavailable",
+        1,
+    )
+    assert "No such file" in ended["error"]

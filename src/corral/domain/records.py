@@ -57,6 +57,8 @@ class JobSpec:
     budget_s: float | None = None
     walltime_s: float | None = None
     stall_timeout_s: float | None = None
+    #: where the job starts on its worker (an absolute path); None: a fresh per-job directory
+    workdir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,6 +107,7 @@ class JobAnswer(Answer):
     budget_s: float | None = None
     walltime_s: float | None = None
     stall_timeout_s: float | None = None
+    workdir: str | None = None
     cancel_requested: bool = False
     gpu_util_pct: float | None = None
     rss_mb: float | None = None

@@ -88,7 +88,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
         event_count, master_port, refunds, gpu_util_pct, rss_mb, preempted_for, victims_deadline,
         checkpoint_requested_at, checkpoint_deadline, checkpoint_extended, checkpoint_deferred_s,
-        checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key,
+        checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key, workdir,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -106,6 +106,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         budget_s=budget_s,
         walltime_s=walltime_s,
         stall_timeout_s=stall_timeout_s,
+        workdir=workdir,
     )
     return Job(
         id=job_id,
@@ -249,6 +250,7 @@ JOB_SPEC_COLUMNS = frozenset({
     "name", "command", "env", "gang_id", "gang_size", "gang_index", "gpus", "vram_mb", "memory_mb",
     "cpus", "gpu_model", "labels", "pool", "username", "priority", "preemption_class",
     "checkpoint_mode", "max_retries", "submitted_at", "budget_s", "walltime_s", "stall_timeout_s",
+    "workdir",
 })  # fmt: skip
 
 
@@ -262,7 +264,7 @@ def insert_row(job: Job) -> tuple[Any, ...]:
         spec.constraints.gpu_model, to_json(spec.constraints.labels), spec.pool, spec.user,
         spec.priority, spec.preemption_class, spec.checkpoint_mode, spec.max_retries,
         job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
-        reason.code if reason else None, reason.message if reason else None,
+        reason.code if reason else None, reason.message if reason else None, spec.workdir,
     )  # fmt: skip
 
 
@@ -270,7 +272,8 @@ INSERT_JOB = (
     "INSERT INTO jobs (id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb,"
     " memory_mb, cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,"
     " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
-    " event_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+    " workdir, event_count)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
 )
 INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 

@@ -248,6 +248,7 @@ class JobProcess:
         log_fields: Mapping[str, Any] | None = None,
         kill_wait_s: float | None = None,
         on_output: Callable[[bytes], None] | None = None,
+        cwd: str | None = None,
     ) -> None:
         self.command = command
         #: also given every chunk of output as it is read (the log shipper); must not block
@@ -275,6 +276,7 @@ class JobProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            cwd=cwd,
         )
         self.pid = self._popen.pid
         assert self._popen.stdout is not None

@@ -57,7 +57,7 @@ import orjson
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints, job_files, log_shipper
+from corral.worker import checkpoints, identity, job_files, log_shipper
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
@@ -259,9 +259,17 @@ class JobRun:
                 workspace.checkpoint_out,
                 self.fields,
             )
+            account = identity.worker_account()
+            workdir = self.claim.workdir
+            unusable = identity.unenterable(workdir, account) if workdir is not None else None
+            if unusable is not None:
+                # Another attempt would meet the same directory: not retried (API.md).
+                logger.error("job cannot start in its workdir", extra={**self.fields, "error": unusable})
+                self._report_failure(None, unusable, "", reason="workdir_unavailable")
+                return
             # Transfers can take a while for a large gang: the heartbeats keep the lease meanwhile.
             has_checkpoint = self._fetch_checkpoints(workspace)
-            environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
+            environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint, account)
             self._shipper = log_shipper.for_attempt(
                 self._client,
                 self.job_id,
@@ -278,6 +286,8 @@ class JobRun:
                     self._settings.preempt_grace_s,
                     self.fields,
                     on_output=self._shipper.write,
+                    # No workdir: the attempt's own fresh directory, never the worker's.
+                    cwd=workdir or str(workspace.directory),
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
@@ -647,12 +657,18 @@ class JobRun:
                 extra={**fields, "status": answer.status, "watchdog_retries": answer.watchdog_retries},
             )
 
-    def _report_failure(self, exit_code: int | None, error: str, tail: str, release: bool = False) -> None:
+    def _report_failure(
+        self, exit_code: int | None, error: str, tail: str, release: bool = False, reason: str | None = None
+    ) -> None:
+        """``reason``: a failure code of API.md (``no_such_account``, ``workdir_unavailable``,
+        ``oom_killed``), sent only when there is one (a server without the field refuses it)."""
         with self._lock:
             self._reported = True
-        fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release}
+        fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release, "reason": reason}
         logger.info("job failed; reporting", extra=fields)
-        options = {"release": True} if release else {}
+        options: dict[str, Any] = {"release": True} if release else {}
+        if reason is not None:
+            options["reason"] = reason
         deliver_outcome(
             lambda: self._client.fail(
                 self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options

@@ -22,13 +22,23 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from functools import cache
 from pathlib import Path
+
+from corral.worker import identity
+from corral.worker.identity import Account
 
 
 def visible_devices(gpu_indices: Sequence[int]) -> str:
     """``CUDA_VISIBLE_DEVICES`` for the GPUs the server gave the job; empty for a job without GPUs
     (an empty value hides every GPU, where an unset one would expose them all)."""
     return ",".join(str(index) for index in gpu_indices)
+
+
+@cache
+def _base_environment(account: Account) -> dict[str, str]:
+    """The same for every job of an account (the worker's environment does not change): built once."""
+    return identity.base_environment(account)
 
 
 #: the most empty directories a worker keeps for the next attempts (about the jobs it starts at once)
@@ -94,15 +104,21 @@ class JobWorkspace:
         self.defer_file = self.directory / "defer"
 
     def environment(
-        self, claim_env: Mapping[str, str], gpu_indices: Sequence[int], has_checkpoint_in: bool
+        self,
+        claim_env: Mapping[str, str],
+        gpu_indices: Sequence[int],
+        has_checkpoint_in: bool,
+        account: Account | None = None,
     ) -> dict[str, str]:
-        """The worker's environment, then the claim's ``env``, then the variables the worker owns.
+        """What the job gets of the host (``identity.base_environment``: never the worker's token),
+        then the claim's ``env``, then the variables the worker owns.
 
         A gang rank (the claim has ``CORRAL_GANG_ID``) always gets ``CORRAL_GANG_CHECKPOINT_DIR``,
         created here, empty when no rank has a checkpoint yet: a job can test for a file in it
         without first testing the variable.
         """
-        environment = {**os.environ, **{str(key): str(value) for key, value in claim_env.items()}}
+        base = _base_environment(account or identity.worker_account())
+        environment = {**base, **{str(key): str(value) for key, value in claim_env.items()}}
         environment["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu_indices)
         # CUDA's default order (fastest first) differs from NVML's (PCI bus), which the server's
         # indices and the GPU sampler use.
