@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from corral.client import Client
-from tests.e2e.conftest import FAST_WORKER_FLAGS, clean_environment, wait_for, wait_status
+from tests.e2e.conftest import FAST_SERVER_FLAGS, FAST_WORKER_FLAGS, clean_environment, wait_for, wait_status
+from tests.e2e.test_preemption import LOW
 
 pytestmark = pytest.mark.e2e
 
@@ -81,3 +82,33 @@ def test_a_missing_workdir_fails_the_job_at_once(server, client: Client, start_w
         1,
     )
     assert "No such file" in ended["error"]
+
+
+def test_a_program_under_a_shell_gets_the_checkpoint_hint_and_resumes(start_server, start_worker, tmp_path):
+    """``corral submit -- python victim.py`` runs under ``/bin/sh -c`` without ``exec``: the hint
+    still reaches the program (the shell around it does not handle SIGUSR1), which saves, and its
+    next attempt resumes past step 0."""
+    server = start_server(*FAST_SERVER_FLAGS, "--checkpoint-timeout-s", "20")
+    start_worker(server.url, "w0", "--gpus", "1", "--vram-mb", "16000", "--gpu-model", "FakeGPU")
+    script = tmp_path / "victim.py"
+    script.write_text(LOW)
+    with Client(server.url) as client:
+        low = client.submit(
+            {
+                "command": f"{sys.executable} {script} {tmp_path}",
+                "resources": {"gpus": 1},
+                "preemption_class": 2,
+                "checkpoint": "auto",
+            }
+        )["id"]
+        wait_for(lambda: (tmp_path / "start-1").exists(), 15, "the class-2 job to start")
+        wait_for(lambda: client.get_job(low)["progress"], 10, "a progress beat")
+        high = client.submit({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
+        saved = int(wait_for(lambda: _text(tmp_path / "saved-1"), 15, "the save SIGUSR1 asked for"))
+        wait_status(client, high, {"done"}, 20)
+        wait_status(client, low, {"done"}, 30)
+        assert int((tmp_path / "start-2").read_text()) >= saved > 0
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text() if path.exists() and path.read_text() else None

@@ -86,20 +86,35 @@ def is_live_member(pid: int, group_id: int) -> bool:
     return len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X")
 
 
-def handles_signal(pid: int, signal_number: int) -> bool | None:
+def handles_signal(
+    pid: int, signal_number: int, masks: tuple[bytes, ...] = (b"SigCgt", b"SigIgn", b"SigBlk")
+) -> bool | None:
     """Whether ``pid`` catches, ignores or blocks ``signal_number`` (so that it does not die of
-    it), from ``/proc/PID/status``; None where that cannot be read (gone, or not Linux)."""
+    it), from ``/proc/PID/status``; None where that cannot be read (gone, or not Linux).
+    ``masks``: which of the three count (``(b"SigCgt",)``: only a handler)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
             lines = status.read().splitlines()
     except OSError:
         return None
-    masks = 0
+    bits = 0
     for line in lines:
         name, _, value = line.partition(b":")
-        if name in (b"SigCgt", b"SigIgn", b"SigBlk"):
-            masks |= int(value.strip() or b"0", 16)
-    return bool(masks & (1 << (signal_number - 1)))
+        if name in masks:
+            bits |= int(value.strip() or b"0", 16)
+    return bool(bits & (1 << (signal_number - 1)))
+
+
+def signal_handlers(root_pid: int, signal_number: int) -> list[psutil.Process]:
+    """The processes of the tree under ``root_pid`` (itself included) that catch ``signal_number``
+    (``SigCgt``), whatever wraps them: ``sh -c "python train.py"`` under a shell that does not exec
+    its last command, ``bash -c "cd x && python y"``, a launcher and its workers."""
+    try:
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    return [process for process in tree if handles_signal(process.pid, signal_number, (b"SigCgt",))]
 
 
 #: the job's output pipe is widened to this (Linux's default is 64 KiB): at 50 MB/s a 64 KiB pipe
@@ -409,19 +424,29 @@ class JobProcess:
         return self._survived_kill
 
     def hint(self, signal_number: int) -> Hint:
-        """Send the job's group a signal that asks rather than stops (SIGUSR1: save a checkpoint).
+        """Send a signal that asks rather than stops (SIGUSR1: save a checkpoint) to every process
+        of the job's tree that handles it (``signal_handlers``), and to no other.
 
-        Sent only while the main process has not been reaped (its PID, the group's id, cannot have
-        been reused) and no stop has begun, and only when the main process catches, ignores or
-        blocks the signal: SIGUSR1's default action ends a process, and a hint must never be what
-        kills a job that has no handler (yet: a Python job installs its handler after its imports).
-        ``sent``; ``unhandled`` (ask again later); ``gone`` (exited or stopping: never again).
+        Sent only while the main process has not been reaped and no stop has begun. SIGUSR1's
+        default action ends a process, so a hint must never reach one without a handler (a shell
+        wrapping the program, a job that has not installed its handler yet: a Python job does so
+        after its imports); the program under the wrapper is the one that asked for it.
+        ``sent``; ``unhandled`` (no process handles it yet: ask again later); ``gone`` (exited or
+        stopping: never again). One scan of the tree per try (a few milliseconds, rare).
         """
         if self._stopping or self._popen.poll() is not None:
             return "gone"
-        if handles_signal(self.pid, signal_number) is False:
-            return "unhandled"
-        return "sent" if self._signal_group(signal_number) else "gone"
+        sent = 0
+        for process in signal_handlers(self.pid, signal_number):
+            try:
+                process.send_signal(signal_number)  # checks the start time: never a reused pid
+            except psutil.Error:
+                continue
+            sent += 1
+        if sent:
+            logger.debug("hint sent", extra={**self.fields, "signal": signal_number, "processes": sent})
+            return "sent"
+        return "unhandled"
 
     def stop(self) -> bool:
         """SIGTERM to the group, up to ``grace_s`` for it to go, then SIGKILL to the group.
