@@ -181,6 +181,15 @@ class WorkerSettings(BaseSettings):
         description="where the worker records its jobs' process groups, to stop what a killed run "
         "left (default: <tmp>/corral-<uid>/worker-<id>)",
     )
+    user_map: str | None = Field(
+        None,
+        description="corral user names that differ from their Unix account: a file of NAME UNIX_ACCOUNT "
+        "lines, or the lines themselves (default: each user runs as the account of the same name)",
+    )
+    allow_root_jobs: bool = Field(
+        False,
+        description="let a root worker without auth run jobs (as root) for a server not on loopback",
+    )
 
     @field_validator("gpu_sampler")
     @classmethod

@@ -4,6 +4,7 @@ workdir the account can enter; ``corral submit`` sends its directory."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from corral.cli import submit
@@ -79,3 +80,41 @@ def test_submit_sends_its_directory_unless_told_otherwise(tmp_path: Path, monkey
     assert submit.build_body(_arguments())["workdir"] == str(tmp_path)
     assert submit.build_body(_arguments(workdir="sub"))["workdir"] == str(tmp_path / "sub")
     assert "workdir" not in submit.build_body(_arguments(no_workdir=True))
+
+
+def test_the_user_map_takes_lines_or_a_file(tmp_path: Path):
+    assert identity.parse_user_map("alice a1\nbob b2 # comment\n\n") == {"alice": "a1", "bob": "b2"}
+    assert identity.parse_user_map("alice a1, bob b2") == {"alice": "a1", "bob": "b2"}
+    (tmp_path / "map").write_text("carol c3\n")
+    assert identity.parse_user_map(str(tmp_path / "map")) == {"carol": "c3"}
+    assert identity.parse_user_map(None) == {}
+
+
+def test_without_switching_every_job_runs_as_the_worker():
+    accounts = identity.Accounts(switching=False)
+    assert accounts.of("anyone") == identity.worker_account()
+    assert accounts.enforcement == "none"
+
+
+def test_a_user_without_an_account_is_refused():
+    accounts = identity.Accounts(switching=True, user_map={"alice": "no-such-account-here"})
+    for user in ("alice", "nobody-by-this-name", None):
+        try:
+            accounts.of(user)
+        except identity.NoSuchAccount:
+            continue
+        raise AssertionError(f"{user!r} got an account")
+    assert accounts.of("root").uid == 0
+
+
+def test_a_root_worker_without_auth_runs_jobs_only_for_loopback(monkeypatch):
+    from corral.config import WorkerSettings
+    from corral.worker.main import root_without_auth
+
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert root_without_auth(WorkerSettings(server="http://127.0.0.1:8765")) is None
+    assert "--allow-root-jobs" in (root_without_auth(WorkerSettings(server="http://gpu-head:8765")) or "")
+    assert root_without_auth(WorkerSettings(server="http://gpu-head:8765", allow_root_jobs=True)) is None
+    monkeypatch.setenv("CORRAL_TOKEN", "tok")
+    assert root_without_auth(WorkerSettings(server="http://gpu-head:8765")) is None

@@ -28,6 +28,7 @@ warning, waits ``poll_s`` and tries again. Nothing here lets an exception end th
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -36,7 +37,7 @@ from typing import Any
 from corral.client import ApiError, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
-from corral.worker import leftovers
+from corral.worker import identity, leftovers
 from corral.worker.calls import MAX_CLAIM, WorkerClient
 from corral.worker.job_run import SHUTDOWN_ERROR, BeatRequest, JobRun, StopReason
 from corral.worker.reporting import deliver
@@ -88,6 +89,12 @@ class Agent:
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
         self.samplers = self._open_samplers()
+        #: who jobs run as: their user's account where the worker is root and its server has auth
+        #: (the worker has a token), else the worker's own
+        self.accounts = identity.Accounts(
+            switching=os.geteuid() == 0 and bool(os.environ.get("CORRAL_TOKEN", "").strip()),
+            user_map=identity.parse_user_map(settings.user_map),
+        )
         self.records = leftovers.ProcessRecords(leftovers.state_directory(settings.state_dir, worker_id))
         self._job_threads = ThreadPool("job")
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
@@ -287,6 +294,7 @@ class Agent:
             records=self.records,
             kept_by_agent=True,
             threads=self._job_threads,
+            accounts=self.accounts,
         )
         with self._lock:
             accepted = self._accepting

@@ -152,7 +152,10 @@ class AttemptUploads:
         path: Path,
         fields: Mapping[str, Any],
         tries: int = TRANSFER_TRIES,
+        owner: int | None = None,
     ) -> None:
+        """``owner``: the uid the checkpoint file must belong to (a job run as another account)."""
+        self._owner = owner
         self._client = client
         self._job_id, self._worker_id, self._attempt = job_id, worker_id, attempt
         self.path = path
@@ -178,7 +181,7 @@ class AttemptUploads:
                 return False
             if final:
                 self._closed = True
-            data = read_written(self.path, self._fields)
+            data = read_written(self.path, self._fields, self._owner)
             if data is None:
                 return False
             digest = hashlib.blake2b(data, digest_size=16).digest()

@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import psutil
 
+from corral.worker.identity import Account
+
 logger = logging.getLogger("corral.worker.executor")
 
 #: What became of a hint (``JobProcess.hint``).
@@ -264,6 +266,7 @@ class JobProcess:
         kill_wait_s: float | None = None,
         on_output: Callable[[bytes], None] | None = None,
         cwd: str | None = None,
+        account: Account | None = None,
     ) -> None:
         self.command = command
         #: also given every chunk of output as it is read (the log shipper); must not block
@@ -282,6 +285,15 @@ class JobProcess:
         # The job's descendants when the stop began, wherever their process group (a GNU
         # ``timeout`` or a ``bash -m`` moves its children to a group of their own).
         self._descendants: list[psutil.Process] = []
+        # As another account: its uid, its groups, its umask, taken in the child before the exec.
+        as_account: dict[str, Any] = {}
+        if account is not None and account.uid != os.getuid():
+            as_account = {
+                "user": account.uid,
+                "group": account.gid,
+                "extra_groups": list(account.groups),
+                "umask": account.umask,
+            }
         # Running the user's command in a shell is the worker's purpose (the job's submitter chose it).
         self._popen = subprocess.Popen(  # noqa: S603
             ["/bin/sh", "-c", command],
@@ -292,6 +304,7 @@ class JobProcess:
             start_new_session=True,
             close_fds=True,
             cwd=cwd,
+            **as_account,
         )
         self.pid = self._popen.pid
         assert self._popen.stdout is not None

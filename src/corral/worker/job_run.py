@@ -132,6 +132,7 @@ class JobRun:
         records: ProcessRecords | None = None,
         kept_by_agent: bool = False,
         threads: ThreadPool | None = None,
+        accounts: identity.Accounts | None = None,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -163,6 +164,7 @@ class JobRun:
         self.finished = threading.Event()
         self._kept_by_agent = kept_by_agent
         self._threads = threads  # the agent's reused threads; None: a thread of its own
+        self._accounts = accounts or identity.Accounts(switching=False)  # who the job runs as
 
     def start(self) -> None:
         name = f"job-{self.job_id}"
@@ -249,7 +251,14 @@ class JobRun:
     def _run(self) -> None:
         workspace: JobWorkspace | None = None
         try:
-            workspace = JobWorkspace(self.job_id, self.attempt)
+            try:
+                account = self._accounts.of(self.claim.user)
+            except identity.NoSuchAccount as error:
+                # Another attempt would meet the same host: not retried (API.md).
+                logger.error("no account to run the job as", extra={**self.fields, "error": str(error)})
+                self._report_failure(None, str(error), "", reason="no_such_account")
+                return
+            workspace = JobWorkspace(self.job_id, self.attempt, account)
             self._workspace = workspace
             self._uploads = checkpoints.AttemptUploads(
                 self._client,
@@ -258,8 +267,8 @@ class JobRun:
                 self.attempt,
                 workspace.checkpoint_out,
                 self.fields,
+                owner=workspace.owner.uid if workspace.owner is not None else None,
             )
-            account = identity.worker_account()
             workdir = self.claim.workdir
             unusable = identity.unenterable(workdir, account) if workdir is not None else None
             if unusable is not None:
@@ -269,6 +278,8 @@ class JobRun:
                 return
             # Transfers can take a while for a large gang: the heartbeats keep the lease meanwhile.
             has_checkpoint = self._fetch_checkpoints(workspace)
+            workspace.hand_over(workspace.checkpoint_in)
+            workspace.hand_over(workspace.gang_checkpoint_dir)
             environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint, account)
             self._shipper = log_shipper.for_attempt(
                 self._client,
@@ -288,6 +299,7 @@ class JobRun:
                     on_output=self._shipper.write,
                     # No workdir: the attempt's own fresh directory, never the worker's.
                     cwd=workdir or str(workspace.directory),
+                    account=account,
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
