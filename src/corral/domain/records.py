@@ -157,6 +157,8 @@ class Worker:
     unhealthy_gpus: tuple[int, ...] = ()
     #: what its last heartbeat read of each GPU (empty without a GPU sampler)
     gpu_stats: tuple[GpuReading, ...] = ()
+    #: what it holds its jobs to (API.md ``enforcement``), as it said at its registration
+    enforcement: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,12 +220,28 @@ class BatchBody(_Strict):
         return value
 
 
+Mechanism = Annotated[str, AfterValidator(_no_nul), Field(min_length=1, max_length=64)]
+
+
+class EnforcementBody(_Strict):
+    """What a worker holds its jobs to (API.md "A job is contained on its host"): each the
+    mechanism in use, or ``none``."""
+
+    identity: Mechanism = "none"
+    memory: Mechanism = "none"
+    cpu: Mechanism = "none"
+    pids: Mechanism = "none"
+    devices: Mechanism = "none"
+    kill_tree: Mechanism = "none"
+
+
 class WorkerRegisterBody(_Strict):
     id: str | None = Field(None, min_length=1, max_length=256)
     address: Text = Field("", max_length=1024)
     resources: ResourcesBody = Field(default_factory=ResourcesBody)
     gpu_model: Text | None = Field(None, max_length=256)
     labels: dict[Text, Text] = Field(default_factory=dict)
+    enforcement: EnforcementBody | None = None
 
     @field_validator("id")
     @classmethod
@@ -250,6 +266,8 @@ class WorkerHeartbeatBody(_Strict):
     #: the leases and progress of the worker's running jobs, renewed in one transaction: each job
     #: is answered as its own ``POST /jobs/{id}/heartbeat`` would be (``WorkerHeartbeatAnswer``)
     jobs: list[JobBeat] | None = Field(None, max_length=4096)
+    #: as at the registration (it does not change while the worker runs); the registered one is kept
+    enforcement: EnforcementBody | None = None
 
 
 class JobHeartbeatBody(_Strict):

@@ -222,7 +222,7 @@ def changed_columns(transition: Transition) -> dict[str, Any]:
 def worker_from_row(row: Sequence[Any]) -> Worker:
     (
         worker_id, address, gpus, vram_mb, memory_mb, cpus, gpu_model, labels, status, registered_at,
-        last_heartbeat_at, flagged_dead_at, gpu_stats, unhealthy_gpus,
+        last_heartbeat_at, flagged_dead_at, gpu_stats, unhealthy_gpus, enforcement,
     ) = row  # fmt: skip
     return Worker(
         id=worker_id,
@@ -239,6 +239,7 @@ def worker_from_row(row: Sequence[Any]) -> Worker:
             GpuReading(reading["index"], reading.get("util_pct"), reading.get("mem_used_mb"))
             for reading in (orjson.loads(gpu_stats) if gpu_stats else ())
         ),
+        enforcement=orjson.loads(enforcement) if enforcement else {},
     )
 
 

@@ -160,6 +160,7 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "flagged_dead_at DOUBLE PRECISION",
         "gpu_stats TEXT",
         "unhealthy_gpus TEXT NOT NULL DEFAULT ''",  # migration 2
+        "enforcement TEXT NOT NULL DEFAULT '{}'",  # migration 12
     ),
     "job_events": columns(
         "job_id TEXT NOT NULL",
@@ -591,11 +592,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         12,
-        "workdir",
+        "containment",
         (
-            # Where the job starts on its worker (``workdir``, API.md "A job is contained on its
-            # host"): the submitter's directory, or NULL for a fresh per-job directory.
+            # API.md "A job is contained on its host". Where the job starts on its worker
+            # (``workdir``): the submitter's directory, or NULL for a fresh per-job directory.
             "ALTER TABLE jobs ADD COLUMN workdir TEXT",
+            # What the worker holds its jobs to (``enforcement``, JSON), as it registered.
+            "ALTER TABLE workers ADD COLUMN enforcement TEXT NOT NULL DEFAULT '{}'",
         ),
     ),
 )

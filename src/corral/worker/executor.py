@@ -29,12 +29,20 @@ from typing import Any, Literal
 
 import psutil
 
+from corral.worker.cgroups import AttemptGroup
 from corral.worker.identity import Account
 
 logger = logging.getLogger("corral.worker.executor")
 
 #: What became of a hint (``JobProcess.hint``).
 Hint = Literal["sent", "unhandled", "gone"]
+
+#: a job with a cgroup starts as this shell, which waits for one line on its stdin (a pipe) while
+#: the worker puts it in the cgroup, gives the job /dev/null as stdin, then runs the command in
+#: itself (``$1``) as ``sh -c`` would have
+START_GATE = (
+    'read -r _; exec </dev/null; __corral_command=$1; shift; eval "unset __corral_command; $__corral_command"'
+)
 
 _POLL_S = 0.05
 # After SIGKILL a process normally dies at once; one stuck in uninterruptible sleep (a wedged
@@ -267,6 +275,7 @@ class JobProcess:
         on_output: Callable[[bytes], None] | None = None,
         cwd: str | None = None,
         account: Account | None = None,
+        cgroup: AttemptGroup | None = None,
     ) -> None:
         self.command = command
         #: also given every chunk of output as it is read (the log shipper); must not block
@@ -294,11 +303,17 @@ class JobProcess:
                 "extra_groups": list(account.groups),
                 "umask": account.umask,
             }
+        #: the attempt's cgroup: every process of the job, however it detached (None: none on this host)
+        self.cgroup = cgroup
+        gate_read, gate_write = os.pipe() if cgroup is not None else (None, None)
+        arguments = (
+            ["/bin/sh", "-c", command] if cgroup is None else ["/bin/sh", "-c", START_GATE, "sh", command]
+        )
         # Running the user's command in a shell is the worker's purpose (the job's submitter chose it).
         self._popen = subprocess.Popen(  # noqa: S603
-            ["/bin/sh", "-c", command],
+            arguments,
             env=env,
-            stdin=_devnull(),
+            stdin=_devnull() if gate_read is None else gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -307,6 +322,9 @@ class JobProcess:
             **as_account,
         )
         self.pid = self._popen.pid
+        if gate_read is not None and gate_write is not None:
+            os.close(gate_read)
+            self._join_cgroup(gate_write)
         assert self._popen.stdout is not None
         descriptor = self._popen.stdout.fileno()
         _widen_pipe(descriptor)
@@ -315,6 +333,22 @@ class JobProcess:
         self.fields = {**(log_fields or {}), "pid": self.pid}
         self._output_ended = threading.Event()
         shared_pump().add(descriptor, self._take_output, self._end_output)
+
+    def _join_cgroup(self, gate: int) -> None:
+        """Put the waiting shell in the attempt's cgroup, then let it run the command; a job that
+        cannot join is killed before it ran anything (the error goes to the caller)."""
+        assert self.cgroup is not None
+        try:
+            self.cgroup.attach(self.pid)
+        except OSError:
+            os.close(gate)
+            self._popen.kill()
+            self._popen.wait()
+            raise
+        try:
+            os.write(gate, b"\n")
+        finally:
+            os.close(gate)
 
     # --- output ----------------------------------------------------------------------------
 
@@ -450,7 +484,7 @@ class JobProcess:
         if self._stopping or self._popen.poll() is not None:
             return "gone"
         sent = 0
-        for process in signal_handlers(self.pid, signal_number):
+        for process in self._handlers(signal_number):
             try:
                 process.send_signal(signal_number)  # checks the start time: never a reused pid
             except psutil.Error:
@@ -460,6 +494,21 @@ class JobProcess:
             logger.debug("hint sent", extra={**self.fields, "signal": signal_number, "processes": sent})
             return "sent"
         return "unhandled"
+
+    def _handlers(self, signal_number: int) -> list[psutil.Process]:
+        """The job's processes that catch ``signal_number``: in its cgroup where it has one (the
+        detached ones too), else in its process tree."""
+        if self.cgroup is None:
+            return signal_handlers(self.pid, signal_number)
+        found = []
+        for pid in self.cgroup.pids():
+            if handles_signal(pid, signal_number, (b"SigCgt",)):
+                with contextlib.suppress(psutil.Error):
+                    found.append(psutil.Process(pid))
+        return found
+
+    def _cgroup_members(self) -> list[int]:
+        return self.cgroup.pids() if self.cgroup is not None else []
 
     def stop(self) -> bool:
         """SIGTERM to the group, up to ``grace_s`` for it to go, then SIGKILL to the group.
@@ -519,16 +568,25 @@ class JobProcess:
                 continue
 
     def _all_gone(self) -> bool:
-        return self._popen.poll() is not None and self._group_gone() and not self._live_descendants()
+        return (
+            self._popen.poll() is not None
+            and self._group_gone()
+            and not self._live_descendants()
+            and not self._cgroup_members()
+        )
 
     def _terminate_group(self, grace_s: float) -> None:
-        if self._popen.poll() is not None and self._group_gone():
+        if self._popen.poll() is not None and self._group_gone() and not self._cgroup_members():
             # Reaped and its group gone: the PID may already belong to someone else's group.
             return
         self._snapshot_descendants()
         group_signalled = self._signal_group(signal.SIGTERM)
         self._signal_descendants(signal.SIGTERM)
-        if not group_signalled and not self._live_descendants():
+        detached = self._cgroup_members()
+        for pid in detached:  # the ones that left the group and the tree (setsid -f, a double fork)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        if not group_signalled and not self._live_descendants() and not detached:
             self._popen.poll()
             return
         deadline = time.monotonic() + grace_s
@@ -539,6 +597,9 @@ class JobProcess:
         killed = self._signal_group(signal.SIGKILL)
         strays = self._live_descendants()
         self._signal_descendants(signal.SIGKILL)
+        if self.cgroup is not None and self._cgroup_members():
+            killed = True
+            self.cgroup.kill()  # cgroup.kill, or freeze and kill: nothing it forks escapes
         if killed or strays:
             logger.info("job did not stop within the grace period; sent SIGKILL", extra=self.fields)
         deadline = time.monotonic() + self.kill_wait_s
@@ -564,7 +625,7 @@ class JobProcess:
         exits gets the same SIGTERM, grace, SIGKILL sequence (it would also hold the output pipe
         open forever).
         """
-        if not self._group_gone():
+        if not self._group_gone() or self._cgroup_members():
             if not self._stopping:
                 logger.info("job left processes behind; stopping them", extra=self.fields)
             self.stop()

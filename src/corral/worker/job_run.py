@@ -58,6 +58,8 @@ from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints, identity, job_files, log_shipper
+from corral.worker.cgroup_limits import attempt_limits
+from corral.worker.cgroups import AttemptGroup, Containment
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
@@ -133,6 +135,8 @@ class JobRun:
         kept_by_agent: bool = False,
         threads: ThreadPool | None = None,
         accounts: identity.Accounts | None = None,
+        containment: Containment | None = None,
+        gpu_devices: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -165,6 +169,9 @@ class JobRun:
         self._kept_by_agent = kept_by_agent
         self._threads = threads  # the agent's reused threads; None: a thread of its own
         self._accounts = accounts or identity.Accounts(switching=False)  # who the job runs as
+        self._containment = containment  # a cgroup per attempt, where the host has them
+        self._gpu_devices = gpu_devices or {}
+        self._cgroup: AttemptGroup | None = None
 
     def start(self) -> None:
         name = f"job-{self.job_id}"
@@ -289,6 +296,7 @@ class JobRun:
                 self._settings.heartbeat_s,
                 self.fields,
             )
+            self._cgroup = self._open_cgroup()
             try:
                 process = JobProcess(
                     self.command,
@@ -300,6 +308,7 @@ class JobRun:
                     # No workdir: the attempt's own fresh directory, never the worker's.
                     cwd=workdir or str(workspace.directory),
                     account=account,
+                    cgroup=self._cgroup,
                 )
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
@@ -356,8 +365,32 @@ class JobRun:
                 workspace.remove()
             if self._records is not None:
                 self._records.forget(self.job_id, self.attempt)
+            if self._cgroup is not None and self._containment is not None:
+                self._containment.close(self._cgroup)
             self.finished.set()
             self._on_finished(self)
+
+    def _open_cgroup(self) -> AttemptGroup | None:
+        """The attempt's cgroup, held to what its claim asked for; None where the host has none,
+        or where one could not be made (the job runs without, said in a line)."""
+        if self._containment is None:
+            return None
+        resources = self.claim.resources
+        limits = attempt_limits(
+            resources.memory_mb,
+            resources.cpus,
+            self.gpu_indices,
+            self._settings.default_job_memory_mb,
+            self._settings.job_pids_max,
+            self._gpu_devices,
+        )
+        try:
+            return self._containment.open(limits)
+        except OSError as error:
+            logger.error(
+                "cannot make the job's cgroup; it runs without", extra={**self.fields, "error": str(error)}
+            )
+            return None
 
     def _fetch_checkpoints(self, workspace: JobWorkspace) -> bool:
         """Before the start: the job's own checkpoint to ``CORRAL_CHECKPOINT_IN`` (True when it is
@@ -643,6 +676,12 @@ class JobRun:
         if reason == StopReason.SHUTDOWN and stopped:
             # The worker's doing, not the job's: hand it back without spending its attempt.
             self._report_failure(exit_code, SHUTDOWN_ERROR, tail, release=True)
+            return
+        if exit_code != 0 and self._cgroup is not None and self._cgroup.oom_killed():
+            limits = self._cgroup.limits
+            limit_mb = limits.memory_bytes // (1024 * 1024) if limits and limits.memory_bytes else None
+            error = f"out of memory at its limit ({limit_mb} MB): {describe_exit(exit_code)} by the kernel"
+            self._report_failure(exit_code, error, tail, reason="oom_killed")
             return
         if exit_code == 0:
             logger.info("job exited 0; reporting done", extra=fields)
