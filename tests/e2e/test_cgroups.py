@@ -120,3 +120,35 @@ def test_enforcement_is_reported_and_a_host_without_says_none(server, client: Cl
     }  # fmt: skip
     job = client.submit({"command": "true", "constraints": {"labels": {}}})["id"]
     assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
+
+
+BUSY = """
+import os, sys, time
+start = time.monotonic()
+children = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        while time.monotonic() - start < 1.5:
+            pass
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+used = os.times().children_user + os.times().children_system
+with open(sys.argv[1], "w") as out:
+    out.write(str(used / (time.monotonic() - start)))
+"""
+
+
+@needs_cgroups
+def test_a_job_with_one_cpu_uses_at_most_about_one_core(server, client: Client, start_worker, tmp_path: Path):
+    """Two busy processes for 1.5 s under ``cpus: 1``: the quota holds them to one core between
+    them (the bound is only an upper one: a busy machine gives them less, never more)."""
+    start_worker(server.url, "w1")
+    (tmp_path / "busy.py").write_text(BUSY)
+    job = client.submit(
+        {"command": f"{sys.executable} {tmp_path}/busy.py {tmp_path}/cores", "resources": {"cpus": 1}}
+    )["id"]
+    assert wait_status(client, job, {"done", "failed"}, 30)["status"] == "done"
+    assert float((tmp_path / "cores").read_text()) <= 1.25
