@@ -90,8 +90,12 @@ def test_the_v1_devices_list_denies_other_gpus_and_a_kept_slot_allows_them_again
     group = containment.open(attempt_limits(0, 0, [1], None, None, devices))
     assert (slot / "devices.deny").read_text() == "c 195:2 rwm"  # the last of 195:0 and 195:2
     containment.close(group)
-    containment.open(attempt_limits(0, 0, [0, 1, 2], None, None, devices))
-    assert (slot / "devices.allow").read_text() == "c 195:2 rwm"
+    # Every GPU given: nothing to deny, and the attempt does not even join the devices cgroup.
+    everything = containment.open(attempt_limits(0, 0, [0, 1, 2], None, None, devices))
+    assert [hierarchy.name for hierarchy, _ in everything.joined] == []
+    containment.close(everything)
+    containment.open(attempt_limits(0, 0, [0], None, None, devices))
+    assert (slot / "devices.allow").read_text() == "c 195:2 rwm"  # the last of 195:0 and 195:2 again
 
 
 def test_limits_follow_the_claim():

@@ -96,13 +96,15 @@ class V1Controller:
             return None
         return read_counter(group / "memory.oom_control", "oom_kill")
 
-    def cpu_usage_s(self, group: Path) -> float | None:
-        if self.controller != "cpuacct":
-            return None
-        try:
-            return int((group / "cpuacct.usage").read_text()) / 1e9
-        except (OSError, ValueError):
-            return None
+    def needed(self, limits: Limits) -> bool:
+        """Whether an attempt held to ``limits`` joins this controller's cgroup (the freezer is
+        joined by the port when it is the one that kills the tree)."""
+        return {
+            "memory": limits.memory_bytes is not None,
+            "cpu": bool(limits.cpus),
+            "pids": limits.pids_max is not None,
+            "devices": bool(limits.denied_devices),
+        }.get(self.controller, False)
 
     def kill(self, group: Path) -> None:
         """Freeze, SIGKILL every member, thaw: a frozen tree cannot fork a child the kill misses."""
@@ -174,9 +176,10 @@ class V2Hierarchy:
             return None
         return read_counter(group / "memory.events", "oom_kill")
 
-    def cpu_usage_s(self, group: Path) -> float | None:
-        usage = read_counter(group / "cpu.stat", "usage_usec")
-        return None if usage is None else usage / 1e6
+    def needed(self, limits: Limits) -> bool:
+        return bool(self.controllers) and (
+            limits.memory_bytes is not None or bool(limits.cpus) or limits.pids_max is not None
+        )
 
     def kill(self, group: Path) -> None:
         """``cgroup.kill``: the kernel kills every process of the cgroup at once, forks included."""

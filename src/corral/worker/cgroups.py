@@ -41,7 +41,7 @@ logger = logging.getLogger("corral.worker.cgroups")
 
 #: the mechanisms API.md's ``enforcement`` names, each from what the hierarchies provide
 ENFORCEMENT_KEYS = ("memory", "cpu", "pids", "devices", "kill_tree")
-V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "devices", "freezer")
+V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer")
 #: after a kill, how long the cgroup may take to empty before the worker says so
 EMPTY_WAIT_S = 5.0
 #: the most empty attempt cgroups kept for the next attempts
@@ -62,60 +62,63 @@ class Hierarchy(Protocol):
 
     def oom_kills(self, group: Path) -> int | None: ...
 
-    def cpu_usage_s(self, group: Path) -> float | None: ...
+    def needed(self, limits: Limits) -> bool: ...
 
     def kill(self, group: Path) -> None: ...
 
 
 class AttemptGroup:
-    """One attempt's cgroups: a directory of the same name in every hierarchy."""
+    """One attempt's cgroups: a directory of the same name in every hierarchy, of which the attempt
+    joins those its limits need (``configure``) and always the one that kills the tree.
+
+    Why not all of them: moving a process into a cgroup is a kernel migration under a global lock,
+    and a short job that joined six v1 hierarchies cost its worker half as much again; a job
+    without a memory limit or a CPU quota stays in the worker's cgroup of those controllers."""
 
     def __init__(self, name: str, directories: Sequence[tuple[Hierarchy, Path]], kill_by: Hierarchy | None):
         self.name = name
         self.directories = list(directories)
         self._kill_by = kill_by
         self.limits: Limits | None = None
+        self._written: dict[str, Limits] = {}  # by hierarchy: what the slot's files hold (kept slots)
+        self.joined: list[tuple[Hierarchy, Path]] = list(self.directories)
         self._oom_baseline = 0
 
     def configure(self, limits: Limits) -> None:
-        for hierarchy, directory in self.directories:
-            hierarchy.configure(directory, limits, self.limits)
+        self.joined = [(h, d) for h, d in self.directories if h is self._kill_by or h.needed(limits)]
+        for hierarchy, directory in self.joined:
+            written = self._written.get(hierarchy.name)
+            if written != limits:
+                hierarchy.configure(directory, limits, written)
+                self._written[hierarchy.name] = limits
         self.limits = limits
         self._oom_baseline = self._oom_count()
 
     def attach(self, pid: int) -> None:
-        """Put ``pid`` in every hierarchy's cgroup of the attempt (before it runs anything)."""
-        for _hierarchy, directory in self.directories:
+        """Put ``pid`` in the attempt's cgroups (before it runs anything)."""
+        for _hierarchy, directory in self.joined:
             write(directory / "cgroup.procs", str(pid))
 
     def _oom_count(self) -> int:
-        counts = [hierarchy.oom_kills(directory) for hierarchy, directory in self.directories]
+        if self.limits is None or self.limits.memory_bytes is None:
+            return 0
+        counts = [hierarchy.oom_kills(directory) for hierarchy, directory in self.joined]
         return sum(count for count in counts if count is not None)
 
     def oom_killed(self) -> bool:
         """The kernel's OOM killer killed a process of the attempt (its own count, not a guess)."""
         return self._oom_count() > self._oom_baseline
 
-    def cpu_usage_s(self) -> float | None:
-        for hierarchy, directory in self.directories:
-            usage = hierarchy.cpu_usage_s(directory)
-            if usage is not None:
-                return usage
-        return None
-
     def pids(self) -> list[int]:
-        """The live members (the first hierarchy's view: every one holds them all)."""
-        return member_pids(self.directories[0][1]) if self.directories else []
+        """The live members (the view of a cgroup the attempt joined: each holds them all)."""
+        return member_pids(self.joined[0][1]) if self.joined else []
 
     def kill(self) -> bool:
         """Kill every process of the attempt, however it detached; True once none is left."""
-        if not self.directories:
+        if not self.joined:
             return True
-        if self._kill_by is not None:
-            directory = dict((id(h), d) for h, d in self.directories)[id(self._kill_by)]
-            self._kill_by.kill(directory)
-        else:
-            self.directories[0][0].kill(self.directories[0][1])
+        by = [(h, d) for h, d in self.joined if h is self._kill_by] or self.joined[:1]
+        by[0][0].kill(by[0][1])
         deadline = time.monotonic() + EMPTY_WAIT_S
         while self.pids():
             if time.monotonic() >= deadline:
@@ -161,7 +164,7 @@ class Containment:
                 self._provided.setdefault(what, hierarchy)
         self._kill_by = self._provided.get("kill") or self._provided.get("freeze")
         for name in sorted({child.name for h in self.hierarchies for child in _children(h.base)}):
-            group = self._group(name)
+            group = self._group(name)  # a predecessor's: every hierarchy's directory is looked at
             killed += group.pids()
             if not group.kill():
                 logger.error("processes of a previous run survived its cgroup's kill", extra={"cgroup": name})
