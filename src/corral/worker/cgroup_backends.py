@@ -27,9 +27,14 @@ CPU_PERIOD_US = 100_000
 FREEZE_WAIT_S = 1.0
 
 
-def write(path: Path, value: str) -> None:
-    with open(path, "w") as file:
-        file.write(value)
+def write(path: Path | str, value: str) -> None:
+    """One ``write`` of ``value`` (a cgroup file takes one value per write); os-level calls, since
+    a job's start makes a few of these and ``open()``'s text layer cost more than the writes."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(descriptor, value.encode())
+    finally:
+        os.close(descriptor)
 
 
 def read_counter(path: Path, name: str) -> int | None:
@@ -46,12 +51,22 @@ def read_counter(path: Path, name: str) -> int | None:
     return None
 
 
-def member_pids(group: Path) -> list[int]:
+def member_pids(group: Path | str) -> list[int]:
+    """The processes of a cgroup (``group`` a directory, or the path of its ``cgroup.procs``)."""
+    path = group if isinstance(group, str) else str(group / "cgroup.procs")
     try:
-        text = (group / "cgroup.procs").read_text()
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return []
-    return [int(line) for line in text.split() if line.isdigit()]
+    try:
+        chunks = []
+        while chunk := os.read(descriptor, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return []
+    finally:
+        os.close(descriptor)
+    return [int(line) for line in b"".join(chunks).split()]
 
 
 def signal_members(group: Path, signal_number: int) -> None:

@@ -82,10 +82,14 @@ class AttemptGroup:
         self.limits: Limits | None = None
         self._written: dict[str, Limits] = {}  # by hierarchy: what the slot's files hold (kept slots)
         self.joined: list[tuple[Hierarchy, Path]] = list(self.directories)
+        self._procs: list[str] = [str(directory / "cgroup.procs") for _h, directory in self.joined]
         self._oom_baseline = 0
 
     def configure(self, limits: Limits) -> None:
-        self.joined = [(h, d) for h, d in self.directories if h is self._kill_by or h.needed(limits)]
+        joined = [(h, d) for h, d in self.directories if h is self._kill_by or h.needed(limits)]
+        if joined != self.joined:
+            self.joined = joined
+            self._procs = [str(directory / "cgroup.procs") for _h, directory in joined]
         for hierarchy, directory in self.joined:
             written = self._written.get(hierarchy.name)
             if written != limits:
@@ -96,8 +100,8 @@ class AttemptGroup:
 
     def attach(self, pid: int) -> None:
         """Put ``pid`` in the attempt's cgroups (before it runs anything)."""
-        for _hierarchy, directory in self.joined:
-            write(directory / "cgroup.procs", str(pid))
+        for procs in self._procs:
+            write(procs, str(pid))
 
     def _oom_count(self) -> int:
         if self.limits is None or self.limits.memory_bytes is None:
@@ -111,7 +115,7 @@ class AttemptGroup:
 
     def pids(self) -> list[int]:
         """The live members (the view of a cgroup the attempt joined: each holds them all)."""
-        return member_pids(self.joined[0][1]) if self.joined else []
+        return member_pids(self._procs[0]) if self._procs else []
 
     def kill(self) -> bool:
         """Kill every process of the attempt, however it detached; True once none is left."""
