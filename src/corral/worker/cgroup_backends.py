@@ -30,7 +30,7 @@ FREEZE_WAIT_S = 1.0
 def write(path: Path | str, value: str) -> None:
     """One ``write`` of ``value`` (a cgroup file takes one value per write); os-level calls, since
     a job's start makes a few of these and ``open()``'s text layer cost more than the writes."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    descriptor = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     try:
         os.write(descriptor, value.encode())
     finally:
