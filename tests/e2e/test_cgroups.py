@@ -12,7 +12,7 @@ import pytest
 
 from corral.client import Client
 from corral.worker import cgroups
-from tests.e2e.conftest import process_gone, wait_for, wait_status
+from tests.e2e.conftest import FAST_SERVER_FLAGS, process_gone, wait_for, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -152,3 +152,28 @@ def test_a_job_with_one_cpu_uses_at_most_about_one_core(server, client: Client, 
     )["id"]
     assert wait_status(client, job, {"done", "failed"}, 30)["status"] == "done"
     assert float((tmp_path / "cores").read_text()) <= 1.25
+
+
+@needs_cgroups
+def test_nothing_a_preempted_attempt_started_outlives_it(start_server, start_worker, tmp_path: Path):
+    server = start_server(*FAST_SERVER_FLAGS)
+    start_worker(
+        server.url, "w1", "--gpus", "1", "--vram-mb", "1000", "--gpu-model", "Fake", "--gpu-sampler", "none"
+    )
+    with Client(server.url) as client:
+        low = client.submit(
+            {
+                "command": DETACH.format(out=tmp_path) + "; sleep 60",
+                "resources": {"gpus": 1},
+                "preemption_class": 2,
+            }
+        )["id"]
+        wait_for(
+            lambda: (tmp_path / "forked").exists() and (tmp_path / "forked").read_text(), 15, "the strays"
+        )
+        pids = _pids(tmp_path)
+        high = client.submit({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
+        wait_for(lambda: client.get_job(low)["preempted_count"] == 1, 20, "the preemption")
+        assert all(process_gone(pid) for pid in pids), pids
+        wait_status(client, high, {"done"}, 20)
+        client.cancel(low)

@@ -17,6 +17,7 @@ reaches the next; the few kept are removed when the worker exits.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import stat
@@ -112,8 +113,14 @@ def private_pool() -> WorkspacePool:
                 raise RuntimeError(f"{parent} is not a directory of the worker's own")
             os.chmod(parent, 0o711)  # noqa: S103 - traversable, neither listable nor writable
             _private_pool = WorkspacePool(parent=str(parent))
-            atexit.register(_private_pool.clear)
+            atexit.register(_clear_private, _private_pool, parent)
         return _private_pool
+
+
+def _clear_private(kept: WorkspacePool, parent: Path) -> None:
+    kept.clear()
+    with contextlib.suppress(OSError):
+        parent.rmdir()  # unless another worker of this account still has directories there
 
 
 class JobWorkspace:
