@@ -169,7 +169,7 @@ class Containment:
         self._kill_by = self._provided.get("kill") or self._provided.get("freeze")
         for name in sorted({child.name for h in self.hierarchies for child in _children(h.base)}):
             group = self._group(name)  # a predecessor's: every hierarchy's directory is looked at
-            killed += group.pids()
+            killed += [pid for _h, directory in group.directories for pid in member_pids(directory)]
             if not group.kill():
                 logger.error("processes of a previous run survived its cgroup's kill", extra={"cgroup": name})
             _remove(group)
