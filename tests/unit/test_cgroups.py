@@ -136,3 +136,31 @@ def test_a_host_without_cgroups_has_no_containment(tmp_path: Path):
     (proc / "mountinfo").write_text("")
     containment, line = cgroups.detect("corral-w1", proc)
     assert containment is None and "without limits" in line
+
+
+def test_a_job_the_host_will_not_move_into_its_cgroup_runs_without(tmp_path: Path):
+    from corral.config import WorkerSettings
+    from corral.testing.fake_client import FakeClient, claim_answer
+    from corral.worker.job_run import JobRun
+
+    own = tmp_path / "unified"
+    own.mkdir()
+    _kernel_files(own / "corral-w1")
+    containment = cgroups.Containment([V2Hierarchy(own / "corral-w1", frozenset())])
+    containment.start()
+    slot = own / "corral-w1" / "slot-1"
+    _kernel_files(slot)
+    (slot / "cgroup.procs").unlink()
+    (slot / "cgroup.procs").mkdir()  # a write to it fails, as a refused migration does
+    client = FakeClient()
+    run = JobRun(
+        claim_answer(job_id="j-1", attempt=1, command="true"),
+        client,
+        WorkerSettings(heartbeat_s=0.05),
+        "w1",
+        lambda run: None,
+        containment=containment,
+    )
+    run.start()
+    assert run.finished.wait(15)
+    assert client.names()[-1] == "done"

@@ -49,6 +49,10 @@ KEPT_MAX = 64
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+class JoinError(OSError):
+    """The host refused to move a job's process into its cgroup."""
+
+
 class Hierarchy(Protocol):
     name: str
     base: Path
@@ -101,7 +105,10 @@ class AttemptGroup:
     def attach(self, pid: int) -> None:
         """Put ``pid`` in the attempt's cgroups (before it runs anything)."""
         for procs in self._procs:
-            write(procs, str(pid))
+            try:
+                write(procs, str(pid))
+            except OSError as error:
+                raise JoinError(error.errno, f"cannot join {procs}: {error.strerror}") from error
 
     def _oom_count(self) -> int:
         if self.limits is None or self.limits.memory_bytes is None:

@@ -344,6 +344,8 @@ class JobProcess:
             os.close(gate)
             self._popen.kill()
             self._popen.wait()
+            if self._popen.stdout is not None:
+                self._popen.stdout.close()
             raise
         try:
             os.write(gate, b"\n")

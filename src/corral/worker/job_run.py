@@ -59,7 +59,7 @@ from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints, identity, job_files, log_shipper
 from corral.worker.cgroup_limits import attempt_limits
-from corral.worker.cgroups import AttemptGroup, Containment
+from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
@@ -298,18 +298,18 @@ class JobRun:
             )
             self._cgroup = self._open_cgroup()
             try:
-                process = JobProcess(
-                    self.command,
-                    environment,
-                    self._settings.output_tail_bytes,
-                    self._settings.preempt_grace_s,
-                    self.fields,
-                    on_output=self._shipper.write,
-                    # No workdir: the attempt's own fresh directory, never the worker's.
-                    cwd=workdir or str(workspace.directory),
-                    account=account,
-                    cgroup=self._cgroup,
-                )
+                try:
+                    process = self._spawn(environment, workdir or str(workspace.directory), account)
+                except JoinError as error:
+                    # The host refused the move into the cgroup: the job runs, without its limits.
+                    logger.error(
+                        "cannot put the job in its cgroup; it runs without",
+                        extra={**self.fields, "error": str(error)},
+                    )
+                    refused, self._cgroup = self._cgroup, None
+                    if self._containment is not None and refused is not None:
+                        self._containment.close(refused)
+                    process = self._spawn(environment, workdir or str(workspace.directory), account)
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
                 self._report_failure(None, f"could not start: {error}", "")
@@ -369,6 +369,21 @@ class JobRun:
                 self._containment.close(self._cgroup)
             self.finished.set()
             self._on_finished(self)
+
+    def _spawn(self, environment: dict[str, str], cwd: str, account: identity.Account) -> JobProcess:
+        """The job's process (no workdir: the attempt's own fresh directory, never the worker's)."""
+        assert self._shipper is not None
+        return JobProcess(
+            self.command,
+            environment,
+            self._settings.output_tail_bytes,
+            self._settings.preempt_grace_s,
+            self.fields,
+            on_output=self._shipper.write,
+            cwd=cwd,
+            account=account,
+            cgroup=self._cgroup,
+        )
 
     def _open_cgroup(self) -> AttemptGroup | None:
         """The attempt's cgroup, held to what its claim asked for; None where the host has none,
