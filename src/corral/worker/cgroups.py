@@ -24,6 +24,7 @@ so not even the job's first fork escapes its cgroup.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -227,10 +228,28 @@ def _children(base: Path) -> list[Path]:
         return []
 
 
+#: how long a removal waits for the processes just killed to be released (a cgroup whose last
+#: process is still exiting refuses ``rmdir`` with EBUSY)
+REMOVE_WAIT_S = 2.0
+
+
 def _remove(group: AttemptGroup) -> None:
+    deadline = time.monotonic() + REMOVE_WAIT_S
     for _hierarchy, directory in group.directories:
-        with contextlib.suppress(OSError):
-            directory.rmdir()
+        while True:
+            try:
+                directory.rmdir()
+            except FileNotFoundError:
+                break
+            except OSError as error:
+                if error.errno != errno.EBUSY or time.monotonic() >= deadline:
+                    logger.warning(
+                        "cannot remove a cgroup", extra={"cgroup": str(directory), "error": str(error)}
+                    )
+                    break
+                time.sleep(0.01)
+                continue
+            break
 
 
 # --- detection --------------------------------------------------------------------------------
