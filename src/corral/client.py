@@ -325,13 +325,18 @@ class Client:
         error: str | None = None,
         output_tail: str | None = None,
         release: bool = False,
+        reason: str | None = None,
     ) -> JobAnswer:
         """Report a failed attempt; ``release`` hands the job back without spending the attempt
-        (the worker stopped it for its own reasons, e.g. a shutdown past its timeout)."""
+        (the worker stopped it for its own reasons, e.g. a shutdown past its timeout); ``reason``
+        a failure code of API.md (``no_such_account``, ``workdir_unavailable``: not retried;
+        ``oom_killed``: retried like any failure)."""
         params = {"worker_id": worker_id, "attempt": attempt}
         body: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
         if release:
             body["release"] = True
+        if reason is not None:
+            body["reason"] = reason
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/fail", body, params=params)
 
     def watchdog(

@@ -189,6 +189,32 @@ class WorkerSettings(BaseSettings):
         description="where the worker records its jobs' process groups, to stop what a killed run "
         "left (default: <tmp>/corral-<uid>/worker-<id>)",
     )
+    user_map: str | None = Field(
+        None,
+        description="corral user names that differ from their Unix account: a file of NAME UNIX_ACCOUNT "
+        "lines, or the lines themselves (default: each user runs as the account of the same name)",
+    )
+    containment: str = Field(
+        "auto", description="auto (a cgroup per job where the host has them) or none (no limits)"
+    )
+    default_job_memory_mb: int | None = Field(
+        None, ge=1, description="memory limit of a job that asks for 0 MB (default: none)"
+    )
+    job_pids_max: int | None = Field(16384, ge=1, description="most processes a job may have at once")
+    gpu_devices: str = Field(
+        "/dev/nvidia[0-9]*", description="the GPU device nodes (glob; the trailing number is the GPU index)"
+    )
+    allow_root_jobs: bool = Field(
+        False,
+        description="let a root worker without auth run jobs (as root) for a server not on loopback",
+    )
+
+    @field_validator("containment")
+    @classmethod
+    def _known_containment(cls, value: str) -> str:
+        if value not in ("auto", "none"):
+            raise ValueError("expected auto or none")
+        return value
 
     @field_validator("gpu_sampler")
     @classmethod

@@ -293,7 +293,9 @@ def test_workers(server, client, capsys):
     client.register_worker(
         {"id": "w1", "resources": {"gpus": 4, "vram_mb": 80000, "memory_mb": 64000, "cpus": 16}}
     )
-    client.register_worker({"id": "w2", "resources": {"cpus": 2}})
+    client.register_worker(
+        {"id": "w2", "resources": {"cpus": 2}, "enforcement": {"identity": "setuid", "memory": "cgroup_v1"}}
+    )
     job = client.submit({"command": "train", "resources": {"gpus": 2, "cpus": 4, "memory_mb": 1000}})
     assert client.claim("w1")["id"] == job["id"]
     readings = [{"index": index, "util_pct": util} for index, util in enumerate((87.4, 90, 0, 0))]
@@ -301,10 +303,13 @@ def test_workers(server, client, capsys):
     code, out, _ = corral(server, capsys, "workers")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["ID", "STATUS", "GPUS", "GPU-UTIL", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING"]
+    assert header.split() == [
+        "ID", "STATUS", "GPUS", "GPU-UTIL", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING", "ENFORCEMENT",
+    ]  # fmt: skip
     by_id = {row.split()[0]: row.split() for row in rows}
     assert by_id["w1"][1:6] == ["active", "2/4", "87,90,0,0%", "4/16", "1000/64000"]
-    assert by_id["w1"][-1] == "1"
+    assert by_id["w1"][-2:] == ["1", "-"]  # a worker that never said what it enforces
+    assert by_id["w2"][-1] == "identity=setuid,memory=cgroup_v1"
     assert by_id["w2"][1:6] == ["active", "0/0", "-", "0/2", "0/0"]
     items = corral_json(server, capsys, "workers")["items"]
     assert {worker["id"] for worker in items} == {"w1", "w2"}

@@ -55,3 +55,10 @@ def test_the_systemd_units_run_corral():
         assert unit["Service"]["ExecStart"].endswith(f"corral {role}")
         assert unit["Service"]["Restart"] == "always"
         assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_the_worker_unit_runs_as_root_with_its_cgroup_subtree_delegated():
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(DEPLOY / "systemd" / "corral-worker.service")
+    assert unit["Service"]["User"] == "root"
+    assert unit["Service"]["Delegate"] == "yes"

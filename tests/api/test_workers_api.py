@@ -6,7 +6,7 @@ from tests.api.conftest import claim, error_code, register, submit
 
 WORKER_FIELDS = {
     "id", "address", "resources", "gpu_model", "labels", "status", "last_heartbeat_at", "registered_at",
-    "flagged_dead_at", "used", "running", "unhealthy_gpus", "gpu_stats",
+    "flagged_dead_at", "used", "running", "unhealthy_gpus", "gpu_stats", "enforcement",
 }  # fmt: skip
 
 
@@ -112,3 +112,16 @@ def test_a_drain_is_undone_by_undrain_only(api):
     assert api.post("/workers/w1/undrain").json()["status"] == "active", "idempotent"
     claim(api)
     assert api.post("/workers/ghost/undrain").status_code == 404
+
+
+def test_a_worker_says_what_it_enforces_and_the_list_shows_it(api):
+    enforcement = {"identity": "setuid", "memory": "cgroup_v1", "cpu": "cgroup_v1", "pids": "cgroup_v1",
+                   "devices": "cgroup_v1", "kill_tree": "cgroup_v2_kill"}  # fmt: skip
+    body = {"id": "w1", "address": "h", "resources": {"cpus": 2}, "enforcement": enforcement}
+    assert api.post("/workers/register", json=body).json()["enforcement"] == enforcement
+    beat = api.post("/workers/w1/heartbeat", json={"running": [], "enforcement": enforcement})
+    assert beat.status_code == 200
+    assert api.get("/workers").json()["items"][0]["enforcement"] == enforcement
+    refused = api.post("/workers/register", json={**body, "enforcement": {"memory": "x", "gpu": "y"}})
+    assert refused.status_code == 400
+    assert api.post("/workers/register", json={"id": "w2"}).json()["enforcement"] == {}

@@ -179,8 +179,10 @@ def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypat
         jobs = lifecycle.submitted(
             [JobSpec(command="true", pool=pool) for pool in ("old/a", "default", "old/a")], NOW
         )
-        with before._transaction() as tx:  # a submit of the time: no pools table yet
-            tx.executemany(INSERT_JOB, [insert_row(job) for _, tasks in jobs for job in tasks])
+        # A submit of the time: no pools table yet, and no workdir column (migration 12).
+        statement = INSERT_JOB.replace(" workdir,", "").replace(" ?, 1)", " 1)")
+        with before._transaction() as tx:
+            tx.executemany(statement, [insert_row(job)[:-1] for _, tasks in jobs for job in tasks])
         monkeypatch.setattr(sql, "MIGRATIONS", schema.MIGRATIONS)
         before.migrate()
         assert set(before.pools()) == {"default", "old/a"}

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from corral.client import Client
+from corral.worker import cgroups
 
 T = TypeVar("T")
 
@@ -194,6 +195,16 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             worker.process.send_signal(signal.SIGCONT)
         _stop(worker.process, (signal.SIGTERM, signal.SIGTERM), 10)
         worker._log_file.close()
+        _remove_cgroups(worker.worker_id, tmp_path / f"state-{worker.worker_id}")
+
+
+def _remove_cgroups(worker_id: str, state_dir: Path) -> None:
+    """What a worker the test killed left of its cgroups (a worker that exits removes its own)."""
+    containment, _ = cgroups.detect(cgroups.subtree_name(worker_id, state_dir))
+    if containment is not None:
+        with contextlib.suppress(OSError):
+            containment.start()
+            containment.shutdown()
 
 
 @pytest.fixture

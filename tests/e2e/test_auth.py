@@ -30,7 +30,10 @@ def test_worker_cli_and_sdk_send_corral_token(tmp_path: Path, start_server, star
     token_file = tmp_path / "tokens"
     token_file.write_text(TOKENS)
     server = start_server("--auth-tokens", str(token_file))
-    worker = start_worker(server.url, "w1", env={"CORRAL_TOKEN": "tok-w1-e2e"})
+    # A root worker with a token runs each job as its user's account: alice's is root here.
+    worker = start_worker(
+        server.url, "w1", env={"CORRAL_TOKEN": "tok-w1-e2e", "CORRAL_USER_MAP": "alice root"}
+    )
 
     submitted = _cli(server.url, "tok-alice-e2e", "submit", "--user", "mallory", "--json", "--", "echo", "hi")
     assert submitted.returncode == 0, submitted.stderr

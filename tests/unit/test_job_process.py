@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from corral.worker import executor
 from corral.worker.executor import JobProcess
@@ -82,6 +84,45 @@ def test_a_hint_goes_only_to_a_job_that_handles_it(tmp_path: Path):
             process.stop()
             process.finish()
     assert handled.hint(signal.SIGUSR1) == "gone"
+
+
+#: a Python program that handles SIGUSR1 by touching ``<dir>/hinted``, and says it is up
+HANDLER = """
+import pathlib, signal, sys, time
+directory = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGUSR1, lambda *_: (directory / "hinted").touch())
+(directory / "up").touch()
+for _ in range(600):
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        "{python} {program} {dir}; echo after",  # the shell stays: a command follows
+        "bash -c 'cd {dir} && {python} {program} {dir}'",
+        "sh -c '{python} {program} {dir}; true' & wait",
+    ],
+)
+def test_the_hint_reaches_the_program_whatever_wraps_it(tmp_path: Path, wrapper: str):
+    """Only the process that handles SIGUSR1 gets it: the shells around it would die of it."""
+    (tmp_path / "victim.py").write_text(HANDLER)
+    command = wrapper.format(python=sys.executable, program=tmp_path / "victim.py", dir=tmp_path)
+    process = _started(command, tmp_path / "up")
+    try:
+        assert executor.handles_signal(process.pid, signal.SIGUSR1, (b"SigCgt",)) is False
+        deadline = time.monotonic() + 10
+        while process.hint(signal.SIGUSR1) != "sent":
+            assert time.monotonic() < deadline, "no process of the job ever handled the hint"
+            time.sleep(0.05)
+        while not (tmp_path / "hinted").exists():
+            assert time.monotonic() < deadline, "the hint never arrived"
+            time.sleep(0.02)
+        assert process.poll() is None, "a wrapper died of the hint"
+    finally:
+        process.stop()
+        process.finish()
 
 
 # --- a stop that races with the exit ---------------------------------------------------------

@@ -77,6 +77,13 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", choices=("none", "auto", "manual"), help="checkpoint mode")
     user = os.environ.get("USER") or os.environ.get("LOGNAME")
     parser.add_argument("--user", default=user, help=f"who submits [default $USER: {user}]")
+    place = parser.add_mutually_exclusive_group()
+    place.add_argument(
+        "--workdir", metavar="DIR", help="where the job starts on its worker [default: the current directory]"
+    )
+    place.add_argument(
+        "--no-workdir", action="store_true", help="start the job in a fresh per-job directory instead"
+    )
     parser.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
     parser.add_argument(
         "--wait", action="store_true", help="wait until the job (every task) ends; exit 0 if done, else 1"
@@ -113,7 +120,22 @@ def build_body(arguments: argparse.Namespace) -> dict[str, Any]:
         constraints["labels"] = dict(arguments.label)
     if constraints:
         body["constraints"] = constraints
+    workdir = _workdir(arguments)
+    if workdir is not None:
+        body["workdir"] = workdir
     return body
+
+
+def _workdir(arguments: argparse.Namespace) -> str | None:
+    """``--workdir`` made absolute, else the current directory, unless ``--no-workdir`` (or the
+    current directory is gone)."""
+    if getattr(arguments, "no_workdir", False):
+        return None
+    given = getattr(arguments, "workdir", None)
+    try:
+        return os.path.abspath(given) if given else os.getcwd()
+    except OSError:
+        return None
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect
 from corral.protocol.answers import GpuStatAnswer, WorkerAnswer
 
-HEADERS = ("ID", "STATUS", "GPUS", "GPU-UTIL", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING")
+HEADERS = ("ID", "STATUS", "GPUS", "GPU-UTIL", "CPUS", "MEM", "LAST-HEARTBEAT", "RUNNING", "ENFORCEMENT")
 
 
 def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
@@ -78,7 +78,17 @@ def _row(worker: WorkerAnswer) -> list[str]:
         f"{used.memory_mb}/{total.memory_mb}",
         output.short_time(worker.last_heartbeat_at),
         str(len(worker.running)),
+        _enforcement(worker.enforcement),
     ]
+
+
+def _enforcement(enforcement: dict[str, str]) -> str:
+    """``identity=setuid,memory=cgroup_v1,...`` less what is ``none``; ``none`` when nothing is
+    enforced, ``-`` for a worker that never said."""
+    if not enforcement:
+        return output.MISSING
+    held = [f"{key}={value}" for key, value in enforcement.items() if value != "none"]
+    return ",".join(held) or "none"
 
 
 def _utilisation(readings: list[GpuStatAnswer]) -> str:

@@ -113,6 +113,9 @@ def _not_running(job: Job) -> errors.Conflict:
 
 #: within one request, jobs are stamped this far apart, so the request's order is their queue order
 BATCH_STEP_S = 1e-6
+#: failure codes a worker reports (``POST /jobs/{id}/fail`` ``reason``) that another attempt would
+#: meet again: the job fails at once (API.md "A job is contained on its host", "Time limits")
+NOT_RETRIED = frozenset({"no_such_account", "workdir_unavailable", "walltime_exceeded"})
 QUEUED = Reason("queued", "waiting for a worker with free capacity")
 WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
 
@@ -270,8 +273,13 @@ def report_failure(
     error: str | None,
     output_tail: str | None,
     release: bool = False,
+    failure_code: str | None = None,
 ) -> Plan[Reported]:
     """The attempt ended badly: running -> pending (retry) or failed; a gang task drains its gang.
+
+    ``failure_code``: the worker's ``reason``, the job's reason code when given; a code of
+    ``NOT_RETRIED`` (the host cannot run it as asked: no account, no workdir, its walltime) fails a
+    single job at once, whatever attempts it has left.
 
     1. A job that was being stopped (preempting) ends as the stop intended (``finish_stop``).
     2. ``release`` (the worker gave the job back for its own reasons: a shutdown) re-queues it with
@@ -292,6 +300,8 @@ def report_failure(
         detail["refunds"] = job.refunds + 1
     if job.gang_id is not None:
         why = "was handed back by its worker" if release else outcome
+        if failure_code is not None:
+            why = f"{why} ({failure_code})"
         reason = Reason("task_failed", f"task {job.gang_index} {why}; draining the gang")
         return _drain_and_complete(job, gang, now, reason, detail)
     if release:
@@ -301,13 +311,25 @@ def report_failure(
     # number the events, the claim and CORRAL_ATTEMPT carry (it also counts refunded runs)
     allowed = max(1, job.spec.max_retries)
     counted = f"counted attempt {job.attempts_used} of {allowed} (run {job.attempts}) {outcome}"
-    if job.retries_left:
+    if failure_code is not None:
+        counted = f"{counted} ({failure_code}{': ' + error if error else ''})"
+    if job.retries_left and failure_code not in NOT_RETRIED:
         transition = move(
-            job, now, Reason("retrying", f"{counted}; re-queued"), status=Status.PENDING, **detail, **REQUEUED
+            job,
+            now,
+            Reason(failure_code or "retrying", f"{counted}; re-queued"),
+            status=Status.PENDING,
+            **detail,
+            **REQUEUED,
         )
     else:
         transition = move(
-            job, now, Reason("failed", counted), status=Status.FAILED, **detail, finished_at=now
+            job,
+            now,
+            Reason(failure_code or "failed", counted),
+            status=Status.FAILED,
+            **detail,
+            finished_at=now,
         )
     return _single(transition)
 

@@ -57,6 +57,8 @@ class JobSpec:
     budget_s: float | None = None
     walltime_s: float | None = None
     stall_timeout_s: float | None = None
+    #: where the job starts on its worker (an absolute path); None: a fresh per-job directory
+    workdir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,8 @@ class Worker:
     unhealthy_gpus: tuple[int, ...] = ()
     #: what its last heartbeat read of each GPU (empty without a GPU sampler)
     gpu_stats: tuple[GpuReading, ...] = ()
+    #: what it holds its jobs to (API.md ``enforcement``), as it said at its registration
+    enforcement: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,6 +107,7 @@ class JobAnswer(Answer):
     budget_s: float | None = None
     walltime_s: float | None = None
     stall_timeout_s: float | None = None
+    workdir: str | None = None
     cancel_requested: bool = False
     gpu_util_pct: float | None = None
     rss_mb: float | None = None
@@ -206,6 +207,8 @@ class WorkerAnswer(Answer):
     running: list[str] = Field(default_factory=list)
     unhealthy_gpus: list[int] = Field(default_factory=list)
     gpu_stats: list[GpuStatAnswer] = Field(default_factory=list)
+    #: what the worker holds its jobs to (identity, memory, cpu, pids, devices, kill_tree)
+    enforcement: dict[str, str] = Field(default_factory=dict)
 
 
 class JobPage(Answer):

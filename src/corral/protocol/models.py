@@ -106,6 +106,15 @@ class SubmitBody(_Strict):
     budget_s: float | None = Field(None, gt=0)
     walltime_s: float | None = Field(None, gt=0)
     stall_timeout_s: float | None = Field(None, gt=0)
+    #: where the job starts on its worker: an absolute path, or null for a fresh per-job directory
+    workdir: Text | None = Field(None, min_length=1, max_length=4096)
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute_workdir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("workdir must be an absolute path")
+        return value
 
     @field_validator("command")
     @classmethod
@@ -144,6 +153,7 @@ class SubmitBody(_Strict):
             budget_s=self.budget_s,
             walltime_s=self.walltime_s,
             stall_timeout_s=self.stall_timeout_s,
+            workdir=self.workdir,
         )
 
 
@@ -210,12 +220,28 @@ class BatchBody(_Strict):
         return value
 
 
+Mechanism = Annotated[str, AfterValidator(_no_nul), Field(min_length=1, max_length=64)]
+
+
+class EnforcementBody(_Strict):
+    """What a worker holds its jobs to (API.md "A job is contained on its host"): each the
+    mechanism in use, or ``none``."""
+
+    identity: Mechanism = "none"
+    memory: Mechanism = "none"
+    cpu: Mechanism = "none"
+    pids: Mechanism = "none"
+    devices: Mechanism = "none"
+    kill_tree: Mechanism = "none"
+
+
 class WorkerRegisterBody(_Strict):
     id: str | None = Field(None, min_length=1, max_length=256)
     address: Text = Field("", max_length=1024)
     resources: ResourcesBody = Field(default_factory=ResourcesBody)
     gpu_model: Text | None = Field(None, max_length=256)
     labels: dict[Text, Text] = Field(default_factory=dict)
+    enforcement: EnforcementBody | None = None
 
     @field_validator("id")
     @classmethod
@@ -240,6 +266,8 @@ class WorkerHeartbeatBody(_Strict):
     #: the leases and progress of the worker's running jobs, renewed in one transaction: each job
     #: is answered as its own ``POST /jobs/{id}/heartbeat`` would be (``WorkerHeartbeatAnswer``)
     jobs: list[JobBeat] | None = Field(None, max_length=4096)
+    #: as at the registration (it does not change while the worker runs); the registered one is kept
+    enforcement: EnforcementBody | None = None
 
 
 class JobHeartbeatBody(_Strict):
@@ -262,6 +290,9 @@ class JobBeat(JobHeartbeatBody):
     attempt: int = Field(ge=0, lt=2**63)
 
 
+FailReason = Literal["no_such_account", "workdir_unavailable", "oom_killed", "walltime_exceeded"]
+
+
 class FailBody(_Strict):
     exit_code: int | None = Field(None, ge=-INT32_MAX, le=INT32_MAX)
     error: Output | None = Field(None, max_length=65536)
@@ -269,6 +300,9 @@ class FailBody(_Strict):
     #: the worker gives the job back for its own reasons (it is shutting down): re-queue it
     #: without spending the attempt
     release: bool = False
+    #: why the attempt failed, when the worker knows (API.md "A job is contained on its host"):
+    #: ``no_such_account``, ``workdir_unavailable`` and ``walltime_exceeded`` are not retried
+    reason: FailReason | None = None
 
 
 class WatchdogBody(_Strict):

@@ -57,6 +57,7 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "budget_s": spec.budget_s,
         "walltime_s": spec.walltime_s,
         "stall_timeout_s": spec.stall_timeout_s,
+        "workdir": spec.workdir,
         "cancel_requested": job.cancel_requested,
         # preemption (additions to API.md's job object): the job or gang a victim is stopped for,
         # when its checkpoint phase ends, when it last saved, and checkpoint phases it missed

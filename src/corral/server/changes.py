@@ -55,9 +55,10 @@ def report_failure(
     error: str | None = None,
     output_tail: str | None = None,
     release: bool = False,
+    reason: str | None = None,
 ) -> Reported:
     return store.change(
-        job_id, failure_decision(worker_id, attempt, now, exit_code, error, output_tail, release)
+        job_id, failure_decision(worker_id, attempt, now, exit_code, error, output_tail, release, reason)
     )
 
 
@@ -69,6 +70,7 @@ def failure_decision(
     error: str | None = None,
     output_tail: str | None = None,
     release: bool = False,
+    reason: str | None = None,
 ) -> JobDecision[Reported]:
     """The decision of a ``fail`` report (for ``store.change``, or a group of reports)."""
     return partial(
@@ -80,6 +82,7 @@ def failure_decision(
         error=error,
         output_tail=output_tail,
         release=release,
+        failure_code=reason,
     )
 
 

@@ -166,6 +166,7 @@ class WorkerRegistration:
     resources: Resources
     gpu_model: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    enforcement: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,11 @@ class OperationsStore(ClaimStore):
         with self._transaction() as tx:
             rows = tx.execute(
                 f"INSERT INTO workers ({WORKER_SELECT})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '')"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '', ?)"
                 " ON CONFLICT (id) DO UPDATE SET address = excluded.address, gpus = excluded.gpus,"
                 " vram_mb = excluded.vram_mb, memory_mb = excluded.memory_mb, cpus = excluded.cpus,"
                 " gpu_model = excluded.gpu_model, labels = excluded.labels,"
+                " enforcement = excluded.enforcement,"
                 " status = CASE WHEN workers.status = 'draining' THEN 'draining' ELSE 'active' END,"
                 " last_heartbeat_at = excluded.last_heartbeat_at, flagged_dead_at = NULL,"
                 " unhealthy_gpus = ''"
@@ -66,7 +67,7 @@ class OperationsStore(ClaimStore):
                 (
                     worker_id, registration.address, resources.gpus, resources.vram_mb,
                     resources.memory_mb, resources.cpus, registration.gpu_model,
-                    to_json(registration.labels), now, now,
+                    to_json(registration.labels), now, now, to_json(registration.enforcement),
                 ),
             )  # fmt: skip
             return worker_from_row(rows[0])

@@ -88,7 +88,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         reason_code, reason_message, has_checkpoint, progress, budget_s, walltime_s, stall_timeout_s,
         event_count, master_port, refunds, gpu_util_pct, rss_mb, preempted_for, victims_deadline,
         checkpoint_requested_at, checkpoint_deadline, checkpoint_extended, checkpoint_deferred_s,
-        checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key,
+        checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key, workdir,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -106,6 +106,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         budget_s=budget_s,
         walltime_s=walltime_s,
         stall_timeout_s=stall_timeout_s,
+        workdir=workdir,
     )
     return Job(
         id=job_id,
@@ -221,7 +222,7 @@ def changed_columns(transition: Transition) -> dict[str, Any]:
 def worker_from_row(row: Sequence[Any]) -> Worker:
     (
         worker_id, address, gpus, vram_mb, memory_mb, cpus, gpu_model, labels, status, registered_at,
-        last_heartbeat_at, flagged_dead_at, gpu_stats, unhealthy_gpus,
+        last_heartbeat_at, flagged_dead_at, gpu_stats, unhealthy_gpus, enforcement,
     ) = row  # fmt: skip
     return Worker(
         id=worker_id,
@@ -238,6 +239,7 @@ def worker_from_row(row: Sequence[Any]) -> Worker:
             GpuReading(reading["index"], reading.get("util_pct"), reading.get("mem_used_mb"))
             for reading in (orjson.loads(gpu_stats) if gpu_stats else ())
         ),
+        enforcement=orjson.loads(enforcement) if enforcement else {},
     )
 
 
@@ -249,6 +251,7 @@ JOB_SPEC_COLUMNS = frozenset({
     "name", "command", "env", "gang_id", "gang_size", "gang_index", "gpus", "vram_mb", "memory_mb",
     "cpus", "gpu_model", "labels", "pool", "username", "priority", "preemption_class",
     "checkpoint_mode", "max_retries", "submitted_at", "budget_s", "walltime_s", "stall_timeout_s",
+    "workdir",
 })  # fmt: skip
 
 
@@ -262,7 +265,7 @@ def insert_row(job: Job) -> tuple[Any, ...]:
         spec.constraints.gpu_model, to_json(spec.constraints.labels), spec.pool, spec.user,
         spec.priority, spec.preemption_class, spec.checkpoint_mode, spec.max_retries,
         job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
-        reason.code if reason else None, reason.message if reason else None,
+        reason.code if reason else None, reason.message if reason else None, spec.workdir,
     )  # fmt: skip
 
 
@@ -270,7 +273,8 @@ INSERT_JOB = (
     "INSERT INTO jobs (id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb,"
     " memory_mb, cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,"
     " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
-    " event_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+    " workdir, event_count)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
 )
 INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 

@@ -143,6 +143,7 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "last_checkpoint_at DOUBLE PRECISION",  # migration 7
         "checkpoint_failures INTEGER NOT NULL DEFAULT 0",  # migration 7
         "claim_key TEXT",  # migration 11
+        "workdir TEXT",  # migration 12
     ),
     "workers": columns(
         "id TEXT NOT NULL",
@@ -159,6 +160,7 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "flagged_dead_at DOUBLE PRECISION",
         "gpu_stats TEXT",
         "unhealthy_gpus TEXT NOT NULL DEFAULT ''",  # migration 2
+        "enforcement TEXT NOT NULL DEFAULT '{}'",  # migration 12
     ),
     "job_events": columns(
         "job_id TEXT NOT NULL",
@@ -586,6 +588,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             # claim asks whether its key is known: one index lookup, not a scan of the running.
             "ALTER TABLE jobs ADD COLUMN claim_key TEXT",
             "CREATE INDEX jobs_claim_key ON jobs (claim_key) WHERE claim_key IS NOT NULL",
+        ),
+    ),
+    Migration(
+        12,
+        "containment",
+        (
+            # API.md "A job is contained on its host". Where the job starts on its worker
+            # (``workdir``): the submitter's directory, or NULL for a fresh per-job directory.
+            "ALTER TABLE jobs ADD COLUMN workdir TEXT",
+            # What the worker holds its jobs to (``enforcement``, JSON), as it registered.
+            "ALTER TABLE workers ADD COLUMN enforcement TEXT NOT NULL DEFAULT '{}'",
         ),
     ),
 )

@@ -28,17 +28,18 @@ warning, waits ``poll_s`` and tries again. Nothing here lets an exception end th
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from corral.client import ApiError, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
-from corral.worker import leftovers
+from corral.worker import cgroups, identity, leftovers
 from corral.worker.calls import MAX_CLAIM, WorkerClient
+from corral.worker.cgroup_limits import gpu_device_numbers
 from corral.worker.job_run import SHUTDOWN_ERROR, BeatRequest, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
@@ -89,7 +90,22 @@ class Agent:
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
         self.samplers = self._open_samplers()
-        state_dir = Path(settings.state_dir) if settings.state_dir else leftovers.default_state_dir(worker_id)
+        #: who jobs run as: their user's account where the worker is root and its server has auth
+        #: (the worker has a token), else the worker's own
+        self.accounts = identity.Accounts(
+            switching=os.geteuid() == 0 and bool(os.environ.get("CORRAL_TOKEN", "").strip()),
+            user_map=identity.parse_user_map(settings.user_map),
+        )
+        #: a cgroup per attempt, where the host has them and the settings do not turn it off
+        state_dir = leftovers.state_directory(settings.state_dir, worker_id)
+        self.containment: cgroups.Containment | None = None
+        self._containment_line = "containment off (--containment none): jobs run without limits"
+        if settings.containment != "none":
+            self.containment, self._containment_line = cgroups.detect(
+                cgroups.subtree_name(worker_id, state_dir)
+            )
+        self._gpu_devices = gpu_device_numbers(settings.gpu_devices)
+        self._enforcement: dict[str, str] = {}
         self.records = leftovers.ProcessRecords(state_dir)
         self._job_threads = ThreadPool("job")
         self._claim_thread = threading.Thread(target=self._claim_loop, name="claim", daemon=True)
@@ -108,6 +124,7 @@ class Agent:
             },
         )
         # Before any claim: what a killed run of this worker left must not run beside new work.
+        self._start_containment()
         stopped = self.records.stop_leftovers(self.settings.preempt_grace_s)
         if stopped:
             logger.warning(
@@ -116,6 +133,39 @@ class Agent:
             )
         self._claim_thread.start()
         self._heartbeat_thread.start()
+
+    def _start_containment(self) -> None:
+        """Make the worker's cgroup subtrees (killing what a killed predecessor left in them) and
+        say, in one line, what this host enforces."""
+        if self.containment is not None:
+            try:
+                killed = self.containment.start()
+            except OSError as error:
+                logger.error(
+                    "cannot use the host's cgroups; jobs run without limits",
+                    extra={**self.fields, "error": str(error)},
+                )
+                self.containment = None
+            else:
+                if killed:
+                    logger.warning(
+                        "killed processes a previous run of this worker left in its cgroups",
+                        extra={**self.fields, "pids": killed},
+                    )
+        logger.info(
+            self._containment_line,
+            extra={**self.fields, "enforcement": self.enforcement()},
+        )
+
+    def enforcement(self) -> dict[str, str]:
+        """API.md's ``enforcement``: the mechanism in use for each, or ``none`` (known once the
+        containment started: before, nothing is said to be held)."""
+        limits = self.containment.enforcement if self.containment is not None else {}
+        self._enforcement = {
+            "identity": self.accounts.enforcement,
+            **{key: limits.get(key, "none") for key in cgroups.ENFORCEMENT_KEYS},
+        }
+        return self._enforcement
 
     def _open_samplers(self) -> Samplers:
         """The GPU sampler the settings name; NVML is only tried by default when GPUs are offered.
@@ -156,6 +206,7 @@ class Agent:
             "resources": self.offer.resources(),
             "gpu_model": self.offer.gpu_model,
             "labels": self.offer.labels,
+            "enforcement": self.enforcement(),
         }
         with self._register_lock:
             try:
@@ -289,6 +340,9 @@ class Agent:
             records=self.records,
             kept_by_agent=True,
             threads=self._job_threads,
+            accounts=self.accounts,
+            containment=self.containment,
+            gpu_devices=self._gpu_devices,
         )
         with self._lock:
             accepted = self._accepting
@@ -396,6 +450,8 @@ class Agent:
         """Alive, running these jobs (the server re-queues at once a job it holds here that the list
         leaves out and that stopped heartbeating), these GPUs unusable, each GPU reading so."""
         body: dict[str, Any] = {"running": self.running_job_ids()}
+        if self._enforcement:
+            body["enforcement"] = self._enforcement
         unhealthy = self.unhealthy_gpus()
         if unhealthy:
             body["unhealthy_gpus"] = unhealthy
@@ -582,6 +638,8 @@ class Agent:
         self._api.close()
         if self.samplers.gpu is not None:
             self.samplers.gpu.close()
+        if self.containment is not None:
+            self.containment.shutdown()
         logger.info("worker stopped", extra=self.fields)
 
     def _snapshot(self) -> list[JobRun]:

@@ -7,9 +7,9 @@ first such answer of epoch N the worker:
 
 1. removes the job's done file (``CORRAL_CHECKPOINT_DONE_FILE``) and notes the state of its defer
    file (``CORRAL_DEFER_FILE``): nothing written before the hint answers it;
-2. sends SIGUSR1 to the job's process group, once, as soon as the job's main process catches it
-   (``JobProcess.hint``: a job without a handler would die of it, so until it has one the hint is
-   tried again every ``HINT_RETRY_S`` rather than sent);
+2. sends SIGUSR1, once, to every process of the job's tree that catches it, whatever shell or
+   launcher wraps it (``JobProcess.hint``: a process without a handler would die of it, so until
+   one has one the hint is tried again every ``HINT_RETRY_S`` rather than sent);
 3. waits, in a thread of its own so the heartbeats go on, for the job to create the done file
    (``jobkit.on_checkpoint`` does, after its callback; a shell job ``touch``-es it);
 4. uploads what ``CORRAL_CHECKPOINT_OUT`` holds at that moment with ``?epoch=N``, which ends the
@@ -35,7 +35,6 @@ the same ``AttemptUploads``, so the phase's upload and the end's never race and 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral.worker import job_files
 from corral.worker.checkpoints import AttemptUploads
 from corral.worker.executor import Hint
 
@@ -159,17 +159,12 @@ class CheckpointPhase:
         signature = _signature(self._defer_file)
         if signature is None or signature == self._deferral_seen:
             return None
-        try:
-            text = self._defer_file.read_text(encoding="ascii", errors="replace").strip()
-        except OSError:
-            return None
-        if not text:
+        # Bounded and never waiting: the job may have made it a FIFO, a link to /dev/zero, megabytes.
+        raw = job_files.read_value(self._defer_file, job_files.DEFER_BYTES)
+        if raw is not None and not raw.strip():
             return None  # caught between the truncation and the write: the next beat reads it
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or seconds <= 0:
+        seconds = job_files.parse_seconds(raw)
+        if seconds is None:
             self._deferral_seen = signature
             logger.warning("the job's deferral request is not a positive number; ignored", extra=self.fields)
             return None
@@ -208,9 +203,9 @@ class CheckpointPhase:
                     if not warned:
                         warned = True
                         logger.warning(
-                            "the job does not handle SIGUSR1 (yet): not sent, since it would end it; "
-                            "a job with checkpoint auto or manual needs a handler (jobkit.on_checkpoint), "
-                            "and a shell wrapper should exec the program",
+                            "no process of the job handles SIGUSR1 (yet): not sent, since it would end "
+                            "it; a job with checkpoint auto or manual needs a handler "
+                            "(jobkit.on_checkpoint)",
                             extra=self.fields,
                         )
             if self.hinted.is_set() and self._done_file.exists():

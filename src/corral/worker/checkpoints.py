@@ -43,6 +43,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.client import Client
+from corral.worker import job_files
 from corral.worker.reporting import deliver
 
 logger = logging.getLogger("corral.worker.checkpoints")
@@ -63,28 +65,31 @@ TRANSFER_TRIES = 4
 MAX_UPLOAD_BYTES = 1 << 30
 
 
-def read_written(path: Path, fields: Mapping[str, Any]) -> bytes | None:
-    """The checkpoint the job left at ``path``; None when it wrote none (absent or empty file)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+def read_written(path: Path, fields: Mapping[str, Any], owner: int | None = None) -> bytes | None:
+    """The checkpoint the job left at ``path``; None when it wrote none (absent or empty file).
+
+    Only a regular file that is not a symlink (and, with ``owner``, one that account owns) is read:
+    a FIFO would hang the worker, ``/dev/zero`` never end, and a link to a file the job itself may not
+    read would upload it (``corral.worker.job_files``)."""
+    opened = job_files.open_regular(path, owner)
+    if opened is None:
+        if os.path.lexists(path):
+            logger.warning(
+                "the job's checkpoint is not a regular file of its own; not uploaded",
+                extra={**fields, "path": str(path)},
+            )
         return None
-    except OSError as error:
-        logger.warning("cannot read the job's checkpoint", extra={**fields, "error": str(error)})
+    descriptor, status = opened
+    os.close(descriptor)
+    if status.st_size == 0:
         return None
-    if size == 0:
-        return None
-    if size > MAX_UPLOAD_BYTES:
+    if status.st_size > MAX_UPLOAD_BYTES:
         logger.error(
             "the job's checkpoint is too large to upload; dropped",
-            extra={**fields, "bytes": size, "max_bytes": MAX_UPLOAD_BYTES},
+            extra={**fields, "bytes": status.st_size, "max_bytes": MAX_UPLOAD_BYTES},
         )
         return None
-    try:
-        return path.read_bytes() or None
-    except OSError as error:
-        logger.warning("cannot read the job's checkpoint", extra={**fields, "error": str(error)})
-        return None
+    return job_files.read_whole(path, MAX_UPLOAD_BYTES, owner)
 
 
 def upload(
@@ -147,7 +152,10 @@ class AttemptUploads:
         path: Path,
         fields: Mapping[str, Any],
         tries: int = TRANSFER_TRIES,
+        owner: int | None = None,
     ) -> None:
+        """``owner``: the uid the checkpoint file must belong to (a job run as another account)."""
+        self._owner = owner
         self._client = client
         self._job_id, self._worker_id, self._attempt = job_id, worker_id, attempt
         self.path = path
@@ -173,7 +181,7 @@ class AttemptUploads:
                 return False
             if final:
                 self._closed = True
-            data = read_written(self.path, self._fields)
+            data = read_written(self.path, self._fields, self._owner)
             if data is None:
                 return False
             digest = hashlib.blake2b(data, digest_size=16).digest()

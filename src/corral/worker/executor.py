@@ -19,7 +19,6 @@ import fcntl
 import logging
 import os
 import select
-import selectors
 import signal
 import subprocess
 import threading
@@ -29,10 +28,21 @@ from typing import Any, Literal
 
 import psutil
 
+from corral.worker.cgroups import AttemptGroup
+from corral.worker.identity import Account
+from corral.worker.output import OutputPump, OutputTail, shared_pump  # noqa: F401 - OutputPump re-exported
+
 logger = logging.getLogger("corral.worker.executor")
 
 #: What became of a hint (``JobProcess.hint``).
 Hint = Literal["sent", "unhandled", "gone"]
+
+#: a job with a cgroup starts as this shell, which waits for one line on its stdin (a pipe) while
+#: the worker puts it in the cgroup, gives the job /dev/null as stdin, then runs the command in
+#: itself (``$1``) as ``sh -c`` would have
+START_GATE = (
+    'read -r _; exec </dev/null; __corral_command=$1; shift; eval "unset __corral_command; $__corral_command"'
+)
 
 _POLL_S = 0.05
 # After SIGKILL a process normally dies at once; one stuck in uninterruptible sleep (a wedged
@@ -86,20 +96,35 @@ def is_live_member(pid: int, group_id: int) -> bool:
     return len(fields) > 2 and int(fields[2]) == group_id and fields[0] not in (b"Z", b"X")
 
 
-def handles_signal(pid: int, signal_number: int) -> bool | None:
+def handles_signal(
+    pid: int, signal_number: int, masks: tuple[bytes, ...] = (b"SigCgt", b"SigIgn", b"SigBlk")
+) -> bool | None:
     """Whether ``pid`` catches, ignores or blocks ``signal_number`` (so that it does not die of
-    it), from ``/proc/PID/status``; None where that cannot be read (gone, or not Linux)."""
+    it), from ``/proc/PID/status``; None where that cannot be read (gone, or not Linux).
+    ``masks``: which of the three count (``(b"SigCgt",)``: only a handler)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
             lines = status.read().splitlines()
     except OSError:
         return None
-    masks = 0
+    bits = 0
     for line in lines:
         name, _, value = line.partition(b":")
-        if name in (b"SigCgt", b"SigIgn", b"SigBlk"):
-            masks |= int(value.strip() or b"0", 16)
-    return bool(masks & (1 << (signal_number - 1)))
+        if name in masks:
+            bits |= int(value.strip() or b"0", 16)
+    return bool(bits & (1 << (signal_number - 1)))
+
+
+def signal_handlers(root_pid: int, signal_number: int) -> list[psutil.Process]:
+    """The processes of the tree under ``root_pid`` (itself included) that catch ``signal_number``
+    (``SigCgt``), whatever wraps them: ``sh -c "python train.py"`` under a shell that does not exec
+    its last command, ``bash -c "cd x && python y"``, a launcher and its workers."""
+    try:
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    return [process for process in tree if handles_signal(process.pid, signal_number, (b"SigCgt",))]
 
 
 #: the job's output pipe is widened to this (Linux's default is 64 KiB): at 50 MB/s a 64 KiB pipe
@@ -137,105 +162,6 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class OutputPump:
-    """One thread that reads every registered pipe until its end.
-
-    ``add(descriptor, on_chunk, on_end)``: ``on_chunk(bytes)`` for each read (it must not block),
-    then ``on_end()`` once, at the end of the pipe or on a read error, which closes the descriptor
-    (the pump never does: the descriptor's owner may hold it in a file object). Registrations go
-    through a queue and a wake-up pipe, so only the pump's thread ever touches its selector.
-    Started on first use; one per process (``shared_pump``).
-    """
-
-    def __init__(self) -> None:
-        self._selector = selectors.DefaultSelector()
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        self._selector.register(self._wake_read, selectors.EVENT_READ, None)
-        self._pending: list[tuple[int, Callable[[bytes], None], Callable[[], None]]] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="output-pump", daemon=True)
-        self._thread.start()
-
-    def add(self, descriptor: int, on_chunk: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
-        with self._lock:
-            self._pending.append((descriptor, on_chunk, on_end))
-        os.write(self._wake_write, b"\0")
-
-    def _register_pending(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_read, 4096):
-                pass
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for descriptor, on_chunk, on_end in pending:
-            self._selector.register(descriptor, selectors.EVENT_READ, (on_chunk, on_end))
-
-    def _run(self) -> None:
-        while True:
-            try:
-                events = self._selector.select()
-            except OSError:
-                logger.exception("output pump: select failed")
-                time.sleep(_POLL_S)
-                continue
-            for key, _mask in events:
-                if key.data is None:
-                    self._register_pending()
-                else:
-                    self._read(key.fd, *key.data)
-
-    def _read(self, descriptor: int, on_chunk: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
-        try:
-            chunk = os.read(descriptor, 65536)
-        except OSError:
-            chunk = b""
-        if chunk:
-            try:
-                on_chunk(chunk)
-            except Exception:
-                logger.exception("output pump: a listener failed")
-            return
-        self._selector.unregister(descriptor)
-        try:
-            on_end()
-        except Exception:
-            logger.exception("output pump: a listener failed at the end of its pipe")
-
-
-_pump: OutputPump | None = None
-_pump_lock = threading.Lock()
-
-
-def shared_pump() -> OutputPump:
-    global _pump
-    with _pump_lock:
-        if _pump is None:
-            _pump = OutputPump()
-        return _pump
-
-
-class OutputTail:
-    """The last ``limit`` bytes written by the job; thread-safe."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._buffer = bytearray()
-        self._lock = threading.Lock()
-
-    def append(self, chunk: bytes) -> None:
-        if self._limit <= 0:
-            return
-        with self._lock:
-            self._buffer += chunk
-            if len(self._buffer) > self._limit:
-                del self._buffer[: len(self._buffer) - self._limit]
-
-    def text(self) -> str:
-        with self._lock:
-            return self._buffer.decode("utf-8", errors="replace")
-
-
 class JobProcess:
     """A started job. ``stop()`` runs its sequence once, however many threads ask for it."""
 
@@ -248,6 +174,9 @@ class JobProcess:
         log_fields: Mapping[str, Any] | None = None,
         kill_wait_s: float | None = None,
         on_output: Callable[[bytes], None] | None = None,
+        cwd: str | None = None,
+        account: Account | None = None,
+        cgroup: AttemptGroup | None = None,
     ) -> None:
         self.command = command
         #: also given every chunk of output as it is read (the log shipper); must not block
@@ -266,17 +195,37 @@ class JobProcess:
         # The job's descendants when the stop began, wherever their process group (a GNU
         # ``timeout`` or a ``bash -m`` moves its children to a group of their own).
         self._descendants: list[psutil.Process] = []
+        # As another account: its uid, its groups, its umask, taken in the child before the exec.
+        as_account: dict[str, Any] = {}
+        if account is not None and account.uid != os.getuid():
+            as_account = {
+                "user": account.uid,
+                "group": account.gid,
+                "extra_groups": list(account.groups),
+                "umask": account.umask,
+            }
+        #: the attempt's cgroup: every process of the job, however it detached (None: none on this host)
+        self.cgroup = cgroup
+        gate_read, gate_write = os.pipe() if cgroup is not None else (None, None)
+        arguments = (
+            ["/bin/sh", "-c", command] if cgroup is None else ["/bin/sh", "-c", START_GATE, "sh", command]
+        )
         # Running the user's command in a shell is the worker's purpose (the job's submitter chose it).
         self._popen = subprocess.Popen(  # noqa: S603
-            ["/bin/sh", "-c", command],
+            arguments,
             env=env,
-            stdin=_devnull(),
+            stdin=_devnull() if gate_read is None else gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            cwd=cwd,
+            **as_account,
         )
         self.pid = self._popen.pid
+        if gate_read is not None and gate_write is not None:
+            os.close(gate_read)
+            self._join_cgroup(gate_write)
         assert self._popen.stdout is not None
         descriptor = self._popen.stdout.fileno()
         _widen_pipe(descriptor)
@@ -285,6 +234,24 @@ class JobProcess:
         self.fields = {**(log_fields or {}), "pid": self.pid}
         self._output_ended = threading.Event()
         shared_pump().add(descriptor, self._take_output, self._end_output)
+
+    def _join_cgroup(self, gate: int) -> None:
+        """Put the waiting shell in the attempt's cgroup, then let it run the command; a job that
+        cannot join is killed before it ran anything (the error goes to the caller)."""
+        assert self.cgroup is not None
+        try:
+            self.cgroup.attach(self.pid)
+        except OSError:
+            os.close(gate)
+            self._popen.kill()
+            self._popen.wait()
+            if self._popen.stdout is not None:
+                self._popen.stdout.close()
+            raise
+        try:
+            os.write(gate, b"\n")
+        finally:
+            os.close(gate)
 
     # --- output ----------------------------------------------------------------------------
 
@@ -407,19 +374,44 @@ class JobProcess:
         return self._survived_kill
 
     def hint(self, signal_number: int) -> Hint:
-        """Send the job's group a signal that asks rather than stops (SIGUSR1: save a checkpoint).
+        """Send a signal that asks rather than stops (SIGUSR1: save a checkpoint) to every process
+        of the job's tree that handles it (``signal_handlers``), and to no other.
 
-        Sent only while the main process has not been reaped (its PID, the group's id, cannot have
-        been reused) and no stop has begun, and only when the main process catches, ignores or
-        blocks the signal: SIGUSR1's default action ends a process, and a hint must never be what
-        kills a job that has no handler (yet: a Python job installs its handler after its imports).
-        ``sent``; ``unhandled`` (ask again later); ``gone`` (exited or stopping: never again).
+        Sent only while the main process has not been reaped and no stop has begun. SIGUSR1's
+        default action ends a process, so a hint must never reach one without a handler (a shell
+        wrapping the program, a job that has not installed its handler yet: a Python job does so
+        after its imports); the program under the wrapper is the one that asked for it.
+        ``sent``; ``unhandled`` (no process handles it yet: ask again later); ``gone`` (exited or
+        stopping: never again). One scan of the tree per try (a few milliseconds, rare).
         """
         if self._stopping or self._popen.poll() is not None:
             return "gone"
-        if handles_signal(self.pid, signal_number) is False:
-            return "unhandled"
-        return "sent" if self._signal_group(signal_number) else "gone"
+        sent = 0
+        for process in self._handlers(signal_number):
+            try:
+                process.send_signal(signal_number)  # checks the start time: never a reused pid
+            except psutil.Error:
+                continue
+            sent += 1
+        if sent:
+            logger.debug("hint sent", extra={**self.fields, "signal": signal_number, "processes": sent})
+            return "sent"
+        return "unhandled"
+
+    def _handlers(self, signal_number: int) -> list[psutil.Process]:
+        """The job's processes that catch ``signal_number``: in its cgroup where it has one (the
+        detached ones too), else in its process tree."""
+        if self.cgroup is None:
+            return signal_handlers(self.pid, signal_number)
+        found = []
+        for pid in self.cgroup.pids():
+            if handles_signal(pid, signal_number, (b"SigCgt",)):
+                with contextlib.suppress(psutil.Error):
+                    found.append(psutil.Process(pid))
+        return found
+
+    def _cgroup_members(self) -> list[int]:
+        return self.cgroup.pids() if self.cgroup is not None else []
 
     def stop(self) -> bool:
         """SIGTERM to the group, up to ``grace_s`` for it to go, then SIGKILL to the group.
@@ -479,16 +471,25 @@ class JobProcess:
                 continue
 
     def _all_gone(self) -> bool:
-        return self._popen.poll() is not None and self._group_gone() and not self._live_descendants()
+        return (
+            self._popen.poll() is not None
+            and self._group_gone()
+            and not self._live_descendants()
+            and not self._cgroup_members()
+        )
 
     def _terminate_group(self, grace_s: float) -> None:
-        if self._popen.poll() is not None and self._group_gone():
+        if self._popen.poll() is not None and self._group_gone() and not self._cgroup_members():
             # Reaped and its group gone: the PID may already belong to someone else's group.
             return
         self._snapshot_descendants()
         group_signalled = self._signal_group(signal.SIGTERM)
         self._signal_descendants(signal.SIGTERM)
-        if not group_signalled and not self._live_descendants():
+        detached = self._cgroup_members()
+        for pid in detached:  # the ones that left the group and the tree (setsid -f, a double fork)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        if not group_signalled and not self._live_descendants() and not detached:
             self._popen.poll()
             return
         deadline = time.monotonic() + grace_s
@@ -499,6 +500,9 @@ class JobProcess:
         killed = self._signal_group(signal.SIGKILL)
         strays = self._live_descendants()
         self._signal_descendants(signal.SIGKILL)
+        if self.cgroup is not None and self._cgroup_members():
+            killed = True
+            self.cgroup.kill()  # cgroup.kill, or freeze and kill: nothing it forks escapes
         if killed or strays:
             logger.info("job did not stop within the grace period; sent SIGKILL", extra=self.fields)
         deadline = time.monotonic() + self.kill_wait_s
@@ -524,7 +528,7 @@ class JobProcess:
         exits gets the same SIGTERM, grace, SIGKILL sequence (it would also hold the output pipe
         open forever).
         """
-        if not self._group_gone():
+        if not self._group_gone() or self._cgroup_members():
             if not self._stopping:
                 logger.info("job left processes behind; stopping them", extra=self.fields)
             self.stop()

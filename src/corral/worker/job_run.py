@@ -52,10 +52,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints, log_shipper
+from corral.worker import checkpoints, identity, job_files, log_shipper
+from corral.worker.cgroup_limits import attempt_limits
+from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
@@ -93,7 +97,8 @@ def _saved_at(path: Path) -> float | None:
         status = os.stat(path)
     except OSError:
         return None
-    return round(status.st_mtime, 3) if status.st_size > 0 else None
+    # The job sets the time as it likes (``touch -d``): one no heartbeat can carry is left out.
+    return job_files.sane_time(round(status.st_mtime, 3)) if status.st_size > 0 else None
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,9 @@ class JobRun:
         records: ProcessRecords | None = None,
         kept_by_agent: bool = False,
         threads: ThreadPool | None = None,
+        accounts: identity.Accounts | None = None,
+        containment: Containment | None = None,
+        gpu_devices: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
@@ -160,6 +168,10 @@ class JobRun:
         self.finished = threading.Event()
         self._kept_by_agent = kept_by_agent
         self._threads = threads  # the agent's reused threads; None: a thread of its own
+        self._accounts = accounts or identity.Accounts(switching=False)  # who the job runs as
+        self._containment = containment  # a cgroup per attempt, where the host has them
+        self._gpu_devices = gpu_devices or {}
+        self._cgroup: AttemptGroup | None = None
 
     def start(self) -> None:
         name = f"job-{self.job_id}"
@@ -246,7 +258,14 @@ class JobRun:
     def _run(self) -> None:
         workspace: JobWorkspace | None = None
         try:
-            workspace = JobWorkspace(self.job_id, self.attempt)
+            try:
+                account = self._accounts.of(self.claim.user)
+            except identity.NoSuchAccount as error:
+                # Another attempt would meet the same host: not retried (API.md).
+                logger.error("no account to run the job as", extra={**self.fields, "error": str(error)})
+                self._report_failure(None, str(error), "", reason="no_such_account")
+                return
+            workspace = JobWorkspace(self.job_id, self.attempt, account)
             self._workspace = workspace
             self._uploads = checkpoints.AttemptUploads(
                 self._client,
@@ -255,10 +274,20 @@ class JobRun:
                 self.attempt,
                 workspace.checkpoint_out,
                 self.fields,
+                owner=workspace.owner.uid if workspace.owner is not None else None,
             )
+            workdir = self.claim.workdir
+            unusable = identity.unenterable(workdir, account) if workdir is not None else None
+            if unusable is not None:
+                # Another attempt would meet the same directory: not retried (API.md).
+                logger.error("job cannot start in its workdir", extra={**self.fields, "error": unusable})
+                self._report_failure(None, unusable, "", reason="workdir_unavailable")
+                return
             # Transfers can take a while for a large gang: the heartbeats keep the lease meanwhile.
             has_checkpoint = self._fetch_checkpoints(workspace)
-            environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint)
+            workspace.hand_over(workspace.checkpoint_in)
+            workspace.hand_over(workspace.gang_checkpoint_dir)
+            environment = workspace.environment(self.claim_env, self.gpu_indices, has_checkpoint, account)
             self._shipper = log_shipper.for_attempt(
                 self._client,
                 self.job_id,
@@ -267,15 +296,20 @@ class JobRun:
                 self._settings.heartbeat_s,
                 self.fields,
             )
+            self._cgroup = self._open_cgroup()
             try:
-                process = JobProcess(
-                    self.command,
-                    environment,
-                    self._settings.output_tail_bytes,
-                    self._settings.preempt_grace_s,
-                    self.fields,
-                    on_output=self._shipper.write,
-                )
+                try:
+                    process = self._spawn(environment, workdir or str(workspace.directory), account)
+                except JoinError as error:
+                    # The host refused the move into the cgroup: the job runs, without its limits.
+                    logger.error(
+                        "cannot put the job in its cgroup; it runs without",
+                        extra={**self.fields, "error": str(error)},
+                    )
+                    refused, self._cgroup = self._cgroup, None
+                    if self._containment is not None and refused is not None:
+                        self._containment.close(refused)
+                    process = self._spawn(environment, workdir or str(workspace.directory), account)
             except OSError as error:
                 logger.error("job could not start", extra={**self.fields, "error": str(error)})
                 self._report_failure(None, f"could not start: {error}", "")
@@ -331,8 +365,47 @@ class JobRun:
                 workspace.remove()
             if self._records is not None:
                 self._records.forget(self.job_id, self.attempt)
+            if self._cgroup is not None and self._containment is not None:
+                self._containment.close(self._cgroup)
             self.finished.set()
             self._on_finished(self)
+
+    def _spawn(self, environment: dict[str, str], cwd: str, account: identity.Account) -> JobProcess:
+        """The job's process (no workdir: the attempt's own fresh directory, never the worker's)."""
+        assert self._shipper is not None
+        return JobProcess(
+            self.command,
+            environment,
+            self._settings.output_tail_bytes,
+            self._settings.preempt_grace_s,
+            self.fields,
+            on_output=self._shipper.write,
+            cwd=cwd,
+            account=account,
+            cgroup=self._cgroup,
+        )
+
+    def _open_cgroup(self) -> AttemptGroup | None:
+        """The attempt's cgroup, held to what its claim asked for; None where the host has none,
+        or where one could not be made (the job runs without, said in a line)."""
+        if self._containment is None:
+            return None
+        resources = self.claim.resources
+        limits = attempt_limits(
+            resources.memory_mb,
+            resources.cpus,
+            self.gpu_indices,
+            self._settings.default_job_memory_mb,
+            self._settings.job_pids_max,
+            self._gpu_devices,
+        )
+        try:
+            return self._containment.open(limits)
+        except OSError as error:
+            logger.error(
+                "cannot make the job's cgroup; it runs without", extra={**self.fields, "error": str(error)}
+            )
+            return None
 
     def _fetch_checkpoints(self, workspace: JobWorkspace) -> bool:
         """Before the start: the job's own checkpoint to ``CORRAL_CHECKPOINT_IN`` (True when it is
@@ -457,6 +530,14 @@ class JobRun:
         deferral = self._pending_deferral(phase)
         if deferral is not None:
             body["defer_s"] = deferral.seconds
+        try:
+            # The worker heartbeat carries every attempt's body: one that cannot be encoded would
+            # cost every job on the worker its lease. The readings are validated where they are
+            # taken; this is the last guard, and costs one small encode per attempt and beat.
+            orjson.dumps(body)
+        except (TypeError, orjson.JSONEncodeError):
+            logger.error("the job's heartbeat body cannot be encoded; sent bare", extra=self.fields)
+            return BeatRequest({})
         return BeatRequest(body, phase, deferral)
 
     def beat_unreachable(self, error: Exception) -> None:
@@ -513,9 +594,9 @@ class JobRun:
         if checkpoint_at is not None:
             body["checkpoint_at"] = checkpoint_at
         try:
-            step = watch.beat_file.step() if watch is not None else None
-            if step is not None and step.lstrip("-").isdigit():
-                body["progress"] = {"step": int(step)}
+            step = watch.beat_file.progress_step() if watch is not None else None
+            if step is not None:
+                body["progress"] = {"step": step}
             reading = probe.read() if probe is not None else None
         except Exception:
             logger.debug("job reading for the heartbeat failed", extra=self.fields, exc_info=True)
@@ -611,6 +692,12 @@ class JobRun:
             # The worker's doing, not the job's: hand it back without spending its attempt.
             self._report_failure(exit_code, SHUTDOWN_ERROR, tail, release=True)
             return
+        if exit_code != 0 and self._cgroup is not None and self._cgroup.oom_killed():
+            limits = self._cgroup.limits
+            limit_mb = limits.memory_bytes // (1024 * 1024) if limits and limits.memory_bytes else None
+            error = f"out of memory at its limit ({limit_mb} MB): {describe_exit(exit_code)} by the kernel"
+            self._report_failure(exit_code, error, tail, reason="oom_killed")
+            return
         if exit_code == 0:
             logger.info("job exited 0; reporting done", extra=fields)
             deliver_outcome(
@@ -636,12 +723,18 @@ class JobRun:
                 extra={**fields, "status": answer.status, "watchdog_retries": answer.watchdog_retries},
             )
 
-    def _report_failure(self, exit_code: int | None, error: str, tail: str, release: bool = False) -> None:
+    def _report_failure(
+        self, exit_code: int | None, error: str, tail: str, release: bool = False, reason: str | None = None
+    ) -> None:
+        """``reason``: a failure code of API.md (``no_such_account``, ``workdir_unavailable``,
+        ``oom_killed``), sent only when there is one (a server without the field refuses it)."""
         with self._lock:
             self._reported = True
-        fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release}
+        fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release, "reason": reason}
         logger.info("job failed; reporting", extra=fields)
-        options = {"release": True} if release else {}
+        options: dict[str, Any] = {"release": True} if release else {}
+        if reason is not None:
+            options["reason"] = reason
         deliver_outcome(
             lambda: self._client.fail(
                 self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options

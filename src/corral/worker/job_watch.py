@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from corral.config import WorkerSettings
 from corral.domain.clock import to_rfc3339
+from corral.worker import job_files
 from corral.worker.samplers import GpuProbe, MemorySampler
 from corral.worker.watchdogs import (
     BudgetWatchdog,
@@ -72,13 +73,16 @@ class BeatFile:
         return True
 
     def step(self) -> str | None:
-        """What the job last wrote (its step, by convention), for the trip's detail."""
-        try:
-            with open(self.path, "rb") as beat:
-                text = beat.read(64).decode(errors="replace").strip()
-        except OSError:
-            return None
+        """What the job last wrote (its step, by convention), for the trip's detail: the first
+        ``BEAT_BYTES`` of a regular file, read without waiting (``corral.worker.job_files``)."""
+        raw = job_files.read_head(self.path, job_files.BEAT_BYTES)
+        text = raw.decode(errors="replace").strip() if raw else ""
         return text or None
+
+    def progress_step(self) -> int | None:
+        """The step for the heartbeat's ``progress``: a plain integer any heartbeat can carry, else
+        None (a job that writes anything else beats all the same, it only shows no step)."""
+        return job_files.parse_step(job_files.read_value(self.path, job_files.BEAT_BYTES))
 
 
 class JobProbe:

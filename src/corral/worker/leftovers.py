@@ -51,6 +51,11 @@ def default_state_dir(worker_id: str) -> Path:
     return Path(tempfile.gettempdir()) / f"corral-{os.getuid()}" / f"worker-{safe}"
 
 
+def state_directory(setting: str | None, worker_id: str) -> Path:
+    """The worker's state directory: ``--state-dir`` when given, else the default for its id."""
+    return Path(setting) if setting else default_state_dir(worker_id)
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessRecord:
     job_id: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import threading
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 from corral.config import WorkerSettings, add_flags, load
 from corral.observability.logging import configure_logging
+from corral.worker import leftovers, state_lock
 from corral.worker.agent import Agent
 from corral.worker.resources import resolve_offer
 
@@ -70,6 +72,20 @@ class ShutdownSignals:
             logger.info(f"{name}: shutting down once running jobs finish", extra=self.fields)
 
 
+def root_without_auth(settings: WorkerSettings) -> str | None:
+    """Why a worker must not start: as root, without auth (no token), for a server not on
+    loopback, every job of anyone who can reach the server would run as root on this host. A
+    one-machine cluster (``corral up``, the tests) and ``--allow-root-jobs`` are let through."""
+    if os.geteuid() != 0 or os.environ.get("CORRAL_TOKEN", "").strip():
+        return None
+    if is_loopback_url(settings.server) or settings.allow_root_jobs:
+        return None
+    return (
+        "refusing to run jobs as root for a server without auth that is not on loopback: give the worker "
+        "a token (CORRAL_TOKEN) so jobs run as their users' accounts, or pass --allow-root-jobs"
+    )
+
+
 def run(arguments: argparse.Namespace) -> int:
     settings: WorkerSettings = load(WorkerSettings, arguments)
     configure_logging(settings.log_level)
@@ -78,6 +94,15 @@ def run(arguments: argparse.Namespace) -> int:
     )
     worker_id = settings.worker_id or socket.gethostname()
     address = settings.worker_address or default_address(settings.server)
+    if refusal := root_without_auth(settings):
+        logger.error(refusal, extra={"worker_id": worker_id})
+        return 1
+    try:
+        # Held until the process ends (the kernel drops it then): see corral.worker.state_lock.
+        state_lock.hold(leftovers.state_directory(settings.state_dir, worker_id))
+    except state_lock.StateDirectoryInUse as error:
+        logger.error(str(error), extra={"worker_id": worker_id, "holder_pid": error.pid})
+        return 1
     signals = ShutdownSignals(worker_id)
     signals.install()
     agent = Agent(settings, worker_id, address, offer)

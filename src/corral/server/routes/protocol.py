@@ -328,7 +328,14 @@ async def fail(request: Request) -> Response:
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
     decide = changes.failure_decision(
-        worker_id, attempt, state.clock.now(), body.exit_code, body.error, body.output_tail, body.release
+        worker_id,
+        attempt,
+        state.clock.now(),
+        body.exit_code,
+        body.error,
+        body.output_tail,
+        body.release,
+        body.reason,
     )
     reported = await state.executor.grouped(REPORTS, (request.path_params["job_id"], decide))
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)

@@ -48,6 +48,7 @@ def worker_to_wire(view: WorkerView) -> dict[str, Any]:
             {"index": reading.index, "util_pct": reading.util_pct, "mem_used_mb": reading.mem_used_mb}
             for reading in worker.gpu_stats
         ],
+        "enforcement": dict(worker.enforcement),
     }
 
 
@@ -88,6 +89,7 @@ async def register(request: Request) -> Response:
             resources=body.resources.to_domain(),
             gpu_model=body.gpu_model,
             labels=dict(body.labels),
+            enforcement=body.enforcement.model_dump() if body.enforcement is not None else {},
         ),
         state.clock.now(),
     )
