@@ -300,6 +300,7 @@ class RacingPlacement(Claim):
     claim has read the worker's allocations, before it locks the reserved task."""
 
     def __init__(self, act) -> None:
+        super().__init__()
         self.act = act
 
     def reserved_task(self, worker, allocations):

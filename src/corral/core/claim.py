@@ -42,6 +42,8 @@ class Claim:
 
     def __init__(self, pools: Mapping[str, PoolView] | None = None) -> None:
         self.pools: Mapping[str, PoolView] = pools if pools is not None else {}
+        self._unreclaimable: dict[tuple[str, int, str], bool] = {}
+        self._converted: tuple[BorrowingView, borrowing.Guarantees] | None = None
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
@@ -55,21 +57,22 @@ class Claim:
         return lifecycle.start(job, worker_id, gpu_indices, now, claim_key)
 
     def unreclaimable(self, job: Job) -> bool:
-        """Step 3's test: work no preemption could take back, its pool's kind included."""
-        return protection.unreclaimable(job, self.pool_kind(job.spec.pool))
+        """Step 3's test: work no preemption could take back, its pool's kind included (kept per
+        pool, class and checkpoint mode: a poll may ask it of thousands of candidates)."""
+        spec = job.spec
+        key = (spec.pool, spec.preemption_class, spec.checkpoint_mode)
+        found = self._unreclaimable.get(key)
+        if found is None:
+            found = self._unreclaimable[key] = protection.unreclaimable(job, self.pool_kind(spec.pool))
+        return found
 
     def pool_kind(self, path: str) -> str:
-        pool = self.pools.get(path)
-        if pool is None:
-            pool = next(
-                (
-                    self.pools[ancestor]
-                    for ancestor in reversed(pool_rules.ancestors(path))
-                    if ancestor in self.pools
-                ),
-                None,
-            )
-        return pool.kind if pool is not None else pool_rules.PoolKind.BATCH
+        """The kind of the pool at ``path``, or of its nearest ancestor with an entry."""
+        for candidate in (path, *reversed(pool_rules.ancestors(path))):
+            pool = self.pools.get(candidate)
+            if pool is not None:
+                return pool.kind
+        return pool_rules.PoolKind.BATCH
 
     def choose(
         self,
@@ -82,29 +85,35 @@ class Claim:
     ) -> tuple[Job, tuple[int, ...]] | None:
         """Steps 2 and 3: the first candidate, in the order given, that fits and may start; None when
         none does. ``borrowing_view`` None: nothing is borrowed (no guarantees to protect)."""
-        # The held-back capacity is computed once, and a candidate that cannot fit it is skipped
-        # before a reason is worded: a poll may read thousands.
+        # The held-back capacity is computed once, and a candidate is refused on its resources, then
+        # on the borrowing rule, before its constraints are checked and a reason is worded: a poll
+        # may read thousands.
         held_back = without_holds(capacity, holds) if holds else capacity
         guarantees: borrowing.Guarantees | None = None
         for job in candidates:
             usable = capacity if not holds or may_backfill(job, holds, now) else held_back
             if not usable.free.covers(job.spec.resources):
                 continue
-            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
-            if not isinstance(decision, Placement):
-                continue
             if borrowing_view is not None and self.unreclaimable(job):
                 if guarantees is None:
-                    view = borrowing_view()
-                    guarantees = borrowing.Guarantees(
-                        view.free_gpus,
-                        {path: gpus for path, gpus in view.guaranteed.items() if gpus > 0},
-                        dict(view.held),
-                    )
+                    guarantees = self._guarantees(borrowing_view())
                 if not borrowing.may_place(job, job.spec.resources.gpus, guarantees):
                     continue
-            return job, decision.gpu_indices
+            decision = place(job.spec.resources, job.spec.constraints, worker, usable)
+            if isinstance(decision, Placement):
+                return job, decision.gpu_indices
         return None
+
+    def _guarantees(self, view: BorrowingView) -> borrowing.Guarantees:
+        """The rule's figures for ``view``; kept while the caller hands in the same view (the
+        simulator keeps its view until an allocation changes)."""
+        kept = self._converted
+        if kept is not None and kept[0] is view:
+            return kept[1]
+        guaranteed = {path: gpus for path, gpus in view.guaranteed.items() if gpus > 0}
+        converted = borrowing.Guarantees(view.free_gpus, guaranteed, dict(view.held))
+        self._converted = (view, converted)
+        return converted
 
 
 def reserved_task(worker: Worker, allocations: Sequence[Allocation]) -> str | None:

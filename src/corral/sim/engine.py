@@ -145,6 +145,8 @@ class Engine:
         #: the pools' starvation timers (the store's ``pool_starvation``)
         self.starvation: dict[str, pool_rules.StarvationState] = {}
         self.total_gpus = scenario.cluster.gpus
+        #: the claim's borrowing figures while no allocation changes (``_borrowing_view``)
+        self.view: BorrowingView | None = None
         #: the claim's policy, reading the pools' kinds from ``pools`` as they grow
         self.claim = Claim(self.pools)
         self.now = 0.0
@@ -475,9 +477,12 @@ class Engine:
 
     def _borrowing_view(self) -> BorrowingView:
         """What the store's claim reads for the borrowing rule: GPUs free on the (usable) workers,
-        each stored pool's guaranteed GPUs, the GPUs each pool's jobs hold."""
-        held = {pool: gpus for pool, gpus in self.held_by_pool.items() if gpus}
-        return BorrowingView(self.total_gpus - self.allocated_gpus, self.guaranteed, held)
+        each stored pool's guaranteed GPUs, the GPUs each pool's jobs hold. The same object until
+        an allocation changes (the claim then reuses what it made of it)."""
+        if self.view is None:
+            held = {pool: gpus for pool, gpus in self.held_by_pool.items() if gpus}
+            self.view = BorrowingView(self.total_gpus - self.allocated_gpus, self.guaranteed, held)
+        return self.view
 
     def _fitting(self, free: Resources) -> Iterable[Job]:
         """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
@@ -849,6 +854,7 @@ class Engine:
         pool = after.spec.pool
         gpus = after.spec.resources.gpus
         if was != now_holds:
+            self.view = None
             delta = gpus if now_holds else -gpus
             if delta < 0:
                 self.released_since_round = True
