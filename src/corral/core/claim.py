@@ -20,6 +20,7 @@ step 3 concerns (the store reads them inside its transaction; the common claim n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from corral.core import borrowing, lifecycle, protection
 from corral.core.placement import Capacity, Placement, free_capacity, may_backfill, place, without_holds
@@ -43,7 +44,7 @@ class Claim:
     def __init__(self, pools: Mapping[str, PoolView] | None = None) -> None:
         self.pools: Mapping[str, PoolView] = pools if pools is not None else {}
         self._unreclaimable: dict[tuple[str, int, str], bool] = {}
-        self._converted: tuple[BorrowingView, borrowing.Guarantees] | None = None
+        self._kept: _RuleOn | None = None
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
@@ -89,31 +90,54 @@ class Claim:
         # on the borrowing rule, before its constraints are checked and a reason is worded: a poll
         # may read thousands.
         held_back = without_holds(capacity, holds) if holds else capacity
-        guarantees: borrowing.Guarantees | None = None
+        rule: _RuleOn | None = None
         for job in candidates:
             usable = capacity if not holds or may_backfill(job, holds, now) else held_back
             if not usable.free.covers(job.spec.resources):
                 continue
             if borrowing_view is not None and self.unreclaimable(job):
-                if guarantees is None:
-                    guarantees = self._guarantees(borrowing_view())
-                if not borrowing.may_place(job, job.spec.resources.gpus, guarantees):
+                if rule is None:
+                    rule = self._rule_on(borrowing_view())
+                if not rule.may_borrow(job):
                     continue
             decision = place(job.spec.resources, job.spec.constraints, worker, usable)
             if isinstance(decision, Placement):
                 return job, decision.gpu_indices
         return None
 
-    def _guarantees(self, view: BorrowingView) -> borrowing.Guarantees:
-        """The rule's figures for ``view``; kept while the caller hands in the same view (the
-        simulator keeps its view until an allocation changes)."""
-        kept = self._converted
-        if kept is not None and kept[0] is view:
-            return kept[1]
+    def may_borrow(self, job: Job, view: BorrowingView) -> bool:
+        """Step 3 alone: whether ``job``, if no preemption could take it back, may start on the
+        cluster ``view`` shows (a caller that keeps its queue in memory asks it before polling)."""
+        return not self.unreclaimable(job) or self._rule_on(view).may_borrow(job)
+
+    def _rule_on(self, view: BorrowingView) -> _RuleOn:
+        """The rule's figures for ``view``, with its answers on them; kept while the caller hands in
+        the same view (the simulator keeps its view until an allocation changes). A store thread
+        keeps its own reference: another thread's view replaces the kept one, never changes it."""
+        kept = self._kept
+        if kept is not None and kept.view is view:
+            return kept
         guaranteed = {path: gpus for path, gpus in view.guaranteed.items() if gpus > 0}
-        converted = borrowing.Guarantees(view.free_gpus, guaranteed, dict(view.held))
-        self._converted = (view, converted)
-        return converted
+        kept = _RuleOn(view, borrowing.Guarantees(view.free_gpus, guaranteed, dict(view.held)))
+        self._kept = kept
+        return kept
+
+
+@dataclass(slots=True)
+class _RuleOn:
+    """``borrowing.may_place`` on one view of the cluster: its answer depends only on the job's
+    pool and GPUs, so it is kept by those."""
+
+    view: BorrowingView
+    guarantees: borrowing.Guarantees
+    answers: dict[tuple[str, int], bool] = field(default_factory=dict)
+
+    def may_borrow(self, job: Job) -> bool:
+        key = (job.spec.pool, job.spec.resources.gpus)
+        answer = self.answers.get(key)
+        if answer is None:
+            answer = self.answers[key] = borrowing.may_place(job, job.spec.resources.gpus, self.guarantees)
+        return answer
 
 
 def reserved_task(worker: Worker, allocations: Sequence[Allocation]) -> str | None:

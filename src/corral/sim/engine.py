@@ -173,7 +173,7 @@ class Engine:
         #: pending jobs no preemption could take back (the claim's borrowing rule may refuse them
         #: on any worker), and whether GPUs were released since the last claim round: the rule's
         #: answer then may change on workers whose own capacity did not
-        self.pending_unreclaimable = 0
+        self.pending_unreclaimable: dict[tuple[str, int], list[Any]] = {}  # (pool, GPUs) -> [count, a job]
         self.released_since_round = False
         self.pending_gpus: dict[int, int] = {}  # GPUs asked -> pending jobs asking for that many
         self.dirty: set[str] = set()  # workers whose capacity, holds or reservations changed
@@ -393,7 +393,7 @@ class Engine:
         self._refresh_roomy()
         fresh = bool(self.pending) and (
             self.pending_added > self.round_version
-            or (self.released_since_round and self.pending_unreclaimable > 0 and bool(self.guaranteed))
+            or (self.released_since_round and self._protected_may_start())
         )
         if not self.dirty and not fresh:
             return
@@ -422,6 +422,15 @@ class Engine:
             self.claimer = None
         self.round_version = self.pending_added
         self.released_since_round = False
+
+    def _protected_may_start(self) -> bool:
+        """Whether a pending job no preemption could take back may now start somewhere as far as
+        the claim's borrowing rule goes (its answer reads the whole cluster, so GPUs released on
+        one worker may let it start on another that found nothing before)."""
+        if not self.pending_unreclaimable or not self.guaranteed:
+            return False
+        view = self._borrowing_view()
+        return any(self.claim.may_borrow(job, view) for _, job in self.pending_unreclaimable.values())
 
     def _refresh_roomy(self) -> None:
         """Keep ``roomy`` (the workers with a free GPU, sorted) up to date for the workers whose
@@ -502,7 +511,8 @@ class Engine:
         insort(self.pending, (key, job.id))
         self.pending_added += 1
         if self.claim.unreclaimable(job):
-            self.pending_unreclaimable += 1
+            kept = self.pending_unreclaimable.setdefault((job.spec.pool, job.spec.resources.gpus), [0, job])
+            kept[0] += 1
         gpus = job.spec.resources.gpus
         self.pending_gpus[gpus] = self.pending_gpus.get(gpus, 0) + 1
 
@@ -513,7 +523,10 @@ class Engine:
             del self.pending[index]
             self.pending_gpus[job.spec.resources.gpus] -= 1
             if self.claim.unreclaimable(job):
-                self.pending_unreclaimable -= 1
+                key = (job.spec.pool, job.spec.resources.gpus)
+                self.pending_unreclaimable[key][0] -= 1
+                if not self.pending_unreclaimable[key][0]:
+                    del self.pending_unreclaimable[key]
 
     # --- the admission cycle -------------------------------------------------------------------
 
