@@ -7,6 +7,7 @@ from corral.core import admission, cycle
 from corral.core.claim import Claim
 from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
+from corral.domain.pools import PoolDefaults
 from corral.domain.records import JobSpec, Reason
 from corral.domain.resources import Resources
 from corral.domain.status import Status
@@ -168,7 +169,8 @@ def test_the_cycle_memo_over_kept_records_decides_as_a_count_from_scratch(store)
         reading = cycle.CycleReading(
             inputs.workers, inputs.allocations, inputs.gangs, inputs.holding, inputs.pending
         )
-        snapshot = cycle.snapshot_of(reading, now, None, lambda paths: (), {})
+        pools = cycle.PoolsReading({}, {}, {}, PoolDefaults())
+        snapshot = cycle.snapshot_of(reading, now, pools, lambda paths: (), {}, fair_share=False)
         with_memo = admission.decide(snapshot, 30.0, PreemptionSettings(), memo)
         assert with_memo == admission.decide(snapshot, 30.0, PreemptionSettings(), None)
         planned += len(with_memo.preemptions)

@@ -171,8 +171,8 @@ def test_progress_is_a_line_every_10_s_off_a_terminal_and_a_bar_on_one() -> None
         "corral sim: corral: 10/30 jobs done, 100 submitted, simulated 10.0 h",
         "corral sim: corral: 20/30 jobs done, 200 submitted, simulated 20.0 h",
     ]
-    show(Progress(now=200_000.0, horizon=86400.0, submitted=300, done=30, total=30))
-    assert stream.getvalue().splitlines()[-1].startswith("corral sim: corral: 30/30 jobs done"), "the end"
+    show(Progress(now=200_000.0, horizon=86400.0, submitted=300, done=29, total=30, finished=True))
+    assert stream.getvalue().splitlines()[-1].startswith("corral sim: corral: 29/30 jobs done"), "the end"
     bar = Captured(terminal=True)
     _progress_bar("fifo", bar, clock=lambda: 0.0)(Progress(60.0, 120.0, 4, 2, 4))
     assert (
@@ -188,7 +188,7 @@ def test_the_end_of_a_run_is_shown_once() -> None:
     stream = Captured(terminal=False)
     show = _progress_bar("corral", stream, clock=lambda: 0.0)
     for _ in range(3):
-        show(Progress(now=50.0, horizon=10.0, submitted=2, done=2, total=2))
+        show(Progress(now=50.0, horizon=10.0, submitted=2, done=2, total=2, finished=True))
     assert stream.getvalue().splitlines() == [
         "corral sim: corral: 2/2 jobs done, 2 submitted, simulated 50 s"
     ]

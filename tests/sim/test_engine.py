@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from corral.domain.pools import PoolSettings
+from corral.domain.resources import Resources
 from corral.sim import engine
 from corral.sim.policy import CORRAL, FIFO
 from corral.sim.readers import uniform_cluster
@@ -77,3 +79,19 @@ def test_a_run_is_deterministic() -> None:
     first = engine.run(scenario(*jobs, workers=3), CORRAL, record_decisions=True)
     second = engine.run(scenario(*jobs, workers=3), CORRAL, record_decisions=True)
     assert first.decisions == second.decisions and len(first.ends) == 40
+
+
+def test_every_policy_keeps_unreclaimable_gangs_off_borrowed_capacity() -> None:
+    """Admission's borrowing rule reads the pools whether or not fair share is planned: under FIFO
+    too, a class-10 gang that would take the GPUs another pool is guaranteed never starts (it
+    could never be taken back), and the guaranteed pool's work runs at once."""
+    pools = {"home": PoolSettings(guarantee=Resources(gpus=4))}
+    jobs = (
+        WorkloadJob("g", 0, 50, 2, gang_size=2, pool="guest", preemption_class=10),
+        WorkloadJob("h", 20, 30, 2, gang_size=2, pool="home"),
+    )
+    case = Scenario(Workload(jobs), uniform_cluster(2, 2), pools, SETTINGS)
+    for policy in (CORRAL, FIFO):
+        record = engine.run(case, policy)
+        assert "g" not in record.starts, policy.name
+        assert record.starts["h"] == 20.0, policy.name

@@ -678,6 +678,19 @@ def test_a_preemptor_is_placed_only_where_its_constraints_allow() -> None:
     assert [place.worker_id for place in found.placements] == ["w-h100"]
 
 
+def test_room_a_gang_victim_frees_on_a_worker_the_preemptor_may_not_use_is_not_counted() -> None:
+    """The set must make room on eligible workers: the gang's A100 GPUs do not count for a job
+    asking for H100s, so the single job beside the gang's H100 task is taken too."""
+    a100 = gpu_worker(gpus=2, worker_id="w-a100", gpu_model="A100")
+    h100 = gpu_worker(gpus=2, worker_id="w-h100", gpu_model="H100")
+    holding = running_gang("g-low", [(a100, [0, 1]), (h100, [0])], cls=0)
+    holding.append(running(h100, [1], cls=0, job_id="j-beside"))
+    want = waiting(gpus=2, cls=5, constraints=Constraints(gpu_model="H100"))
+    (found,) = planned([a100, h100], holding, [single(want)]).preemptions
+    assert sorted(victim.key for victim in found.victims) == ["g-low", "j-beside"]
+    assert [place.worker_id for place in found.placements] == ["w-h100"]
+
+
 @pytest.mark.xfail(strict=True, reason=GREEDY_SEARCH)
 def test_a_gang_finds_a_victim_set_the_cheapest_worker_cannot_complete() -> None:
     """The smallest case ``test_properties_over_random_clusters`` found planning again."""

@@ -252,12 +252,12 @@ def _progress_bar(
 
     def show(progress: engine.Progress) -> None:
         at = clock()
-        finished = progress.done == progress.total
-        if finished and last[0] == math.inf:
-            return  # the end is shown once
-        if at - last[0] < (0.1 if terminal else PROGRESS_EVERY_S) and not finished:
+        if progress.finished:
+            if last[0] == math.inf:
+                return  # the end is shown once
+        elif at - last[0] < (0.1 if terminal else PROGRESS_EVERY_S):
             return
-        last[0] = math.inf if finished else at
+        last[0] = math.inf if progress.finished else at
         fraction = progress.done / progress.total if progress.total else 1.0
         counts = (
             f"{progress.done:,}/{progress.total:,} jobs done, {progress.submitted:,} submitted,"

@@ -31,7 +31,7 @@ __all__ = [
     "CycleEffects",
     "CycleReading",
     "CycleSettings",
-    "FairShareReading",
+    "PoolsReading",
     "apply_cycle",
     "expected_ends",
     "pool_defaults",
@@ -115,9 +115,10 @@ class CycleReading:
 
 
 @dataclass(frozen=True, slots=True)
-class FairShareReading:
-    """What a cycle reads for fair share: the pools as resolved, what each pool's own jobs hold and
-    ask for, and the starvation timers as the last cycle left them."""
+class PoolsReading:
+    """What a cycle reads of the pools: the pools as resolved, what each pool's own jobs hold and
+    ask for (for fair share), the starvation timers as the last cycle left them, and what a pool
+    without a row inherits."""
 
     pools: dict[str, pool_rules.Pool]
     usage: Mapping[str, pool_rules.PoolUsage]
@@ -138,22 +139,23 @@ def expected_ends(holding: Iterable[Job], now: float) -> dict[str, float]:
 def snapshot_of(
     reading: CycleReading,
     now: float,
-    fair_share: FairShareReading | None,
+    pools: PoolsReading,
     pending_in_pools: Callable[[Sequence[str]], Iterable[Job]],
     last_preemptive: Mapping[str, float],
+    fair_share: bool = True,
 ) -> Snapshot:
-    """Step 1 (module docstring). ``fair_share`` None: fair share is not planned (the simulator's
-    baselines without preemption). ``pending_in_pools`` reads the pending single jobs of the
-    starving pools' subtrees, in queue order, at most ``PREEMPTOR_CANDIDATES``: they may preempt
-    for fair share whatever the lowest running class. The new starvation timers are the
-    snapshot's ``fair.starvation``: the caller keeps them for the next cycle."""
-    pools: Mapping[str, pool_rules.Pool] = {}
+    """Step 1 (module docstring). ``fair_share`` False: fair share is not planned (the simulator's
+    baselines without preemption; the pools still feed admission's borrowing rule).
+    ``pending_in_pools`` reads the pending single jobs of the starving pools' subtrees, in queue
+    order, at most ``PREEMPTOR_CANDIDATES``: they may preempt for fair share whatever the lowest
+    running class. The new starvation timers are the snapshot's ``fair.starvation``: the caller
+    keeps them for the next cycle."""
+    resolved = pool_rules.with_job_pools(pools.pools, pools.usage, pools.defaults)
     fair: fairshare.FairShareState | None = None
     preemptors = reading.preemptors
-    if fair_share is not None:
-        pools = pool_rules.with_job_pools(fair_share.pools, fair_share.usage, fair_share.defaults)
+    if fair_share:
         total = fairshare.cluster_of(reading.workers)
-        fair = fairshare.cycle_state(pools, fair_share.usage, total, fair_share.starvation, now)
+        fair = fairshare.cycle_state(resolved, pools.usage, total, pools.starvation, now)
         starving = fair.starving_pools()
         if starving:
             known = {job.id for job in preemptors}
@@ -166,7 +168,7 @@ def snapshot_of(
         pending=preemptors,
         expected_ends=expected_ends(reading.holding, now),
         holding=reading.holding,
-        pools=pools,
+        pools=resolved,
         last_preemptive=last_preemptive,
         fair=fair,
     )

@@ -70,6 +70,8 @@ class ServerState:
     reader_process: InitVar[StoreProcess | None] = None
     #: the claim's policy with the pools it was made from, and when (``claim_policy``)
     _claim: tuple[float, Claim] | None = field(default=None, init=False)
+    #: bumped by ``pools_changed``: a claim policy read before the bump is never kept after it
+    _pools_generation: int = field(default=0, init=False)
 
     def __post_init__(self, planner: StoreProcess | None, reader: StoreProcess | None) -> None:
         settings = self.settings
@@ -94,16 +96,20 @@ class ServerState:
         """The claim's policy (``corral.core.claim``), with the pools as stored (the claim reads a
         job's pool kind): read again once it is an admission tick old, and at once after this
         replica changed a pool (``pools_changed``); another replica's change reaches this one's
-        claims within a tick. Called on store threads: the swap of one attribute is atomic."""
+        claims within a tick. Called on store threads: the swap of one attribute is atomic, and a
+        policy read before a change here (``pools_changed`` ran meanwhile) is used once, not kept."""
         kept = self._claim
         now = time.monotonic()
         if kept is None or now - kept[0] >= self.settings.admission_tick_s:
+            generation = self._pools_generation
             kept = (now, Claim(pools.resolve(self.store.pools(), self.pool_defaults)))
-            self._claim = kept
+            if generation == self._pools_generation:
+                self._claim = kept
         return kept[1]
 
     def pools_changed(self) -> None:
         """A pool was stored or deleted here: the next claim reads the pools again."""
+        self._pools_generation += 1
         self._claim = None
 
     def released(self, gang_waiting: bool = False) -> None:

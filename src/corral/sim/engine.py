@@ -67,6 +67,8 @@ class Progress:
     submitted: int
     done: int
     total: int
+    #: the run is over (every event handled): the last report
+    finished: bool = False
 
 
 @dataclass(slots=True)
@@ -232,18 +234,18 @@ class Engine:
                 self._claims()
                 next_tick = self._next_tick(next_tick, tick)
             self._report(horizon)
-        self._report(horizon)
+        self._report(horizon, finished=True)
         return self.record
 
-    def _report(self, horizon: float) -> None:
+    def _report(self, horizon: float, finished: bool = False) -> None:
         """Tell ``progress`` how far the run has got (after each step: the callback decides how
         often to show it, by the wall clock)."""
         if self.progress is not None:
-            self.progress(self._how_far(horizon))
+            self.progress(self._how_far(horizon, finished))
 
-    def _how_far(self, horizon: float) -> Progress:
+    def _how_far(self, horizon: float, finished: bool = False) -> Progress:
         total = len(self.scenario.workload.jobs)
-        return Progress(self.now, horizon, self.submitted, len(self.record.ends), total)
+        return Progress(self.now, horizon, self.submitted, len(self.record.ends), total, finished)
 
     def _next_tick(self, current: float, tick: float) -> float:
         """The next tick that may decide something: the next one, or, when a cycle then could not
@@ -609,13 +611,10 @@ class Engine:
             holding=holding,
             preemptors=preemptors,
         )
-        fair_share = None
-        if planned:
-            fair_share = cycle.FairShareReading(
-                self.pools, self._pool_usage(), self.starvation, self.pool_defaults
-            )
+        usage = self._pool_usage() if planned else {}
+        pools = cycle.PoolsReading(self.pools, usage, self.starvation, self.pool_defaults)
         snapshot = cycle.snapshot_of(
-            reading, self.now, fair_share, self._pending_in_pools, self.last_preemptive
+            reading, self.now, pools, self._pending_in_pools, self.last_preemptive, fair_share=planned
         )
         if snapshot.fair is not None:
             self.starvation = dict(snapshot.fair.starvation)

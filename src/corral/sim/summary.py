@@ -11,7 +11,8 @@ Definitions (the README's "Simulating a cluster" says the same):
   has exited) integrated over the makespan, divided by the cluster's GPUs times the makespan;
   **GPU reserved** the same for the GPUs reserved for work not started yet (a gang's tasks waiting
   for their claims, a preemptor waiting for its victims to leave): room held, not used. Both
-  policies are counted alike; the two never overlap, so their sum is at most 100%;
+  policies are counted alike. A preemptor reserved on GPUs its victims still hold counts in both
+  (the victims' GPUs are busy until they exit): busy alone never exceeds 100%;
 - **GPU-hours lost** to preemption: each victim's GPUs times the work it did since what it resumes
   from (its checkpoint phase's save, its own last periodic checkpoint, or its start);
 - **gangs over the bound**: gangs (``gang_size`` > 1) whose queueing delay exceeded

@@ -5,6 +5,7 @@ where its tasks go once its victims have left."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from corral.core.decisions import TaskPlacement
@@ -179,9 +180,13 @@ class Room:
         else:
             self.gpu_room.discard(worker_id)
 
-    def tasks_with(self, chosen: Sequence[Unit], workers: set[str], request: Resources) -> int:
-        """Tasks of ``request`` that fit on ``workers`` and the workers ``chosen`` frees, once it has."""
-        capacity = self.freed_capacity(chosen, workers | {w for unit in chosen for w in unit.frees})
+    def tasks_with(
+        self, chosen: Sequence[Unit], workers: set[str], request: Resources, eligible: AbstractSet[str]
+    ) -> int:
+        """Tasks of ``request`` that fit on ``workers`` and the ``eligible`` workers ``chosen``
+        frees, once it has (a gang victim also frees workers the preemptor may not use)."""
+        freed = {worker_id for unit in chosen for worker_id in unit.frees if worker_id in eligible}
+        capacity = self.freed_capacity(chosen, workers | freed)
         return sum(tasks_fitting(free, request) for free, _ in capacity.values())
 
     def freed_capacity(

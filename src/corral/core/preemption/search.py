@@ -176,7 +176,7 @@ class Search:
                 continue
             chosen.extend(new)
             # counted over every worker the chosen units free: a gang victim frees several
-            missing = size - self.room.tasks_with(chosen, set(room), request)
+            missing = size - self.room.tasks_with(chosen, set(room), request, shape.eligible)
             if missing > 0:
                 self._push_next(local, worker_id, first, trigger, chosen)
         if missing > 0:
@@ -273,10 +273,11 @@ class Search:
         return WorkerSet(worker_id, tuple(taken), key, self.room.versions.get(worker_id, 0))
 
     def minimal(self, chosen: list[Unit], workers: set[str], request: Resources, size: int) -> list[Unit]:
-        """Across the whole set, drop every unit P's tasks fit without (most expensive first)."""
+        """Across the whole set, drop every unit P's tasks fit without (most expensive first);
+        ``workers``: the ones P may use."""
         kept = sorted(chosen, key=victim_key)
         for unit in reversed(list(kept)):
             trial = [other for other in kept if other is not unit]
-            if self.room.tasks_with(trial, workers, request) >= size:
+            if self.room.tasks_with(trial, workers, request, workers) >= size:
                 kept = trial
         return kept

@@ -99,13 +99,13 @@ def plan_pass(
         preemptors=inputs.pending,
     )
     previous = store.pool_starvation()
-    fair_share = cycle.FairShareReading(
+    pools_reading = cycle.PoolsReading(
         pools=pools.resolve(store.pools(), settings.pool_defaults),
         usage=store.pool_usage(),
         starvation=previous,
         defaults=settings.pool_defaults,
     )
-    snapshot = cycle.snapshot_of(reading, now, fair_share, store.pending_in_pools, last_preemptive)
+    snapshot = cycle.snapshot_of(reading, now, pools_reading, store.pending_in_pools, last_preemptive)
     if snapshot.fair is not None and snapshot.fair.starvation != previous:
         store.put_pool_starvation(snapshot.fair.starvation)
     decisions = admission.decide(snapshot, settings.reservation_timeout_s, settings.preemption, memo)
