@@ -33,6 +33,11 @@ DETACH = (
 )
 
 
+def _written(out: Path) -> bool:
+    """Both strays have written their pids (each writes its own file, in no given order)."""
+    return all((out / name).exists() and (out / name).read_text().strip() for name in ("setsid", "forked"))
+
+
 def _pids(out: Path) -> list[int]:
     return [int((out / name).read_text()) for name in ("setsid", "forked")]
 
@@ -46,7 +51,7 @@ def test_nothing_an_attempt_started_outlives_it(server, client: Client, start_wo
     if end == "budget":
         body["budget_s"] = 1
     job = client.submit(body)["id"]
-    wait_for(lambda: (tmp_path / "forked").exists() and (tmp_path / "forked").read_text(), 15, "the strays")
+    wait_for(lambda: _written(tmp_path), 15, "the strays")
     pids = _pids(tmp_path)
     if end == "cancel":
         client.cancel(job)
@@ -168,9 +173,7 @@ def test_nothing_a_preempted_attempt_started_outlives_it(start_server, start_wor
                 "preemption_class": 2,
             }
         )["id"]
-        wait_for(
-            lambda: (tmp_path / "forked").exists() and (tmp_path / "forked").read_text(), 15, "the strays"
-        )
+        wait_for(lambda: _written(tmp_path), 15, "the strays")
         pids = _pids(tmp_path)
         high = client.submit({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
         wait_for(lambda: client.get_job(low)["preempted_count"] == 1, 20, "the preemption")
