@@ -12,6 +12,7 @@ from corral.domain import errors
 from corral.domain.records import Constraints, GpuReading, Job, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status, is_allowed
+from corral.server import changes
 from corral.store import open_store
 from corral.store.base import JobFilter, JobReport, LeaseRenewed, WorkerRegistration
 from tests.contract import protocol
@@ -492,12 +493,12 @@ def test_dead_workers_are_flagged_once_until_a_heartbeat(store):
     register(store, "idle")
     submit_one(store)
     store.claim("busy", NOW, POLICY)
-    flagged = store.flag_dead_workers(NOW + 31, 30)
+    flagged = changes.flag_dead_workers(store, NOW + 31, 30)
     assert [(worker.id, running) for worker, running in flagged] == [("busy", 1)]
-    assert store.flag_dead_workers(NOW + 40, 30) == []
+    assert changes.flag_dead_workers(store, NOW + 40, 30) == []
     store.worker_heartbeat("busy", NOW + 41, None)
     assert store.get_worker("busy").worker.flagged_dead_at is None
-    assert [worker.id for worker, _ in store.flag_dead_workers(NOW + 80, 30)] == ["busy"]
+    assert [worker.id for worker, _ in changes.flag_dead_workers(store, NOW + 80, 30)] == ["busy"]
 
 
 def test_a_released_job_goes_back_without_spending_its_attempt(store):

@@ -17,6 +17,7 @@ from corral.core.claim import Claim
 from corral.core.drain import DrainCompleted, DrainStarted
 from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
+from corral.core.workers import flagged_dead, goes_offline
 from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
@@ -436,5 +437,28 @@ def reap(
         if (completion := complete_drain(store, gang_id, now)) is not None:
             report.completions.append(completion)
     if not grace:
-        report.offline_workers = store.mark_offline(now - worker_offline_s)
+        report.offline_workers = mark_offline(store, now, worker_offline_s)
     return report
+
+
+def mark_offline(store: Store, now: float, after_s: float) -> list[str]:
+    """Active workers silent for ``after_s`` go offline (``core.workers.goes_offline``), each
+    decided on its locked row; the ids of those that went."""
+    decide = partial(goes_offline, now=now, after_s=after_s)
+    return [
+        worker_id
+        for worker_id in store.offline_candidates(now - after_s)
+        if store.change_worker(worker_id, decide) is not None
+    ]
+
+
+def flag_dead_workers(store: Store, now: float, after_s: float) -> list[tuple[Worker, int]]:
+    """Flag workers silent for ``after_s`` that hold leased jobs (``core.workers.flagged_dead``),
+    each decided on its locked row; each newly flagged worker with its count of leased jobs."""
+    decide = partial(flagged_dead, now=now, after_s=after_s)
+    flagged = []
+    for worker_id in store.dead_candidates(now - after_s):
+        if (changed := store.change_worker(worker_id, decide)) is not None:
+            worker, contact = changed
+            flagged.append((worker, contact.leased_jobs))
+    return flagged

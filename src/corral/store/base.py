@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from corral.domain.pools import BorrowingView, PoolSettings, PoolUsage, StarvationState
-from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker
+from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker, WorkerContact
 from corral.domain.resources import Resources
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
 
@@ -50,6 +50,9 @@ class ClaimAsk:
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
 GangDecision = Callable[[tuple[Job, ...]], Plan[Outcome]]
+#: a worker liveness rule (``corral.core.workers``): the worker's locked row and its contact in,
+#: the record to write out, or None where nothing changes
+WorkerDecision = Callable[[Worker, WorkerContact], Worker | None]
 #: a preemption's decision: the locked jobs by id, the locked workers with their allocations, the
 #: rendezvous ports in use on a gang preemptor's rank 0 worker
 PreemptionDecision = Callable[
@@ -338,7 +341,10 @@ class Store(Protocol):
         unhealthy_gpus: Sequence[int] | None = None,
         running: Sequence[str] | None = None,
     ) -> WorkerBeat: ...
-    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]: ...
+    def dead_candidates(self, cutoff: float) -> list[str]: ...
+    def change_worker(
+        self, worker_id: str, decide: WorkerDecision
+    ) -> tuple[Worker, WorkerContact] | None: ...
     def drain_worker(self, worker_id: str) -> Worker: ...
     # retention (``store.retention``)
     def purge_finished(self, cutoff: float, batch: int) -> Purged: ...
@@ -355,7 +361,7 @@ class Store(Protocol):
     def expired_leases(self, cutoff: float) -> list[str]: ...
     def stuck_stops(self, cutoff: float) -> list[tuple[str, int]]: ...
     def gangs_to_complete(self) -> list[str]: ...
-    def mark_offline(self, cutoff: float) -> list[str]: ...
+    def offline_candidates(self, cutoff: float) -> list[str]: ...
 
     # gangs (seeds 001 and 000)
     def admission_inputs(self) -> AdmissionInputs: ...

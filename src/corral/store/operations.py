@@ -8,9 +8,9 @@ from typing import Any
 
 from corral.domain import errors
 from corral.domain.ids import new_worker_id
-from corral.domain.records import Allocation, Job, Worker
+from corral.domain.records import Allocation, Job, Worker, WorkerContact
 from corral.domain.resources import Resources
-from corral.store.base import ClusterCounts, WorkerBeat, WorkerRegistration, WorkerView
+from corral.store.base import ClusterCounts, WorkerBeat, WorkerDecision, WorkerRegistration, WorkerView
 from corral.store.claims import ClaimStore
 from corral.store.rows import (
     HOLDING_SQL,
@@ -237,35 +237,49 @@ class OperationsStore(ClaimStore):
         f" AND jobs.status IN {LEASED_SQL} AND jobs.last_heartbeat_at >= ?)"
     )
 
-    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
-        """Flag workers silent for ``after_s`` that still hold running jobs, once per episode.
+    def dead_candidates(self, cutoff: float) -> list[str]:
+        """Workers silent since ``cutoff`` that hold leased jobs and carry no dead flag: a
+        pre-filter by ``core.workers.flagged_dead``'s rule, which decides each on its locked row."""
+        rows = self._read().execute(
+            "SELECT id FROM workers WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
+            " AND EXISTS (SELECT 1 FROM jobs"
+            f"             WHERE jobs.worker_id = workers.id AND jobs.status IN {LEASED_SQL})"
+            f" AND {self.NO_JOB_CONTACT_SQL} ORDER BY id",
+            (cutoff, cutoff),
+        )
+        return [row[0] for row in rows]
 
-        Silent means no heartbeat of any kind: neither the worker's own nor one of its jobs', so a
-        worker whose own heartbeat is slow (a long request, a busy server) while its jobs beat is
-        not flagged. A flag is set only where none is (a fresh heartbeat clears it, so a worker
-        that goes silent again is flagged again). Returns each newly flagged worker with its
-        running jobs. Nothing is killed or re-queued here: the lease reaper recovers the jobs, and
-        admission reserves nothing on a flagged worker.
-        """
+    def offline_candidates(self, cutoff: float) -> list[str]:
+        """Active workers silent since ``cutoff``: a pre-filter by ``core.workers.goes_offline``'s
+        rule, which decides each on its locked row."""
+        rows = self._read().execute(
+            "SELECT id FROM workers WHERE status = 'active' AND last_heartbeat_at < ?"
+            f" AND {self.NO_JOB_CONTACT_SQL} ORDER BY id",
+            (cutoff, cutoff),
+        )
+        return [row[0] for row in rows]
+
+    def change_worker(self, worker_id: str, decide: WorkerDecision) -> tuple[Worker, WorkerContact] | None:
+        """Lock the worker's row, read its contact, ask ``decide`` and write the record it returns
+        (its status and dead flag: what the liveness rules change), in one transaction: a
+        heartbeat that lands meanwhile waits on the lock and wins after. Returns the record
+        written with the contact it was decided on, or None where ``decide`` changed nothing."""
         with self._transaction() as tx:
-            rows = tx.execute(
-                "UPDATE workers SET flagged_dead_at = ?"
-                " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
-                " AND EXISTS (SELECT 1 FROM jobs"
-                f"             WHERE jobs.worker_id = workers.id AND jobs.status IN {LEASED_SQL})"
-                f" AND {self.NO_JOB_CONTACT_SQL}"
-                f" RETURNING {WORKER_SELECT}",
-                (now, now - after_s, now - after_s),
+            worker = self._load_worker(tx, worker_id, lock=True)
+            count, last_contact = tx.execute(
+                "SELECT COUNT(*), MAX(last_heartbeat_at) FROM jobs"
+                f" WHERE worker_id = ? AND status IN {LEASED_SQL}",
+                (worker_id,),
+            )[0]
+            contact = WorkerContact(int(count), last_contact)
+            after = decide(worker, contact)
+            if after is None or after == worker:
+                return None
+            tx.execute(
+                "UPDATE workers SET status = ?, flagged_dead_at = ? WHERE id = ?",
+                (str(after.status), after.flagged_dead_at, worker_id),
             )
-            flagged = sorted((worker_from_row(row) for row in rows), key=lambda worker: worker.id)
-            result = []
-            for worker in flagged:
-                count = tx.execute(
-                    f"SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}",
-                    (worker.id,),
-                )[0][0]
-                result.append((worker, int(count)))
-            return result
+            return after, contact
 
     # --- the reaper's reads -------------------------------------------------------------------
     # Candidates only: each is decided again by the core on its locked row, so a heartbeat or a
@@ -299,13 +313,3 @@ class OperationsStore(ClaimStore):
             " ORDER BY gang_id"
         )
         return [row[0] for row in rows]
-
-    def mark_offline(self, cutoff: float) -> list[str]:
-        """Active workers not heard from (nor any of their jobs) since ``cutoff`` go offline."""
-        with self._transaction() as tx:
-            rows = tx.execute(
-                "UPDATE workers SET status = 'offline' WHERE status = 'active' AND last_heartbeat_at < ?"
-                f" AND {self.NO_JOB_CONTACT_SQL} RETURNING id",
-                (cutoff, cutoff),
-            )
-        return sorted(row[0] for row in rows)

@@ -96,7 +96,7 @@ def dead_worker_sweep_tick(state: ServerState) -> None:
     now = state.clock.now()
     if lifecycle.in_startup_grace(now, state.started_at, state.settings.heartbeat_timeout_s):
         return
-    flagged = state.store.flag_dead_workers(state.clock.now(), state.settings.dead_worker_after_s)
+    flagged = changes.flag_dead_workers(state.store, now, state.settings.dead_worker_after_s)
     for worker, running in flagged:
         state.metrics.dead_workers_flagged.inc()
         silent = state.clock.now() - (worker.last_heartbeat_at or worker.registered_at)
