@@ -34,6 +34,7 @@ from corral.server.offload import StoreProcess, StoreProcessConfig
 from corral.server.routes import jobs, logs, operations, pools, protocol, workers
 from corral.server.state import ServerState
 from corral.store import Store
+from corral.store.ports import Jobs
 
 logger = logging.getLogger("corral.server")
 
@@ -49,7 +50,7 @@ DESCRIBED = [
 ]
 
 
-def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+def cluster_gauges(store: Jobs) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Jobs by status, workers by status, and the GPUs of active workers by state."""
     jobs_by_status = store.count_jobs_by_status()
     counts = store.cluster_counts()
@@ -158,7 +159,7 @@ async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[
     return await state.executor.run(Work.SHORT, _owner_of, state.store, kind, object_id)
 
 
-def _owner_of(store: Store, kind: str, object_id: str) -> tuple[bool, str | None]:
+def _owner_of(store: Jobs, kind: str, object_id: str) -> tuple[bool, str | None]:
     """Whether a job or gang exists, and its ``user`` (for the access rules)."""
     if kind == "job":
         job = store.get_job(object_id)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from corral.domain.records import Job, JobEvent
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, LEASED, TERMINAL, Status
-from corral.store import Store
+from corral.store.ports import JobsAndWorkers
 
 
 @dataclass
@@ -174,7 +174,9 @@ def _check_gangs(
                 )
 
 
-def load(store: Store, page: int = 5000) -> tuple[list[Job], dict[str, list[JobEvent]], dict[str, Resources]]:
+def load(
+    store: JobsAndWorkers, page: int = 5000
+) -> tuple[list[Job], dict[str, list[JobEvent]], dict[str, Resources]]:
     """Every job, its events, and every worker's capacity, from ``store``."""
     from corral.store.base import JobFilter
 
@@ -191,7 +193,7 @@ def load(store: Store, page: int = 5000) -> tuple[list[Job], dict[str, list[JobE
     return jobs, events, capacities
 
 
-def check_store(store: Store) -> Verdict:
+def check_store(store: JobsAndWorkers) -> Verdict:
     jobs, events, capacities = load(store)
     return check(jobs, events, capacities)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from corral.core import admission, cycle
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
@@ -23,7 +23,7 @@ from corral.server import changes
 from corral.server.executor import Work
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
-from corral.store import Store
+from corral.store.ports import Gangs, Pools
 
 logger = logging.getLogger("corral.server.admission")
 
@@ -68,8 +68,12 @@ def admission_tick(state: ServerState) -> None:
     apply_pass(state, plan, now)
 
 
+class AdmissionStore(Gangs, Pools, Protocol):
+    """What an admission pass reads: the snapshot (gangs and reservations) and the pools' timers."""
+
+
 def plan_in_process(
-    store: Store,
+    store: AdmissionStore,
     memory: dict[str, Any],
     settings: PlanSettings,
     last_preemptive: Mapping[str, float],
@@ -81,7 +85,7 @@ def plan_in_process(
 
 
 def plan_pass(
-    store: Store,
+    store: AdmissionStore,
     settings: PlanSettings,
     memo: CycleMemo,
     last_preemptive: Mapping[str, float],

@@ -47,8 +47,8 @@ from corral.server.http import (
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
 from corral.server.state import ServerState, state_of
-from corral.store import Store
 from corral.store.base import JobFilter, SubmitResult, Submitted
+from corral.store.ports import Jobs
 
 logger = logging.getLogger("corral.server.jobs")
 
@@ -188,7 +188,7 @@ def _job_page(
 
 
 def job_chunk(
-    store: Store,
+    store: Jobs,
     memory: dict[str, Any],
     filters: JobFilter,
     limit: int,

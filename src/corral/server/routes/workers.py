@@ -23,8 +23,8 @@ from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
 from corral.server.routes import protocol
 from corral.server.state import ServerState, state_of
-from corral.store import Store
 from corral.store.base import JobReport, WorkerRegistration, WorkerView
+from corral.store.ports import Workers
 
 logger = logging.getLogger("corral.server.workers")
 
@@ -163,7 +163,7 @@ async def list_workers(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
-def worker_page(store: Store, memory: dict[str, Any]) -> bytes:
+def worker_page(store: Workers, memory: dict[str, Any]) -> bytes:
     """Every worker, read and encoded (by the reader process, or a store thread: thousands of them
     take a while)."""
     views = store.list_workers()
