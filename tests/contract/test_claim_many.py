@@ -14,6 +14,7 @@ from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.store import open_store
 from corral.store.base import JobFilter
+from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES
 from corral.testing import history
 from tests.contract import protocol
 from tests.contract.test_schema import plan_nodes
@@ -158,7 +159,7 @@ def test_postgres_claim_reads_allocations_and_candidates_walking_the_queue_index
     register(store, cpus=64)
     protocol.submit(store, [spec(resources=Resources(cpus=index % 3)) for index in range(5000)], NOW)
     store.claim_many("w1", NOW, POLICY, 8)
-    plan = store.explain(store._ALLOCATIONS_AND_CANDIDATES, ("w1", "w1", 8))
+    plan = store.explain(ALLOCATIONS_AND_CANDIDATES, ("w1", "w1", 8))
     nodes = list(plan_nodes(plan))
     assert not [node["Node Type"] for node in nodes if "Sort" in node["Node Type"]], nodes
     assert "jobs_queue" in {node.get("Index Name") for node in nodes}, plan

@@ -15,6 +15,7 @@ import pytest
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.store import open_store
+from corral.store.dialect import WORKER_ALLOCATIONS_SQL
 from corral.store.operations import LEASED_ON_WORKER_SQL
 from corral.store.schema import (
     DECLARED_COLUMNS,
@@ -24,7 +25,6 @@ from corral.store.schema import (
     Column,
     columns,
 )
-from corral.store.sql import SqlStore
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
@@ -112,5 +112,5 @@ def test_sqlite_reads_a_claiming_workers_holdings_through_the_holding_index(tmp_
     """The claim's allocations read (``_worker_allocations``) takes the partial ``jobs_holding``
     index too: before, SQLite read them by status among every running job of the fleet, at each
     claim (2,000 hosts x 8 jobs took minutes to come up in ``bench/fleet.py``)."""
-    plan = sqlite_plan(tmp_path, SqlStore.WORKER_ALLOCATIONS_SQL, ("w1",))
+    plan = sqlite_plan(tmp_path, WORKER_ALLOCATIONS_SQL, ("w1",))
     assert plan == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]

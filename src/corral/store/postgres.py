@@ -20,18 +20,16 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
-from corral.domain.records import Allocation, Job
+from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
-from corral.store.retention import RetentionStore
+from corral.store.composed import ComposedStore
+from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
 from corral.store.rows import (
-    CLAIM_FIRST_PAGE,
     HOLDING_SQL,
     JOB_SELECT,
     LEASED_SQL,
-    QUEUE_ORDER,
     job_from_row,
     to_json,
     worker_from_row,
@@ -72,11 +70,6 @@ def _to_pyformat(sql: str) -> str:
 
 #: a worker's columns, as ``WORKER_SELECT``, named by table (a statement joining another row of it)
 _WORKER_RETURNED = ", ".join(f"workers.{column}" for column in WORKER_COLUMNS)
-
-
-def _queue_key(job: Job) -> tuple[float | str, ...]:
-    """A job's place in the queue, from the declaration the claim's ``ORDER BY`` comes from."""
-    return tuple(-float(key.value(job)) if key.descending else key.value(job) for key in QUEUE_CRITERIA)
 
 
 #: the answer of a compare-and-set sent without waiting for it (``checked``): one divided by the
@@ -384,7 +377,7 @@ def _unavailable_on_connection_loss() -> Iterator[None]:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
-class PostgresStore(RetentionStore):
+class PostgresStore(ComposedStore):
     """One connection per calling thread (the server's store threads, a loop's own thread), one
     more that holds the loops' advisory locks, and one for the readiness probe.
 
@@ -393,9 +386,7 @@ class PostgresStore(RetentionStore):
     and the request is answered 503 ``store_busy`` with ``Retry-After`` instead of hanging."""
 
     dialect = "postgresql"
-    blob_type = "BYTEA"
-    lock_clause = " FOR UPDATE SKIP LOCKED"
-    lock_clause_plain = " FOR UPDATE"
+    sql_dialect = POSTGRESQL
 
     def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
         """The compare-and-set and its event row in one statement (one round trip): the event is
@@ -535,38 +526,6 @@ class PostgresStore(RetentionStore):
                     missed.append(index)
         return missed
 
-    #: A claim's second read, one round trip: the jobs holding resources on the worker (its row is
-    #: locked by then, so this statement's snapshot sees every allocation committed before), and
-    #: the first page of pending candidates filtered by what those leave free of the worker's
-    #: resources (GPU indices and unhealthy GPUs aside: never stricter than the policy, which
-    #: checks each candidate), locked SKIP LOCKED like ``claim_candidates_sql``'s.
-    _ALLOCATIONS_AND_CANDIDATES = (
-        f"WITH held AS (SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {HOLDING_SQL}),"
-        " free AS (SELECT workers.gpus - COALESCE((SELECT SUM(gpus) FROM held), 0) AS gpus,"
-        " workers.memory_mb - COALESCE((SELECT SUM(memory_mb) FROM held), 0) AS memory_mb,"
-        " workers.cpus - COALESCE((SELECT SUM(cpus) FROM held), 0) AS cpus, workers.vram_mb"
-        " FROM workers WHERE id = ?),"
-        f" candidates AS (SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
-        " AND gpus <= (SELECT gpus FROM free) AND memory_mb <= (SELECT memory_mb FROM free)"
-        " AND cpus <= (SELECT cpus FROM free) AND (gpus = 0 OR vram_mb <= (SELECT vram_mb FROM free))"
-        f" ORDER BY {QUEUE_ORDER} LIMIT ? FOR UPDATE SKIP LOCKED)"
-        " SELECT false, * FROM held UNION ALL SELECT true, * FROM candidates"
-    )
-
-    def _allocations_and_first_page(
-        self, tx: Any, worker_id: str, limit: int
-    ) -> tuple[list[Allocation], list[Job] | None]:
-        rows = tx.execute(
-            self._ALLOCATIONS_AND_CANDIDATES, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit))
-        )
-        held = [job_from_row(row[1:]) for row in rows if not row[0]]
-        allocations = [
-            Allocation(job.id, worker_id, job.spec.resources, job.gpu_indices, job.status) for job in held
-        ]
-        # a UNION keeps no order: the candidates are put back in queue order (the same declaration)
-        candidates = sorted((job_from_row(row[1:]) for row in rows if row[0]), key=_queue_key)
-        return allocations, candidates
-
     def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
         """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round
         trip, not three)."""
@@ -628,14 +587,14 @@ class PostgresStore(RetentionStore):
         unhealthy_gpus: Sequence[int] | None = None,
         running: Sequence[str] | None = None,
     ) -> WorkerBeat:
-        """``OperationsStore.worker_heartbeat`` in one statement where the heartbeat reports no
+        """``SqlWorkers.worker_heartbeat`` in one statement where the heartbeat reports no
         unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
 
         The statement locks the worker's row, updates it, and returns it with its contact before
         this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
         reports unhealthy GPUs merges them with the row's in Python, the locked way."""
         if unhealthy_gpus:
-            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+            return self._workers.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
         statement = self._BEAT_LISTING if running is not None else self._BEAT
         rows = self._tx.execute(
             statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
@@ -700,8 +659,9 @@ class PostgresStore(RetentionStore):
         self._probe_lock = threading.Lock()
         self.connection()
         self._tx = _PostgresTransaction(self)
+        self._compose()
         self._tx.pipelined = frozenset({
-            self.claiming_worker_sql(), self._ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql(),
+            self.claiming_worker_sql(), ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql(),
             self._VERSIONED_JOB, self._BEAT, self._BEAT_LISTING, self._RENEW_BATCH,
         })  # fmt: skip
 

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 from corral.domain import errors
 from corral.store.base import WouldWait
-from corral.store.retention import RetentionStore
+from corral.store.composed import ComposedStore
+from corral.store.dialect import SQLITE
 from corral.store.schema import Column, Index
 
 T = TypeVar("T")
@@ -106,12 +107,12 @@ class _SqliteTransaction:
             self._connection.executemany(sql, rows)
 
 
-class SqliteStore(RetentionStore):
+class SqliteStore(ComposedStore):
     dialect = "sqlite"
-    blob_type = "BLOB"
     # Without statistics SQLite sorts every pending row through jobs_status_submitted; the queue
-    # index serves the ORDER BY directly (1 ms -> 40 us per claim at 3,000 pending jobs).
-    queue_index_hint = " INDEXED BY jobs_queue"
+    # index serves the ORDER BY directly (1 ms -> 40 us per claim at 3,000 pending jobs): the
+    # dialect's ``queue_index_hint``.
+    sql_dialect = SQLITE
 
     def __init__(self, path: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         self.path = path
@@ -120,6 +121,7 @@ class SqliteStore(RetentionStore):
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         self._write_lock = _TakingTurns()
+        self._compose()
         with _busy_is_503():
             self._connection().execute("PRAGMA journal_mode = WAL")
 
