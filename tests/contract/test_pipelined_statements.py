@@ -24,10 +24,10 @@ AWKWARD = "k'1\\'; SELECT 1; --%s?\u00e9\u2603"
 def test_a_claim_key_of_any_text_finds_its_runs_again(store):
     register(store)
     job = submit_one(store)
-    (claimed,) = store.claim_many("w1", NOW, POLICY, 1, claim_key=AWKWARD)
+    (claimed,) = store.claims.claim_many("w1", NOW, POLICY, 1, claim_key=AWKWARD)
     assert (claimed.id, claimed.claim_key) == (job.id, AWKWARD)
-    assert store.claim_many("w1", NOW + 1, POLICY, 1, claim_key=AWKWARD) == [store.get_job(job.id)]
-    assert store.claim_many("w1", NOW + 2, POLICY, 1, claim_key=AWKWARD + "x") == []
+    assert store.claims.claim_many("w1", NOW + 1, POLICY, 1, claim_key=AWKWARD) == [store.get_job(job.id)]
+    assert store.claims.claim_many("w1", NOW + 2, POLICY, 1, claim_key=AWKWARD + "x") == []
 
 
 def test_claims_after_refused_ones_still_claim(store):
@@ -38,17 +38,17 @@ def test_claims_after_refused_ones_still_claim(store):
     register(store)
     for attempt in range(3):
         with pytest.raises(errors.NotFound):
-            store.claim("ghost", NOW + attempt, POLICY)
-        assert store.claim("w1", NOW + attempt, POLICY) is not None
-    assert store.claim("w1", NOW + 4, POLICY) is None
+            store.claims.claim("ghost", NOW + attempt, POLICY)
+        assert store.claims.claim("w1", NOW + attempt, POLICY) is not None
+    assert store.claims.claim("w1", NOW + 4, POLICY) is None
 
 
 def test_postgres_refuses_a_nul_in_a_bound_value(postgres_store):
     register(postgres_store)
     submit_one(postgres_store)
     with pytest.raises(psycopg.DataError):
-        postgres_store.claim("w1", NOW, POLICY, claim_key="k\x00")
-    assert postgres_store.claim("w1", NOW, POLICY, claim_key="k") is not None
+        postgres_store.claims.claim("w1", NOW, POLICY, claim_key="k\x00")
+    assert postgres_store.claims.claim("w1", NOW, POLICY, claim_key="k") is not None
 
 
 def test_postgres_a_deferred_start_that_misses_rolls_the_whole_transaction_back(postgres_store):
@@ -66,7 +66,7 @@ def test_postgres_a_deferred_start_that_misses_rolls_the_whole_transaction_back(
     assert postgres_store.get_job(second.id) == second
     assert [event.to_status for event in postgres_store.job_events(first.id)] == [Status.PENDING]
     # and the connection goes on: a claim starts the first job
-    assert postgres_store.claim("w1", NOW + 1, POLICY) == postgres_store.get_job(first.id)
+    assert postgres_store.claims.claim("w1", NOW + 1, POLICY) == postgres_store.get_job(first.id)
 
 
 def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
@@ -74,7 +74,7 @@ def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
     in a progress report, and exact floats, come back as they were sent."""
     register(store)
     first, second = submit_one(store), submit_one(store)
-    claimed = [store.claim("w1", NOW, POLICY) for _ in range(2)]
+    claimed = [store.claims.claim("w1", NOW, POLICY) for _ in range(2)]
     assert [job.id for job in claimed if job] == [first.id, second.id]
     progress = {"message": "a\"b\\c'd,{x} NULL", "values": [1, None], "é": "\u2603"}
     beats = [
@@ -101,7 +101,7 @@ def test_postgres_a_failure_of_another_statement_is_not_a_conflict(postgres_stor
         tx.execute("SELECT 1 / (SELECT count(*) FROM jobs)")
     register(postgres_store)
     submit_one(postgres_store)
-    assert postgres_store.claim("w1", NOW, POLICY) is not None
+    assert postgres_store.claims.claim("w1", NOW, POLICY) is not None
 
 
 def test_postgres_a_group_of_changes_whose_statement_fails_writes_none(postgres_store):
@@ -117,4 +117,4 @@ def test_postgres_a_group_of_changes_whose_statement_fails_writes_none(postgres_
             ]
         )
     assert postgres_store.get_job(job.id) == job
-    assert postgres_store.claim("w1", NOW, POLICY) is not None
+    assert postgres_store.claims.claim("w1", NOW, POLICY) is not None

@@ -84,7 +84,7 @@ def test_postgres_claim_query_walks_the_queue_index_without_sorting(postgres_sto
         store, [JobSpec(command="true", resources=Resources(cpus=index % 3)) for index in range(5000)], NOW
     )
     # Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset.
-    plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
+    plan = store.explain(store.claims.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
     nodes = list(plan_nodes(plan))
     node_types = [node["Node Type"] for node in nodes]
     assert not [kind for kind in node_types if "Sort" in kind], node_types  # the index gives the order

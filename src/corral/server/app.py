@@ -91,7 +91,9 @@ def create_app(
     )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
-    state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
+    state.metrics.watch_store_size(
+        lambda: (store.retention.size_bytes(), store.retention.oldest_job_submitted_at())
+    )
     loops = LoopGroup(
         [
             Loop(name, interval, partial(tick, state), lead=partial(store.try_lead, name))

@@ -31,7 +31,7 @@ from corral.store.base import (
     WorkerBeat,
     stamp_of,
 )
-from corral.store.ports import Claims, Gangs, Jobs, JobsAndWorkers, Logs, Workers
+from corral.store.ports import Claims, Gangs, Jobs, Logs, Store, Workers
 
 #: the claim's policy where no pool is stored (a gang's reservation reads only its capacity rules)
 PLACEMENT = Claim()
@@ -368,7 +368,7 @@ class WorkerHeartbeat:
 
 
 def worker_heartbeat(
-    store: JobsAndWorkers,
+    store: Store,
     worker_id: str,
     now: float,
     lease_s: float,
@@ -376,7 +376,7 @@ def worker_heartbeat(
     unhealthy_gpus: Sequence[int] | None = None,
     running: Sequence[str] | None = None,
 ) -> WorkerHeartbeat:
-    beat = store.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+    beat = store.workers.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
     result = WorkerHeartbeat(beat)
     cutoff = lifecycle.ghost_cutoff(beat.previous_contact, now, lease_s)
     if cutoff is None:
@@ -404,7 +404,7 @@ class ReapReport:
 
 
 def reap(
-    store: JobsAndWorkers,
+    store: Store,
     now: float,
     heartbeat_timeout_s: float,
     preempt_timeout_s: float,
@@ -437,7 +437,7 @@ def reap(
         if (completion := complete_drain(store, gang_id, now)) is not None:
             report.completions.append(completion)
     if not grace:
-        report.offline_workers = mark_offline(store, now, worker_offline_s)
+        report.offline_workers = mark_offline(store.workers, now, worker_offline_s)
     return report
 
 

@@ -98,7 +98,7 @@ class ServerState:
         kept = self._claim
         now = time.monotonic()
         if kept is None or now - kept[0] >= self.settings.admission_tick_s:
-            kept = (now, Claim(pools.resolve(self.store.pools(), self.pool_defaults)))
+            kept = (now, Claim(pools.resolve(self.store.pools.pools(), self.pool_defaults)))
             self._claim = kept
         return kept[1]
 

@@ -2,8 +2,8 @@
 
 A caller types against the port it uses (the claim route against ``Claims``, the reaper against
 ``Jobs`` and ``Workers``), so that what each part of the server may ask of the store is written
-where it is used. The store object the server holds implements all of them (``Store``: their
-composition, and nothing of its own). What each value means is ``store.base``'s.
+where it is used. The store object the server holds (``Store``) is the database and the jobs, with
+every other port as an attribute. What each value means is ``store.base``'s.
 """
 
 from __future__ import annotations
@@ -203,10 +203,20 @@ class Retention(Protocol):
     def size_bytes(self) -> int: ...
 
 
-class JobsAndWorkers(Jobs, Workers, Protocol):
-    """A worker heartbeat's and the reaper's store: jobs' leases beside their workers' rows."""
+class Store(Backend, Jobs, Protocol):
+    """What the server holds: the database and the jobs, with every other port as an attribute
+    (``store.claims.claim_many``). Type a caller against the ports it uses, not this, unless it
+    uses several."""
 
-
-class Store(Backend, Jobs, Claims, Gangs, Pools, Logs, Workers, Retention, Protocol):
-    """What the server holds: every port, and nothing of its own. Type a caller against the ports
-    it uses, not this."""
+    @property
+    def claims(self) -> Claims: ...
+    @property
+    def gangs(self) -> Gangs: ...
+    @property
+    def workers(self) -> Workers: ...
+    @property
+    def pools(self) -> Pools: ...
+    @property
+    def logs(self) -> Logs: ...
+    @property
+    def retention(self) -> Retention: ...

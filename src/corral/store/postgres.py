@@ -26,6 +26,7 @@ from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
+from corral.store.operations import SqlWorkers
 from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
@@ -377,6 +378,72 @@ def _unavailable_on_connection_loss() -> Iterator[None]:
         raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
+class PostgresWorkers(SqlWorkers):
+    """``SqlWorkers`` with a worker heartbeat in one statement (``worker_heartbeat``)."""
+
+    def worker_heartbeat(
+        self,
+        worker_id: str,
+        now: float,
+        gpu_stats: list[dict[str, Any]] | None,
+        unhealthy_gpus: Sequence[int] | None = None,
+        running: Sequence[str] | None = None,
+    ) -> WorkerBeat:
+        """``SqlWorkers.worker_heartbeat`` in one statement where the heartbeat reports no
+        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
+
+        The statement locks the worker's row, updates it, and returns it with its contact before
+        this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
+        reports unhealthy GPUs merges them with the row's in Python, the locked way."""
+        if unhealthy_gpus:
+            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+        statement = self._BEAT_LISTING if running is not None else self._BEAT
+        rows = self.db.read().execute(
+            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
+        )
+        if not rows:
+            raise errors.NotFound(f"worker {worker_id} not found")
+        row = rows[0]
+        worker = worker_from_row(row[: len(WORKER_COLUMNS)])
+        unlisted: tuple[Job, ...] = ()
+        if running is not None:
+            listed = set(running)
+            unlisted = self._leased_jobs(
+                worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
+            )
+        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
+
+    #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
+    #: contact before this heartbeat comes from the row as locked, the newest version), then
+    #: updated; the lock makes ``previous`` and the update see the same row
+    _BEAT = (
+        "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
+        " status = CASE WHEN workers.status = 'offline' THEN 'active' ELSE workers.status END,"
+        " gpu_stats = COALESCE(?, workers.gpu_stats)"
+        " FROM (SELECT id, last_heartbeat_at FROM workers WHERE id = ? FOR UPDATE) AS previous"
+        " WHERE workers.id = previous.id"
+        f" RETURNING {_WORKER_RETURNED}, previous.last_heartbeat_at"
+    )
+    #: ``_BEAT`` and the ids of the jobs held running or preempting on the worker (by the
+    #: ``jobs_holding`` index, as ``LEASED_ON_WORKER_SQL``), for its ``running`` list
+    _BEAT_LISTING = (
+        f"{_BEAT}, ARRAY(SELECT jobs.id FROM jobs WHERE jobs.worker_id = workers.id"
+        f" AND jobs.status IN {HOLDING_SQL} AND jobs.status IN {LEASED_SQL})"
+    )
+
+    def _leased_jobs(self, worker_id: str, job_ids: list[str]) -> tuple[Job, ...]:
+        """The named jobs still held running or preempting on the worker, in id order (the jobs a
+        heartbeat's ``running`` list left out: normally none, and then no read)."""
+        if not job_ids:
+            return ()
+        rows = self.db.read().execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
+            " AND id = ANY(?) ORDER BY id",
+            (worker_id, job_ids),
+        )
+        return tuple(map(job_from_row, rows))
+
+
 class PostgresStore(ComposedStore):
     """One connection per calling thread (the server's store threads, a loop's own thread), one
     more that holds the loops' advisory locks, and one for the readiness probe.
@@ -387,6 +454,7 @@ class PostgresStore(ComposedStore):
 
     dialect = "postgresql"
     sql_dialect = POSTGRESQL
+    workers_part = PostgresWorkers
 
     def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
         """The compare-and-set and its event row in one statement (one round trip): the event is
@@ -579,68 +647,6 @@ class PostgresStore(ComposedStore):
         running = {job_id for job_id, status in rows if status == Status.RUNNING}
         return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
 
-    def worker_heartbeat(
-        self,
-        worker_id: str,
-        now: float,
-        gpu_stats: list[dict[str, Any]] | None,
-        unhealthy_gpus: Sequence[int] | None = None,
-        running: Sequence[str] | None = None,
-    ) -> WorkerBeat:
-        """``SqlWorkers.worker_heartbeat`` in one statement where the heartbeat reports no
-        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
-
-        The statement locks the worker's row, updates it, and returns it with its contact before
-        this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
-        reports unhealthy GPUs merges them with the row's in Python, the locked way."""
-        if unhealthy_gpus:
-            return self._workers.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
-        statement = self._BEAT_LISTING if running is not None else self._BEAT
-        rows = self._tx.execute(
-            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
-        )
-        if not rows:
-            raise errors.NotFound(f"worker {worker_id} not found")
-        row = rows[0]
-        worker = worker_from_row(row[: len(WORKER_COLUMNS)])
-        unlisted: tuple[Job, ...] = ()
-        if running is not None:
-            listed = set(running)
-            unlisted = self._leased_jobs(
-                worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
-            )
-        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
-
-    #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
-    #: contact before this heartbeat comes from the row as locked, the newest version), then
-    #: updated; the lock makes ``previous`` and the update see the same row
-    _BEAT = (
-        "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
-        " status = CASE WHEN workers.status = 'offline' THEN 'active' ELSE workers.status END,"
-        " gpu_stats = COALESCE(?, workers.gpu_stats)"
-        " FROM (SELECT id, last_heartbeat_at FROM workers WHERE id = ? FOR UPDATE) AS previous"
-        " WHERE workers.id = previous.id"
-        f" RETURNING {_WORKER_RETURNED}, previous.last_heartbeat_at"
-    )
-    #: ``_BEAT`` and the ids of the jobs held running or preempting on the worker (by the
-    #: ``jobs_holding`` index, as ``LEASED_ON_WORKER_SQL``), for its ``running`` list
-    _BEAT_LISTING = (
-        f"{_BEAT}, ARRAY(SELECT jobs.id FROM jobs WHERE jobs.worker_id = workers.id"
-        f" AND jobs.status IN {HOLDING_SQL} AND jobs.status IN {LEASED_SQL})"
-    )
-
-    def _leased_jobs(self, worker_id: str, job_ids: list[str]) -> tuple[Job, ...]:
-        """The named jobs still held running or preempting on the worker, in id order (the jobs a
-        heartbeat's ``running`` list left out: normally none, and then no read)."""
-        if not job_ids:
-            return ()
-        rows = self._tx.execute(
-            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
-            " AND id = ANY(?) ORDER BY id",
-            (worker_id, job_ids),
-        )
-        return tuple(map(job_from_row, rows))
-
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:
             raise errors.CorralError(
@@ -661,8 +667,8 @@ class PostgresStore(ComposedStore):
         self._tx = _PostgresTransaction(self)
         self._compose()
         self._tx.pipelined = frozenset({
-            self.claiming_worker_sql(), ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql(),
-            self._VERSIONED_JOB, self._BEAT, self._BEAT_LISTING, self._RENEW_BATCH,
+            self.claims.claiming_worker_sql(), ALLOCATIONS_AND_CANDIDATES, self.claims.claim_candidates_sql(),
+            self._VERSIONED_JOB, PostgresWorkers._BEAT, PostgresWorkers._BEAT_LISTING, self._RENEW_BATCH,
         })  # fmt: skip
 
     def pipeline(self) -> _Pipeline:

@@ -9,17 +9,20 @@ would change it). What the cutoff is, is the core's (``core.retention``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from corral.store.base import Purged
 from corral.store.dialect import Database, Dialect
 from corral.store.rows import TERMINAL_SQL
 
 
 class SqlRetention:
-    """The ``Retention`` port over a ``Database``, but for ``size_bytes``: the backend's own."""
+    """The ``Retention`` port over a ``Database``; ``size_bytes`` is the backend's own."""
 
-    def __init__(self, db: Database, dialect: Dialect) -> None:
+    def __init__(self, db: Database, dialect: Dialect, size_bytes: Callable[[], int]) -> None:
         self.db = db
         self.dialect = dialect
+        self._size_bytes = size_bytes
 
     def purge_finished(self, cutoff: float, batch: int) -> Purged:
         """Remove at most ``batch`` jobs that finished before ``cutoff`` (whole gangs only) with
@@ -55,3 +58,7 @@ class SqlRetention:
         """When the oldest kept job was submitted (``jobs_submitted`` index), None without jobs."""
         rows = self.db.read().execute("SELECT submitted_at FROM jobs ORDER BY submitted_at, id LIMIT 1")
         return float(rows[0][0]) if rows else None
+
+    def size_bytes(self) -> int:
+        """What the store takes on disk (tables and indexes)."""
+        return self._size_bytes()

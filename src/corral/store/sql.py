@@ -29,6 +29,7 @@ from corral.domain.records import Allocation, Job, JobEvent, Reason, Worker
 from corral.domain.status import Status, is_allowed
 from corral.domain.transitions import Outcome, Plan, Submission, Transition
 from corral.store.base import (
+    ClusterCounts,
     GangDecision,
     JobDecision,
     JobFilter,
@@ -47,7 +48,6 @@ from corral.store.rows import (
     JOB_SELECT,
     LEASED_SQL,
     Transaction,
-    allocation_from_row,
     changed_columns,
     insert_row,
     job_from_row,
@@ -496,12 +496,61 @@ class SqlStore(abc.ABC):
     def _worker_allocations(self, tx: Transaction, worker_id: str) -> list[Allocation]:
         return worker_allocations(tx, worker_id)
 
-    def allocations(self) -> list[Allocation]:
-        rows = self._read().execute(
-            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
-            f" WHERE status IN {HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
+    # --- the cluster's counts ------------------------------------------------------------
+
+    def cluster_counts(self) -> ClusterCounts:
+        """Workers by status, the GPUs of the active ones and the GPUs held on them by the holding
+        job's status, each counted in SQL: ``/metrics`` is scraped every few seconds, and reading
+        every worker and allocation as records for three gauges cost 10% of a 2,000-host server."""
+        read = self._read()
+        workers_by_status: dict[str, int] = {}
+        active_gpus = 0
+        for status, count, gpus in read.execute(
+            "SELECT status, COUNT(*), SUM(gpus) FROM workers GROUP BY status"
+        ):
+            workers_by_status[str(status)] = int(count)
+            if status == "active":
+                active_gpus = int(gpus or 0)
+        rows = read.execute(
+            "SELECT jobs.status, SUM(jobs.gpus) FROM jobs JOIN workers ON workers.id = jobs.worker_id"
+            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active' GROUP BY jobs.status"
         )
-        return [allocation_from_row(row) for row in rows]
+        return ClusterCounts(
+            workers_by_status, active_gpus, {str(status): int(gpus or 0) for status, gpus in rows}
+        )
+
+    # --- the reaper's reads -------------------------------------------------------------------
+    # Candidates only: each is decided again by the core on its locked row, so a heartbeat or a
+    # report that lands between this read and that decision wins.
+
+    def expired_leases(self, cutoff: float) -> list[str]:
+        """Running jobs whose last contact is before ``cutoff``."""
+        rows = self._read().execute(
+            "SELECT id FROM jobs WHERE status = 'running' AND COALESCE(last_heartbeat_at, started_at) < ?"
+            " ORDER BY id",
+            (cutoff,),
+        )
+        return [row[0] for row in rows]
+
+    def stuck_stops(self, cutoff: float) -> list[tuple[str, int]]:
+        """Preempting jobs whose stop began before ``cutoff``, with the epoch of that stop."""
+        rows = self._read().execute(
+            "SELECT id, preemption_epoch FROM jobs WHERE status = 'preempting'"
+            " AND COALESCE(checkpoint_deadline, drain_started_at) < ?"
+            " ORDER BY id",
+            (cutoff,),
+        )
+        return [(row[0], int(row[1])) for row in rows]
+
+    def gangs_to_complete(self) -> list[str]:
+        """Gangs with a drain to complete or a finished task stranded beside waiting ones."""
+        rows = self._read().execute(
+            "SELECT DISTINCT gang_id FROM jobs WHERE gang_id IS NOT NULL"
+            " AND (status IN ('preempting', 'preempted') OR (status IN ('done', 'failed') AND gang_id IN"
+            "  (SELECT gang_id FROM jobs WHERE status IN ('blocked', 'pending'))))"
+            " ORDER BY gang_id"
+        )
+        return [row[0] for row in rows]
 
     # --- checkpoints ---------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from corral.domain.records import Job, JobEvent
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, LEASED, TERMINAL, Status
-from corral.store.ports import JobsAndWorkers
+from corral.store.ports import Store
 
 
 @dataclass
@@ -174,9 +174,7 @@ def _check_gangs(
                 )
 
 
-def load(
-    store: JobsAndWorkers, page: int = 5000
-) -> tuple[list[Job], dict[str, list[JobEvent]], dict[str, Resources]]:
+def load(store: Store, page: int = 5000) -> tuple[list[Job], dict[str, list[JobEvent]], dict[str, Resources]]:
     """Every job, its events, and every worker's capacity, from ``store``."""
     from corral.store.base import JobFilter
 
@@ -189,11 +187,11 @@ def load(
             break
         after = (batch[-1].submitted_at, batch[-1].id)
     events = {job.id: store.job_events(job.id) for job in jobs}
-    capacities = {worker.id: worker.resources for worker in store.workers()}
+    capacities = {worker.id: worker.resources for worker in store.workers.workers()}
     return jobs, events, capacities
 
 
-def check_store(store: JobsAndWorkers) -> Verdict:
+def check_store(store: Store) -> Verdict:
     jobs, events, capacities = load(store)
     return check(jobs, events, capacities)
 

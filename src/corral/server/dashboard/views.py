@@ -188,9 +188,9 @@ def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
     events = store.job_events(job.id)
     workers_list, allocations, holds = [], [], []
     if job.status == Status.PENDING:
-        workers_list = store.workers()
-        allocations = store.allocations()
-        holds = store.list_holds()
+        workers_list = store.workers.workers()
+        allocations = store.workers.allocations()
+        holds = store.gangs.list_holds()
     reasons = explain(job, workers_list, allocations, holds, now)
     return {
         "job": job,
@@ -198,7 +198,7 @@ def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
         "events": events,
         "timeline": timeline(events, now),
         "why": reasons,
-        "logs": store.log_sizes(job.id),
+        "logs": store.logs.log_sizes(job.id),
         "terminal": job.status in TERMINAL,
         "attempt": job.attempts,
     }

@@ -268,9 +268,9 @@ def _why(state: ServerState, job_id: str) -> Response:
     job = _job_or_404(state, job_id)
     workers, allocations, holds = [], [], []
     if job.status == Status.PENDING:
-        workers = state.store.workers()
-        allocations = state.store.allocations()
-        holds = state.store.list_holds()
+        workers = state.store.workers.workers()
+        allocations = state.store.workers.allocations()
+        holds = state.store.gangs.list_holds()
     fair_share = None
     if job.status in (Status.PENDING, Status.BLOCKED):
         fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())
