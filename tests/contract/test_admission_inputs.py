@@ -1,4 +1,4 @@
-"""The admission cycle's snapshot (``Store.admission_inputs``), on SQLite and PostgreSQL: records
+"""The admission cycle's snapshot (``Gangs.admission_inputs``), on SQLite and PostgreSQL: records
 kept from one read to the next while their rows are unchanged, never a stale value (issue 13)."""
 
 from __future__ import annotations

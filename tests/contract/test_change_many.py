@@ -1,4 +1,4 @@
-"""Reports applied together (``Store.change_many``, the server's group commit), on SQLite and
+"""Reports applied together (``Jobs.change_many``, the server's group commit), on SQLite and
 PostgreSQL: each report gets its own outcome or its own error, and one that fails is rolled back
 alone."""
 

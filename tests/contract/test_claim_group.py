@@ -1,4 +1,4 @@
-"""Claims started together (``Store.claim_group``, the server's group commit of the claims of one
+"""Claims started together (``Claims.claim_group``, the server's group commit of the claims of one
 event-loop turn), on SQLite and PostgreSQL: the jobs single claims would start one after another,
 never one job twice, and nothing written when one of the group fails."""
 

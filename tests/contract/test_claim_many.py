@@ -1,4 +1,4 @@
-"""Claims of several jobs in one transaction (``Store.claim_many``, ``GET /jobs/next?max=N``), on
+"""Claims of several jobs in one transaction (``Claims.claim_many``, ``GET /jobs/next?max=N``), on
 SQLite and PostgreSQL: the jobs single claims would start one after another, never more than the
 worker holds."""
 

@@ -32,13 +32,13 @@ def stamp_of(now: Stamp) -> float:
 
 
 class WouldWait(Exception):
-    """``Store.run_inline``: the work would have had to wait for a lock (or the backend never runs
+    """``Backend.run_inline``: the work would have had to wait for a lock (or the backend never runs
     work inline); nothing was written, so the caller runs it again on a store thread."""
 
 
 @dataclass(frozen=True)
 class ClaimAsk:
-    """One claim of a group (``Store.claim_group``): up to ``limit`` jobs for the worker, with the
+    """One claim of a group (``Claims.claim_group``): up to ``limit`` jobs for the worker, with the
     claim's Idempotency-Key."""
 
     worker_id: str
@@ -116,7 +116,7 @@ class JobReport:
 
 @dataclass(frozen=True, slots=True)
 class LeaseRenewed:
-    """A lease ``Store.heartbeat_jobs`` renewed on a job that runs (not being stopped).
+    """A lease ``Jobs.heartbeat_jobs`` renewed on a job that runs (not being stopped).
 
     Such a heartbeat's answer is "carry on" whatever else the row holds, so the store reads back
     only the status, not the whole row: at 2,000 hosts x 8 jobs, building a ``Job`` for each

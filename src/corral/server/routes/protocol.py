@@ -232,7 +232,7 @@ def claimed_together(state: ServerState, asks: list[ClaimRequest]) -> list[Claim
 
 
 #: the group commit of claims (``grouped``): the claims of one event-loop turn start their jobs in
-#: one transaction (``Store.claim_group``)
+#: one transaction (``Claims.claim_group``)
 CLAIMS: Batch[ServerState, ClaimRequest, Claimed] = Batch(
     "claims", claimed_together, claimed_alone, MAX_CLAIM_GROUP
 )
@@ -250,7 +250,7 @@ def _change(state: ServerState, item: tuple[str, JobDecision[Any]]) -> Any:
 
 
 #: the group commit of job reports (``done``, ``fail``): the reports of one event-loop turn, applied
-#: by ``Store.change_many``, each in its own savepoint
+#: by ``Jobs.change_many``, each in its own savepoint
 REPORTS: Batch[ServerState, tuple[str, JobDecision[Any]], Any] = Batch(
     "reports", _change_many, _change, MAX_REPORTS
 )
