@@ -9,10 +9,7 @@ an explicit transaction for every change.
 from __future__ import annotations
 
 import hashlib
-import itertools
-import math
 import re
-import select
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +24,16 @@ from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
 from corral.store.operations import SqlWorkers
+from corral.store.pg_pipeline import (
+    CHECKED_ANSWER,
+    TUPLES_OK,
+    OpenTransaction,
+    Pipeline,
+    number_array,
+    roll_back,
+    text_array,
+    unavailable_on_connection_loss,
+)
 from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
@@ -39,15 +46,6 @@ from corral.store.schema import EVENT_COLUMNS, WORKER_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
-    from psycopg import pq
-    from psycopg.adapt import PyFormat, Transformer
-
-    _TUPLES_OK = pq.ExecStatus.TUPLES_OK
-    _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
-    _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
-    _TEXT = PyFormat.TEXT
-    _COMMAND_OK = pq.ExecStatus.COMMAND_OK
-    _CONNECTION_BAD = pq.ConnStatus.BAD
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -73,231 +71,6 @@ def _to_pyformat(sql: str) -> str:
 _WORKER_RETURNED = ", ".join(f"workers.{column}" for column in WORKER_COLUMNS)
 
 
-#: the answer of a compare-and-set sent without waiting for it (``checked``): one divided by the
-#: count of rows it matched, so that a miss fails the statement with ``division_by_zero`` (SQLSTATE
-#: 22012) and the transaction it was sent in aborts before its ``COMMIT`` takes effect
-_CHECKED_ANSWER = "SELECT 1 / count(*) FROM moved"
-
-
-class _OpenTransaction:
-    """The transaction open on one thread's connection, begun lazily: its ``BEGIN`` travels with
-    its first statement, and the compare-and-sets whose only answer is "matched, else roll back"
-    (``defer``) travel with the statement after them or with the ``COMMIT``, in one pipeline
-    (``_Pipeline``: one round trip, every value a bound parameter). Each is a round trip the server
-    no longer waits for (a claim: five round trips become three)."""
-
-    def __init__(self, pipeline: _Pipeline) -> None:
-        self.pipeline = pipeline
-        self.connection = pipeline.connection
-        self.begun = False
-        #: statements to send before the next one, in order, each raising if it matched no row
-        self.deferred: list[tuple[str, Sequence[Any]]] = []
-
-    def waiting(self) -> bool:
-        """Whether a ``BEGIN`` or deferred writes wait to be sent."""
-        return not self.begun or bool(self.deferred)
-
-    def prefix(self) -> list[tuple[str, Sequence[Any]]]:
-        """What must run before the next statement (and clear it): ``BEGIN``, the deferred writes."""
-        prefix = ([] if self.begun else [("BEGIN", ())]) + self.deferred
-        self.begun, self.deferred = True, []
-        return prefix
-
-    def send_prefix(self) -> None:
-        """Send what is waiting alone (before a statement that cannot carry it)."""
-        if self.waiting():
-            self.pipeline.last(self.prefix())
-
-    def commit(self) -> None:
-        """``COMMIT``, with the deferred writes in front of it: one round trip."""
-        if self.begun or self.deferred:  # else nothing was sent: nothing to commit
-            self.pipeline.last([*self.prefix(), ("COMMIT", ())])
-
-    def rollback(self) -> None:
-        """Roll back what was sent (``_roll_back``)."""
-        self.deferred = []
-        if self.begun:
-            _roll_back(self.connection)
-
-
-def _roll_back(connection: Any) -> None:
-    """``ROLLBACK`` sent past psycopg (``PGconn.exec_``): psycopg answers a ``ROLLBACK`` it sees by
-    dropping every prepared statement of the session (``DEALLOCATE ALL``, its own and the
-    pipeline's), though PostgreSQL keeps a session's prepared statements through a rollback. A
-    connection that cannot roll back is closed (the next call reconnects)."""
-    if connection.closed:
-        return
-    try:
-        result = connection.pgconn.exec_(b"ROLLBACK")
-    except psycopg.Error:
-        connection.close()
-        return
-    if result.status != _COMMAND_OK:
-        connection.close()
-
-
-class _Pipeline:
-    """Several statements in one round trip on one connection, each with its values bound: libpq's
-    pipeline mode, driven here rather than through psycopg's ``Connection.pipeline`` (whose
-    generators cost a claim and a ``done`` about 0.5 ms more of the server's CPU). Each statement
-    with values is prepared once per connection (a ``Parse`` in the pipeline that first sends it,
-    with no parameter types: only statements whose parameters PostgreSQL infers from their
-    context come here, the compare-and-sets and ``_PostgresTransaction.pipelined``); its values
-    are sent as text, dumped by psycopg, its rows loaded by psycopg's loaders. The waits let go of
-    the interpreter (``poll``), as libpq's own blocking calls would not."""
-
-    _numbers = itertools.count(1)
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        self.pgconn = connection.pgconn
-        #: SQL -> the name it is prepared under on this connection
-        self.names: dict[str, bytes] = {}
-        self.encoding = connection.info.encoding
-        self.dumper = Transformer(connection)
-        self.loader = Transformer(connection)
-
-    def run(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
-        """Each statement's rows, in order. The first that fails raises (as ``_answer_to`` says),
-        and PostgreSQL skips every one after it."""
-        pgconn = self.pgconn
-        prepared: dict[str, bytes] = {}
-        #: per message: the name it prepares the statement under (else None: it runs it), the
-        #: statement's SQL, its prepared name and its values (dumped before anything is sent)
-        messages: list[tuple[bytes | None, str, bytes, Sequence[Any]]] = []
-        for sql, params in statements:
-            if not params:  # BEGIN, COMMIT: unnamed, so that psycopg's DEALLOCATE ALL cannot drop them
-                messages.append((None, sql, b"", ()))
-                continue
-            name = self.names.get(sql) or prepared.get(sql)
-            if name is None:
-                name = prepared[sql] = f"corral_{next(self._numbers)}".encode()
-                messages.append((name, sql, name, ()))
-            messages.append((None, sql, name, self.dumper.dump_sequence(params, [_TEXT] * len(params))))
-        pgconn.enter_pipeline_mode()
-        try:
-            for preparing, sql, name, values in messages:
-                if preparing is not None:
-                    pgconn.send_prepare(preparing, _to_numbered(sql).encode(self.encoding))
-                elif not name:
-                    pgconn.send_query_params(_to_numbered(sql).encode(self.encoding), None)
-                else:
-                    pgconn.send_query_prepared(name, values)
-            pgconn.pipeline_sync()
-            self._flush()
-            sent = [(preparing is not None, sql) for preparing, sql, _, _ in messages]
-            rows, failure = self._results(sent, prepared)
-            pgconn.exit_pipeline_mode()
-        except BaseException:
-            self.connection.close()  # a pipeline left half-read cannot be used again
-            raise
-        if failure is not None:
-            raise failure
-        return rows
-
-    def last(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[Any, ...]]:
-        """The last statement's rows."""
-        return self.run(statements)[-1]
-
-    def _results(
-        self, sent: list[tuple[bool, str]], prepared: dict[str, bytes]
-    ) -> tuple[list[list[tuple[Any, ...]]], Exception | None]:
-        """Every result up to the pipeline's sync: the rows of each statement, the first failure."""
-        rows: list[list[tuple[Any, ...]]] = []
-        failure: Exception | None = None
-        for preparing, sql in sent:
-            result = self._next()
-            if result is None:
-                raise psycopg.OperationalError("the pipeline ended early: connection lost")
-            while self._next() is not None:  # each result is followed by a None
-                pass
-            status = result.status
-            if status == _FATAL_ERROR and failure is None:
-                error = psycopg.errors.error_from_result(result, self.encoding)
-                failure = self._answer_to(error, checked=sql.endswith(_CHECKED_ANSWER))
-            if preparing:
-                if status == _COMMAND_OK:
-                    self.names[sql] = prepared[sql]
-            elif status == _TUPLES_OK:
-                self.loader.set_pgresult(result)
-                rows.append(self.loader.load_rows(0, result.ntuples, tuple))
-            else:
-                rows.append([])
-        synced = self._next()
-        if synced is None or synced.status != _PIPELINE_SYNC:
-            raise psycopg.OperationalError("the pipeline's sync did not come back: connection lost")
-        return rows, failure
-
-    def _next(self) -> Any:
-        """The next result, waiting for it without holding the interpreter."""
-        pgconn = self.pgconn
-        while True:
-            pgconn.consume_input()
-            if not pgconn.is_busy():
-                return pgconn.get_result()
-            self._wait(select.POLLIN)
-
-    def _flush(self) -> None:
-        while self.pgconn.flush():
-            self._wait(select.POLLIN | select.POLLOUT)
-            self.pgconn.consume_input()
-
-    def _wait(self, events: int) -> None:
-        if self.pgconn.status == _CONNECTION_BAD:
-            raise psycopg.OperationalError("lost the connection")
-        poller = select.poll()
-        poller.register(self.pgconn.socket, events)
-        poller.poll()
-
-    def _answer_to(self, error: psycopg.Error, checked: bool) -> Exception:
-        """The error a failed statement raises: ``Conflict`` for a checked compare-and-set that
-        missed (``checked``: the statement that failed is one, and its SQLSTATE is
-        ``_CHECKED_ANSWER``'s); "busy, retry" when the session's prepared statements were dropped
-        (psycopg's ``DEALLOCATE ALL`` after a ``ROLLBACK TO``, a ``DROP`` or an ``ALTER`` it saw;
-        prepared again next time: the transaction was rolled back whole); else the driver's own."""
-        if checked and isinstance(error, psycopg.errors.DivisionByZero):
-            return errors.Conflict("a job changed while it was being claimed; retry")
-        if isinstance(error, psycopg.errors.InvalidSqlStatementName):
-            self.names.clear()
-            return errors.StoreBusy(f"the database dropped a prepared statement; retry: {error}")
-        return error
-
-
-def _to_numbered(sql: str) -> str:
-    """``?`` placeholders as ``$1``, ``$2``... (a prepared statement's parameters; a statement
-    without any has no ``?`` and its ``%%`` is psycopg's escape of ``%``)."""
-    if "?" not in sql:
-        return sql.replace("%%", "%")
-    numbers = itertools.count(1)
-    return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
-
-
-def _text_array(values: Sequence[str | None]) -> str:
-    """``values`` as the text of a PostgreSQL array (``{"a","b",NULL}``), for a ``?::text[]``
-    parameter: psycopg's list dumper inspects every element for its type first (a worker
-    heartbeat with 8 leases: ~240 us of store CPU with lists, ~190 us with texts). Each element
-    is quoted, its ``"`` and ``\\`` escaped, as the array input syntax wants."""
-    return "{" + ",".join("NULL" if value is None else _quoted_element(value) for value in values) + "}"
-
-
-def _quoted_element(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _number_array(values: Sequence[float | None]) -> str:
-    """``_text_array`` for a ``?::bigint[]`` or ``?::double precision[]`` parameter (``repr`` is
-    a float's exact text; ``inf`` and ``nan`` are PostgreSQL's ``Infinity`` and ``NaN``)."""
-    return "{" + ",".join(_number_element(value) for value in values) + "}"
-
-
-def _number_element(value: float | None) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return repr(value)
-
-
 class _PostgresTransaction:
     """Statements on the calling thread's connection, inside the transaction open on it if any. A
     lost connection is a 503 (``StoreUnavailable``), and the thread's next call reconnects."""
@@ -305,17 +78,17 @@ class _PostgresTransaction:
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
         #: the statements that may carry a transaction's ``BEGIN`` and deferred writes with them
-        #: (``_Pipeline``: their parameters' types are inferred from their context)
+        #: (``Pipeline``: their parameters' types are inferred from their context)
         self.pipelined: frozenset[str] = frozenset()
 
-    def _open(self) -> _OpenTransaction | None:
+    def _open(self) -> OpenTransaction | None:
         return getattr(self._store._local, "open", None)
 
     def execute(self, sql: str, params: Sequence[Any] = (), pipelined: bool = False) -> list[tuple[Any, ...]]:
         """``sql``'s rows, its values bound. A statement of ``pipelined`` (or ``pipelined``: a
-        compare-and-set) goes through ``_Pipeline``, with the transaction's ``BEGIN`` and deferred
+        compare-and-set) goes through ``Pipeline``, with the transaction's ``BEGIN`` and deferred
         writes if they wait; any other through psycopg (prepared at its fifth run)."""
-        with _unavailable_on_connection_loss():
+        with unavailable_on_connection_loss():
             open_transaction = self._open()
             if pipelined or sql in self.pipelined:  # the BEGIN and the deferred writes, if any, go with it
                 if open_transaction is None:
@@ -327,14 +100,14 @@ class _PostgresTransaction:
             # Whether rows came back, from the result's status: ``cursor.description`` would build
             # a ``Column`` per column first (~50 per job row, a third of the driver's CPU per job).
             result = cursor.pgresult
-            return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
+            return cursor.fetchall() if result is not None and result.status == TUPLES_OK else []
 
     def defer(self, sql: str, params: Sequence[Any]) -> None:
         """Run ``sql`` (a statement that raises when its write matched no row) with the next
         statement of the open transaction, or its ``COMMIT``; at once outside a transaction."""
         open_transaction = self._open()
         if open_transaction is None:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 self._store.pipeline().last([(sql, params)])
             return
         open_transaction.deferred.append((sql, params))
@@ -344,38 +117,22 @@ class _PostgresTransaction:
         own (``BEGIN`` and ``COMMIT`` in the same pipeline): each is written or none. Outside any
         transaction."""
         assert self._open() is None, "together() runs its own transaction"
-        with _unavailable_on_connection_loss():
+        with unavailable_on_connection_loss():
             pipeline = self._store.pipeline()
             try:
                 rows = pipeline.run([("BEGIN", ()), *statements, ("COMMIT", ())])
             except BaseException:
-                _roll_back(pipeline.connection)
+                roll_back(pipeline.connection)
                 raise
             return rows[1:-1]
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with _unavailable_on_connection_loss():
+        with unavailable_on_connection_loss():
             open_transaction = self._open()
             if open_transaction is not None:
                 open_transaction.send_prefix()
             with self._store.connection().cursor() as cursor:
                 cursor.executemany(_to_pyformat(sql), rows)
-
-
-@contextmanager
-def _unavailable_on_connection_loss() -> Iterator[None]:
-    try:
-        yield
-    except (
-        psycopg.errors.DeadlockDetected,
-        psycopg.errors.SerializationFailure,
-        psycopg.errors.LockNotAvailable,
-        psycopg.errors.QueryCanceled,
-    ) as error:
-        # Rolled back whole (a lock or statement timeout, a deadlock): safe to send again.
-        raise errors.StoreBusy(f"the database is busy and aborted the transaction; retry: {error}") from error
-    except psycopg.OperationalError as error:
-        raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
 
 
 class PostgresWorkers(SqlWorkers):
@@ -466,11 +223,11 @@ class PostgresStore(ComposedStore):
         update: str, params: list[Any], event: tuple[Any, ...] | None, checked: bool = False
     ) -> tuple[str, list[Any]]:
         """The compare-and-set ``update`` with its event row's insert, one statement. ``checked``:
-        a statement that raises (``_CHECKED_ANSWER``) when the update matched no row, so that it
+        a statement that raises (``CHECKED_ANSWER``) when the update matched no row, so that it
         can be sent without waiting for its answer: its transaction then fails whole."""
         if event is None and not checked:
             return update, params
-        answer = _CHECKED_ANSWER if checked else "SELECT id FROM moved"
+        answer = CHECKED_ANSWER if checked else "SELECT id FROM moved"
         if event is None:
             return f"WITH moved AS ({update}) {answer}", params
         statement = (
@@ -492,7 +249,7 @@ class PostgresStore(ComposedStore):
 
     #: a single job's row and its version (``xmin``: a new one at every update of the row)
     _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"
-    #: several jobs' rows and versions (the ids as an array's text: ``_text_array``)
+    #: several jobs' rows and versions (the ids as an array's text: ``text_array``)
     _VERSIONED_JOBS = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?::text[])"
     #: the compare-and-set's extra condition: the row is still the version the decision read
     _SAME_VERSION = " AND xmin::text = ?"
@@ -537,7 +294,7 @@ class PostgresStore(ComposedStore):
         one job) goes the locked way after it, alone. A refused report's error is its result; only
         the read or the group's transaction failing raises (nothing of the group written)."""
         results: list[Any] = [None] * len(changes)
-        job_ids = _text_array(sorted({job_id for job_id, _ in changes}))
+        job_ids = text_array(sorted({job_id for job_id, _ in changes}))
         rows = self._tx.execute(self._VERSIONED_JOBS, (job_ids,), pipelined=True)
         found = {row[0]: (job_from_row(row[:-1]), row[-1]) for row in rows}
         writes: list[tuple[str, int, Plan[Any], str]] = []
@@ -633,14 +390,14 @@ class PostgresStore(ComposedStore):
             self._RENEW_BATCH,
             (
                 now,
-                _text_array(job_ids),
-                _number_array([attempt for _, attempt, _ in beats]),
-                _text_array(
+                text_array(job_ids),
+                number_array([attempt for _, attempt, _ in beats]),
+                text_array(
                     [to_json(report.progress) if report.progress is not None else None for report in reports]
                 ),
-                _number_array([report.gpu_util_pct for report in reports]),
-                _number_array([report.rss_mb for report in reports]),
-                _number_array([report.checkpoint_at for report in reports]),
+                number_array([report.gpu_util_pct for report in reports]),
+                number_array([report.rss_mb for report in reports]),
+                number_array([report.checkpoint_at for report in reports]),
                 worker_id,
             ),
         )
@@ -671,12 +428,12 @@ class PostgresStore(ComposedStore):
             self._VERSIONED_JOB, PostgresWorkers._BEAT, PostgresWorkers._BEAT_LISTING, self._RENEW_BATCH,
         })  # fmt: skip
 
-    def pipeline(self) -> _Pipeline:
-        """This thread's connection's pipeline (``_Pipeline``)."""
+    def pipeline(self) -> Pipeline:
+        """This thread's connection's pipeline (``Pipeline``)."""
         connection = self.connection()
-        pipeline: _Pipeline | None = getattr(self._local, "pipeline", None)
+        pipeline: Pipeline | None = getattr(self._local, "pipeline", None)
         if pipeline is None or pipeline.connection is not connection:
-            pipeline = self._local.pipeline = _Pipeline(connection)
+            pipeline = self._local.pipeline = Pipeline(connection)
         return pipeline
 
     def connection(self) -> Any:
@@ -738,12 +495,12 @@ class PostgresStore(ComposedStore):
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:
         """A transaction on this thread's connection whose ``BEGIN`` goes with its first statement
-        and whose deferred writes go with its ``COMMIT`` (``_OpenTransaction``). One opened inside
+        and whose deferred writes go with its ``COMMIT`` (``OpenTransaction``). One opened inside
         another is a savepoint of it (psycopg's, once the outer one has begun)."""
         local = self._local
-        outer: _OpenTransaction | None = getattr(local, "open", None)
+        outer: OpenTransaction | None = getattr(local, "open", None)
         if outer is not None:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 outer.send_prefix()
                 try:
                     with outer.connection.transaction():
@@ -752,11 +509,11 @@ class PostgresStore(ComposedStore):
                     outer.pipeline.names.clear()  # psycopg saw its ROLLBACK TO: DEALLOCATE ALL
                     raise
             return
-        with _unavailable_on_connection_loss():
-            transaction = _OpenTransaction(self.pipeline())
+        with unavailable_on_connection_loss():
+            transaction = OpenTransaction(self.pipeline())
         local.open = transaction
         try:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 try:
                     yield self._tx
                 except BaseException:
@@ -782,7 +539,7 @@ class PostgresStore(ComposedStore):
         call while leading checks the connection is still there (one ``SELECT 1``): a leader that
         lost its session must stop believing it leads.
         """
-        with self.lock, _unavailable_on_connection_loss():
+        with self.lock, unavailable_on_connection_loss():
             if self._leader is not None and not self._leader.closed and self._leading:
                 try:
                     self._leader.execute("SELECT 1")
@@ -818,7 +575,7 @@ class PostgresStore(ComposedStore):
         if not self._probe_lock.acquire(timeout=timeout_s):
             raise errors.StoreUnavailable(f"the readiness probe stayed busy for {timeout_s:g}s")
         try:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 if self._probe is None or self._probe.closed:
                     self._probe = self._connect(timeout_s)
                 with self._probe.transaction():
