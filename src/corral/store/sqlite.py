@@ -32,11 +32,16 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 
 
+#: SQLite's primary result codes of a lock in the way (an extended code keeps them in its low byte)
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
 def _raise_if_busy(error: sqlite3.OperationalError) -> None:
-    """SQLite's "database is locked" / "database is busy" as ``StoreBusy``: a 503, never a 500.
-    (A function for ``except`` clauses: the hot path's statements pay for no context manager.)"""
-    text = str(error).lower()
-    if "locked" in text or "busy" in text:
+    """SQLite's ``SQLITE_BUSY`` / ``SQLITE_LOCKED`` (by the error's result code, not its text) as
+    ``StoreBusy``: a 503, never a 500. (A function for ``except`` clauses: the hot path's
+    statements pay for no context manager.)"""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _BUSY_CODES:
         raise errors.StoreBusy(f"the SQLite store is locked by another writer; retry: {error}") from error
 
 
