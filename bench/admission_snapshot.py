@@ -6,7 +6,7 @@ window sees it: ``--workers`` (2,000) workers of ``--gpus`` (8) GPUs, each runni
 ``--pending`` (20,000) pending single jobs of one GPU and ``--gangs`` (500) blocked gangs of
 4 x all GPUs, class 10. Then, ``--rounds`` (5) times: every running job heartbeats (progress, GPU
 utilisation, RSS: one ``heartbeat_jobs`` transaction per worker, as ``--batched`` hosts send them,
-not timed), then ``store.admission_inputs`` is timed, then a whole ``admission_tick`` (which reads
+not timed), then ``store.gangs.admission_inputs`` is timed, then a whole ``admission_tick`` (which reads
 the snapshot again: the second read finds no heartbeat in between). Printed: the median and max of
 each's wall time and the median of this process's CPU time (the database's own work on PostgreSQL
 is in its processes, not counted), per backend, with the machine block.
@@ -43,7 +43,7 @@ def fill(store: Store, clock: FakeClock, args: argparse.Namespace) -> dict[str, 
     """The fleet as ``fleet.py`` loads it; answers worker id -> its running (job id, attempt)."""
     worker_ids = [f"fleet-w{index:05d}" for index in range(args.workers)]
     for worker_id in worker_ids:
-        store.register_worker(
+        harness.store_port(store, "workers").register_worker(
             WorkerRegistration(worker_id, "10.0.0.1", Resources(args.gpus, 81920, 2_000_000, 96)), clock.now()
         )
     per_job = max(1, args.gpus // args.jobs_per_worker)
@@ -55,7 +55,9 @@ def fill(store: Store, clock: FakeClock, args: argparse.Namespace) -> dict[str, 
     submit_in_batches(store, clock, running)
     held: dict[str, list[tuple[str, int]]] = {}
     for worker_id in worker_ids:
-        claimed = changes.claim_many(store, worker_id, clock.now, args.jobs_per_worker)
+        claimed = changes.claim_many(
+            harness.store_port(store, "claims"), worker_id, clock.now, args.jobs_per_worker
+        )
         held[worker_id] = [(job.id, job.attempts) for job in claimed]
     pending = [
         JobSpec(
@@ -106,7 +108,7 @@ def measure(backend: str, store: Store, args: argparse.Namespace) -> None:
     admission_tick(state)
     for round_ in range(args.rounds):
         heartbeat_all(store, clock, held, round_)
-        inputs = timed(reads, lambda: store.admission_inputs())
+        inputs = timed(reads, lambda: harness.store_port(store, "gangs").admission_inputs())
         timed(ticks, lambda: admission_tick(state))
     print(
         f"{backend}: {len(inputs.holding)} holding, {len(inputs.pending)} pending read,"

@@ -39,9 +39,11 @@ def fill(store: Store, clock: FakeClock, args: argparse.Namespace) -> list[str]:
     worker_ids = [f"w{index:03d}" for index in range(args.workers)]
     for worker_id in worker_ids:
         registration = WorkerRegistration(worker_id, "10.0.0.1", Resources(GPUS, 81920, 2_000_000, 96))
-        store.register_worker(registration, clock.now())
-    store.put_pool("home", PoolSettings(guarantee=Resources(gpus=args.workers * GPUS)), clock.now())
-    store.put_pool("guest", PoolSettings(), clock.now())
+        harness.store_port(store, "workers").register_worker(registration, clock.now())
+    harness.store_port(store, "pools").put_pool(
+        "home", PoolSettings(guarantee=Resources(gpus=args.workers * GPUS)), clock.now()
+    )
+    harness.store_port(store, "pools").put_pool("guest", PoolSettings(), clock.now())
     refused = [
         JobSpec(command="true", name=f"locked-{index}", resources=Resources(gpus=1), pool="guest",
                 preemption_class=8, checkpoint_mode="none")
@@ -67,7 +69,7 @@ def measure(backend: str, store: Store, args: argparse.Namespace) -> None:
     for turn in range(args.startable):
         worker_id = worker_ids[turn % len(worker_ids)]
         wall_start, cpu_start = time.perf_counter(), time.process_time()
-        job = changes.claim(store, worker_id, clock.now)
+        job = changes.claim(harness.store_port(store, "claims"), worker_id, clock.now)
         walls.append(time.perf_counter() - wall_start)
         cpu += time.process_time() - cpu_start
         started_jobs += job is not None

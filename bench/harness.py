@@ -742,3 +742,9 @@ def load_average() -> str:
     except OSError:
         return "unknown"
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def store_port(store: Any, name: str) -> Any:
+    """The store's port ``name`` (``store.claims``, ``store.workers``...), or the store itself on a
+    commit from before the ports (a before/after run with ``PYTHONPATH`` at an older tree)."""
+    return getattr(store, name) if hasattr(store, "claims") else store

@@ -41,7 +41,7 @@ def backend_cpu_s(pid: int) -> float:
 
 
 def claimed(store: Store) -> Job:
-    job = store.claim("w1", NOW + 1, POLICY)
+    job = store.claims.claim("w1", NOW + 1, POLICY)
     assert job is not None, "the queue ran dry: submit more jobs (--jobs)"
     return job
 
@@ -71,7 +71,7 @@ def per_call_us(action: Callable[[int], object], count: int) -> float:
 
 
 def measure(store: Store, jobs: int) -> None:
-    store.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(0, 0, 8192, 64)), NOW)
+    store.workers.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(0, 0, 8192, 64)), NOW)
     specs = [JobSpec(command="true") for _ in range(jobs + 60)]
     store.submit(lifecycle.submitted(specs, NOW), NOW)
     claims_and_dones(store, 50, 1)  # warm up: every statement prepared
@@ -86,7 +86,7 @@ def measure(store: Store, jobs: int) -> None:
     readings = [{"index": index, "util_pct": 90.0, "mem_used_mb": 1000} for index in range(8)]
 
     def heartbeat(index: int) -> None:
-        store.worker_heartbeat("w1", NOW + 3 + index, readings, None, running)
+        store.workers.worker_heartbeat("w1", NOW + 3 + index, readings, None, running)
         store.heartbeat_jobs("w1", NOW + 3 + index, beats)
 
     heartbeat_us = per_call_us(heartbeat, 300)

@@ -120,7 +120,7 @@ def spec(command="true", **fields):
 
 
 def register(store, worker_id="w1", gpus=0, cpus=8, memory_mb=8192, vram_mb=0, **fields):
-    return store.register_worker(
+    return store.workers.register_worker(
         WorkerRegistration(worker_id, "127.0.0.1", Resources(gpus, vram_mb, memory_mb, cpus), **fields), NOW
     )
 

@@ -168,10 +168,10 @@ def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server,
 def test_a_locked_store_raises_store_busy_not_a_driver_error(store_url):
     store = open_store(store_url, busy_timeout_s=BUSY_S)
     try:
-        store.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(cpus=1)), 1.0)
+        store.workers.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(cpus=1)), 1.0)
         with locked(store_url), pytest.raises(errors.StoreBusy):
-            store.worker_heartbeat("w1", 2.0, None, running=[])
-        assert store.worker_heartbeat("w1", 2.0, None, running=[]).worker.last_heartbeat_at == 2.0
+            store.workers.worker_heartbeat("w1", 2.0, None, running=[])
+        assert store.workers.worker_heartbeat("w1", 2.0, None, running=[]).worker.last_heartbeat_at == 2.0
     finally:
         store.close()
 

@@ -21,7 +21,7 @@ from tests.helpers import submit_one
 
 
 class _CountedStore:
-    """The real store, with its claim calls counted."""
+    """The real store, with the calls of its claims port counted (``store.claims`` is this)."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -30,17 +30,21 @@ class _CountedStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    @property
+    def claims(self) -> _CountedStore:
+        return self
+
     def claim_group(self, asks: Any, *args: Any) -> Any:
         self.calls.append(("claim_group", len(asks)))
-        return self._store.claim_group(asks, *args)
+        return self._store.claims.claim_group(asks, *args)
 
     def claim(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(("claim", 1))
-        return self._store.claim(*args, **kwargs)
+        return self._store.claims.claim(*args, **kwargs)
 
     def claim_many(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(("claim_many", 1))
-        return self._store.claim_many(*args, **kwargs)
+        return self._store.claims.claim_many(*args, **kwargs)
 
 
 def _claims(store: _CountedStore, asks: list[ClaimRequest]) -> list[Any]:

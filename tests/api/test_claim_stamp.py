@@ -31,7 +31,7 @@ class _HeldClaims:
     """Holds each claim on its store thread, before its transaction, until ``release``."""
 
     def __init__(self, store: Store) -> None:
-        self._claim = store.claim
+        self._claim = store.claims.claim
         self.entered = threading.Event()
         self._go = threading.Event()
         self.holding = False
@@ -56,7 +56,7 @@ def held(
 ) -> Iterator[tuple[ServerThread, _HeldClaims]]:
     server_store = open_store(store_url)
     gate = _HeldClaims(server_store)
-    server_store.claim = gate.claim  # type: ignore[method-assign]
+    server_store.claims.claim = gate.claim  # type: ignore[method-assign]
     with ServerThread(server_store, settings, clock) as running:
         yield running, gate
     gate.release()

@@ -64,10 +64,10 @@ def test_a_backlog_is_removed_in_batches(store, clock):
         marks = ", ".join("?" for _ in ids)
         tx.execute(f"UPDATE jobs SET status = 'done', finished_at = ? WHERE id IN ({marks})", [now, *ids])
     cutoff = retention.cutoff(now + 15 * DAY, 14)
-    first = store.purge_finished(cutoff, retention.BATCH)
+    first = store.retention.purge_finished(cutoff, retention.BATCH)
     assert first.jobs == retention.BATCH
     assert retention.another_batch(first.jobs, first.keys, 1)
-    second = store.purge_finished(cutoff, retention.BATCH)
+    second = store.retention.purge_finished(cutoff, retention.BATCH)
     assert second.jobs == 20
     assert not retention.another_batch(second.jobs, second.keys, 2)
-    assert store.oldest_job_submitted_at() is None
+    assert store.retention.oldest_job_submitted_at() is None

@@ -36,7 +36,7 @@ def _cluster(store) -> str:
     for worker_id in ("w1", "w2"):
         register(store, worker_id, gpus=2, vram_mb=1000)
         submit_one(store, resources=Resources(gpus=1))
-        store.claim_many(worker_id, NOW, POLICY, 1)
+        store.claims.claim_many(worker_id, NOW, POLICY, 1)
     fits = protocol.submit(
         store, [JobSpec(command="train", gang_size=2, resources=Resources(gpus=1))], NOW + 1
     )

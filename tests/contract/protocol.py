@@ -75,7 +75,7 @@ def save_checkpoint(
 
 
 def reserve_gang(store: Store, gang_id: str, placements, now: float, policy: object = None):
-    return changes.reserve_gang(store, gang_id, placements, now)
+    return changes.reserve_gang(store.gangs, gang_id, placements, now)
 
 
 def rollback_gang(store: Store, gang_id: str, now: float, timeout_s: float) -> DrainStarted | tuple[Job, ...]:
@@ -135,4 +135,4 @@ def append_log(
     now: float,
     cap: int = 1 << 20,
 ):
-    return changes.append_log(store, job_id, worker_id, attempt, offset, data, now, cap)
+    return changes.append_log(store.logs, job_id, worker_id, attempt, offset, data, now, cap)

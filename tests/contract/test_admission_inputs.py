@@ -1,4 +1,4 @@
-"""The admission cycle's snapshot (``Store.admission_inputs``), on SQLite and PostgreSQL: records
+"""The admission cycle's snapshot (``Gangs.admission_inputs``), on SQLite and PostgreSQL: records
 kept from one read to the next while their rows are unchanged, never a stale value (issue 13)."""
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def fleet(store: Store) -> dict[str, str]:
     read as a possible preemptor), a pending job and a blocked gang of 2 x 4 GPUs. Answers each
     running job's id -> its worker."""
     for index in range(2):
-        store.register_worker(WorkerRegistration(f"w{index}", "10.0.0.1", Resources(4, 1000, 8192, 8)), NOW)
+        store.workers.register_worker(
+            WorkerRegistration(f"w{index}", "10.0.0.1", Resources(4, 1000, 8192, 8)), NOW
+        )
     protocol.submit(
         store,
         [JobSpec(command="run", resources=Resources(gpus=1), preemption_class=0) for _ in range(4)],
@@ -34,7 +36,7 @@ def fleet(store: Store) -> dict[str, str]:
     )
     running = {}
     for index in range(2):
-        for job in store.claim_many(f"w{index}", NOW, POLICY, 2):
+        for job in store.claims.claim_many(f"w{index}", NOW, POLICY, 2):
             running[job.id] = f"w{index}"
     protocol.submit(store, [JobSpec(command="wait", resources=Resources(gpus=1))], NOW + 1)
     protocol.submit(store, [JobSpec(command="train", gang_size=2, resources=Resources(gpus=4))], NOW + 2)
@@ -65,21 +67,23 @@ def same_objects(
 
 def test_an_unchanged_store_gives_the_same_records(store):
     fleet(store)
-    first = store.admission_inputs()
+    first = store.gangs.admission_inputs()
     assert len(first.holding) == 4 and len(first.pending) == 1 and len(first.gangs) == 1
     assert len(first.allocations) == 4 and len(first.workers) == 2
-    same_objects(first, store.admission_inputs())
+    same_objects(first, store.gangs.admission_inputs())
 
 
 def test_heartbeats_leave_the_records_as_they_were_and_carry_no_readings(store):
     running = fleet(store)
-    first = store.admission_inputs()
+    first = store.gangs.admission_inputs()
     report = JobReport(progress={"step": 7}, gpu_util_pct=93.0, rss_mb=2048.0)
     for job_id, worker_id in running.items():
         store.heartbeat_job(job_id, worker_id, 1, NOW + 15, report)
     for worker_id in ("w0", "w1"):
-        store.worker_heartbeat(worker_id, NOW + 15, [{"index": 0, "util_pct": 93.0, "mem_used_mb": 100}])
-    second = store.admission_inputs()
+        store.workers.worker_heartbeat(
+            worker_id, NOW + 15, [{"index": 0, "util_pct": 93.0, "mem_used_mb": 100}]
+        )
+    second = store.gangs.admission_inputs()
     same_objects(first, second)
     for job in second.holding:
         assert (job.last_heartbeat_at, job.progress, job.gpu_util_pct, job.rss_mb) == (None, None, None, None)
@@ -92,10 +96,10 @@ def test_heartbeats_leave_the_records_as_they_were_and_carry_no_readings(store):
 
 def test_a_checkpoint_time_a_heartbeat_brings_is_seen(store):
     running = fleet(store)
-    first = store.admission_inputs()
+    first = store.gangs.admission_inputs()
     job_id, worker_id = next(iter(running.items()))
     store.heartbeat_job(job_id, worker_id, 1, NOW + 15, JobReport(checkpoint_at=NOW + 14))
-    second = store.admission_inputs()
+    second = store.gangs.admission_inputs()
     # the allocation is made again with its job's record, equal to the one before
     same_objects(first, second, {f"job {job_id}", f"allocation {job_id}"})
     assert records(first)[f"allocation {job_id}"] == records(second)[f"allocation {job_id}"]
@@ -104,13 +108,13 @@ def test_a_checkpoint_time_a_heartbeat_brings_is_seen(store):
 
 def test_changed_rows_are_read_again_and_the_others_kept(store):
     running = fleet(store)
-    first = store.admission_inputs()
+    first = store.gangs.admission_inputs()
     pending_id = first.pending[0].id
     changes.note_single_waiting(store, pending_id, Reason("no_fit", "nothing fits"), NOW + 11)
     finished_id, worker_id = next(iter(running.items()))
     protocol.complete(store, finished_id, worker_id, 1, NOW + 12)
-    store.drain_worker("w1")
-    second = store.admission_inputs()
+    store.workers.drain_worker("w1")
+    second = store.gangs.admission_inputs()
     old, new = records(first), records(second)
     assert set(old) - set(new) == {f"job {finished_id}", f"allocation {finished_id}"}
     changed = {f"job {pending_id}", "worker w1"}
@@ -125,11 +129,11 @@ def test_a_replica_sees_what_another_wrote(store_url):
     first_replica, second_replica = open_store(store_url), open_store(store_url)
     try:
         running = fleet(first_replica)
-        before = first_replica.admission_inputs()
-        second_replica.admission_inputs()
+        before = first_replica.gangs.admission_inputs()
+        second_replica.gangs.admission_inputs()
         job_id, worker_id = next(iter(running.items()))
         protocol.complete(second_replica, job_id, worker_id, 1, NOW + 12)
-        after = first_replica.admission_inputs()
+        after = first_replica.gangs.admission_inputs()
         assert [job.id for job in after.holding] == [job.id for job in before.holding if job.id != job_id]
         reread = second_replica.get_job(job_id)
         assert reread is not None and reread.status == Status.DONE
@@ -156,16 +160,16 @@ def test_the_cycle_memo_over_kept_records_decides_as_a_count_from_scratch(store)
             job_ids[1], running[job_ids[1]], 1, NOW + 21, JobReport(progress={"step": 1})
         ),
         lambda: protocol.complete(store, job_ids[2], running[job_ids[2]], 1, NOW + 22),
-        lambda: store.register_worker(
+        lambda: store.workers.register_worker(
             WorkerRegistration("w2", "10.0.0.2", Resources(1, 1000, 8192, 8)), NOW + 23
         ),
-        lambda: store.drain_worker("w0"),
+        lambda: store.workers.drain_worker("w0"),
     ]
     planned = 0
     for round_, step in enumerate(steps):
         step()
         now = NOW + 30 + round_
-        inputs = store.admission_inputs()
+        inputs = store.gangs.admission_inputs()
         reading = cycle.CycleReading(
             inputs.workers, inputs.allocations, inputs.gangs, inputs.holding, inputs.pending
         )
@@ -200,5 +204,7 @@ def test_spec_columns_stay_as_submitted_through_a_jobs_life(store):
     store.heartbeat_jobs(running[job_ids[1]], NOW + 5, [(job_ids[1], 1, full)])
     protocol.complete(store, job_ids[2], running[job_ids[2]], 1, NOW + 6)
     protocol.fail(store, job_ids[3], running[job_ids[3]], 1, NOW + 7, exit_code=1)
-    changes.note_single_waiting(store, store.admission_inputs().pending[0].id, Reason("x", "y"), NOW + 8)
+    changes.note_single_waiting(
+        store, store.gangs.admission_inputs().pending[0].id, Reason("x", "y"), NOW + 8
+    )
     assert specs() == submitted

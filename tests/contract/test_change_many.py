@@ -1,4 +1,4 @@
-"""Reports applied together (``Store.change_many``, the server's group commit), on SQLite and
+"""Reports applied together (``Jobs.change_many``, the server's group commit), on SQLite and
 PostgreSQL: each report gets its own outcome or its own error, and one that fails is rolled back
 alone."""
 
@@ -24,7 +24,7 @@ def running_jobs(store, count):
     register(store, cpus=1000)
     for _ in range(count):
         submit_one(store)
-    return [store.claim("w1", NOW, POLICY) for _ in range(count)]
+    return [store.claims.claim("w1", NOW, POLICY) for _ in range(count)]
 
 
 def test_each_report_of_a_group_gets_its_own_outcome(store):
@@ -89,9 +89,9 @@ def test_a_gang_task_in_a_group_starts_its_drain(store):
     tasks = [task.id for task in item.items[0].tasks]
     placements = [(tasks[0], "w0", (0,)), (tasks[1], "w1", (0,))]
     protocol.reserve_gang(store, item.items[0].gang_id, placements, NOW)
-    rank0, rank1 = store.claim("w0", NOW, POLICY), store.claim("w1", NOW, POLICY)
+    rank0, rank1 = store.claims.claim("w0", NOW, POLICY), store.claims.claim("w1", NOW, POLICY)
     assert {rank0.id, rank1.id} == set(tasks)
-    own = store.claim("w0", NOW, POLICY)
+    own = store.claims.claim("w0", NOW, POLICY)
     assert own.id == single.id
     failed, done = store.change_many(
         [
@@ -120,7 +120,7 @@ def test_why_notes_of_a_pass_are_written_in_groups_and_a_refused_one_is_skipped(
     pending = [
         submit_one(store, resources=Resources(cpus=1)) for _ in range(changes.NOTES_PER_TRANSACTION + 6)
     ]
-    (claimed,) = store.claim_many("w1", NOW, POLICY, 1)
+    (claimed,) = store.claims.claim_many("w1", NOW, POLICY, 1)
     reason = Reason("no_victim_set", "nothing this job may preempt frees enough")
     notes = [(job.id, reason) for job in pending] + [("j-gone", reason)]
     changes.note_singles_waiting(store, notes, NOW + 1)

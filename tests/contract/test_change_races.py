@@ -21,7 +21,7 @@ def test_a_row_that_moves_under_the_decision_is_decided_again(store_url, store):
         pytest.skip("SQLite decides under its write lock: another writer cannot come between")
     register(store)
     submit_one(store)
-    job = store.claim("w1", NOW, POLICY)
+    job = store.claims.claim("w1", NOW, POLICY)
     other = open_store(store_url, migrate=False)
     seen: list[tuple[Status, float | None]] = []
     try:
@@ -46,7 +46,7 @@ def test_a_row_that_moves_under_the_decision_is_decided_again(store_url, store):
 def test_a_report_refused_on_the_unlocked_read_writes_nothing(store):
     register(store)
     submit_one(store)
-    job = store.claim("w1", NOW, POLICY)
+    job = store.claims.claim("w1", NOW, POLICY)
     before = store.get_job(job.id)
     decide = partial(lifecycle.report_done, worker_id="w1", attempt=job.attempts + 1, now=NOW + 1)
     with pytest.raises(errors.Conflict):

@@ -1,4 +1,4 @@
-"""Claims started together (``Store.claim_group``, the server's group commit of the claims of one
+"""Claims started together (``Claims.claim_group``, the server's group commit of the claims of one
 event-loop turn), on SQLite and PostgreSQL: the jobs single claims would start one after another,
 never one job twice, and nothing written when one of the group fails."""
 
@@ -18,7 +18,7 @@ def test_a_group_starts_what_claims_one_after_another_would(store):
         register(store, worker_id, cpus=2)
     jobs = [submit_one(store) for _ in range(6)]
     asks = [ClaimAsk("w3", 1), ClaimAsk("w1", 2), ClaimAsk("w2", 1)]
-    third, first, second = store.claim_group(asks, NOW, POLICY)
+    third, first, second = store.claims.claim_group(asks, NOW, POLICY)
     # In worker id order, each claim seeing the ones before it: w1 the two oldest, w2 the next, w3 after.
     assert [job.id for job in first] == [jobs[0].id, jobs[1].id]
     assert [job.id for job in second] == [jobs[2].id]
@@ -34,7 +34,7 @@ def test_a_group_starts_what_claims_one_after_another_would(store):
 def test_two_claims_of_one_worker_in_a_group_take_its_capacity_once(store):
     register(store, "w1", cpus=2)
     jobs = [submit_one(store, resources=Resources(cpus=1)) for _ in range(3)]
-    first, second = store.claim_group([ClaimAsk("w1", 2), ClaimAsk("w1", 2)], NOW, POLICY)
+    first, second = store.claims.claim_group([ClaimAsk("w1", 2), ClaimAsk("w1", 2)], NOW, POLICY)
     assert [job.id for job in first] == [jobs[0].id, jobs[1].id]
     assert second == [], "the first claim filled the worker"
     assert store.get_job(jobs[2].id).status == Status.PENDING
@@ -43,7 +43,7 @@ def test_two_claims_of_one_worker_in_a_group_take_its_capacity_once(store):
 def test_a_retried_claim_in_the_same_group_is_answered_the_same_runs(store):
     register(store, "w1", cpus=4)
     jobs = [submit_one(store) for _ in range(3)]
-    first, again = store.claim_group([ClaimAsk("w1", 2, "k1"), ClaimAsk("w1", 2, "k1")], NOW, POLICY)
+    first, again = store.claims.claim_group([ClaimAsk("w1", 2, "k1"), ClaimAsk("w1", 2, "k1")], NOW, POLICY)
     assert [job.id for job in first] == [jobs[0].id, jobs[1].id]
     assert [job.id for job in again] == [job.id for job in first]
     assert store.get_job(jobs[2].id).status == Status.PENDING
@@ -52,9 +52,9 @@ def test_a_retried_claim_in_the_same_group_is_answered_the_same_runs(store):
 def test_a_draining_worker_in_a_group_gets_nothing(store):
     register(store, "w1", cpus=2)
     register(store, "w2", cpus=2)
-    store.drain_worker("w1")
+    store.workers.drain_worker("w1")
     job = submit_one(store)
-    drained, claimed = store.claim_group([ClaimAsk("w1"), ClaimAsk("w2")], NOW, POLICY)
+    drained, claimed = store.claims.claim_group([ClaimAsk("w1"), ClaimAsk("w2")], NOW, POLICY)
     assert drained == []
     assert [started.id for started in claimed] == [job.id]
 
@@ -63,6 +63,6 @@ def test_a_group_with_an_unknown_worker_writes_nothing(store):
     register(store, "w1", cpus=2)
     job = submit_one(store)
     with pytest.raises(errors.NotFound):
-        store.claim_group([ClaimAsk("w1"), ClaimAsk("w9-unknown")], NOW, POLICY)
+        store.claims.claim_group([ClaimAsk("w1"), ClaimAsk("w9-unknown")], NOW, POLICY)
     assert store.get_job(job.id).status == Status.PENDING, "the group rolled back whole"
-    assert [started.id for started in store.claim_many("w1", NOW, POLICY, 1)] == [job.id]
+    assert [started.id for started in store.claims.claim_many("w1", NOW, POLICY, 1)] == [job.id]

@@ -22,7 +22,7 @@ POLICY = Claim()
 
 def workers(store, count, gpus=1, address="10.0.0.{}"):
     for index in range(count):
-        store.register_worker(
+        store.workers.register_worker(
             WorkerRegistration(f"w{index}", address.format(index), Resources(gpus, 1000, 8192, 8)), NOW
         )
 
@@ -43,7 +43,7 @@ def reserve(store, gang_id, task_ids, now=NOW):
 
 def run_gang(store, gang_id, task_ids, now=NOW):
     reserve(store, gang_id, task_ids, now)
-    return [store.claim(f"w{index}", now, POLICY) for index in range(len(task_ids))]
+    return [store.claims.claim(f"w{index}", now, POLICY) for index in range(len(task_ids))]
 
 
 def statuses(store, gang_id):
@@ -64,7 +64,7 @@ def test_reserve_is_all_or_nothing(store):
 def test_reserve_refuses_capacity_taken_since_the_snapshot(store):
     workers(store, 3)
     protocol.submit(store, [JobSpec(command="single", resources=Resources(gpus=1))], NOW)
-    store.claim("w2", NOW, POLICY)
+    store.claims.claim("w2", NOW, POLICY)
     gang_id, task_ids = submit_gang(store, now=NOW + 1)
     assert reserve(store, gang_id, task_ids) is None
     assert statuses(store, gang_id) == [Status.BLOCKED] * 3
@@ -74,19 +74,19 @@ def test_reserved_tasks_are_claimed_only_by_their_worker(store):
     workers(store, 2)
     gang_id, task_ids = submit_gang(store, size=2)
     reserve(store, gang_id, task_ids)
-    first = store.claim("w1", NOW, POLICY)
+    first = store.claims.claim("w1", NOW, POLICY)
     assert (first.id, first.status, first.attempts) == (task_ids[1], Status.RUNNING, 1)
-    assert store.claim("w1", NOW, POLICY) is None
+    assert store.claims.claim("w1", NOW, POLICY) is None
 
 
 def test_second_gang_gets_the_next_master_port_on_a_shared_worker(store):
-    store.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
+    store.workers.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
     first_id, first_tasks = submit_gang(store, size=1 + 1)
     placements = [(first_tasks[0], "w0", (0,)), (first_tasks[1], "w0", (1,))]
     assert {job.master_port for job in protocol.reserve_gang(store, first_id, placements, NOW, POLICY)} == {
         29500
     }
-    store.register_worker(WorkerRegistration("w0", "h", Resources(4, 1000, 8192, 8)), NOW)
+    store.workers.register_worker(WorkerRegistration("w0", "h", Resources(4, 1000, 8192, 8)), NOW)
     second_id, second_tasks = submit_gang(store, size=2)
     placements = [(second_tasks[0], "w0", (2,)), (second_tasks[1], "w0", (3,))]
     assert {job.master_port for job in protocol.reserve_gang(store, second_id, placements, NOW, POLICY)} == {
@@ -111,8 +111,8 @@ def test_stale_reservation_with_running_siblings_drains_the_gang(store):
     workers(store, 3)
     gang_id, task_ids = submit_gang(store)
     reserve(store, gang_id, task_ids)
-    store.claim("w0", NOW, POLICY)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w0", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     drain = protocol.rollback_gang(store, gang_id, NOW + 31, 30)
     assert isinstance(drain, DrainStarted)
     assert drain.trigger.id == task_ids[2]
@@ -212,14 +212,14 @@ def test_checkpoint_only_while_preempting_with_the_current_epoch(store):
 
 
 def test_holds_keep_capacity_for_a_gang_except_for_backfill(store):
-    store.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
-    store.replace_holds([Hold("g-head", "w0", Resources(gpus=2), expected_at=NOW + 100)])
+    store.workers.register_worker(WorkerRegistration("w0", "h", Resources(2, 1000, 8192, 8)), NOW)
+    store.gangs.replace_holds([Hold("g-head", "w0", Resources(gpus=2), expected_at=NOW + 100)])
     long_job = (
         protocol.submit(store, [JobSpec(command="long", resources=Resources(gpus=1), walltime_s=500)], NOW)
         .items[0]
         .job
     )
-    assert store.claim("w0", NOW, POLICY) is None
+    assert store.claims.claim("w0", NOW, POLICY) is None
     short = (
         protocol.submit(
             store, [JobSpec(command="short", resources=Resources(gpus=1), walltime_s=50)], NOW + 1
@@ -227,10 +227,10 @@ def test_holds_keep_capacity_for_a_gang_except_for_backfill(store):
         .items[0]
         .job
     )
-    assert store.claim("w0", NOW, POLICY).id == short.id
-    store.replace_holds([])
-    assert store.claim("w0", NOW, POLICY).id == long_job.id
-    assert store.list_holds() == []
+    assert store.claims.claim("w0", NOW, POLICY).id == short.id
+    store.gangs.replace_holds([])
+    assert store.claims.claim("w0", NOW, POLICY).id == long_job.id
+    assert store.gangs.list_holds() == []
 
 
 def test_a_refunded_peer_keeps_a_fence_no_later_attempt_reuses(store):
@@ -252,7 +252,7 @@ def test_a_gang_with_an_ended_rank_and_a_rolled_back_one_fails_instead_of_waitin
     workers(store, 2)
     gang_id, task_ids = submit_gang(store, size=2)
     reserve(store, gang_id, task_ids)
-    store.claim("w0", NOW, POLICY)
+    store.claims.claim("w0", NOW, POLICY)
     protocol.complete(store, task_ids[0], "w0", 1, NOW + 1)
     drain, completion, rolled = changes.roll_back_stale(store, gang_id, NOW + 31, 30)
     assert drain is not None and rolled == ()
@@ -266,7 +266,7 @@ def test_an_expired_reservation_counts_as_the_triggers_attempt(store):
     for round_number in (1, 2):
         now = NOW + 100 * round_number
         reserve(store, gang_id, task_ids, now)
-        store.claim("w0", now, POLICY)
+        store.claims.claim("w0", now, POLICY)
         protocol.rollback_gang(store, gang_id, now + 31, 30)
         protocol.ack_preempted(store, task_ids[0], "w0", round_number, round_number, now + 32)
         protocol.complete_drain(store, gang_id, now + 32)
@@ -319,7 +319,7 @@ def test_a_claim_does_not_start_a_reservation_cancelled_since_it_read_the_worker
         gang_id, task_ids = submit_gang(store, size=2)
         reserve(store, gang_id, task_ids)
         racing = RacingPlacement(lambda: protocol.cancel(other, task_ids[0], NOW))
-        assert store.claim("w0", NOW, racing) is None, "it was a 500: cancelled -> running"
+        assert store.claims.claim("w0", NOW, racing) is None, "it was a 500: cancelled -> running"
         assert statuses(store, gang_id) == [Status.CANCELLED] * 2
     finally:
         other.close()
@@ -341,9 +341,9 @@ def test_a_claim_does_not_start_a_reservation_moved_to_another_worker(postgres_s
             placements = [(task_ids[0], "w2", (0,)), (task_ids[1], "w1", (0,))]
             assert protocol.reserve_gang(other, gang_id, placements, NOW + 31) is not None
 
-        assert store.claim("w0", NOW + 32, RacingPlacement(move_rank_zero)) is None
+        assert store.claims.claim("w0", NOW + 32, RacingPlacement(move_rank_zero)) is None
         rank_zero = store.get_job(task_ids[0])
         assert (rank_zero.status, rank_zero.worker_id) == (Status.RESERVED, "w2")
-        assert store.claim("w2", NOW + 33, POLICY).id == task_ids[0]
+        assert store.claims.claim("w2", NOW + 33, POLICY).id == task_ids[0]
     finally:
         other.close()

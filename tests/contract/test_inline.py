@@ -1,4 +1,4 @@
-"""``Store.run_inline``: short work on the caller's thread (the event loop's) only when it need not
+"""``Backend.run_inline``: short work on the caller's thread (the event loop's) only when it need not
 wait; otherwise ``WouldWait`` with nothing written, for the server to send it to a store thread.
 
 No timings: a wait would end in ``StoreBusy`` after the busy timeout, never in ``WouldWait``, so the

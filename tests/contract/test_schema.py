@@ -12,6 +12,7 @@ import pytest
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.store import open_store
+from corral.store.dialect import WORKER_ALLOCATIONS_SQL
 from corral.store.operations import LEASED_ON_WORKER_SQL
 from corral.store.schema import (
     DECLARED_COLUMNS,
@@ -21,7 +22,6 @@ from corral.store.schema import (
     Column,
     columns,
 )
-from corral.store.sql import SqlStore
 from tests.contract import protocol
 from tests.helpers import plan_nodes
 
@@ -75,7 +75,7 @@ def test_postgres_claim_query_walks_the_queue_index_without_sorting(postgres_sto
         store, [JobSpec(command="true", resources=Resources(cpus=index % 3)) for index in range(5000)], NOW
     )
     # Parameters: free gpus, memory_mb, cpus, per-GPU vram_mb, page size, offset.
-    plan = store.explain(store.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
+    plan = store.explain(store.claims.claim_candidates_sql(), (0, 100, 4, 0, 32, 0))
     nodes = list(plan_nodes(plan))
     node_types = [node["Node Type"] for node in nodes]
     assert not [kind for kind in node_types if "Sort" in kind], node_types  # the index gives the order
@@ -103,5 +103,5 @@ def test_sqlite_reads_a_claiming_workers_holdings_through_the_holding_index(tmp_
     """The claim's allocations read (``_worker_allocations``) takes the partial ``jobs_holding``
     index too: before, SQLite read them by status among every running job of the fleet, at each
     claim (2,000 hosts x 8 jobs took minutes to come up in ``bench/fleet.py``)."""
-    plan = sqlite_plan(tmp_path, SqlStore.WORKER_ALLOCATIONS_SQL, ("w1",))
+    plan = sqlite_plan(tmp_path, WORKER_ALLOCATIONS_SQL, ("w1",))
     assert plan == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]

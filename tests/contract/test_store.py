@@ -10,6 +10,7 @@ from corral.domain import errors
 from corral.domain.records import Constraints, GpuReading, Job
 from corral.domain.resources import Resources
 from corral.domain.status import Status
+from corral.server import changes
 from corral.store import open_store
 from corral.store.base import JobFilter, JobReport, LeaseRenewed
 from tests.contract import protocol
@@ -61,21 +62,21 @@ def test_claim_follows_queue_order(store):
     low = submit_one(store, priority=0)
     high = submit_one(store, priority=5)
     top_class = submit_one(store, preemption_class=9)
-    order = [store.claim("w1", NOW, POLICY).id for _ in range(3)]
+    order = [store.claims.claim("w1", NOW, POLICY).id for _ in range(3)]
     assert order == [top_class.id, high.id, low.id]
-    assert store.claim("w1", NOW, POLICY) is None
+    assert store.claims.claim("w1", NOW, POLICY) is None
 
 
 def test_claim_respects_capacity_and_assigns_distinct_gpus(store):
     register(store, gpus=2, vram_mb=1000)
     jobs = [submit_one(store, resources=Resources(gpus=1)) for _ in range(3)]
-    first = store.claim("w1", NOW, POLICY)
-    second = store.claim("w1", NOW, POLICY)
+    first = store.claims.claim("w1", NOW, POLICY)
+    second = store.claims.claim("w1", NOW, POLICY)
     assert {first.id, second.id} == {jobs[0].id, jobs[1].id}
     assert sorted(first.gpu_indices + second.gpu_indices) == [0, 1]
-    assert store.claim("w1", NOW, POLICY) is None
+    assert store.claims.claim("w1", NOW, POLICY) is None
     protocol.complete(store, first.id, "w1", 1, NOW)
-    third = store.claim("w1", NOW, POLICY)
+    third = store.claims.claim("w1", NOW, POLICY)
     assert third.id == jobs[2].id
     assert third.gpu_indices == first.gpu_indices
 
@@ -85,8 +86,8 @@ def test_claim_skips_jobs_that_do_not_fit_for_those_that_do(store):
     too_big = submit_one(store, resources=Resources(cpus=8))
     wrong_rack = submit_one(store, constraints=Constraints(labels={"rack": "r2"}))
     fits = submit_one(store, constraints=Constraints(labels={"rack": "r1"}))
-    assert store.claim("w1", NOW, POLICY).id == fits.id
-    assert store.claim("w1", NOW, POLICY) is None
+    assert store.claims.claim("w1", NOW, POLICY).id == fits.id
+    assert store.claims.claim("w1", NOW, POLICY) is None
     assert store.get_job(too_big.id).status == Status.PENDING
     assert store.get_job(wrong_rack.id).status == Status.PENDING
 
@@ -94,16 +95,16 @@ def test_claim_skips_jobs_that_do_not_fit_for_those_that_do(store):
 def test_claim_by_unknown_or_draining_worker(store):
     submit_one(store)
     with pytest.raises(errors.NotFound):
-        store.claim("ghost", NOW, POLICY)
+        store.claims.claim("ghost", NOW, POLICY)
     register(store)
-    store.drain_worker("w1")
-    assert store.claim("w1", NOW, POLICY) is None
+    store.workers.drain_worker("w1")
+    assert store.claims.claim("w1", NOW, POLICY) is None
 
 
 def test_claim_sets_attempt_worker_and_lease(store):
     register(store)
     job = submit_one(store)
-    claimed = store.claim("w1", NOW + 5, POLICY)
+    claimed = store.claims.claim("w1", NOW + 5, POLICY)
     assert (claimed.id, claimed.status, claimed.attempts, claimed.worker_id) == (
         job.id,
         Status.RUNNING,
@@ -123,7 +124,7 @@ def test_concurrent_claims_never_hand_out_a_job_twice(store_url, store):
     def claim_all(worker_id):
         own = open_store(store_url, migrate=False)
         try:
-            while (job := own.claim(worker_id, NOW, POLICY)) is not None:
+            while (job := own.claims.claim(worker_id, NOW, POLICY)) is not None:
                 with lock:
                     claimed.append(job.id)
         finally:
@@ -151,7 +152,7 @@ def test_concurrent_claims_for_one_worker_never_overfill_it(store):
     def claim_some() -> None:
         start.wait(10)
         for _ in range(3):
-            job = store.claim("w1", NOW, POLICY)
+            job = store.claims.claim("w1", NOW, POLICY)
             if job is not None:
                 with lock:
                     claimed.append(job.id)
@@ -172,7 +173,7 @@ def test_reports_from_a_stale_attempt_or_worker_change_nothing(store):
     register(store)
     register(store, "w2")
     job = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     for worker_id, attempt in (("w1", 2), ("w2", 1)):
         with pytest.raises(errors.StaleAttempt):
             protocol.heartbeat_job(store, job.id, worker_id, attempt, NOW, None)
@@ -187,7 +188,7 @@ def test_reports_from_a_stale_attempt_or_worker_change_nothing(store):
 def test_done_then_done_again_is_not_running(store):
     register(store)
     job = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     assert protocol.complete(store, job.id, "w1", 1, NOW + 3).status == Status.DONE
     with pytest.raises(errors.NotRunning):
         protocol.complete(store, job.id, "w1", 1, NOW + 4)
@@ -203,7 +204,7 @@ def test_done_then_done_again_is_not_running(store):
 def test_heartbeat_renews_the_lease_and_records_progress(store):
     register(store)
     job = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     beat = protocol.heartbeat_job(store, job.id, "w1", 1, NOW + 7, {"step": 12})
     assert (beat.last_heartbeat_at, beat.progress) == (NOW + 7, {"step": 12})
 
@@ -215,9 +216,9 @@ def test_a_batch_of_heartbeats_reads_back_only_what_each_answer_needs(store):
     register(store)
     register(store, "w2")
     running, stopping, elsewhere = (submit_one(store) for _ in range(3))
-    store.claim("w1", NOW, POLICY)
-    store.claim("w1", NOW, POLICY)
-    store.claim("w2", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
+    store.claims.claim("w2", NOW, POLICY)
     protocol.cancel(store, stopping.id, NOW + 1)
     untouched = store.get_job(elsewhere.id)
     found = store.heartbeat_jobs(
@@ -266,18 +267,20 @@ def test_a_worker_heartbeat_returns_the_held_jobs_its_running_list_leaves_out(st
     register(store)
     listed, left_out, stopping, finished = (submit_one(store) for _ in range(4))
     for _ in range(4):
-        store.claim("w1", NOW, POLICY)
+        store.claims.claim("w1", NOW, POLICY)
     protocol.cancel(store, stopping.id, NOW + 1)
     protocol.complete(store, finished.id, "w1", 1, NOW + 1)
-    beat = store.worker_heartbeat("w1", NOW + 2, None, running=[listed.id])
+    beat = store.workers.worker_heartbeat("w1", NOW + 2, None, running=[listed.id])
     assert beat.unlisted == tuple(
         sorted((store.get_job(left_out.id), store.get_job(stopping.id)), key=lambda job: job.id)
     )
     assert (
-        store.worker_heartbeat("w1", NOW + 3, None, running=[listed.id, left_out.id, stopping.id]).unlisted
+        store.workers.worker_heartbeat(
+            "w1", NOW + 3, None, running=[listed.id, left_out.id, stopping.id]
+        ).unlisted
         == ()
     )
-    assert store.worker_heartbeat("w1", NOW + 4, None).unlisted == ()  # no list: nothing to judge
+    assert store.workers.worker_heartbeat("w1", NOW + 4, None).unlisted == ()  # no list: nothing to judge
 
 
 @pytest.mark.parametrize("max_retries", [0, 1, 3])
@@ -286,12 +289,12 @@ def test_fail_retries_while_attempts_remain(store, max_retries):
     job = submit_one(store, max_retries=max_retries)
     statuses = []
     for attempt in range(1, max(max_retries, 1) + 1):
-        assert store.claim("w1", NOW, POLICY).attempts == attempt
+        assert store.claims.claim("w1", NOW, POLICY).attempts == attempt
         statuses.append(protocol.fail(store, job.id, "w1", attempt, NOW, 2, "exit 2", "tail").status)
     assert statuses == [Status.PENDING] * (max(max_retries, 1) - 1) + [Status.FAILED]
     failed = store.get_job(job.id)
     assert (failed.exit_code, failed.output_tail, failed.reason.code) == (2, "tail", "failed")
-    assert store.claim("w1", NOW, POLICY) is None
+    assert store.claims.claim("w1", NOW, POLICY) is None
     assert_history_is_legal(store, job.id)
 
 
@@ -310,7 +313,7 @@ def test_cancel_pending_is_immediate_and_terminal_is_refused(store):
 def test_cancel_running_stops_through_the_worker(store):
     register(store)
     job = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     (stopping,) = protocol.cancel(store, job.id, NOW + 1)
     assert (stopping.status, stopping.preemption_epoch, stopping.cancel_requested) == (
         Status.PREEMPTING,
@@ -331,11 +334,11 @@ def test_cancel_running_stops_through_the_worker(store):
 def test_a_job_that_finishes_while_being_cancelled_keeps_its_result(store):
     register(store)
     job = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     protocol.cancel(store, job.id, NOW)
     assert protocol.complete(store, job.id, "w1", 1, NOW).status == Status.DONE
     other = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     protocol.cancel(store, other.id, NOW)
     assert protocol.fail(store, other.id, "w1", 1, NOW, 143, "terminated", None).status == Status.CANCELLED
 
@@ -353,13 +356,13 @@ def test_cancelling_a_gang_task_cancels_the_gang(store):
 def test_reaper_requeues_then_fails_expired_leases(store):
     register(store)
     job = submit_one(store, max_retries=2)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     assert protocol.reap(store, NOW + 29, 30, 45, 600).requeued == ()
     report = protocol.reap(store, NOW + 31, 30, 45, 600)
     assert [requeued.id for requeued in report.requeued] == [job.id]
     assert store.get_job(job.id).reason.code == "lease_expired"
     assert protocol.reap(store, NOW + 31, 30, 45, 600).requeued == ()  # idempotent
-    store.claim("w1", NOW + 40, POLICY)
+    store.claims.claim("w1", NOW + 40, POLICY)
     protocol.heartbeat_job(store, job.id, "w1", 2, NOW + 60, None)
     assert protocol.reap(store, NOW + 80, 30, 45, 600).failed == ()
     report = protocol.reap(store, NOW + 91, 30, 45, 600)
@@ -371,7 +374,7 @@ def test_reaper_requeues_then_fails_expired_leases(store):
 def test_reaper_force_drains_a_stop_nobody_acked(store):
     register(store)
     job = submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     protocol.cancel(store, job.id, NOW)
     assert protocol.reap(store, NOW + 44, 1000, 45, 600).force_drained == ()
     (drained,) = protocol.reap(store, NOW + 46, 1000, 45, 600).force_drained
@@ -381,21 +384,21 @@ def test_reaper_force_drains_a_stop_nobody_acked(store):
 def test_workers_go_offline_and_come_back(store):
     register(store)
     assert protocol.reap(store, NOW + 61, 30, 45, 60).offline_workers == ("w1",)
-    assert store.get_worker("w1").worker.status == "offline"
-    beat = store.worker_heartbeat("w1", NOW + 62, [{"index": 0, "util_pct": 5.0}])
+    assert store.workers.get_worker("w1").worker.status == "offline"
+    beat = store.workers.worker_heartbeat("w1", NOW + 62, [{"index": 0, "util_pct": 5.0}])
     assert beat.worker.status == "active"
     assert beat.worker.gpu_stats == (GpuReading(0, 5.0, None),)
     register(store)  # re-register keeps registered_at
-    assert store.get_worker("w1").worker.registered_at == NOW
+    assert store.workers.get_worker("w1").worker.registered_at == NOW
     with pytest.raises(errors.NotFound):
-        store.worker_heartbeat("ghost", NOW, None)
+        store.workers.worker_heartbeat("ghost", NOW, None)
 
 
 def test_worker_view_counts_what_it_holds(store):
     register(store, gpus=4, vram_mb=100)
     job = submit_one(store, resources=Resources(gpus=3, cpus=2))
-    store.claim("w1", NOW, POLICY)
-    view = store.get_worker("w1")
+    store.claims.claim("w1", NOW, POLICY)
+    view = store.workers.get_worker("w1")
     assert view.used == Resources(gpus=3, vram_mb=0, memory_mb=0, cpus=2)
     assert view.running == (job.id,)
 
@@ -406,7 +409,7 @@ def test_worker_view_counts_what_it_holds(store):
 def test_list_filters_and_cursor(store):
     register(store)
     jobs = [submit_one(store, pool="team/a" if index % 2 else "default") for index in range(7)]
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     page_one = store.list_jobs(JobFilter(), 3, None)
     page_two = store.list_jobs(JobFilter(), 3, (page_one[-1].submitted_at, page_one[-1].id))
     page_three = store.list_jobs(JobFilter(), 3, (page_two[-1].submitted_at, page_two[-1].id))
@@ -439,10 +442,10 @@ def test_watchdog_trip_requeues_at_the_front_then_fails(store):
     register(store)
     job = submit_one(store)
     submit_one(store)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     first = protocol.watchdog_trip(store, job.id, "w1", 1, NOW, "budget", "ran 3600s of 3600s", max_retries=1)
     assert (first.status, first.watchdog_retries, first.queue_front) == (Status.PENDING, 1, True)
-    again = store.claim("w1", NOW, POLICY)
+    again = store.claims.claim("w1", NOW, POLICY)
     assert (again.id, again.queue_front) == (job.id, False)
     with pytest.raises(errors.StaleAttempt):
         protocol.watchdog_trip(store, job.id, "w1", 1, NOW, "budget", "late", max_retries=1)
@@ -457,22 +460,22 @@ def test_dead_workers_are_flagged_once_until_a_heartbeat(store):
     register(store, "busy")
     register(store, "idle")
     submit_one(store)
-    store.claim("busy", NOW, POLICY)
-    flagged = store.flag_dead_workers(NOW + 31, 30)
+    store.claims.claim("busy", NOW, POLICY)
+    flagged = changes.flag_dead_workers(store.workers, NOW + 31, 30)
     assert [(worker.id, running) for worker, running in flagged] == [("busy", 1)]
-    assert store.flag_dead_workers(NOW + 40, 30) == []
-    store.worker_heartbeat("busy", NOW + 41, None)
-    assert store.get_worker("busy").worker.flagged_dead_at is None
-    assert [worker.id for worker, _ in store.flag_dead_workers(NOW + 80, 30)] == ["busy"]
+    assert changes.flag_dead_workers(store.workers, NOW + 40, 30) == []
+    store.workers.worker_heartbeat("busy", NOW + 41, None)
+    assert store.workers.get_worker("busy").worker.flagged_dead_at is None
+    assert [worker.id for worker, _ in changes.flag_dead_workers(store.workers, NOW + 80, 30)] == ["busy"]
 
 
 def test_a_released_job_goes_back_without_spending_its_attempt(store):
     register(store)
     job = submit_one(store, max_retries=1)
-    store.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
     released = protocol.fail(store, job.id, "w1", 1, NOW, 143, "worker shut down", None, release=True)
     assert (released.status, released.attempts_used, released.reason.code) == (Status.PENDING, 0, "released")
-    again = store.claim("w1", NOW, POLICY)
+    again = store.claims.claim("w1", NOW, POLICY)
     assert again.attempts == 2, "the fence still grows"
     assert protocol.fail(store, job.id, "w1", 2, NOW, 1, None, None).status == Status.FAILED
 
@@ -488,35 +491,35 @@ def test_claims_follow_the_core_queue_order(store):
     register(store, cpus=1000)
     specs = [spec(preemption_class=rng.randint(0, 10), priority=rng.randint(-2, 2)) for _ in range(60)]
     ids = [item.job.id for item in protocol.submit(store, specs, NOW).items]
-    tripped = [store.claim("w1", NOW, POLICY) for _ in range(6)]
+    tripped = [store.claims.claim("w1", NOW, POLICY) for _ in range(6)]
     for claimed in tripped:  # re-queued at the front of their class and priority by a watchdog trip
         protocol.watchdog_trip(store, claimed.id, "w1", claimed.attempts, NOW, "stall", "", max_retries=3)
     expected = [job.id for job in in_queue_order([store.get_job(job_id) for job_id in ids])]
-    assert [store.claim("w1", NOW, POLICY).id for _ in ids] == expected
+    assert [store.claims.claim("w1", NOW, POLICY).id for _ in ids] == expected
 
 
 def test_a_worker_heartbeat_keeps_a_drain_and_answers_the_contact_before_it(store):
     """PostgreSQL writes the common heartbeat as one statement (the row locked, updated, returned
     with its contact before): the same answers as the locked read-then-write."""
     register(store, gpus=2, vram_mb=100)
-    store.drain_worker("w1")
-    beat = store.worker_heartbeat("w1", NOW + 5, [{"index": 0, "util_pct": 1.0}], running=[])
+    store.workers.drain_worker("w1")
+    beat = store.workers.worker_heartbeat("w1", NOW + 5, [{"index": 0, "util_pct": 1.0}], running=[])
     assert (beat.worker.status, beat.worker.last_heartbeat_at, beat.previous_contact) == (
         "draining",
         NOW + 5,
         NOW,
     )
     assert beat.unlisted == ()
-    beat = store.worker_heartbeat("w1", NOW + 9, None)  # no readings: the last ones are kept
+    beat = store.workers.worker_heartbeat("w1", NOW + 9, None)  # no readings: the last ones are kept
     assert (beat.previous_contact, beat.worker.gpu_stats) == (NOW + 5, (GpuReading(0, 1.0, None),))
-    assert store.worker_heartbeat("w1", NOW + 10, None, unhealthy_gpus=[1]).previous_unhealthy == ()
-    beat = store.worker_heartbeat("w1", NOW + 11, None)
+    assert store.workers.worker_heartbeat("w1", NOW + 10, None, unhealthy_gpus=[1]).previous_unhealthy == ()
+    beat = store.workers.worker_heartbeat("w1", NOW + 11, None)
     assert (beat.previous_unhealthy, beat.worker.unhealthy_gpus, beat.previous_contact) == (
         (1,),
         (1,),
         NOW + 10,
     )
-    assert store.get_worker("w1").worker == beat.worker
+    assert store.workers.get_worker("w1").worker == beat.worker
 
 
 def _beat_at_once(stores, times):
@@ -524,7 +527,7 @@ def _beat_at_once(stores, times):
     previous: list[float | None] = [None] * len(stores)
 
     def beat(index: int) -> None:
-        previous[index] = stores[index].worker_heartbeat("w1", times[index], None).previous_contact
+        previous[index] = stores[index].workers.worker_heartbeat("w1", times[index], None).previous_contact
 
     threads = [threading.Thread(target=beat, args=(index,)) for index in range(len(stores))]
     for thread in threads:
@@ -544,7 +547,7 @@ def test_concurrent_heartbeats_of_one_worker_each_answer_the_contact_before_thei
         for round_number in range(20):
             times = (NOW + 10 * round_number + 1, NOW + 10 * round_number + 2)
             previous = _beat_at_once(stores, times)
-            view = stores[0].get_worker("w1")
+            view = stores[0].workers.get_worker("w1")
             assert view is not None
             last = view.worker.last_heartbeat_at
             first = times[0] if last == times[1] else times[1]

@@ -17,16 +17,16 @@ def _cluster(store):
     register(store, "w1", gpus=4, vram_mb=1000, memory_mb=8192, cpus=8)
     register(store, "w2", gpus=2, vram_mb=2000, memory_mb=4096, cpus=4)
     register(store, "w3", gpus=2, vram_mb=1000, cpus=4)
-    store.drain_worker("w3")
+    store.workers.drain_worker("w3")
     small = submit_one(store, resources=Resources(gpus=1, vram_mb=500, memory_mb=1024, cpus=2))
     large = submit_one(store, resources=Resources(gpus=1, vram_mb=900, memory_mb=2048, cpus=1))
     ended = submit_one(store, resources=Resources(cpus=1))
-    assert [job.id for job in store.claim_many("w1", NOW, POLICY, 3)] == [small.id, large.id, ended.id]
+    assert [job.id for job in store.claims.claim_many("w1", NOW, POLICY, 3)] == [small.id, large.id, ended.id]
     protocol.complete(store, ended.id, "w1", 1, NOW + 1)
-    (on_w2,) = store.claim_many("w2", NOW, POLICY, 1, None) or [None]
+    (on_w2,) = store.claims.claim_many("w2", NOW, POLICY, 1, None) or [None]
     assert on_w2 is None, "nothing pending fits w2 yet"
     other = submit_one(store, resources=Resources(gpus=1, vram_mb=1500, memory_mb=512, cpus=1))
-    assert [job.id for job in store.claim_many("w2", NOW + 2, POLICY, 1)] == [other.id]
+    assert [job.id for job in store.claims.claim_many("w2", NOW + 2, POLICY, 1)] == [other.id]
     gang = protocol.submit(
         store, [JobSpec(command="train", gang_size=2, resources=Resources(gpus=1))], NOW + 3
     )
@@ -39,7 +39,7 @@ def _cluster(store):
 
 def test_list_workers_sums_what_each_worker_holds(store):
     small, large, other, tasks = _cluster(store)
-    views = {view.worker.id: view for view in store.list_workers()}
+    views = {view.worker.id: view for view in store.workers.list_workers()}
     assert list(views) == ["w1", "w2", "w3"], "in registration order"
     assert views["w1"].running == tuple(sorted([small.id, large.id, tasks[0]]))
     assert views["w1"].used.gpus == 3 and views["w1"].used.vram_mb == 900, "VRAM per GPU: the largest"
@@ -47,7 +47,7 @@ def test_list_workers_sums_what_each_worker_holds(store):
     assert views["w3"].used == Resources() and views["w3"].running == ()
     # the same figures as the allocation records give
     by_worker: dict[str, list] = {}
-    for allocation in store.allocations():
+    for allocation in store.workers.allocations():
         by_worker.setdefault(allocation.worker_id, []).append(allocation)
     for worker_id, view in views.items():
         held = by_worker.get(worker_id, [])
@@ -55,7 +55,7 @@ def test_list_workers_sums_what_each_worker_holds(store):
         for allocation in held:
             used = used + allocation.resources
         assert (view.used, view.running) == (used, tuple(allocation.job_id for allocation in held))
-        single = store.get_worker(worker_id)
+        single = store.workers.get_worker(worker_id)
         assert (single.worker, single.used, sorted(single.running)) == (
             view.worker,
             view.used,

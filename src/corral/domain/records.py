@@ -162,6 +162,16 @@ class Worker:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerContact:
+    """What the liveness rules read of a worker beside its own row: the jobs it holds a lease on
+    and the latest heartbeat of any of them (a worker heartbeats every 15 s, each of its jobs every
+    5 s, and any of them shows the worker alive)."""
+
+    leased_jobs: int
+    last_job_heartbeat_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """What one job holds on a worker: the input of every capacity computation."""
 

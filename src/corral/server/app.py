@@ -34,6 +34,7 @@ from corral.server.offload import StoreProcess, StoreProcessConfig
 from corral.server.routes import jobs, logs, operations, pools, protocol, workers
 from corral.server.state import ServerState
 from corral.store import Store
+from corral.store.ports import Jobs
 
 logger = logging.getLogger("corral.server")
 
@@ -49,7 +50,7 @@ DESCRIBED = [
 ]
 
 
-def cluster_gauges(store: Store) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+def cluster_gauges(store: Jobs) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Jobs by status, workers by status, and the GPUs of active workers by state."""
     jobs_by_status = store.count_jobs_by_status()
     counts = store.cluster_counts()
@@ -90,7 +91,9 @@ def create_app(
     )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
-    state.metrics.watch_store_size(lambda: (store.size_bytes(), store.oldest_job_submitted_at()))
+    state.metrics.watch_store_size(
+        lambda: (store.retention.size_bytes(), store.retention.oldest_job_submitted_at())
+    )
     loops = LoopGroup(
         [
             Loop(name, interval, partial(tick, state), lead=partial(store.try_lead, name))
@@ -158,7 +161,7 @@ async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[
     return await state.executor.run(Work.SHORT, _owner_of, state.store, kind, object_id)
 
 
-def _owner_of(store: Store, kind: str, object_id: str) -> tuple[bool, str | None]:
+def _owner_of(store: Jobs, kind: str, object_id: str) -> tuple[bool, str | None]:
     """Whether a job or gang exists, and its ``user`` (for the access rules)."""
     if kind == "job":
         job = store.get_job(object_id)

@@ -17,10 +17,10 @@ from corral.core.claim import Claim
 from corral.core.drain import DrainCompleted, DrainStarted
 from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
+from corral.core.workers import flagged_dead, goes_offline
 from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.transitions import Plan
-from corral.store import Store
 from corral.store.base import (
     ClaimAsk,
     JobDecision,
@@ -31,12 +31,13 @@ from corral.store.base import (
     WorkerBeat,
     stamp_of,
 )
+from corral.store.ports import Claims, Gangs, Jobs, Logs, Store, Workers
 
 #: the claim's policy where no pool is stored (a gang's reservation reads only its capacity rules)
 PLACEMENT = Claim()
 
 
-def report_done(store: Store, job_id: str, worker_id: str, attempt: int, now: float) -> Reported:
+def report_done(store: Jobs, job_id: str, worker_id: str, attempt: int, now: float) -> Reported:
     return store.change(job_id, done_decision(worker_id, attempt, now))
 
 
@@ -46,7 +47,7 @@ def done_decision(worker_id: str, attempt: int, now: float) -> JobDecision[Repor
 
 
 def report_failure(
-    store: Store,
+    store: Jobs,
     job_id: str,
     worker_id: str,
     attempt: int,
@@ -87,7 +88,7 @@ def failure_decision(
 
 
 def report_trip(
-    store: Store,
+    store: Jobs,
     job_id: str,
     worker_id: str,
     attempt: int,
@@ -109,14 +110,14 @@ def report_trip(
 
 
 def acknowledge_stop(
-    store: Store, job_id: str, worker_id: str, attempt: int, epoch: int, now: float
+    store: Jobs, job_id: str, worker_id: str, attempt: int, epoch: int, now: float
 ) -> Reported:
     decide = partial(lifecycle.acknowledge_stop, worker_id=worker_id, attempt=attempt, epoch=epoch, now=now)
     return store.change(job_id, decide)
 
 
 def heartbeat(
-    store: Store,
+    store: Jobs,
     job_id: str,
     worker_id: str,
     attempt: int,
@@ -136,7 +137,7 @@ def heartbeat(
 
 
 def _heartbeat_answer(
-    store: Store,
+    store: Jobs,
     job: Job,
     worker_id: str,
     attempt: int,
@@ -175,7 +176,7 @@ class JobBeat:
 
 
 def heartbeat_jobs(
-    store: Store,
+    store: Jobs,
     worker_id: str,
     now: float,
     beats: Sequence[JobBeat],
@@ -207,14 +208,14 @@ def heartbeat_jobs(
 
 
 def save_checkpoint(
-    store: Store, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
+    store: Jobs, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
 ) -> CheckpointAccepted:
     decide = partial(lifecycle.accept_checkpoint, worker_id=worker_id, attempt=attempt, epoch=epoch, now=now)
     return store.save_checkpoint(job_id, data, now, decide)
 
 
 def preempt(
-    store: Store, preemption: Preemption, jobs: Mapping[str, Job], now: Stamp, checkpoint_timeout_s: float
+    store: Gangs, preemption: Preemption, jobs: Mapping[str, Job], now: Stamp, checkpoint_timeout_s: float
 ) -> PreemptionStarted | None:
     """Apply one decision of the preemption planner, all of it or nothing (``start_preemption``).
     ``jobs``: the snapshot's rows, to know which preemptor and victims are gangs. A clock for
@@ -256,12 +257,12 @@ def preempt(
     )
 
 
-def roll_back_single(store: Store, job_id: str, now: float, timeout_s: float) -> Job | None:
+def roll_back_single(store: Jobs, job_id: str, now: float, timeout_s: float) -> Job | None:
     """A single job's reservation (a preemptor's) unclaimed past its time: back to pending."""
     return store.change(job_id, partial(lifecycle.stale_single_reservation, now=now, timeout_s=timeout_s))
 
 
-def note_single_waiting(store: Store, job_id: str, reason: Reason, now: float) -> None:
+def note_single_waiting(store: Jobs, job_id: str, reason: Reason, now: float) -> None:
     store.change(job_id, partial(lifecycle.note_waiting, reason=reason, now=now))
 
 
@@ -269,9 +270,9 @@ def note_single_waiting(store: Store, job_id: str, reason: Reason, now: float) -
 NOTES_PER_TRANSACTION = 64
 
 
-def note_singles_waiting(store: Store, notes: Sequence[tuple[str, Reason]], now: float) -> None:
+def note_singles_waiting(store: Jobs, notes: Sequence[tuple[str, Reason]], now: float) -> None:
     """``note_single_waiting`` for each ``(job_id, reason)``, ``NOTES_PER_TRANSACTION`` to a
-    transaction (``Store.change_many``): the pass after a burst of submits notes up to a thousand
+    transaction (``Jobs.change_many``): the pass after a burst of submits notes up to a thousand
     preemptors, and one transaction each kept the write lock turning over for a second. A note
     refused (its job claimed or cancelled meanwhile) is simply not written."""
     for start in range(0, len(notes), NOTES_PER_TRANSACTION):
@@ -284,7 +285,7 @@ def note_singles_waiting(store: Store, notes: Sequence[tuple[str, Reason]], now:
 
 
 def append_log(
-    store: Store,
+    store: Logs,
     job_id: str,
     worker_id: str,
     attempt: int,
@@ -299,22 +300,22 @@ def append_log(
     return store.append_log(job_id, offset, data, now, max_bytes, check)
 
 
-def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
+def cancel(store: Jobs, job_id: str, now: float) -> tuple[Job, ...]:
     """Cancel a job or its whole gang; the jobs that changed, the one asked for first."""
     return store.change(job_id, partial(lifecycle.cancel, now=now))
 
 
 def claim(
-    store: Store, worker_id: str, now: Stamp, key: str | None = None, policy: Claim = PLACEMENT
+    store: Claims, worker_id: str, now: Stamp, key: str | None = None, policy: Claim = PLACEMENT
 ) -> Job | None:
     """Claim for ``worker_id``; the server passes its clock, read inside the claim's transaction.
-    ``key``: the claim's Idempotency-Key (``Store.claim_many`` says what a retry gets); ``policy``:
+    ``key``: the claim's Idempotency-Key (``Claims.claim_many`` says what a retry gets); ``policy``:
     the claim's rule with the stored pools (``ServerState.claim_policy``)."""
     return store.claim(worker_id, now, policy, key)
 
 
 def claim_many(
-    store: Store, worker_id: str, now: Stamp, limit: int, key: str | None = None, policy: Claim = PLACEMENT
+    store: Claims, worker_id: str, now: Stamp, limit: int, key: str | None = None, policy: Claim = PLACEMENT
 ) -> list[Job]:
     """Up to ``limit`` claims for ``worker_id`` in one store transaction (``claim``'s rule, each
     claim's capacity taken before the next is chosen)."""
@@ -322,7 +323,7 @@ def claim_many(
 
 
 def claim_group(
-    store: Store, asks: Sequence[ClaimAsk], now: Stamp, policy: Claim = PLACEMENT
+    store: Claims, asks: Sequence[ClaimAsk], now: Stamp, policy: Claim = PLACEMENT
 ) -> list[list[Job]]:
     """The claims of one turn of the server's event loop, in one store transaction (``claim_many``'s
     rule for each, each seeing the ones before it)."""
@@ -330,7 +331,7 @@ def claim_group(
 
 
 def reserve_gang(
-    store: Store, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: Stamp
+    store: Gangs, gang_id: str, placements: Sequence[tuple[str, str, tuple[int, ...]]], now: Stamp
 ) -> tuple[Job, ...] | None:
     """Reserve a gang where the admission cycle placed it, all tasks or none. A clock for ``now``
     is read inside the transaction, after the capacity check: like a claim, the reservation is
@@ -345,18 +346,18 @@ def reserve_gang(
 
 
 def roll_back_stale(
-    store: Store, gang_id: str, now: float, timeout_s: float
+    store: Jobs, gang_id: str, now: float, timeout_s: float
 ) -> tuple[DrainStarted | None, DrainCompleted | None, tuple[Job, ...]]:
     """A reservation unclaimed past ``timeout_s``: rolled back, or the gang drained (see
     ``drain.stale_reservation``). Nothing when it was claimed meanwhile."""
     return store.change_gang(gang_id, partial(drain.stale_reservation, now=now, timeout_s=timeout_s))
 
 
-def note_waiting(store: Store, gang_id: str, reason: Reason, now: float) -> None:
+def note_waiting(store: Jobs, gang_id: str, reason: Reason, now: float) -> None:
     store.change_gang(gang_id, partial(drain.note_waiting, reason=reason, now=now))
 
 
-def complete_drain(store: Store, gang_id: str, now: float) -> DrainCompleted | None:
+def complete_drain(store: Jobs, gang_id: str, now: float) -> DrainCompleted | None:
     return store.change_gang(gang_id, partial(drain.completion, now=now))
 
 
@@ -378,7 +379,7 @@ def worker_heartbeat(
     unhealthy_gpus: Sequence[int] | None = None,
     running: Sequence[str] | None = None,
 ) -> WorkerHeartbeat:
-    beat = store.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+    beat = store.workers.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
     result = WorkerHeartbeat(beat)
     cutoff = lifecycle.ghost_cutoff(beat.previous_contact, now, lease_s)
     if cutoff is None:
@@ -439,5 +440,28 @@ def reap(
         if (completion := complete_drain(store, gang_id, now)) is not None:
             report.completions.append(completion)
     if not grace:
-        report.offline_workers = store.mark_offline(now - worker_offline_s)
+        report.offline_workers = mark_offline(store.workers, now, worker_offline_s)
     return report
+
+
+def mark_offline(store: Workers, now: float, after_s: float) -> list[str]:
+    """Active workers silent for ``after_s`` go offline (``core.workers.goes_offline``), each
+    decided on its locked row; the ids of those that went."""
+    decide = partial(goes_offline, now=now, after_s=after_s)
+    return [
+        worker_id
+        for worker_id in store.offline_candidates(now - after_s)
+        if store.change_worker(worker_id, decide) is not None
+    ]
+
+
+def flag_dead_workers(store: Workers, now: float, after_s: float) -> list[tuple[Worker, int]]:
+    """Flag workers silent for ``after_s`` that hold leased jobs (``core.workers.flagged_dead``),
+    each decided on its locked row; each newly flagged worker with its count of leased jobs."""
+    decide = partial(flagged_dead, now=now, after_s=after_s)
+    flagged = []
+    for worker_id in store.dead_candidates(now - after_s):
+        if (changed := store.change_worker(worker_id, decide)) is not None:
+            worker, contact = changed
+            flagged.append((worker, contact.leased_jobs))
+    return flagged

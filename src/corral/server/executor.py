@@ -9,7 +9,7 @@ kind, a ``Batch`` (work combined with the same batch's items of one event-loop t
 pass. Where it runs follows from that and from what this server has configured (``places``):
 
 - ``SHORT``, a protocol call of a few statements (a claim, a report, a heartbeat): on the event loop
-  through ``Store.run_inline`` where the store can take it without waiting (SQLite, no lock in the
+  through ``Backend.run_inline`` where the store can take it without waiting (SQLite, no lock in the
   way): crossing to a thread would cost as much again (``bench/protocol.py``); else on a store
   thread, with the short switch interval so that it finishes without queueing the next calls.
 - ``STORE``, a route's store work (a submit, a cancel, a worker's registration): a store thread.
@@ -78,7 +78,7 @@ class Place(enum.Enum):
 
     #: the caller's own thread (the event loop, or a loop pass's thread)
     INLINE = "inline"
-    #: the event loop, through ``Store.run_inline``: refused (``WouldWait``) when the store would wait
+    #: the event loop, through ``Backend.run_inline``: refused (``WouldWait``) when the store would wait
     INLINE_UNLESS_WAIT = "inline unless the store would wait"
     STORE_THREAD = "a store thread"
     #: a thread outside the store threads (the event loop's default executor)

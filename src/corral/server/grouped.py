@@ -1,6 +1,6 @@
 """Group commit: the protocol calls that arrive in the same turn of the event loop are applied by one
-store call, in one transaction, instead of one transaction each: job reports (``Store.change_many``)
-and claims (``Store.claim_group``).
+store call, in one transaction, instead of one transaction each: job reports (``Jobs.change_many``)
+and claims (``Claims.claim_group``).
 
 A request hands its item to ``TurnGroup.apply`` and awaits its own outcome. The first item of a turn
 schedules the group's flush for the end of the turn (after every request task that became ready in

@@ -102,7 +102,7 @@ class ServerState:
         now = time.monotonic()
         if kept is None or now - kept[0] >= self.settings.admission_tick_s:
             generation = self._pools_generation
-            kept = (now, Claim(pools.resolve(self.store.pools(), self.pool_defaults)))
+            kept = (now, Claim(pools.resolve(self.store.pools.pools(), self.pool_defaults)))
             if generation == self._pools_generation:
                 self._claim = kept
         return kept[1]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corral.domain import errors
-from corral.store.base import Store
+from corral.store.ports import Store
 
 
 def open_store(url: str, migrate: bool = True, busy_timeout_s: float = 5.0) -> Store:

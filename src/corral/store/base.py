@@ -10,14 +10,14 @@ rule) which candidate fits and how it starts. A decision that refuses (a stale r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from corral.domain.pools import BorrowingView, PoolSettings, PoolUsage, StarvationState
-from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker
+from corral.domain.pools import BorrowingView
+from corral.domain.records import Allocation, Hold, Job, Worker, WorkerContact
 from corral.domain.resources import Resources
-from corral.domain.transitions import Outcome, Plan, Submission, Transition
+from corral.domain.transitions import Outcome, Plan, Transition
 
 #: A change's time: a fixed instant, or a clock the store reads inside the transaction, once it has
 #: read the state the change depends on (a claim: the worker's allocations). With store calls on
@@ -32,13 +32,13 @@ def stamp_of(now: Stamp) -> float:
 
 
 class WouldWait(Exception):
-    """``Store.run_inline``: the work would have had to wait for a lock (or the backend never runs
+    """``Backend.run_inline``: the work would have had to wait for a lock (or the backend never runs
     work inline); nothing was written, so the caller runs it again on a store thread."""
 
 
 @dataclass(frozen=True)
 class ClaimAsk:
-    """One claim of a group (``Store.claim_group``): up to ``limit`` jobs for the worker, with the
+    """One claim of a group (``Claims.claim_group``): up to ``limit`` jobs for the worker, with the
     claim's Idempotency-Key."""
 
     worker_id: str
@@ -50,6 +50,9 @@ class ClaimAsk:
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
 GangDecision = Callable[[tuple[Job, ...]], Plan[Outcome]]
+#: a worker liveness rule (``corral.core.workers``): the worker's locked row and its contact in,
+#: the record to write out, or None where nothing changes
+WorkerDecision = Callable[[Worker, WorkerContact], Worker | None]
 #: a preemption's decision: the locked jobs by id, the locked workers with their allocations, the
 #: rendezvous ports in use on a gang preemptor's rank 0 worker
 PreemptionDecision = Callable[
@@ -113,7 +116,7 @@ class JobReport:
 
 @dataclass(frozen=True, slots=True)
 class LeaseRenewed:
-    """A lease ``Store.heartbeat_jobs`` renewed on a job that runs (not being stopped).
+    """A lease ``Jobs.heartbeat_jobs`` renewed on a job that runs (not being stopped).
 
     Such a heartbeat's answer is "carry on" whatever else the row holds, so the store reads back
     only the status, not the whole row: at 2,000 hosts x 8 jobs, building a ``Job`` for each
@@ -248,142 +251,3 @@ class LogSlice:
     size: int
     dropped: int
     data: bytes
-
-
-class Store(Protocol):
-    dialect: str
-
-    def migrate(self) -> None: ...
-    def close(self) -> None: ...
-    def run_inline(self, work: Callable[[], T]) -> T:
-        """``work()`` on the calling thread when the store can take it without waiting, else
-        ``WouldWait`` with nothing written (see ``SqliteStore.run_inline``)."""
-        ...
-
-    def ping(self, timeout_s: float) -> None: ...
-
-    # applying the core's decisions
-    def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome: ...
-    def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
-        """``change`` for each, applied together: each one's outcome or the exception that refused
-        it (rolled back alone); raises, with nothing written, when the group as a whole fails."""
-        ...
-
-    def change_gang(self, gang_id: str, decide: GangDecision[Outcome]) -> Outcome: ...
-
-    def submit(
-        self,
-        submissions: Sequence[Submission],
-        now: float,
-        idempotency_key: str | None = None,
-        fingerprint: str = "",
-    ) -> SubmitResult: ...
-    def get_job(self, job_id: str) -> Job | None: ...
-    def list_jobs(self, filters: JobFilter, limit: int, after: tuple[float, str] | None) -> list[Job]: ...
-    def gang_tasks(self, gang_id: str) -> list[Job]: ...
-    def job_events(self, job_id: str) -> list[JobEvent]: ...
-    def count_jobs_by_status(self) -> dict[str, int]: ...
-    def cluster_counts(self) -> ClusterCounts: ...
-    def count_jobs_by_pool(self) -> dict[str, dict[str, tuple[int, int]]]: ...
-
-    # the job protocol
-    def claim(
-        self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], claim_key: str | None = None
-    ) -> Job | None: ...
-    def claim_many(
-        self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], limit: int, claim_key: str | None = None
-    ) -> list[Job]:
-        """Up to ``limit`` claims for the worker in one transaction, in the order single claims
-        would make them one after another (reserved tasks, then pending jobs in queue order).
-        With ``claim_key``: the runs an earlier claim with that key started on the worker and
-        that still run there, if any (their leases renewed), instead of new claims."""
-        ...
-
-    def claim_group(self, asks: Sequence[ClaimAsk], now: Stamp, policy: ClaimPolicy[Any]) -> list[list[Job]]:
-        """``claim_many`` for each ask, in one transaction: each ask's jobs in the order of ``asks``,
-        each claim seeing the ones before it. Raises, with nothing written, when any claim fails."""
-        ...
-
-    def heartbeat_job(
-        self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport
-    ) -> Job: ...
-    def heartbeat_jobs(
-        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
-    ) -> list[Job | LeaseRenewed | None]: ...
-    def save_checkpoint(
-        self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]
-    ) -> Outcome: ...
-    def get_checkpoint(self, job_id: str) -> bytes | None: ...
-
-    # logs (store/logs.py)
-    def append_log(
-        self,
-        job_id: str,
-        offset: int,
-        data: bytes,
-        now: float,
-        max_bytes: int,
-        check: Callable[[Job], None],
-    ) -> LogAppended: ...
-    def read_log(self, job_id: str, attempt: int | None, offset: int, limit: int) -> LogSlice: ...
-    def log_sizes(self, job_id: str) -> dict[int, tuple[int, int]]: ...
-    def purge_logs(self, finished_before: float) -> int: ...
-
-    # workers
-    def register_worker(self, registration: WorkerRegistration, now: float) -> Worker: ...
-    def worker_heartbeat(
-        self,
-        worker_id: str,
-        now: float,
-        gpu_stats: list[dict[str, Any]] | None,
-        unhealthy_gpus: Sequence[int] | None = None,
-        running: Sequence[str] | None = None,
-    ) -> WorkerBeat: ...
-    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]: ...
-    def drain_worker(self, worker_id: str) -> Worker: ...
-    # retention (``store.retention``)
-    def purge_finished(self, cutoff: float, batch: int) -> Purged: ...
-    def oldest_job_submitted_at(self) -> float | None: ...
-    def size_bytes(self) -> int: ...
-    def undrain_worker(self, worker_id: str) -> Worker: ...
-    def get_worker(self, worker_id: str) -> WorkerView | None: ...
-    def workers(self) -> list[Worker]: ...
-    def list_workers(self) -> list[WorkerView]: ...
-    def workers_by_id(self, worker_ids: Sequence[str]) -> dict[str, Worker]: ...
-    def allocations(self) -> list[Allocation]: ...
-
-    # the reaper's reads (each candidate is decided again, under lock, by the core)
-    def expired_leases(self, cutoff: float) -> list[str]: ...
-    def stuck_stops(self, cutoff: float) -> list[tuple[str, int]]: ...
-    def gangs_to_complete(self) -> list[str]: ...
-    def mark_offline(self, cutoff: float) -> list[str]: ...
-
-    # gangs (seeds 001 and 000)
-    def admission_inputs(self) -> AdmissionInputs: ...
-    def pending_in_pools(self, paths: Sequence[str], limit: int = ...) -> tuple[Job, ...]: ...
-    def reserve_gang(
-        self,
-        gang_id: str,
-        placements: Sequence[tuple[str, str, tuple[int, ...]]],
-        policy: ClaimPolicy[Any],
-        decide: Callable[[tuple[Job, ...], set[int]], Plan[tuple[Job, ...] | None]],
-    ) -> tuple[Job, ...] | None: ...
-    def preempt(
-        self,
-        job_ids: Sequence[str],
-        gang_ids: Sequence[str],
-        worker_ids: Sequence[str],
-        port_worker: str | None,
-        decide: PreemptionDecision[Outcome],
-    ) -> Outcome: ...
-    def replace_holds(self, holds: Sequence[Hold]) -> None: ...
-    def list_holds(self) -> list[Hold]: ...
-    def try_lead(self, loop: str) -> bool: ...
-
-    # pools (the fair-share tree's settings; what they mean is ``corral.domain.pools``'s)
-    def pools(self) -> dict[str, PoolSettings]: ...
-    def put_pool(self, path: str, settings: PoolSettings, now: float) -> PoolSettings: ...
-    def delete_pool(self, path: str) -> None: ...
-    def pool_usage(self) -> dict[str, PoolUsage]: ...
-    def pool_starvation(self) -> dict[str, StarvationState]: ...
-    def put_pool_starvation(self, states: Mapping[str, StarvationState]) -> None: ...

@@ -1,6 +1,6 @@
 """The claim: work for a worker, in one transaction (the reserved tasks first, then pending jobs in
-queue order, each one's capacity taken before the next is chosen), written once for both backends.
-A layer of the store (``store.sql`` says which)."""
+queue order, each one's capacity taken before the next is chosen), written once for both backends:
+the ``Claims`` port, composed over the store's ``Database``, ``Dialect`` and ``Applier``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from typing import Any
 
 from corral.domain import errors
 from corral.domain.pools import BorrowingView
+from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
 from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
 from corral.domain.transitions import Transition
 from corral.store.base import ClaimAsk, ClaimPolicy, Stamp, stamp_of
+from corral.store.dialect import Applier, Database, Dialect, worker_allocations
 from corral.store.rows import (
     CLAIM_FIRST_PAGE,
     CLAIM_MAX_PAGE,
@@ -26,12 +28,22 @@ from corral.store.rows import (
     job_from_row,
     worker_from_row,
 )
-from corral.store.sql import SqlStore
 
 
-class ClaimStore(SqlStore):
-    """``claim`` and ``claim_many``. A backend may read the first candidates together with the
-    worker's allocations (``_allocations_and_first_page``: PostgreSQL saves a round trip)."""
+def _queue_key(job: Job) -> tuple[float | str, ...]:
+    """A job's place in the queue, from the declaration the claim's ``ORDER BY`` comes from."""
+    return tuple(-float(key.value(job)) if key.descending else key.value(job) for key in QUEUE_CRITERIA)
+
+
+class SqlClaims:
+    """``claim``, ``claim_many`` and ``claim_group``. A dialect may read the first candidates
+    together with the worker's allocations (``Dialect.first_page_sql``: PostgreSQL saves a round
+    trip)."""
+
+    def __init__(self, db: Database, dialect: Dialect, applier: Applier) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.applier = applier
 
     def claim(
         self, worker_id: str, now: Stamp, policy: ClaimPolicy[Any], claim_key: str | None = None
@@ -59,7 +71,7 @@ class ClaimStore(SqlStore):
            by ``policy`` (constraints, GPU indices); on PostgreSQL locked ``SKIP LOCKED`` so replicas
            never hand out the same job.
         """
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             return self._claim_in(tx, worker_id, now, policy, limit, claim_key)
 
     def claim_group(self, asks: Sequence[ClaimAsk], now: Stamp, policy: ClaimPolicy[Any]) -> list[list[Job]]:
@@ -70,7 +82,7 @@ class ClaimStore(SqlStore):
         Any failure raises with nothing of the group written: the caller applies the asks one by
         one, each for its own answer."""
         claimed: dict[int, list[Job]] = {}
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             for index in sorted(range(len(asks)), key=lambda index: asks[index].worker_id):
                 ask = asks[index]
                 claimed[index] = self._claim_in(tx, ask.worker_id, now, policy, ask.limit, ask.claim_key)
@@ -114,7 +126,7 @@ class ClaimStore(SqlStore):
             f"SELECT {WORKER_SELECT}, EXISTS (SELECT 1 FROM holds WHERE holds.worker_id = workers.id),"
             " EXISTS (SELECT 1 FROM jobs WHERE jobs.claim_key = ? AND jobs.worker_id = workers.id"
             "  AND jobs.status = 'running')"
-            f" FROM workers WHERE id = ?{self.lock_clause_plain}"
+            f" FROM workers WHERE id = ?{self.dialect.lock_clause_plain}"
         )
 
     def _claimed_again(self, tx: Transaction, worker_id: str, claim_key: str | None, at: float) -> list[Job]:
@@ -132,11 +144,20 @@ class ClaimStore(SqlStore):
     def _allocations_and_first_page(
         self, tx: Transaction, worker_id: str, limit: int
     ) -> tuple[list[Allocation], list[Job] | None]:
-        """The worker's allocations, read once its row is locked; and, where a backend reads them in
-        the same round trip (``PostgresStore``), the first page of pending candidates in queue
-        order, filtered by a free capacity that is never less than the policy's. None: the
-        candidates are read after, filtered by the policy's free capacity."""
-        return self._worker_allocations(tx, worker_id), None
+        """The worker's allocations, read once its row is locked; and, where the dialect reads them
+        in the same round trip (``Dialect.first_page_sql``), the first page of pending candidates
+        in queue order, filtered by a free capacity that is never less than the policy's. None:
+        the candidates are read after, filtered by the policy's free capacity."""
+        if self.dialect.first_page_sql is None:
+            return worker_allocations(tx, worker_id), None
+        rows = tx.execute(self.dialect.first_page_sql, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit)))
+        held = [job_from_row(row[1:]) for row in rows if not row[0]]
+        allocations = [
+            Allocation(job.id, worker_id, job.spec.resources, job.gpu_indices, job.status) for job in held
+        ]
+        # a UNION keeps no order: the candidates are put back in queue order (the same declaration)
+        candidates = sorted((job_from_row(row[1:]) for row in rows if row[0]), key=_queue_key)
+        return allocations, candidates
 
     def _start_reserved(
         self,
@@ -161,11 +182,13 @@ class ClaimStore(SqlStore):
             # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
             # re-reservation that waits for this worker's row) is never waited for here; and a
             # task that changed since the read above is no longer ours to start.
-            rows = tx.execute(f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.lock_clause}", (reserved,))
+            rows = tx.execute(
+                f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.dialect.lock_clause}", (reserved,)
+            )
             task = job_from_row(rows[0]) if rows else None
             started = policy.start(task, worker.id, task.gpu_indices, at, claim_key) if task else None
             if started is not None:
-                started_jobs.append(self._apply(tx, started))
+                started_jobs.append(self.applier.apply_transition(tx, started))
         return started_jobs
 
     def _start_pending(
@@ -193,7 +216,7 @@ class ClaimStore(SqlStore):
         starts: list[Transition] = []
 
         def borrowing_view() -> BorrowingView:
-            self._apply_all(tx, starts)  # the cluster's figures count them
+            self.applier.apply_transitions(tx, starts)  # the cluster's figures count them
             starts.clear()
             return self._borrowing_view(tx)
 
@@ -207,7 +230,7 @@ class ClaimStore(SqlStore):
             if first_page is not None:
                 candidates, first_page = first_page, None
             else:
-                self._apply_all(tx, starts)  # the read must see them started
+                self.applier.apply_transitions(tx, starts)  # the read must see them started
                 starts.clear()
                 rows = tx.execute(
                     self.claim_candidates_sql(),
@@ -238,7 +261,7 @@ class ClaimStore(SqlStore):
             else:
                 offset += page
                 page = min(page * 8, CLAIM_MAX_PAGE)
-        self._apply_all(tx, starts)
+        self.applier.apply_transitions(tx, starts)
         return started_jobs
 
     def _borrowing_view(self, tx: Transaction) -> BorrowingView:
@@ -273,10 +296,10 @@ class ClaimStore(SqlStore):
         the ``jobs_queue`` index (the PostgreSQL ``EXPLAIN`` guard checks the plan uses it).
         """
         return (
-            f"SELECT {JOB_SELECT} FROM jobs{self.queue_index_hint}"
+            f"SELECT {JOB_SELECT} FROM jobs{self.dialect.queue_index_hint}"
             " WHERE status = 'pending' AND gang_id IS NULL"
             " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
-            f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.lock_clause}"
+            f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.dialect.lock_clause}"
         )
 
     def holds_on(self, tx: Transaction, worker_id: str) -> list[Hold]:

@@ -18,8 +18,8 @@ from corral.domain.queue_order import PREEMPTOR_CANDIDATES, preemptor_floor
 from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
 from corral.domain.transitions import Outcome, Plan
-from corral.store.base import AdmissionInputs, ClaimPolicy, JobDecision, PreemptionDecision
-from corral.store.operations import OperationsStore
+from corral.store.base import AdmissionInputs, ClaimPolicy, PreemptionDecision
+from corral.store.dialect import Applier, Database, Dialect, load_worker, lock_gang, worker_allocations
 from corral.store.rows import (
     HOLDING_SQL,
     JOB_HEARTBEAT_READINGS,
@@ -61,11 +61,19 @@ def admission_record(row: Sequence[Any]) -> tuple[Job, Allocation | None]:
     return job, Allocation(job.id, job.worker_id, job.spec.resources, job.gpu_indices, job.status)
 
 
-class GangStore(OperationsStore):
+class SqlGangs:
+    """The ``Gangs`` port: the admission cycle's reads, reservations, preemptions and holds,
+    composed over the store's ``Database``, ``Dialect`` and ``Applier``."""
+
     #: the admission snapshot's records, kept between passes (``admission_inputs``); made on the
     #: first pass, one pair per store instance (each replica has its own)
     _admission_jobs: KeptConversions[tuple[Job, Allocation | None]] | None = None
     _admission_workers: KeptConversions[Worker] | None = None
+
+    def __init__(self, db: Database, dialect: Dialect, applier: Applier) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.applier = applier
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -77,7 +85,7 @@ class GangStore(OperationsStore):
         if self._admission_jobs is None or self._admission_workers is None:
             self._admission_jobs = KeptConversions(admission_record, changeable_job_part)
             self._admission_workers = KeptConversions(worker_from_row)
-        reader = self._read()
+        reader = self.db.read()
         job_reading = self._admission_jobs.read()
         worker_reading = self._admission_workers.read()
         gangs: dict[str, list[Job]] = {}
@@ -161,7 +169,7 @@ class GangStore(OperationsStore):
         parameters: list[object] = []
         for path in paths:
             parameters.extend((path, path + "/", path + "/"))
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL AND ({within})"
             f" ORDER BY {QUEUE_ORDER} LIMIT ?",
             (*parameters, limit),
@@ -185,8 +193,8 @@ class GangStore(OperationsStore):
         returned, when the capacity is gone or ``decide`` declines (a task is no longer blocked: a
         claim or another replica got there first since the snapshot).
         """
-        with self._transaction() as tx:
-            tasks = tuple(self._lock_gang(tx, gang_id))
+        with self.db.transaction() as tx:
+            tasks = tuple(lock_gang(tx, self.dialect, gang_id))
             by_id = {task.id: task for task in tasks}
             if set(by_id) != {job_id for job_id, _, _ in placements}:
                 return None
@@ -195,7 +203,7 @@ class GangStore(OperationsStore):
             rank_zero_worker = next(
                 worker for job_id, worker, _ in placements if by_id[job_id].gang_index == 0
             )
-            reserved = self._apply_plan(tx, decide(tasks, self._master_ports_on(tx, rank_zero_worker)))
+            reserved = self.applier.apply_plan(tx, decide(tasks, self._master_ports_on(tx, rank_zero_worker)))
             if reserved is not None:
                 tx.execute("DELETE FROM holds WHERE gang_id = ?", (gang_id,))
             return reserved
@@ -212,12 +220,12 @@ class GangStore(OperationsStore):
             by_worker.setdefault(worker_id, []).append((tasks[job_id], gpu_indices))
         for worker_id in sorted(by_worker):
             try:
-                worker = self._load_worker(tx, worker_id, lock=True)
+                worker = load_worker(tx, self.dialect, worker_id, lock=True)
             except errors.NotFound:
                 return False
             if worker.status != "active":
                 return False
-            capacity = policy.capacity(worker, self._worker_allocations(tx, worker_id))
+            capacity = policy.capacity(worker, worker_allocations(tx, worker_id))
             needed = Resources()
             indices: list[int] = []
             for job, gpu_indices in by_worker[worker_id]:
@@ -253,54 +261,30 @@ class GangStore(OperationsStore):
         locks), then the placement workers in id order with their allocations, and let ``decide``
         (``corral.core.preemption.start_preemption``) check that nothing moved and say what changes.
         ``port_worker``: rank 0's worker of a gang preemptor, whose rendezvous ports are in use."""
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             marks = ", ".join("?" for _ in job_ids) or "NULL"
             gang_marks = ", ".join("?" for _ in gang_ids) or "NULL"
             rows = tx.execute(
                 f"SELECT {JOB_SELECT} FROM jobs WHERE id IN ({marks}) OR gang_id IN ({gang_marks})"
-                f" ORDER BY id{self.lock_clause_plain}",
+                f" ORDER BY id{self.dialect.lock_clause_plain}",
                 [*job_ids, *gang_ids],
             )
             jobs = {job.id: job for job in (job_from_row(row) for row in rows)}
             workers: dict[str, tuple[Worker, list[Allocation]]] = {}
             for worker_id in sorted(set(worker_ids)):
                 try:
-                    worker = self._load_worker(tx, worker_id, lock=True)
+                    worker = load_worker(tx, self.dialect, worker_id, lock=True)
                 except errors.NotFound:
                     continue
-                workers[worker_id] = (worker, self._worker_allocations(tx, worker_id))
+                workers[worker_id] = (worker, worker_allocations(tx, worker_id))
             ports = self._master_ports_on(tx, port_worker) if port_worker else set()
-            return self._apply_plan(tx, decide(jobs, workers, ports))
-
-    # --- checkpoints ---------------------------------------------------------------------
-
-    def save_checkpoint(self, job_id: str, data: bytes, now: float, decide: JobDecision[Outcome]) -> Outcome:
-        """Store opaque bytes for the job's next attempt when ``decide`` (the core's acceptance rule,
-        which refuses a stale upload) allows it. One slot per job: a save replaces the last one."""
-        with self._transaction() as tx:
-            # The job's row alone: a checkpoint is one rank's, and its peers' heartbeats need not
-            # wait for a large upload (holding one row, this transaction waits for no other lock).
-            job = self._load_job(tx, job_id, lock=True)
-            plan = decide(job, ())
-            tx.execute("DELETE FROM checkpoints WHERE job_id = ?", (job_id,))
-            tx.execute(
-                "INSERT INTO checkpoints (job_id, data, size, epoch, saved_at, attempt)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, data, len(data), job.preemption_epoch, now, job.attempts),
-            )
-            return self._apply_plan(tx, plan)
-
-    def get_checkpoint(self, job_id: str) -> bytes | None:
-        if self.get_job(job_id) is None:
-            raise errors.NotFound(f"job {job_id} not found")
-        rows = self._read().execute("SELECT data FROM checkpoints WHERE job_id = ?", (job_id,))
-        return bytes(rows[0][0]) if rows else None
+            return self.applier.apply_plan(tx, decide(jobs, workers, ports))
 
     # --- holds ---------------------------------------------------------------------------
 
     def replace_holds(self, holds: Sequence[Hold]) -> None:
         """The admission leader's current holds replace the previous ones, in one transaction."""
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             tx.execute("DELETE FROM holds")
             tx.executemany(
                 "INSERT INTO holds (worker_id, gang_id, gpus, vram_mb, memory_mb, cpus, expected_at)"
@@ -313,14 +297,8 @@ class GangStore(OperationsStore):
             )  # fmt: skip
 
     def list_holds(self) -> list[Hold]:
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             "SELECT worker_id, gang_id, gpus, vram_mb, memory_mb, cpus, expected_at FROM holds"
             " ORDER BY worker_id, gang_id"
         )
         return [Hold(row[1], row[0], Resources(row[2], row[3], row[4], row[5]), row[6]) for row in rows]
-
-    # --- leadership ----------------------------------------------------------------------
-
-    def try_lead(self, loop: str) -> bool:
-        """Whether this process runs ``loop`` now. One process per SQLite file: always."""
-        return True

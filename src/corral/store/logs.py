@@ -23,15 +23,19 @@ from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.store.base import LogAppended, LogSlice
-from corral.store.pools import PoolStore
+from corral.store.dialect import Database, Dialect, find_job, load_job
 from corral.store.rows import Transaction
 
 _TERMINAL_SQL = "('done', 'failed', 'cancelled')"
 assert {Status.DONE.value, Status.FAILED.value, Status.CANCELLED.value} == {"done", "failed", "cancelled"}
 
 
-class LogStore(PoolStore):
-    """The log tables (migration 8) on top of the gang layer; the backends inherit it."""
+class SqlLogs:
+    """The ``Logs`` port over a ``Database``: the log tables (migration 8)."""
+
+    def __init__(self, db: Database, dialect: Dialect) -> None:
+        self.db = db
+        self.dialect = dialect
 
     def append_log(
         self,
@@ -50,8 +54,8 @@ class LogStore(PoolStore):
         3. Skip what is already stored, refuse a hole, insert the rest as one chunk.
         4. Trim to ``max_bytes``: delete the chunks wholly below the new start, cut the one across it.
         """
-        with self._transaction() as tx:
-            job = self._load_job(tx, job_id)
+        with self.db.transaction() as tx:
+            job = load_job(tx, self.dialect, job_id)
             check(job)
             attempt = job.attempts
             tx.execute(
@@ -59,7 +63,7 @@ class LogStore(PoolStore):
                 " ON CONFLICT (job_id, attempt) DO NOTHING",
                 (job_id, attempt, now),
             )
-            lock = self.lock_clause_plain
+            lock = self.dialect.lock_clause_plain
             key = (job_id, attempt)
             size, dropped = tx.execute(
                 f"SELECT size, dropped FROM job_logs WHERE job_id = ? AND attempt = ?{lock}", key
@@ -115,14 +119,14 @@ class LogStore(PoolStore):
     def read_log(self, job_id: str, attempt: int | None, offset: int, limit: int) -> LogSlice:
         """Up to ``limit`` stored bytes of an attempt's log from ``offset`` (the latest attempt when
         ``attempt`` is None). An attempt that wrote nothing (or does not exist) reads empty."""
-        job = self.get_job(job_id)
+        job = find_job(self.db.read(), job_id)
         if job is None:
             raise errors.NotFound(f"job {job_id} not found")
         which = job.attempts if attempt is None else attempt
         # Plain reads, no write transaction (a follow polls this): a trim between the two reads
         # can only have removed the first bytes asked for, and the slice then starts where the
         # stored bytes do.
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             "SELECT size, dropped FROM job_logs WHERE job_id = ? AND attempt = ?", (job_id, which)
         )
         if not rows:
@@ -130,7 +134,7 @@ class LogStore(PoolStore):
         size, dropped = int(rows[0][0]), int(rows[0][1])
         start = min(max(offset, dropped), size)
         end = min(size, start + limit)
-        chunks = self._read().execute(
+        chunks = self.db.read().execute(
             "SELECT start_offset, data FROM job_log_chunks WHERE job_id = ? AND attempt = ?"
             " AND end_offset > ? AND start_offset < ? ORDER BY start_offset",
             (job_id, which, start, end),
@@ -144,7 +148,7 @@ class LogStore(PoolStore):
 
     def log_sizes(self, job_id: str) -> dict[int, tuple[int, int]]:
         """Attempt -> (size, dropped) for every attempt of the job that wrote output."""
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             "SELECT attempt, size, dropped FROM job_logs WHERE job_id = ? ORDER BY attempt", (job_id,)
         )
         return {int(row[0]): (int(row[1]), int(row[2])) for row in rows}
@@ -153,7 +157,7 @@ class LogStore(PoolStore):
         """Delete the logs of jobs that ended before ``finished_before`` (the retention); how many
         attempts' logs went."""
         ended = f"SELECT id FROM jobs WHERE status IN {_TERMINAL_SQL} AND finished_at < ?"
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             tx.execute(f"DELETE FROM job_log_chunks WHERE job_id IN ({ended})", (finished_before,))
             gone = tx.execute(
                 f"DELETE FROM job_logs WHERE job_id IN ({ended}) RETURNING job_id", (finished_before,)

@@ -8,16 +8,17 @@ from typing import Any
 
 from corral.domain import errors
 from corral.domain.ids import new_worker_id
-from corral.domain.records import Allocation, Job, Worker
+from corral.domain.records import Allocation, Job, Worker, WorkerContact
 from corral.domain.resources import Resources
-from corral.store.base import ClusterCounts, WorkerBeat, WorkerRegistration, WorkerView
-from corral.store.claims import ClaimStore
+from corral.store.base import WorkerBeat, WorkerDecision, WorkerRegistration, WorkerView
+from corral.store.dialect import Database, Dialect, load_worker, worker_allocations
 from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
     LEASED_SQL,
     WORKER_SELECT,
     Transaction,
+    allocation_from_row,
     indices_text,
     job_from_row,
     to_json,
@@ -45,14 +46,21 @@ LEASED_ON_WORKER_SQL = (
 )
 
 
-class OperationsStore(ClaimStore):
+class SqlWorkers:
+    """The ``Workers`` port over a ``Database``, with the reaper's reads of jobs (its candidates)
+    and the cluster's counts."""
+
+    def __init__(self, db: Database, dialect: Dialect) -> None:
+        self.db = db
+        self.dialect = dialect
+
     # --- workers -------------------------------------------------------------------------
 
     def register_worker(self, registration: WorkerRegistration, now: float) -> Worker:
         """Upsert by id: a re-register updates resources and revives an offline worker."""
         resources = registration.resources
         worker_id = registration.id or new_worker_id()
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             rows = tx.execute(
                 f"INSERT INTO workers ({WORKER_SELECT})"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '', ?)"
@@ -84,8 +92,8 @@ class OperationsStore(ClaimStore):
         readings, and records the GPUs it reports unhealthy (a report only adds: a GPU comes back by
         re-registering). With ``running`` (the jobs the worker says it runs), also returns the jobs
         the store holds running or preempting on it that the list leaves out."""
-        with self._transaction() as tx:
-            previous = self._load_worker(tx, worker_id, lock=True)
+        with self.db.transaction() as tx:
+            previous = load_worker(tx, self.dialect, worker_id, lock=True)
             unhealthy_text = None
             if unhealthy_gpus:
                 unhealthy_text = indices_text(sorted(set(previous.unhealthy_gpus) | set(unhealthy_gpus)))
@@ -121,7 +129,7 @@ class OperationsStore(ClaimStore):
         return tuple(map(job_from_row, rows))
 
     def drain_worker(self, worker_id: str) -> Worker:
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             rows = tx.execute(
                 f"UPDATE workers SET status = 'draining' WHERE id = ? RETURNING {WORKER_SELECT}",
                 (worker_id,),
@@ -133,7 +141,7 @@ class OperationsStore(ClaimStore):
     def undrain_worker(self, worker_id: str) -> Worker:
         """Undo a drain: a draining worker is active again (any other status is left as it is:
         an offline worker comes back by its heartbeat)."""
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             rows = tx.execute(
                 "UPDATE workers SET status = CASE WHEN status = 'draining' THEN 'active' ELSE status END"
                 f" WHERE id = ? RETURNING {WORKER_SELECT}",
@@ -144,23 +152,23 @@ class OperationsStore(ClaimStore):
             return worker_from_row(rows[0])
 
     def get_worker(self, worker_id: str) -> WorkerView | None:
-        rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers WHERE id = ?", (worker_id,))
+        rows = self.db.read().execute(f"SELECT {WORKER_SELECT} FROM workers WHERE id = ?", (worker_id,))
         if not rows:
             return None
         worker = worker_from_row(rows[0])
-        return self._views([worker], self._worker_allocations(self._read(), worker.id))[0]
+        return self._views([worker], worker_allocations(self.db.read(), worker.id))[0]
 
     def workers(self) -> list[Worker]:
         """Every registered worker, without what it holds (callers that read ``allocations()``
         anyway need no second pass over them)."""
-        rows = self._read().execute(f"SELECT {WORKER_SELECT} FROM workers ORDER BY registered_at, id")
+        rows = self.db.read().execute(f"SELECT {WORKER_SELECT} FROM workers ORDER BY registered_at, id")
         return [worker_from_row(row) for row in rows]
 
     def list_workers(self) -> list[WorkerView]:
         """Every worker with what it holds. The holdings are summed from plain rows, not read as
         ``Allocation`` records: at 2,000 workers x 8 jobs the records cost more than the rest of
         ``GET /workers``, a long read whose interpreter time the heartbeats wait on."""
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             "SELECT worker_id, id, gpus, vram_mb, memory_mb, cpus FROM jobs"
             f" WHERE status IN {HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
         )
@@ -184,33 +192,12 @@ class OperationsStore(ClaimStore):
             views.append(WorkerView(worker, Resources(gpus, vram_mb, memory_mb, cpus), tuple(job_ids)))
         return views
 
-    def cluster_counts(self) -> ClusterCounts:
-        """Workers by status, the GPUs of the active ones and the GPUs held on them by the holding
-        job's status, each counted in SQL: ``/metrics`` is scraped every few seconds, and reading
-        every worker and allocation as records for three gauges cost 10% of a 2,000-host server."""
-        read = self._read()
-        workers_by_status: dict[str, int] = {}
-        active_gpus = 0
-        for status, count, gpus in read.execute(
-            "SELECT status, COUNT(*), SUM(gpus) FROM workers GROUP BY status"
-        ):
-            workers_by_status[str(status)] = int(count)
-            if status == "active":
-                active_gpus = int(gpus or 0)
-        rows = read.execute(
-            "SELECT jobs.status, SUM(jobs.gpus) FROM jobs JOIN workers ON workers.id = jobs.worker_id"
-            f" WHERE jobs.status IN {HOLDING_SQL} AND workers.status = 'active' GROUP BY jobs.status"
-        )
-        return ClusterCounts(
-            workers_by_status, active_gpus, {str(status): int(gpus or 0) for status, gpus in rows}
-        )
-
     def workers_by_id(self, worker_ids: Sequence[str]) -> dict[str, Worker]:
         """The named workers (unknown ids left out), without their allocations."""
         if not worker_ids:
             return {}
         unique = sorted(set(worker_ids))
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             f"SELECT {WORKER_SELECT} FROM workers WHERE id IN ({', '.join('?' for _ in unique)})", unique
         )
         return {worker.id: worker for worker in map(worker_from_row, rows)}
@@ -238,75 +225,53 @@ class OperationsStore(ClaimStore):
         f" AND jobs.status IN {LEASED_SQL} AND jobs.last_heartbeat_at >= ?)"
     )
 
-    def flag_dead_workers(self, now: float, after_s: float) -> list[tuple[Worker, int]]:
-        """Flag workers silent for ``after_s`` that still hold running jobs, once per episode.
-
-        Silent means no heartbeat of any kind: neither the worker's own nor one of its jobs', so a
-        worker whose own heartbeat is slow (a long request, a busy server) while its jobs beat is
-        not flagged. A flag is set only where none is (a fresh heartbeat clears it, so a worker
-        that goes silent again is flagged again). Returns each newly flagged worker with its
-        running jobs. Nothing is killed or re-queued here: the lease reaper recovers the jobs, and
-        admission reserves nothing on a flagged worker.
-        """
-        with self._transaction() as tx:
-            rows = tx.execute(
-                "UPDATE workers SET flagged_dead_at = ?"
-                " WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
-                " AND EXISTS (SELECT 1 FROM jobs"
-                f"             WHERE jobs.worker_id = workers.id AND jobs.status IN {LEASED_SQL})"
-                f" AND {self.NO_JOB_CONTACT_SQL}"
-                f" RETURNING {WORKER_SELECT}",
-                (now, now - after_s, now - after_s),
-            )
-            flagged = sorted((worker_from_row(row) for row in rows), key=lambda worker: worker.id)
-            result = []
-            for worker in flagged:
-                count = tx.execute(
-                    f"SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}",
-                    (worker.id,),
-                )[0][0]
-                result.append((worker, int(count)))
-            return result
-
-    # --- the reaper's reads -------------------------------------------------------------------
-    # Candidates only: each is decided again by the core on its locked row, so a heartbeat or a
-    # report that lands between this read and that decision wins.
-
-    def expired_leases(self, cutoff: float) -> list[str]:
-        """Running jobs whose last contact is before ``cutoff``."""
-        rows = self._read().execute(
-            "SELECT id FROM jobs WHERE status = 'running' AND COALESCE(last_heartbeat_at, started_at) < ?"
-            " ORDER BY id",
-            (cutoff,),
+    def dead_candidates(self, cutoff: float) -> list[str]:
+        """Workers silent since ``cutoff`` that hold leased jobs and carry no dead flag: a
+        pre-filter by ``core.workers.flagged_dead``'s rule, which decides each on its locked row."""
+        rows = self.db.read().execute(
+            "SELECT id FROM workers WHERE flagged_dead_at IS NULL AND last_heartbeat_at < ?"
+            " AND EXISTS (SELECT 1 FROM jobs"
+            f"             WHERE jobs.worker_id = workers.id AND jobs.status IN {LEASED_SQL})"
+            f" AND {self.NO_JOB_CONTACT_SQL} ORDER BY id",
+            (cutoff, cutoff),
         )
         return [row[0] for row in rows]
 
-    def stuck_stops(self, cutoff: float) -> list[tuple[str, int]]:
-        """Preempting jobs whose stop began before ``cutoff``, with the epoch of that stop."""
-        rows = self._read().execute(
-            "SELECT id, preemption_epoch FROM jobs WHERE status = 'preempting'"
-            " AND COALESCE(checkpoint_deadline, drain_started_at) < ?"
-            " ORDER BY id",
-            (cutoff,),
-        )
-        return [(row[0], int(row[1])) for row in rows]
-
-    def gangs_to_complete(self) -> list[str]:
-        """Gangs with a drain to complete or a finished task stranded beside waiting ones."""
-        rows = self._read().execute(
-            "SELECT DISTINCT gang_id FROM jobs WHERE gang_id IS NOT NULL"
-            " AND (status IN ('preempting', 'preempted') OR (status IN ('done', 'failed') AND gang_id IN"
-            "  (SELECT gang_id FROM jobs WHERE status IN ('blocked', 'pending'))))"
-            " ORDER BY gang_id"
+    def offline_candidates(self, cutoff: float) -> list[str]:
+        """Active workers silent since ``cutoff``: a pre-filter by ``core.workers.goes_offline``'s
+        rule, which decides each on its locked row."""
+        rows = self.db.read().execute(
+            "SELECT id FROM workers WHERE status = 'active' AND last_heartbeat_at < ?"
+            f" AND {self.NO_JOB_CONTACT_SQL} ORDER BY id",
+            (cutoff, cutoff),
         )
         return [row[0] for row in rows]
 
-    def mark_offline(self, cutoff: float) -> list[str]:
-        """Active workers not heard from (nor any of their jobs) since ``cutoff`` go offline."""
-        with self._transaction() as tx:
-            rows = tx.execute(
-                "UPDATE workers SET status = 'offline' WHERE status = 'active' AND last_heartbeat_at < ?"
-                f" AND {self.NO_JOB_CONTACT_SQL} RETURNING id",
-                (cutoff, cutoff),
+    def change_worker(self, worker_id: str, decide: WorkerDecision) -> tuple[Worker, WorkerContact] | None:
+        """Lock the worker's row, read its contact, ask ``decide`` and write the record it returns
+        (its status and dead flag: what the liveness rules change), in one transaction: a
+        heartbeat that lands meanwhile waits on the lock and wins after. Returns the record
+        written with the contact it was decided on, or None where ``decide`` changed nothing."""
+        with self.db.transaction() as tx:
+            worker = load_worker(tx, self.dialect, worker_id, lock=True)
+            count, last_contact = tx.execute(
+                "SELECT COUNT(*), MAX(last_heartbeat_at) FROM jobs"
+                f" WHERE worker_id = ? AND status IN {LEASED_SQL}",
+                (worker_id,),
+            )[0]
+            contact = WorkerContact(int(count), last_contact)
+            after = decide(worker, contact)
+            if after is None or after == worker:
+                return None
+            tx.execute(
+                "UPDATE workers SET status = ?, flagged_dead_at = ? WHERE id = ?",
+                (str(after.status), after.flagged_dead_at, worker_id),
             )
-        return sorted(row[0] for row in rows)
+            return after, contact
+
+    def allocations(self) -> list[Allocation]:
+        rows = self.db.read().execute(
+            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
+            f" WHERE status IN {HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
+        )
+        return [allocation_from_row(row) for row in rows]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from corral.domain import errors
 from corral.domain.pools import DEFAULT_POOL, PoolSettings, PoolUsage, Starvation, StarvationState
 from corral.domain.resources import Resources
-from corral.store.gangs import GangStore
+from corral.store.dialect import Database, Dialect
 from corral.store.pool_rows import (
     POOL_SELECT,
     SETTINGS_COLUMNS,
@@ -27,17 +27,23 @@ def _within(column: str) -> str:
     return f"({column} = ? OR substr({column}, 1, length(?)) = ?)"
 
 
-class PoolStore(GangStore):
+class SqlPools:
+    """The ``Pools`` port over a ``Database`` (no SQL of it differs between the backends)."""
+
+    def __init__(self, db: Database, dialect: Dialect) -> None:
+        self.db = db
+        self.dialect = dialect
+
     def pools(self) -> dict[str, PoolSettings]:
         """Every stored pool's settings, by path."""
-        rows = self._read().execute(f"SELECT {POOL_SELECT} FROM pools ORDER BY path")
+        rows = self.db.read().execute(f"SELECT {POOL_SELECT} FROM pools ORDER BY path")
         return {row[0]: settings_from_row(row) for row in rows}
 
     def put_pool(self, path: str, settings: PoolSettings, now: float) -> PoolSettings:
         """Store ``path``'s settings (every one replaced), creating the pool and any ancestor
         without a row, so the tree a PUT describes is explicit."""
         assignments = ", ".join(f"{column} = ?" for column in SETTINGS_COLUMNS)
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             ensure_pools(tx, [path], now)
             rows = tx.execute(
                 f"UPDATE pools SET {assignments}, updated_at = ? WHERE path = ? RETURNING {POOL_SELECT}",
@@ -52,7 +58,7 @@ class PoolStore(GangStore):
         if path == DEFAULT_POOL:
             raise errors.Conflict("the default pool cannot be deleted")
         below = path + "/"
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             children = tx.execute(
                 "SELECT path FROM pools WHERE substr(path, 1, length(?)) = ? ORDER BY path LIMIT 1",
                 (below, below),
@@ -72,7 +78,7 @@ class PoolStore(GangStore):
 
     def pool_starvation(self) -> dict[str, StarvationState]:
         """The starvation timers the admission loop keeps: path -> (status, below since, since)."""
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             "SELECT path, status, below_since, since FROM pool_starvation ORDER BY path"
         )
         return {row[0]: StarvationState(Starvation(row[1]), row[2], row[3]) for row in rows}
@@ -80,7 +86,7 @@ class PoolStore(GangStore):
     def put_pool_starvation(self, states: Mapping[str, StarvationState]) -> None:
         """Replace the timers with ``states`` (a pool absent is not starving), writing only rows
         that changed: most cycles change none."""
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             stored = {
                 row[0]: (row[1], row[2], row[3])
                 for row in tx.execute("SELECT path, status, below_since, since FROM pool_starvation")
@@ -110,7 +116,7 @@ class PoolStore(GangStore):
                 f" SUM(CASE WHEN {condition} THEN cpus ELSE 0 END)"
             )
 
-        rows = self._read().execute(
+        rows = self.db.read().execute(
             f"SELECT pool, {summed(f'status IN {HOLDING_SQL}')}, {summed(f'status NOT IN {HOLDING_SQL}')},"
             f" COUNT(*) FROM jobs WHERE status IN {NON_TERMINAL_SQL} GROUP BY pool ORDER BY pool"
         )

@@ -9,8 +9,6 @@ an explicit transaction for every change.
 from __future__ import annotations
 
 import hashlib
-import itertools
-import math
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -19,18 +17,27 @@ from functools import lru_cache
 from typing import Any
 
 from corral.domain import errors
-from corral.domain.queue_order import QUEUE_ORDER as QUEUE_CRITERIA
-from corral.domain.records import Allocation, Job
+from corral.domain.records import Job
 from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
-from corral.store.retention import RetentionStore
+from corral.store.composed import ComposedStore
+from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
+from corral.store.operations import SqlWorkers
+from corral.store.pg_pipeline import (
+    CHECKED_ANSWER,
+    TUPLES_OK,
+    OpenTransaction,
+    Pipeline,
+    number_array,
+    roll_back,
+    text_array,
+    unavailable_on_connection_loss,
+)
 from corral.store.rows import (
-    CLAIM_FIRST_PAGE,
     HOLDING_SQL,
     JOB_SELECT,
     LEASED_SQL,
-    QUEUE_ORDER,
     job_from_row,
     to_json,
     worker_from_row,
@@ -39,12 +46,6 @@ from corral.store.schema import EVENT_COLUMNS, WORKER_COLUMNS, Column, Index
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
-    from psycopg import pq
-    from psycopg.adapt import Transformer
-
-    _TUPLES_OK = pq.ExecStatus.TUPLES_OK
-    _COMMAND_OK = pq.ExecStatus.COMMAND_OK
-    _CONNECTION_BAD = pq.ConnStatus.BAD
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -70,217 +71,6 @@ def _to_pyformat(sql: str) -> str:
 _WORKER_RETURNED = ", ".join(f"workers.{column}" for column in WORKER_COLUMNS)
 
 
-def _queue_key(job: Job) -> tuple[float | str, ...]:
-    """A job's place in the queue, from the declaration the claim's ``ORDER BY`` comes from."""
-    return tuple(-float(key.value(job)) if key.descending else key.value(job) for key in QUEUE_CRITERIA)
-
-
-#: the text a claim's compare-and-set fails with when it matched no row (``checked``): the
-#: statement raises, so the transaction it was sent in aborts before its ``COMMIT`` takes effect
-_CLAIM_CONFLICT = "corral: a claimed job changed while it was being claimed"
-
-
-class _OpenTransaction:
-    """The transaction open on one thread's connection, begun lazily: its ``BEGIN`` travels with
-    its first statement, and the compare-and-sets whose only answer is "matched, else roll back"
-    (``defer``) travel with the statement after them or with the ``COMMIT``. Each is a round trip
-    the server no longer waits for (a claim: five round trips become three)."""
-
-    def __init__(self, statements: _CarriedStatements) -> None:
-        self.statements = statements
-        self.connection = statements.connection
-        self.begun = False
-        #: statements to send before the next one, in order, each raising if it matched no row
-        self.deferred: list[tuple[str, Sequence[Any]]] = []
-
-    def waiting(self) -> bool:
-        """Whether a ``BEGIN`` or deferred writes wait to be sent."""
-        return not self.begun or bool(self.deferred)
-
-    def prefix(self) -> list[tuple[str, Sequence[Any]]]:
-        """What must run before the next statement (and clear it): ``BEGIN``, the deferred writes."""
-        prefix = ([] if self.begun else [("BEGIN", ())]) + self.deferred
-        self.begun, self.deferred = True, []
-        return prefix
-
-    def send_prefix(self) -> None:
-        """Send what is waiting alone (before a statement that cannot carry it)."""
-        if self.waiting():
-            self.statements.last(self.prefix())
-
-    def commit(self) -> None:
-        """``COMMIT``, with the deferred writes in front of it: one round trip."""
-        if self.begun or self.deferred:  # else nothing was sent: nothing to commit
-            self.statements.last([*self.prefix(), ("COMMIT", ())])
-
-    def rollback(self) -> None:
-        """Roll back what was sent; a connection that cannot is closed (the next call reconnects).
-
-        Sent past psycopg (``PGconn.exec_``): psycopg answers a ``ROLLBACK`` it sees by dropping
-        every prepared statement of the session (``DEALLOCATE ALL``, its own and the carried
-        ones), though PostgreSQL keeps a session's prepared statements through a rollback."""
-        self.deferred = []
-        connection = self.connection
-        if not self.begun or connection.closed:
-            return
-        try:
-            result = connection.pgconn.exec_(b"ROLLBACK")
-        except psycopg.Error:
-            connection.close()
-            return
-        if result.status != _COMMAND_OK:
-            connection.close()
-
-
-class _CarriedStatements:
-    """Several statements in one simple query (one round trip), on one connection: each statement
-    with values is a prepared statement of the session (``PREPARE`` once, then ``EXECUTE`` with
-    its values as literals), so PostgreSQL plans it once per connection as psycopg's own prepared
-    statements, and only its values are written into the query text (``_literal``).
-
-    Only statements whose parameters PostgreSQL infers from their context are carried (the
-    compare-and-sets, and the claim's reads named in ``_PostgresTransaction.carried``): a
-    ``PREPARE`` without types."""
-
-    _numbers = itertools.count(1)
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        #: SQL -> the name it is prepared under on this connection
-        self.names: dict[str, str] = {}
-        self.encoding = connection.info.encoding
-        self.loader = Transformer(connection)
-
-    def run(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
-        """Each statement's rows, in order (``last`` when only the last one's are wanted)."""
-        text, answers, named = self._query(statements)
-        cursor = psycopg.ClientCursor(self.connection)
-        try:
-            cursor.execute(text)
-        except psycopg.Error as error:
-            refusal = self._answer_to(error)
-            if refusal is error:
-                raise
-            raise refusal from error
-        self.names.update(named)
-        rows: list[list[tuple[Any, ...]]] = []
-        for answer in answers:
-            if answer:
-                result = cursor.pgresult
-                rows.append(cursor.fetchall() if result is not None and result.status == _TUPLES_OK else [])
-            cursor.nextset()
-        return rows
-
-    def last(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[Any, ...]]:
-        """The last statement's rows: the whole query is one call into libpq (``PQexec``, which
-        lets go of the interpreter while it waits, once, where psycopg's wait takes it back at
-        each step of the exchange), and its rows are loaded by psycopg's own loaders."""
-        text, _, named = self._query(statements)
-        connection = self.connection
-        result = connection.pgconn.exec_(text.encode(self.encoding))
-        status = result.status
-        if status == _TUPLES_OK:
-            self.names.update(named)
-            self.loader.set_pgresult(result)
-            return self.loader.load_rows(0, result.ntuples, tuple)
-        if status == _COMMAND_OK:
-            self.names.update(named)
-            return []
-        if connection.pgconn.status == _CONNECTION_BAD:
-            raise psycopg.OperationalError(result.get_error_message(self.encoding) or "connection lost")
-        error = psycopg.errors.error_from_result(result, self.encoding)
-        refusal = self._answer_to(error)
-        raise refusal from (None if refusal is error else error)
-
-    def _query(
-        self, statements: Sequence[tuple[str, Sequence[Any]]]
-    ) -> tuple[str, list[bool], dict[str, str]]:
-        """The query's text; per statement of it, whether it is one of ``statements`` (else a
-        ``PREPARE``, which answers nothing); the statements it prepares, known once it ran (a name
-        is never used unsent: after an error, prepared again under a new one)."""
-        named: dict[str, str] = {}
-        parts: list[str] = []
-        answers: list[bool] = []
-        for sql, params in statements:
-            if not params:
-                parts.append(sql.replace("%%", "%"))
-                answers.append(True)
-                continue
-            name = self.names.get(sql) or named.get(sql)
-            if name is None:
-                name = named[sql] = f"corral_{next(self._numbers)}"
-                parts.append(f"PREPARE {name} AS {_to_numbered(sql)}")
-                answers.append(False)
-            parts.append(f"EXECUTE {name}({', '.join(map(_literal, params))})")
-            answers.append(True)
-        return "; ".join(parts), answers, named
-
-    def _answer_to(self, error: psycopg.Error) -> Exception:
-        """The error a failed simple query raises: ``Conflict`` for a claim's start that missed;
-        "busy, retry" when the session's prepared statements were dropped (psycopg's ``DEALLOCATE
-        ALL`` after a rollback, a ``DROP`` or an ``ALTER`` it saw; prepared again next time: the
-        transaction was rolled back whole); else the driver's own."""
-        if isinstance(error, psycopg.errors.InvalidTextRepresentation) and _CLAIM_CONFLICT in str(error):
-            return errors.Conflict("a job changed while it was being claimed; retry")
-        if isinstance(error, psycopg.errors.InvalidSqlStatementName):
-            self.names.clear()
-            return errors.StoreBusy(f"the database dropped a prepared statement; retry: {error}")
-        return error
-
-
-def _to_numbered(sql: str) -> str:
-    """``?`` placeholders as ``$1``, ``$2``... (a ``PREPARE``'s parameters)."""
-    numbers = itertools.count(1)
-    return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
-
-
-def _literal(value: Any) -> str:
-    """``value`` as an SQL literal of an ``EXECUTE``: its type is the prepared parameter's.
-
-    Strings are quoted as the SQL standard does (``standard_conforming_strings``, on since
-    PostgreSQL 9.1 and checked at connect: a backslash is an ordinary character); a NUL, which no
-    text value can hold, is refused as psycopg refuses it. Anything else is psycopg's literal."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return repr(value)
-    return psycopg.sql.Literal(value).as_string(None)
-
-
-def _text_array(values: Sequence[str | None]) -> str:
-    """``values`` as the text of a PostgreSQL array (``{"a","b",NULL}``), for a ``?::text[]``
-    parameter: psycopg's list dumper inspects every element for its type first (a worker
-    heartbeat with 8 leases: ~240 us of store CPU with lists, ~190 us with texts). Each element
-    is quoted, its ``"`` and ``\\`` escaped, as the array input syntax wants."""
-    return "{" + ",".join("NULL" if value is None else _quoted_element(value) for value in values) + "}"
-
-
-def _quoted_element(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _number_array(values: Sequence[float | None]) -> str:
-    """``_text_array`` for a ``?::bigint[]`` or ``?::double precision[]`` parameter (``repr`` is
-    a float's exact text; ``inf`` and ``nan`` are PostgreSQL's ``Infinity`` and ``NaN``)."""
-    return "{" + ",".join(_number_element(value) for value in values) + "}"
-
-
-def _number_element(value: float | None) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return repr(value)
-
-
 class _PostgresTransaction:
     """Statements on the calling thread's connection, inside the transaction open on it if any. A
     lost connection is a 503 (``StoreUnavailable``), and the thread's next call reconnects."""
@@ -288,78 +78,130 @@ class _PostgresTransaction:
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
         #: the statements that may carry a transaction's ``BEGIN`` and deferred writes with them
-        #: (``_CarriedStatements``: their parameters' types are inferred from their context)
-        self.carried: frozenset[str] = frozenset()
+        #: (``Pipeline``: their parameters' types are inferred from their context)
+        self.pipelined: frozenset[str] = frozenset()
 
-    def _open(self) -> _OpenTransaction | None:
+    def _open(self) -> OpenTransaction | None:
         return getattr(self._store._local, "open", None)
 
-    def execute(self, sql: str, params: Sequence[Any] = (), carried: bool = False) -> list[tuple[Any, ...]]:
-        """``sql``'s rows. A statement of ``carried`` (or ``carried``: a compare-and-set) is sent as
-        an ``EXECUTE`` of a statement prepared on the connection (``_CarriedStatements.last``),
-        with the transaction's ``BEGIN`` and deferred writes if they wait; any other through
-        psycopg (prepared at its fifth run)."""
-        with _unavailable_on_connection_loss():
+    def execute(self, sql: str, params: Sequence[Any] = (), pipelined: bool = False) -> list[tuple[Any, ...]]:
+        """``sql``'s rows, its values bound. A statement of ``pipelined`` (or ``pipelined``: a
+        compare-and-set) goes through ``Pipeline``, with the transaction's ``BEGIN`` and deferred
+        writes if they wait; any other through psycopg (prepared at its fifth run)."""
+        with unavailable_on_connection_loss():
             open_transaction = self._open()
-            if carried or sql in self.carried:  # the BEGIN and the deferred writes, if any, go with it
+            if pipelined or sql in self.pipelined:  # the BEGIN and the deferred writes, if any, go with it
                 if open_transaction is None:
-                    return self._store.carried_statements().last([(sql, params)])
-                return open_transaction.statements.last([*open_transaction.prefix(), (sql, params)])
-            if open_transaction is not None and open_transaction.waiting():
+                    return self._store.pipeline().last([(sql, params)])
+                return open_transaction.pipeline.last([*open_transaction.prefix(), (sql, params)])
+            if open_transaction is not None:
                 open_transaction.send_prefix()
             cursor = self._store.connection().execute(_to_pyformat(sql), params)
             # Whether rows came back, from the result's status: ``cursor.description`` would build
             # a ``Column`` per column first (~50 per job row, a third of the driver's CPU per job).
             result = cursor.pgresult
-            return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
+            return cursor.fetchall() if result is not None and result.status == TUPLES_OK else []
 
     def defer(self, sql: str, params: Sequence[Any]) -> None:
         """Run ``sql`` (a statement that raises when its write matched no row) with the next
         statement of the open transaction, or its ``COMMIT``; at once outside a transaction."""
         open_transaction = self._open()
         if open_transaction is None:
-            with _unavailable_on_connection_loss():
-                self._store.carried_statements().last([(sql, params)])
+            with unavailable_on_connection_loss():
+                self._store.pipeline().last([(sql, params)])
             return
         open_transaction.deferred.append((sql, params))
 
     def together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
         """Several statements, each with its rows, in one round trip and one transaction of their
-        own (a simple query of several statements is one implicit transaction): each is written
-        or none. Outside any transaction (with ``BEGIN`` ... ``COMMIT`` around them otherwise)."""
+        own (``BEGIN`` and ``COMMIT`` in the same pipeline): each is written or none. Outside any
+        transaction."""
         assert self._open() is None, "together() runs its own transaction"
-        with _unavailable_on_connection_loss():
-            return self._store.carried_statements().run(statements)
+        with unavailable_on_connection_loss():
+            pipeline = self._store.pipeline()
+            try:
+                rows = pipeline.run([("BEGIN", ()), *statements, ("COMMIT", ())])
+            except BaseException:
+                roll_back(pipeline.connection)
+                raise
+            return rows[1:-1]
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with _unavailable_on_connection_loss():
-            self._send_prefix()
+        with unavailable_on_connection_loss():
+            open_transaction = self._open()
+            if open_transaction is not None:
+                open_transaction.send_prefix()
             with self._store.connection().cursor() as cursor:
                 cursor.executemany(_to_pyformat(sql), rows)
 
-    def _send_prefix(self) -> None:
-        open_transaction = self._open()
-        if open_transaction is not None:
-            open_transaction.send_prefix()
+
+class PostgresWorkers(SqlWorkers):
+    """``SqlWorkers`` with a worker heartbeat in one statement (``worker_heartbeat``)."""
+
+    def worker_heartbeat(
+        self,
+        worker_id: str,
+        now: float,
+        gpu_stats: list[dict[str, Any]] | None,
+        unhealthy_gpus: Sequence[int] | None = None,
+        running: Sequence[str] | None = None,
+    ) -> WorkerBeat:
+        """``SqlWorkers.worker_heartbeat`` in one statement where the heartbeat reports no
+        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
+
+        The statement locks the worker's row, updates it, and returns it with its contact before
+        this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
+        reports unhealthy GPUs merges them with the row's in Python, the locked way."""
+        if unhealthy_gpus:
+            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+        statement = self._BEAT_LISTING if running is not None else self._BEAT
+        rows = self.db.read().execute(
+            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
+        )
+        if not rows:
+            raise errors.NotFound(f"worker {worker_id} not found")
+        row = rows[0]
+        worker = worker_from_row(row[: len(WORKER_COLUMNS)])
+        unlisted: tuple[Job, ...] = ()
+        if running is not None:
+            listed = set(running)
+            unlisted = self._leased_jobs(
+                worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
+            )
+        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
+
+    #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
+    #: contact before this heartbeat comes from the row as locked, the newest version), then
+    #: updated; the lock makes ``previous`` and the update see the same row
+    _BEAT = (
+        "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
+        " status = CASE WHEN workers.status = 'offline' THEN 'active' ELSE workers.status END,"
+        " gpu_stats = COALESCE(?, workers.gpu_stats)"
+        " FROM (SELECT id, last_heartbeat_at FROM workers WHERE id = ? FOR UPDATE) AS previous"
+        " WHERE workers.id = previous.id"
+        f" RETURNING {_WORKER_RETURNED}, previous.last_heartbeat_at"
+    )
+    #: ``_BEAT`` and the ids of the jobs held running or preempting on the worker (by the
+    #: ``jobs_holding`` index, as ``LEASED_ON_WORKER_SQL``), for its ``running`` list
+    _BEAT_LISTING = (
+        f"{_BEAT}, ARRAY(SELECT jobs.id FROM jobs WHERE jobs.worker_id = workers.id"
+        f" AND jobs.status IN {HOLDING_SQL} AND jobs.status IN {LEASED_SQL})"
+    )
+
+    def _leased_jobs(self, worker_id: str, job_ids: list[str]) -> tuple[Job, ...]:
+        """The named jobs still held running or preempting on the worker, in id order (the jobs a
+        heartbeat's ``running`` list left out: normally none, and then no read)."""
+        if not job_ids:
+            return ()
+        rows = self.db.read().execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
+            " AND id = ANY(?) ORDER BY id",
+            (worker_id, job_ids),
+        )
+        return tuple(map(job_from_row, rows))
 
 
-@contextmanager
-def _unavailable_on_connection_loss() -> Iterator[None]:
-    try:
-        yield
-    except (
-        psycopg.errors.DeadlockDetected,
-        psycopg.errors.SerializationFailure,
-        psycopg.errors.LockNotAvailable,
-        psycopg.errors.QueryCanceled,
-    ) as error:
-        # Rolled back whole (a lock or statement timeout, a deadlock): safe to send again.
-        raise errors.StoreBusy(f"the database is busy and aborted the transaction; retry: {error}") from error
-    except psycopg.OperationalError as error:
-        raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
-
-
-class PostgresStore(RetentionStore):
+class PostgresStore(ComposedStore):
     """One connection per calling thread (the server's store threads, a loop's own thread), one
     more that holds the loops' advisory locks, and one for the readiness probe.
 
@@ -368,29 +210,24 @@ class PostgresStore(RetentionStore):
     and the request is answered 503 ``store_busy`` with ``Retry-After`` instead of hanging."""
 
     dialect = "postgresql"
-    blob_type = "BYTEA"
-    lock_clause = " FOR UPDATE SKIP LOCKED"
-    lock_clause_plain = " FOR UPDATE"
+    sql_dialect = POSTGRESQL
+    workers_part = PostgresWorkers
 
     def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
         """The compare-and-set and its event row in one statement (one round trip): the event is
         inserted only for the row the update matched."""
-        return bool(tx.execute(*self._one_statement(update, params, event), carried=True))
+        return bool(tx.execute(*self._one_statement(update, params, event), pipelined=True))
 
     @staticmethod
     def _one_statement(
         update: str, params: list[Any], event: tuple[Any, ...] | None, checked: bool = False
     ) -> tuple[str, list[Any]]:
         """The compare-and-set ``update`` with its event row's insert, one statement. ``checked``:
-        a statement that raises (``_CLAIM_CONFLICT``) when the update matched no row, so that it
+        a statement that raises (``CHECKED_ANSWER``) when the update matched no row, so that it
         can be sent without waiting for its answer: its transaction then fails whole."""
         if event is None and not checked:
             return update, params
-        answer = (
-            f"SELECT CAST(CASE WHEN count(*) = 1 THEN '1' ELSE '{_CLAIM_CONFLICT}' END AS integer) FROM moved"
-            if checked
-            else "SELECT id FROM moved"
-        )
+        answer = CHECKED_ANSWER if checked else "SELECT id FROM moved"
         if event is None:
             return f"WITH moved AS ({update}) {answer}", params
         statement = (
@@ -412,7 +249,7 @@ class PostgresStore(RetentionStore):
 
     #: a single job's row and its version (``xmin``: a new one at every update of the row)
     _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"
-    #: several jobs' rows and versions (the ids as an array's text: ``_text_array``)
+    #: several jobs' rows and versions (the ids as an array's text: ``text_array``)
     _VERSIONED_JOBS = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ANY(?::text[])"
     #: the compare-and-set's extra condition: the row is still the version the decision read
     _SAME_VERSION = " AND xmin::text = ?"
@@ -457,8 +294,8 @@ class PostgresStore(RetentionStore):
         one job) goes the locked way after it, alone. A refused report's error is its result; only
         the read or the group's transaction failing raises (nothing of the group written)."""
         results: list[Any] = [None] * len(changes)
-        job_ids = _text_array(sorted({job_id for job_id, _ in changes}))
-        rows = self._tx.execute(self._VERSIONED_JOBS, (job_ids,), carried=True)
+        job_ids = text_array(sorted({job_id for job_id, _ in changes}))
+        rows = self._tx.execute(self._VERSIONED_JOBS, (job_ids,), pipelined=True)
         found = {row[0]: (job_from_row(row[:-1]), row[-1]) for row in rows}
         writes: list[tuple[str, int, Plan[Any], str]] = []
         alone: list[int] = []
@@ -514,38 +351,6 @@ class PostgresStore(RetentionStore):
                     missed.append(index)
         return missed
 
-    #: A claim's second read, one round trip: the jobs holding resources on the worker (its row is
-    #: locked by then, so this statement's snapshot sees every allocation committed before), and
-    #: the first page of pending candidates filtered by what those leave free of the worker's
-    #: resources (GPU indices and unhealthy GPUs aside: never stricter than the policy, which
-    #: checks each candidate), locked SKIP LOCKED like ``claim_candidates_sql``'s.
-    _ALLOCATIONS_AND_CANDIDATES = (
-        f"WITH held AS (SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {HOLDING_SQL}),"
-        " free AS (SELECT workers.gpus - COALESCE((SELECT SUM(gpus) FROM held), 0) AS gpus,"
-        " workers.memory_mb - COALESCE((SELECT SUM(memory_mb) FROM held), 0) AS memory_mb,"
-        " workers.cpus - COALESCE((SELECT SUM(cpus) FROM held), 0) AS cpus, workers.vram_mb"
-        " FROM workers WHERE id = ?),"
-        f" candidates AS (SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
-        " AND gpus <= (SELECT gpus FROM free) AND memory_mb <= (SELECT memory_mb FROM free)"
-        " AND cpus <= (SELECT cpus FROM free) AND (gpus = 0 OR vram_mb <= (SELECT vram_mb FROM free))"
-        f" ORDER BY {QUEUE_ORDER} LIMIT ? FOR UPDATE SKIP LOCKED)"
-        " SELECT false, * FROM held UNION ALL SELECT true, * FROM candidates"
-    )
-
-    def _allocations_and_first_page(
-        self, tx: Any, worker_id: str, limit: int
-    ) -> tuple[list[Allocation], list[Job] | None]:
-        rows = tx.execute(
-            self._ALLOCATIONS_AND_CANDIDATES, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit))
-        )
-        held = [job_from_row(row[1:]) for row in rows if not row[0]]
-        allocations = [
-            Allocation(job.id, worker_id, job.spec.resources, job.gpu_indices, job.status) for job in held
-        ]
-        # a UNION keeps no order: the candidates are put back in queue order (the same declaration)
-        candidates = sorted((job_from_row(row[1:]) for row in rows if row[0]), key=_queue_key)
-        return allocations, candidates
-
     def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
         """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round
         trip, not three)."""
@@ -585,81 +390,19 @@ class PostgresStore(RetentionStore):
             self._RENEW_BATCH,
             (
                 now,
-                _text_array(job_ids),
-                _number_array([attempt for _, attempt, _ in beats]),
-                _text_array(
+                text_array(job_ids),
+                number_array([attempt for _, attempt, _ in beats]),
+                text_array(
                     [to_json(report.progress) if report.progress is not None else None for report in reports]
                 ),
-                _number_array([report.gpu_util_pct for report in reports]),
-                _number_array([report.rss_mb for report in reports]),
-                _number_array([report.checkpoint_at for report in reports]),
+                number_array([report.gpu_util_pct for report in reports]),
+                number_array([report.rss_mb for report in reports]),
+                number_array([report.checkpoint_at for report in reports]),
                 worker_id,
             ),
         )
         running = {job_id for job_id, status in rows if status == Status.RUNNING}
         return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
-
-    def worker_heartbeat(
-        self,
-        worker_id: str,
-        now: float,
-        gpu_stats: list[dict[str, Any]] | None,
-        unhealthy_gpus: Sequence[int] | None = None,
-        running: Sequence[str] | None = None,
-    ) -> WorkerBeat:
-        """``OperationsStore.worker_heartbeat`` in one statement where the heartbeat reports no
-        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
-
-        The statement locks the worker's row, updates it, and returns it with its contact before
-        this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
-        reports unhealthy GPUs merges them with the row's in Python, the locked way."""
-        if unhealthy_gpus:
-            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
-        statement = self._BEAT_LISTING if running is not None else self._BEAT
-        rows = self._tx.execute(
-            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
-        )
-        if not rows:
-            raise errors.NotFound(f"worker {worker_id} not found")
-        row = rows[0]
-        worker = worker_from_row(row[: len(WORKER_COLUMNS)])
-        unlisted: tuple[Job, ...] = ()
-        if running is not None:
-            listed = set(running)
-            unlisted = self._leased_jobs(
-                worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
-            )
-        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
-
-    #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
-    #: contact before this heartbeat comes from the row as locked, the newest version), then
-    #: updated; the lock makes ``previous`` and the update see the same row
-    _BEAT = (
-        "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
-        " status = CASE WHEN workers.status = 'offline' THEN 'active' ELSE workers.status END,"
-        " gpu_stats = COALESCE(?, workers.gpu_stats)"
-        " FROM (SELECT id, last_heartbeat_at FROM workers WHERE id = ? FOR UPDATE) AS previous"
-        " WHERE workers.id = previous.id"
-        f" RETURNING {_WORKER_RETURNED}, previous.last_heartbeat_at"
-    )
-    #: ``_BEAT`` and the ids of the jobs held running or preempting on the worker (by the
-    #: ``jobs_holding`` index, as ``LEASED_ON_WORKER_SQL``), for its ``running`` list
-    _BEAT_LISTING = (
-        f"{_BEAT}, ARRAY(SELECT jobs.id FROM jobs WHERE jobs.worker_id = workers.id"
-        f" AND jobs.status IN {HOLDING_SQL} AND jobs.status IN {LEASED_SQL})"
-    )
-
-    def _leased_jobs(self, worker_id: str, job_ids: list[str]) -> tuple[Job, ...]:
-        """The named jobs still held running or preempting on the worker, in id order (the jobs a
-        heartbeat's ``running`` list left out: normally none, and then no read)."""
-        if not job_ids:
-            return ()
-        rows = self._tx.execute(
-            f"SELECT {JOB_SELECT} FROM jobs WHERE worker_id = ? AND status IN {LEASED_SQL}"
-            " AND id = ANY(?) ORDER BY id",
-            (worker_id, job_ids),
-        )
-        return tuple(map(job_from_row, rows))
 
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:
@@ -679,18 +422,19 @@ class PostgresStore(RetentionStore):
         self._probe_lock = threading.Lock()
         self.connection()
         self._tx = _PostgresTransaction(self)
-        self._tx.carried = frozenset({
-            self.claiming_worker_sql(), self._ALLOCATIONS_AND_CANDIDATES, self.claim_candidates_sql(),
-            self._VERSIONED_JOB, self._BEAT, self._BEAT_LISTING, self._RENEW_BATCH,
+        self._compose()
+        self._tx.pipelined = frozenset({
+            self.claims.claiming_worker_sql(), ALLOCATIONS_AND_CANDIDATES, self.claims.claim_candidates_sql(),
+            self._VERSIONED_JOB, PostgresWorkers._BEAT, PostgresWorkers._BEAT_LISTING, self._RENEW_BATCH,
         })  # fmt: skip
 
-    def carried_statements(self) -> _CarriedStatements:
-        """This thread's connection's statements carried together (``_CarriedStatements``)."""
+    def pipeline(self) -> Pipeline:
+        """This thread's connection's pipeline (``Pipeline``)."""
         connection = self.connection()
-        carried: _CarriedStatements | None = getattr(self._local, "carried", None)
-        if carried is None or carried.connection is not connection:
-            carried = self._local.carried = _CarriedStatements(connection)
-        return carried
+        pipeline: Pipeline | None = getattr(self._local, "pipeline", None)
+        if pipeline is None or pipeline.connection is not connection:
+            pipeline = self._local.pipeline = Pipeline(connection)
+        return pipeline
 
     def connection(self) -> Any:
         """This thread's open connection, (re)connecting when there is none or it was lost."""
@@ -723,15 +467,13 @@ class PostgresStore(RetentionStore):
         # never marks dead index entries, so each claim wades through all of them again).
         # corral's queries are all served by their indexes in order; bitmap scans buy nothing.
         connection.execute("SET enable_bitmapscan = off")
-        # ``_literal`` quotes as the SQL standard does (the default since PostgreSQL 9.1)
-        connection.execute("SET standard_conforming_strings = on")
         for setting, value in (
             ("tcp_keepalives_idle", 10),
             ("tcp_keepalives_interval", 5),
             ("tcp_keepalives_count", 3),
             ("lock_timeout", max(1, int(lock_timeout_s * 1000))),
         ):
-            connection.execute(f"SET {setting} = {value}")
+            connection.execute("SELECT set_config(%s, %s, false)", (setting, str(value)))
         return connection
 
     def migrate(self) -> None:
@@ -742,33 +484,36 @@ class PostgresStore(RetentionStore):
             self._tx.execute("SELECT pg_advisory_lock(?)", (_MIGRATION_LOCK,))
             try:
                 super().migrate()
-                self.carried_statements().names.clear()  # psycopg saw ALTERs: DEALLOCATE ALL
+                self.pipeline().names.clear()  # psycopg saw ALTERs: DEALLOCATE ALL
             finally:
                 self._tx.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
-                self._tx.execute(f"SET lock_timeout = {max(1, int(self.busy_timeout_s * 1000))}")
+                self._tx.execute(
+                    "SELECT set_config('lock_timeout', ?, false)",
+                    (str(max(1, int(self.busy_timeout_s * 1000))),),
+                )
 
     @contextmanager
     def _transaction(self) -> Iterator[_PostgresTransaction]:
         """A transaction on this thread's connection whose ``BEGIN`` goes with its first statement
-        and whose deferred writes go with its ``COMMIT`` (``_OpenTransaction``). One opened inside
+        and whose deferred writes go with its ``COMMIT`` (``OpenTransaction``). One opened inside
         another is a savepoint of it (psycopg's, once the outer one has begun)."""
         local = self._local
-        outer: _OpenTransaction | None = getattr(local, "open", None)
+        outer: OpenTransaction | None = getattr(local, "open", None)
         if outer is not None:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 outer.send_prefix()
                 try:
                     with outer.connection.transaction():
                         yield self._tx
                 except BaseException:
-                    outer.statements.names.clear()  # psycopg saw its ROLLBACK TO: DEALLOCATE ALL
+                    outer.pipeline.names.clear()  # psycopg saw its ROLLBACK TO: DEALLOCATE ALL
                     raise
             return
-        with _unavailable_on_connection_loss():
-            transaction = _OpenTransaction(self.carried_statements())
+        with unavailable_on_connection_loss():
+            transaction = OpenTransaction(self.pipeline())
         local.open = transaction
         try:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 try:
                     yield self._tx
                 except BaseException:
@@ -794,7 +539,7 @@ class PostgresStore(RetentionStore):
         call while leading checks the connection is still there (one ``SELECT 1``): a leader that
         lost its session must stop believing it leads.
         """
-        with self.lock, _unavailable_on_connection_loss():
+        with self.lock, unavailable_on_connection_loss():
             if self._leader is not None and not self._leader.closed and self._leading:
                 try:
                     self._leader.execute("SELECT 1")
@@ -830,7 +575,7 @@ class PostgresStore(RetentionStore):
         if not self._probe_lock.acquire(timeout=timeout_s):
             raise errors.StoreUnavailable(f"the readiness probe stayed busy for {timeout_s:g}s")
         try:
-            with _unavailable_on_connection_loss():
+            with unavailable_on_connection_loss():
                 if self._probe is None or self._probe.closed:
                     self._probe = self._connect(timeout_s)
                 with self._probe.transaction():

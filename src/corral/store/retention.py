@@ -9,16 +9,25 @@ would change it). What the cutoff is, is the core's (``core.retention``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from corral.store.base import Purged
-from corral.store.logs import LogStore
+from corral.store.dialect import Database, Dialect
 from corral.store.rows import TERMINAL_SQL
 
 
-class RetentionStore(LogStore):
+class SqlRetention:
+    """The ``Retention`` port over a ``Database``; ``size_bytes`` is the backend's own."""
+
+    def __init__(self, db: Database, dialect: Dialect, size_bytes: Callable[[], int]) -> None:
+        self.db = db
+        self.dialect = dialect
+        self._size_bytes = size_bytes
+
     def purge_finished(self, cutoff: float, batch: int) -> Purged:
         """Remove at most ``batch`` jobs that finished before ``cutoff`` (whole gangs only) with
         their events and checkpoints, and at most ``batch`` idempotency keys created before it."""
-        with self._transaction() as tx:
+        with self.db.transaction() as tx:
             # Finished before the cutoff, oldest first (jobs_finished index); a gang task only when
             # no task of its gang is live or finished later.
             rows = tx.execute(
@@ -47,9 +56,9 @@ class RetentionStore(LogStore):
 
     def oldest_job_submitted_at(self) -> float | None:
         """When the oldest kept job was submitted (``jobs_submitted`` index), None without jobs."""
-        rows = self._read().execute("SELECT submitted_at FROM jobs ORDER BY submitted_at, id LIMIT 1")
+        rows = self.db.read().execute("SELECT submitted_at FROM jobs ORDER BY submitted_at, id LIMIT 1")
         return float(rows[0][0]) if rows else None
 
     def size_bytes(self) -> int:
         """What the store takes on disk (tables and indexes)."""
-        raise NotImplementedError
+        return self._size_bytes()

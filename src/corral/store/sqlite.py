@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 from corral.domain import errors
 from corral.store.base import WouldWait
-from corral.store.retention import RetentionStore
+from corral.store.composed import ComposedStore
+from corral.store.dialect import SQLITE
 from corral.store.schema import Column, Index
 
 T = TypeVar("T")
@@ -31,11 +32,16 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 
 
+#: SQLite's primary result codes of a lock in the way (an extended code keeps them in its low byte)
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
 def _raise_if_busy(error: sqlite3.OperationalError) -> None:
-    """SQLite's "database is locked" / "database is busy" as ``StoreBusy``: a 503, never a 500.
-    (A function for ``except`` clauses: the hot path's statements pay for no context manager.)"""
-    text = str(error).lower()
-    if "locked" in text or "busy" in text:
+    """SQLite's ``SQLITE_BUSY`` / ``SQLITE_LOCKED`` (by the error's result code, not its text) as
+    ``StoreBusy``: a 503, never a 500. (A function for ``except`` clauses: the hot path's
+    statements pay for no context manager.)"""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _BUSY_CODES:
         raise errors.StoreBusy(f"the SQLite store is locked by another writer; retry: {error}") from error
 
 
@@ -106,12 +112,12 @@ class _SqliteTransaction:
             self._connection.executemany(sql, rows)
 
 
-class SqliteStore(RetentionStore):
+class SqliteStore(ComposedStore):
     dialect = "sqlite"
-    blob_type = "BLOB"
     # Without statistics SQLite sorts every pending row through jobs_status_submitted; the queue
-    # index serves the ORDER BY directly (1 ms -> 40 us per claim at 3,000 pending jobs).
-    queue_index_hint = " INDEXED BY jobs_queue"
+    # index serves the ORDER BY directly (1 ms -> 40 us per claim at 3,000 pending jobs): the
+    # dialect's ``queue_index_hint``.
+    sql_dialect = SQLITE
 
     def __init__(self, path: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         self.path = path
@@ -120,6 +126,7 @@ class SqliteStore(RetentionStore):
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         self._write_lock = _TakingTurns()
+        self._compose()
         with _busy_is_503():
             self._connection().execute("PRAGMA journal_mode = WAL")
 

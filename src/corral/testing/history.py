@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from corral.domain.records import Job, JobEvent
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, LEASED, TERMINAL, Status
-from corral.store import Store
+from corral.store.ports import Store
 
 
 @dataclass
@@ -187,7 +187,7 @@ def load(store: Store, page: int = 5000) -> tuple[list[Job], dict[str, list[JobE
             break
         after = (batch[-1].submitted_at, batch[-1].id)
     events = {job.id: store.job_events(job.id) for job in jobs}
-    capacities = {worker.id: worker.resources for worker in store.workers()}
+    capacities = {worker.id: worker.resources for worker in store.workers.workers()}
     return jobs, events, capacities
 
 

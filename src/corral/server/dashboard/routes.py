@@ -68,7 +68,7 @@ def _not_found(request: Request, what: str) -> HTMLResponse:
 
 def overview(request: Request) -> Response:
     state = state_of(request)
-    rows = views.workers(state.store)
+    rows = views.workers(state.store.workers)
     totals = views.gpu_totals(rows)
     jobs = state.store.count_jobs_by_status()
     return _render(
@@ -134,13 +134,13 @@ def gang_page(request: Request) -> Response:
 
 
 def workers_page(request: Request) -> Response:
-    rows = views.workers(state_of(request).store)
+    rows = views.workers(state_of(request).store.workers)
     return _render(request, "workers.html", title="Workers", workers=rows, gpus=views.gpu_totals(rows))
 
 
 def pools_page(request: Request) -> Response:
     state = state_of(request)
-    totals = views.gpu_totals(views.workers(state.store))
+    totals = views.gpu_totals(views.workers(state.store.workers))
     return _render(
         request,
         "pools.html",

@@ -18,6 +18,7 @@ from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus
 from corral.protocol.wire import gang_status, job_to_wire
 from corral.store import Store
 from corral.store.base import JobFilter
+from corral.store.ports import Jobs, Workers
 
 STATUS_ORDER = [status.value for status in Status]
 
@@ -88,7 +89,7 @@ def gpu_cells(worker: Worker, holders: dict[int, tuple[str, Status]]) -> list[Gp
     return cells
 
 
-def workers(store: Store) -> list[WorkerRow]:
+def workers(store: Workers) -> list[WorkerRow]:
     """Every worker with one cell per GPU (who holds it, its last utilisation reading)."""
     holders: dict[str, dict[int, tuple[str, Status]]] = {}
     used: dict[str, tuple[int, int, list[str]]] = {}
@@ -132,7 +133,7 @@ def gpu_totals(rows: list[WorkerRow]) -> GpuTotals:
     return totals
 
 
-def pools(store: Store, fair: FairShareState) -> list[dict[str, Any]]:
+def pools(store: Jobs, fair: FairShareState) -> list[dict[str, Any]]:
     """Each pool with jobs: GPUs used and waited for, its fair share of the GPUs (the part of its
     own jobs, ``corral.core.fairshare``), used over share, and its starvation."""
     counts = store.count_jobs_by_pool()
@@ -187,9 +188,9 @@ def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
     events = store.job_events(job.id)
     workers_list, allocations, holds = [], [], []
     if job.status == Status.PENDING:
-        workers_list = store.workers()
-        allocations = store.allocations()
-        holds = store.list_holds()
+        workers_list = store.workers.workers()
+        allocations = store.workers.allocations()
+        holds = store.gangs.list_holds()
     reasons = explain(job, workers_list, allocations, holds, now)
     return {
         "job": job,
@@ -197,13 +198,13 @@ def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
         "events": events,
         "timeline": timeline(events, now),
         "why": reasons,
-        "logs": store.log_sizes(job.id),
+        "logs": store.logs.log_sizes(job.id),
         "terminal": job.status in TERMINAL,
         "attempt": job.attempts,
     }
 
 
-def gang_page(store: Store, gang_id: str) -> dict[str, Any] | None:
+def gang_page(store: Jobs, gang_id: str) -> dict[str, Any] | None:
     tasks = store.gang_tasks(gang_id)
     if not tasks:
         return None
@@ -218,5 +219,5 @@ def gang_page(store: Store, gang_id: str) -> dict[str, Any] | None:
     }
 
 
-def job_list(store: Store, filters: JobFilter, limit: int, after: tuple[float, str] | None) -> list[Job]:
+def job_list(store: Jobs, filters: JobFilter, limit: int, after: tuple[float, str] | None) -> list[Job]:
     return store.list_jobs(filters, limit, after)

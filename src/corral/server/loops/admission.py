@@ -23,7 +23,7 @@ from corral.server import changes
 from corral.server.executor import Work
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
-from corral.store import Store
+from corral.store.ports import Store
 
 logger = logging.getLogger("corral.server.admission")
 
@@ -90,7 +90,7 @@ def plan_pass(
     """Read the snapshot (``cycle.snapshot_of``) and let the core decide. Writes only the
     fair-share timers (when they change: kept in the store, so a new leader and every replica's
     ``GET /pools`` see them): the decisions are applied by ``apply_pass``."""
-    inputs = store.admission_inputs()
+    inputs = store.gangs.admission_inputs()
     reading = cycle.CycleReading(
         workers=inputs.workers,
         allocations=inputs.allocations,
@@ -98,16 +98,16 @@ def plan_pass(
         holding=inputs.holding,
         preemptors=inputs.pending,
     )
-    previous = store.pool_starvation()
+    previous = store.pools.pool_starvation()
     pools_reading = cycle.PoolsReading(
-        pools=pools.resolve(store.pools(), settings.pool_defaults),
-        usage=store.pool_usage(),
+        pools=pools.resolve(store.pools.pools(), settings.pool_defaults),
+        usage=store.pools.pool_usage(),
         starvation=previous,
         defaults=settings.pool_defaults,
     )
-    snapshot = cycle.snapshot_of(reading, now, pools_reading, store.pending_in_pools, last_preemptive)
+    snapshot = cycle.snapshot_of(reading, now, pools_reading, store.gangs.pending_in_pools, last_preemptive)
     if snapshot.fair is not None and snapshot.fair.starvation != previous:
-        store.put_pool_starvation(snapshot.fair.starvation)
+        store.pools.put_pool_starvation(snapshot.fair.starvation)
     decisions = admission.decide(snapshot, settings.reservation_timeout_s, settings.preemption, memo)
     noted = {job_id for job_id, _ in decisions.single_waiting}
     waiting_gangs = {waiting.gang_id for waiting in decisions.waiting}
@@ -180,7 +180,7 @@ class StoreEffects:
     def reserve_gang(self, reservation: Reservation) -> bool:
         state = self.state
         placements = [(place.job_id, place.worker_id, place.gpu_indices) for place in reservation.placements]
-        reserved = changes.reserve_gang(state.store, reservation.gang_id, placements, state.clock.now)
+        reserved = changes.reserve_gang(state.store.gangs, reservation.gang_id, placements, state.clock.now)
         if reserved is None:
             logger.info(
                 "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}
@@ -210,7 +210,11 @@ class StoreEffects:
     def preempt(self, preemption: Preemption) -> bool:
         state = self.state
         started = changes.preempt(
-            state.store, preemption, self.plan.jobs, state.clock.now, state.settings.checkpoint_timeout_s
+            state.store.gangs,
+            preemption,
+            self.plan.jobs,
+            state.clock.now,
+            state.settings.checkpoint_timeout_s,
         )
         if started is None:
             logger.info(
@@ -242,8 +246,8 @@ class StoreEffects:
         # Compared with the table, not with this replica's memory: holds written by a leader that
         # has since stopped must not outlive it.
         store = self.state.store
-        if list(holds) != store.list_holds():
-            store.replace_holds(holds)
+        if list(holds) != store.gangs.list_holds():
+            store.gangs.replace_holds(holds)
 
     def note_gangs_waiting(self, waiting: Sequence[Waiting]) -> None:
         # Only where the snapshot shows a blocked task saying something else (the common cycle

@@ -68,7 +68,7 @@ def purge_logs(state: ServerState) -> None:
     if now - state.logs_purged_at < PURGE_EVERY_S:
         return
     state.logs_purged_at = now
-    removed = state.store.purge_logs(now - state.settings.retention_days * 86400.0)
+    removed = state.store.logs.purge_logs(now - state.settings.retention_days * 86400.0)
     if removed:
         logger.info("purged job logs past retention", extra={"attempts": removed})
 
@@ -96,7 +96,7 @@ def dead_worker_sweep_tick(state: ServerState) -> None:
     now = state.clock.now()
     if lifecycle.in_startup_grace(now, state.started_at, state.settings.heartbeat_timeout_s):
         return
-    flagged = state.store.flag_dead_workers(state.clock.now(), state.settings.dead_worker_after_s)
+    flagged = changes.flag_dead_workers(state.store.workers, now, state.settings.dead_worker_after_s)
     for worker, running in flagged:
         state.metrics.dead_workers_flagged.inc()
         silent = state.clock.now() - (worker.last_heartbeat_at or worker.registered_at)

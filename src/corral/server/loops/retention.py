@@ -15,7 +15,7 @@ def retention_tick(state: ServerState) -> None:
     cutoff = retention.cutoff(state.clock.now(), state.settings.retention_days)
     jobs = keys = batches = 0
     while True:
-        purged = state.store.purge_finished(cutoff, retention.BATCH)
+        purged = state.store.retention.purge_finished(cutoff, retention.BATCH)
         batches += 1
         jobs += purged.jobs
         keys += purged.keys

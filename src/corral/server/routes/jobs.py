@@ -47,8 +47,8 @@ from corral.server.http import (
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
 from corral.server.state import ServerState, state_of
-from corral.store import Store
 from corral.store.base import JobFilter, SubmitResult, Submitted
+from corral.store.ports import Jobs
 
 logger = logging.getLogger("corral.server.jobs")
 
@@ -188,7 +188,7 @@ def _job_page(
 
 
 def job_chunk(
-    store: Store,
+    store: Jobs,
     memory: dict[str, Any],
     filters: JobFilter,
     limit: int,
@@ -268,9 +268,9 @@ def _why(state: ServerState, job_id: str) -> Response:
     job = _job_or_404(state, job_id)
     workers, allocations, holds = [], [], []
     if job.status == Status.PENDING:
-        workers = state.store.workers()
-        allocations = state.store.allocations()
-        holds = state.store.list_holds()
+        workers = state.store.workers.workers()
+        allocations = state.store.workers.allocations()
+        holds = state.store.gangs.list_holds()
     fair_share = None
     if job.status in (Status.PENDING, Status.BLOCKED):
         fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())

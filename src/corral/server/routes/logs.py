@@ -51,7 +51,7 @@ async def append(request: Request) -> Response:
     appended = await state.executor.run(
         Work.SHORT,
         changes.append_log,
-        state.store,
+        state.store.logs,
         request.path_params["job_id"],
         worker_id,
         attempt,
@@ -102,11 +102,11 @@ async def read(request: Request) -> Response:
     follow = request.query_params.get("follow", "0").lower() in ("1", "true")
     if not follow:
         piece = await state.executor.run(
-            Work.STORE, state.store.read_log, job_id, attempt, offset, READ_MAX_BYTES
+            Work.STORE, state.store.logs.read_log, job_id, attempt, offset, READ_MAX_BYTES
         )
         return Response(piece.data, media_type=MEDIA_TYPE, headers=_headers(piece))
     piece = await state.executor.run(
-        Work.STORE, state.store.read_log, job_id, attempt, offset, FOLLOW_READ_BYTES
+        Work.STORE, state.store.logs.read_log, job_id, attempt, offset, FOLLOW_READ_BYTES
     )  # 404 first
     return StreamingResponse(
         _follow(state, job_id, attempt, piece), media_type=MEDIA_TYPE, headers=_headers(piece)
@@ -127,7 +127,9 @@ async def _follow(
     yet waits for its first attempt."""
     while attempt is None and piece.job.attempts == 0 and piece.job.status not in TERMINAL:
         await asyncio.sleep(FOLLOW_POLL_S)
-        piece = await state.executor.run(Work.STORE, state.store.read_log, job_id, None, 0, FOLLOW_READ_BYTES)
+        piece = await state.executor.run(
+            Work.STORE, state.store.logs.read_log, job_id, None, 0, FOLLOW_READ_BYTES
+        )
     which = piece.attempt
     while True:
         if piece.data:
@@ -135,7 +137,7 @@ async def _follow(
         offset = piece.start + len(piece.data)
         if offset < piece.size:  # more is stored already
             piece = await state.executor.run(
-                Work.STORE, state.store.read_log, job_id, which, offset, FOLLOW_READ_BYTES
+                Work.STORE, state.store.logs.read_log, job_id, which, offset, FOLLOW_READ_BYTES
             )
             continue
         if attempt_ended(piece.job, which):
@@ -143,7 +145,7 @@ async def _follow(
             return
         await asyncio.sleep(FOLLOW_POLL_S)
         piece = await state.executor.run(
-            Work.STORE, state.store.read_log, job_id, which, offset, FOLLOW_READ_BYTES
+            Work.STORE, state.store.logs.read_log, job_id, which, offset, FOLLOW_READ_BYTES
         )
 
 

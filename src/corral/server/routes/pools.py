@@ -110,21 +110,21 @@ def _resolved(state: ServerState) -> tuple[dict[str, PoolSettings], dict[str, Po
     """The stored settings, each pool's own usage, and every pool resolved: the stored ones, their
     ancestors, and any pool a job not yet ended names without a row (a pool deleted under it by
     a race)."""
-    stored = state.store.pools()
-    own_usage = state.store.pool_usage()
+    stored = state.store.pools.pools()
+    own_usage = state.store.pools.pool_usage()
     pools = with_job_pools(resolve(stored, state.pool_defaults), own_usage, state.pool_defaults)
     return stored, own_usage, pools
 
 
 def _cluster(state: ServerState) -> Resources:
-    return fairshare.cluster_of(state.store.workers())
+    return fairshare.cluster_of(state.store.workers.workers())
 
 
 def fair_share_now(state: ServerState) -> fairshare.FairShareState:
     """The fair shares as of now, with the starvation timers the admission cycle last stored."""
     _, own_usage, pools = _resolved(state)
     shares = fairshare.compute(pools, own_usage, _cluster(state))
-    return fairshare.FairShareState(shares, state.store.pool_starvation(), pools)
+    return fairshare.FairShareState(shares, state.store.pools.pool_starvation(), pools)
 
 
 def _tree(state: ServerState) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ def _tree(state: ServerState) -> list[dict[str, Any]]:
     usage = subtree_usage(own_usage, pools)
     total = _cluster(state)
     shares = fairshare.compute(pools, own_usage, total)
-    starvation = state.store.pool_starvation()
+    starvation = state.store.pools.pool_starvation()
     return [
         pool_to_wire(
             pools[path],
@@ -183,14 +183,14 @@ async def put_pool(request: Request) -> Response:
 
 
 def _put(state: ServerState, path: str, settings: PoolSettings, now: float) -> dict[str, Any]:
-    state.store.put_pool(path, settings, now)
+    state.store.pools.put_pool(path, settings, now)
     state.pools_changed()
     return _one(state, path)
 
 
 async def delete_pool(request: Request) -> Response:
     state = state_of(request)
-    await state.executor.run(Work.STORE, state.store.delete_pool, _path(request))
+    await state.executor.run(Work.STORE, state.store.pools.delete_pool, _path(request))
     state.pools_changed()
     return Response(status_code=204)
 

@@ -101,7 +101,7 @@ def gang_checkpoints(tasks: list[Job] | None) -> list[dict[str, Any]]:
 def rendezvous_env(state: ServerState, job: Job, tasks: list[Job]) -> dict[str, str]:
     """What a torchrun-style program needs to find its peers: ranks, world size, and rank 0's
     address and port (the port chosen at reservation, stable for the attempt)."""
-    workers = state.store.workers_by_id([task.worker_id for task in tasks if task.worker_id])
+    workers = state.store.workers.workers_by_id([task.worker_id for task in tasks if task.worker_id])
     peers = [workers[task.worker_id].address if task.worker_id in workers else "" for task in tasks]
     same_worker = [task.id for task in tasks if task.worker_id == job.worker_id]
     return {
@@ -175,7 +175,7 @@ def claimed(
     path). The claim reads the clock inside its transaction (see ``store.base.Stamp``), not when
     the request came. ``key``: the claim's Idempotency-Key (a retry is answered the runs the first
     one started)."""
-    job = changes.claim(state.store, worker_id, state.clock.now, key, state.claim_policy())
+    job = changes.claim(state.store.claims, worker_id, state.clock.now, key, state.claim_policy())
     return None if job is None else (job, claim_body(state, job, server_url))
 
 
@@ -183,7 +183,9 @@ def claimed_many(
     state: ServerState, worker_id: str, server_url: str, limit: int, key: str | None = None
 ) -> list[tuple[Job, dict[str, Any]]]:
     """``claimed`` for up to ``limit`` jobs, started in one store transaction."""
-    jobs = changes.claim_many(state.store, worker_id, state.clock.now, limit, key, state.claim_policy())
+    jobs = changes.claim_many(
+        state.store.claims, worker_id, state.clock.now, limit, key, state.claim_policy()
+    )
     return [(job, claim_body(state, job, server_url)) for job in jobs]
 
 
@@ -215,7 +217,7 @@ def claimed_together(state: ServerState, asks: list[ClaimRequest]) -> list[Claim
     that cannot be built (a store read failing after the commit) is that claim's error alone: the
     worker asks again with the same Idempotency-Key and is answered the runs it started."""
     started = changes.claim_group(
-        state.store,
+        state.store.claims,
         [ClaimAsk(ask.worker_id, ask.limit or 1, ask.key) for ask in asks],
         state.clock.now,
         state.claim_policy(),
@@ -230,7 +232,7 @@ def claimed_together(state: ServerState, asks: list[ClaimRequest]) -> list[Claim
 
 
 #: the group commit of claims (``grouped``): the claims of one event-loop turn start their jobs in
-#: one transaction (``Store.claim_group``)
+#: one transaction (``Claims.claim_group``)
 CLAIMS: Batch[ServerState, ClaimRequest, Claimed] = Batch(
     "claims", claimed_together, claimed_alone, MAX_CLAIM_GROUP
 )
@@ -248,7 +250,7 @@ def _change(state: ServerState, item: tuple[str, JobDecision[Any]]) -> Any:
 
 
 #: the group commit of job reports (``done``, ``fail``): the reports of one event-loop turn, applied
-#: by ``Store.change_many``, each in its own savepoint
+#: by ``Jobs.change_many``, each in its own savepoint
 REPORTS: Batch[ServerState, tuple[str, JobDecision[Any]], Any] = Batch(
     "reports", _change_many, _change, MAX_REPORTS
 )

@@ -23,8 +23,8 @@ from corral.server.loops.reaper import record_lost
 from corral.server.openapi import Operation
 from corral.server.routes import protocol
 from corral.server.state import ServerState, state_of
-from corral.store import Store
 from corral.store.base import JobReport, WorkerRegistration, WorkerView
+from corral.store.ports import Store
 
 logger = logging.getLogger("corral.server.workers")
 
@@ -53,19 +53,19 @@ def worker_to_wire(view: WorkerView) -> dict[str, Any]:
 
 
 def _view(state: ServerState, worker_id: str) -> WorkerView:
-    view = state.store.get_worker(worker_id)
+    view = state.store.workers.get_worker(worker_id)
     if view is None:
         raise errors.NotFound(f"worker {worker_id} not found")
     return view
 
 
 def _register(state: ServerState, registration: WorkerRegistration, now: float) -> WorkerView:
-    worker = state.store.register_worker(registration, now)
+    worker = state.store.workers.register_worker(registration, now)
     return _view(state, worker.id)
 
 
 def _drain(state: ServerState, worker_id: str) -> WorkerView:
-    worker = state.store.drain_worker(worker_id)
+    worker = state.store.workers.drain_worker(worker_id)
     return _view(state, worker.id)
 
 
@@ -168,7 +168,7 @@ async def list_workers(request: Request) -> Response:
 def worker_page(store: Store, memory: dict[str, Any]) -> bytes:
     """Every worker, read and encoded (by the reader process, or a store thread: thousands of them
     take a while)."""
-    views = store.list_workers()
+    views = store.workers.list_workers()
     # Not checked against WorkerPage: for 2,000 workers with their GPU readings the check cost more
     # than the rest of the answer; the items are the same worker_to_wire as every single-worker
     # answer, which is checked.
@@ -189,7 +189,7 @@ async def drain(request: Request) -> Response:
 
 
 def _undrain(state: ServerState, worker_id: str) -> WorkerView:
-    worker = state.store.undrain_worker(worker_id)
+    worker = state.store.workers.undrain_worker(worker_id)
     return _view(state, worker.id)
 
 

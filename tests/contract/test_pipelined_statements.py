@@ -1,7 +1,7 @@
 """PostgreSQL sends a transaction's ``BEGIN`` with its first statement and a claim's starts with its
-``COMMIT`` (``store.postgres``: prepared statements executed in one simple query, their values
-written as literals). The same answers on both backends; what can only go wrong on PostgreSQL is
-tested on PostgreSQL alone."""
+``COMMIT`` (``store.postgres``: the statements of one pipeline, each prepared on the connection,
+every value a bound parameter). The same answers on both backends; what can only go wrong on
+PostgreSQL is tested on PostgreSQL alone."""
 
 from __future__ import annotations
 
@@ -16,44 +16,45 @@ from corral.domain.transitions import Transition
 from corral.store.base import JobReport, LeaseRenewed
 from tests.helpers import NOW, POLICY, register, submit_one
 
-#: values a literal must quote exactly: quotes, backslashes (an ordinary character in standard
-#: SQL strings), a percent sign, a question mark (the shared placeholder), non-ASCII text
+#: values that must reach the database exactly: quotes, backslashes, a percent sign, a question mark
+#: (the shared placeholder), non-ASCII text, an attempt at SQL
 AWKWARD = "k'1\\'; SELECT 1; --%s?\u00e9\u2603"
 
 
 def test_a_claim_key_of_any_text_finds_its_runs_again(store):
     register(store)
     job = submit_one(store)
-    (claimed,) = store.claim_many("w1", NOW, POLICY, 1, claim_key=AWKWARD)
+    (claimed,) = store.claims.claim_many("w1", NOW, POLICY, 1, claim_key=AWKWARD)
     assert (claimed.id, claimed.claim_key) == (job.id, AWKWARD)
-    assert store.claim_many("w1", NOW + 1, POLICY, 1, claim_key=AWKWARD) == [store.get_job(job.id)]
-    assert store.claim_many("w1", NOW + 2, POLICY, 1, claim_key=AWKWARD + "x") == []
+    assert store.claims.claim_many("w1", NOW + 1, POLICY, 1, claim_key=AWKWARD) == [store.get_job(job.id)]
+    assert store.claims.claim_many("w1", NOW + 2, POLICY, 1, claim_key=AWKWARD + "x") == []
 
 
 def test_claims_after_refused_ones_still_claim(store):
-    """A refused claim rolls its transaction back; the statements prepared on the connection stay
-    usable (psycopg drops every prepared statement at a rollback it sees)."""
+    """A refused claim rolls its transaction back (past psycopg, which would drop every prepared
+    statement at a rollback it sees); the statements prepared on the connection stay usable."""
     for _ in range(3):
         submit_one(store)
     register(store)
     for attempt in range(3):
         with pytest.raises(errors.NotFound):
-            store.claim("ghost", NOW + attempt, POLICY)
-        assert store.claim("w1", NOW + attempt, POLICY) is not None
-    assert store.claim("w1", NOW + 4, POLICY) is None
+            store.claims.claim("ghost", NOW + attempt, POLICY)
+        assert store.claims.claim("w1", NOW + attempt, POLICY) is not None
+    assert store.claims.claim("w1", NOW + 4, POLICY) is None
 
 
-def test_postgres_refuses_a_nul_in_a_carried_value(postgres_store):
+def test_postgres_refuses_a_nul_in_a_bound_value(postgres_store):
     register(postgres_store)
     submit_one(postgres_store)
     with pytest.raises(psycopg.DataError):
-        postgres_store.claim("w1", NOW, POLICY, claim_key="k\x00")
-    assert postgres_store.claim("w1", NOW, POLICY, claim_key="k") is not None
+        postgres_store.claims.claim("w1", NOW, POLICY, claim_key="k\x00")
+    assert postgres_store.claims.claim("w1", NOW, POLICY, claim_key="k") is not None
 
 
 def test_postgres_a_deferred_start_that_misses_rolls_the_whole_transaction_back(postgres_store):
     """A claim's starts are sent with its ``COMMIT`` without waiting for their answer: one that
-    matched no row fails the statement, so nothing of the transaction is written (``Conflict``)."""
+    matched no row fails its statement (SQLSTATE ``division_by_zero``), so nothing of the
+    transaction is written and the store answers ``Conflict``."""
     register(postgres_store)
     first, second = submit_one(postgres_store), submit_one(postgres_store)
     started = replace(first, status=Status.RUNNING, worker_id="w1", attempts=1, version=first.version + 1)
@@ -65,7 +66,7 @@ def test_postgres_a_deferred_start_that_misses_rolls_the_whole_transaction_back(
     assert postgres_store.get_job(second.id) == second
     assert [event.to_status for event in postgres_store.job_events(first.id)] == [Status.PENDING]
     # and the connection goes on: a claim starts the first job
-    assert postgres_store.claim("w1", NOW + 1, POLICY) == postgres_store.get_job(first.id)
+    assert postgres_store.claims.claim("w1", NOW + 1, POLICY) == postgres_store.get_job(first.id)
 
 
 def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
@@ -73,7 +74,7 @@ def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
     in a progress report, and exact floats, come back as they were sent."""
     register(store)
     first, second = submit_one(store), submit_one(store)
-    claimed = [store.claim("w1", NOW, POLICY) for _ in range(2)]
+    claimed = [store.claims.claim("w1", NOW, POLICY) for _ in range(2)]
     assert [job.id for job in claimed if job] == [first.id, second.id]
     progress = {"message": "a\"b\\c'd,{x} NULL", "values": [1, None], "é": "\u2603"}
     beats = [
@@ -91,3 +92,29 @@ def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
     assert (renewed.progress, renewed.gpu_util_pct, renewed.rss_mb) == (progress, 12.345678901234567, 1e3)
     assert (renewed.last_checkpoint_at, renewed.last_heartbeat_at) == (NOW + 0.1, NOW + 1)
     assert store.get_job(second.id).progress == "NULL"
+
+
+def test_postgres_a_failure_of_another_statement_is_not_a_conflict(postgres_store):
+    """Only a checked compare-and-set's ``division_by_zero`` is a claim conflict: the same SQLSTATE
+    from any other statement is the driver's own error, and the connection goes on."""
+    with pytest.raises(psycopg.errors.DivisionByZero), postgres_store._transaction() as tx:
+        tx.execute("SELECT 1 / (SELECT count(*) FROM jobs)")
+    register(postgres_store)
+    submit_one(postgres_store)
+    assert postgres_store.claims.claim("w1", NOW, POLICY) is not None
+
+
+def test_postgres_a_group_of_changes_whose_statement_fails_writes_none(postgres_store):
+    """``together`` runs its statements between a ``BEGIN`` and a ``COMMIT`` of one pipeline: a
+    failed statement skips the rest and the transaction rolls back whole."""
+    register(postgres_store)
+    job = submit_one(postgres_store)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        postgres_store._tx.together(
+            [
+                ("UPDATE jobs SET priority = 7 WHERE id = ?", (job.id,)),
+                ("SELECT 1 / (SELECT count(*) FROM workers WHERE id = 'ghost')", ()),
+            ]
+        )
+    assert postgres_store.get_job(job.id) == job
+    assert postgres_store.claims.claim("w1", NOW, POLICY) is not None
