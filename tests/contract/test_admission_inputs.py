@@ -4,8 +4,8 @@ kept from one read to the next while their rows are unchanged, never a stale val
 from __future__ import annotations
 
 from corral.core import admission, cycle
+from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
-from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
 from corral.domain.pools import PoolDefaults
 from corral.domain.records import JobSpec, Reason

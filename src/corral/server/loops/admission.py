@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.core import admission, cycle
+from corral.core.admission import CycleMemo
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
-from corral.core.placement import CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings
 from corral.domain import pools
 from corral.domain.records import Hold, Job, Reason
