@@ -63,6 +63,7 @@ def run(arguments: argparse.Namespace) -> int:
         # processes speak over pipes) goes through TLS when the settings give a certificate.
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
+        ssl_ciphers=tls.TLS12_CIPHERS,
     )
     server = uvicorn.Server(config)
     try:

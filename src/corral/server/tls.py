@@ -13,6 +13,11 @@ import ipaddress
 
 from corral.config import ServerSettings
 
+#: TLS 1.2 cipher suites the server offers: forward secret and authenticated only (uvicorn before
+#: 0.30 defaulted to "TLSv1", CBC suites of that era). TLS 1.3, preferred by every current
+#: client, has its own suites, all of that kind; TLS 1.1 and older are off (Python's default).
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (as given to ``--host``) only ever reaches this machine: ``localhost`` or
