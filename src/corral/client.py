@@ -75,8 +75,10 @@ class ApiError(ClientError):
 
 class Client:
     """``token``: sent as ``Authorization: Bearer`` on every request; None reads ``CORRAL_TOKEN``
-    (unset or empty: no token, for a server without authentication). ``busy_retry_s``: how long a
-    503 with ``Retry-After`` (a busy store) is sent again."""
+    (unset or empty: no token, for a server without authentication). ``ca_file``: the CA
+    certificate an ``https://`` server's certificate must chain to; None reads ``CORRAL_CA_FILE``
+    (unset or empty: the system's trust store). ``busy_retry_s``: how long a 503 with
+    ``Retry-After`` (a busy store) is sent again."""
 
     def __init__(
         self,
@@ -84,12 +86,15 @@ class Client:
         timeout_s: float = 30.0,
         token: str | None = None,
         busy_retry_s: float = 20.0,
+        ca_file: str | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         if token is None:
             token = os.environ.get("CORRAL_TOKEN", "").strip()
+        if ca_file is None:
+            ca_file = os.environ.get("CORRAL_CA_FILE", "").strip() or None
         self._http = Transport(
-            self.server, timeout_s, {"authorization": f"Bearer {token}"} if token else None
+            self.server, timeout_s, {"authorization": f"Bearer {token}"} if token else None, ca_file
         )
         self.busy_retry_s = busy_retry_s
 

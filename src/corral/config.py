@@ -8,6 +8,7 @@ with a message that names the setting, never a stack trace.
 from __future__ import annotations
 
 import argparse
+import ssl
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
@@ -108,6 +109,37 @@ class ServerSettings(BaseSettings):
     auth_tokens: str | None = Field(
         None, description="token file (TOKEN ROLE NAME lines) that turns authentication on"
     )
+    tls_cert: str | None = Field(
+        None, description="PEM certificate (chain) to serve HTTPS with; needs --tls-key (default: plain HTTP)"
+    )
+    tls_key: str | None = Field(
+        None, validate_default=True, description="PEM private key of --tls-cert (unencrypted)"
+    )
+    insecure_http: bool = Field(
+        False,
+        description="let a server with auth serve plain HTTP on an address other than loopback (tokens"
+        " then cross the network in clear); without it such a server refuses to start",
+    )
+
+    @field_validator("tls_key")
+    @classmethod
+    def _certificate_and_key(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Both or neither, and a pair that loads: a server that would fail its first handshake
+        stops at start, with the reason."""
+        certificate = info.data.get("tls_cert")
+        if (certificate is None) != (value is None):
+            raise ValueError("--tls-cert and --tls-key go together: give both or neither")
+        if certificate is not None and value is not None:
+            try:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certificate, value)
+            except ssl.SSLError as error:  # before OSError, which it is a kind of
+                raise ValueError(
+                    f"cannot load the certificate {certificate} with the key {value}: {error.reason or error}"
+                ) from None
+            except OSError as error:
+                raise ValueError(f"cannot read {error.filename or certificate}: {error.strerror}") from None
+        return value
+
     store_threads: int = Field(
         8,
         ge=0,
@@ -149,6 +181,11 @@ class WorkerSettings(BaseSettings):
         return value
 
     server: str = Field("http://127.0.0.1:8765", description="URL of corral server")
+    ca_file: str | None = Field(
+        None,
+        description="CA certificate an https:// server's certificate must chain to (default: the"
+        " system's trust store)",
+    )
     worker_id: str | None = Field(None, description="this worker's id (default: the host name)")
     worker_address: str | None = Field(None, description="address peers reach this host at")
     gpus: int | None = Field(None, ge=0, description="GPUs to offer (default: detected, else 0)")
@@ -208,6 +245,19 @@ class WorkerSettings(BaseSettings):
         False,
         description="let a root worker without auth run jobs (as root) for a server not on loopback",
     )
+
+    @field_validator("ca_file")
+    @classmethod
+    def _readable_ca(cls, value: str | None) -> str | None:
+        """A CA file that cannot be read stops the worker at start, not at each claim after."""
+        if value is not None:
+            try:
+                ssl.create_default_context(cafile=value)
+            except ssl.SSLError as error:  # before OSError, which it is a kind of
+                raise ValueError(f"{value} holds no usable CA certificate: {error.reason or error}") from None
+            except OSError as error:
+                raise ValueError(f"cannot read {value}: {error.strerror}") from None
+        return value
 
     @field_validator("containment")
     @classmethod

@@ -9,11 +9,18 @@ the pool holds no more connections than were ever in use at once (``MAX_IDLE`` a
 request that finds its reused connection closed by the server is sent once more on a fresh one
 (the server closes idle keep-alive connections; nothing was processed on a connection that
 answered nothing).
+
+An ``https://`` URL is verified against ``ca_file`` (``CORRAL_CA_FILE``: the CA of a cluster's own
+certificates), else the system's trust store; the host name is always checked. A certificate that
+does not verify, an unreadable CA file, or an ``https://`` URL for a server in clear is a
+``TlsError`` whose message says what to change, never a bare OpenSSL code; an ``http://`` URL for a
+TLS server (which hangs up without a word) is a ``TransportError`` that suggests ``https://``.
 """
 
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit
@@ -25,6 +32,26 @@ MAX_IDLE = 16
 
 class TransportError(Exception):
     """The server could not be reached, or the connection broke before an answer came."""
+
+
+class TlsError(TransportError):
+    """The connection could not be secured: the server's certificate is not trusted, the CA file
+    cannot be read, or the client and the server disagree on whether to speak TLS at all."""
+
+
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """The context an ``https://`` connection verifies the server with: ``ca_file`` when given,
+    else the system's trust store. Raises ``TlsError`` naming the file when it cannot be read."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except ssl.SSLError as error:
+        raise TlsError(
+            f"the CA file {ca_file} (CORRAL_CA_FILE) holds no usable certificate: {error.reason or error}"
+        ) from error
+    except OSError as error:
+        raise TlsError(
+            f"cannot read the CA file {ca_file} (CORRAL_CA_FILE): {error.strerror or error}"
+        ) from error
 
 
 @dataclass
@@ -40,16 +67,30 @@ class Response:
 
 
 class Transport:
-    def __init__(self, base_url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float,
+        headers: dict[str, str] | None = None,
+        ca_file: str | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
         #: sent with every request (the token); never logged
         self._headers = {"content-type": "application/json", **(headers or {})}
-        # A malformed URL is reported at the first request, like an unreachable server, so every
-        # caller handles one kind of failure.
-        self._bad_url = None
+        # A malformed URL or an unreadable CA file is reported at the first request, like an
+        # unreachable server, so every caller handles one kind of failure.
+        self._unusable: TransportError | None = None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            self._bad_url = f"server URL must be http://host:port or https://host:port, not {base_url!r}"
+            self._unusable = TransportError(
+                f"server URL must be http://host:port or https://host:port, not {base_url!r}"
+            )
         self._https = parts.scheme == "https"
+        self._tls: ssl.SSLContext | None = None
+        if self._https and self._unusable is None:
+            try:
+                self._tls = tls_context(ca_file)
+            except TlsError as error:
+                self._unusable = error
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
@@ -64,8 +105,11 @@ class Transport:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        factory = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return factory(self._host, self._port, timeout=CONNECT_TIMEOUT_S)
+        if self._tls is not None:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=CONNECT_TIMEOUT_S, context=self._tls
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=CONNECT_TIMEOUT_S)
 
     def _put_back(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -83,8 +127,8 @@ class Transport:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Response:
-        if self._bad_url is not None:
-            raise TransportError(self._bad_url)
+        if self._unusable is not None:
+            raise type(self._unusable)(str(self._unusable))  # a fresh one: no traceback piles up
         target = self._prefix + path
         if params:
             target += "?" + urlencode({key: value for key, value in params.items() if value is not None})
@@ -99,10 +143,19 @@ class Transport:
                 connection.request(method, target, body=body, headers=send_headers)
                 answer = connection.getresponse()
                 content = answer.read()
+            except ssl.SSLError as error:
+                connection.close()
+                raise self._tls_error(error) from error
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
                 connection.close()
                 if reused and attempt == 1:
                     continue  # the server closed an idle keep-alive connection: send it once more
+                if not self._https and not reused:
+                    # A TLS server hangs up on a request in clear without a word.
+                    raise TransportError(
+                        "the server closed the connection without answering; if it serves HTTPS, use an"
+                        " https:// URL"
+                    ) from error
                 raise TransportError(str(error) or type(error).__name__) from error
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
@@ -121,6 +174,19 @@ class Transport:
                 headers={name.lower(): value for name, value in answer.getheaders()},
             )
         raise AssertionError("unreachable")
+
+    def _tls_error(self, error: ssl.SSLError) -> TlsError:
+        """What went wrong in the TLS handshake, said so that the reader knows what to change."""
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return TlsError(
+                f"the server's TLS certificate is not trusted ({error.verify_message}): point CORRAL_CA_FILE"
+                " at the CA certificate that signed it"
+            )
+        if error.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL"):
+            return TlsError(
+                f"the server does not speak TLS ({error.reason}); if it serves plain HTTP, use an http:// URL"
+            )
+        return TlsError(f"TLS handshake failed: {error.reason or error}")
 
     def close(self) -> None:
         """Close the idle connections; one in use is closed when its request ends."""

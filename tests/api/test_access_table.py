@@ -306,6 +306,7 @@ def test_the_dashboard_asks_a_browser_for_a_token_and_acts_with_its_role(http: h
     page = http.get("/ui/jobs", headers={"Accept": "text/html"})
     assert page.status_code == 401
     assert "corral_token" in page.text and "<form" in page.text
+    assert "Secure" not in page.text, "a Secure cookie is never sent back over plain HTTP"
     assert http.get("/ui/jobs").json()["error"]["code"] == "unauthenticated", "the API answers JSON"
     cookie = {"Cookie": f"corral_token={TOKENS['user']}", "Accept": "text/html"}
     assert http.get("/ui/jobs", headers=cookie).status_code == 200

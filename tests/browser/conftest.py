@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.e2e.conftest import (  # noqa: F401  (fixtures)
+    certificates,
     client,
     reap_groups,
     server,

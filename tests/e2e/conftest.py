@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -113,9 +114,10 @@ def _read_listen_line(process: subprocess.Popen[bytes]) -> str:
     return line[len(prefix) :].split()[0]
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, ca_file: Path | None = None) -> bool:
+    verify = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else True
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=2, verify=verify).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -135,10 +137,12 @@ def _stop(process: subprocess.Popen[Any], signals: tuple[int, ...], wait_s: floa
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    """Start ``corral server`` on a fresh SQLite file; extra flags as arguments."""
+    """Start ``corral server`` on a fresh SQLite file; extra flags as arguments. ``ca_file``: the
+    CA that signed the certificate of a server started with ``--tls-cert``. The URL of a server
+    that listens on every address (``--host 0.0.0.0``) is its loopback one."""
     started: list[tuple[subprocess.Popen[bytes], Any]] = []
 
-    def start(*flags: str, port: int = 0) -> ServerProcess:
+    def start(*flags: str, port: int = 0, ca_file: Path | None = None) -> ServerProcess:
         index = len(started)
         log_path = tmp_path / f"server-{index}.log"
         log_file = log_path.open("wb")
@@ -148,8 +152,9 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
             command, stdout=subprocess.PIPE, stderr=log_file, env=clean_environment(), cwd=tmp_path
         )
         started.append((process, log_file))
-        server = ServerProcess(process, _read_listen_line(process), log_path)
-        wait_for(lambda: _healthy(server.url), _START_TIMEOUT_S, "the server to answer /healthz")
+        url = _read_listen_line(process).replace("://0.0.0.0:", "://127.0.0.1:")
+        server = ServerProcess(process, url, log_path)
+        wait_for(lambda: _healthy(server.url, ca_file), _START_TIMEOUT_S, "the server to answer /healthz")
         return server
 
     yield start
@@ -231,6 +236,64 @@ def wait_status(client: Client, job_id: str, statuses: set[str], timeout_s: floa
         return job if job["status"] in statuses else None
 
     return wait_for(check, timeout_s, f"job {job_id} to reach {sorted(statuses)}")
+
+
+# --- TLS -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """For ``corral server --tls-cert certificate --tls-key key``; clients trust ``ca``."""
+
+    ca: Path
+    certificate: Path
+    key: Path
+    other_ca: Path
+
+
+def _openssl(*arguments: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *arguments], cwd=cwd, check=True, capture_output=True, timeout=30)
+
+
+def make_ca(directory: Path, name: str) -> None:
+    """A self-signed CA: ``name.pem`` and its key ``name.key`` in ``directory``."""
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN=corral {name}",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=directory,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """A test CA, a server certificate it signs for 127.0.0.1 and localhost (what a server started
+    here is reached at), and a second CA that signed nothing of the server's; made with the
+    ``openssl`` command."""
+    directory = tmp_path_factory.mktemp("tls")
+    make_ca(directory, "ca")
+    make_ca(directory, "other-ca")
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=corral test server",
+        cwd=directory,
+    )  # fmt: skip
+    (directory / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
+        cwd=directory,
+    )  # fmt: skip
+    return Certificates(
+        directory / "ca.pem", directory / "server.pem", directory / "server.key", directory / "other-ca.pem"
+    )
 
 
 # --- gangs -----------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import orjson
 import psutil
 import pytest
 
+from tests.e2e.conftest import Certificates
+
 pytestmark = pytest.mark.e2e
 
 START_TIMEOUT_S = 30.0
@@ -226,6 +228,37 @@ def test_up_serves_where_the_corral_variables_say(tmp_path: Path) -> None:
             stored = connection.execute("SELECT name FROM jobs WHERE id = ?", (job_id,)).fetchall()
         assert stored == [("where",)]
         assert not (tmp_path / "corral.db").exists()  # the default store was never opened
+
+        up.process.send_signal(signal.SIGTERM)
+        assert up.process.wait(timeout=90) == 0
+    finally:
+        up.kill_everything()
+
+
+@pytest.mark.timeout(150)
+def test_up_serves_https_with_the_tls_variables_and_its_worker_reaches_it(
+    tmp_path: Path, certificates: Certificates
+) -> None:
+    port = _free_port()
+    url = f"https://127.0.0.1:{port}"
+    tls = {
+        "CORRAL_TLS_CERT": str(certificates.certificate),
+        "CORRAL_TLS_KEY": str(certificates.key),
+        "CORRAL_CA_FILE": str(certificates.ca),
+    }
+    up = _Up(tmp_path, "--port", str(port), settings=tls)
+    try:
+        assert up.wait_for_line("corral is up", START_TIMEOUT_S) == f"corral is up: {url}"
+        submitted = subprocess.run(
+            [sys.executable, "-m", "corral", "submit", "--server", url, "--wait", "--", "true"],
+            cwd=tmp_path,
+            env={**_environment(), "CORRAL_CA_FILE": str(certificates.ca)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        assert submitted.stdout.strip().endswith(": done")
 
         up.process.send_signal(signal.SIGTERM)
         assert up.process.wait(timeout=90) == 0

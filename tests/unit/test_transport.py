@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from corral.transport import Transport, TransportError
+from corral.transport import TlsError, Transport, TransportError
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -65,3 +65,17 @@ def test_an_unreachable_server_is_a_transport_error():
 def test_only_http_urls():
     with pytest.raises(TransportError, match="server URL"):
         Transport("ftp://example", 1).request("GET", "/")
+
+
+def test_an_unreadable_ca_file_is_a_tls_error_at_the_first_request(tmp_path):
+    missing = Transport("https://127.0.0.1:9", 1, ca_file=str(tmp_path / "missing.pem"))
+    with pytest.raises(TlsError, match=r"cannot read the CA file .*missing\.pem"):
+        missing.request("GET", "/health")
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    junk = Transport("https://127.0.0.1:9", 1, ca_file=str(tmp_path / "junk.pem"))
+    with pytest.raises(TlsError, match="holds no usable certificate"):
+        junk.request("GET", "/health")
+    # Plain HTTP never reads it.
+    with pytest.raises(TransportError) as raised:
+        Transport("http://127.0.0.1:9", 1, ca_file=str(tmp_path / "missing.pem")).request("GET", "/")
+    assert not isinstance(raised.value, TlsError)

@@ -170,7 +170,7 @@ class _Signals:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    host, port = _listen_address(arguments)
+    host, port, scheme = _listen_address(arguments)
     if port == 0:
         print(
             "corral: `corral up` needs a fixed port to wait on (CORRAL_PORT=0 asks for any free one); "
@@ -178,7 +178,7 @@ def run(arguments: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return exit_codes.REFUSED
-    url = f"http://{_client_host(host)}:{port}"
+    url = f"{scheme}://{_client_host(host)}:{port}"
     if _answers(url):
         print(f"corral: a server already answers at {url}; stop it or use --port", file=sys.stderr)
         return exit_codes.REFUSED
@@ -220,8 +220,9 @@ def run(arguments: argparse.Namespace) -> int:
         signals.restore()
 
 
-def _listen_address(arguments: argparse.Namespace) -> tuple[str, int]:
-    """The host and port the server will listen on: the flag, else ``CORRAL_*``, else the default.
+def _listen_address(arguments: argparse.Namespace) -> tuple[str, int, str]:
+    """The host and port the server will listen on: the flag, else ``CORRAL_*``, else the default;
+    and its scheme (``https`` when ``CORRAL_TLS_CERT`` is set).
 
     Resolved by ``ServerSettings`` itself (imported here, not at the top: the other commands never
     pay for pydantic-settings), so ``up`` waits on exactly the address the child binds. A bad
@@ -231,7 +232,7 @@ def _listen_address(arguments: argparse.Namespace) -> tuple[str, int]:
 
     flags = argparse.Namespace(host=arguments.host, port=arguments.port)
     settings: ServerSettings = load(ServerSettings, flags)
-    return settings.host, settings.port
+    return settings.host, settings.port, "https" if settings.tls_cert else "http"
 
 
 def _server_arguments(arguments: argparse.Namespace) -> list[str]:

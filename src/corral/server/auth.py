@@ -303,7 +303,8 @@ def cross_site(scope: Scope) -> bool:
 # --- the middleware ----------------------------------------------------------------------------
 
 #: what a browser gets for a dashboard page without a valid token: a form that keeps the token in
-#: the ``corral_token`` cookie (this site only) and loads the page again with it
+#: the ``corral_token`` cookie (this site only) and loads the page again with it; ``{secure}`` is
+#: ``; Secure`` when the page came over HTTPS (``login_page``)
 LOGIN_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>corral: token</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"></head>
@@ -318,12 +319,19 @@ LOGIN_PAGE = """<!doctype html>
 document.getElementById("token-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const token = encodeURIComponent(document.getElementById("token").value.trim());
-  document.cookie = "corral_token=" + token + "; path=/; SameSite=Strict";
+  document.cookie = "corral_token=" + token + "; path=/; SameSite=Strict{secure}";
   location.reload();
 });
 </script>
 </body></html>
 """
+
+
+def login_page(scope: Scope) -> str:
+    """The login page; served over HTTPS, its cookie is ``Secure``: the browser never sends the
+    token over plain HTTP, even to a link that drops the ``s``."""
+    secure = "; Secure" if scope.get("scheme") == "https" else ""
+    return LOGIN_PAGE.replace("{secure}", secure)
 
 
 def wants_page(scope: Scope) -> bool:
@@ -416,7 +424,7 @@ class AuthMiddleware:
             )
             return
         if principal is None and wants_page(scope):
-            await HTMLResponse(LOGIN_PAGE, status_code=401)(scope, receive, send)
+            await HTMLResponse(login_page(scope), status_code=401)(scope, receive, send)
             return
         if principal is None:
             response = error_response(

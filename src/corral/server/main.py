@@ -1,4 +1,5 @@
-"""``corral server``: settings from flags and ``CORRAL_*``, the store, then uvicorn."""
+"""``corral server``: settings from flags and ``CORRAL_*``, the store, then uvicorn (over TLS when
+``--tls-cert``/``--tls-key`` are given: ``corral.server.tls``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from corral.config import ServerSettings, add_flags, load
 from corral.domain import errors
 from corral.observability.logging import configure_logging
-from corral.server import sqlite_lock
+from corral.server import sqlite_lock, tls
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -26,6 +27,9 @@ def run(arguments: argparse.Namespace) -> int:
 
     settings: ServerSettings = load(ServerSettings, arguments)
     configure_logging(settings.log_level)
+    if refusal := tls.plain_http_refusal(settings):
+        print(f"corral server: {refusal}", file=sys.stderr)
+        return 2
     try:
         lock = sqlite_lock.acquire(settings.db)
     except sqlite_lock.HeldByAnother as error:
@@ -55,6 +59,11 @@ def run(arguments: argparse.Namespace) -> int:
         loop="uvloop",
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # Every connection this process accepts (it is the only one that listens: the offload
+        # processes speak over pipes) goes through TLS when the settings give a certificate.
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
+        ssl_ciphers=tls.TLS12_CIPHERS,
     )
     server = uvicorn.Server(config)
     try:
@@ -63,7 +72,8 @@ def run(arguments: argparse.Namespace) -> int:
         print(f"corral server: cannot listen on {settings.host}:{settings.port}: {error}", file=sys.stderr)
         return 2
     host, port = listener.getsockname()[:2]
-    print(f"corral server listening on http://{host}:{port} (store: {store.dialect})", flush=True)
+    url = f"{tls.scheme(settings)}://{_url_host(host)}:{port}"
+    print(f"corral server listening on {url} (store: {store.dialect})", flush=True)
     server.run(sockets=[listener])
     store.close()
     if lock is not None:
@@ -82,6 +92,11 @@ def _listen(host: str, port: int) -> socket.socket:
     listener.listen(2048)
     listener.set_inheritable(True)
     return listener
+
+
+def _url_host(host: str) -> str:
+    """An IPv6 address in brackets, as a URL needs it."""
+    return f"[{host}]" if ":" in host else host
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,8 +70,8 @@ class Agent:
         self.address = address
         self.offer = offer
         self.fields = {"worker_id": worker_id}
-        self._claims = WorkerClient(settings.server)
-        self._api = WorkerClient(settings.server, timeout_s=API_TIMEOUT_S)
+        self._claims = WorkerClient(settings.server, ca_file=settings.ca_file)
+        self._api = WorkerClient(settings.server, timeout_s=API_TIMEOUT_S, ca_file=settings.ca_file)
         #: whether the server takes ``max`` on a claim / ``jobs`` in the worker heartbeat; None
         #: until its first answer says
         self.multi_claim: bool | None = None
