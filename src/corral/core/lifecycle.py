@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from corral.core import drain
 from corral.core.drain import VICTIM_CLEARED, DrainCompleted, DrainStarted
+from corral.core.hearing import ALWAYS, Hearing, silence_cutoff
 from corral.domain import errors
 from corral.domain.ids import new_gang_id, new_job_id
 from corral.domain.records import Job, JobSpec, Reason
@@ -572,29 +573,27 @@ def force_drain(
 # --- the reaper and the worker's own report ----------------------------------------------------------
 
 
-def in_startup_grace(now: float, started_at: float, lease_s: float) -> bool:
-    """Whether a server that started at ``started_at`` still owes workers a lease's grace.
-
-    While a server was down, no heartbeat or report could reach it: every lease looks lapsed when
-    it comes back, though the workers held on (and are retrying their final reports). So for one
-    lease after start the reaper leaves leases and silent workers alone; a worker that is really
-    gone is reaped one lease later than otherwise. (A worker retries a final report at most
-    ``worker.reporting.OUTCOME_MAX_BACKOFF_S`` apart, well within any lease.)
-    """
-    return now < started_at + lease_s
-
-
-def lease_expired(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Reported | None]:
+def lease_expired(
+    job: Job, gang: Sequence[Job], now: float, timeout_s: float, hearing: Hearing = ALWAYS
+) -> Plan[Reported | None]:
     """A running job without a heartbeat for ``timeout_s`` (its worker died or lost the network):
     a single job is retried while attempts remain, else failed; a gang task drains its gang, with
-    every peer whose lease lapsed too treated as gone. None when the lease is fresh after all."""
+    every peer whose lease lapsed too treated as gone. None when the lease is fresh after all.
+
+    The silence counts only from when the server could hear the job's worker (``core.hearing``):
+    while a server was down, or its store could take no write, no heartbeat could land, though the
+    workers held on (and are retrying their reports). So for a lease after a start or after the
+    store's recovery nothing lapses; a worker that is really gone is reaped one lease later than
+    otherwise. (A worker retries a final report at most ``worker.reporting.OUTCOME_MAX_BACKOFF_S``
+    apart, well within any lease.)"""
     if job.status != Status.RUNNING:
         return Plan((), None)
+    cutoff = silence_cutoff(now, timeout_s, hearing)
     last_contact = job.last_heartbeat_at or job.started_at or now
-    if last_contact >= now - timeout_s:
+    if cutoff is None or last_contact >= cutoff:
         return Plan((), None)
     silent = f"no heartbeat from worker {job.worker_id} for {now - last_contact:.0f}s"
-    return _lost(job, gang, now, silent, expired_before=now - timeout_s)
+    return _lost(job, gang, now, silent, expired_before=cutoff)
 
 
 def gone_from_worker(

@@ -3,41 +3,54 @@
 The store reads the candidates (a pre-filter by the same thresholds), locks each worker's row,
 reads its ``WorkerContact`` and calls one of these; what they return is the record it writes.
 Silence counts every heartbeat the worker sends: its own and its jobs', so a worker whose own
-heartbeat is slow (a long request, a busy server) while its jobs beat is neither.
+heartbeat is slow (a long request, a busy server) while its jobs beat is neither. And it counts
+only from when the server could hear the worker (``core.hearing``): not across a server restart
+or a store that could not take writes.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from corral.core.hearing import ALWAYS, Hearing, silence_cutoff
 from corral.domain.records import Worker, WorkerContact
 from corral.domain.status import WorkerStatus
 
 
 def silent_since(worker: Worker, contact: WorkerContact, cutoff: float) -> bool:
     """No heartbeat of the worker's own nor of its leased jobs at or after ``cutoff``. A worker
-    that never heartbeated is not silent (its registration is its first contact, and the
-    reaper's startup grace covers a server that was down)."""
+    that never heartbeated is not silent (its registration is its first contact)."""
     if worker.last_heartbeat_at is None or worker.last_heartbeat_at >= cutoff:
         return False
     return contact.last_job_heartbeat_at is None or contact.last_job_heartbeat_at < cutoff
 
 
-def goes_offline(worker: Worker, contact: WorkerContact, *, now: float, after_s: float) -> Worker | None:
+def silent_for(worker: Worker, contact: WorkerContact, now: float, after_s: float, hearing: Hearing) -> bool:
+    """Silent for ``after_s`` now, counted from the later of its last contact and when the server
+    could hear it again (``core.hearing.silence_cutoff``)."""
+    cutoff = silence_cutoff(now, after_s, hearing)
+    return cutoff is not None and silent_since(worker, contact, cutoff)
+
+
+def goes_offline(
+    worker: Worker, contact: WorkerContact, *, now: float, after_s: float, hearing: Hearing = ALWAYS
+) -> Worker | None:
     """An active worker silent for ``after_s`` goes offline (a heartbeat brings it back); None:
     it stays as it is."""
-    if worker.status != WorkerStatus.ACTIVE or not silent_since(worker, contact, now - after_s):
+    if worker.status != WorkerStatus.ACTIVE or not silent_for(worker, contact, now, after_s, hearing):
         return None
     return replace(worker, status=WorkerStatus.OFFLINE)
 
 
-def flagged_dead(worker: Worker, contact: WorkerContact, *, now: float, after_s: float) -> Worker | None:
+def flagged_dead(
+    worker: Worker, contact: WorkerContact, *, now: float, after_s: float, hearing: Hearing = ALWAYS
+) -> Worker | None:
     """A worker silent for ``after_s`` that still holds leased jobs is flagged dead, once per
     episode: only where no flag is (a heartbeat clears it, so a worker that goes silent again is
     flagged again). Nothing is killed or re-queued: the lease reaper recovers its jobs, and
     admission reserves nothing on a flagged worker. None: no flag to set."""
     if worker.flagged_dead_at is not None or contact.leased_jobs == 0:
         return None
-    if not silent_since(worker, contact, now - after_s):
+    if not silent_for(worker, contact, now, after_s, hearing):
         return None
     return replace(worker, flagged_dead_at=now)

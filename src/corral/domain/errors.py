@@ -107,6 +107,9 @@ class StoreUnavailable(CorralError):
 
     code = "store_unavailable"
     http_status = 503
+    #: seconds a client should wait before sending the request again, where sending it again is
+    #: safe (nothing was changed); None: no advice (whether the request was applied is not known)
+    retry_after_s: int | None = None
 
 
 class StoreBusy(StoreUnavailable):
@@ -117,5 +120,15 @@ class StoreBusy(StoreUnavailable):
     request again is safe."""
 
     code = "store_busy"
-    #: seconds a client should wait before sending the request again
+    retry_after_s = 1
+
+
+class StoreWriteFailed(StoreUnavailable):
+    """The store cannot write now (a full disk, an I/O error, a read-only database): nothing was
+    changed; retry after a moment.
+
+    Answered 503 ``store_unavailable`` with ``Retry-After``, never a 500: the fault is the
+    store's, the request was refused whole (its transaction rolled back), and it succeeds once the
+    store takes writes again. ``/readyz`` answers 503 while writes fail."""
+
     retry_after_s = 1

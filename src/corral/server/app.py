@@ -106,6 +106,7 @@ def create_app(
         ],
         state.metrics,
         state.executor.lanes,
+        store_failed=state.store_health.failed,
     )
     state.wake_loop = loops.wake
 

@@ -8,18 +8,19 @@ the clock says, and hands it to the store, which locks the rows, calls it and ap
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from corral.core import drain, lifecycle
 from corral.core.claim import Claim
 from corral.core.drain import DrainCompleted, DrainStarted
+from corral.core.hearing import ALWAYS, Hearing, silence_cutoff
 from corral.core.lifecycle import CheckpointAccepted, HeartbeatAction, Reported
 from corral.core.preemption import Preemption, PreemptionStarted, start_preemption
 from corral.core.workers import flagged_dead, goes_offline
 from corral.domain import errors
-from corral.domain.records import Allocation, Job, Reason, Worker
+from corral.domain.records import Allocation, Job, Reason, Worker, WorkerContact
 from corral.domain.transitions import Plan
 from corral.store.base import (
     ClaimAsk,
@@ -42,7 +43,7 @@ def report_done(store: Jobs, job_id: str, worker_id: str, attempt: int, now: flo
 
 
 def done_decision(worker_id: str, attempt: int, now: float) -> JobDecision[Reported]:
-    """The decision of a ``done`` report (for ``store.change``, or a group of reports)."""
+    """The decision of a ``done`` report (for ``store.jobs.change``, or a group of reports)."""
     return partial(lifecycle.report_done, worker_id=worker_id, attempt=attempt, now=now)
 
 
@@ -73,7 +74,7 @@ def failure_decision(
     release: bool = False,
     reason: str | None = None,
 ) -> JobDecision[Reported]:
-    """The decision of a ``fail`` report (for ``store.change``, or a group of reports)."""
+    """The decision of a ``fail`` report (for ``store.jobs.change``, or a group of reports)."""
     return partial(
         lifecycle.report_failure,
         worker_id=worker_id,
@@ -406,13 +407,23 @@ class ReapReport:
         return bool(self.lost or self.force_drained or self.completions)
 
 
+#: what the liveness rules count silence from, read when asked: at the start of a pass (the
+#: candidates) and again on each locked row (the decision), so that a store that failed meanwhile
+#: (the pass's own write waited through the outage) reaps nothing (``core.hearing``)
+HearingNow = Callable[[], Hearing]
+
+
+def _always() -> Hearing:
+    return ALWAYS
+
+
 def reap(
     store: Store,
     now: float,
     heartbeat_timeout_s: float,
     preempt_timeout_s: float,
     worker_offline_s: float,
-    started_at: float | None = None,
+    hearing: HearingNow = _always,
 ) -> ReapReport:
     """One reaper pass; each change is its own transaction, decided again on the locked rows, so a
     pass is idempotent and two replicas reaping at once cannot double-apply.
@@ -423,13 +434,17 @@ def reap(
        task was just force-drained completes in the same pass.
     4. Active workers silent for ``worker_offline_s``: offline.
 
-    Within a lease of the server's start (``started_at``; ``lifecycle.in_startup_grace``) 1 and 4
-    wait: silence while the server was down is not the workers' fault.
+    1 and 4 count silence only from when the server could hear the workers (``hearing``: its
+    start, the store's last recovery; nothing while the store is failing): a silence the server
+    or its store caused is not the workers' fault.
     """
     report = ReapReport()
-    grace = started_at is not None and lifecycle.in_startup_grace(now, started_at, heartbeat_timeout_s)
-    lease = partial(lifecycle.lease_expired, now=now, timeout_s=heartbeat_timeout_s)
-    for job_id in [] if grace else store.jobs.expired_leases(now - heartbeat_timeout_s):
+
+    def lease(job: Job, gang: tuple[Job, ...]) -> Plan[Reported | None]:
+        return lifecycle.lease_expired(job, gang, now, heartbeat_timeout_s, hearing())
+
+    cutoff = silence_cutoff(now, heartbeat_timeout_s, hearing())
+    for job_id in [] if cutoff is None else store.jobs.expired_leases(cutoff):
         if (lost := store.jobs.change(job_id, lease)) is not None:
             report.lost.append(lost)
     for job_id, epoch in store.jobs.stuck_stops(now - preempt_timeout_s):
@@ -439,28 +454,41 @@ def reap(
     for gang_id in store.jobs.gangs_to_complete():
         if (completion := complete_drain(store.jobs, gang_id, now)) is not None:
             report.completions.append(completion)
-    if not grace:
-        report.offline_workers = mark_offline(store.workers, now, worker_offline_s)
+    report.offline_workers = mark_offline(store.workers, now, worker_offline_s, hearing)
     return report
 
 
-def mark_offline(store: Workers, now: float, after_s: float) -> list[str]:
+def mark_offline(store: Workers, now: float, after_s: float, hearing: HearingNow = _always) -> list[str]:
     """Active workers silent for ``after_s`` go offline (``core.workers.goes_offline``), each
     decided on its locked row; the ids of those that went."""
-    decide = partial(goes_offline, now=now, after_s=after_s)
+
+    def decide(worker: Worker, contact: WorkerContact) -> Worker | None:
+        return goes_offline(worker, contact, now=now, after_s=after_s, hearing=hearing())
+
+    cutoff = silence_cutoff(now, after_s, hearing())
+    if cutoff is None:
+        return []
     return [
         worker_id
-        for worker_id in store.offline_candidates(now - after_s)
+        for worker_id in store.offline_candidates(cutoff)
         if store.change_worker(worker_id, decide) is not None
     ]
 
 
-def flag_dead_workers(store: Workers, now: float, after_s: float) -> list[tuple[Worker, int]]:
+def flag_dead_workers(
+    store: Workers, now: float, after_s: float, hearing: HearingNow = _always
+) -> list[tuple[Worker, int]]:
     """Flag workers silent for ``after_s`` that hold leased jobs (``core.workers.flagged_dead``),
     each decided on its locked row; each newly flagged worker with its count of leased jobs."""
-    decide = partial(flagged_dead, now=now, after_s=after_s)
+
+    def decide(worker: Worker, contact: WorkerContact) -> Worker | None:
+        return flagged_dead(worker, contact, now=now, after_s=after_s, hearing=hearing())
+
+    cutoff = silence_cutoff(now, after_s, hearing())
+    if cutoff is None:
+        return []
     flagged = []
-    for worker_id in store.dead_candidates(now - after_s):
+    for worker_id in store.dead_candidates(cutoff):
         if (changed := store.change_worker(worker_id, decide)) is not None:
             worker, contact = changed
             flagged.append((worker, contact.leased_jobs))

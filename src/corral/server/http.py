@@ -2,8 +2,9 @@
 
 Every failure leaves as ``{"error": {"code", "message"}}`` with a stable code: bad input is a 400
 naming the field (never 422), a wrong method a 405, an unknown path a 404, a busy store a 503
-``store_busy`` with ``Retry-After``, and an unexpected fault a 500 whose body carries no stack trace
-(the trace goes to the log with the request id).
+``store_busy`` with ``Retry-After`` (one that cannot write: ``store_unavailable``, also with it),
+and an unexpected fault a 500 whose body carries no stack trace (the trace goes to the log with the
+request id).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.domain import errors
 from corral.protocol.answers import Answer, ErrorAnswer, ErrorDetail
 from corral.protocol.models import describe_error
+from corral.server.state import state_of
 
 logger = logging.getLogger("corral.server")
 
@@ -167,15 +169,19 @@ def fence(request: Request) -> tuple[str, int]:
 
 
 async def corral_error_handler(request: Request, error: Exception) -> Response:
-    """A fault as its envelope; a busy store's 503 carries ``Retry-After`` (nothing was changed, so
-    the worker and the SDK send the same request again after it)."""
+    """A fault as its envelope; a busy store's 503, or one that could not write, carries
+    ``Retry-After`` (nothing was changed, so the worker and the SDK send the same request again
+    after it). A store that failed is noted in the server's ``StoreHealth`` (the reaper does not
+    count a silence the store caused)."""
     assert isinstance(error, errors.CorralError)
     # A client too slow to send its body loses its connection too (it may be holding many).
     headers: dict[str, str] | None = (
         {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
     )
-    if isinstance(error, errors.StoreBusy):
-        headers = {"Retry-After": str(error.retry_after_s)}
+    if isinstance(error, errors.StoreUnavailable):
+        state_of(request).store_health.failed(error)
+        if error.retry_after_s is not None:
+            headers = {"Retry-After": str(error.retry_after_s)}
     return error_response(error.http_status, error.code, error.message, headers)
 
 

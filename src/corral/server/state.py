@@ -24,6 +24,7 @@ from starlette.responses import Response
 from corral.config import ServerSettings
 from corral.core import cycle
 from corral.core.claim import Claim
+from corral.core.hearing import Hearing
 from corral.core.preemption import PreemptionSettings
 from corral.domain import pools
 from corral.domain.clock import Clock
@@ -32,6 +33,7 @@ from corral.observability.metrics import Metrics
 from corral.server.executor import StoreExecutor, Work
 from corral.server.offload import StoreProcess
 from corral.server.signal import WorkSignal
+from corral.server.store_health import StoreHealth
 from corral.store import Store
 
 
@@ -44,7 +46,7 @@ class ServerState:
     signal: WorkSignal = field(default_factory=WorkSignal)
     instance_id: str = field(default_factory=lambda: secrets.token_hex(4))
     started_monotonic: float = field(default_factory=time.monotonic)
-    #: when this server started, on its clock: the reaper's startup grace counts from it
+    #: when this server started, on its clock: no silence counts from before it (``hearing``)
     started_at: float = 0.0
     #: ask a background loop for a pass soon (set by the composition root; a no-op until then)
     wake_loop: Callable[[str], None] = field(default=lambda name: None)
@@ -61,6 +63,8 @@ class ServerState:
     last_preemptive: dict[str, float] = field(default_factory=dict)
     #: the one way routes, loops and the dashboard run store work (``executor``)
     executor: StoreExecutor[ServerState] = field(init=False)
+    #: whether the store's writes fail now, and when they last came back (``store_health``)
+    store_health: StoreHealth = field(init=False)
     #: the processes that plan the admission pass and build the large list answers
     #: (``offload.StoreProcess``), handed to the executor (``executor.planner``, ``.reader``: not
     #: attributes of the state, so that a reader of ``state.planner`` fails loudly instead of
@@ -83,6 +87,12 @@ class ServerState:
             planner=planner,
             reader=reader,
         )
+        self.store_health = StoreHealth(self.clock)
+
+    def hearing(self) -> Hearing:
+        """Since when this server has been able to hear its workers: its start, the store's last
+        recovery, or not now (the store is failing): the liveness rules count silence from it."""
+        return self.store_health.hearing(self.started_at)
 
     def preemption_settings(self) -> PreemptionSettings:
         return cycle.preemption_settings(self.settings)

@@ -256,8 +256,24 @@ def _number_element(value: float | None) -> str:
     return repr(value)
 
 
+#: SQLSTATE classes and codes of a database that cannot write now: class 53, insufficient
+#: resources (53100 disk full, 53200 out of memory...); class 58, a system error (58030 an I/O
+#: error); 25006, a read-only transaction (a standby, a database set read-only). The statement and
+#: its transaction failed whole.
+_CANNOT_WRITE_CLASSES = ("53", "58")
+_CANNOT_WRITE_STATES = frozenset({"25006"})
+
+
+def cannot_write(error: BaseException) -> bool:
+    """Whether ``error`` is the database refusing a write it cannot make now (by its SQLSTATE)."""
+    state = getattr(error, "sqlstate", None)
+    return isinstance(state, str) and (state[:2] in _CANNOT_WRITE_CLASSES or state in _CANNOT_WRITE_STATES)
+
+
 @contextmanager
 def unavailable_on_connection_loss() -> Iterator[None]:
+    """PostgreSQL's faults of its own as a 503, never a 500: busy (``StoreBusy``), unable to
+    write (``StoreWriteFailed``), or gone (``StoreUnavailable``)."""
     try:
         yield
     except (
@@ -268,5 +284,10 @@ def unavailable_on_connection_loss() -> Iterator[None]:
     ) as error:
         # Rolled back whole (a lock or statement timeout, a deadlock): safe to send again.
         raise errors.StoreBusy(f"the database is busy and aborted the transaction; retry: {error}") from error
-    except psycopg.OperationalError as error:
-        raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
+    except psycopg.Error as error:
+        if cannot_write(error):
+            message = f"the database cannot write; nothing was changed: {error}"
+            raise errors.StoreWriteFailed(message) from error
+        if isinstance(error, psycopg.OperationalError):
+            raise errors.StoreUnavailable(f"lost the PostgreSQL connection: {error}") from error
+        raise

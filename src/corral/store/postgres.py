@@ -44,6 +44,7 @@ from corral.store.rows import (
     worker_from_row,
 )
 from corral.store.schema import EVENT_COLUMNS, WORKER_COLUMNS, Column, Index
+from corral.store.sql import PROBE_WRITE
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
@@ -583,10 +584,11 @@ class PostgresStore(ComposedStore):
                 connection.close()
         self._local = threading.local()
 
-    def ping(self, timeout_s: float) -> None:
+    def ping(self, timeout_s: float, write: bool = False) -> None:
         """Ready when a writer could take the jobs table within ``timeout_s`` (on the probe's own
         connection, so busy store threads cannot hold the probe up): ``LOCK TABLE jobs`` by an
-        operator, or a database that does not answer, is not ready."""
+        operator, or a database that does not answer, is not ready. ``write``: and a write commits
+        (``PROBE_WRITE``: a full disk or a read-only database refuses it)."""
         if not self._probe_lock.acquire(timeout=timeout_s):
             raise errors.StoreUnavailable(f"the readiness probe stayed busy for {timeout_s:g}s")
         try:
@@ -595,6 +597,8 @@ class PostgresStore(ComposedStore):
                     self._probe = self._connect(timeout_s)
                 with self._probe.transaction():
                     self._probe.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+                    for statement in PROBE_WRITE if write else ():
+                        self._probe.execute(statement)
         except errors.StoreUnavailable:
             if self._probe is not None and self._probe.broken:
                 self._probe.close()

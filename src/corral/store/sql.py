@@ -38,6 +38,14 @@ from corral.store.schema import MIGRATIONS
 
 T = TypeVar("T")
 
+#: a write that changes nothing, for ``Backend.ping(write=True)``: a row no migration uses, put in
+#: and taken out again in the same transaction, whose commit still needs the disk (a full disk, a
+#: read-only database refuse it), the way every real write does
+PROBE_WRITE = (
+    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (-1, 'readiness probe', 0)",
+    "DELETE FROM schema_migrations WHERE version = -1",
+)
+
 
 class SqlStore(abc.ABC):
     """Everything but the connection. Subclasses: ``SqliteStore``, ``PostgresStore``."""
@@ -89,7 +97,9 @@ class SqlStore(abc.ABC):
         raise WouldWait("this store runs no work inline")
 
     @abc.abstractmethod
-    def ping(self, timeout_s: float) -> None: ...
+    def ping(self, timeout_s: float, write: bool = False) -> None:
+        """Raise ``StoreUnavailable`` unless the store answers, and a writer could take it, within
+        ``timeout_s``; ``write``: and a write commits (``PROBE_WRITE``)."""
 
     @abc.abstractmethod
     def table_columns(self) -> dict[str, tuple[str, ...]]:

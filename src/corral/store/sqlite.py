@@ -13,6 +13,7 @@ get the lock, or the file (another process holding it), within ``busy_timeout_s`
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import sqlite3
 import threading
@@ -25,6 +26,7 @@ from corral.store.base import WouldWait
 from corral.store.composed import ComposedStore
 from corral.store.dialect import SQLITE
 from corral.store.schema import Column, Index
+from corral.store.sql import PROBE_WRITE
 
 T = TypeVar("T")
 
@@ -34,15 +36,27 @@ DEFAULT_BUSY_TIMEOUT_S = 5.0
 
 #: SQLite's primary result codes of a lock in the way (an extended code keeps them in its low byte)
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+#: ... and of a file that cannot be written now: ``database or disk is full``, ``disk I/O error``
+#: (every ``SQLITE_IOERR_*``), a read-only file or file system, a file (the journal, the WAL's
+#: index) that cannot be opened
+_CANNOT_WRITE_CODES = frozenset(
+    {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN}
+)
 
 
 def _raise_if_busy(error: sqlite3.OperationalError) -> None:
-    """SQLite's ``SQLITE_BUSY`` / ``SQLITE_LOCKED`` (by the error's result code, not its text) as
-    ``StoreBusy``: a 503, never a 500. (A function for ``except`` clauses: the hot path's
-    statements pay for no context manager.)"""
+    """SQLite's ``SQLITE_BUSY`` / ``SQLITE_LOCKED`` as ``StoreBusy``, and a write the file cannot
+    take (``SQLITE_FULL``, ``SQLITE_IOERR``...) as ``StoreWriteFailed`` (by the error's result
+    code, not its text): a 503, never a 500; the transaction is rolled back, nothing written. (A
+    function for ``except`` clauses: the hot path's statements pay for no context manager.)"""
     code = getattr(error, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in _BUSY_CODES:
+    if code is None:
+        return
+    if code & 0xFF in _BUSY_CODES:
         raise errors.StoreBusy(f"the SQLite store is locked by another writer; retry: {error}") from error
+    if code & 0xFF in _CANNOT_WRITE_CODES:
+        message = f"the SQLite store cannot write; nothing was changed: {error}"
+        raise errors.StoreWriteFailed(message) from error
 
 
 @contextmanager
@@ -221,7 +235,8 @@ class SqliteStore(ComposedStore):
                 connection.execute("COMMIT")
             except BaseException as error:
                 if connection.in_transaction:
-                    connection.execute("ROLLBACK")
+                    with contextlib.suppress(sqlite3.OperationalError):  # the error above says why
+                        connection.execute("ROLLBACK")
                 if isinstance(error, sqlite3.OperationalError):
                     _raise_if_busy(error)
                 raise
@@ -243,10 +258,11 @@ class SqliteStore(ComposedStore):
             self._connections.clear()
         self._local = threading.local()
 
-    def ping(self, timeout_s: float) -> None:
+    def ping(self, timeout_s: float, write: bool = False) -> None:
         """Ready when the file answers a read and a writer could take it now (a fresh connection,
         so neither this process's lock nor its connections are involved): another process holding
-        the write lock is a busy store, not a ready one."""
+        the write lock is a busy store, not a ready one. ``write``: and a write commits
+        (``PROBE_WRITE``; a full disk lets the lock be taken, not the write)."""
         try:
             connection = sqlite3.connect(
                 self.path, timeout=timeout_s, check_same_thread=False, isolation_level=None
@@ -255,7 +271,12 @@ class SqliteStore(ComposedStore):
                 connection.execute("SELECT 1 FROM schema_migrations LIMIT 1").fetchall()
                 with _busy_is_503():
                     connection.execute("BEGIN IMMEDIATE")
-                connection.execute("ROLLBACK")
+                    if write:
+                        for statement in PROBE_WRITE:
+                            connection.execute(statement)
+                        connection.execute("COMMIT")
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
             finally:
                 connection.close()
         except sqlite3.Error as error:

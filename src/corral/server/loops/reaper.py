@@ -7,10 +7,11 @@ reaping at once cannot double-apply); this tick turns its report into metrics an
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from corral.config import ServerSettings
-from corral.core import lifecycle
 from corral.core.lifecycle import Reported
+from corral.domain import errors
 from corral.domain.status import Status
 from corral.server import changes
 from corral.server.loops.drain import record_completion, record_reported
@@ -21,13 +22,15 @@ logger = logging.getLogger("corral.server.reaper")
 
 def reaper_tick(state: ServerState) -> None:
     settings = state.settings
+    if not store_takes_writes(state):
+        return
     report = changes.reap(
         state.store,
         state.clock.now(),
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         preempt_timeout_s=settings.preempt_timeout_s,
         worker_offline_s=settings.worker_offline_s,
-        started_at=state.started_at,
+        hearing=state.hearing,
     )
     for lost in report.lost:
         record_lost(state, lost, "stale heartbeat")
@@ -55,6 +58,19 @@ def reaper_tick(state: ServerState) -> None:
     if report.changed:
         state.released()
     purge_logs(state)
+
+
+def store_takes_writes(state: ServerState) -> bool:
+    """Whether the store takes writes: while it is failing, checked with one
+    (``store_health.StoreHealth.check``), whose commit is the store's recovery, from which every
+    lease counts again. False: still failing, nothing for this pass to do (each of its writes would
+    fail too, and no silence counts meanwhile)."""
+    store, timeout_s = state.store, state.settings.store_busy_timeout_s
+    try:
+        state.store_health.check(partial(store.ping, timeout_s, write=True))
+    except errors.StoreUnavailable:
+        return False
+    return True
 
 
 #: how often the retention purge runs (a pass reads every ended job's finish time)
@@ -92,11 +108,12 @@ def record_lost(state: ServerState, lost: Reported, why: str) -> None:
 def dead_worker_sweep_tick(state: ServerState) -> None:
     """Flag workers whose heartbeat froze while they hold running jobs (seed 004's orchestrator-side
     detector): one ERROR line and one count per episode, for a host supervisor to act on. The jobs
-    themselves are recovered by the lease reaper. Not within a lease of the server's start."""
+    themselves are recovered by the lease reaper. The silence counts from when the server could
+    hear the worker (``core.hearing``): its start, the store's last recovery."""
     now = state.clock.now()
-    if lifecycle.in_startup_grace(now, state.started_at, state.settings.heartbeat_timeout_s):
-        return
-    flagged = changes.flag_dead_workers(state.store.workers, now, state.settings.dead_worker_after_s)
+    flagged = changes.flag_dead_workers(
+        state.store.workers, now, state.settings.dead_worker_after_s, state.hearing
+    )
     for worker, running in flagged:
         state.metrics.dead_workers_flagged.inc()
         silent = state.clock.now() - (worker.last_heartbeat_at or worker.registered_at)

@@ -4,9 +4,10 @@ A loop is a named ``tick()`` (synchronous: load, decide, apply), run on a thread
 executor's lanes, ``executor.Lanes``, with the short switch interval) so a long pass (the admission
 cycle over a large cluster) never holds up the event loop. The runner calls it every
 ``interval_s`` with a little jitter (so replicas do not tick in lockstep), times it into
-``corral_scheduling_cycle_seconds{loop}``, logs a failing pass without dying, and counts it. A loop
-that stops for any other reason (a bug in the runner itself) is fatal: ``LoopGroup.wait`` raises and
-the server exits non-zero rather than run on without its reaper.
+``corral_scheduling_cycle_seconds{loop}``, logs a failing pass without dying, and counts it (a
+pass the store failed is told to the server's ``StoreHealth`` too). A loop that stops for any other
+reason (a bug in the runner itself) is fatal: ``LoopGroup.wait`` raises and the server exits
+non-zero rather than run on without its reaper.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from corral.domain import errors
 from corral.observability.metrics import Metrics
 from corral.server.executor import Lanes
 
@@ -38,10 +40,21 @@ class Loop:
     lead: Callable[[], bool] | None = None
 
 
+#: told of a pass that failed because the store did (``store_health.StoreHealth.failed``)
+StoreFailed = Callable[[errors.StoreUnavailable], None]
+
+
+def _ignore(error: errors.StoreUnavailable) -> None:
+    pass
+
+
 class LoopRunner:
-    def __init__(self, loop: Loop, metrics: Metrics, lanes: Lanes | None = None) -> None:
+    def __init__(
+        self, loop: Loop, metrics: Metrics, lanes: Lanes | None = None, store_failed: StoreFailed = _ignore
+    ) -> None:
         self.loop = loop
         self.metrics = metrics
+        self.store_failed = store_failed
         self.passes = 0
         self._woken: asyncio.Event | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
@@ -82,7 +95,9 @@ class LoopRunner:
         started = time.perf_counter()
         try:
             self.loop.tick()
-        except Exception:
+        except Exception as error:
+            if isinstance(error, errors.StoreUnavailable):
+                self.store_failed(error)
             self.metrics.loop_errors.labels(loop=self.loop.name).inc()
             logger.exception("loop pass failed", extra={"loop": self.loop.name})
             return False
@@ -109,11 +124,18 @@ class LoopRunner:
 class LoopGroup:
     """Starts every loop as a task; ``stop`` cancels them; a loop that ends by itself is fatal."""
 
-    def __init__(self, loops: list[Loop], metrics: Metrics, lanes: Lanes | None = None) -> None:
+    def __init__(
+        self,
+        loops: list[Loop],
+        metrics: Metrics,
+        lanes: Lanes | None = None,
+        store_failed: StoreFailed = _ignore,
+    ) -> None:
         """``lanes``: the threads the passes run on (``StoreExecutor.lanes``); None: threads of the
-        group's own, the switch interval left as it is."""
+        group's own, the switch interval left as it is. ``store_failed``: told of each pass that
+        failed because the store did."""
         self.lanes = lanes or Lanes(switch_interval_s=None)
-        self.runners = [LoopRunner(loop, metrics, self.lanes) for loop in loops]
+        self.runners = [LoopRunner(loop, metrics, self.lanes, store_failed) for loop in loops]
         self.tasks: list[asyncio.Task[None]] = []
         self._on_death: Callable[[str, BaseException | None], None] | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
@@ -43,18 +44,24 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Ready when the store answers, and could take a write, within a second (checked on the
     store's probe connection in a thread of its own, so neither a hung store nor busy store threads
-    can hold this probe up): a store locked by someone else is 503 ``store_busy``."""
+    can hold this probe up): a store locked by someone else is 503 ``store_busy``. While the
+    server's writes are failing (``store_health``: a full disk lets the lock be taken, not the
+    write) the probe commits a write too: 503 ``store_unavailable`` until one commits, which is
+    also the store's recovery (so a server this probe took out of rotation comes back with no
+    other traffic)."""
     state = state_of(request)
+    health, ping = state.store_health, state.store.ping
+    probe = partial(health.check, partial(ping, READY_TIMEOUT_S * 0.8, write=True))
+    if not health.failing:
+        probe = partial(ping, READY_TIMEOUT_S * 0.8)
     try:
-        await asyncio.wait_for(
-            state.executor.run(Work.PROBE, state.store.ping, READY_TIMEOUT_S * 0.8), READY_TIMEOUT_S
-        )
+        await asyncio.wait_for(state.executor.run(Work.PROBE, probe), READY_TIMEOUT_S)
     except TimeoutError:
         return error_response(
             503, "store_unavailable", f"the store did not answer within {READY_TIMEOUT_S:.0f}s"
         )
     except errors.StoreUnavailable as error:
-        headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, errors.StoreBusy) else None
+        headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
         return error_response(503, error.code, error.message, headers)
     return json_response({"status": "ready"})
 
@@ -79,7 +86,7 @@ described = [
     Operation(
         "GET",
         "/readyz",
-        "the store answers within 1 s (else 503)",
+        "the store answers within 1 s, and takes writes (else 503)",
         "operations",
         {200: StatusAnswer},
         errors=(503,),

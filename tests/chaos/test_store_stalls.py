@@ -1,0 +1,189 @@
+"""Stalls are the server's fault, not the workers' (issue 24 item 2): a store that cannot take
+writes for longer than a lease (another process holding SQLite's write lock; a full disk) must not
+cost healthy jobs their attempts. Real servers and workers; the history checker after each."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from corral.client import Client
+from tests.chaos.conftest import (
+    FAST_SERVER,
+    assert_history,
+    describe_failures,
+    statuses,
+    wait_all_terminal,
+)
+from tests.e2e.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+
+#: the lease in ``FAST_SERVER``
+LEASE_S = 6.0
+#: four jobs that run through the whole stall (two leases) and a lease after it
+JOBS = 4
+JOB_S = LEASE_S * 3 + 4
+
+
+@contextlib.contextmanager
+def write_lock_held_by_another_process(db_path: Path) -> Iterator[None]:
+    """A process of its own holding SQLite's write lock (``BEGIN IMMEDIATE``) on ``db_path`` until
+    the block ends (its stdin closes)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys\n"
+            f"connection = sqlite3.connect({str(db_path)!r}, isolation_level=None, timeout=30)\n"
+            "connection.execute('BEGIN IMMEDIATE')\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.read()\n"
+            "connection.execute('ROLLBACK')\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+def start_running(client: Client, runs: Path) -> list[str]:
+    """``JOBS`` jobs of ``JOB_S`` seconds, each writing its attempt to ``runs`` as it starts; their
+    ids once every one runs."""
+    command = f'echo "$CORRAL_JOB_ID $CORRAL_ATTEMPT" >> {runs}; sleep {JOB_S}'
+    job_ids = [client.submit({"command": command, "resources": {"cpus": 1}}).id for _ in range(JOBS)]
+
+    def every_one_started() -> bool:
+        return runs.exists() and len(runs.read_text().splitlines()) == JOBS
+
+    wait_for(lambda: list(statuses(client).values()).count("running") == JOBS or None, 20, "all running")
+    wait_for(every_one_started, 10, "every job started")
+    return job_ids
+
+
+def assert_nothing_requeued(client: Client, job_ids: list[str], runs: Path) -> None:
+    ended = wait_all_terminal(client, JOBS, JOB_S + 30)
+    assert set(ended.values()) == {"done"}, describe_failures(client, ended)
+    for job_id in job_ids:
+        job = client.get_job(job_id)
+        reasons = [event.reason.code for event in client.events(job_id) if event.reason is not None]
+        requeued = describe_failures(client, {job_id: "requeued"})
+        assert job.attempts == 1 and "lease_expired" not in reasons, requeued
+    attempts = sorted(line.split()[1] for line in runs.read_text().splitlines())
+    assert attempts == ["1"] * JOBS, "a job ran twice"
+
+
+@pytest.mark.timeout(150)
+def test_a_write_lock_held_past_the_lease_requeues_nothing(
+    sqlite_url: str, start_server, start_worker, tmp_path: Path
+):
+    """Another process holds SQLite's write lock for two leases while two workers run four jobs:
+    their heartbeats are answered 503 ``store_busy`` meanwhile, and once the lock is gone every job
+    gets a whole lease to renew before anything is reaped: none is re-queued."""
+    server = start_server("--db", sqlite_url, *FAST_SERVER)
+    for index in range(2):
+        start_worker(server.url, f"w{index}", "--cpus", "2")
+    runs = tmp_path / "runs.txt"
+    with Client(server.url) as client:
+        job_ids = start_running(client, runs)
+        with write_lock_held_by_another_process(Path(sqlite_url.removeprefix("sqlite:///"))):
+            wait_for(lambda: readyz(server.url).status_code == 503 or None, 10, "/readyz to say 503")
+            time.sleep(LEASE_S * 2)  # the stall itself: two leases without a write
+        wait_for(lambda: readyz(server.url).status_code == 200 or None, 10, "/readyz to say 200 again")
+        assert_nothing_requeued(client, job_ids, runs)
+    assert_history(sqlite_url)
+
+
+def readyz(url: str) -> httpx.Response:
+    return httpx.get(f"{url}/readyz", timeout=5)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A file system of its own, 32 MiB of tmpfs, unmounted after the test (lazily: a process of
+    the test may still hold a file open there). Asked for before the server, so that it is torn
+    down after it."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """A file that takes every free byte of ``disk``."""
+    filler = disk / "filler"
+    chunk = b"\0" * (1 << 20)
+    with filler.open("wb", buffering=0) as out:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    out.write(chunk[:size])
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+    return filler
+
+
+@pytest.mark.timeout(150)
+def test_a_full_disk_is_a_503_and_requeues_nothing(
+    small_disk: Path, start_server, start_worker, tmp_path: Path
+):
+    """The SQLite file's disk fills up for two leases while two workers run four jobs: every write
+    is answered 503 ``store_unavailable`` (with ``Retry-After``; never a 500), ``/readyz`` says 503
+    until a write commits again, and once the disk is freed every job gets a whole lease to renew
+    before anything is reaped: none is re-queued."""
+    db_path = small_disk / "chaos.db"
+    db_url = f"sqlite:///{db_path}"
+    server = start_server("--db", db_url, *FAST_SERVER)
+    for index in range(2):
+        start_worker(server.url, f"w{index}", "--cpus", "2")
+    runs = tmp_path / "runs.txt"
+    with Client(server.url) as client:
+        job_ids = start_running(client, runs)
+        # the write-ahead log back to nothing, so the very next write needs the disk
+        with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as connection:
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        filler = fill(small_disk)
+        try:
+
+            def refused_write() -> httpx.Response | None:
+                answer = httpx.post(f"{server.url}/workers/w0/heartbeat", json={}, timeout=10)
+                return answer if answer.status_code != 200 else None
+
+            refused = wait_for(refused_write, 10, "a write to be refused")
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "store_unavailable"
+            assert "retry-after" in refused.headers
+            ready = readyz(server.url)
+            assert ready.status_code == 503 and ready.json()["error"]["code"] == "store_unavailable"
+            time.sleep(LEASE_S * 2)  # the disk stays full for two leases
+            assert readyz(server.url).status_code == 503
+        finally:
+            filler.unlink()
+        wait_for(lambda: readyz(server.url).status_code == 200 or None, 10, "/readyz to say 200 again")
+        assert_nothing_requeued(client, job_ids, runs)
+    assert_history(db_url)
