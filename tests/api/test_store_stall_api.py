@@ -105,7 +105,7 @@ def test_a_reaper_pass_decides_each_lease_on_the_hearing_of_the_moment(server, a
         health.failed(errors.StoreBusy("another request waited out the busy timeout meanwhile"))
         return change(job_id, decide)
 
-    monkeypatch.setattr(store, "change", change_after_an_outage)
+    monkeypatch.setattr(store.jobs, "change", change_after_an_outage)
     server.reap()
     assert job_status(api, job["id"]) == "running"
     assert health.failing
