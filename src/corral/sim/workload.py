@@ -102,6 +102,10 @@ class SimSettings:
     preemption_satisfaction_threshold: float = 1.0
     aggressive_preemption_satisfaction_threshold: float = 0.2
     max_preemptions_per_cycle: int = 128
+    #: the walltime_s of a job that sets none, and the most one may set (None: none; pools may
+    #: set their own)
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
     heartbeat_s: float = 5.0
     checkpoint_save_s: float = 30.0
     stop_s: float = 1.0
