@@ -8,8 +8,8 @@ deadline (``Job.deadline_at``: its start plus its ``walltime_s``, which its work
 A job with no limit is never near completion; one past its deadline (its worker is stopping it)
 is no longer protected: sparing it saves nothing. The first three do not depend on time: a job
 they protect is *unreclaimable* (no preemption could ever take back the capacity it holds), so it
-is not placed on borrowed capacity (``corral.core.borrowing``). The class and borrowing tests, which depend on the preemptor, belong to
-the planner (``corral.core.preemption.triggers``).
+is not placed on borrowed capacity (``corral.core.borrowing``). The class and borrowing tests,
+which depend on the preemptor, belong to the planner (``corral.core.preemption.triggers``).
 """
 
 from __future__ import annotations
