@@ -11,7 +11,8 @@ from tests.api.conftest import claim, error_code, register, submit
 POOL_FIELDS = {
     "path", "parent", "explicit", "weight", "guarantee", "limits", "mode", "kind", "starvation_timeout_s",
     "aggressive_starvation_timeout_s", "starvation_tolerance", "enable_aggressive_starvation",
-    "allow_aggressive_preemption", "default_walltime_s", "max_walltime_s", "settings", "usage", "demand", "jobs", "fair_share",
+    "allow_aggressive_preemption", "default_walltime_s", "max_walltime_s", "settings", "usage", "demand",
+    "jobs", "fair_share",
     "fair_share_ratio", "satisfaction", "starvation", "below_fair_share_since", "starvation_since",
 }  # fmt: skip
 EVERY_SETTING = {
