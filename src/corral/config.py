@@ -98,6 +98,14 @@ class ServerSettings(BaseSettings):
             raise ValueError("must be at least starvation_timeout_s")
         return value
 
+    @field_validator("max_walltime_s")
+    @classmethod
+    def _max_walltime_above_default(cls, value: float | None, info: ValidationInfo) -> float | None:
+        default = info.data.get("default_walltime_s")
+        if value is not None and default is not None and value < default:
+            raise ValueError("must be at least default_walltime_s")
+        return value
+
     @field_validator("aggressive_preemption_satisfaction_threshold")
     @classmethod
     def _aggressive_below_regular(cls, value: float, info: ValidationInfo) -> float:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import ValidationError
 
-from corral.config import WorkerSettings
+from corral.config import ServerSettings, WorkerSettings
 from corral.core.walltime import limited, limited_all
 from corral.domain import errors
 from corral.domain.pools import PoolDefaults, PoolSettings, resolve
@@ -124,3 +125,9 @@ def test_no_default_and_no_maximum_leave_the_job_unlimited() -> None:
         limited_all([JobSpec("x", walltime_s=1e9)], resolved, PoolDefaults(), batch=False)[0].walltime_s
         == 1e9
     )
+
+
+def test_the_servers_maximum_may_not_be_below_its_default() -> None:
+    with pytest.raises(ValidationError, match="at least default_walltime_s"):
+        ServerSettings(default_walltime_s=600, max_walltime_s=60)
+    assert ServerSettings(default_walltime_s=60, max_walltime_s=60).max_walltime_s == 60.0
