@@ -47,7 +47,13 @@ class ServerSettings(BaseSettings):
         128, ge=1, description="preemptions one admission cycle decides, at most (the rest wait a cycle)"
     )
     near_completion_s: float = Field(
-        300.0, ge=0, description="a job this close to its declared walltime is never preempted"
+        300.0, ge=0, description="a job this close to its walltime limit is never preempted"
+    )
+    default_walltime_s: float | None = Field(
+        None, gt=0, description="walltime_s of a job that sets none (pool default; none: no limit)"
+    )
+    max_walltime_s: float | None = Field(
+        None, gt=0, description="largest walltime_s a submit may ask for (pool default; none: no maximum)"
     )
     preemptive_backoff_s: float = Field(
         5.0, ge=0, description="at most one preemptive placement per worker per this many seconds"
@@ -91,6 +97,14 @@ class ServerSettings(BaseSettings):
     def _aggressive_after_starvation(cls, value: float, info: ValidationInfo) -> float:
         if value < info.data.get("starvation_timeout_s", 0):
             raise ValueError("must be at least starvation_timeout_s")
+        return value
+
+    @field_validator("max_walltime_s")
+    @classmethod
+    def _max_walltime_above_default(cls, value: float | None, info: ValidationInfo) -> float | None:
+        default = info.data.get("default_walltime_s")
+        if value is not None and default is not None and value < default:
+            raise ValueError("must be at least default_walltime_s")
         return value
 
     @field_validator("aggressive_preemption_satisfaction_threshold")
@@ -212,6 +226,12 @@ class WorkerSettings(BaseSettings):
         None, gt=0, description="wall-clock budget of a job without one (default: 8100 GPU jobs, 2100 CPU)"
     )
     stall_timeout_s: float = Field(120.0, gt=0, description="no beat for this long: suspect a stall")
+    walltime_warning_s: float = Field(
+        60.0,
+        ge=0,
+        description="a checkpointing job (auto/manual) gets the checkpoint hint (SIGUSR1) this long"
+        " before its walltime_s ends it",
+    )
     stall_confirm_samples: int = Field(3, ge=1, description="reads that confirm a suspected stall")
     stall_confirm_poll_s: float = Field(1.0, gt=0, description="spacing of the stall confirmation reads")
     gpu_idle_pct: float = Field(5.0, ge=0, le=100, description="GPU utilisation at or under this is idle")

@@ -431,7 +431,7 @@ def test_pools_set_changes_only_what_it_is_given_and_delete_removes(server, clie
     code, out, err = corral(
         server, capsys, "pools", "set", "lab/a", "--weight", "2", "--guarantee-gpus", "8",
         "--limit-gpus", "16", "--kind", "training", "--starvation-timeout-s", "20",
-        "--no-aggressive-preemption",
+        "--no-aggressive-preemption", "--max-walltime-s", "7200",
     )  # fmt: skip
     assert code == 0, err
     assert out.split()[len(pools.HEADERS) :][:5] == ["a", "training", "2", "8", "16"]
@@ -441,6 +441,7 @@ def test_pools_set_changes_only_what_it_is_given_and_delete_removes(server, clie
         "limits": {"gpus": 16, "vram_mb": None, "memory_mb": None, "cpus": 4}, "mode": None, "kind": None,
         "starvation_timeout_s": 20.0, "aggressive_starvation_timeout_s": None, "starvation_tolerance": None,
         "enable_aggressive_starvation": None, "allow_aggressive_preemption": False,
+        "default_walltime_s": None, "max_walltime_s": 7200.0,
     }  # fmt: skip
     assert client.pool("lab/a").kind == "batch"
 

@@ -11,7 +11,8 @@ from tests.api.conftest import claim, error_code, register, submit
 POOL_FIELDS = {
     "path", "parent", "explicit", "weight", "guarantee", "limits", "mode", "kind", "starvation_timeout_s",
     "aggressive_starvation_timeout_s", "starvation_tolerance", "enable_aggressive_starvation",
-    "allow_aggressive_preemption", "settings", "usage", "demand", "jobs", "fair_share",
+    "allow_aggressive_preemption", "default_walltime_s", "max_walltime_s", "settings", "usage", "demand",
+    "jobs", "fair_share",
     "fair_share_ratio", "satisfaction", "starvation", "below_fair_share_since", "starvation_since",
 }  # fmt: skip
 EVERY_SETTING = {
@@ -25,6 +26,8 @@ EVERY_SETTING = {
     "starvation_tolerance": 0.6,
     "enable_aggressive_starvation": True,
     "allow_aggressive_preemption": False,
+    "default_walltime_s": 3600.0,
+    "max_walltime_s": 86400.5,
 }
 
 
@@ -46,6 +49,7 @@ def test_a_new_server_lists_the_default_pool_with_every_default(api):
         "mode": "fair_share", "kind": "batch", "starvation_timeout_s": 30.0,
         "aggressive_starvation_timeout_s": 120.0, "starvation_tolerance": 0.8,
         "enable_aggressive_starvation": False, "allow_aggressive_preemption": True,
+        "default_walltime_s": None, "max_walltime_s": None,
         "settings": {name: None for name in EVERY_SETTING},
         "usage": {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0},
         "demand": {"gpus": 0, "vram_mb": 0, "memory_mb": 0, "cpus": 0}, "jobs": 0,

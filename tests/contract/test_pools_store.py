@@ -37,6 +37,8 @@ EVERY_SETTING = PoolSettings(
     starvation_tolerance=0.6,
     enable_aggressive_starvation=True,
     allow_aggressive_preemption=False,
+    default_walltime_s=3600.0,
+    max_walltime_s=86400.5,
 )
 
 

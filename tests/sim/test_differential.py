@@ -129,6 +129,20 @@ EVERYTHING = (
     WorkloadJob("l2", 331, 70, 1, pool="lab", preemption_class=2),
     WorkloadJob("l3", 332, 50, 2, pool="lab", preemption_class=2),
 )
+#: time limits: jobs whose work outlasts their walltime (their own, or their pool's default) are
+#: ended at it and fail, others finish under it; p1 is within near_completion_s of its deadline
+#: (protected), so the class-8 job takes the class-5 gang rather than the class-2 p1
+WALLTIME_POOLS = {"short": {"default_walltime_s": 50}}
+WALLTIME = (
+    WorkloadJob("t1", 0, 200, 1, walltime=60),
+    WorkloadJob("t2", 1, 100, 1, walltime=150),
+    WorkloadJob("s1", 2, 120, 1, pool="short"),
+    WorkloadJob("p1", 3, 400, 1, preemption_class=2, walltime=350),
+    WorkloadJob("g", 5, 30, 1, gang_size=2),
+    WorkloadJob("p2", 56, 400, 1, preemption_class=2),
+    WorkloadJob("q1", 64, 500, 1, preemption_class=3),
+    WorkloadJob("x", 70, 50, 1, preemption_class=8),
+)
 #: (workload, pools, workers, GPUs per worker, the victims' reason codes the run must show). No two
 #: jobs of a workload are submitted or started at the same instant: the queue and victim orders
 #: break such ties on job ids, which the server draws at random and the simulator does not.
@@ -137,6 +151,7 @@ CASES = {
     "pools-reclaim-and-borrowing": (POOLED, POOLS, 3, 2, {"preempted_reclaim"}),
     "fair-share-starvation": (FAIR, {"heavy": {}, "light": {}}, 3, 2, {"preempted_fair_share"}),
     "pool-kinds": (POOL_KINDS, KINDS, 4, 2, set()),
+    "walltime": (WALLTIME, WALLTIME_POOLS, 2, 2, {"preempted_priority"}),
     "aggressive-starvation": (AGGRESSIVE, AGGRESSIVE_POOLS, 4, 2, {"preempted_fair_share"}),
     "every-trigger": (
         EVERYTHING,
@@ -146,7 +161,7 @@ CASES = {
         {"preempted_priority", "preempted_fair_share", "preempted_reclaim"},
     ),
 }
-END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
+END, BEAT, SAVED, STOPPED, SUBMIT, TIMEOUT = range(6)
 
 
 Decision = tuple[float, str, str, str, str]
@@ -246,6 +261,9 @@ class Driver:
                 claimed = answer.json()
                 job_id = claimed["id"]
                 self.running[job_id] = claimed
+                deadline = self.deadline(job_id)
+                if deadline is not None:  # its worker stops it there, and reports once it exited
+                    self.at(deadline + SETTINGS.stop_s, TIMEOUT, (job_id, claimed["attempt"]))
                 self.phase_saved.pop(job_id, None)
                 self.uploaded.pop(job_id, None)
                 ranks = [job_id]
@@ -260,7 +278,14 @@ class Driver:
                 for rank in ranks:
                     self.working_since[rank] = self.now
                     remaining = self.work[self.names[rank].split(".")[0]].duration - self.kept.get(rank, 0.0)
-                    self.at(self.now + remaining, END, (rank, self.running[rank]["attempt"]))
+                    deadline = self.deadline(rank)
+                    if deadline is None or self.now + remaining <= deadline:
+                        self.at(self.now + remaining, END, (rank, self.running[rank]["attempt"]))
+
+    def deadline(self, job_id: str) -> float | None:
+        """The claim's ``deadline_at`` (its start plus its walltime_s), as the driver's time."""
+        stamp = self.running[job_id]["deadline_at"]
+        return None if stamp is None else round(_seconds(stamp), 3)
 
     def fenced(self, job_id: str, attempt: int, **extra: object) -> dict:
         return {"worker_id": self.running[job_id]["worker_id"], "attempt": attempt, **extra}
@@ -278,6 +303,8 @@ class Driver:
                 "checkpoint": work.checkpoint,
                 "pool": work.pool,
             }
+            if work.walltime is not None:
+                body["walltime_s"] = work.walltime
             created = self.api.post("/jobs", json=body)
             assert created.status_code == 201, created.text
             answer = created.json()
@@ -293,6 +320,11 @@ class Driver:
             return
         if kind == END:
             self.api.post(f"/jobs/{job_id}/done", params=self.fenced(job_id, attempt))
+        elif kind == TIMEOUT:
+            if self.api.get(f"/jobs/{job_id}").json()["status"] == "running":  # else its stop is acked
+                body = {"error": "walltime exceeded", "reason": "walltime_exceeded"}
+                self.api.post(f"/jobs/{job_id}/fail", params=self.fenced(job_id, attempt), json=body)
+                self.working_since.pop(job_id, None)
         elif kind == BEAT:
             answer = self.api.post(f"/jobs/{job_id}/heartbeat", params=self.fenced(job_id, attempt))
             if answer.status_code != 200:
@@ -373,8 +405,12 @@ def test_the_server_and_the_simulator_decide_the_same(live, case) -> None:
     assert got == expected
     statuses = {status for _, status, *_ in expected}
     assert {"preempting", "preempted", "reserved", "blocked", "done"} <= statuses, "the workload covers them"
-    assert {job.job_id for job in workload} <= {
-        job.split(".")[0] for _, status, job, *_ in expected if status == "done"
+    limited = {
+        job.job_id for job in workload if (job.walltime or pools.get(job.pool, {}).get("default_walltime_s"))
     }
+    ended = {job.split(".")[0] for _, status, job, *_ in expected if status in ("done", "failed")}
+    assert {job.job_id for job in workload} <= ended
+    failed = {job for _, status, job, *_ in expected if status == "failed"}
+    assert failed <= limited, "only a job past its walltime fails"
     reasons = {reason for *_, reason in expected if reason}
     assert triggers <= reasons, f"the workload preempts for {sorted(triggers)}; it showed {sorted(reasons)}"

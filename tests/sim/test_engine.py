@@ -95,3 +95,23 @@ def test_every_policy_keeps_unreclaimable_gangs_off_borrowed_capacity() -> None:
         record = engine.run(case, policy)
         assert "g" not in record.starts, policy.name
         assert record.starts["h"] == 20.0, policy.name
+
+
+def test_a_job_whose_work_outlasts_its_walltime_is_ended_at_it_and_fails() -> None:
+    """As the worker does: stopped at its claim plus the limit, reported ``stop_s`` later, not
+    retried; a job whose work ends within its limit is done."""
+    case = scenario(WorkloadJob("long", 0, 100, 1, walltime=30), WorkloadJob("short", 0, 20, 1, walltime=30))
+    record = engine.run(case, CORRAL, record_decisions=True)
+    assert record.timed_out == ["long"]
+    assert record.ends == {"long": 31.0, "short": 20.0}
+    failed = [decision for decision in record.decisions if decision[2] == "long" and decision[1] == "failed"]
+    assert [decision[0] for decision in failed] == [31.0]
+    assert [decision[1] for decision in record.decisions if decision[2] == "long"].count("running") == 1
+
+
+def test_a_pools_default_walltime_applies_and_a_walltime_above_its_maximum_is_refused() -> None:
+    pools = {"short": PoolSettings(default_walltime_s=10.0, max_walltime_s=50.0)}
+    jobs = (WorkloadJob("d", 0, 100, 1, pool="short"), WorkloadJob("x", 0, 10, 1, pool="short", walltime=60))
+    record = engine.run(Scenario(Workload(jobs), uniform_cluster(1, 2), pools, SETTINGS), CORRAL)
+    assert record.refused == ["x"]
+    assert record.timed_out == ["d"] and record.ends == {"d": 11.0}

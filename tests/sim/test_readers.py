@@ -34,9 +34,10 @@ def test_a_workload_with_the_optional_columns_left_out_takes_the_submit_defaults
 
 def test_every_column_is_read(tmp_path) -> None:
     header = "job_id,submit_time,duration,gpus,gang_size,pool,user,preemption_class,checkpoint,"
-    header += "checkpoint_every_s,cpus,memory_mb,vram_mb\n"
-    path = write(tmp_path, "w.csv", header + "g,1,60,8,4,team/a,ann,7,auto,600,16,1024,80000\n")
+    header += "checkpoint_every_s,cpus,memory_mb,vram_mb,walltime\n"
+    path = write(tmp_path, "w.csv", header + "g,1,60,8,4,team/a,ann,7,auto,600,16,1024,80000,3600\n")
     (job,) = readers.read_workload(path).jobs
+    assert job.walltime == 3600.0
     assert (job.gang_size, job.pool, job.user, job.preemption_class) == (4, "team/a", "ann", 7)
     assert (job.checkpoint, job.checkpoint_every_s, job.cpus, job.memory_mb, job.vram_mb) == (
         "auto", 600.0, 16, 1024, 80000,
@@ -107,6 +108,12 @@ def test_pools_are_the_put_bodies(tmp_path) -> None:
     assert pools["team/infer"].kind == "service"
 
 
+def test_pools_carry_their_time_limits(tmp_path) -> None:
+    path = write(tmp_path, "p.json", '{"pools": {"team": {"default_walltime_s": 60, "max_walltime_s": 600}}}')
+    team = readers.read_pools(path)["team"]
+    assert (team.default_walltime_s, team.max_walltime_s) == (60.0, 600.0)
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
@@ -115,6 +122,7 @@ def test_pools_are_the_put_bodies(tmp_path) -> None:
         ('{"pools": {\n "a": {"colour": 1}}}', r"p.json:2: pool 'a': unknown field 'colour'"),
         ('{"pools": {\n "a": {"guarantee": {"gpus": 8}, "limits": {"gpus": 4}}}}', "below the guarantee"),
         ('{"pool": {}}', r"p.json:1: column 1: expected \{\"pools\""),
+        ('{"pools": {"a": {"default_walltime_s": 60, "max_walltime_s": 30}}}', "above max_walltime_s"),
     ],
 )
 def test_bad_pools_say_where(tmp_path, text, match) -> None:

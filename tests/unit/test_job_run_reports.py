@@ -19,7 +19,7 @@ from corral.worker.samplers import Samplers
 from corral.worker.samplers.fake import FakeGpuSampler
 from corral.worker.samplers.process import ProcessTreeSampler
 from corral.worker.watchdogs import Verdict
-from tests.unit.worker_support import FIELDS, finish, make_run, wait_for_file
+from tests.unit.worker_support import FIELDS, finish, make_run, run_attempt, wait_for_file
 
 # --- malformed answers -----------------------------------------------------------------------
 
@@ -138,3 +138,27 @@ def test_heartbeats_carry_the_step_the_gpus_and_the_memory(tmp_path: Path):
     assert reported[-1]["progress"] == {"step": 42}
     assert reported[-1]["gpu_util_pct"] == 73.5
     assert reported[-1]["rss_mb"] > 0
+
+
+# --- the walltime limit ----------------------------------------------------------------------
+
+
+def test_a_job_at_its_walltime_is_stopped_and_reported_failed_walltime_exceeded(tmp_path: Path):
+    """Without samplers (no watchdogs built) the limit still holds: it is not a watchdog."""
+    client = FakeClient()
+    run = make_run(
+        client, f"trap 'echo term > {tmp_path}/term; exit 143' TERM; sleep 30 & wait", walltime_s=0.3
+    )
+    run.start()
+    finish(run)
+    assert client.names() == ["fail"]
+    (call,) = [call for call in client.calls if call[0] == "fail"]
+    assert ("reason", "walltime_exceeded") in call
+    assert any(isinstance(part, str) and part.startswith("walltime exceeded") for part in call)
+    assert (tmp_path / "term").read_text().strip() == "term", "stopped by SIGTERM, the stop path"
+
+
+def test_a_job_that_ends_within_its_walltime_is_done():
+    client = FakeClient()
+    run_attempt(client, "sleep 0.1", walltime_s=30)
+    assert client.names() == ["done"]

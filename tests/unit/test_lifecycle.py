@@ -342,3 +342,30 @@ def test_a_job_gone_from_its_worker_is_lost_unless_it_moved_on():
     stopping = replace(silent, status=Status.PREEMPTING, preemption_epoch=1)
     stopped = lifecycle.gone_from_worker(stopping, (), "w1", NOW - 15, NOW)
     assert stopped.outcome is not None and stopped.outcome.job.status == Status.PREEMPTED
+
+
+@pytest.mark.parametrize("code", ["walltime_exceeded", "no_such_account", "workdir_unavailable"])
+def test_a_gang_whose_rank_failed_for_good_fails_at_its_drains_completion(code):
+    """A rank at its walltime (or on a host that cannot run it): the next attempt would meet it
+    again, so the gang is not re-queued, with all its retries left."""
+    tasks = run_gang(gang(2, max_retries=3))
+    plan = lifecycle.report_failure(tasks[0], tasks, "w0", 1, NOW, 143, "stopped", None, failure_code=code)
+    tasks = apply(tasks, plan)
+    assert tasks[0].reason is not None and tasks[0].reason.code == code
+    assert [task.status for task in tasks] == [Status.PREEMPTED, Status.PREEMPTING]
+    done = lifecycle.acknowledge_stop(tasks[1], tasks, "w1", 1, 1, NOW + 1)
+    tasks = apply(tasks, done)
+    assert done.outcome.completion is not None and done.outcome.completion.outcome == "failed"
+    assert {task.status for task in tasks} == {Status.FAILED}
+    assert code in (tasks[0].reason.message if tasks[0].reason else "")
+
+
+def test_a_gang_whose_rank_was_killed_for_memory_is_re_queued():
+    """``oom_killed`` is retried like any failure (API.md)."""
+    tasks = run_gang(gang(2, max_retries=3))
+    tasks = apply(
+        tasks,
+        lifecycle.report_failure(tasks[0], tasks, "w0", 1, NOW, 137, "oom", None, failure_code="oom_killed"),
+    )
+    done = lifecycle.acknowledge_stop(tasks[1], tasks, "w1", 1, 1, NOW + 1)
+    assert done.outcome.completion is not None and done.outcome.completion.outcome == "blocked"

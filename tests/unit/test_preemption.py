@@ -141,6 +141,16 @@ def test_never_upward_within_class_class_10_or_near_completion(
     assert result.preemptions == (), why
 
 
+def test_a_job_past_its_walltime_is_a_victim_again() -> None:
+    """Measured on main: a class-0 job with walltime_s=1 blocked a class-9 preemptor for ever
+    (``no_victim_set``): once past its deadline it stayed "near completion". Its worker is ending
+    it; nothing protects it any more."""
+    worker = gpu_worker(gpus=1, worker_id="w1")
+    overrun = [running(worker, [0], cls=0, started=NOW - 600, walltime_s=1.0)]
+    (found,) = planned([worker], overrun, [single(waiting(cls=9))]).preemptions
+    assert found.victims[0].job_ids == (overrun[0].id,)
+
+
 def test_a_class_7_job_without_checkpoints_is_never_a_victim_but_one_that_checkpoints_is() -> None:
     worker = gpu_worker(gpus=1, worker_id="w1")
     protected = [running(worker, [0], cls=7, checkpoint_mode="none")]

@@ -3,6 +3,8 @@ could ever take the job back, so it is not placed on borrowed capacity)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from corral.core.protection import unreclaimable, why_protected
@@ -52,3 +54,27 @@ def test_near_its_walltime_a_job_is_protected_but_still_reclaimable_in_principle
     assert why_protected(near, None, NOW, 300.0) == "within 300 s of its walltime"
     assert why_protected(near, None, NOW, 100.0) is None
     assert not unreclaimable(near, None)
+
+
+def test_a_job_without_a_walltime_is_never_near_completion() -> None:
+    """No limit: nothing ends it, so there is no "near its end" to protect."""
+    assert why_protected(job(cls=3, checkpoint="auto", started_at=NOW - 1e6), None, NOW, 300.0) is None
+
+
+def test_a_job_past_its_deadline_is_no_longer_protected() -> None:
+    """Measured on main: a job that overran its walltime (walltime_s=1) stayed "near completion" for
+    ever and no preemptor could ever take its GPU (``no_victim_set``). Its worker is stopping it:
+    sparing it saves nothing."""
+    overrun = job(cls=0, checkpoint="auto", walltime_s=1.0, started_at=NOW - 600.0)
+    assert overrun.deadline_at == NOW - 599.0
+    assert why_protected(overrun, None, NOW, 300.0) is None
+    at_the_limit = job(cls=0, checkpoint="auto", walltime_s=600.0, started_at=NOW - 600.0)
+    assert why_protected(at_the_limit, None, NOW, 300.0) == "within 300 s of its walltime"
+
+
+@pytest.mark.parametrize("status", [Status.PENDING, Status.RESERVED, Status.DONE, Status.FAILED])
+def test_deadline_at_only_while_the_attempt_runs(status: Status) -> None:
+    assert dataclasses.replace(job(walltime_s=100.0, started_at=NOW), status=status).deadline_at is None
+    assert job(walltime_s=100.0, started_at=NOW).deadline_at == NOW + 100.0
+    preempting = dataclasses.replace(job(walltime_s=100.0, started_at=NOW), status=Status.PREEMPTING)
+    assert preempting.deadline_at == NOW + 100.0

@@ -38,6 +38,8 @@ _SCALARS: tuple[tuple[str, Any, list[str] | None, str], ...] = (
     ("starvation_timeout_s", float, None, "below fair share this long: starving (inherited)"),
     ("aggressive_starvation_timeout_s", float, None, "... this long: aggressively starving (inherited)"),
     ("starvation_tolerance", float, None, "in (0, 1]: below fair share x this is below it (inherited)"),
+    ("default_walltime_s", float, None, "walltime_s of a job that sets none (inherited)"),
+    ("max_walltime_s", float, None, "the most walltime_s a submit may ask for (inherited)"),
 )
 _SWITCHES = (
     ("enable_aggressive_starvation", "aggressive-starvation", "let starving jobs preempt aggressively"),

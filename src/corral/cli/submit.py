@@ -35,7 +35,12 @@ _SCALAR_FIELDS: tuple[tuple[str, str, type, str], ...] = (
         "while counted attempts < this; runs refunded by a drain, preemption or watchdog do not count",
     ),
     ("--budget-s", "budget_s", float, "wall-clock budget in seconds (watchdog)"),
-    ("--walltime-s", "walltime_s", float, "expected run time in seconds (backfill)"),
+    (
+        "--walltime-s",
+        "walltime_s",
+        float,
+        "run-time limit in seconds: the worker ends the job at it (failed, walltime_exceeded)",
+    ),
     ("--stall-timeout-s", "stall_timeout_s", float, "no-progress window in seconds (watchdog)"),
 )
 _RESOURCE_FIELDS: tuple[tuple[str, str, str], ...] = (

@@ -70,6 +70,10 @@ class CycleSettings(Protocol):
     def aggressive_starvation_timeout_s(self) -> float: ...
     @property
     def starvation_tolerance(self) -> float: ...
+    @property
+    def default_walltime_s(self) -> float | None: ...
+    @property
+    def max_walltime_s(self) -> float | None: ...
 
 
 def preemption_settings(settings: CycleSettings) -> PreemptionSettings:
@@ -94,6 +98,8 @@ def pool_defaults(settings: CycleSettings) -> pool_rules.PoolDefaults:
         starvation_timeout_s=settings.starvation_timeout_s,
         aggressive_starvation_timeout_s=settings.aggressive_starvation_timeout_s,
         starvation_tolerance=settings.starvation_tolerance,
+        default_walltime_s=settings.default_walltime_s,
+        max_walltime_s=settings.max_walltime_s,
     )
 
 

@@ -23,7 +23,8 @@ The drain (seed 000's PreemptGang), in steps:
 The completion rule (seed 000's option B), once nothing of the gang is in flight (reserved, running
 or preempting): the gang goes back to ``blocked`` as a unit, or to ``failed`` when a task is out of
 retries or a task already ended ``done`` or ``failed`` (those keep their own status: a gang that has
-partly finished cannot be restarted whole).
+partly finished cannot be restarted whole), or when the trigger's failure is one another attempt
+would meet again (``NOT_RETRIED``: its reason code says so, e.g. ``walltime_exceeded``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from corral.domain.transitions import Plan, Transition, applied, move
 
 __all__ = [
     "BLOCKED",
+    "NOT_RETRIED",
     "DrainCompleted",
     "DrainStarted",
     "complete",
@@ -46,6 +48,11 @@ __all__ = [
     "stale_reservation",
     "start_drain",
 ]
+
+#: failure codes a worker reports (``POST /jobs/{id}/fail`` ``reason``) that another attempt would
+#: meet again: a single job fails at once (``lifecycle.report_failure``), a gang whose drain such a
+#: failure triggered fails at its completion (API.md "A job is contained on its host", "Time limits")
+NOT_RETRIED = frozenset({"no_such_account", "workdir_unavailable", "walltime_exceeded"})
 
 #: the statuses in which a gang task still has something under way: the drain is not over
 IN_FLIGHT = frozenset({Status.RESERVED, Status.RUNNING, Status.PREEMPTING})
@@ -292,6 +299,11 @@ def completion(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted | None]:
 # --- the completion rule ------------------------------------------------------------------------
 
 
+def _not_retried(task: Job) -> bool:
+    """The drain's trigger stopped for a failure another attempt would meet again."""
+    return task.status == Status.PREEMPTED and task.reason is not None and task.reason.code in NOT_RETRIED
+
+
 def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
     """Seed 000's completion rule (module docstring), or None when there is nothing to complete:
     something is still in flight, or no drain happened and nothing is stranded.
@@ -308,7 +320,11 @@ def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
     if Status.PREEMPTED not in statuses and not stranded:
         return None
     preempted_for = next((task.preempted_for for task in tasks if task.preempted_for), None)
-    exhausted = [task for task in tasks if not task.retries_left and task.status not in TERMINAL]
+    exhausted = [
+        task
+        for task in tasks
+        if task.status not in TERMINAL and (not task.retries_left or _not_retried(task))
+    ]
     ended = [task for task in tasks if task.status in (Status.DONE, Status.FAILED)]
     epoch = max(task.preemption_epoch for task in tasks)
     started = [task.drain_started_at for task in tasks if task.drain_started_at is not None]
@@ -323,6 +339,8 @@ def complete(tasks: Sequence[Job], now: float) -> Plan[DrainCompleted] | None:
     if exhausted or ended:
         culprit = ended[0] if ended else exhausted[0]
         why = f"already ended {culprit.status.value}" if ended else "is out of retries"
+        if not ended and culprit.retries_left and _not_retried(culprit) and culprit.reason is not None:
+            why = f"failed with {culprit.reason.code}, which another attempt would meet again"
         reason = Reason("gang_failed", f"gang failed: task {culprit.gang_index} ({culprit.id}) {why}")
         outcome = "failed"
         transitions.extend(

@@ -114,9 +114,8 @@ def _not_running(job: Job) -> errors.Conflict:
 
 #: within one request, jobs are stamped this far apart, so the request's order is their queue order
 BATCH_STEP_S = 1e-6
-#: failure codes a worker reports (``POST /jobs/{id}/fail`` ``reason``) that another attempt would
-#: meet again: the job fails at once (API.md "A job is contained on its host", "Time limits")
-NOT_RETRIED = frozenset({"no_such_account", "workdir_unavailable", "walltime_exceeded"})
+#: failure codes another attempt would meet again (``drain.NOT_RETRIED``)
+NOT_RETRIED = drain.NOT_RETRIED
 QUEUED = Reason("queued", "waiting for a worker with free capacity")
 WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
 
@@ -303,7 +302,10 @@ def report_failure(
         why = "was handed back by its worker" if release else outcome
         if failure_code is not None:
             why = f"{why} ({failure_code})"
-        reason = Reason("task_failed", f"task {job.gang_index} {why}; draining the gang")
+        # a failure another attempt would meet again is the trigger's reason code: the drain's
+        # completion fails the gang on it (``drain.complete``)
+        code = failure_code if failure_code in NOT_RETRIED and not release else "task_failed"
+        reason = Reason(code, f"task {job.gang_index} {why}; draining the gang")
         return _drain_and_complete(job, gang, now, reason, detail)
     if release:
         reason = Reason("released", f"worker {worker_id} handed the job back ({error or outcome}); re-queued")

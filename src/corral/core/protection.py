@@ -3,11 +3,13 @@ protection rule, used by the preemption planner (victims), the admission cycle (
 capacity) and the claim (single jobs on borrowed capacity).
 
 A job is protected when it is class 10, in a pool of kind ``sensitive``, ``checkpoint: none`` with
-class 7 and above (all its progress would be lost), or within ``near_completion_s`` of its declared
-walltime. The first three do not depend on time: a job they protect is *unreclaimable* (no
-preemption could ever take back the capacity it holds), so it is not placed on borrowed capacity
-(``corral.core.borrowing``). The class and borrowing tests, which depend on the preemptor, belong to
-the planner (``corral.core.preemption.triggers``).
+class 7 and above (all its progress would be lost), or within ``near_completion_s`` of its enforced
+deadline (``Job.deadline_at``: its start plus its ``walltime_s``, which its worker holds it to).
+A job with no limit is never near completion; one past its deadline (its worker is stopping it)
+is no longer protected: sparing it saves nothing. The first three do not depend on time: a job
+they protect is *unreclaimable* (no preemption could ever take back the capacity it holds), so it
+is not placed on borrowed capacity (``corral.core.borrowing``). The class and borrowing tests,
+which depend on the preemptor, belong to the planner (``corral.core.preemption.triggers``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ def why_protected(job: Job, pool_kind: str | None, now: float, near_completion_s
     static = _static_protection(job, pool_kind)
     if static is not None:
         return static
-    walltime = job.spec.walltime_s
-    started = job.started_at
-    if walltime is not None and started is not None and started + walltime - now < near_completion_s:
+    deadline = job.deadline_at
+    if deadline is not None and now <= deadline < now + near_completion_s:
         return f"within {near_completion_s:g} s of its walltime"
     return None
 

@@ -11,11 +11,12 @@ Inheritance (DESIGN.md "Preemption: corral's choices": timers and the aggressive
 - ``weight``, ``guarantee`` and ``limits`` belong to the pool that sets them and are never
   inherited: a child does not receive its parent's weight, and a guarantee or a limit is shared by
   the subtree, not copied into each child. Unset: weight 1.0, guarantee 0, no limit.
-- ``mode``, ``kind``, the starvation timers and tolerance, ``enable_aggressive_starvation`` and
-  ``allow_aggressive_preemption`` are inherited: a pool that does not set one takes its parent's
-  effective value, a root pool the server's ``PoolDefaults``. This includes ``kind``: a child of a
-  ``sensitive`` pool is sensitive unless it sets a kind of its own, so a team cannot lose the
-  protection of its parent by forgetting to repeat it.
+- ``mode``, ``kind``, the starvation timers and tolerance, ``enable_aggressive_starvation``,
+  ``allow_aggressive_preemption``, ``default_walltime_s`` and ``max_walltime_s`` are inherited:
+  a pool that does not set one takes its parent's effective value, a root pool the server's
+  ``PoolDefaults``. This includes ``kind``: a child of a ``sensitive`` pool is sensitive unless it
+  sets a kind of its own, so a team cannot lose the protection of its parent by forgetting to
+  repeat it.
 
 A resolved pool's ``aggressive_starvation_timeout_s`` is never below its ``starvation_timeout_s``
 (a PUT refuses both set that way; one set and the other inherited may cross, and the later of the
@@ -117,6 +118,9 @@ class PoolSettings:
     starvation_tolerance: float | None = None
     enable_aggressive_starvation: bool | None = None
     allow_aggressive_preemption: bool | None = None
+    #: the ``walltime_s`` a job of the subtree gets when it sets none, and the most it may set
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,9 @@ class PoolDefaults:
     starvation_tolerance: float = 0.8
     enable_aggressive_starvation: bool = False
     allow_aggressive_preemption: bool = True
+    #: ``CORRAL_DEFAULT_WALLTIME_S`` and ``CORRAL_MAX_WALLTIME_S`` (None: no limit, no maximum)
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +157,9 @@ class Pool:
     starvation_tolerance: float = 0.8
     enable_aggressive_starvation: bool = False
     allow_aggressive_preemption: bool = True
+    #: the ``walltime_s`` a job that sets none gets, and the most a job may set (None: none)
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
     #: a row exists for it (False: implied by a descendant, or a job's pool without a row)
     explicit: bool = False
 
@@ -180,6 +190,8 @@ def _inherit(path: str, parent: Pool | PoolDefaults, own: PoolSettings | None, e
             own.enable_aggressive_starvation, parent.enable_aggressive_starvation
         ),
         allow_aggressive_preemption=_own(own.allow_aggressive_preemption, parent.allow_aggressive_preemption),
+        default_walltime_s=_own(own.default_walltime_s, parent.default_walltime_s),
+        max_walltime_s=_own(own.max_walltime_s, parent.max_walltime_s),
         explicit=explicit,
     )
 

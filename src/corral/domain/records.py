@@ -132,6 +132,20 @@ class Job:
         ``max_retries``; 0 and 1 both mean one attempt, so a job refunded to none has one left."""
         return self.attempts_used < max(1, self.spec.max_retries)
 
+    @property
+    def deadline_at(self) -> float | None:
+        """When its worker ends the current attempt for its ``walltime_s`` (a limit, enforced:
+        API.md "Time limits"): its start plus the limit while it runs (``running``, or
+        ``preempting`` and still holding its room); None when it has no limit or is not running."""
+        walltime = self.spec.walltime_s
+        if walltime is None or self.started_at is None or self.status not in _RUNS:
+            return None
+        return self.started_at + walltime
+
+
+#: the statuses in which an attempt's process runs on its worker
+_RUNS = frozenset({Status.RUNNING, Status.PREEMPTING})
+
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:

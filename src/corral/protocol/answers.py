@@ -106,6 +106,8 @@ class JobAnswer(Answer):
     progress: dict[str, Any] | None = None
     budget_s: float | None = None
     walltime_s: float | None = None
+    #: while it runs: when its worker ends the attempt for its ``walltime_s`` (start + limit)
+    deadline_at: str | None = None
     stall_timeout_s: float | None = None
     workdir: str | None = None
     cancel_requested: bool = False
@@ -243,6 +245,8 @@ class PoolSettingsAnswer(Answer):
     starvation_tolerance: float | None = None
     enable_aggressive_starvation: bool | None = None
     allow_aggressive_preemption: bool | None = None
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
 
 
 class FairShareAnswer(Answer):
@@ -278,6 +282,9 @@ class PoolAnswer(Answer):
     starvation_tolerance: float
     enable_aggressive_starvation: bool
     allow_aggressive_preemption: bool
+    #: inherited down the tree; null: no default limit, no maximum
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
     settings: PoolSettingsAnswer = Field(default_factory=PoolSettingsAnswer)
     usage: ResourcesAnswer = Field(default_factory=ResourcesAnswer)
     demand: ResourcesAnswer = Field(default_factory=ResourcesAnswer)

@@ -29,6 +29,8 @@ MAX_TASKS_PER_REQUEST = 10_000
 INT32_MAX = 2**31 - 1
 #: 9999-12-31T23:59:59Z: the latest time an answer can write
 MAX_TIMESTAMP = 253402300799.0
+#: the longest walltime_s (100 years): a deadline must stay a time an answer can write
+MAX_WALLTIME_S = 100 * 365 * 86400.0
 #: the largest GPU index a worker may report (NVML counts far fewer GPUs per host)
 MAX_GPU_INDEX = 65535
 GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
@@ -104,7 +106,7 @@ class SubmitBody(_Strict):
     checkpoint: Literal["none", "auto", "manual"] = "none"
     max_retries: int = Field(3, ge=0, le=1000)
     budget_s: float | None = Field(None, gt=0)
-    walltime_s: float | None = Field(None, gt=0)
+    walltime_s: float | None = Field(None, gt=0, le=MAX_WALLTIME_S)
     stall_timeout_s: float | None = Field(None, gt=0)
     #: where the job starts on its worker: an absolute path, or null for a fresh per-job directory
     workdir: Text | None = Field(None, min_length=1, max_length=4096)
@@ -172,6 +174,17 @@ class PoolBody(_Strict):
     starvation_tolerance: float | None = Field(None, gt=0, le=1)
     enable_aggressive_starvation: bool | None = None
     allow_aggressive_preemption: bool | None = None
+    #: the walltime_s a job of the subtree gets when it sets none, and the most a submit may ask
+    default_walltime_s: float | None = Field(None, gt=0, le=MAX_WALLTIME_S)
+    max_walltime_s: float | None = Field(None, gt=0, le=MAX_WALLTIME_S)
+
+    @field_validator("max_walltime_s")
+    @classmethod
+    def _default_within_the_max(cls, value: float | None, info: ValidationInfo) -> float | None:
+        default = info.data.get("default_walltime_s")
+        if value is not None and default is not None and default > value:
+            raise ValueError(f"is below default_walltime_s ({default:g})")
+        return value
 
     @field_validator("limits")
     @classmethod
@@ -205,6 +218,8 @@ class PoolBody(_Strict):
             starvation_tolerance=self.starvation_tolerance,
             enable_aggressive_starvation=self.enable_aggressive_starvation,
             allow_aggressive_preemption=self.allow_aggressive_preemption,
+            default_walltime_s=self.default_walltime_s,
+            max_walltime_s=self.max_walltime_s,
         )
 
 

@@ -56,6 +56,8 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "rss_mb": job.rss_mb,
         "budget_s": spec.budget_s,
         "walltime_s": spec.walltime_s,
+        # when its worker ends the attempt for its walltime (start + limit), while it runs
+        "deadline_at": to_rfc3339(job.deadline_at),
         "stall_timeout_s": spec.stall_timeout_s,
         "workdir": spec.workdir,
         "cancel_requested": job.cancel_requested,

@@ -28,7 +28,7 @@ from corral.core.hearing import Hearing
 from corral.core.preemption import PreemptionSettings
 from corral.domain import pools
 from corral.domain.clock import Clock
-from corral.domain.pools import PoolDefaults
+from corral.domain.pools import Pool, PoolDefaults
 from corral.observability.metrics import Metrics
 from corral.server.executor import StoreExecutor, Work
 from corral.server.offload import StoreProcess
@@ -72,8 +72,8 @@ class ServerState:
     #: ``CORRAL_STORE_PROCESSES=false``)
     planner_process: InitVar[StoreProcess | None] = None
     reader_process: InitVar[StoreProcess | None] = None
-    #: the claim's policy with the pools it was made from, and when (``claim_policy``)
-    _claim: tuple[float, Claim] | None = field(default=None, init=False)
+    #: the pools as resolved, the claim's policy made from them, and when (``claim_policy``)
+    _claim: tuple[float, dict[str, Pool], Claim] | None = field(default=None, init=False)
     #: bumped by ``pools_changed``: a claim policy read before the bump is never kept after it
     _pools_generation: int = field(default=0, init=False)
 
@@ -108,14 +108,23 @@ class ServerState:
         replica changed a pool (``pools_changed``); another replica's change reaches this one's
         claims within a tick. Called on store threads: the swap of one attribute is atomic, and a
         policy read before a change here (``pools_changed`` ran meanwhile) is used once, not kept."""
+        return self._kept_pools()[2]
+
+    def resolved_pools(self) -> dict[str, Pool]:
+        """The pools as resolved (``corral.domain.pools.resolve``), kept as the claim's policy is
+        (``claim_policy``): what a submit's time limits are read from."""
+        return self._kept_pools()[1]
+
+    def _kept_pools(self) -> tuple[float, dict[str, Pool], Claim]:
         kept = self._claim
         now = time.monotonic()
         if kept is None or now - kept[0] >= self.settings.admission_tick_s:
             generation = self._pools_generation
-            kept = (now, Claim(pools.resolve(self.store.pools.pools(), self.pool_defaults)))
+            resolved = pools.resolve(self.store.pools.pools(), self.pool_defaults)
+            kept = (now, resolved, Claim(resolved))
             if generation == self._pools_generation:
                 self._claim = kept
-        return kept[1]
+        return kept
 
     def pools_changed(self) -> None:
         """A pool was stored or deleted here: the next claim reads the pools again."""

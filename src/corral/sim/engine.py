@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-from corral.core import admission, cycle, drain, lifecycle
+from corral.core import admission, cycle, drain, lifecycle, walltime
 from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
@@ -55,7 +55,9 @@ BUSY = frozenset({Status.RUNNING, Status.PREEMPTING})
 RESERVED = frozenset({Status.RESERVED})
 
 # event kinds, in the order they are handled within one instant
-END, BEAT, SAVED, STOPPED, SUBMIT = range(5)
+END, BEAT, SAVED, STOPPED, SUBMIT, TIMEOUT = range(6)
+#: what the worker reports for an attempt it ended at its walltime (``corral.worker.walltime``)
+WALLTIME_ERROR = "walltime exceeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,10 @@ class Record:
     #: (time, kind, job id, worker id or "", reason code or ""): every status change, for the
     #: differential test
     decisions: list[tuple[float, str, str, str, str]] = field(default_factory=list)
+    #: workload jobs refused at submit (a walltime above their pool's maximum), and jobs (tasks)
+    #: ended at their walltime
+    refused: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
     cycles: int = 0
     cycles_skipped: int = 0
     #: cycles run without the preemption planner (``corral.sim.shortcuts``)
@@ -296,22 +302,27 @@ class Engine:
                 self.tasks[job_id].uploaded = self.tasks[job_id].phase_saved
             elif kind == STOPPED:
                 self._stopped(job, gang, attempt, payload[2])
+            elif kind == TIMEOUT and job.status == Status.RUNNING:
+                # a victim already being stopped acks its stop instead (the worker's stop path)
+                failed = lifecycle.report_failure(
+                    job, gang, job.worker_id, attempt, self.now, None, WALLTIME_ERROR, None,
+                    failure_code="walltime_exceeded",
+                )  # fmt: skip
+                self._apply(failed)
+                self.tasks[job_id].working_since = None
+                self.record.timed_out.append(job_id)
         except errors.Conflict:
             return  # refused as the server refuses it: nothing changes
 
     def _submit(self, work: WorkloadJob) -> None:
+        if work.pool not in self.pools:
+            self.pools[work.pool] = pool_rules.effective(work.pool, self.pools, self.pool_defaults)
+        try:
+            spec = walltime.limited(self._spec(work), self.pools[work.pool])
+        except errors.InvalidRequest:
+            self.record.refused.append(work.job_id)  # the server answers 400
+            return
         self.submitted += 1
-        spec = JobSpec(
-            command="sim",
-            name=work.job_id,
-            gang_size=work.gang_size,
-            resources=Resources(work.gpus, work.vram_mb, work.memory_mb, work.cpus),
-            constraints=Constraints(),
-            pool=work.pool,
-            user=work.user,
-            preemption_class=work.preemption_class,
-            checkpoint_mode=work.checkpoint,
-        )
         ((gang_id, created),) = lifecycle.submitted([spec], self.now)
         # Deterministic ids (the server draws random ones): the workload's id, ``.<rank>`` for tasks.
         if gang_id is None:
@@ -321,8 +332,6 @@ class Engine:
             jobs = [replace(task, id=f"{work.job_id}.{task.gang_index}", gang_id=gang_id) for task in created]
             self.gang_tasks[gang_id] = tuple(job.id for job in jobs)
             self.waiting_gangs.add(gang_id)
-        if work.pool not in self.pools:
-            self.pools[work.pool] = pool_rules.effective(work.pool, self.pools, self.pool_defaults)
         for job in jobs:
             self.jobs[job.id] = job
             self.tasks[job.id] = Task(job.id, work)
@@ -331,6 +340,20 @@ class Engine:
                 self._enqueue(job)
             self._note(job.status.value, job)
         self.changed = True
+
+    def _spec(self, work: WorkloadJob) -> JobSpec:
+        return JobSpec(
+            command="sim",
+            name=work.job_id,
+            gang_size=work.gang_size,
+            resources=Resources(work.gpus, work.vram_mb, work.memory_mb, work.cpus),
+            constraints=Constraints(),
+            pool=work.pool,
+            user=work.user,
+            preemption_class=work.preemption_class,
+            checkpoint_mode=work.checkpoint,
+            walltime_s=work.walltime,
+        )
 
     def _victim_beat(self, job: Job, attempt: int) -> None:
         """A victim's heartbeat: the checkpoint phase's clock (``heartbeat_action``)."""
@@ -778,6 +801,10 @@ class Engine:
                 self.waiting_gangs.discard(after.gang_id)
         task = self.tasks[after.id]
         if after.status == Status.RUNNING:
+            deadline = after.deadline_at
+            if deadline is not None and before.status in (Status.PENDING, Status.RESERVED):
+                # its worker stops it at the deadline; the failure is reported once it has exited
+                self._schedule(deadline + self.settings.stop_s, TIMEOUT, (after.id, after.attempts))
             if task.first_start is None:
                 task.first_start = now
                 key = task.work.job_id
@@ -785,7 +812,7 @@ class Engine:
             self._work_starts(after)
         elif after.status == Status.PREEMPTING:
             self._schedule(now + self.settings.heartbeat_s, BEAT, (after.id, after.attempts))
-        elif after.status == Status.DONE:
+        elif after.status in (Status.DONE, Status.FAILED):
             task.end = now
             self.record.ends[task.work.job_id] = max(self.record.ends.get(task.work.job_id, now), now)
 
@@ -854,7 +881,10 @@ class Engine:
             task = self.tasks[task_job.id]
             task.working_since = self.now
             remaining = max(0.0, task.work.duration - task.kept)
-            self._schedule(self.now + remaining, END, (task_job.id, task_job.attempts))
+            deadline = task_job.deadline_at
+            if deadline is None or self.now + remaining <= deadline:
+                self._schedule(self.now + remaining, END, (task_job.id, task_job.attempts))
+            # else: its worker ends it at its deadline (``TIMEOUT``, scheduled at its claim)
 
     def _capacity_changed(self, worker_id: str) -> None:
         self.capacity.pop(worker_id, None)

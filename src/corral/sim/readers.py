@@ -4,7 +4,8 @@ an ``InputError`` naming the file, the line and the column.
 Formats (shared/API.md "The simulator's input"):
 
 - a **workload** CSV with a header: ``job_id, submit_time, duration, gpus`` required; ``gang_size,
-  pool, user, preemption_class, checkpoint, checkpoint_every_s, cpus, memory_mb, vram_mb`` optional
+  pool, user, preemption_class, checkpoint, checkpoint_every_s, cpus, memory_mb, vram_mb, walltime``
+  (seconds: the job's ``walltime_s``) optional
   (a missing column or an empty cell takes the submit default);
 - the **Alibaba GPU trace** (``shared/traces/alibaba-gpu-v2023/jobs.csv``, recognised by its
   header) as it is: ``num_gpu`` whole GPUs (a fractional ``gpu_milli`` share counts as one whole
@@ -45,7 +46,7 @@ T = TypeVar("T")
 WORKLOAD_REQUIRED = ("job_id", "submit_time", "duration", "gpus")
 WORKLOAD_OPTIONAL = (
     "gang_size", "pool", "user", "preemption_class", "checkpoint", "checkpoint_every_s",
-    "cpus", "memory_mb", "vram_mb",
+    "cpus", "memory_mb", "vram_mb", "walltime",
 )  # fmt: skip
 ALIBABA_COLUMNS = ("job_id", "submit_time", "start_time", "duration", "num_gpu", "gpu_milli", "qos")
 ALIBABA_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -57,7 +58,7 @@ QOS_CLASS = {"LS": 7, "Guaranteed": 6, "Burstable": 4, "BE": 2}
 POOL_FIELDS = {
     "weight", "guarantee", "limits", "mode", "kind", "starvation_timeout_s",
     "aggressive_starvation_timeout_s", "starvation_tolerance", "enable_aggressive_starvation",
-    "allow_aggressive_preemption",
+    "allow_aggressive_preemption", "default_walltime_s", "max_walltime_s",
 }  # fmt: skip
 
 
@@ -207,6 +208,7 @@ def read_workload(path: str | Path) -> Workload:
             )
         seen[job_id] = line
         every = rows.raw(row, "checkpoint_every_s")
+        walltime = rows.raw(row, "walltime")
         jobs.append(
             WorkloadJob(
                 job_id=job_id,
@@ -224,6 +226,7 @@ def read_workload(path: str | Path) -> Workload:
                 cpus=rows.cell(line, row, "cpus", _whole(0), 0),
                 memory_mb=rows.cell(line, row, "memory_mb", _whole(0), 0),
                 vram_mb=rows.cell(line, row, "vram_mb", _whole(0), 0),
+                walltime=rows.cell(line, row, "walltime", _seconds(0, strict=True)) if walltime else None,
             )
         )
     return Workload(tuple(jobs), name=file.stem)
@@ -384,11 +387,19 @@ def pool_settings(body: Any) -> PoolSettings:
     except ValueError as error:
         raise ValueError(str(error)) from None
     timers: dict[str, float | None] = {}
-    for name in ("starvation_timeout_s", "aggressive_starvation_timeout_s"):
+    for name in (
+        "starvation_timeout_s",
+        "aggressive_starvation_timeout_s",
+        "default_walltime_s",
+        "max_walltime_s",
+    ):
         value = body.get(name)
         if value is not None and (not isinstance(value, int | float) or value <= 0):
             raise ValueError(f"{name} must be a number of seconds > 0")
         timers[name] = None if value is None else float(value)
+    default_walltime, max_walltime = timers["default_walltime_s"], timers["max_walltime_s"]
+    if default_walltime is not None and max_walltime is not None and default_walltime > max_walltime:
+        raise ValueError("default_walltime_s is above max_walltime_s")
     flags: dict[str, bool | None] = {}
     for name in ("enable_aggressive_starvation", "allow_aggressive_preemption"):
         value = body.get(name)
@@ -406,6 +417,8 @@ def pool_settings(body: Any) -> PoolSettings:
         aggressive_starvation_timeout_s=timers["aggressive_starvation_timeout_s"],
         enable_aggressive_starvation=flags["enable_aggressive_starvation"],
         allow_aggressive_preemption=flags["allow_aggressive_preemption"],
+        default_walltime_s=timers["default_walltime_s"],
+        max_walltime_s=timers["max_walltime_s"],
     )
 
 

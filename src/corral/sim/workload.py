@@ -32,6 +32,9 @@ class WorkloadJob:
     cpus: int = 0
     memory_mb: int = 0
     vram_mb: int = 0
+    #: its ``walltime_s`` (a limit: a job whose work runs longer is ended at it, failed with reason
+    #: ``walltime_exceeded``); None: the pool's default, if any
+    walltime: float | None = None
     #: the trace's own figures where it has them (the Alibaba trace): when production started it
     production_start: float | None = None
 
@@ -78,6 +81,10 @@ class SimSettings:
       then every ``heartbeat_s``; a victim that checkpoints (``auto``/``manual``) saves on
       SIGUSR1 in ``checkpoint_save_s`` and uploads (keeping all its work up to the signal); then
       the next heartbeat says ``preempt`` and the job exits and is acked ``stop_s`` later;
+    - a job whose ``walltime_s`` (its own, else its pool's default) ends before its work is stopped
+      by its worker at its claim plus the limit and reported failed (``walltime_exceeded``)
+      ``stop_s`` later, unless it is being preempted by then (the stop's ack wins); a submit
+      above its pool's ``max_walltime_s`` is refused (not run, counted in ``refused``);
     - a job with ``checkpoint_every_s`` saves that often on its own (its heartbeats report it,
       which the preemption cost reads); a victim without a checkpoint phase resumes from that
       save, or starts over.
@@ -102,6 +109,10 @@ class SimSettings:
     preemption_satisfaction_threshold: float = 1.0
     aggressive_preemption_satisfaction_threshold: float = 0.2
     max_preemptions_per_cycle: int = 128
+    #: the walltime_s of a job that sets none, and the most one may set (None: none; pools may
+    #: set their own)
+    default_walltime_s: float | None = None
+    max_walltime_s: float | None = None
     heartbeat_s: float = 5.0
     checkpoint_save_s: float = 30.0
     stop_s: float = 1.0

@@ -21,7 +21,9 @@ from corral.store.schema import POOL_COLUMNS
 
 POOL_SELECT = ", ".join(POOL_COLUMNS)
 #: the settings columns (all but the path and the two timestamps), in table order
-SETTINGS_COLUMNS = POOL_COLUMNS[1:-2]
+SETTINGS_COLUMNS = tuple(
+    column for column in POOL_COLUMNS if column not in ("path", "created_at", "updated_at")
+)
 #: SQLite allows 32,766 parameters in a statement, PostgreSQL 65,535: stay far under both
 _PATHS_PER_READ = 500
 
@@ -40,6 +42,7 @@ def settings_from_row(row: Sequence[Any]) -> PoolSettings:
     (
         _path, weight, g_gpus, g_vram, g_memory, g_cpus, l_gpus, l_vram, l_memory, l_cpus, mode, kind,
         starvation, aggressive, tolerance, enable_aggressive, allow_aggressive, _created, _updated,
+        default_walltime, max_walltime,
     ) = row  # fmt: skip
     return PoolSettings(
         weight=_optional(weight, float),
@@ -52,6 +55,8 @@ def settings_from_row(row: Sequence[Any]) -> PoolSettings:
         starvation_tolerance=_optional(tolerance, float),
         enable_aggressive_starvation=_optional(enable_aggressive, bool),
         allow_aggressive_preemption=_optional(allow_aggressive, bool),
+        default_walltime_s=_optional(default_walltime, float),
+        max_walltime_s=_optional(max_walltime, float),
     )
 
 
@@ -69,6 +74,7 @@ def settings_values(settings: PoolSettings) -> tuple[Any, ...]:
         settings.starvation_timeout_s, settings.aggressive_starvation_timeout_s,
         settings.starvation_tolerance, _optional(settings.enable_aggressive_starvation, int),
         _optional(settings.allow_aggressive_preemption, int),
+        settings.default_walltime_s, settings.max_walltime_s,
     )  # fmt: skip
 
 

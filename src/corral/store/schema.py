@@ -217,6 +217,8 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "allow_aggressive_preemption INTEGER",
         "created_at DOUBLE PRECISION NOT NULL",
         "updated_at DOUBLE PRECISION NOT NULL",
+        "default_walltime_s DOUBLE PRECISION",  # migration 13
+        "max_walltime_s DOUBLE PRECISION",  # migration 13
     ),
     "job_logs": columns(  # migration 8
         "job_id TEXT NOT NULL",
@@ -599,6 +601,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE jobs ADD COLUMN workdir TEXT",
             # What the worker holds its jobs to (``enforcement``, JSON), as it registered.
             "ALTER TABLE workers ADD COLUMN enforcement TEXT NOT NULL DEFAULT '{}'",
+        ),
+    ),
+    Migration(
+        13,
+        "time limits",
+        (
+            # API.md "Time limits": the walltime_s a job of the pool's subtree gets when it sets
+            # none, and the most a submit may ask for. NULL inherits (the parent pool, else
+            # CORRAL_DEFAULT_WALLTIME_S / CORRAL_MAX_WALLTIME_S).
+            "ALTER TABLE pools ADD COLUMN default_walltime_s DOUBLE PRECISION",
+            "ALTER TABLE pools ADD COLUMN max_walltime_s DOUBLE PRECISION",
         ),
     ),
 )

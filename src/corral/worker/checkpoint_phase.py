@@ -30,6 +30,10 @@ A phase ends without an upload when the job's process exits, a stop begins (the 
 ``preempt``, a watchdog, a shutdown), the server stops asking (a plain answer: the preemption was
 called off), or a newer epoch's phase begins. The attempt's end then uploads what is left, through
 the same ``AttemptUploads``, so the phase's upload and the end's never race and never repeat.
+
+The same phase, with no epoch, is the warning before a job's walltime ends it
+(``corral.worker.walltime``): the worker starts it on its own, the upload goes without an epoch
+(fenced by the attempt), and the limit's stop ends it.
 """
 
 from __future__ import annotations
@@ -83,11 +87,12 @@ def _signature(path: Path) -> _Signature | None:
 
 
 class CheckpointPhase:
-    """Epoch ``epoch``'s checkpoint phase for one attempt; ``start`` begins it, ``end`` stops it."""
+    """Epoch ``epoch``'s checkpoint phase for one attempt (None: the walltime warning's, which no
+    preemption asked for); ``start`` begins it, ``end`` stops it."""
 
     def __init__(
         self,
-        epoch: int,
+        epoch: int | None,
         deadline_s: float | None,
         process: Hintable,
         uploads: AttemptUploads,
@@ -99,7 +104,9 @@ class CheckpointPhase:
     ) -> None:
         self.epoch = epoch
         self.deadline_s = deadline_s
-        self.fields = {**fields, "preemption_epoch": epoch}
+        self.fields = (
+            {**fields, "preemption_epoch": epoch} if epoch is not None else {**fields, "walltime": True}
+        )
         self._process = process
         self._uploads = uploads
         self._done_file = done_file
@@ -125,7 +132,9 @@ class CheckpointPhase:
         except OSError as error:
             logger.warning("cannot clear the job's done file", extra={**self.fields, "error": str(error)})
         self._thread = threading.Thread(
-            target=self._run, name=f"checkpoint-{self.fields.get('job_id')}-{self.epoch}", daemon=True
+            target=self._run,
+            name=f"checkpoint-{self.fields.get('job_id')}-{'walltime' if self.epoch is None else self.epoch}",
+            daemon=True,
         )
         self._thread.start()
 

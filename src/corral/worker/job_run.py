@@ -35,6 +35,12 @@ epoch N; the ``preempt`` answer that follows is an ordinary stop. The heartbeats
 server needs meanwhile: ``checkpoint_at`` (when the job last saved) always, ``defer_s`` once per
 request for more time the job makes during the phase.
 
+A job with a ``walltime_s`` is ended at it (``corral.worker.walltime``): the attempt's thread ticks
+the limit beside the watchdogs; a job that checkpoints gets a checkpoint phase without an epoch
+``CORRAL_WALLTIME_WARNING_S`` before (the hint, its save, an upload), then the stop (SIGTERM, grace,
+SIGKILL), its checkpoint uploaded as at every end, and the report a failure with reason
+``walltime_exceeded``, which the server does not retry.
+
 The job's output goes to the server as it is written (``corral.worker.log_shipper``), and what is
 left of it once the process ended before the checkpoint upload and the report.
 """
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import signal
 import threading
@@ -67,6 +74,7 @@ from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
 from corral.worker.samplers import Samplers
 from corral.worker.threads import ThreadPool
+from corral.worker.walltime import Step, WalltimeLimit, walltime_limit
 from corral.worker.watchdogs import Verdict
 from corral.worker.workspace import JobWorkspace
 
@@ -88,6 +96,7 @@ class StopReason(enum.Enum):
     LOST = "lost"  # 409/404: another attempt owns the job; report nothing
     SHUTDOWN = "shutdown"  # the worker is going away: report a failure so the job is re-queued
     WATCHDOG = "watchdog"  # a watchdog tripped: report the trip, the server re-queues or fails
+    WALLTIME = "walltime"  # its walltime_s is reached: report a failure the server does not retry
 
 
 def _saved_at(path: Path) -> float | None:
@@ -172,6 +181,10 @@ class JobRun:
         self._containment = containment  # a cgroup per attempt, where the host has them
         self._gpu_devices = gpu_devices or {}
         self._cgroup: AttemptGroup | None = None
+        # the limit counts from the claim, as the server's ``deadline_at`` does
+        self._claimed_at = time.monotonic()
+        self._limit: WalltimeLimit | None = walltime_limit(settings, claim.walltime_s, claim.checkpoint_mode)
+        self._walltime_phase: CheckpointPhase | None = None
 
     def start(self) -> None:
         name = f"job-{self.job_id}"
@@ -315,6 +328,8 @@ class JobRun:
                 self._report_failure(None, f"could not start: {error}", "")
                 return
             started_at = time.monotonic()
+            if self._limit is not None:
+                self._limit.start(self._claimed_at)
             if self._records is not None:
                 self._records.record(self.job_id, self.attempt, process.pid)
             with self._lock:
@@ -464,21 +479,27 @@ class JobRun:
             logger.exception("checkpoint upload after a supervision error failed", extra=self.fields)
 
     def _supervise(self, process: JobProcess) -> int:
-        """Wait for the process, ticking its watchdogs when they are due; its exit code.
+        """Wait for the process, ticking its walltime limit and its watchdogs when they are due;
+        its exit code.
 
         Nothing else is done on this thread meanwhile (the heartbeats are elsewhere), so a
-        watchdog is never late because the server is slow."""
+        watchdog or the limit is never late because the server is slow."""
         pause = MIN_WAIT_S
+        limit = self._limit
         while True:
             watch = self._watch if self._watching else None
             if watch is not None and watch.stopped:
                 watch, self._watching = None, False
-            wait_s = SUPERVISE_SLICE_S
-            if watch is not None:
-                wait_s = max(pause, min(wait_s, watch.next_due() - time.monotonic()))
+            due = min(
+                watch.next_due() if watch is not None else math.inf,
+                limit.next_due() if limit is not None else math.inf,
+            )
+            wait_s = max(pause, min(SUPERVISE_SLICE_S, due - time.monotonic()))
             exit_code = process.wait(wait_s)
             if exit_code is not None:
                 return exit_code
+            if limit is not None:
+                self._tick_limit(limit, process)
             if watch is None:
                 continue
             pause = MIN_WAIT_S
@@ -492,6 +513,44 @@ class JobRun:
                 self._watching = False
                 if not watch.stopped:
                     self._watchdog_tripped(verdict)
+
+    def _tick_limit(self, limit: WalltimeLimit, process: JobProcess) -> None:
+        """The walltime's step due now, if any: the warning's checkpoint phase, or the stop."""
+        step = limit.tick(time.monotonic())
+        if step == Step.WARN:
+            self._walltime_warning(process, limit)
+        elif step == Step.STOP:
+            with self._lock:
+                first = self._reason is None
+            if first:
+                logger.warning(
+                    "walltime reached; stopping the job",
+                    extra={**self.fields, "walltime_s": limit.walltime_s},
+                )
+            self.request_stop(StopReason.WALLTIME)
+
+    def _walltime_warning(self, process: JobProcess, limit: WalltimeLimit) -> None:
+        """The checkpoint hint before the limit (a phase with no epoch: hint, save, upload); not
+        while the job is being stopped (the stop's end uploads anyway)."""
+        with self._lock:
+            uploads, workspace = self._uploads, self._workspace
+            if self._reason is not None or uploads is None or workspace is None:
+                return
+            phase = CheckpointPhase(
+                None,
+                max(0.0, limit.deadline - time.monotonic()),
+                process,
+                uploads,
+                workspace.checkpoint_done_file,
+                workspace.defer_file,
+                self.fields,
+            )
+            self._walltime_phase = phase
+        logger.info(
+            "walltime warning: asking the job for a checkpoint",
+            extra={**self.fields, "walltime_s": limit.walltime_s, "warning_s": limit.warning_s},
+        )
+        phase.start()
 
     # --- heartbeats ------------------------------------------------------------------------
 
@@ -659,9 +718,10 @@ class JobRun:
 
     def _end_phase(self, why: str) -> None:
         with self._lock:
-            phase = self._phase
-        if phase is not None:
-            phase.end(why)
+            phases = (self._phase, self._walltime_phase)
+        for phase in phases:
+            if phase is not None:
+                phase.end(why)
 
     # --- the report ------------------------------------------------------------------------
 
@@ -684,6 +744,13 @@ class JobRun:
                 "preempted ack",
                 {**fields, "preemption_epoch": epoch},
             )
+            return
+        if reason == StopReason.WALLTIME and stopped:
+            # The job's own limit: not retried (API.md "Time limits"), whatever the exit.
+            assert self._limit is not None  # only the limit stops for this reason
+            walltime = self._limit.walltime_s
+            error = f"walltime exceeded: stopped at its limit of {walltime:g} s ({describe_exit(exit_code)})"
+            self._report_failure(exit_code, error, tail, reason="walltime_exceeded")
             return
         if reason == StopReason.WATCHDOG and stopped and self.verdict is not None:
             self._report_trip(self.verdict, exit_code)
@@ -727,7 +794,8 @@ class JobRun:
         self, exit_code: int | None, error: str, tail: str, release: bool = False, reason: str | None = None
     ) -> None:
         """``reason``: a failure code of API.md (``no_such_account``, ``workdir_unavailable``,
-        ``oom_killed``), sent only when there is one (a server without the field refuses it)."""
+        ``oom_killed``, ``walltime_exceeded``), sent only when there is one (a server without the
+        field refuses it)."""
         with self._lock:
             self._reported = True
         fields = {**self.fields, "exit_code": exit_code, "error": error, "release": release, "reason": reason}

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from corral.core import fairshare, lifecycle
+from corral.core import fairshare, lifecycle, walltime
 from corral.core.explain import explain
 from corral.domain import errors
 from corral.domain.records import Job, JobSpec
@@ -115,6 +115,7 @@ def _store_submission(
         specs = [decode_body(body, SubmitBody).to_domain()]
     if owner is not None:
         specs = [dataclasses.replace(spec, user=owner) for spec in specs]
+    specs = walltime.limited_all(specs, state.resolved_pools(), state.pool_defaults, batch)
     return specs, state.store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
 
 

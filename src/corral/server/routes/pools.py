@@ -59,6 +59,8 @@ def settings_to_wire(settings: PoolSettings) -> dict[str, Any]:
         "starvation_tolerance": settings.starvation_tolerance,
         "enable_aggressive_starvation": settings.enable_aggressive_starvation,
         "allow_aggressive_preemption": settings.allow_aggressive_preemption,
+        "default_walltime_s": settings.default_walltime_s,
+        "max_walltime_s": settings.max_walltime_s,
     }
 
 
@@ -85,6 +87,8 @@ def pool_to_wire(
         "starvation_tolerance": pool.starvation_tolerance,
         "enable_aggressive_starvation": pool.enable_aggressive_starvation,
         "allow_aggressive_preemption": pool.allow_aggressive_preemption,
+        "default_walltime_s": pool.default_walltime_s,
+        "max_walltime_s": pool.max_walltime_s,
         "settings": settings_to_wire(settings or PoolSettings()),
         "usage": usage.held.to_dict(),
         "demand": usage.demand.to_dict(),
