@@ -79,6 +79,9 @@ class Agent:
         #: the Idempotency-Key of a claim that got no answer, sent again with the next claim
         #: (``_claim_once``); None after an answer
         self._claim_key: str | None = None
+        #: when the first claim with that key was sent (monotonic): a run it started on the server
+        #: started no earlier, so its lease counts from then (the self-fence, ``JobRun``)
+        self._claim_sent_at = 0.0
         self._lock = threading.Lock()
         self._runs: dict[tuple[str, int], JobRun] = {}
         self._used: tuple[int, int] = (0, 0)  # CPUs and GPUs the running attempts hold
@@ -89,6 +92,7 @@ class Agent:
         self._heartbeat_stop = threading.Event()
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
+        self._told_no_lease = False
         self.samplers = self._open_samplers()
         #: who jobs run as: their user's account where the worker is root and its server has auth
         #: (the worker has a token), else the worker's own
@@ -251,6 +255,7 @@ class Agent:
         # answers those runs again rather than leave them to be lost with their lease.
         if self._claim_key is None:
             self._claim_key = secrets.token_hex(16)
+            self._claim_sent_at = time.monotonic()
         try:
             claims = self._claim(wait_s, self._claim_key)
         except ServerUnreachable as error:
@@ -270,7 +275,7 @@ class Agent:
             logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
             return
-        self._claim_key = None
+        sent_at, self._claim_key = self._claim_sent_at, None
         if not claims:
             if wait_s <= 0:
                 self.stopping.wait(self.settings.poll_s)
@@ -279,7 +284,7 @@ class Agent:
             if isinstance(claim, ApiError):
                 self._refuse_claim(claim)
             else:
-                self._start_job(claim)
+                self._start_job(claim, sent_at)
 
     def _claim(self, wait_s: float, key: str | None = None) -> list[ClaimAnswer | ApiError]:
         """Claim up to what the free capacity could hold, all at once where the server can;
@@ -319,7 +324,8 @@ class Agent:
         free_gpus = self.offer.gpus - used_gpus
         return max(1, min(CLAIM_BATCH, MAX_CLAIM, max(free_cpus, free_gpus)))
 
-    def _start_job(self, claim: ClaimAnswer) -> None:
+    def _start_job(self, claim: ClaimAnswer, claim_sent_at: float | None = None) -> None:
+        """Run a claimed attempt; ``claim_sent_at``: when its claim was first sent (monotonic)."""
         with self._lock:
             if (claim.id, claim.attempt) in self._runs:
                 # A claim answered again (its key retried) for a run this worker already has.
@@ -343,7 +349,10 @@ class Agent:
             accounts=self.accounts,
             containment=self.containment,
             gpu_devices=self._gpu_devices,
+            lease_from=claim_sent_at,
         )
+        if run.fence is None and self.settings.self_fence and claim.lease_s is None:
+            self._no_lease_said()
         with self._lock:
             accepted = self._accepting
             if accepted:
@@ -364,6 +373,17 @@ class Agent:
         # job, on a worker running hundreds a second).
         logger.debug("job claimed", extra={**run.fields, "command": run.command})
         run.start()
+
+    def _no_lease_said(self) -> None:
+        """Said once: a server that does not say its lease (older than the self-fence) leaves its
+        jobs unfenced."""
+        if not self._told_no_lease:
+            self._told_no_lease = True
+            logger.warning(
+                "the server does not say its lease (lease_s) in its claims: this worker's jobs run "
+                "without the self-fence",
+                extra=self.fields,
+            )
 
     def _refuse_claim(self, malformed: ApiError) -> None:
         """A claim the worker cannot read (it breaks the wire contract): fail it, spending the
