@@ -1,9 +1,11 @@
 """The worker's self-fence (issue 24 item 3): the decision on a fake clock, then attempts on a
 scripted client whose heartbeats cannot reach the server: stopped before the lease ends and
-handed back, hinted first when they checkpoint, left alone with the fence off."""
+handed back, hinted first when they checkpoint, left alone with the fence off; and the agent,
+which counts a lease from the sending of the claim that was answered."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,10 @@ import pytest
 
 from corral.client import ServerUnreachable
 from corral.testing.clock import FakeClock
-from corral.testing.fake_client import FakeClient
+from corral.testing.fake_client import FakeClient, claim_answer
 from corral.worker.fence import LeaseFence, effective_margin_s, fence_after_s, fence_due
-from corral.worker.job_run import FENCED_ERROR, BeatRequest
-from tests.unit.worker_support import finish, make_run, wait_for_file
+from corral.worker.job_run import FENCED_ERROR, BeatRequest, JobRun
+from tests.unit.worker_support import finish, make_agent, make_run, wait_for_file
 
 SPIN = "while :; do sleep 0.05; done"
 
@@ -131,3 +133,48 @@ def test_an_attempt_whose_leases_are_renewed_is_not_fenced(tmp_path: Path):
     run.start()
     finish(run)
     assert client.names() == ["done"]
+
+
+# --- the agent: the lease counts from the claim's sending -------------------------------------
+
+
+class RetriedClaim(FakeClient):
+    """A claim that gets no answer (the server was down), then its retry's answer, once the
+    server is back: a run the retry started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent_at: list[float] = []
+
+    def claim(self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None) -> Any:
+        self.sent_at.append(time.monotonic())
+        if len(self.sent_at) == 1:
+            raise ServerUnreachable("http://server", ConnectionError("refused"))
+        return claim_answer(lease_s=30.0)
+
+
+def test_a_claims_run_counts_its_lease_from_the_sending_of_the_claim_that_was_answered(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Not from the key's first try: every outage leaves a key to retry, and a run counted from
+    before the outage would be fenced the moment the restarted server handed it out."""
+    monkeypatch.setattr(JobRun, "start", lambda self: None)
+    claims = RetriedClaim()
+    agent = make_agent(FakeClient(), poll_s=0.01)
+    agent._claims = claims  # type: ignore[assignment]
+    agent._registered = True
+    agent._claim_once()
+    agent._claim_once()
+    (run,) = agent._runs.values()
+    assert run.fence is not None and run.fence.lease_s == 30.0
+    assert claims.sent_at[0] < run.fence.renewed_at <= claims.sent_at[1]
+    assert not run.fence.due()
+
+
+def test_an_older_server_without_lease_s_is_said_once(monkeypatch: pytest.MonkeyPatch, caplog):
+    monkeypatch.setattr(JobRun, "start", lambda self: None)
+    agent = make_agent(FakeClient())
+    agent._start_job(claim_answer("j-1"))
+    agent._start_job(claim_answer("j-2"))
+    assert all(run.fence is None for run in agent._runs.values())
+    assert caplog.text.count("without the self-fence") == 1

@@ -22,7 +22,9 @@ stopped. GPUs whose job would not die after SIGKILL are reported in every heartb
 restarts (only a host reboot or a driver reset really frees them).
 
 The server being unreachable is a normal condition (restarts, upgrades): every loop logs a
-warning, waits ``poll_s`` and tries again. Nothing here lets an exception end the worker.
+warning, waits ``poll_s`` and tries again. Nothing here lets an exception end the worker. Only a
+job whose lease went unrenewed for nearly the whole lease is stopped, by its own attempt (the
+self-fence, ``corral.worker.fence``): past that, the server may be giving it to another worker.
 """
 
 from __future__ import annotations
@@ -79,9 +81,6 @@ class Agent:
         #: the Idempotency-Key of a claim that got no answer, sent again with the next claim
         #: (``_claim_once``); None after an answer
         self._claim_key: str | None = None
-        #: when the first claim with that key was sent (monotonic): a run it started on the server
-        #: started no earlier, so its lease counts from then (the self-fence, ``JobRun``)
-        self._claim_sent_at = 0.0
         self._lock = threading.Lock()
         self._runs: dict[tuple[str, int], JobRun] = {}
         self._used: tuple[int, int] = (0, 0)  # CPUs and GPUs the running attempts hold
@@ -255,7 +254,12 @@ class Agent:
         # answers those runs again rather than leave them to be lost with their lease.
         if self._claim_key is None:
             self._claim_key = secrets.token_hex(16)
-            self._claim_sent_at = time.monotonic()
+        # The runs this claim answers start their leases (and the self-fence's count, ``JobRun``)
+        # no earlier than this. A retried key may answer runs its first try started, earlier: but
+        # every outage leaves a key to retry, and counting from the first try fenced the first
+        # job a restarted server handed out at once (bench/self_fence.py); such a run is renewed
+        # by the worker's next heartbeat anyway, within a heartbeat of this answer.
+        sent_at = time.monotonic()
         try:
             claims = self._claim(wait_s, self._claim_key)
         except ServerUnreachable as error:
@@ -275,7 +279,7 @@ class Agent:
             logger.warning("claim failed", extra={**self.fields, "code": error.code, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
             return
-        sent_at, self._claim_key = self._claim_sent_at, None
+        self._claim_key = None
         if not claims:
             if wait_s <= 0:
                 self.stopping.wait(self.settings.poll_s)
@@ -325,7 +329,7 @@ class Agent:
         return max(1, min(CLAIM_BATCH, MAX_CLAIM, max(free_cpus, free_gpus)))
 
     def _start_job(self, claim: ClaimAnswer, claim_sent_at: float | None = None) -> None:
-        """Run a claimed attempt; ``claim_sent_at``: when its claim was first sent (monotonic)."""
+        """Run a claimed attempt; ``claim_sent_at``: when its claim was sent (monotonic)."""
         with self._lock:
             if (claim.id, claim.attempt) in self._runs:
                 # A claim answered again (its key retried) for a run this worker already has.
