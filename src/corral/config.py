@@ -265,6 +265,18 @@ class WorkerSettings(BaseSettings):
         False,
         description="let a root worker without auth run jobs (as root) for a server not on loopback",
     )
+    self_fence: bool = Field(
+        True,
+        description="stop a job whose lease this worker could not renew for the lease less"
+        " --self-fence-margin-s (a partition: the server may be giving it to another worker), as a"
+        " preemption stops it, and hand it back; off: it runs on until the server answers again",
+    )
+    self_fence_margin_s: float = Field(
+        2.0,
+        ge=0,
+        description="how long before its lease ends a fenced job is stopped (at most a quarter of the"
+        " lease); a job that checkpoints gets this long to save first",
+    )
 
     @field_validator("ca_file")
     @classmethod

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from corral.config import ServerSettings
 from corral.protocol.answers import CheckpointSaved, ClaimAnswer, HeartbeatAnswer, JobAnswer
 from corral.server.routes import protocol as protocol_routes
 from tests.api.conftest import claim, error_code, register, submit
@@ -29,6 +30,18 @@ def test_claim_answers_job_attempt_gpus_and_env(api, server):
         "CORRAL_ATTEMPT": "1",
         "CORRAL_SERVER": server.url,
     }
+
+
+@pytest.mark.parametrize("settings", [ServerSettings(heartbeat_timeout_s=12.5)])
+def test_a_claim_says_the_lease_the_worker_must_renew(api, settings):
+    """The worker's self-fence counts the lease down from the claim: single and ``max`` claims."""
+    register(api, cpus=4)
+    submit(api)
+    submit(api)
+    assert claim(api)["lease_s"] == 12.5
+    several = api.get("/jobs/next", params={"worker_id": "w1", "max": 2})
+    assert [item["lease_s"] for item in several.json()["items"]] == [12.5]
+    assert ClaimAnswer.model_validate(several.json()["items"][0]).lease_s == 12.5
 
 
 def test_claim_errors(api):

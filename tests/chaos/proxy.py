@@ -4,6 +4,9 @@ and its reply (or a load balancer drops the connection). Only for tests.
 
 HTTP/1.1 is parsed only as far as framing needs: a head, then a ``Content-Length`` or chunked
 body. Each client connection gets its own upstream connection.
+
+``PartitionProxy`` cuts the link instead: while cut, no request reaches the server and no answer
+comes back (a worker partitioned from its server, issue 24 item 3).
 """
 
 from __future__ import annotations
@@ -15,14 +18,18 @@ from types import TracebackType
 
 #: decides, from the request's head and the answer's status code, whether to lose the answer
 Dropper = Callable[[bytes, int], bool]
+#: decides, from the request's head, whether to keep the request from the server altogether
+Refuser = Callable[[bytes], bool]
 
 
 class AnswerDroppingProxy:
-    def __init__(self, upstream_url: str, drop: Dropper) -> None:
+    def __init__(self, upstream_url: str, drop: Dropper, refuse: Refuser | None = None) -> None:
         host, port = upstream_url.removeprefix("http://").rstrip("/").split(":")
         self.upstream = (host, int(port))
         self.drop = drop
+        self.refuse = refuse
         self.dropped: list[bytes] = []
+        self.refused: list[bytes] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
@@ -57,6 +64,13 @@ class AnswerDroppingProxy:
                 request = client_reader.message(is_request=True)
                 if request is None:
                     return
+                if self.refuse is not None:
+                    with self._lock:
+                        kept_away = self.refuse(request.split(b"\r\n\r\n", 1)[0])
+                        if kept_away:
+                            self.refused.append(request.split(b"\r\n", 1)[0])
+                    if kept_away:
+                        return  # closes both connections: the server never sees the request
                 upstream.sendall(request)
                 answer = upstream_reader.message(is_request=False)
                 if answer is None:
@@ -135,3 +149,23 @@ class _Reader:
                     if line == b"\r\n":
                         return body
             body += self._take(size + 2)
+
+
+class PartitionProxy(AnswerDroppingProxy):
+    """A link that ``cut`` breaks and ``heal`` mends: while cut, every request is kept from the
+    server and every answer in flight is lost (the connection closes). ``refused`` lists the
+    request lines kept away, so a test can wait for the worker to have tried."""
+
+    def __init__(self, upstream_url: str) -> None:
+        self._cut = threading.Event()
+        super().__init__(
+            upstream_url,
+            drop=lambda head, status: self._cut.is_set(),
+            refuse=lambda head: self._cut.is_set(),
+        )
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def heal(self) -> None:
+        self._cut.clear()

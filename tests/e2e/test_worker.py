@@ -248,7 +248,9 @@ def test_killed_worker_job_is_requeued_and_finished_by_another(
 
 def test_worker_that_lost_its_job_stops_it_and_reports_nothing(start_server, start_worker, tmp_path: Path):
     server: ServerProcess = start_server("--heartbeat-timeout-s", "1", "--reaper-tick-s", "0.2")
-    frozen = start_worker(server.url, "w-frozen")
+    # The fence off: thawed, a fenced worker may hand the job back (a report, refused with 409)
+    # before its first heartbeat hears the 409; this test is about the heartbeat's 409.
+    frozen = start_worker(server.url, "w-frozen", "--no-self-fence")
     command = (
         f"trap 'echo stopped > {tmp_path}/term-$CORRAL_ATTEMPT; exit 143' TERM; "
         f"echo up > {tmp_path}/up-$CORRAL_ATTEMPT; "

@@ -132,6 +132,9 @@ class ClaimAnswer(JobAnswer):
     attempt: int
     env: dict[str, str] = Field(default_factory=dict)
     gang_checkpoints: list[GangCheckpoint] = Field(default_factory=list)
+    #: the server's lease (``CORRAL_HEARTBEAT_TIMEOUT_S``): the worker's self-fence stops the job
+    #: when it could not renew it for this long (less a margin); None from an older server
+    lease_s: float | None = None
 
 
 class ClaimsAnswer(Answer):

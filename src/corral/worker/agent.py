@@ -22,7 +22,9 @@ stopped. GPUs whose job would not die after SIGKILL are reported in every heartb
 restarts (only a host reboot or a driver reset really frees them).
 
 The server being unreachable is a normal condition (restarts, upgrades): every loop logs a
-warning, waits ``poll_s`` and tries again. Nothing here lets an exception end the worker.
+warning, waits ``poll_s`` and tries again. Nothing here lets an exception end the worker. Only a
+job whose lease went unrenewed for nearly the whole lease is stopped, by its own attempt (the
+self-fence, ``corral.worker.fence``): past that, the server may be giving it to another worker.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class Agent:
         self._heartbeat_stop = threading.Event()
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
+        self._told_no_lease = False
         self.samplers = self._open_samplers()
         #: who jobs run as: their user's account where the worker is root and its server has auth
         #: (the worker has a token), else the worker's own
@@ -251,6 +254,12 @@ class Agent:
         # answers those runs again rather than leave them to be lost with their lease.
         if self._claim_key is None:
             self._claim_key = secrets.token_hex(16)
+        # The runs this claim answers start their leases (and the self-fence's count, ``JobRun``)
+        # no earlier than this. A retried key may answer runs its first try started, earlier: but
+        # every outage leaves a key to retry, and counting from the first try fenced the first
+        # job a restarted server handed out at once (bench/self_fence.py); such a run is renewed
+        # by the worker's next heartbeat anyway, within a heartbeat of this answer.
+        sent_at = time.monotonic()
         try:
             claims = self._claim(wait_s, self._claim_key)
         except ServerUnreachable as error:
@@ -279,7 +288,7 @@ class Agent:
             if isinstance(claim, ApiError):
                 self._refuse_claim(claim)
             else:
-                self._start_job(claim)
+                self._start_job(claim, sent_at)
 
     def _claim(self, wait_s: float, key: str | None = None) -> list[ClaimAnswer | ApiError]:
         """Claim up to what the free capacity could hold, all at once where the server can;
@@ -319,7 +328,8 @@ class Agent:
         free_gpus = self.offer.gpus - used_gpus
         return max(1, min(CLAIM_BATCH, MAX_CLAIM, max(free_cpus, free_gpus)))
 
-    def _start_job(self, claim: ClaimAnswer) -> None:
+    def _start_job(self, claim: ClaimAnswer, claim_sent_at: float | None = None) -> None:
+        """Run a claimed attempt; ``claim_sent_at``: when its claim was sent (monotonic)."""
         with self._lock:
             if (claim.id, claim.attempt) in self._runs:
                 # A claim answered again (its key retried) for a run this worker already has.
@@ -343,7 +353,10 @@ class Agent:
             accounts=self.accounts,
             containment=self.containment,
             gpu_devices=self._gpu_devices,
+            lease_from=claim_sent_at,
         )
+        if run.fence is None and self.settings.self_fence and claim.lease_s is None:
+            self._no_lease_said()
         with self._lock:
             accepted = self._accepting
             if accepted:
@@ -364,6 +377,17 @@ class Agent:
         # job, on a worker running hundreds a second).
         logger.debug("job claimed", extra={**run.fields, "command": run.command})
         run.start()
+
+    def _no_lease_said(self) -> None:
+        """Said once: a server that does not say its lease (older than the self-fence) leaves its
+        jobs unfenced."""
+        if not self._told_no_lease:
+            self._told_no_lease = True
+            logger.warning(
+                "the server does not say its lease (lease_s) in its claims: this worker's jobs run "
+                "without the self-fence",
+                extra=self.fields,
+            )
 
     def _refuse_claim(self, malformed: ApiError) -> None:
         """A claim the worker cannot read (it breaks the wire contract): fail it, spending the

@@ -43,10 +43,19 @@ SIGKILL), its checkpoint uploaded as at every end, and the report a failure with
 
 The job's output goes to the server as it is written (``corral.worker.log_shipper``), and what is
 left of it once the process ended before the checkpoint upload and the report.
+
+The self-fence (``corral.worker.fence``, ``--self-fence``): every renewed lease moves the
+attempt's fence; the attempt's thread, which already waits for its process, also wakes when the
+fence is due and stops the job as a preemption does (``FENCED``: a checkpointing job is hinted and
+given the margin to save, then SIGTERM, grace, SIGKILL). The attempt then hands the job back
+(``fail`` with ``release``) once the server answers again: a server that was down takes it (and the
+checkpoint uploaded before it); one that re-queued the job meanwhile answers 409 ``stale_attempt``
+and the report is dropped, as every stale report is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
@@ -55,7 +64,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +76,9 @@ from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints, identity, job_files, log_shipper
 from corral.worker.cgroup_limits import attempt_limits
 from corral.worker.cgroups import AttemptGroup, Containment, JoinError
-from corral.worker.checkpoint_phase import CheckpointPhase, Deferral
+from corral.worker.checkpoint_phase import HINT_SIGNAL, CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
+from corral.worker.fence import LeaseFence
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
 from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
@@ -81,6 +91,7 @@ from corral.worker.workspace import JobWorkspace
 logger = logging.getLogger("corral.worker.job")
 
 SHUTDOWN_ERROR = "worker shut down"
+FENCED_ERROR = "stopped by its worker's self-fence: the lease could not be renewed in time"
 
 #: how long the attempt's thread waits for its process at a time when no watchdog is due sooner
 SUPERVISE_SLICE_S = 60.0
@@ -89,6 +100,8 @@ SUPERVISE_SLICE_S = 60.0
 #: a job's cost to the worker. They are started with the job's start time, so a budget still
 #: counts from the spawn; a trip is at most this late.
 WATCH_AFTER_S = 0.05
+#: how often a fenced job's save is looked for
+FENCE_SAVE_POLL_S = 0.1
 
 
 class StopReason(enum.Enum):
@@ -97,6 +110,7 @@ class StopReason(enum.Enum):
     SHUTDOWN = "shutdown"  # the worker is going away: report a failure so the job is re-queued
     WATCHDOG = "watchdog"  # a watchdog tripped: report the trip, the server re-queues or fails
     WALLTIME = "walltime"  # its walltime_s is reached: report a failure the server does not retry
+    FENCED = "fenced"  # the lease could not be renewed in time: hand the job back (release)
 
 
 def _saved_at(path: Path) -> float | None:
@@ -118,6 +132,9 @@ class BeatRequest:
     body: dict[str, Any]
     phase: CheckpointPhase | None = None
     deferral: Deferral | None = None
+    #: when the heartbeat was made (monotonic), just before it went out: an answer renews the
+    #: attempt's lease as of then (``LeaseFence.renewed``)
+    sent_at: float = field(default_factory=time.monotonic)
 
 
 def describe_exit(exit_code: int) -> str:
@@ -146,7 +163,10 @@ class JobRun:
         accounts: identity.Accounts | None = None,
         containment: Containment | None = None,
         gpu_devices: dict[int, tuple[int, int]] | None = None,
+        lease_from: float | None = None,
     ) -> None:
+        """``lease_from``: when the claim that started this attempt was sent (monotonic), the
+        fence's first renewal; by default, now."""
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
         self.gpu_indices, self.claim_env = list(claim.gpu_indices), dict(claim.env)
@@ -185,6 +205,11 @@ class JobRun:
         self._claimed_at = time.monotonic()
         self._limit: WalltimeLimit | None = walltime_limit(settings, claim.walltime_s, claim.checkpoint_mode)
         self._walltime_phase: CheckpointPhase | None = None
+        #: the self-fence, where the settings turn it on and the server said its lease
+        self.fence: LeaseFence | None = None
+        if settings.self_fence and claim.lease_s is not None and claim.lease_s > 0:
+            renewed_at = time.monotonic() if lease_from is None else lease_from
+            self.fence = LeaseFence(claim.lease_s, settings.self_fence_margin_s, renewed_at)
 
     def start(self) -> None:
         name = f"job-{self.job_id}"
@@ -220,9 +245,59 @@ class JobRun:
         """Called with the lock held; starts the stop once the process exists."""
         if self._stopper is not None or self._process is None or self._reason is None:
             return
-        self._stopper = threading.Thread(target=self._process.stop, name=f"stop-{self.job_id}", daemon=True)
+        stop = self._stop_fenced if self._reason == StopReason.FENCED else self._process.stop
+        self._stopper = threading.Thread(target=stop, name=f"stop-{self.job_id}", daemon=True)
         self._stopper.start()
         logger.info("stopping job", extra={**self.fields, "reason": self._reason.value})
+
+    def _fence_wait_s(self) -> float | None:
+        """How long until the fence is due; None when there is none to watch (no fence, or the
+        job is being stopped already)."""
+        with self._lock:
+            stopping = self._reason is not None
+        if self.fence is None or stopping:
+            return None
+        return self.fence.deadline() - time.monotonic()
+
+    def _check_fence(self) -> None:
+        """From the attempt's thread: stop the job if its lease went unrenewed for too long,
+        unless something else already stops it."""
+        fence = self.fence
+        if fence is None or not fence.due():
+            return
+        with self._lock:
+            if self._reason is not None:
+                return
+        logger.warning(
+            "lease not renewed in time; stopping the job (self-fence): the server may be giving it "
+            "to another worker",
+            extra={
+                **self.fields,
+                "silent_s": round(fence.silent_s(), 3),
+                "lease_s": fence.lease_s,
+                "margin_s": fence.margin_s,
+            },
+        )
+        self.request_stop(StopReason.FENCED)
+
+    def _stop_fenced(self) -> None:
+        """The fence's stop, as a preemption's: a job that checkpoints is hinted (SIGUSR1) and given
+        the margin to say it saved, then SIGTERM, the grace, SIGKILL. What it saved is uploaded
+        with the attempt's end, and kept if this attempt is still the job's (the server was down,
+        not cut off)."""
+        process, workspace, fence = self._process, self._workspace, self.fence
+        assert process is not None
+        if self.claim.checkpoint_mode != "none" and workspace is not None and fence is not None:
+            done_file = workspace.checkpoint_done_file
+            with contextlib.suppress(OSError):
+                done_file.unlink(missing_ok=True)
+            if process.hint(HINT_SIGNAL) == "sent":
+                logger.info("checkpoint hint sent (SIGUSR1) before the fenced stop", extra=self.fields)
+                deadline = time.monotonic() + fence.margin_s
+                while time.monotonic() < deadline and not done_file.exists():
+                    if process.wait(FENCE_SAVE_POLL_S) is not None:
+                        break
+        process.stop()
 
     def _watchdog_tripped(self, verdict: Verdict) -> None:
         """From the attempt's thread: stop the job unless something else already is."""
@@ -495,11 +570,16 @@ class JobRun:
                 limit.next_due() if limit is not None else math.inf,
             )
             wait_s = max(pause, min(SUPERVISE_SLICE_S, due - time.monotonic()))
+            fence_wait_s = self._fence_wait_s()
+            if fence_wait_s is not None:
+                wait_s = max(MIN_WAIT_S, min(wait_s, fence_wait_s))
             exit_code = process.wait(wait_s)
             if exit_code is not None:
                 return exit_code
             if limit is not None:
                 self._tick_limit(limit, process)
+            if fence_wait_s is not None:
+                self._check_fence()
             if watch is None:
                 continue
             pause = MIN_WAIT_S
@@ -623,6 +703,9 @@ class JobRun:
         self.request_stop(StopReason.LOST)
 
     def beat_answered(self, request: BeatRequest, answer: HeartbeatAnswer) -> None:
+        """The server took the heartbeat: the lease is renewed as of its sending."""
+        if self.fence is not None:
+            self.fence.renewed(request.sent_at)
         self._deferral_delivered(request)
         with self._lock:
             reported = self._reported
@@ -758,6 +841,11 @@ class JobRun:
         if reason == StopReason.SHUTDOWN and stopped:
             # The worker's doing, not the job's: hand it back without spending its attempt.
             self._report_failure(exit_code, SHUTDOWN_ERROR, tail, release=True)
+            return
+        if reason == StopReason.FENCED and stopped:
+            # Neither is the fence: handed back, once the server answers again (a stale attempt's
+            # report is refused, 409, and dropped: the job was re-queued meanwhile).
+            self._report_failure(exit_code, FENCED_ERROR, tail, release=True)
             return
         if exit_code != 0 and self._cgroup is not None and self._cgroup.oom_killed():
             limits = self._cgroup.limits

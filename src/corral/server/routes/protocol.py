@@ -257,12 +257,14 @@ REPORTS: Batch[ServerState, tuple[str, JobDecision[Any]], Any] = Batch(
 
 
 def claim_body(state: ServerState, job: Job, server_url: str) -> dict[str, Any]:
-    """A claimed job's answer: the job, its attempt, its environment and its gang's checkpoints."""
+    """A claimed job's answer: the job, its attempt, its environment, its gang's checkpoints and
+    the lease the worker must renew (its self-fence counts it down)."""
     tasks = state.store.jobs.gang_tasks(job.gang_id) if job.gang_id is not None else None
     body = job_to_wire(job)
     body["attempt"] = job.attempts
     body["env"] = claim_env(state, job, server_url, tasks)
     body["gang_checkpoints"] = gang_checkpoints(tasks)
+    body["lease_s"] = state.settings.heartbeat_timeout_s
     return body
 
 

@@ -1,0 +1,86 @@
+"""Self-fencing: a worker that cannot renew a job's lease stops the job before the server can hand
+it to another worker (issue 24 item 3).
+
+Without it, a worker cut off from its server (a partition, a frozen host) runs its jobs on for as
+long as the cut lasts, while the server, once the lease expired, re-queues each job and another
+worker runs attempt 2 beside it: two copies writing the same outputs and checkpoints. The
+worker cannot tell a partition from a server that is down (restarting, upgrading): both are "no
+answer". A server that starts gives its workers a lease's grace before it reaps, so a restart
+shorter than the fence's delay stops nothing; a longer one stops (and hands back) every job.
+
+The decision is pure (``fence_after_s``, ``fence_due``) and takes the time as an argument; a
+``LeaseFence`` keeps one attempt's last renewal, on the worker's monotonic clock:
+
+- a renewal is counted from when the heartbeat that renewed it was *sent* (the server recorded
+  it later, so its lease ends later than the worker reckons: the error is on the safe side), and
+  the first from when the claim was sent;
+- the fence is due ``lease_s - margin`` after the last renewal, the margin being at most a quarter
+  of the lease (``MAX_MARGIN_FRACTION``): a margin meant for a 30 s lease must not make a short
+  lease's fence fire on one late heartbeat.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+#: the largest share of the lease the margin may take
+MAX_MARGIN_FRACTION = 0.25
+
+
+def effective_margin_s(lease_s: float, margin_s: float) -> float:
+    """The margin as used: ``margin_s``, at most a quarter of the lease."""
+    return max(0.0, min(margin_s, lease_s * MAX_MARGIN_FRACTION))
+
+
+def fence_after_s(lease_s: float, margin_s: float) -> float:
+    """How long an attempt may go without a renewal before the worker stops it."""
+    return lease_s - effective_margin_s(lease_s, margin_s)
+
+
+def fence_due(renewed_at: float, now: float, lease_s: float, margin_s: float) -> bool:
+    """Whether an attempt last renewed at ``renewed_at`` must be stopped at ``now``."""
+    return now - renewed_at >= fence_after_s(lease_s, margin_s)
+
+
+class LeaseFence:
+    """One attempt's lease as its worker sees it: the last renewal, and when the fence is due.
+
+    ``renewed`` is called from the heartbeat thread, ``due`` and ``deadline`` from the attempt's
+    own thread, hence the lock."""
+
+    def __init__(
+        self,
+        lease_s: float,
+        margin_s: float,
+        renewed_at: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lease_s = lease_s
+        self.margin_s = effective_margin_s(lease_s, margin_s)
+        self._clock = clock
+        self._renewed_at = renewed_at
+        self._lock = threading.Lock()
+
+    def renewed(self, sent_at: float) -> None:
+        """The server renewed the lease with a heartbeat sent at ``sent_at``; an older heartbeat's
+        late answer never moves the renewal back."""
+        with self._lock:
+            self._renewed_at = max(self._renewed_at, sent_at)
+
+    @property
+    def renewed_at(self) -> float:
+        with self._lock:
+            return self._renewed_at
+
+    def deadline(self) -> float:
+        """When the fence is due, unless a renewal comes first (the clock's time)."""
+        return self.renewed_at + fence_after_s(self.lease_s, self.margin_s)
+
+    def due(self, now: float | None = None) -> bool:
+        return fence_due(self.renewed_at, self._clock() if now is None else now, self.lease_s, self.margin_s)
+
+    def silent_s(self, now: float | None = None) -> float:
+        """How long since the last renewal."""
+        return (self._clock() if now is None else now) - self.renewed_at
