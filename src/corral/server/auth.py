@@ -458,6 +458,7 @@ class AuthMiddleware:
             await error_response(403, "forbidden", refusal)(scope, receive, send)
             return
         scope["corral.principal"] = principal
+        assert token is not None  # a principal came from it
         scope[STILL_AUTHORIZED] = partial(self._still_authorized, token, principal)
         await self.app(scope, receive, send)
 

@@ -72,7 +72,11 @@ class LogWatches:
         poll_s: float,
         chunk_bytes: int,
         revision: Callable[[], int] = lambda: 0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``revision``: the token file's (``auth.TokenFile.revision``); ``sleep``: the pause
+        between polls (a test's, to poll when it says)."""
+        self.sleep = sleep
         self.read = read
         self.poll_s = poll_s
         self.chunk_bytes = chunk_bytes
@@ -111,7 +115,7 @@ class LogWatches:
                 return
             except Exception:
                 logger.warning("a log watch could not read its job", exc_info=True)
-                await asyncio.sleep(self.poll_s)
+                await self.sleep(self.poll_s)
                 continue
             previous = watch.latest
             changed = previous is None or _state(previous) != _state(latest)
@@ -124,7 +128,7 @@ class LogWatches:
                 watch.publish()
             if latest.job.status in TERMINAL:
                 return
-            await asyncio.sleep(self.poll_s)
+            await self.sleep(self.poll_s)
 
     async def _chunk(self, job_id: str, attempt: int, offset: int) -> LogSlice | None:
         try:

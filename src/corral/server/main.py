@@ -84,7 +84,8 @@ def uvicorn_config(app: Starlette, settings: ServerSettings, **options: Any) -> 
         http=protocol,
         loop="uvloop",
         lifespan="on",
-        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type] (a float works)
+        # typed int by uvicorn, used as a float (``loop.call_later``)
+        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         **options,
     )
 
