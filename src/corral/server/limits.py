@@ -8,7 +8,8 @@ Probing found 800 sockets trickling a request body kept open for 92 s. Two limit
 2. **Concurrent requests per client address** (``CORRAL_MAX_REQUESTS_PER_CLIENT``, default 256):
    past it, 429 ``too_many_requests`` at once. A request in flight holds its connection (HTTP/1.1
    serves one request at a time per connection), so this caps the connections a client can keep
-   busy; idle keep-alive connections are closed by uvicorn after 5 s. Every corral worker holds at
+   busy; idle connections are closed after ``CORRAL_IDLE_TIMEOUT_S``, and the connections a client
+   may hold at all are capped too (``server.connections``). Every corral worker holds at
    most a few requests (a claim long-poll, a heartbeat, a report), so the default leaves room for
    dozens of workers behind one NAT address.
 """
