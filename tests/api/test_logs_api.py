@@ -105,12 +105,12 @@ def test_the_reaper_removes_logs_past_retention(server, settings, clock, api):
     assert api.get(f"/jobs/{job['id']}").status_code == 200  # the job itself stays
 
 
-def test_a_follow_ends_when_its_token_is_revoked_and_others_go_on(tmp_path, clock):
+def test_a_follow_ends_when_its_token_is_revoked_and_others_go_on(store_url, tmp_path, clock):
     """A follow outlives the request its token was checked for: it checks again when the token file
     changes, and ends once its token no longer stands for its caller (issue 24)."""
     token_file = tmp_path / "tokens"
     token_file.write_text("alice-token user alice\nbob-token user bob\n")
-    store = open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    store = open_store(store_url)
     with ServerThread(store, ServerSettings(auth_tokens=str(token_file)), clock) as server:
         alice = {"Authorization": "Bearer alice-token"}
         job = httpx.post(f"{server.url}/jobs", json={"command": "true"}, headers=alice).json()

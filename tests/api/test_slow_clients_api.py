@@ -51,9 +51,15 @@ def test_a_body_that_does_not_arrive_in_time_is_refused_and_its_connection_close
 
 
 def test_one_address_cannot_hold_more_than_its_share(limited):
-    socks = [trickle(limited) for _ in range(3)]
-    time.sleep(0.1)
     with httpx.Client(base_url=limited.url) as api:
+        api.get("/jobs").raise_for_status()  # the client's own start-up is not the slow bodies' window
+        socks = [trickle(limited) for _ in range(3)]
+        # once the server has read their headers, the three slow requests hold the address's share
+        # (a request sent before that would take a share of its own)
+        deadline = time.monotonic() + 5
+        while limited.state.requests_in_flight.get("127.0.0.1") != 3:
+            assert time.monotonic() < deadline, limited.state.requests_in_flight
+            time.sleep(0.001)
         refused = api.get("/jobs")
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "too_many_requests"
@@ -154,6 +160,10 @@ def test_past_its_share_a_client_is_answered_429_and_past_the_limit_everyone_503
     assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
     assert b'"unavailable"' in answer and b"retry-after: 1" in answer.lower()
     full.close()
+    metrics = request(held[0], "/metrics")
+    assert b'corral_http_connections_refused_total{reason="client_share"} 1.0' in metrics
+    assert b'corral_http_connections_refused_total{reason="full"} 1.0' in metrics
+    assert b'corral_http_connections{state="limit"} 4.0' in metrics
     for sock in held:
         sock.close()
 

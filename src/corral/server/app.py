@@ -93,6 +93,7 @@ def create_app(
     )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store))
+    state.metrics.watch_connections(state.connections.figures)
     state.metrics.watch_store_size(
         lambda: (store.retention.size_bytes(), store.retention.oldest_job_submitted_at())
     )
@@ -138,6 +139,7 @@ def create_app(
             ClientLimitsMiddleware,
             body_timeout_s=settings.body_timeout_s,
             max_requests_per_client=settings.max_requests_per_client,
+            in_flight=state.requests_in_flight,
         ),
     ]
     if tokens is None and settings.auth_tokens:

@@ -88,6 +88,11 @@ class ConnectionBook:
         #: connections closed at accept, past the limit and the refusal room
         self.dropped = 0
 
+    def figures(self) -> tuple[int, int, dict[str, int]]:
+        """Open connections, the limit, and the refusals by reason (``/metrics``)."""
+        refused = {refusal.value: count for refusal, count in self.refused.items()}
+        return self.open, self.limit, {**refused, "dropped": self.dropped}
+
     def fit_descriptors(self, descriptor_limit: int, in_use: int) -> int:
         """Lower the limit so that every connection, refused ones included, fits under the
         open-file limit with ``FD_RESERVE`` to spare; the limit now in force."""

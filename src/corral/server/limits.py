@@ -24,11 +24,19 @@ BODY_DEADLINE_KEY = "corral.body_timeout_s"
 
 
 class ClientLimitsMiddleware:
-    def __init__(self, app: ASGIApp, body_timeout_s: float, max_requests_per_client: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        body_timeout_s: float,
+        max_requests_per_client: int,
+        in_flight: dict[str, int] | None = None,
+    ) -> None:
+        """``in_flight``: address -> requests in flight, kept by this middleware (the server state's,
+        so that a test can wait on it)."""
         self.app = app
         self.body_timeout_s = body_timeout_s
         self.max_requests = max_requests_per_client
-        self.in_flight: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {} if in_flight is None else in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

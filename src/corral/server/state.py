@@ -72,6 +72,8 @@ class ServerState:
     reader_process: InitVar[StoreProcess | None] = None
     #: open connections, in all and per client (``connections``; counted by the HTTP protocol)
     connections: ConnectionBook = field(init=False)
+    #: client address -> requests in flight (``limits.ClientLimitsMiddleware``)
+    requests_in_flight: dict[str, int] = field(default_factory=dict)
     #: the shared polls of the jobs whose logs are followed (``log_watch``; set by ``create_app``)
     log_watches: LogWatches = field(init=False)
     #: the claim's policy with the pools it was made from, and when (``claim_policy``)
