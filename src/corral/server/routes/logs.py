@@ -4,7 +4,8 @@
 (409 ``stale_attempt``); a chunk at an offset already stored is accepted once (``store.logs``).
 ``GET /jobs/{id}/logs`` answers ``text/plain`` bytes of one attempt (the latest by default) from
 ``offset``; with ``follow=1`` it streams new bytes as they are stored, from the store (so through any
-replica), until the attempt ends. Headers say which attempt (``X-Corral-Attempt``), the offset of
+replica), until the attempt ends, the job is removed, or the caller's token is revoked; the follows
+of one job share one poll of the store (``server.log_watch``). Headers say which attempt (``X-Corral-Attempt``), the offset of
 the first byte sent (``X-Corral-Log-Start``), where the stored stream ended when the answer was made
 (``X-Corral-Log-Size``) and how many of its first bytes were dropped (``X-Corral-Log-Dropped``).
 """
