@@ -5,9 +5,10 @@
 ``GET /jobs/{id}/logs`` answers ``text/plain`` bytes of one attempt (the latest by default) from
 ``offset``; with ``follow=1`` it streams new bytes as they are stored, from the store (so through any
 replica), until the attempt ends, the job is removed, or the caller's token is revoked; the follows
-of one job share one poll of the store (``server.log_watch``). Headers say which attempt (``X-Corral-Attempt``), the offset of
-the first byte sent (``X-Corral-Log-Start``), where the stored stream ended when the answer was made
-(``X-Corral-Log-Size``) and how many of its first bytes were dropped (``X-Corral-Log-Dropped``).
+of one job share one poll of the store (``server.log_watch``). Headers say which attempt
+(``X-Corral-Attempt``), the offset of the first byte sent (``X-Corral-Log-Start``), where the stored
+stream ended when the answer was made (``X-Corral-Log-Size``) and how many of its first bytes were
+dropped (``X-Corral-Log-Dropped``).
 """
 
 from __future__ import annotations
