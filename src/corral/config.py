@@ -120,6 +120,28 @@ class ServerSettings(BaseSettings):
     max_requests_per_client: int = Field(
         256, ge=1, description="requests one client address may have in flight (else 429)"
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request's headers must all arrive within this of its first byte (a new"
+        " connection's first request: of its opening); else the connection is closed (408 when part of"
+        " a request came)",
+    )
+    idle_timeout_s: float = Field(
+        30.0, gt=0, description="a kept-alive connection with no request in progress is closed after this"
+    )
+    max_connections: int = Field(
+        10000,
+        ge=1,
+        description="connections open at once, past it 503 unavailable (lowered at start to fit the"
+        " open-file limit, which the server raises to its hard limit, less a reserve)",
+    )
+    max_connections_per_client: int = Field(
+        256,
+        ge=1,
+        description="connections one client may hold open, past it 429 (a client: its address; with"
+        " --auth-tokens, the token's user or worker from that address)",
+    )
     auth_tokens: str | None = Field(
         None, description="token file (TOKEN ROLE NAME lines) that turns authentication on"
     )

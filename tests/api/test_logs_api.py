@@ -7,6 +7,9 @@ import time
 
 import httpx
 
+from corral.config import ServerSettings
+from corral.store import open_store
+from corral.testing.server import ServerThread
 from tests.api.conftest import claim, error_code, register, submit
 from tests.helpers import send
 
@@ -100,3 +103,53 @@ def test_the_reaper_removes_logs_past_retention(server, settings, clock, api):
     server.reap()
     assert api.get(f"/jobs/{job['id']}/logs").text == ""
     assert api.get(f"/jobs/{job['id']}").status_code == 200  # the job itself stays
+
+
+def test_a_follow_ends_when_its_token_is_revoked_and_others_go_on(store_url, tmp_path, clock):
+    """A follow outlives the request its token was checked for: it checks again when the token file
+    changes, and ends once its token no longer stands for its caller (issue 24)."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text("alice-token user alice\nbob-token user bob\n")
+    store = open_store(store_url)
+    with ServerThread(store, ServerSettings(auth_tokens=str(token_file)), clock) as server:
+        alice = {"Authorization": "Bearer alice-token"}
+        job = httpx.post(f"{server.url}/jobs", json={"command": "true"}, headers=alice).json()
+        ended: dict[str, threading.Event] = {"alice": threading.Event(), "bob": threading.Event()}
+
+        def follow(who: str) -> None:
+            headers = {"Authorization": f"Bearer {who}-token"}
+            path = f"/jobs/{job['id']}/logs"
+            with (
+                httpx.Client(base_url=server.url, timeout=15) as client,
+                client.stream("GET", path, params={"follow": 1}, headers=headers) as response,
+            ):
+                assert response.status_code == 200
+                for _ in response.iter_raw():
+                    pass
+            ended[who].set()
+
+        readers = [threading.Thread(target=follow, args=(who,), daemon=True) for who in ended]
+        for reader in readers:
+            reader.start()
+        wait_until(
+            lambda: (
+                server.state.log_watches.watches.get(job["id"], None) is not None
+                and server.state.log_watches.watches[job["id"]].followers == 2
+            )
+        )
+        token_file.write_text("alice-token user alice\n")
+        assert ended["bob"].wait(10), "bob's follow went on after his token was revoked"
+        assert not ended["alice"].is_set()
+        cancel = httpx.post(f"{server.url}/jobs/{job['id']}/cancel", headers=alice)
+        assert cancel.status_code == 200, cancel.text
+        assert ended["alice"].wait(10), "alice's follow ends with her job"
+        for reader in readers:
+            reader.join(timeout=5)
+    store.close()
+
+
+def wait_until(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

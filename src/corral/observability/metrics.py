@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # ``*_created`` series double the exposition and no dashboard of ours reads them.
@@ -140,9 +140,38 @@ class Metrics:
         """Expose the cluster gauges, read through ``read`` at every scrape."""
         self.registry.register(StoreCollector(read))
 
+    def watch_connections(self, read: Callable[[], tuple[int, int, dict[str, int]]]) -> None:
+        """Expose the open connections and the refusals, read through ``read`` at every scrape."""
+        self.registry.register(ConnectionsCollector(read))
+
     def watch_store_size(self, read: Callable[[], tuple[int, float | None]]) -> None:
         """Expose the store's size and its oldest kept job, read through ``read`` at every scrape."""
         self.registry.register(StoreSizeCollector(read))
+
+
+class ConnectionsCollector(Collector):
+    """``corral_http_connections`` (open now, and the limit in force) and
+    ``corral_http_connections_refused_total{reason}``: ``full`` (503), ``client_share`` (429),
+    ``dropped`` (closed at accept, past the room kept for answering)."""
+
+    def __init__(self, read: Callable[[], tuple[int, int, dict[str, int]]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        open_now, limit, refused = self._read()
+        gauge = GaugeMetricFamily("corral_http_connections", "HTTP connections", labels=["state"])
+        gauge.add_metric(["open"], open_now)
+        gauge.add_metric(["limit"], limit)
+        yield gauge
+        counter = CounterMetricFamily(
+            "corral_http_connections_refused", "HTTP connections refused, by reason", labels=["reason"]
+        )
+        for reason, count in sorted(refused.items()):
+            counter.add_metric([reason], count)
+        yield counter
 
 
 class StoreSizeCollector(Collector):

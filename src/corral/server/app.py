@@ -22,10 +22,12 @@ from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status
 from corral.server import auth, openapi
+from corral.server.connections import RefusedConnections
 from corral.server.dashboard import routes as dashboard
 from corral.server.executor import Work
 from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
 from corral.server.limits import ClientLimitsMiddleware
+from corral.server.log_watch import LogWatches
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.retention import retention_tick
@@ -91,6 +93,7 @@ def create_app(
     )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store.jobs))
+    state.metrics.watch_connections(state.connections.figures)
     state.metrics.watch_store_size(
         lambda: (store.retention.size_bytes(), store.retention.oldest_job_submitted_at())
     )
@@ -116,6 +119,7 @@ def create_app(
             loops.start(on_death=_exit_on_loop_death)
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
+        await state.log_watches.close()
         await loops.stop()
         await state.executor.close()
 
@@ -131,17 +135,27 @@ def create_app(
     auth.check_every_route_has_a_rule(routes)
     middleware = [
         Middleware(RequestIdMiddleware),
+        Middleware(RefusedConnections, book=state.connections),
         Middleware(
             ClientLimitsMiddleware,
             body_timeout_s=settings.body_timeout_s,
             max_requests_per_client=settings.max_requests_per_client,
+            in_flight=state.requests_in_flight,
         ),
     ]
     if tokens is None and settings.auth_tokens:
         tokens = auth.TokenFile(settings.auth_tokens)
+    state.log_watches = LogWatches(
+        partial(logs.read_log, state),
+        logs.FOLLOW_POLL_S,
+        logs.FOLLOW_READ_BYTES,
+        revision=tokens.revision if tokens is not None else _no_tokens,
+    )
     if tokens is not None:
         owner_of = partial(_owner_lookup, state)
         middleware.append(Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=owner_of))
+        # after authentication: a connection counts under the principal its request proved
+        middleware.append(Middleware(RefusedConnections, book=state.connections, identify=True))
     app = Starlette(
         routes=routes,
         middleware=middleware,
@@ -169,6 +183,11 @@ def _owner_of(store: Jobs, kind: str, object_id: str) -> tuple[bool, str | None]
         return (False, None) if job is None else (True, job.spec.user)
     tasks = store.gang_tasks(object_id)
     return (False, None) if not tasks else (True, tasks[0].spec.user)
+
+
+def _no_tokens() -> int:
+    """The token revision without authentication: it never changes."""
+    return 0
 
 
 def _exit_on_loop_death(name: str, error: BaseException | None) -> None:

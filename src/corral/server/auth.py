@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -49,6 +50,8 @@ RECHECK_S = 1.0
 #: what a caller who may not see a job's environment values sees instead of each value
 HIDDEN = "<hidden>"
 COOKIE = "corral_token"
+#: where the middleware puts a request's ``still_authorized`` check in the ASGI scope
+STILL_AUTHORIZED = "corral.still_authorized"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 ANY_WORKER = "*"
 
@@ -223,6 +226,9 @@ class TokenFile:
         self._entries: list[tuple[bytes, Principal]] = []
         self._identity: tuple[int, int, int] | None = None
         self._checked_at = 0.0
+        #: bumped whenever the entries change (read again, or emptied): a stream that outlives its
+        #: request checks its token again when this moves (``revision``)
+        self._revision = 0
         self.load()
 
     def load(self) -> None:
@@ -236,6 +242,7 @@ class TokenFile:
         self._entries = parse_token_file(text, str(self.path))
         self._identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
         self._checked_at = time.monotonic()
+        self._revision += 1
 
     def refresh(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -254,8 +261,16 @@ class TokenFile:
                     "token file unreadable: every token refused until it is back",
                     extra={"source": str(self.path), "error": type(error).__name__},
                 )
+            if self._identity is not None:
+                self._revision += 1
             self._entries = []
             self._identity = None
+
+    def revision(self) -> int:
+        """A number that changes whenever the tokens may have (the file looked at, at most once
+        every ``recheck_s``)."""
+        self.refresh()
+        return self._revision
 
     def principal(self, token: str) -> Principal | None:
         """The principal of ``token``: compared with every entry in constant time, no early exit."""
@@ -342,6 +357,17 @@ def wants_page(scope: Scope) -> bool:
         if name == b"accept":
             return b"text/html" in value
     return False
+
+
+def still_authorized(request: Request) -> Callable[[], bool]:
+    """For a stream that outlives its request (a log follow): a check that the token it was
+    authorized with still stands for the same caller; always true when authentication is off."""
+    check: Callable[[], bool] | None = request.scope.get(STILL_AUTHORIZED)
+    return check or _always
+
+
+def _always() -> bool:
+    return True
 
 
 def principal_of(request: Request) -> Principal | None:
@@ -440,7 +466,13 @@ class AuthMiddleware:
             await error_response(403, "forbidden", refusal)(scope, receive, send)
             return
         scope["corral.principal"] = principal
+        assert token is not None  # a principal came from it
+        scope[STILL_AUTHORIZED] = partial(self._still_authorized, token, principal)
         await self.app(scope, receive, send)
+
+    def _still_authorized(self, token: str, principal: Principal) -> bool:
+        """Whether ``token`` still stands for ``principal`` (not revoked, role not changed)."""
+        return self.tokens.principal(token) == principal
 
     async def _refusal(
         self, rule: Rule, principal: Principal, scope: Scope, params: dict[str, Any]

@@ -8,7 +8,8 @@ Probing found 800 sockets trickling a request body kept open for 92 s. Two limit
 2. **Concurrent requests per client address** (``CORRAL_MAX_REQUESTS_PER_CLIENT``, default 256):
    past it, 429 ``too_many_requests`` at once. A request in flight holds its connection (HTTP/1.1
    serves one request at a time per connection), so this caps the connections a client can keep
-   busy; idle keep-alive connections are closed by uvicorn after 5 s. Every corral worker holds at
+   busy; idle connections are closed after ``CORRAL_IDLE_TIMEOUT_S``, and the connections a client
+   may hold at all are capped too (``server.connections``). Every corral worker holds at
    most a few requests (a claim long-poll, a heartbeat, a report), so the default leaves room for
    dozens of workers behind one NAT address.
 """
@@ -23,11 +24,19 @@ BODY_DEADLINE_KEY = "corral.body_timeout_s"
 
 
 class ClientLimitsMiddleware:
-    def __init__(self, app: ASGIApp, body_timeout_s: float, max_requests_per_client: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        body_timeout_s: float,
+        max_requests_per_client: int,
+        in_flight: dict[str, int] | None = None,
+    ) -> None:
+        """``in_flight``: address -> requests in flight, kept by this middleware (the server state's,
+        so that a test can wait on it)."""
         self.app = app
         self.body_timeout_s = body_timeout_s
         self.max_requests = max_requests_per_client
-        self.in_flight: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {} if in_flight is None else in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

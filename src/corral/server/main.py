@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
 
 from corral.config import ServerSettings, add_flags, load
 from corral.domain import errors
 from corral.observability.logging import configure_logging
-from corral.server import sqlite_lock, tls
+from corral.server import connections, sqlite_lock, tls
+
+logger = logging.getLogger("corral.server")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -20,8 +27,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def run(arguments: argparse.Namespace) -> int:
-    import uvicorn
-
     from corral.server.app import create_app
     from corral.store import open_store
 
@@ -49,15 +54,13 @@ def run(arguments: argparse.Namespace) -> int:
         print(f"corral server: cannot read the token file (--auth-tokens): {error.strerror}", file=sys.stderr)
         store.close()
         return 2
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
+        settings,
         host=settings.host,
         port=settings.port,
         log_level="warning",
         access_log=settings.access_log,
-        http="httptools",
-        loop="uvloop",
-        lifespan="on",
         timeout_graceful_shutdown=5,
         # Every connection this process accepts (it is the only one that listens: the offload
         # processes speak over pipes) goes through TLS when the settings give a certificate.
@@ -71,6 +74,7 @@ def run(arguments: argparse.Namespace) -> int:
     except OSError as error:
         print(f"corral server: cannot listen on {settings.host}:{settings.port}: {error}", file=sys.stderr)
         return 2
+    _fit_connections(app.state.corral.connections, settings)
     host, port = listener.getsockname()[:2]
     url = f"{tls.scheme(settings)}://{_url_host(host)}:{port}"
     print(f"corral server listening on {url} (store: {store.dialect})", flush=True)
@@ -79,6 +83,34 @@ def run(arguments: argparse.Namespace) -> int:
     if lock is not None:
         lock.close()
     return 0
+
+
+def uvicorn_config(app: Starlette, settings: ServerSettings, **options: Any) -> uvicorn.Config:
+    """uvicorn serving ``app`` with corral's protocol (``server.connections``: the header timeout,
+    the connection limits) and idle timeout; ``options`` are uvicorn's own."""
+    protocol = connections.guarded_protocol(app.state.corral.connections, settings.header_timeout_s)
+    return uvicorn.Config(
+        app,
+        http=protocol,
+        loop="uvloop",
+        lifespan="on",
+        # typed int by uvicorn, used as a float (``loop.call_later``)
+        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
+        **options,
+    )
+
+
+def _fit_connections(book: connections.ConnectionBook, settings: ServerSettings) -> None:
+    """Raise the open-file limit, and keep the connections under it with a reserve to spare:
+    running out of descriptors is then a 503 for one more client, not a failure of the store,
+    a child process or the listener."""
+    limit = connections.raise_descriptor_limit()
+    allowed = book.fit_descriptors(limit, connections.descriptors_in_use())
+    if allowed < settings.max_connections:
+        logger.warning(
+            "connections limited by the open-file limit",
+            extra={"max_connections": allowed, "open_file_limit": limit},
+        )
 
 
 def _listen(host: str, port: int) -> socket.socket:

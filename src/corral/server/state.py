@@ -30,7 +30,9 @@ from corral.domain import pools
 from corral.domain.clock import Clock
 from corral.domain.pools import Pool, PoolDefaults
 from corral.observability.metrics import Metrics
+from corral.server.connections import ConnectionBook
 from corral.server.executor import StoreExecutor, Work
+from corral.server.log_watch import LogWatches
 from corral.server.offload import StoreProcess
 from corral.server.signal import WorkSignal
 from corral.server.store_health import StoreHealth
@@ -72,6 +74,12 @@ class ServerState:
     #: ``CORRAL_STORE_PROCESSES=false``)
     planner_process: InitVar[StoreProcess | None] = None
     reader_process: InitVar[StoreProcess | None] = None
+    #: open connections, in all and per client (``connections``; counted by the HTTP protocol)
+    connections: ConnectionBook = field(init=False)
+    #: client address -> requests in flight (``limits.ClientLimitsMiddleware``)
+    requests_in_flight: dict[str, int] = field(default_factory=dict)
+    #: the shared polls of the jobs whose logs are followed (``log_watch``; set by ``create_app``)
+    log_watches: LogWatches = field(init=False)
     #: the pools as resolved, the claim's policy made from them, and when (``claim_policy``)
     _claim: tuple[float, dict[str, Pool], Claim] | None = field(default=None, init=False)
     #: bumped by ``pools_changed``: a claim policy read before the bump is never kept after it
@@ -79,6 +87,7 @@ class ServerState:
 
     def __post_init__(self, planner: StoreProcess | None, reader: StoreProcess | None) -> None:
         settings = self.settings
+        self.connections = ConnectionBook(settings.max_connections, settings.max_connections_per_client)
         self.executor = StoreExecutor(
             self.store,
             self,

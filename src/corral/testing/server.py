@@ -16,6 +16,7 @@ import uvicorn
 from corral.config import ServerSettings
 from corral.domain.clock import Clock
 from corral.server.app import create_app
+from corral.server.main import uvicorn_config
 from corral.store import Store
 
 
@@ -32,7 +33,7 @@ class ServerThread:
         self._listener.bind(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, log_level="error", lifespan="on", loop="uvloop", http="httptools")
+        config = uvicorn_config(self.app, settings or ServerSettings(), log_level="error")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._listener]}, daemon=True

@@ -4,16 +4,17 @@
 (409 ``stale_attempt``); a chunk at an offset already stored is accepted once (``store.logs``).
 ``GET /jobs/{id}/logs`` answers ``text/plain`` bytes of one attempt (the latest by default) from
 ``offset``; with ``follow=1`` it streams new bytes as they are stored, from the store (so through any
-replica), until the attempt ends. Headers say which attempt (``X-Corral-Attempt``), the offset of
-the first byte sent (``X-Corral-Log-Start``), where the stored stream ended when the answer was made
-(``X-Corral-Log-Size``) and how many of its first bytes were dropped (``X-Corral-Log-Dropped``).
+replica), until the attempt ends, the job is removed, or the caller's token is revoked; the follows
+of one job share one poll of the store (``server.log_watch``). Headers say which attempt
+(``X-Corral-Attempt``), the offset of the first byte sent (``X-Corral-Log-Start``), where the stored
+stream ended when the answer was made (``X-Corral-Log-Size``) and how many of its first bytes were
+dropped (``X-Corral-Log-Dropped``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -24,6 +25,7 @@ from corral.domain.records import Job
 from corral.domain.status import LEASED, TERMINAL
 from corral.protocol.answers import LogAppendedAnswer
 from corral.server import changes
+from corral.server.auth import still_authorized
 from corral.server.executor import Work
 from corral.server.http import fence, json_response, query_int, read_body
 from corral.server.openapi import BYTES, FENCE, TEXT, Operation, integer, string
@@ -105,12 +107,16 @@ async def read(request: Request) -> Response:
             Work.STORE, state.store.logs.read_log, job_id, attempt, offset, READ_MAX_BYTES
         )
         return Response(piece.data, media_type=MEDIA_TYPE, headers=_headers(piece))
-    piece = await state.executor.run(
-        Work.STORE, state.store.logs.read_log, job_id, attempt, offset, FOLLOW_READ_BYTES
-    )  # 404 first
+    piece = await read_log(state, job_id, attempt, offset, FOLLOW_READ_BYTES)  # 404 first
     return StreamingResponse(
-        _follow(state, job_id, attempt, piece), media_type=MEDIA_TYPE, headers=_headers(piece)
+        _follow(state, job_id, attempt, piece, still_authorized(request)),
+        media_type=MEDIA_TYPE,
+        headers=_headers(piece),
     )
+
+
+async def read_log(state: ServerState, job_id: str, attempt: int | None, offset: int, limit: int) -> LogSlice:
+    return await state.executor.run(Work.STORE, state.store.logs.read_log, job_id, attempt, offset, limit)
 
 
 def attempt_ended(job: Job, attempt: int) -> bool:
@@ -119,34 +125,61 @@ def attempt_ended(job: Job, attempt: int) -> bool:
     return job.attempts != attempt or job.status not in LEASED
 
 
+def _not_started(job: Job) -> bool:
+    return job.attempts == 0 and job.status not in TERMINAL
+
+
 async def _follow(
-    state: ServerState, job_id: str, attempt: int | None, piece: LogSlice
+    state: ServerState, job_id: str, attempt: int | None, piece: LogSlice, authorized: Callable[[], bool]
 ) -> AsyncIterator[bytes]:
     """Stream the attempt's bytes as they are stored; end when the attempt has ended and every byte
-    stored before its end was sent. A follow of the latest attempt of a job that has not started
-    yet waits for its first attempt."""
-    while attempt is None and piece.job.attempts == 0 and piece.job.status not in TERMINAL:
-        await asyncio.sleep(FOLLOW_POLL_S)
-        piece = await state.executor.run(
-            Work.STORE, state.store.logs.read_log, job_id, None, 0, FOLLOW_READ_BYTES
-        )
+    stored before its end was sent, when the job is gone (retention), or when the caller's token no
+    longer stands for it. A follow of the latest attempt of a job that has not started yet waits
+    for its first attempt. Between its reads it waits on the job's shared watch
+    (``log_watch``), which wakes it only when there is something for it."""
+    watch = state.log_watches.subscribe(job_id)
+    waiting = attempt is None and _not_started(piece.job)
     which = piece.attempt
-    while True:
-        if piece.data:
-            yield piece.data
-        offset = piece.start + len(piece.data)
-        if offset < piece.size:  # more is stored already
-            piece = await state.executor.run(
-                Work.STORE, state.store.logs.read_log, job_id, which, offset, FOLLOW_READ_BYTES
-            )
-            continue
-        if attempt_ended(piece.job, which):
-            # The job was read before the bytes: what the attempt stored before it ended is in.
-            return
-        await asyncio.sleep(FOLLOW_POLL_S)
-        piece = await state.executor.run(
-            Work.STORE, state.store.logs.read_log, job_id, which, offset, FOLLOW_READ_BYTES
-        )
+    try:
+        while True:
+            if piece.data:
+                yield piece.data
+            offset = piece.start + len(piece.data)
+            if offset < piece.size:  # more is stored already
+                piece = await read_log(state, job_id, which, offset, FOLLOW_READ_BYTES)
+                continue
+            if not waiting and attempt_ended(piece.job, which):
+                # The job was read before the bytes: what the attempt stored before it ended is in.
+                return
+            while not _news(watch.latest, waiting, which, offset):
+                if watch.gone:
+                    return
+                await watch.changed_after(watch.version)
+                if not authorized():
+                    return
+            chunk = watch.chunk
+            if waiting:
+                piece = await read_log(state, job_id, None, 0, FOLLOW_READ_BYTES)
+                waiting = _not_started(piece.job)
+                which = piece.attempt
+            elif chunk is not None and (chunk.attempt, chunk.start) == (which, offset):
+                piece = chunk
+            else:
+                piece = await read_log(state, job_id, which, offset, FOLLOW_READ_BYTES)
+    except errors.NotFound:
+        return  # removed meanwhile (retention): nothing more will come
+    finally:
+        state.log_watches.unsubscribe(watch)
+
+
+def _news(latest: LogSlice | None, waiting: bool, which: int, offset: int) -> bool:
+    """Whether the watch's last poll has something for a follow of attempt ``which`` that sent
+    up to ``offset`` (or that waits for the job's first attempt)."""
+    if latest is None:
+        return False
+    if waiting:
+        return not _not_started(latest.job)
+    return attempt_ended(latest.job, which) or (latest.attempt == which and latest.size > offset)
 
 
 described = [
