@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.domain import errors
 from corral.protocol.answers import Answer, ErrorAnswer, ErrorDetail
 from corral.protocol.models import describe_error
-from corral.server.state import state_of
 
 logger = logging.getLogger("corral.server")
 
@@ -179,7 +178,8 @@ async def corral_error_handler(request: Request, error: Exception) -> Response:
         {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
     )
     if isinstance(error, errors.StoreUnavailable):
-        state_of(request).store_health.failed(error)
+        # the server's state (``state.state_of``; not imported: the state imports this module's users)
+        request.app.state.corral.store_health.failed(error)
         if error.retry_after_s is not None:
             headers = {"Retry-After": str(error.retry_after_s)}
     return error_response(error.http_status, error.code, error.message, headers)
