@@ -518,9 +518,11 @@ def main(argv: list[str] | None = None) -> int:
                 here = directory / f"fleet-{workers}"  # a fresh store (and logs) per size
                 here.mkdir()
                 with harness.store_url(args.db, here, args.pg_url) as db_url:
-                    # N hosts from one address: the per-client cap (256) is for one NAT address
-                    # of a real fleet, not for this load process standing in for N of them
-                    limit = ["--max-requests-per-client", str(max(256, 4 * workers))]
+                    # N hosts from one address: the per-client caps (256 requests, 256
+                    # connections) are for one NAT address of a real fleet, not for this load
+                    # process standing in for N of them
+                    share = str(max(256, 4 * workers))
+                    limit = ["--max-requests-per-client", share, "--max-connections-per-client", share]
                     servers = []
                     for replica in range(args.replicas):
                         place = here / f"replica-{replica}" if args.replicas > 1 else here
