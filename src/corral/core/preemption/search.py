@@ -144,6 +144,7 @@ class Search:
         local: list[Entry] = []
         popped: list[Entry] = []
         examined = 0
+        capped = False  # a set was passed over, or the search stopped, for the victim cap alone
         while missing > 0 and len(chosen) < self.settings.max_victims and examined < SEARCH_LIMIT:
             best = shape.best(self)
             from_local = bool(local) and (best is None or local[0] < best)
@@ -173,15 +174,61 @@ class Search:
                     continue
             new = [unit for unit in worker_set.units if unit not in chosen]
             if len(chosen) + len(new) > self.settings.max_victims:
+                capped = True
                 continue
             chosen.extend(new)
             # counted over every worker the chosen units free: a gang victim frees several
             missing = size - self.room.tasks_with(chosen, set(room), request, shape.eligible)
             if missing > 0:
                 self._push_next(local, worker_id, first, trigger, chosen)
+        if missing > 0 and (capped or len(chosen) >= self.settings.max_victims):
+            fewest = self.fewest_victims(preemptor, room, shape, trigger)
+            if fewest is not None:
+                chosen, missing = fewest, 0
         if missing > 0:
             shape.failed_sizes[trigger.beneficiary] = min(size, failed or size)
         return Found(chosen, missing, examined, popped)
+
+    def fewest_victims(
+        self, preemptor: Preemptor, room: dict[str, int], shape: Shape, trigger: Trigger
+    ) -> list[Unit] | None:
+        """A set within ``max_victims`` where the cheapest-first search ran out of its cap: the
+        cheapest sets can be many small units (two 1-GPU jobs for a 2-GPU task) where fewer larger
+        ones make room for more tasks. Unit by unit, the one that adds the most tasks (the lowest
+        class first, then the comparator's order), as far as ``max_victims`` units; None when no
+        set of them makes room for every task. Only a worker's largest units are tried (no more
+        of them can go in one preemption)."""
+        first = preemptor.first
+        request, size = first.spec.resources, len(preemptor.tasks)
+        most = self.settings.max_victims
+        workers = set(room)
+        offered: list[Unit] = []
+        for worker_id in sorted(shape.eligible):
+            if worker_id in self.units.backoff:
+                continue
+            units = self.candidates(worker_id, first, trigger)
+            units.sort(key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)))
+            offered.extend(unit for unit in units[:most] if unit not in offered)
+        chosen: list[Unit] = []
+        have = self.room.tasks_with(chosen, workers, request, shape.eligible)
+        while len(chosen) < most:
+            best: tuple[tuple[object, ...], Unit, int] | None = None
+            for unit in offered:
+                if unit in chosen:
+                    continue
+                tasks = self.room.tasks_with([*chosen, unit], workers, request, shape.eligible)
+                if tasks <= have:
+                    continue
+                rank = (unit.preemption_class, have - tasks, victim_key(unit))
+                if best is None or rank < best[0]:
+                    best = (rank, unit, tasks)
+            if best is None:
+                return None
+            chosen.append(best[1])
+            have = best[2]
+            if have >= size:
+                return chosen
+        return None
 
     def restore(self, shape: Shape, popped: Sequence[Entry]) -> None:
         """The sets ``find`` popped are still good for the next preemptor of the shape, unless spent."""
