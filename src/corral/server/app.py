@@ -24,7 +24,12 @@ from corral.domain.status import Status
 from corral.server import auth, openapi
 from corral.server.dashboard import routes as dashboard
 from corral.server.executor import Work
-from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
+from corral.server.http import (
+    PageHeadersMiddleware,
+    RequestIdMiddleware,
+    corral_error_handler,
+    http_error_handler,
+)
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
@@ -130,6 +135,7 @@ def create_app(
     auth.check_every_route_has_a_rule(routes)
     middleware = [
         Middleware(RequestIdMiddleware),
+        Middleware(PageHeadersMiddleware),
         Middleware(
             ClientLimitsMiddleware,
             body_timeout_s=settings.body_timeout_s,
