@@ -277,6 +277,15 @@ class WorkerRegisterBody(_Strict):
         return value
 
 
+def _no_repeats(indices: list[int]) -> None:
+    seen: set[int] = set()
+    repeated: set[int] = set()
+    for index in indices:
+        (repeated if index in seen else seen).add(index)
+    if repeated:
+        raise ValueError(f"GPU {', '.join(map(str, sorted(repeated)))} given more than once")
+
+
 class GpuReading(_Strict):
     index: int = Field(ge=0, le=MAX_GPU_INDEX)
     util_pct: float | None = Field(None, ge=0, le=100)
@@ -294,6 +303,20 @@ class WorkerHeartbeatBody(_Strict):
     jobs: list[JobBeat] | None = Field(None, max_length=4096)
     #: as at the registration (it does not change while the worker runs); the registered one is kept
     enforcement: EnforcementBody | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _one_reading_per_gpu(cls, value: list[GpuReading] | None) -> list[GpuReading] | None:
+        if value is not None:
+            _no_repeats([reading.index for reading in value])
+        return value
+
+    @field_validator("unhealthy_gpus")
+    @classmethod
+    def _each_gpu_once(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            _no_repeats(value)
+        return value
 
 
 class JobHeartbeatBody(_Strict):
