@@ -378,3 +378,25 @@ def test_the_dashboard_asks_a_browser_for_a_token_and_acts_with_its_role(http: h
     assert http.get("/ui/jobs", headers=cookie).status_code == 200
     job = http.post("/jobs", json={"command": "true"}, headers=headers_for("owner")).json()
     assert http.post(f"/ui/jobs/{job['id']}/cancel", headers=cookie).status_code == 403, "not bob's job"
+
+
+def test_an_idempotency_key_is_its_submitters_own(http: httpx.Client):
+    """Bob's ``Idempotency-Key`` that alice used first is bob's own key (issue 24): neither alice's
+    job handed to him nor a 409 that tells him the key exists."""
+    alice, bob = headers_for("owner"), headers_for("user")
+    body = {"command": "train", "env": {"TOKEN": "alice-s3cret"}}
+    first = http.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k-1"})
+    assert first.status_code == 201
+    again = http.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k-1"})
+    assert again.json()["id"] == first.json()["id"], "alice's retry is answered her first job"
+    same_body = http.post("/jobs", json=body, headers={**bob, "Idempotency-Key": "k-1"})
+    assert same_body.status_code == 201
+    assert same_body.json()["id"] != first.json()["id"] and same_body.json()["user"] == "bob"
+    other_body = http.post("/jobs", json={"command": "other"}, headers={**bob, "Idempotency-Key": "k-1"})
+    assert other_body.status_code == 409, "bob's own key, first used with another body"
+    batch = http.post("/jobs/batch", json={"jobs": [body]}, headers={**bob, "Idempotency-Key": "k-2"})
+    assert batch.status_code == 201
+    mine = http.post("/jobs/batch", json={"jobs": [body]}, headers={**alice, "Idempotency-Key": "k-2"})
+    assert mine.status_code == 201 and mine.json()["items"][0]["user"] == "alice"
+    conflict = http.post("/jobs", json={"command": "x"}, headers={**alice, "Idempotency-Key": "k-1"})
+    assert conflict.status_code == 409, "a different body under alice's own key is still a conflict"

@@ -115,7 +115,9 @@ def _store_submission(
         specs = [decode_body(body, SubmitBody).to_domain()]
     if owner is not None:
         specs = [dataclasses.replace(spec, user=owner) for spec in specs]
-    return specs, state.store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
+    # An Idempotency-Key is its submitter's own (the token's name; everyone's alike without auth)
+    key_owner = owner or ""
+    return specs, state.store.submit(lifecycle.submitted(specs, now), now, key, fingerprint, key_owner)
 
 
 async def submit(request: Request) -> Response:
