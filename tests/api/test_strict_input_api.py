@@ -100,8 +100,9 @@ def test_nul_characters_and_deep_nesting_are_refused_on_both_stores(api):
         (
             "/workers/w1/heartbeat",
             None,
-            '{"jobs": [{"id": "%s", "attempt": %d, "progress": %s}]}'
-            % (job["id"], claimed["attempt"], _deep(100)),
+            f'{{"jobs": [{{"id": "{job["id"]}", "attempt": {claimed["attempt"]}, "progress": '
+            + _deep(100)
+            + "}]}",
         ),
         (f"/jobs/{job['id']}/watchdog", fence, '{"kind": "stall", "detail": ' + _deep(1000) + "}"),
     ]
