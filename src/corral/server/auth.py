@@ -323,7 +323,7 @@ def cross_site(scope: Scope) -> bool:
 #: the ``corral_token`` cookie (this site only) and loads the page again with it
 LOGIN_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>corral: token</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"></head>
 <body style="font-family: system-ui, sans-serif; max-width: 32rem; margin: 4rem auto">
 <h1>corral</h1>
 <p>This server needs a token (ask its admin). The dashboard acts with that token's role.</p>
