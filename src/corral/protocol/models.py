@@ -293,7 +293,7 @@ class GpuReading(_Strict):
 
 
 class WorkerHeartbeatBody(_Strict):
-    gpus: list[GpuReading] | None = None
+    gpus: list[GpuReading] | None = Field(None, max_length=4096)
     running: list[Text] | None = None
     #: GPU indices the worker will not use again (a killed job's process would not exit from a
     #: driver call); the server places no work on them until the worker re-registers

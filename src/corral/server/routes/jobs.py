@@ -367,7 +367,12 @@ described = [
         "jobs",
         {201: (JobAnswer, GangSubmitted)},
         body=SubmitBody,
-        headers=(string("Idempotency-Key", "a retried submit returns the first answer"),),
+        headers=(
+            string(
+                "Idempotency-Key",
+                "a retried submit returns the first answer (each user has keys of their own)",
+            ),
+        ),
         errors=(400, 409, 413),
         description="A job answers the job; a gang answers its id and task ids (GangSubmitted).",
     ),
@@ -378,7 +383,12 @@ described = [
         "jobs",
         {201: BatchSubmitted},
         body=BatchBody,
-        headers=(string("Idempotency-Key", "a retried submit returns the first answer"),),
+        headers=(
+            string(
+                "Idempotency-Key",
+                "a retried submit returns the first answer (each user has keys of their own)",
+            ),
+        ),
         errors=(400, 409, 413),
     ),
     Operation("GET", "/jobs/batch", "not allowed: submit with POST", "jobs", {}, errors=(405,)),
