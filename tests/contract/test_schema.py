@@ -63,7 +63,7 @@ def test_migrate_twice_changes_nothing(store_url, store):
     job = protocol.submit(store, [JobSpec(command="true")], NOW).items[0].job
     again = open_store(store_url)
     try:
-        assert again.get_job(job.id) == job
+        assert again.jobs.get_job(job.id) == job
         assert again.column_definitions() == store.column_definitions()
         assert again.index_definitions() == store.index_definitions()
     finally:
@@ -128,9 +128,9 @@ def test_migration_14_keeps_the_idempotency_keys_stored_before_as_no_ones(store_
         assert [tuple(row) for row in rows] == [("", "k-old", "f", NOW)]
         assert before.primary_keys()["idempotency_keys"] == ("owner", "key")
         jobs = lifecycle.submitted([JobSpec(command="true")], NOW)
-        first = before.submit(jobs, NOW, "k-old", "g", key_owner="alice")
+        first = before.jobs.submit(jobs, NOW, "k-old", "g", key_owner="alice")
         assert not first.replayed, "alice's k-old is not the k-old stored before"
         with pytest.raises(errors.Conflict):
-            before.submit(lifecycle.submitted([JobSpec(command="true")], NOW), NOW, "k-old", "g")
+            before.jobs.submit(lifecycle.submitted([JobSpec(command="true")], NOW), NOW, "k-old", "g")
     finally:
         before.close()

@@ -188,7 +188,7 @@ def timeline(events: list[JobEvent], now: float) -> list[Segment]:
 def job_page(store: Store, job: Job, now: float, principal: Principal | None) -> dict[str, Any]:
     """A job's page. Its fields are the API's job object as ``principal`` may see it: the same
     redaction (``auth.redact_job``) hides the environment values of someone else's job."""
-    events = store.job_events(job.id)
+    events = store.jobs.job_events(job.id)
     workers_list, allocations, holds = [], [], []
     if job.status == Status.PENDING:
         workers_list = store.workers.workers()
