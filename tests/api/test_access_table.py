@@ -225,16 +225,79 @@ def test_the_cookie_carries_a_token_too(http: httpx.Client):
     assert http.get("/jobs", headers={"Cookie": "corral_token=nope"}).status_code == 401
     # a change made with the cookie must come from this site (no cross-site request forgery)
     owner = f"corral_token={TOKENS['owner']}"
-    job = http.post("/jobs", json={"command": "true"}, headers={"Cookie": owner}).json()
+    job = http.post("/jobs", json={"command": "true"}, headers=headers_for("owner")).json()
     forged = http.post(
-        f"/jobs/{job['id']}/cancel", headers={"Cookie": owner, "Origin": "https://evil.example"}
+        f"/ui/jobs/{job['id']}/cancel", headers={"Cookie": owner, "Origin": "https://evil.example"}
     )
     assert forged.status_code == 403
     same_site = http.post(
-        f"/jobs/{job['id']}/cancel",
+        f"/ui/jobs/{job['id']}/cancel",
         headers={"Cookie": owner, "Origin": http.base_url.scheme + "://" + http.base_url.netloc.decode()},
     )
-    assert same_site.json()["status"] == "cancelled"
+    assert same_site.status_code == 303
+    assert http.get(f"/jobs/{job['id']}", headers={"Cookie": owner}).json()["status"] == "cancelled"
+
+
+def test_the_cookie_is_refused_off_the_dashboard_and_the_reads(http: httpx.Client):
+    """A browser sends the cookie with any request to the server, whatever page made it: the job
+    protocol, the worker routes and the API's changes take a bearer token only (issue 24)."""
+    world = _world(http)
+    job_id = world["job_id"]
+    same_site = http.base_url.scheme + "://" + http.base_url.netloc.decode()
+
+    def cookie(caller: str) -> dict[str, str]:
+        return {"Cookie": f"corral_token={TOKENS[caller]}", "Origin": same_site}
+
+    refused = [
+        ("GET", "/jobs/next", {"worker_id": "w1"}, None, "fleet"),
+        ("POST", f"/jobs/{job_id}/heartbeat", {"worker_id": "w1", "attempt": "1"}, None, "worker"),
+        ("POST", f"/jobs/{job_id}/done", {"worker_id": "w1", "attempt": "1"}, None, "admin"),
+        ("POST", "/workers/register", None, {"id": "w1"}, "worker"),
+        ("POST", "/workers/w1/heartbeat", None, {}, "fleet"),
+        ("GET", "/workers/w1", None, None, "worker"),
+        ("POST", "/jobs", None, {"command": "true"}, "owner"),
+        ("POST", "/jobs/batch", None, {"jobs": [{"command": "true"}]}, "owner"),
+        ("POST", f"/jobs/{job_id}/cancel", None, None, "owner"),
+        ("PUT", "/pools/team", None, {"weight": 2}, "admin"),
+        ("POST", "/workers/w1/drain", None, None, "admin"),
+    ]
+    for method, path, params, body, caller in refused:
+        response = http.request(method, path, params=params, json=body, headers=cookie(caller))
+        assert response.status_code == 401, (method, path, response.text)
+        assert response.json()["error"]["code"] == "unauthenticated"
+        assert "Bearer" in response.json()["error"]["message"]
+    assert http.get(f"/jobs/{job_id}", headers=headers_for("owner")).json()["status"] == "running"
+    assert http.get("/pools/team", headers=headers_for("admin")).json()["weight"] == 1
+    # the dashboard's own pages and the reads its pages make still take it
+    for path in ("/", "/ui/jobs", f"/ui/jobs/{job_id}", "/jobs", f"/jobs/{job_id}/logs"):
+        assert http.get(path, headers=cookie("user")).status_code == 200, path
+    assert http.post(f"/ui/jobs/{job_id}/cancel", headers=cookie("owner")).status_code == 303
+    # a bearer token beside the cookie is what counts
+    claimed = http.get(
+        "/jobs/next", params={"worker_id": "w1"}, headers={**cookie("fleet"), **headers_for("fleet")}
+    )
+    assert claimed.status_code in (200, 204)
+
+
+def test_the_dashboard_hides_env_values_as_the_api_does(http: httpx.Client):
+    alice, bob = headers_for("owner"), headers_for("user")
+    job = http.post("/jobs", json={"command": "true", "env": {"API_KEY": "s3cret-1"}}, headers=alice).json()
+    gang = http.post(
+        "/jobs", json={"command": "true", "gang_size": 2, "env": {"T": "s3cret-2"}}, headers=alice
+    ).json()
+    for job_id in (job["id"], *gang["tasks"]):
+        for params in ({}, {"partial": "1"}):
+            page = http.get(f"/ui/jobs/{job_id}", params=params, headers=bob)
+            assert page.status_code == 200
+            assert "s3cret" not in page.text, (job_id, params)
+            assert f"={auth.HIDDEN}".replace("<", "&lt;").replace(">", "&gt;") in page.text
+            assert "s3cret" in http.get(f"/ui/jobs/{job_id}", params=params, headers=alice).text
+        assert http.get(f"/jobs/{job_id}", headers=bob).json()["env"] in (
+            {"API_KEY": auth.HIDDEN},
+            {"T": auth.HIDDEN},
+        )
+    gang_page = http.get(f"/ui/gangs/{gang['gang_id']}", headers=bob).text
+    assert "s3cret" not in gang_page
 
 
 def test_a_revoked_token_fails_within_seconds_without_a_restart(http: httpx.Client, token_file: Path):
@@ -305,10 +368,36 @@ def test_tokens_are_compared_in_constant_time(tmp_path: Path):
 def test_the_dashboard_asks_a_browser_for_a_token_and_acts_with_its_role(http: httpx.Client):
     page = http.get("/ui/jobs", headers={"Accept": "text/html"})
     assert page.status_code == 401
-    assert "corral_token" in page.text and "<form" in page.text
+    assert "<form" in page.text and '<script src="/ui/static/login.js">' in page.text
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "script-src 'self';" in page.headers["content-security-policy"]
+    script = http.get("/ui/static/login.js")
+    assert script.headers["content-type"].startswith("text/javascript") and "corral_token" in script.text
     assert "Secure" not in page.text, "a Secure cookie is never sent back over plain HTTP"
     assert http.get("/ui/jobs").json()["error"]["code"] == "unauthenticated", "the API answers JSON"
     cookie = {"Cookie": f"corral_token={TOKENS['user']}", "Accept": "text/html"}
     assert http.get("/ui/jobs", headers=cookie).status_code == 200
     job = http.post("/jobs", json={"command": "true"}, headers=headers_for("owner")).json()
     assert http.post(f"/ui/jobs/{job['id']}/cancel", headers=cookie).status_code == 403, "not bob's job"
+
+
+def test_an_idempotency_key_is_its_submitters_own(http: httpx.Client):
+    """Bob's ``Idempotency-Key`` that alice used first is bob's own key (issue 24): neither alice's
+    job handed to him nor a 409 that tells him the key exists."""
+    alice, bob = headers_for("owner"), headers_for("user")
+    body = {"command": "train", "env": {"TOKEN": "alice-s3cret"}}
+    first = http.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k-1"})
+    assert first.status_code == 201
+    again = http.post("/jobs", json=body, headers={**alice, "Idempotency-Key": "k-1"})
+    assert again.json()["id"] == first.json()["id"], "alice's retry is answered her first job"
+    same_body = http.post("/jobs", json=body, headers={**bob, "Idempotency-Key": "k-1"})
+    assert same_body.status_code == 201
+    assert same_body.json()["id"] != first.json()["id"] and same_body.json()["user"] == "bob"
+    other_body = http.post("/jobs", json={"command": "other"}, headers={**bob, "Idempotency-Key": "k-1"})
+    assert other_body.status_code == 409, "bob's own key, first used with another body"
+    batch = http.post("/jobs/batch", json={"jobs": [body]}, headers={**bob, "Idempotency-Key": "k-2"})
+    assert batch.status_code == 201
+    mine = http.post("/jobs/batch", json={"jobs": [body]}, headers={**alice, "Idempotency-Key": "k-2"})
+    assert mine.status_code == 201 and mine.json()["items"][0]["user"] == "alice"
+    conflict = http.post("/jobs", json={"command": "x"}, headers={**alice, "Idempotency-Key": "k-1"})
+    assert conflict.status_code == 409, "a different body under alice's own key is still a conflict"

@@ -39,6 +39,29 @@ def test_every_page_renders_and_links_nothing_external(server, api):
     assert api.get("/ui/jobs/j-nope").status_code == 404
 
 
+def test_every_page_forbids_frames_and_inline_script(server, api):
+    """Clickjacking and an injected script (issue 24): every HTML page, its live part and its 404
+    page say ``X-Frame-Options: DENY`` and a policy that runs the server's own script files only,
+    and no page holds an inline script or event handler that the policy would stop."""
+    register(api, "solo", gpus=1)
+    job = submit(api, resources={"gpus": 1})
+    gang, _ = admitted_and_running(api, server)
+    pages = [*PAGES, f"/ui/jobs/{job['id']}", f"/ui/gangs/{gang['gang_id']}", "/ui/jobs/j-nope"]
+    for page in pages:
+        for params in ({}, {"partial": "1"}):
+            response = api.get(page, params=params)
+            assert response.headers["content-type"].startswith("text/html"), page
+            assert response.headers["x-frame-options"] == "DENY", page
+            policy = dict(
+                directive.strip().split(" ", 1)
+                for directive in response.headers["content-security-policy"].split(";")
+            )
+            assert policy["script-src"] == "'self'" and policy["frame-ancestors"] == "'none'", page
+            assert not re.search(r"<script(?![^>]*\bsrc=)", response.text), f"an inline script on {page}"
+            assert not re.search(r"""\son[a-z]+\s*=""", response.text), f"an inline event handler on {page}"
+    assert "x-frame-options" not in api.get("/jobs").headers, "the JSON API is not a page"
+
+
 def test_filters_and_cursor_pages(server, api):
     for index in range(3):
         submit(api, pool=f"team{index % 2}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import error_code, register
+from tests.api.conftest import claim, error_code, register, submit
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,63 @@ def test_a_repeated_query_parameter_is_refused_unless_it_is_a_list(api):
         assert "more than once" in response.json()["error"]["message"]
     assert api.get("/jobs/next?worker_id=w1&worker_id=w2").status_code == 400
     assert api.get("/jobs?status=pending&status=running").status_code == 200
+
+
+def _deep(levels: int) -> str:
+    return '{"a": ' * levels + "1" + "}" * levels
+
+
+def test_nul_characters_and_deep_nesting_are_refused_on_both_stores(api):
+    """A hostile caller's NUL characters and thousand-deep JSON (issue 24): each refused with 400
+    ``invalid_request``, never a 500 from the store, and nothing changed."""
+    register(api, gpus=1)
+    job = submit(api)
+    claimed = claim(api)
+    fence = {"worker_id": "w1", "attempt": claimed["attempt"]}
+    beat = {"id": job["id"], "attempt": claimed["attempt"]}
+    refused = [
+        ("/jobs", None, {"command": "a\0b"}),
+        ("/jobs", None, {"command": "true", "name": "n\0"}),
+        ("/jobs", None, {"command": "true", "env": {"K": "v\0"}}),
+        ("/jobs", None, {"command": "true", "env": {"K\0": "v"}}),
+        ("/jobs", None, {"command": "true", "user": "u\0"}),
+        ("/jobs", None, {"command": "true", "constraints": {"labels": {"k": "\0"}}}),
+        ("/workers/register", None, {"id": "w2", "address": "h\0"}),
+        ("/workers/w1/heartbeat", None, {"running": [f"{job['id']}\0"]}),
+        ("/workers/w1/heartbeat", None, {"jobs": [{**beat, "id": f"{job['id']}\0"}]}),
+        ("/workers/w1/heartbeat", None, {"jobs": [{**beat, "progress": {"step": "1\0"}}]}),
+        (f"/jobs/{job['id']}/heartbeat", fence, {"progress": {"step\0": 1}}),
+        (f"/jobs/{job['id']}/heartbeat", fence, {"progress": {"notes": [["\0"]]}}),
+        (f"/jobs/{job['id']}/watchdog", fence, {"kind": "stall", "detail": {"why": "\0"}}),
+        (f"/jobs/{job['id']}/watchdog", fence, {"kind": "stall", "detail": "\0"}),
+    ]
+    for path, params, body in refused:
+        response = api.post(path, params=params, json=body)
+        assert response.status_code == 400, (path, body, response.text)
+        assert error_code(response) == "invalid_request"
+    deep = [
+        (f"/jobs/{job['id']}/heartbeat", fence, '{"progress": ' + _deep(1000) + "}"),
+        (f"/jobs/{job['id']}/heartbeat", fence, '{"progress": {"a": ' + "[" * 1000 + "]" * 1000 + "}}"),
+        (
+            "/workers/w1/heartbeat",
+            None,
+            f'{{"jobs": [{{"id": "{job["id"]}", "attempt": {claimed["attempt"]}, "progress": '
+            + _deep(100)
+            + "}]}",
+        ),
+        (f"/jobs/{job['id']}/watchdog", fence, '{"kind": "stall", "detail": ' + _deep(1000) + "}"),
+    ]
+    for path, params, content in deep:
+        response = api.post(
+            path, params=params, content=content, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400, (path, response.text)
+        assert error_code(response) == "invalid_request"
+    assert [item["id"] for item in api.get("/jobs").json()["items"]] == [job["id"]]
+    assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"
+    assert [worker["id"] for worker in api.get("/workers").json()["items"]] == ["w1"]
+    # a job's own output may hold any byte: a NUL there is kept as U+FFFD, not refused
+    ok = api.post(f"/jobs/{job['id']}/heartbeat", params=fence, json={"progress": {"step": 3, "of": [[1]]}})
+    assert ok.status_code == 200
+    failed = api.post(f"/jobs/{job['id']}/fail", params=fence, json={"exit_code": 1, "output_tail": "a\0b"})
+    assert failed.status_code == 200, failed.text

@@ -53,7 +53,7 @@ def test_worker_shows_what_it_runs(api):
 
 
 def test_heartbeat_revives_an_offline_worker(api, server, clock):
-    register(api)
+    register(api, gpus=1)
     clock.advance(61)
     server.reap()
     assert api.get("/workers/w1").json()["status"] == "offline"
@@ -125,3 +125,62 @@ def test_a_worker_says_what_it_enforces_and_the_list_shows_it(api):
     refused = api.post("/workers/register", json={**body, "enforcement": {"memory": "x", "gpu": "y"}})
     assert refused.status_code == 400
     assert api.post("/workers/register", json={"id": "w2"}).json()["enforcement"] == {}
+
+
+def test_heartbeat_gpu_indices_are_the_workers_own(api):
+    """A heartbeat speaks only of the GPUs the worker registered, each once (issue 24)."""
+    register(api, gpus=2)
+    refused = [
+        {"gpus": [{"index": 0, "util_pct": 1}, {"index": 0, "util_pct": 2}]},
+        {"gpus": [{"index": 2, "util_pct": 1}]},
+        {"gpus": [{"index": 65535}]},
+        {"unhealthy_gpus": [1, 1]},
+        {"unhealthy_gpus": [0, 2]},
+    ]
+    for body in refused:
+        response = api.post("/workers/w1/heartbeat", json=body)
+        assert response.status_code == 400, (body, response.text)
+        assert error_code(response) == "invalid_request"
+    worker = api.get("/workers/w1").json()
+    assert (worker["unhealthy_gpus"], worker["gpu_stats"]) == ([], [])
+    ok = api.post(
+        "/workers/w1/heartbeat", json={"gpus": [{"index": 1, "util_pct": 50}], "unhealthy_gpus": [0]}
+    )
+    assert ok.status_code == 200
+    worker = api.get("/workers/w1").json()
+    assert (worker["unhealthy_gpus"], [reading["index"] for reading in worker["gpu_stats"]]) == ([0], [1])
+    register(api, "cpu-only")
+    response = api.post("/workers/cpu-only/heartbeat", json={"gpus": [{"index": 0}]})
+    assert response.status_code == 400 and "no GPU 0" in response.json()["error"]["message"]
+
+
+def test_a_reregister_below_what_the_worker_runs_is_a_conflict(api):
+    """API.md "Lists and handles": a re-register that would leave a worker below what it already
+    runs is 409 ``conflict`` naming the jobs, and changes nothing."""
+    register(api, gpus=4, vram_mb=1000)
+    first = submit(api, resources={"gpus": 2, "cpus": 2, "memory_mb": 1000, "vram_mb": 1000}, priority=1)
+    second = submit(api, resources={"gpus": 1, "cpus": 2, "memory_mb": 1000})
+    claim(api)
+    claim(api)
+    held = sorted([first["id"], second["id"]])
+    for resources in (
+        {"gpus": 2},
+        {"gpus": 3, "cpus": 3},
+        {"memory_mb": 1999},
+        {"vram_mb": 999},
+    ):
+        body = {"id": "w1", "resources": {"cpus": 8, "memory_mb": 8192, "vram_mb": 1000, **resources}}
+        response = api.post("/workers/register", json=body)
+        assert response.status_code == 409, (resources, response.text)
+        assert error_code(response) == "conflict"
+        message = response.json()["error"]["message"]
+        assert all(job_id in message for job_id in held), message
+    worker = api.get("/workers/w1").json()
+    assert worker["resources"] == {"gpus": 4, "vram_mb": 1000, "memory_mb": 8192, "cpus": 8}
+    # three GPUs in use on indices 0..2: three GPUs and enough of the rest is a re-register it may make
+    assert register(api, gpus=3, vram_mb=1000)["resources"]["gpus"] == 3
+    api.post(f"/jobs/{first['id']}/done", params={"worker_id": "w1", "attempt": 1}).raise_for_status()
+    # one GPU in use, but it is GPU 2 (placement takes the lowest free first: 0 and 1, then 2)
+    response = api.post("/workers/register", json={"id": "w1", "resources": {"gpus": 1, "cpus": 2}})
+    assert response.status_code == 409 and second["id"] in response.json()["error"]["message"]
+    assert first["id"] not in response.json()["error"]["message"]

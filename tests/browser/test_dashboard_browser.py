@@ -101,3 +101,26 @@ def test_the_pages_work_from_the_keyboard(page, server, client: Client):
     page.keyboard.press("Enter")
     expect(page).to_have_url(re.compile(r"pool=default"))
     assert_clean(page)
+
+
+def test_the_token_form_signs_in_under_the_pages_policy(page, start_server, tmp_path: Path):
+    """With auth on, the token form's script (a file: the policy runs no inline script) keeps the
+    token in the cookie and loads the page again, and nothing on the way breaks the policy."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("tok-browser-1 user alice\n")
+    tokens.chmod(0o600)
+    secured = start_server("--auth-tokens", str(tokens))
+    response = page.goto(secured.url + "/ui/jobs")
+    assert response is not None and response.status == 401
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    page.get_by_label("Token").fill("tok-browser-1")
+    page.get_by_role("button", name="Use it").click()
+    expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
+    # the first load's 401 (the form) is the one error the console may show
+    assert page.console_errors == [
+        "Failed to load resource: the server responded with a status of 401 (Unauthorized)"
+    ]
+    page.console_errors.clear()
+    page.reload()
+    expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
+    assert_clean(page)

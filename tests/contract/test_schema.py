@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core import lifecycle
+from corral.domain import errors
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.store import open_store
@@ -105,3 +107,30 @@ def test_sqlite_reads_a_claiming_workers_holdings_through_the_holding_index(tmp_
     claim (2,000 hosts x 8 jobs took minutes to come up in ``bench/fleet.py``)."""
     plan = sqlite_plan(tmp_path, WORKER_ALLOCATIONS_SQL, ("w1",))
     assert plan == ["SEARCH jobs USING INDEX jobs_holding (worker_id=?)"]
+
+
+def test_migration_14_keeps_the_idempotency_keys_stored_before_as_no_ones(store_url, monkeypatch):
+    """Keys stored before migration 14 were everyone's: they are kept with the owner ''."""
+    from corral.store import schema, sql
+
+    before_14 = tuple(migration for migration in schema.MIGRATIONS if migration.version < 14)
+    monkeypatch.setattr(sql, "MIGRATIONS", before_14)
+    before = open_store(store_url)
+    try:
+        with before._transaction() as tx:
+            tx.execute(
+                "INSERT INTO idempotency_keys (key, fingerprint, result, created_at) VALUES (?, ?, ?, ?)",
+                ("k-old", "f", '[{"gang_id": null, "jobs": []}]', NOW),
+            )
+        monkeypatch.setattr(sql, "MIGRATIONS", schema.MIGRATIONS)
+        before.migrate()
+        rows = before._read().execute("SELECT owner, key, fingerprint, created_at FROM idempotency_keys")
+        assert [tuple(row) for row in rows] == [("", "k-old", "f", NOW)]
+        assert before.primary_keys()["idempotency_keys"] == ("owner", "key")
+        jobs = lifecycle.submitted([JobSpec(command="true")], NOW)
+        first = before.jobs.submit(jobs, NOW, "k-old", "g", key_owner="alice")
+        assert not first.replayed, "alice's k-old is not the k-old stored before"
+        with pytest.raises(errors.Conflict):
+            before.jobs.submit(lifecycle.submitted([JobSpec(command="true")], NOW), NOW, "k-old", "g")
+    finally:
+        before.close()

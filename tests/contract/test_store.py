@@ -384,7 +384,7 @@ def test_reaper_force_drains_a_stop_nobody_acked(store):
 
 
 def test_workers_go_offline_and_come_back(store):
-    register(store)
+    register(store, gpus=1)
     assert protocol.reap(store, NOW + 61, 30, 45, 60).offline_workers == ("w1",)
     assert store.workers.get_worker("w1").worker.status == "offline"
     beat = store.workers.worker_heartbeat("w1", NOW + 62, [{"index": 0, "util_pct": 5.0}])

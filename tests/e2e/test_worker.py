@@ -69,6 +69,16 @@ def test_job_runs_with_its_environment_and_ends_done(server, client: Client, sta
     assert not beat_file.parent.exists()
 
 
+def test_a_worker_the_server_refuses_for_good_exits_with_its_message(server, client: Client, start_worker):
+    """A registration no retry can fix (issue 24): ``--gpus 2000000`` is out of the server's
+    range, so the worker exits 1 with the server's message instead of asking for ever."""
+    worker = start_worker(server.url, "huge", "--gpus", "2000000")
+    assert worker.process.wait(timeout=30) == 1, worker.log()
+    log = worker.log()
+    assert "the server refused the registration: invalid_request: resources.gpus" in log, log
+    assert client.workers() == []
+
+
 def test_failing_job_is_retried_then_failed_with_its_output(server, client: Client, start_worker):
     start_worker(server.url, "w1")
     job = client.submit({"command": 'echo "boom on attempt $CORRAL_ATTEMPT"; exit 3', "max_retries": 2})

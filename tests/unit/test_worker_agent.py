@@ -166,3 +166,51 @@ def test_a_claim_without_an_answer_is_retried_with_the_same_key_and_an_answered_
     assert first is not None and after_503 == first and answered == first
     assert refused not in (None, first), "after an answer, the next claim has a key of its own"
     assert fresh not in (None, first, refused), "a refused claim started nothing: its key is dropped"
+
+
+# --- a registration refused for good stops the worker; anything else is asked again ------------
+
+
+class ScriptedRegistrations:
+    """``register_worker`` raises each outcome in turn (None: registered)."""
+
+    def __init__(self, outcomes: list[Exception | None]) -> None:
+        self.outcomes = outcomes
+        self.calls = 0
+
+    def register_worker(self, body: dict[str, Any]) -> dict[str, Any]:
+        outcome = self.outcomes[self.calls]
+        self.calls += 1
+        if outcome is not None:
+            raise outcome
+        return {"id": body["id"]}
+
+
+@pytest.mark.parametrize(
+    "transient",
+    [
+        ServerUnreachable("http://x", OSError("connection refused")),
+        ApiError(500, "internal", "internal error"),
+        ApiError(503, "store_busy", "the store is busy"),
+        ApiError(409, "conflict", "worker w1 holds j-1"),
+        ApiError(429, "too_many_requests", "slow down"),
+    ],
+)
+def test_a_transient_refusal_is_asked_again(transient: Exception):
+    client = ScriptedRegistrations([transient, None])
+    agent = make_agent(client)
+    assert agent.register() is False
+    assert not agent.refused.is_set() and not agent.stopping.is_set()
+    assert agent.register() is True and client.calls == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [(400, "invalid_request"), (401, "unauthenticated"), (403, "forbidden"), (413, "too_large")],
+)
+def test_a_registration_refused_for_good_stops_the_worker_with_the_servers_message(status: int, code: str):
+    client = ScriptedRegistrations([ApiError(status, code, "resources.gpus: must be at most 1000000")])
+    agent = make_agent(client)
+    assert agent.register() is False
+    assert agent.refused.is_set() and agent.stopping.is_set()
+    assert agent.refusal == f"{code}: resources.gpus: must be at most 1000000"

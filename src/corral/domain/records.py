@@ -6,6 +6,7 @@ turns them into RFC 3339 at the edge.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +195,25 @@ class Allocation:
     resources: Resources
     gpu_indices: tuple[int, ...]
     status: Status = Status.RUNNING
+
+
+def unregistered_gpus(worker: Worker, indices: Iterable[int]) -> list[int]:
+    """The GPU indices in ``indices`` that ``worker`` did not register (it has 0 .. gpus - 1): a
+    heartbeat that reads or reports them speaks of GPUs the server does not know."""
+    return sorted({index for index in indices if not 0 <= index < worker.resources.gpus})
+
+
+def capacity_shortfall(capacity: Resources, held: Sequence[Allocation]) -> list[str]:
+    """What a worker re-registering with ``capacity`` would have too little of for the jobs it
+    holds (``held``): a resource they use more of in all, or a GPU index past its new count.
+    Empty: the new capacity covers them."""
+    used = Resources()
+    for allocation in held:
+        used = used + allocation.resources
+    short = capacity.shortfall(used)
+    if "gpus" not in short and any(index >= capacity.gpus for a in held for index in a.gpu_indices):
+        short.insert(0, "gpus")
+    return short
 
 
 @dataclass(frozen=True, slots=True)

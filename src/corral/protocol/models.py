@@ -34,6 +34,8 @@ MAX_WALLTIME_S = 100 * 365 * 86400.0
 #: the largest GPU index a worker may report (NVML counts far fewer GPUs per host)
 MAX_GPU_INDEX = 65535
 GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+#: how deeply a free-form value (``progress``, a watchdog's ``detail``) may nest
+MAX_JSON_DEPTH = 16
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
@@ -49,8 +51,32 @@ def _replace_nul(value: str) -> str:
     return value.replace("\0", "\ufffd")
 
 
+def _plain_json(value: Any) -> Any:
+    """A free-form JSON value (a job's progress, a watchdog's detail): no NUL in a key or a
+    string, as in every other string of a body, and at most ``MAX_JSON_DEPTH`` arrays and objects
+    deep. The rest of a body has the depth of its schema; here a thousand-deep ``progress`` was
+    taken, then failed to be stored (issue 24)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            _no_nul(item)
+            continue
+        if not isinstance(item, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"must not nest arrays and objects more than {MAX_JSON_DEPTH} deep")
+        if isinstance(item, dict):
+            for key in item:
+                _no_nul(key)
+            item = item.values()
+        pending.extend((child, depth + 1) for child in item)
+    return value
+
+
 Text = Annotated[str, AfterValidator(_no_nul)]
 Output = Annotated[str, AfterValidator(_replace_nul)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_plain_json)]
 
 
 class _Strict(BaseModel):
@@ -266,6 +292,15 @@ class WorkerRegisterBody(_Strict):
         return value
 
 
+def _no_repeats(indices: list[int]) -> None:
+    seen: set[int] = set()
+    repeated: set[int] = set()
+    for index in indices:
+        (repeated if index in seen else seen).add(index)
+    if repeated:
+        raise ValueError(f"GPU {', '.join(map(str, sorted(repeated)))} given more than once")
+
+
 class GpuReading(_Strict):
     index: int = Field(ge=0, le=MAX_GPU_INDEX)
     util_pct: float | None = Field(None, ge=0, le=100)
@@ -273,8 +308,8 @@ class GpuReading(_Strict):
 
 
 class WorkerHeartbeatBody(_Strict):
-    gpus: list[GpuReading] | None = None
-    running: list[str] | None = None
+    gpus: list[GpuReading] | None = Field(None, max_length=4096)
+    running: list[Text] | None = None
     #: GPU indices the worker will not use again (a killed job's process would not exit from a
     #: driver call); the server places no work on them until the worker re-registers
     unhealthy_gpus: list[GpuIndex] | None = Field(None, max_length=4096)
@@ -284,9 +319,23 @@ class WorkerHeartbeatBody(_Strict):
     #: as at the registration (it does not change while the worker runs); the registered one is kept
     enforcement: EnforcementBody | None = None
 
+    @field_validator("gpus")
+    @classmethod
+    def _one_reading_per_gpu(cls, value: list[GpuReading] | None) -> list[GpuReading] | None:
+        if value is not None:
+            _no_repeats([reading.index for reading in value])
+        return value
+
+    @field_validator("unhealthy_gpus")
+    @classmethod
+    def _each_gpu_once(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            _no_repeats(value)
+        return value
+
 
 class JobHeartbeatBody(_Strict):
-    progress: dict[str, Any] | None = None
+    progress: JsonObject | None = None
     gpu_util_pct: float | None = Field(None, ge=0, le=100)
     rss_mb: float | None = Field(None, ge=0)
     #: when the job last saved a checkpoint on its worker (epoch seconds: the modification time of
@@ -301,7 +350,7 @@ class JobHeartbeatBody(_Strict):
 class JobBeat(JobHeartbeatBody):
     """One running job's heartbeat inside its worker's (``WorkerHeartbeatBody.jobs``)."""
 
-    id: str = Field(min_length=1, max_length=64)
+    id: Text = Field(min_length=1, max_length=64)
     attempt: int = Field(ge=0, lt=2**63)
 
 
@@ -323,7 +372,7 @@ class FailBody(_Strict):
 class WatchdogBody(_Strict):
     kind: Literal["budget", "stall", "gpu_health"]
     #: what the watchdog saw (readings, deadlines), kept in the job's event history
-    detail: dict[str, Any] | str | None = None
+    detail: JsonObject | Text | None = None
 
 
 def describe_error(error: ValidationError) -> tuple[str, str]:

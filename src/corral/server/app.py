@@ -25,7 +25,12 @@ from corral.server import auth, openapi
 from corral.server.connections import RefusedConnections
 from corral.server.dashboard import routes as dashboard
 from corral.server.executor import Work
-from corral.server.http import RequestIdMiddleware, corral_error_handler, http_error_handler
+from corral.server.http import (
+    PageHeadersMiddleware,
+    RequestIdMiddleware,
+    corral_error_handler,
+    http_error_handler,
+)
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.log_watch import LogWatches
 from corral.server.loops.admission import admission_tick
@@ -136,6 +141,7 @@ def create_app(
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(RefusedConnections, book=state.connections),
+        Middleware(PageHeadersMiddleware),
         Middleware(
             ClientLimitsMiddleware,
             body_timeout_s=settings.body_timeout_s,

@@ -3,7 +3,8 @@
 The contract is API.md's "Authentication and roles".
 
 With ``CORRAL_AUTH_TOKENS`` set, every request but the open ones carries a token, in an
-``Authorization: Bearer TOKEN`` header or (the dashboard) a ``corral_token`` cookie. The token file
+``Authorization: Bearer TOKEN`` header or (the dashboard) a ``corral_token`` cookie, which only the
+dashboard's pages and the API's reads accept (``cookie_accepted``). The token file
 holds ``TOKEN ROLE NAME`` lines; it is re-read when it changes (checked at most once a second), so
 a revoked token stops working within a second or two, with no restart.
 
@@ -300,6 +301,21 @@ def presented_token(scope: Scope) -> tuple[str | None, bool]:
     return cookie, cookie is not None
 
 
+def dashboard_path(path: str) -> bool:
+    return path == "/" or path.startswith("/ui/")
+
+
+def cookie_accepted(rule: Rule, scope: Scope) -> bool:
+    """Whether the ``corral_token`` cookie may stand for the caller of this request: on the
+    dashboard's routes, and on the reads its pages make of the API (a job's logs, its checkpoint
+    download); never on a change made through the API, nor on a route that acts for a worker (the
+    job protocol, a worker's register and heartbeat). A browser sends the cookie with every
+    request to this site, whoever made the page that asks: those routes take a bearer token only."""
+    if dashboard_path(scope["path"]):
+        return True
+    return scope["method"] in SAFE_METHODS and rule.worker_id_in is None
+
+
 def cross_site(scope: Scope) -> bool:
     """Whether a browser says the request comes from another site (``Origin`` naming a host other
     than ``Host``): a cookie rides along with such a request, so it cannot stand for the caller."""
@@ -317,12 +333,14 @@ def cross_site(scope: Scope) -> bool:
 
 # --- the middleware ----------------------------------------------------------------------------
 
-#: what a browser gets for a dashboard page without a valid token: a form that keeps the token in
-#: the ``corral_token`` cookie (this site only) and loads the page again with it; ``{secure}`` is
-#: ``; Secure`` when the page came over HTTPS (``login_page``)
+#: what a browser gets for a dashboard page without a valid token: a form whose script
+#: (``dashboard/static/login.js``: no inline script, the pages' policy forbids it) keeps the token in
+#: the ``corral_token`` cookie (this site only; ``Secure`` when the page came over HTTPS: the browser
+#: never sends the token over plain HTTP, even to a link that drops the ``s``) and loads the page
+#: again with it
 LOGIN_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>corral: token</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"></head>
 <body style="font-family: system-ui, sans-serif; max-width: 32rem; margin: 4rem auto">
 <h1>corral</h1>
 <p>This server needs a token (ask its admin). The dashboard acts with that token's role.</p>
@@ -330,28 +348,14 @@ LOGIN_PAGE = """<!doctype html>
   <label>Token <input id="token" type="password" autocomplete="current-password" required autofocus></label>
   <button type="submit">Use it</button>
 </form>
-<script>
-document.getElementById("token-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  const token = encodeURIComponent(document.getElementById("token").value.trim());
-  document.cookie = "corral_token=" + token + "; path=/; SameSite=Strict{secure}";
-  location.reload();
-});
-</script>
+<script src="/ui/static/login.js"></script>
 </body></html>
 """
 
 
-def login_page(scope: Scope) -> str:
-    """The login page; served over HTTPS, its cookie is ``Secure``: the browser never sends the
-    token over plain HTTP, even to a link that drops the ``s``."""
-    secure = "; Secure" if scope.get("scheme") == "https" else ""
-    return LOGIN_PAGE.replace("{secure}", secure)
-
-
 def wants_page(scope: Scope) -> bool:
     """A browser asking for a dashboard page (not the API, which answers JSON)."""
-    if scope["method"] != "GET" or not (scope["path"] == "/" or scope["path"].startswith("/ui/")):
+    if scope["method"] != "GET" or not dashboard_path(scope["path"]):
         return False
     for name, value in scope.get("headers", ()):
         if name == b"accept":
@@ -437,6 +441,15 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         token, from_cookie = presented_token(scope)
+        if from_cookie and not cookie_accepted(rule, scope):
+            await error_response(
+                401,
+                "unauthenticated",
+                "the dashboard's cookie is accepted by its pages and the API's reads only:"
+                " this route needs Authorization: Bearer TOKEN",
+                headers={"WWW-Authenticate": "Bearer"},
+            )(scope, receive, send)
+            return
         principal = self.tokens.principal(token) if token else None
         if (
             principal is not None
@@ -450,7 +463,7 @@ class AuthMiddleware:
             )
             return
         if principal is None and wants_page(scope):
-            await HTMLResponse(login_page(scope), status_code=401)(scope, receive, send)
+            await HTMLResponse(LOGIN_PAGE, status_code=401)(scope, receive, send)
             return
         if principal is None:
             response = error_response(

@@ -269,3 +269,40 @@ class RequestIdMiddleware:
                 500, "internal", f"internal error; the server log has request id {request_id}"
             )
             await response(scope, receive, send_with_id)
+
+
+#: what every HTML page says to the browser: never inside another site's frame (clickjacking a
+#: cancel button), and no script but the server's own files (an injected ``<script>`` or ``onclick``
+#: does not run). Inline ``style`` attributes stay allowed: the job timeline sizes its bars with
+#: them, and a style cannot run code.
+PAGE_HEADERS = (
+    (b"x-frame-options", b"DENY"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
+        b" object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+)
+
+
+class PageHeadersMiddleware:
+    """``PAGE_HEADERS`` on every ``text/html`` response, whoever made it (a dashboard page, its
+    404 page, the token form of ``server.auth``), so no page can be served without them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if any(name == b"content-type" and value.startswith(b"text/html") for name, value in headers):
+                    message["headers"] = [*headers, *PAGE_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -123,13 +123,15 @@ class SqlJobs:
         now: float,
         idempotency_key: str | None = None,
         fingerprint: str = "",
+        key_owner: str = "",
     ) -> SubmitResult:
         """Insert every job and gang of ``submissions`` (``corral.core.lifecycle.submitted``) in one
         transaction, or none, creating any pool they name that does not exist yet (with its
         ancestors; the reason of each job in a created pool says so).
 
-        With an idempotency key, a key already stored returns the jobs it created the first time
-        (``replayed``); the same key with a different request is a conflict.
+        With an idempotency key, a key ``key_owner`` already stored returns the jobs it created the
+        first time (``replayed``); the same key with a different request is a conflict. Keys are
+        per owner: another owner's same key is unrelated to it.
         """
         with self._db.transaction() as tx:
             if idempotency_key is not None:
@@ -139,12 +141,12 @@ class SqlJobs:
                     {"gang_id": gang_id, "jobs": [job.id for job in jobs]} for gang_id, jobs in submissions
                 ]
                 taken = tx.execute(
-                    "INSERT INTO idempotency_keys (key, fingerprint, result, created_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (idempotency_key, fingerprint, to_json(result), now),
+                    "INSERT INTO idempotency_keys (owner, key, fingerprint, result, created_at)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (owner, key) DO NOTHING RETURNING key",
+                    (key_owner, idempotency_key, fingerprint, to_json(result), now),
                 )
                 if not taken:
-                    replay = self._replay(tx, idempotency_key, fingerprint)
+                    replay = self._replay(tx, key_owner, idempotency_key, fingerprint)
                     assert replay is not None
                     return replay
             # A pool the request names that does not exist yet is created here (store.pool_rows).
@@ -158,9 +160,11 @@ class SqlJobs:
             )
         )
 
-    def _replay(self, tx: Transaction, key: str, fingerprint: str) -> SubmitResult | None:
-        """The jobs a stored key created, as they are now; a different request is a conflict."""
-        rows = tx.execute("SELECT fingerprint, result FROM idempotency_keys WHERE key = ?", (key,))
+    def _replay(self, tx: Transaction, owner: str, key: str, fingerprint: str) -> SubmitResult | None:
+        """The jobs ``owner``'s stored key created, as they are now; a different request is a conflict."""
+        rows = tx.execute(
+            "SELECT fingerprint, result FROM idempotency_keys WHERE owner = ? AND key = ?", (owner, key)
+        )
         if not rows:
             return None
         if rows[0][0] != fingerprint:

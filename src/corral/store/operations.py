@@ -8,7 +8,14 @@ from typing import Any
 
 from corral.domain import errors
 from corral.domain.ids import new_worker_id
-from corral.domain.records import Allocation, Job, Worker, WorkerContact
+from corral.domain.records import (
+    Allocation,
+    Job,
+    Worker,
+    WorkerContact,
+    capacity_shortfall,
+    unregistered_gpus,
+)
 from corral.domain.resources import Resources
 from corral.store.base import WorkerBeat, WorkerDecision, WorkerRegistration, WorkerView
 from corral.store.dialect import Database, Dialect, load_worker, worker_allocations
@@ -57,10 +64,14 @@ class SqlWorkers:
     # --- workers -------------------------------------------------------------------------
 
     def register_worker(self, registration: WorkerRegistration, now: float) -> Worker:
-        """Upsert by id: a re-register updates resources and revives an offline worker."""
+        """Upsert by id: a re-register updates resources and revives an offline worker. A
+        re-register whose resources would not cover what the worker's jobs hold (fewer GPUs than
+        it runs jobs on, say) is a ``Conflict`` naming them: nothing changes."""
         resources = registration.resources
         worker_id = registration.id or new_worker_id()
         with self.db.transaction() as tx:
+            if registration.id:
+                self._check_still_holds(tx, worker_id, resources)
             rows = tx.execute(
                 f"INSERT INTO workers ({WORKER_SELECT})"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, NULL, NULL, '', ?)"
@@ -80,6 +91,18 @@ class SqlWorkers:
             )  # fmt: skip
             return worker_from_row(rows[0])
 
+    def _check_still_holds(self, tx: Transaction, worker_id: str, resources: Resources) -> None:
+        # The worker's row first, locked: no claim places a job on it while this reads its jobs.
+        tx.execute(f"SELECT id FROM workers WHERE id = ?{self.dialect.lock_clause_plain}", (worker_id,))
+        held = worker_allocations(tx, worker_id)
+        short = capacity_shortfall(resources, held)
+        if short:
+            jobs = ", ".join(sorted(allocation.job_id for allocation in held))
+            raise errors.Conflict(
+                f"worker {worker_id} cannot re-register with {resources.to_dict()}: too few"
+                f" {', '.join(short)} for the jobs it holds ({jobs}); let them end or cancel them first"
+            )
+
     def worker_heartbeat(
         self,
         worker_id: str,
@@ -94,6 +117,17 @@ class SqlWorkers:
         the store holds running or preempting on it that the list leaves out."""
         with self.db.transaction() as tx:
             previous = load_worker(tx, self.dialect, worker_id, lock=True)
+            for field, indices in (
+                ("gpus", [reading["index"] for reading in gpu_stats or ()]),
+                ("unhealthy_gpus", unhealthy_gpus or ()),
+            ):
+                unknown = unregistered_gpus(previous, indices)
+                if unknown:
+                    raise errors.InvalidRequest(
+                        f"{field}: worker {worker_id} registered {previous.resources.gpus} GPU(s):"
+                        f" it has no GPU {', '.join(map(str, unknown))}",
+                        field=field,
+                    )
             unhealthy_text = None
             if unhealthy_gpus:
                 unhealthy_text = indices_text(sorted(set(previous.unhealthy_gpus) | set(unhealthy_gpus)))

@@ -157,11 +157,13 @@ class PostgresWorkers(SqlWorkers):
         if unhealthy_gpus:
             return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
         statement = self._BEAT_LISTING if running is not None else self._BEAT
+        highest = max((int(reading["index"]) for reading in gpu_stats or ()), default=-1)
         rows = self.db.read().execute(
-            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id)
+            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest)
         )
         if not rows:
-            raise errors.NotFound(f"worker {worker_id} not found")
+            # no such worker, or a reading of a GPU it did not register: the locked way says which
+            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
         row = rows[0]
         worker = worker_from_row(row[: len(WORKER_COLUMNS)])
         unlisted: tuple[Job, ...] = ()
@@ -174,13 +176,14 @@ class PostgresWorkers(SqlWorkers):
 
     #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
     #: contact before this heartbeat comes from the row as locked, the newest version), then
-    #: updated; the lock makes ``previous`` and the update see the same row
+    #: updated; the lock makes ``previous`` and the update see the same row. The last parameter
+    #: is the highest GPU index the heartbeat reads (-1: none): a worker has GPUs 0 .. gpus - 1
     _BEAT = (
         "UPDATE workers SET last_heartbeat_at = ?, flagged_dead_at = NULL,"
         " status = CASE WHEN workers.status = 'offline' THEN 'active' ELSE workers.status END,"
         " gpu_stats = COALESCE(?, workers.gpu_stats)"
         " FROM (SELECT id, last_heartbeat_at FROM workers WHERE id = ? FOR UPDATE) AS previous"
-        " WHERE workers.id = previous.id"
+        " WHERE workers.id = previous.id AND workers.gpus > ?"
         f" RETURNING {_WORKER_RETURNED}, previous.last_heartbeat_at"
     )
     #: ``_BEAT`` and the ids of the jobs held running or preempting on the worker (by the

@@ -47,8 +47,8 @@ class SqlRetention:
                 tx.execute(f"DELETE FROM job_logs WHERE job_id IN ({marks})", ids)
                 tx.execute(f"DELETE FROM jobs WHERE id IN ({marks})", ids)
             keys = tx.execute(
-                "DELETE FROM idempotency_keys WHERE key IN"
-                " (SELECT key FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)"
+                "DELETE FROM idempotency_keys WHERE (owner, key) IN (SELECT owner, key"
+                " FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)"
                 " RETURNING key",
                 (cutoff, batch),
             )

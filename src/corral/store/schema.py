@@ -174,7 +174,8 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "worker_id TEXT",
         "attempt INTEGER NOT NULL",
     ),
-    "idempotency_keys": columns(
+    "idempotency_keys": columns(  # migration 14: one user's key is not another's
+        "owner TEXT NOT NULL",
         "key TEXT NOT NULL",
         "fingerprint TEXT NOT NULL",
         "result TEXT NOT NULL",
@@ -247,7 +248,7 @@ DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "jobs": ("id",),
     "workers": ("id",),
     "job_events": ("job_id", "seq"),
-    "idempotency_keys": ("key",),
+    "idempotency_keys": ("owner", "key"),
     "checkpoints": ("job_id",),
     "holds": ("worker_id", "gang_id"),
     "pools": ("path",),
@@ -612,6 +613,35 @@ MIGRATIONS: tuple[Migration, ...] = (
             # CORRAL_DEFAULT_WALLTIME_S / CORRAL_MAX_WALLTIME_S).
             "ALTER TABLE pools ADD COLUMN default_walltime_s DOUBLE PRECISION",
             "ALTER TABLE pools ADD COLUMN max_walltime_s DOUBLE PRECISION",
+        ),
+    ),
+    Migration(
+        14,
+        "idempotency keys per user",
+        (
+            # An Idempotency-Key is its submitter's: another user's same key is a key of their own,
+            # neither answered with the first user's jobs nor told (by a 409) that the key exists.
+            # The owner is the token's name ('' without auth). The table is built again with the
+            # owner in its primary key (SQLite cannot change a primary key in place); the keys
+            # stored before are kept as keys of no one's (''): a retry that crosses the upgrade on
+            # a server with auth makes its job again, as a retry after the key expired would.
+            "CREATE TABLE idempotency_keys_before_14 AS"
+            " SELECT key, fingerprint, result, created_at FROM idempotency_keys",
+            "DROP TABLE idempotency_keys",
+            """
+            CREATE TABLE idempotency_keys (
+                owner TEXT NOT NULL,
+                key TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                result TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (owner, key)
+            )
+            """,
+            "INSERT INTO idempotency_keys (owner, key, fingerprint, result, created_at)"
+            " SELECT '', key, fingerprint, result, created_at FROM idempotency_keys_before_14",
+            "DROP TABLE idempotency_keys_before_14",
+            "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
         ),
     ),
 )

@@ -63,6 +63,16 @@ REPORT_ALLOWANCE_S = 30.0
 #: each job 30% less of its worker's CPU than 64 did (``bench/e2e.py``). A worker with more room
 #: claims again at once; the server bounds ``max`` at ``MAX_CLAIM``.
 CLAIM_BATCH = 16
+#: 4xx answers that may change if the worker asks again: a timeout, a conflict that ends with the
+#: jobs it names (a re-register below what the worker still holds), too many requests
+TRANSIENT_REFUSALS = frozenset({408, 409, 429})
+
+
+def refused_for_good(error: ApiError) -> bool:
+    """Whether a refused registration would be refused again however often the worker asks: a
+    4xx other than ``TRANSIENT_REFUSALS`` (bad resources, a token the server does not take). A 5xx,
+    a busy store and an unreachable server are worth asking again."""
+    return 400 <= error.status < 500 and error.status not in TRANSIENT_REFUSALS
 
 
 class Agent:
@@ -88,6 +98,10 @@ class Agent:
         self._registered = False
         self._register_lock = threading.Lock()
         self.stopping = threading.Event()
+        #: set when the server refused the registration for good (``refused_for_good``):
+        #: ``refusal`` says why, in the server's words, and the worker exits
+        self.refused = threading.Event()
+        self.refusal = ""
         self._heartbeat_stop = threading.Event()
         self._heartbeat_wake = threading.Event()
         self._unhealthy_gpus: set[int] = set()
@@ -220,6 +234,13 @@ class Agent:
                 )
                 return False
             except ApiError as error:
+                if refused_for_good(error):
+                    # Asking again would get the same answer for ever (``--gpus 2000000``, a bad
+                    # token): the worker stops, with the server's message (``corral.worker.main``).
+                    self.refusal = f"{error.code}: {error.message}"
+                    self.refused.set()
+                    self.stopping.set()
+                    return False
                 logger.warning(
                     "registration refused", extra={**self.fields, "code": error.code, "error": str(error)}
                 )

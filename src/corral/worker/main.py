@@ -2,7 +2,9 @@
 
 Signals: the first SIGTERM or SIGINT starts a graceful shutdown (stop claiming, let running jobs
 finish within ``shutdown_timeout_s``); a second one stops the running jobs at once. Either way the
-worker exits 0 once every job has been stopped and reported.
+worker exits 0 once every job has been stopped and reported. A registration the server refuses for
+good (a 4xx that asking again would not change, such as resources out of range or a bad token)
+stops the worker the same way, and it exits 1 with the server's message.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from types import FrameType
 from urllib.parse import urlsplit
@@ -107,9 +110,16 @@ def run(arguments: argparse.Namespace) -> int:
     signals.install()
     agent = Agent(settings, worker_id, address, offer)
     agent.start()
-    while not signals.requested.wait(0.5):
+    while not signals.requested.wait(0.5) and not agent.refused.is_set():
         pass
     agent.shutdown(signals.forced)
+    if agent.refused.is_set():
+        logger.error(
+            f"the server refused this worker's registration: {agent.refusal}; exiting",
+            extra={"worker_id": worker_id, "server": settings.server},
+        )
+        print(f"corral worker: the server refused the registration: {agent.refusal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -28,6 +28,7 @@ from corral.domain import errors
 from corral.domain.clock import to_rfc3339
 from corral.domain.status import Status
 from corral.server import changes
+from corral.server.auth import principal_of
 from corral.server.dashboard import views
 from corral.server.executor import Work
 from corral.server.http import query_int
@@ -49,6 +50,7 @@ _ENVIRONMENT.filters["rfc3339"] = to_rfc3339
 _STATIC = {
     "corral.css": "text/css; charset=utf-8",
     "corral.js": "text/javascript; charset=utf-8",
+    "login.js": "text/javascript; charset=utf-8",
 }
 PAGE_SIZE = 100
 STATUSES = [status.value for status in Status]
@@ -119,7 +121,7 @@ def job_page(request: Request) -> Response:
     job = state.store.jobs.get_job(job_id)
     if job is None:
         return _not_found(request, f"job {job_id}")
-    page = views.job_page(state.store, job, state.clock.now())
+    page = views.job_page(state.store, job, state.clock.now(), principal_of(request))
     shown = query_int(request, "attempt", required=False, default=job.attempts)
     return _render(request, "job.html", title=f"Job {job.id}", shown_attempt=shown, **page)
 

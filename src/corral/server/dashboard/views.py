@@ -16,6 +16,7 @@ from corral.domain.clock import to_rfc3339
 from corral.domain.records import Job, JobEvent, Worker
 from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus
 from corral.protocol.wire import gang_status, job_to_wire
+from corral.server.auth import Principal, redact_job
 from corral.store import Store
 from corral.store.base import JobFilter
 from corral.store.ports import Jobs, Workers
@@ -184,7 +185,9 @@ def timeline(events: list[JobEvent], now: float) -> list[Segment]:
     ]
 
 
-def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
+def job_page(store: Store, job: Job, now: float, principal: Principal | None) -> dict[str, Any]:
+    """A job's page. Its fields are the API's job object as ``principal`` may see it: the same
+    redaction (``auth.redact_job``) hides the environment values of someone else's job."""
     events = store.jobs.job_events(job.id)
     workers_list, allocations, holds = [], [], []
     if job.status == Status.PENDING:
@@ -194,7 +197,7 @@ def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
     reasons = explain(job, workers_list, allocations, holds, now)
     return {
         "job": job,
-        "wire": job_to_wire(job),
+        "wire": redact_job(job_to_wire(job), principal),
         "events": events,
         "timeline": timeline(events, now),
         "why": reasons,

@@ -116,7 +116,9 @@ def _store_submission(
     if owner is not None:
         specs = [dataclasses.replace(spec, user=owner) for spec in specs]
     specs = walltime.limited_all(specs, state.resolved_pools(), state.pool_defaults, batch)
-    return specs, state.store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
+    # An Idempotency-Key is its submitter's own (the token's name; everyone's alike without auth)
+    key_owner = owner or ""
+    return specs, state.store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint, key_owner)
 
 
 async def submit(request: Request) -> Response:
@@ -368,7 +370,12 @@ described = [
         "jobs",
         {201: (JobAnswer, GangSubmitted)},
         body=SubmitBody,
-        headers=(string("Idempotency-Key", "a retried submit returns the first answer"),),
+        headers=(
+            string(
+                "Idempotency-Key",
+                "a retried submit returns the first answer (each user has keys of their own)",
+            ),
+        ),
         errors=(400, 409, 413),
         description="A job answers the job; a gang answers its id and task ids (GangSubmitted).",
     ),
@@ -379,7 +386,12 @@ described = [
         "jobs",
         {201: BatchSubmitted},
         body=BatchBody,
-        headers=(string("Idempotency-Key", "a retried submit returns the first answer"),),
+        headers=(
+            string(
+                "Idempotency-Key",
+                "a retried submit returns the first answer (each user has keys of their own)",
+            ),
+        ),
         errors=(400, 409, 413),
     ),
     Operation("GET", "/jobs/batch", "not allowed: submit with POST", "jobs", {}, errors=(405,)),

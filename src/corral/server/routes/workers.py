@@ -206,11 +206,12 @@ described = [
     Operation(
         "POST",
         "/workers/register",
-        "register a worker (an upsert by id; revives an offline worker)",
+        "register a worker (an upsert by id; revives an offline worker; 409 when the new resources"
+        " would not cover the jobs it holds)",
         "workers",
         {201: WorkerAnswer},
         body=WorkerRegisterBody,
-        errors=(400, 413),
+        errors=(400, 409, 413),
     ),
     Operation("GET", "/workers", "every worker", "workers", {200: WorkerPage}, errors=()),
     Operation("GET", "/workers/{worker_id}", "the worker", "workers", {200: WorkerAnswer}, errors=(404,)),
