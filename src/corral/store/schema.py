@@ -265,6 +265,7 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_submitted": Index("jobs", ("submitted_at", "id")),
     "jobs_gang": Index("jobs", ("gang_id", "gang_index"), where="gang_id IS NOT NULL"),
     "jobs_pool_submitted": Index("jobs", ("pool", "submitted_at", "id")),
+    "jobs_user_submitted": Index("jobs", ("username", "submitted_at", "id")),
     "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
     "jobs_claim_key": Index("jobs", ("claim_key",), where="claim_key IS NOT NULL"),
     "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
@@ -599,6 +600,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE jobs ADD COLUMN workdir TEXT",
             # What the worker holds its jobs to (``enforcement``, JSON), as it registered.
             "ALTER TABLE workers ADD COLUMN enforcement TEXT NOT NULL DEFAULT '{}'",
+        ),
+    ),
+    Migration(
+        15,
+        "jobs by user",
+        (
+            # ``GET /jobs?user=`` (``corral jobs --mine``): one user's jobs in submission order,
+            # either way, without a scan of everyone's.
+            "CREATE INDEX jobs_user_submitted ON jobs (username, submitted_at, id)",
         ),
     ),
 )

@@ -1,0 +1,108 @@
+"""How long the everyday CLI commands take, start to exit, beside a bare ``python -c pass``.
+
+A user types ``corral jobs`` dozens of times a day (issue 23): each command must answer at once.
+One real server on a temporary SQLite store holds ``--jobs`` (50) jobs and no worker, so the
+commands that call it get a full page. Each command runs ``--runs`` (15) times as a fresh process
+(``python -m corral ...`` with this checkout's ``src`` first on ``PYTHONPATH``), in turn with the
+others so that a burst of other load on the machine lands on all of them; the figure is the median
+wall time, start to exit, and that minus the bare interpreter's (what corral itself costs).
+
+    .venv/bin/python bench/cli.py [--runs 15] [--jobs 50]
+
+Target: every command under 150 ms (wall, median) on the 2-core development machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import harness
+import machine
+
+TARGET_MS = 150.0
+
+
+def commands(server_url: str) -> dict[str, list[str]]:
+    corral = [harness.PYTHON, "-m", "corral"]
+    return {
+        "python -c pass": [harness.PYTHON, "-c", "pass"],
+        "corral --help": [*corral, "--help"],
+        "corral jobs": [*corral, "jobs", "--server", server_url],
+        "corral submit --help": [*corral, "submit", "--help"],
+        "corral submit -- true": [*corral, "submit", "--server", server_url, "--", "true"],
+    }
+
+
+def time_once(argv: list[str], environment: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(
+        argv, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+    )
+    elapsed = (time.perf_counter() - started) * 1000.0
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=15, help="runs of each command (the median is shown)")
+    parser.add_argument(
+        "--jobs", type=int, default=50, help="jobs in the store (a full page for `corral jobs`)"
+    )
+    parser.add_argument("--timeout", type=float, default=180.0, help="bound on the whole run (s)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (server log)")
+    args = parser.parse_args(argv)
+
+    machine.print_machine()
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(harness.ROOT / "src"), *filter(None, [environment.get("PYTHONPATH")])]
+    )
+    processes = harness.Processes()
+    try:
+        with harness.bounded(args.timeout), harness.workdir(args.keep) as directory:
+            with harness.store_url("sqlite", directory) as db_url:
+                server = harness.start_server(processes, db_url, directory)
+                from corral.client import Client
+
+                with Client(server.url) as client:
+                    client.submit_batch([{"command": f"true {index}"} for index in range(args.jobs)])
+                runs = commands(server.url)
+                for argv_ in runs.values():  # once each first: compiled bytecode, warm page cache
+                    time_once(argv_, environment)
+                timings: dict[str, list[float]] = {label: [] for label in runs}
+                for _ in range(args.runs):
+                    for label, argv_ in runs.items():
+                        timings[label].append(time_once(argv_, environment))
+                processes.stop_all()
+        harness.banner(f"CLI start-up: median of {args.runs} runs each, wall time start to exit")
+        bare = statistics.median(timings["python -c pass"])
+        for label, values in timings.items():
+            median = statistics.median(values)
+            if label == "python -c pass":
+                print(f"  {label:<24} {median:7.1f} ms (the interpreter alone)")
+                continue
+            verdict = "PASS" if median < TARGET_MS else "BELOW"
+            print(
+                f"  {label:<24} {median:7.1f} ms  (corral's own {median - bare:6.1f} ms; max {max(values):.1f})"
+                f"  target < {TARGET_MS:.0f} ms: {verdict}"
+            )
+        print(f"  load average after: {harness.load_average()}")
+    except KeyboardInterrupt:
+        print("interrupted; processes stopped", file=sys.stderr)
+        return 130
+    finally:
+        processes.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
