@@ -367,14 +367,16 @@ async def gang_events(request: Request) -> Response:
 
 
 def _gang_events(state: ServerState, gang_id: str) -> Response:
-    """Every task's events in one story, in time order (ties by rank, then each task's own
-    order), each naming its task (``job_id``, ``gang_index``): what ``corral events G`` prints."""
+    """Every task's events in one story, in time order, each naming its task (``job_id``,
+    ``gang_index``): what ``corral events G`` prints. Events at the same time (a gang's tasks move
+    together) go by their place in each task's story, then by rank: every task's ``blocked``
+    before any task's ``cancelled``."""
     told: list[tuple[float, int, int, dict[str, Any]]] = []
     for task in _gang_or_404(state, gang_id):
         rank = task.gang_index or 0
         for seq, event in enumerate(state.store.job_events(task.id)):
             wire = {**event_to_wire(event), "job_id": task.id, "gang_index": task.gang_index}
-            told.append((event.at, rank, seq, wire))
+            told.append((event.at, seq, rank, wire))
     told.sort(key=lambda item: item[:3])
     return answer(EventsAnswer, {"items": [wire for *_, wire in told]})
 
