@@ -19,13 +19,11 @@ for up to ``busy_retry_s`` in all, before it is an error.
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import orjson
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from corral.client_errors import DEFAULT_SERVER, ApiError, ClientError, ServerUnreachable
 from corral.transport import Response, Transport, TransportError
@@ -56,7 +54,10 @@ AnswerT = TypeVar("AnswerT", bound="Answer")
 class Client:
     """``token``: sent as ``Authorization: Bearer`` on every request; None reads ``CORRAL_TOKEN``
     (unset or empty: no token, for a server without authentication). ``busy_retry_s``: how long a
-    503 with ``Retry-After`` (a busy store) is sent again."""
+    503 with ``Retry-After`` (a busy store) is sent again. ``plain_json``: the standard library's
+    ``json`` instead of orjson: slower per answer, but orjson imports ``dataclasses``, ``uuid``
+    and more, a fifth of a short CLI command's start-up; the CLI, which makes a call or two per
+    run, takes it, a worker (thousands of calls) does not."""
 
     def __init__(
         self,
@@ -64,8 +65,17 @@ class Client:
         timeout_s: float = 30.0,
         token: str | None = None,
         busy_retry_s: float = 20.0,
+        plain_json: bool = False,
     ) -> None:
         self.server = server.rstrip("/")
+        self._dumps: Callable[[Any], bytes]
+        self._loads: Callable[[bytes], Any]
+        if plain_json:
+            self._dumps, self._loads = _plain_dumps, json.loads
+        else:
+            import orjson
+
+            self._dumps, self._loads = orjson.dumps, orjson.loads
         if token is None:
             token = os.environ.get("CORRAL_TOKEN", "").strip()
         self._http = Transport(
@@ -93,7 +103,7 @@ class Client:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Response:
-        content = body if isinstance(body, bytes) else orjson.dumps(body) if body is not None else None
+        content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
         give_up = time.monotonic() + self.busy_retry_s
         while True:
             try:
@@ -133,8 +143,8 @@ class Client:
         if response.status_code == 204 or not response.content:
             return None
         try:
-            return orjson.loads(response.content)
-        except orjson.JSONDecodeError as error:
+            return self._loads(response.content)
+        except json.JSONDecodeError as error:  # orjson's error is a subclass
             raise ApiError(response.status_code, "bad_response", f"answer is not JSON: {error}") from error
 
     # --- jobs and gangs --------------------------------------------------------------------
@@ -458,6 +468,10 @@ class Client:
         return self._answer(HealthAnswer, "GET", "/health")
 
 
+def _plain_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _retry_after(response: Response) -> float | None:
     """Seconds to wait before sending again, for a 503 that says when (``Retry-After`` in seconds:
     the server's busy store); None for any other answer."""
@@ -485,8 +499,7 @@ def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:
         ) from error  # fmt: skip
 
 
-@dataclass(frozen=True)
-class LogChunk:
+class LogChunk(NamedTuple):
     """Bytes of one attempt's output: ``data`` starts at byte ``start`` of its stream; ``size`` is
     where the stored stream ended when read, ``dropped`` how many of its first bytes are gone."""
 
@@ -528,7 +541,7 @@ def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:
 
 def _api_error(response: Response) -> ApiError:
     try:
-        envelope = orjson.loads(response.content)["error"]
+        envelope = json.loads(response.content)["error"]
         return ApiError(response.status_code, envelope["code"], envelope["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         return ApiError(response.status_code, "http_error", response.text[:200] or response.reason_phrase)

@@ -360,7 +360,8 @@ def test_a_gang_id_is_taken_wherever_a_job_id_is(server, client, capsys):
     assert code == 0
     header, *rows = out.splitlines()
     assert header.split()[:3] == ["JOB", "AT", "FROM"]
-    assert [(row.split()[0], row.split()[4]) for row in rows] == [(tasks[0], "blocked"), (tasks[1], "blocked")]
+    told = [(row.split()[0], row.split()[4]) for row in rows]  # AT is two words
+    assert told == [(tasks[0], "blocked"), (tasks[1], "blocked")]
 
     code, out, _ = corral(server, capsys, "logs", gang_id)
     assert code == 0 and out == ""  # nothing ran yet

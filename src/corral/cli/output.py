@@ -3,11 +3,13 @@
 Tables are for reading, so long cells are cut; ``--json`` prints what the server said, unchanged, so
 scripts never parse a table. Values come as typed answers or as the plain JSON data the everyday
 commands read (``Client.request_json``): both are read by item (``job["id"]``), so this module
-needs no answer model.
+needs no answer model. JSON goes through the standard library's ``json``, not orjson: its import
+costs more than a whole short command (see ``Client``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,9 +19,7 @@ MISSING = "-"
 
 def print_json(value: Any) -> None:
     """The server's answer as indented JSON, one document per call (field names as on the wire)."""
-    import orjson  # here, not above: a command's --help needs no JSON codec
-
-    sys.stdout.write(orjson.dumps(plain(value), option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.write(json.dumps(plain(value), indent=2, ensure_ascii=False) + "\n")
 
 
 def plain(value: Any) -> Any:
@@ -78,10 +78,12 @@ def pairs(mapping: Mapping[str, Any] | None) -> str:
     """``{"gpus": 1, "cpus": 2}`` -> ``gpus=1 cpus=2``; nested values as compact JSON."""
     if not mapping:
         return MISSING
-    import orjson
-
     parts = []
     for key, value in mapping.items():
-        shown = orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+        shown = (
+            json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            if isinstance(value, dict | list)
+            else value
+        )
         parts.append(f"{key}={shown}")
     return " ".join(parts)
