@@ -8,7 +8,9 @@ others so that a burst of other load on the machine lands on all of them. Figure
 time, start to exit; that minus the bare interpreter's (what corral itself costs); and the median
 CPU time of the process (user + system), which other load on a shared machine moves less.
 
-    .venv/bin/python bench/cli.py [--runs 15] [--jobs 50]
+    .venv/bin/python bench/cli.py [--runs 15] [--jobs 50] [--src OTHER_CHECKOUT/src]
+
+``--src`` times another checkout's CLI (before / after a change) against the same server.
 
 Target: every command under 150 ms (wall, median) on the 2-core development machine.
 """
@@ -63,15 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--jobs", type=int, default=50, help="jobs in the store (a full page for `corral jobs`)"
     )
+    parser.add_argument(
+        "--src", default=str(harness.ROOT / "src"), help="the corral sources to time (default: this checkout)"
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="bound on the whole run (s)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (server log)")
     args = parser.parse_args(argv)
 
     machine.print_machine()
     environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(harness.ROOT / "src"), *filter(None, [environment.get("PYTHONPATH")])]
-    )
+    environment["PYTHONPATH"] = os.pathsep.join([args.src, *filter(None, [environment.get("PYTHONPATH")])])
     processes = harness.Processes()
     try:
         with (
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 for label, command in runs.items():
                     timings[label].append(time_once(command, environment))
             processes.stop_all()
-        harness.banner(f"CLI start-up: median of {args.runs} runs each, start to exit")
+        harness.banner(f"CLI start-up ({args.src}): median of {args.runs} runs each, start to exit")
         bare = statistics.median(wall for wall, _ in timings["python -c pass"])
         for label, values in timings.items():
             wall = statistics.median(value[0] for value in values)

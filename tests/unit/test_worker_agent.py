@@ -166,3 +166,20 @@ def test_a_claim_without_an_answer_is_retried_with_the_same_key_and_an_answered_
     assert first is not None and after_503 == first and answered == first
     assert refused not in (None, first), "after an answer, the next claim has a key of its own"
     assert fresh not in (None, first, refused), "a refused claim started nothing: its key is dropped"
+
+
+# --- leaving ----------------------------------------------------------------------------------
+
+
+def test_a_stopping_worker_says_it_is_leaving_and_a_refusal_does_not_stop_the_shutdown():
+    client = FakeClient()
+    agent = make_agent(client)
+    agent._leave()
+    assert client.calls == [("leave_worker", "w1")]
+
+    class Unreachable(FakeClient):
+        def leave_worker(self, worker_id: str) -> None:
+            raise ServerUnreachable("http://127.0.0.1:9", ConnectionRefusedError())
+
+    agent = make_agent(Unreachable())
+    agent._leave()  # logged, not raised: the offline timer takes over
