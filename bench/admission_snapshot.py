@@ -76,7 +76,7 @@ def fill(store: Store, clock: FakeClock, args: argparse.Namespace) -> dict[str, 
 
 def submit_in_batches(store: Store, clock: FakeClock, specs: list[JobSpec]) -> None:
     for start in range(0, len(specs), 1000):
-        store.submit(lifecycle.submitted(specs[start : start + 1000], clock.advance(0.01)), clock.now())
+        store.jobs.submit(lifecycle.submitted(specs[start : start + 1000], clock.advance(0.01)), clock.now())
 
 
 def heartbeat_all(
@@ -85,7 +85,7 @@ def heartbeat_all(
     now = clock.advance(5.0)
     for worker_id, jobs in held.items():
         report = JobReport(progress={"step": round_}, gpu_util_pct=50.0 + round_, rss_mb=1000.0 + round_)
-        store.heartbeat_jobs(worker_id, now, [(job_id, attempt, report) for job_id, attempt in jobs])
+        store.jobs.heartbeat_jobs(worker_id, now, [(job_id, attempt, report) for job_id, attempt in jobs])
 
 
 def run(backend: str, args: argparse.Namespace) -> None:

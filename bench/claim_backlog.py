@@ -56,7 +56,7 @@ def fill(store: Store, clock: FakeClock, args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
     specs = refused + startable
     for start in range(0, len(specs), 1000):
-        store.submit(lifecycle.submitted(specs[start : start + 1000], clock.advance(0.01)), clock.now())
+        store.jobs.submit(lifecycle.submitted(specs[start : start + 1000], clock.advance(0.01)), clock.now())
     return worker_ids
 
 

@@ -127,7 +127,7 @@ def run(url: str, verbose: bool) -> None:
         decisions = [(job["id"], done_decision("w1", job["attempt"], 2e9)) for job in claimed]
         measure(
             f"group of {len(decisions)} done reports (change_many)",
-            lambda: server.state.store.change_many(decisions),
+            lambda: server.state.store.jobs.change_many(decisions),
             verbose,
         )
     store.close()

@@ -55,9 +55,9 @@ def claims_and_dones(store: Store, count: int, group: int) -> tuple[float, float
         middle = time.thread_time()
         decisions = [(job.id, done_decision("w1", job.attempts, NOW + 2)) for job in jobs]
         if group == 1:
-            store.change(*decisions[0])
+            store.jobs.change(*decisions[0])
         else:
-            store.change_many(decisions)
+            store.jobs.change_many(decisions)
         reporting += time.thread_time() - middle
         claiming += middle - started
     return claiming / count * 1e6, reporting / count * 1e6
@@ -73,7 +73,7 @@ def per_call_us(action: Callable[[int], object], count: int) -> float:
 def measure(store: Store, jobs: int) -> None:
     store.workers.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(0, 0, 8192, 64)), NOW)
     specs = [JobSpec(command="true") for _ in range(jobs + 60)]
-    store.submit(lifecycle.submitted(specs, NOW), NOW)
+    store.jobs.submit(lifecycle.submitted(specs, NOW), NOW)
     claims_and_dones(store, 50, 1)  # warm up: every statement prepared
     pid = store.connection().info.backend_pid
     backend_before = backend_cpu_s(pid)
@@ -87,7 +87,7 @@ def measure(store: Store, jobs: int) -> None:
 
     def heartbeat(index: int) -> None:
         store.workers.worker_heartbeat("w1", NOW + 3 + index, readings, None, running)
-        store.heartbeat_jobs("w1", NOW + 3 + index, beats)
+        store.jobs.heartbeat_jobs("w1", NOW + 3 + index, beats)
 
     heartbeat_us = per_call_us(heartbeat, 300)
     backend = f"(PostgreSQL backend {backend_us:5.0f} us for both)"

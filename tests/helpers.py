@@ -132,7 +132,7 @@ def submit_one(store, **fields):
 
 def assert_history_is_legal(store, job_id):
     """Every event is an allowed transition and each one starts where the previous ended."""
-    events = store.job_events(job_id)
+    events = store.jobs.job_events(job_id)
     previous = None
     for event in events:
         assert event.from_status == previous

@@ -180,14 +180,14 @@ def test_a_slow_store_call_holds_up_no_other_request(server, monkeypatch):
     """A 5,000-job list (here: a list held up until the test lets it go) runs on a store thread:
     heartbeats and probes are answered meanwhile."""
     store = server.state.store
-    slow_list = store.list_jobs
+    slow_list = store.jobs.list_jobs
     gate = threading.Event()
 
     def list_jobs(*args: Any) -> Any:
         gate.wait(30)
         return slow_list(*args)
 
-    monkeypatch.setattr(store, "list_jobs", list_jobs)
+    monkeypatch.setattr(store.jobs, "list_jobs", list_jobs)
     with httpx.Client(base_url=server.url, timeout=30) as api:
         register(api, "w1")
         submit(api)

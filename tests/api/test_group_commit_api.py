@@ -67,6 +67,7 @@ class _CountingStore:
     def __init__(self, fail_group: Exception | None = None) -> None:
         self.calls: list[tuple[str, int]] = []
         self.fail_group = fail_group
+        self.jobs = self  # the jobs' port is the stand-in itself
 
     def run_inline(self, work: Any) -> Any:
         return work()
@@ -140,7 +141,7 @@ def test_a_failed_group_is_applied_report_by_report():
 
 def test_a_busy_store_answers_every_report_of_the_group_busy():
     store = _CountingStore(fail_group=errors.StoreBusy("the write lock stayed taken"))
-    store.change = lambda job_id, decide: pytest.fail("a busy store is not asked again")  # type: ignore[method-assign]
+    store.jobs.change = lambda job_id, decide: pytest.fail("a busy store is not asked again")  # type: ignore[method-assign]
     groups = _groups(store)
 
     async def main() -> list[Any]:

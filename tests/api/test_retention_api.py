@@ -58,7 +58,7 @@ def test_a_backlog_is_removed_in_batches(store, clock):
 
     now = clock.now()
     specs = [JobSpec(command="true")] * (retention.BATCH + 20)
-    result = store.submit(lifecycle.submitted(specs, now), now, None, "")
+    result = store.jobs.submit(lifecycle.submitted(specs, now), now, None, "")
     ids = [item.job.id for item in result.items]
     with store._transaction() as tx:  # finished long ago, without walking each through a worker
         marks = ", ".join("?" for _ in ids)

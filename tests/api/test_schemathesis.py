@@ -37,9 +37,9 @@ TRACE_MARKERS = (b"Traceback (most recent call last)", b'File "/', b"site-packag
 
 
 def assert_histories_legal(store) -> None:
-    for job in store.list_jobs(JobFilter(), 5000, None):
+    for job in store.jobs.list_jobs(JobFilter(), 5000, None):
         previous = None
-        for event in store.job_events(job.id):
+        for event in store.jobs.job_events(job.id):
             assert event.from_status == previous, (job.id, event)
             assert is_allowed(event.from_status, event.to_status), (job.id, event)
             previous = event.to_status

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from corral.config import ServerSettings
-from corral.core.placement import CycleMemo
+from corral.core.admission import CycleMemo
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
 from corral.server.executor import Work

@@ -18,11 +18,11 @@ from corral.store.base import JobReport
 
 def submit(store: Store, specs: list[JobSpec], now: float, key: str | None = None, fingerprint: str = ""):
     """Submit as the server does: the core makes the jobs, the store inserts them."""
-    return store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
+    return store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
 
 
 def complete(store: Store, job_id: str, worker_id: str, attempt: int, now: float) -> Job:
-    return changes.report_done(store, job_id, worker_id, attempt, now).job
+    return changes.report_done(store.jobs, job_id, worker_id, attempt, now).job
 
 
 def fail(
@@ -37,12 +37,12 @@ def fail(
     release: bool = False,
 ) -> Job:
     return changes.report_failure(
-        store, job_id, worker_id, attempt, now, exit_code, error, output_tail, release
+        store.jobs, job_id, worker_id, attempt, now, exit_code, error, output_tail, release
     ).job
 
 
 def ack_preempted(store: Store, job_id: str, worker_id: str, attempt: int, epoch: int, now: float) -> Job:
-    return changes.acknowledge_stop(store, job_id, worker_id, attempt, epoch, now).job
+    return changes.acknowledge_stop(store.jobs, job_id, worker_id, attempt, epoch, now).job
 
 
 def watchdog_trip(
@@ -55,23 +55,23 @@ def watchdog_trip(
     detail: str,
     max_retries: int,
 ) -> Job:
-    return changes.report_trip(store, job_id, worker_id, attempt, now, kind, detail, max_retries).job
+    return changes.report_trip(store.jobs, job_id, worker_id, attempt, now, kind, detail, max_retries).job
 
 
 def cancel(store: Store, job_id: str, now: float) -> tuple[Job, ...]:
-    return changes.cancel(store, job_id, now)
+    return changes.cancel(store.jobs, job_id, now)
 
 
 def heartbeat_job(
     store: Store, job_id: str, worker_id: str, attempt: int, now: float, progress: dict | None = None
 ) -> Job:
-    return changes.heartbeat(store, job_id, worker_id, attempt, now, JobReport(progress=progress)).job
+    return changes.heartbeat(store.jobs, job_id, worker_id, attempt, now, JobReport(progress=progress)).job
 
 
 def save_checkpoint(
     store: Store, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes, now: float
 ) -> Job:
-    return changes.save_checkpoint(store, job_id, worker_id, attempt, epoch, data, now).job
+    return changes.save_checkpoint(store.jobs, job_id, worker_id, attempt, epoch, data, now).job
 
 
 def reserve_gang(store: Store, gang_id: str, placements, now: float, policy: object = None):
@@ -80,19 +80,19 @@ def reserve_gang(store: Store, gang_id: str, placements, now: float, policy: obj
 
 def rollback_gang(store: Store, gang_id: str, now: float, timeout_s: float) -> DrainStarted | tuple[Job, ...]:
     """The drain a stale reservation started, else the tasks it rolled back (empty: nothing stale)."""
-    started, _, rolled = changes.roll_back_stale(store, gang_id, now, timeout_s)
+    started, _, rolled = changes.roll_back_stale(store.jobs, gang_id, now, timeout_s)
     return started if started is not None else rolled
 
 
 def complete_drain(store: Store, gang_id: str, now: float) -> DrainCompleted | None:
-    return changes.complete_drain(store, gang_id, now)
+    return changes.complete_drain(store.jobs, gang_id, now)
 
 
 def complete_drains(store: Store, now: float) -> list[DrainCompleted]:
     return [
         completion
-        for gang_id in store.gangs_to_complete()
-        if (completion := changes.complete_drain(store, gang_id, now)) is not None
+        for gang_id in store.jobs.gangs_to_complete()
+        if (completion := changes.complete_drain(store.jobs, gang_id, now)) is not None
     ]
 
 

@@ -4,8 +4,8 @@ kept from one read to the next while their rows are unchanged, never a stale val
 from __future__ import annotations
 
 from corral.core import admission, cycle
+from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
-from corral.core.placement import CycleMemo
 from corral.core.preemption import PreemptionSettings
 from corral.domain.pools import PoolDefaults
 from corral.domain.records import JobSpec, Reason
@@ -78,7 +78,7 @@ def test_heartbeats_leave_the_records_as_they_were_and_carry_no_readings(store):
     first = store.gangs.admission_inputs()
     report = JobReport(progress={"step": 7}, gpu_util_pct=93.0, rss_mb=2048.0)
     for job_id, worker_id in running.items():
-        store.heartbeat_job(job_id, worker_id, 1, NOW + 15, report)
+        store.jobs.heartbeat_job(job_id, worker_id, 1, NOW + 15, report)
     for worker_id in ("w0", "w1"):
         store.workers.worker_heartbeat(
             worker_id, NOW + 15, [{"index": 0, "util_pct": 93.0, "mem_used_mb": 100}]
@@ -91,14 +91,14 @@ def test_heartbeats_leave_the_records_as_they_were_and_carry_no_readings(store):
         assert (worker.last_heartbeat_at, worker.gpu_stats) == (None, ())
     # what the heartbeats wrote is there for every other reader
     some_job = next(iter(running))
-    assert store.get_job(some_job).progress == {"step": 7}
+    assert store.jobs.get_job(some_job).progress == {"step": 7}
 
 
 def test_a_checkpoint_time_a_heartbeat_brings_is_seen(store):
     running = fleet(store)
     first = store.gangs.admission_inputs()
     job_id, worker_id = next(iter(running.items()))
-    store.heartbeat_job(job_id, worker_id, 1, NOW + 15, JobReport(checkpoint_at=NOW + 14))
+    store.jobs.heartbeat_job(job_id, worker_id, 1, NOW + 15, JobReport(checkpoint_at=NOW + 14))
     second = store.gangs.admission_inputs()
     # the allocation is made again with its job's record, equal to the one before
     same_objects(first, second, {f"job {job_id}", f"allocation {job_id}"})
@@ -110,7 +110,7 @@ def test_changed_rows_are_read_again_and_the_others_kept(store):
     running = fleet(store)
     first = store.gangs.admission_inputs()
     pending_id = first.pending[0].id
-    changes.note_single_waiting(store, pending_id, Reason("no_fit", "nothing fits"), NOW + 11)
+    changes.note_single_waiting(store.jobs, pending_id, Reason("no_fit", "nothing fits"), NOW + 11)
     finished_id, worker_id = next(iter(running.items()))
     protocol.complete(store, finished_id, worker_id, 1, NOW + 12)
     store.workers.drain_worker("w1")
@@ -135,7 +135,7 @@ def test_a_replica_sees_what_another_wrote(store_url):
         protocol.complete(second_replica, job_id, worker_id, 1, NOW + 12)
         after = first_replica.gangs.admission_inputs()
         assert [job.id for job in after.holding] == [job.id for job in before.holding if job.id != job_id]
-        reread = second_replica.get_job(job_id)
+        reread = second_replica.jobs.get_job(job_id)
         assert reread is not None and reread.status == Status.DONE
     finally:
         first_replica.close()
@@ -153,10 +153,10 @@ def test_the_cycle_memo_over_kept_records_decides_as_a_count_from_scratch(store)
     job_ids = list(running)
     steps = [
         lambda: None,
-        lambda: store.heartbeat_job(
+        lambda: store.jobs.heartbeat_job(
             job_ids[0], running[job_ids[0]], 1, NOW + 20, JobReport(checkpoint_at=NOW + 19)
         ),
-        lambda: store.heartbeat_job(
+        lambda: store.jobs.heartbeat_job(
             job_ids[1], running[job_ids[1]], 1, NOW + 21, JobReport(progress={"step": 1})
         ),
         lambda: protocol.complete(store, job_ids[2], running[job_ids[2]], 1, NOW + 22),
@@ -200,11 +200,11 @@ def test_spec_columns_stay_as_submitted_through_a_jobs_life(store):
     submitted = specs()
     job_ids = list(running)
     full = JobReport(progress={"step": 3}, gpu_util_pct=90.0, rss_mb=512.0, checkpoint_at=NOW + 4)
-    store.heartbeat_job(job_ids[0], running[job_ids[0]], 1, NOW + 5, full)
-    store.heartbeat_jobs(running[job_ids[1]], NOW + 5, [(job_ids[1], 1, full)])
+    store.jobs.heartbeat_job(job_ids[0], running[job_ids[0]], 1, NOW + 5, full)
+    store.jobs.heartbeat_jobs(running[job_ids[1]], NOW + 5, [(job_ids[1], 1, full)])
     protocol.complete(store, job_ids[2], running[job_ids[2]], 1, NOW + 6)
     protocol.fail(store, job_ids[3], running[job_ids[3]], 1, NOW + 7, exit_code=1)
     changes.note_single_waiting(
-        store, store.gangs.admission_inputs().pending[0].id, Reason("x", "y"), NOW + 8
+        store.jobs, store.gangs.admission_inputs().pending[0].id, Reason("x", "y"), NOW + 8
     )
     assert specs() == submitted

@@ -29,7 +29,7 @@ def running_jobs(store, count):
 
 def test_each_report_of_a_group_gets_its_own_outcome(store):
     first, second, third = running_jobs(store, 3)
-    results = store.change_many(
+    results = store.jobs.change_many(
         [
             (first.id, changes.done_decision("w1", first.attempts, NOW + 1)),
             (second.id, changes.failure_decision("w1", second.attempts, NOW + 1, exit_code=3)),
@@ -38,7 +38,7 @@ def test_each_report_of_a_group_gets_its_own_outcome(store):
     )
     assert [result.job.status for result in results] == [Status.DONE, Status.PENDING, Status.DONE]
     for job, result in zip((first, second, third), results, strict=True):
-        assert store.get_job(job.id) == result.job
+        assert store.jobs.get_job(job.id) == result.job
         assert_history_is_legal(store, job.id)
 
 
@@ -52,7 +52,7 @@ def test_a_refused_or_failing_report_is_rolled_back_alone(store):
         plan = lifecycle.report_done(job, gang, worker_id="w1", attempt=job.attempts, now=NOW + 1)
         return replace(plan, transitions=(*plan.transitions, plan.transitions[0]))
 
-    results = store.change_many(
+    results = store.jobs.change_many(
         [
             (first.id, changes.done_decision("w1", first.attempts + 1, NOW + 1)),  # stale attempt
             ("j-unknown", changes.done_decision("w1", 1, NOW + 1)),
@@ -66,19 +66,19 @@ def test_a_refused_or_failing_report_is_rolled_back_alone(store):
     assert isinstance(results[2], RuntimeError)
     assert isinstance(results[3], errors.Conflict)
     assert results[4].job.status == Status.DONE
-    assert store.get_job(first.id).status == Status.RUNNING
-    assert store.get_job(third.id) == third
-    assert [event.to_status for event in store.job_events(third.id)] == [Status.PENDING, Status.RUNNING]
-    assert store.get_job(second.id).status == Status.DONE
+    assert store.jobs.get_job(first.id).status == Status.RUNNING
+    assert store.jobs.get_job(third.id) == third
+    assert [event.to_status for event in store.jobs.job_events(third.id)] == [Status.PENDING, Status.RUNNING]
+    assert store.jobs.get_job(second.id).status == Status.DONE
 
 
 def test_the_same_job_twice_in_a_group_applies_once(store):
     (job,) = running_jobs(store, 1)
     decide = changes.done_decision("w1", job.attempts, NOW + 1)
-    first, second = store.change_many([(job.id, decide), (job.id, decide)])
+    first, second = store.jobs.change_many([(job.id, decide), (job.id, decide)])
     assert first.job.status == Status.DONE
     assert isinstance(second, errors.NotRunning)
-    assert [event.to_status for event in store.job_events(job.id)].count(Status.DONE) == 1
+    assert [event.to_status for event in store.jobs.job_events(job.id)].count(Status.DONE) == 1
 
 
 def test_a_gang_task_in_a_group_starts_its_drain(store):
@@ -93,7 +93,7 @@ def test_a_gang_task_in_a_group_starts_its_drain(store):
     assert {rank0.id, rank1.id} == set(tasks)
     own = store.claims.claim("w0", NOW, POLICY)
     assert own.id == single.id
-    failed, done = store.change_many(
+    failed, done = store.jobs.change_many(
         [
             (rank0.id, changes.failure_decision(rank0.worker_id, rank0.attempts, NOW + 1, exit_code=1)),
             (own.id, changes.done_decision("w0", own.attempts, NOW + 1)),
@@ -109,7 +109,7 @@ def test_a_gang_task_in_a_group_starts_its_drain(store):
 def test_a_group_leaves_a_legal_history(store, count):
     jobs = running_jobs(store, count)
     decide = partial(changes.done_decision, "w1")
-    results = store.change_many([(job.id, decide(job.attempts, NOW + 1)) for job in jobs])
+    results = store.jobs.change_many([(job.id, decide(job.attempts, NOW + 1)) for job in jobs])
     assert {result.job.status for result in results} == {Status.DONE}
     verdict = history.check_store(store)
     assert verdict.ok, verdict.summary()
@@ -123,8 +123,8 @@ def test_why_notes_of_a_pass_are_written_in_groups_and_a_refused_one_is_skipped(
     (claimed,) = store.claims.claim_many("w1", NOW, POLICY, 1)
     reason = Reason("no_victim_set", "nothing this job may preempt frees enough")
     notes = [(job.id, reason) for job in pending] + [("j-gone", reason)]
-    changes.note_singles_waiting(store, notes, NOW + 1)
+    changes.note_singles_waiting(store.jobs, notes, NOW + 1)
     assert claimed.id == pending[0].id
-    assert store.get_job(claimed.id).reason != reason, "a running job's note is not written"
-    assert {store.get_job(job.id).reason for job in pending[1:]} == {reason}
-    assert {store.get_job(job.id).status for job in pending[1:]} == {Status.PENDING}
+    assert store.jobs.get_job(claimed.id).reason != reason, "a running job's note is not written"
+    assert {store.jobs.get_job(job.id).reason for job in pending[1:]} == {reason}
+    assert {store.jobs.get_job(job.id).status for job in pending[1:]} == {Status.PENDING}

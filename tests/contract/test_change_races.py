@@ -29,14 +29,14 @@ def test_a_row_that_moves_under_the_decision_is_decided_again(store_url, store):
         def decide(current, gang):
             seen.append((current.status, current.last_heartbeat_at))
             if len(seen) == 1:  # a heartbeat lands between the read and the write
-                other.heartbeat_job(job.id, "w1", job.attempts, NOW + 7, JobReport(progress={"step": 3}))
+                other.jobs.heartbeat_job(job.id, "w1", job.attempts, NOW + 7, JobReport(progress={"step": 3}))
             return lifecycle.report_done(current, gang, worker_id="w1", attempt=job.attempts, now=NOW + 8)
 
-        reported = store.change(job.id, decide)
+        reported = store.jobs.change(job.id, decide)
     finally:
         other.close()
     assert reported.job.status == Status.DONE
-    stored = store.get_job(job.id)
+    stored = store.jobs.get_job(job.id)
     assert (stored.status, stored.last_heartbeat_at, stored.progress) == (Status.DONE, NOW + 7, {"step": 3})
     # decided first on the row as read, then again on the locked row the heartbeat left
     assert seen == [(Status.RUNNING, NOW), (Status.RUNNING, NOW + 7)]
@@ -47,8 +47,8 @@ def test_a_report_refused_on_the_unlocked_read_writes_nothing(store):
     register(store)
     submit_one(store)
     job = store.claims.claim("w1", NOW, POLICY)
-    before = store.get_job(job.id)
+    before = store.jobs.get_job(job.id)
     decide = partial(lifecycle.report_done, worker_id="w1", attempt=job.attempts + 1, now=NOW + 1)
     with pytest.raises(errors.Conflict):
-        store.change(job.id, decide)
-    assert store.get_job(job.id) == before
+        store.jobs.change(job.id, decide)
+    assert store.jobs.get_job(job.id) == before

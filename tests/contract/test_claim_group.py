@@ -25,10 +25,10 @@ def test_a_group_starts_what_claims_one_after_another_would(store):
     assert [job.id for job in third] == [jobs[3].id]
     for worker_id, claimed in (("w1", first), ("w2", second), ("w3", third)):
         for job in claimed:
-            stored = store.get_job(job.id)
+            stored = store.jobs.get_job(job.id)
             assert (stored.status, stored.worker_id) == (Status.RUNNING, worker_id)
             assert_history_is_legal(store, job.id)
-    assert {store.get_job(job.id).status for job in jobs[4:]} == {Status.PENDING}
+    assert {store.jobs.get_job(job.id).status for job in jobs[4:]} == {Status.PENDING}
 
 
 def test_two_claims_of_one_worker_in_a_group_take_its_capacity_once(store):
@@ -37,7 +37,7 @@ def test_two_claims_of_one_worker_in_a_group_take_its_capacity_once(store):
     first, second = store.claims.claim_group([ClaimAsk("w1", 2), ClaimAsk("w1", 2)], NOW, POLICY)
     assert [job.id for job in first] == [jobs[0].id, jobs[1].id]
     assert second == [], "the first claim filled the worker"
-    assert store.get_job(jobs[2].id).status == Status.PENDING
+    assert store.jobs.get_job(jobs[2].id).status == Status.PENDING
 
 
 def test_a_retried_claim_in_the_same_group_is_answered_the_same_runs(store):
@@ -46,7 +46,7 @@ def test_a_retried_claim_in_the_same_group_is_answered_the_same_runs(store):
     first, again = store.claims.claim_group([ClaimAsk("w1", 2, "k1"), ClaimAsk("w1", 2, "k1")], NOW, POLICY)
     assert [job.id for job in first] == [jobs[0].id, jobs[1].id]
     assert [job.id for job in again] == [job.id for job in first]
-    assert store.get_job(jobs[2].id).status == Status.PENDING
+    assert store.jobs.get_job(jobs[2].id).status == Status.PENDING
 
 
 def test_a_draining_worker_in_a_group_gets_nothing(store):
@@ -64,5 +64,5 @@ def test_a_group_with_an_unknown_worker_writes_nothing(store):
     job = submit_one(store)
     with pytest.raises(errors.NotFound):
         store.claims.claim_group([ClaimAsk("w1"), ClaimAsk("w9-unknown")], NOW, POLICY)
-    assert store.get_job(job.id).status == Status.PENDING, "the group rolled back whole"
+    assert store.jobs.get_job(job.id).status == Status.PENDING, "the group rolled back whole"
     assert [started.id for started in store.claims.claim_many("w1", NOW, POLICY, 1)] == [job.id]

@@ -22,10 +22,10 @@ def test_a_retried_claim_is_answered_the_runs_the_first_started(store):
         (job.id, job.attempts, job.gpu_indices) for job in first
     ], "the same runs, in the order they were submitted"
     assert all(job.last_heartbeat_at == NOW + 4 for job in again), "the lease counts from the retry"
-    assert store.get_job(jobs[2].id).status == Status.PENDING, "a retry starts nothing new"
+    assert store.jobs.get_job(jobs[2].id).status == Status.PENDING, "a retry starts nothing new"
     for job in again:
         assert_history_is_legal(store, job.id)
-        assert [event.to_status for event in store.job_events(job.id)].count(Status.RUNNING) == 1
+        assert [event.to_status for event in store.jobs.job_events(job.id)].count(Status.RUNNING) == 1
 
 
 def test_a_single_claim_retried_answers_the_same_run(store):
@@ -33,7 +33,7 @@ def test_a_single_claim_retried_answers_the_same_run(store):
     job = submit_one(store)
     claimed = store.claims.claim("w1", NOW, POLICY, claim_key="k1")
     assert claimed is not None and claimed.id == job.id
-    assert store.claims.claim("w1", NOW + 1, POLICY, claim_key="k1") == store.get_job(job.id)
+    assert store.claims.claim("w1", NOW + 1, POLICY, claim_key="k1") == store.jobs.get_job(job.id)
 
 
 def test_another_key_or_no_key_claims_afresh(store):
@@ -55,7 +55,7 @@ def test_a_key_answers_nothing_once_its_runs_ended_or_on_another_worker(store):
     assert other.id == later.id, "a key is the worker's own"
     protocol.complete(store, done.id, "w1", 1, NOW + 1)
     assert store.claims.claim_many("w1", NOW + 2, POLICY, 1, claim_key="k1") == []
-    assert store.get_job(done.id).status == Status.DONE
+    assert store.jobs.get_job(done.id).status == Status.DONE
 
 
 @pytest.mark.postgres

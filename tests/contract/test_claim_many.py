@@ -21,7 +21,7 @@ from tests.helpers import NOW, POLICY, assert_history_is_legal, plan_nodes, regi
 
 
 def running(store, worker_id="w1"):
-    return store.list_jobs(JobFilter(status=("running",), worker_id=worker_id), 1000, None)
+    return store.jobs.list_jobs(JobFilter(status=("running",), worker_id=worker_id), 1000, None)
 
 
 def test_claim_many_takes_the_jobs_single_claims_would_in_queue_order(store_url, store):
@@ -33,7 +33,7 @@ def test_claim_many_takes_the_jobs_single_claims_would_in_queue_order(store_url,
     assert [job.id for job in claimed] == [top_class.id, high.id]
     for job in claimed:
         assert (job.status, job.attempts, job.worker_id, job.started_at) == (Status.RUNNING, 1, "w1", NOW + 5)
-        assert store.get_job(job.id) == job
+        assert store.jobs.get_job(job.id) == job
         assert_history_is_legal(store, job.id)
     assert [job.id for job in store.claims.claim_many("w1", NOW, POLICY, 64)] == [low.id]
     assert store.claims.claim_many("w1", NOW, POLICY, 64) == []
@@ -48,7 +48,7 @@ def test_claim_many_never_overfills_the_worker_and_gives_disjoint_gpus(store):
     assert [job.id for job in claimed] == [two_gpus.id, one_gpu[0].id, one_gpu[1].id]
     indices = [index for job in claimed for index in job.gpu_indices]
     assert sorted(indices) == [0, 1, 2, 3]
-    assert store.get_job(too_many_cpus.id).status == Status.PENDING
+    assert store.jobs.get_job(too_many_cpus.id).status == Status.PENDING
     assert store.claims.claim_many("w1", NOW, POLICY, 64) == []
     protocol.complete(store, one_gpu[0].id, "w1", 1, NOW + 1)
     (next_one,) = store.claims.claim_many("w1", NOW + 2, POLICY, 64)
@@ -62,7 +62,7 @@ def test_claim_many_skips_what_does_not_fit_for_what_does(store):
     fits += [submit_one(store, resources=Resources(cpus=1)) for _ in range(5)]
     claimed = store.claims.claim_many("w1", NOW, POLICY, 10)
     assert [job.id for job in claimed] == [job.id for job in fits[:4]]
-    assert {store.get_job(job.id).status for job in wrong_rack} == {Status.PENDING}
+    assert {store.jobs.get_job(job.id).status for job in wrong_rack} == {Status.PENDING}
 
 
 def test_claim_many_starts_the_reserved_tasks_first(store):
@@ -78,7 +78,7 @@ def test_claim_many_starts_the_reserved_tasks_first(store):
     assert [job.id for job in claimed] == [*sorted([tasks[0], tasks[2]]), pending[0].id]
     assert {job.id: job.gpu_indices for job in claimed[:2]} == {tasks[0]: (0,), tasks[2]: (1,)}
     assert {job.status for job in claimed} == {Status.RUNNING}
-    assert store.get_job(tasks[1]).status == Status.RESERVED
+    assert store.jobs.get_job(tasks[1]).status == Status.RESERVED
     assert [job.id for job in store.claims.claim_many("w2", NOW + 1, POLICY, 1)] == [tasks[1]]
 
 
@@ -179,4 +179,4 @@ def test_a_candidate_only_the_looser_first_read_admits_does_not_hide_the_next(st
     one = submit_one(store, resources=Resources(gpus=1))
     claimed = store.claims.claim_many("w1", NOW, POLICY, limit)
     assert [(job.id, job.gpu_indices) for job in claimed] == [(one.id, (0,))]
-    assert store.get_job(two.id).status == Status.PENDING
+    assert store.jobs.get_job(two.id).status == Status.PENDING

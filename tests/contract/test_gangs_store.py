@@ -47,7 +47,7 @@ def run_gang(store, gang_id, task_ids, now=NOW):
 
 
 def statuses(store, gang_id):
-    return [task.status for task in store.gang_tasks(gang_id)]
+    return [task.status for task in store.jobs.gang_tasks(gang_id)]
 
 
 def test_reserve_is_all_or_nothing(store):
@@ -126,7 +126,7 @@ def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
     trigger = protocol.fail(store, task_ids[1], "w1", 1, NOW + 5, 1, "rank 1 crashed", "Traceback...")
     assert (trigger.status, trigger.preemption_epoch, trigger.attempts) == (Status.PREEMPTED, 1, 1)
     assert trigger.exit_code == 1
-    tasks = store.gang_tasks(gang_id)
+    tasks = store.jobs.gang_tasks(gang_id)
     assert [task.status for task in tasks] == [Status.PREEMPTING, Status.PREEMPTED, Status.PREEMPTING]
     assert [task.refunds for task in tasks] == [1, 0, 1]
     assert [task.attempts_used for task in tasks] == [0, 1, 0], "peers are refunded, the trigger is not"
@@ -135,13 +135,13 @@ def test_a_failing_rank_drains_its_gang_and_keeps_its_attempt(store):
     assert beat.status == Status.PREEMPTING, "the peer's worker still reports with the attempt it claimed"
     with pytest.raises(errors.StaleEpoch):
         protocol.ack_preempted(store, task_ids[0], "w0", 1, 2, NOW + 7)
-    first_ack = changes.acknowledge_stop(store, task_ids[0], "w0", 1, 1, NOW + 7)
+    first_ack = changes.acknowledge_stop(store.jobs, task_ids[0], "w0", 1, 1, NOW + 7)
     assert first_ack.completion is None, "task 2 is still stopping"
-    last_ack = changes.acknowledge_stop(store, task_ids[2], "w2", 1, 1, NOW + 8)
+    last_ack = changes.acknowledge_stop(store.jobs, task_ids[2], "w2", 1, 1, NOW + 8)
     completion = last_ack.completion
     assert (completion.outcome, completion.drain_seconds) == ("blocked", 3.0), "the last ack ends the drain"
     assert statuses(store, gang_id) == [Status.BLOCKED] * 3
-    assert [task.attempts_used for task in store.gang_tasks(gang_id)] == [0, 1, 0], (
+    assert [task.attempts_used for task in store.jobs.gang_tasks(gang_id)] == [0, 1, 0], (
         "peers refunded, trigger not"
     )
     assert protocol.complete_drains(store, NOW + 9) == []
@@ -158,7 +158,7 @@ def test_the_same_rank_failing_max_retries_times_fails_the_gang(store):
         attempt = claimed[0].attempts
         protocol.fail(store, task_ids[0], "w0", attempt, NOW + round_number, 1, None, None)
         acked = changes.acknowledge_stop(
-            store, task_ids[1], "w1", claimed[1].attempts, round_number, NOW + round_number
+            store.jobs, task_ids[1], "w1", claimed[1].attempts, round_number, NOW + round_number
         )
         outcomes.append(acked.completion.outcome)
     assert outcomes == ["blocked", "failed"]
@@ -170,7 +170,7 @@ def test_a_done_task_makes_the_drained_gang_fail_keeping_its_done(store):
     gang_id, task_ids = submit_gang(store, size=2)
     run_gang(store, gang_id, task_ids)
     protocol.complete(store, task_ids[0], "w0", 1, NOW + 1)
-    failed = changes.report_failure(store, task_ids[1], "w1", 1, NOW + 2, 1)
+    failed = changes.report_failure(store.jobs, task_ids[1], "w1", 1, NOW + 2, 1)
     assert failed.drain is not None and failed.completion.outcome == "failed"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
 
@@ -205,10 +205,10 @@ def test_checkpoint_only_while_preempting_with_the_current_epoch(store):
         protocol.save_checkpoint(store, task_ids[0], "w1", 1, 1, payload, NOW)
     saved = protocol.save_checkpoint(store, task_ids[0], "w0", 1, 1, payload, NOW)
     assert saved.has_checkpoint
-    assert store.get_checkpoint(task_ids[0]) == payload
-    assert store.get_checkpoint(task_ids[1]) is None
+    assert store.jobs.get_checkpoint(task_ids[0]) == payload
+    assert store.jobs.get_checkpoint(task_ids[1]) is None
     with pytest.raises(errors.NotFound):
-        store.get_checkpoint("j-missing")
+        store.jobs.get_checkpoint("j-missing")
 
 
 def test_holds_keep_capacity_for_a_gang_except_for_backfill(store):
@@ -254,7 +254,7 @@ def test_a_gang_with_an_ended_rank_and_a_rolled_back_one_fails_instead_of_waitin
     reserve(store, gang_id, task_ids)
     store.claims.claim("w0", NOW, POLICY)
     protocol.complete(store, task_ids[0], "w0", 1, NOW + 1)
-    drain, completion, rolled = changes.roll_back_stale(store, gang_id, NOW + 31, 30)
+    drain, completion, rolled = changes.roll_back_stale(store.jobs, gang_id, NOW + 31, 30)
     assert drain is not None and rolled == ()
     assert completion.outcome == "failed", "a finished rank: the gang can never run whole again"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
@@ -290,7 +290,7 @@ def test_a_peer_finishing_during_the_drain_completes_it_as_failed(store):
     gang_id, task_ids = submit_gang(store, size=2)
     run_gang(store, gang_id, task_ids)
     protocol.fail(store, task_ids[1], "w1", 1, NOW, 1, None, None)
-    completion = changes.report_done(store, task_ids[0], "w0", 1, NOW + 1).completion
+    completion = changes.report_done(store.jobs, task_ids[0], "w0", 1, NOW + 1).completion
     assert completion is not None and completion.outcome == "failed"
     assert statuses(store, gang_id) == [Status.DONE, Status.FAILED]
 
@@ -342,7 +342,7 @@ def test_a_claim_does_not_start_a_reservation_moved_to_another_worker(postgres_s
             assert protocol.reserve_gang(other, gang_id, placements, NOW + 31) is not None
 
         assert store.claims.claim("w0", NOW + 32, RacingPlacement(move_rank_zero)) is None
-        rank_zero = store.get_job(task_ids[0])
+        rank_zero = store.jobs.get_job(task_ids[0])
         assert (rank_zero.status, rank_zero.worker_id) == (Status.RESERVED, "w2")
         assert store.claims.claim("w2", NOW + 33, POLICY).id == task_ids[0]
     finally:

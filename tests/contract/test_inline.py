@@ -39,7 +39,7 @@ def submit(store: Store) -> str:
 
 
 def jobs(store: Store) -> int:
-    return len(store.list_jobs(JobFilter(), 100, None))
+    return len(store.jobs.list_jobs(JobFilter(), 100, None))
 
 
 def test_free_sqlite_runs_the_work_here(sqlite_store: Store) -> None:

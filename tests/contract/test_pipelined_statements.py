@@ -26,7 +26,9 @@ def test_a_claim_key_of_any_text_finds_its_runs_again(store):
     job = submit_one(store)
     (claimed,) = store.claims.claim_many("w1", NOW, POLICY, 1, claim_key=AWKWARD)
     assert (claimed.id, claimed.claim_key) == (job.id, AWKWARD)
-    assert store.claims.claim_many("w1", NOW + 1, POLICY, 1, claim_key=AWKWARD) == [store.get_job(job.id)]
+    assert store.claims.claim_many("w1", NOW + 1, POLICY, 1, claim_key=AWKWARD) == [
+        store.jobs.get_job(job.id)
+    ]
     assert store.claims.claim_many("w1", NOW + 2, POLICY, 1, claim_key=AWKWARD + "x") == []
 
 
@@ -62,11 +64,11 @@ def test_postgres_a_deferred_start_that_misses_rolls_the_whole_transaction_back(
     moved = replace(stale, status=Status.RUNNING, worker_id="w1", attempts=1, version=stale.version + 1)
     with pytest.raises(errors.Conflict), postgres_store._transaction() as tx:
         postgres_store._apply_all(tx, [Transition(first, started, NOW), Transition(stale, moved, NOW)])
-    assert postgres_store.get_job(first.id) == first
-    assert postgres_store.get_job(second.id) == second
-    assert [event.to_status for event in postgres_store.job_events(first.id)] == [Status.PENDING]
+    assert postgres_store.jobs.get_job(first.id) == first
+    assert postgres_store.jobs.get_job(second.id) == second
+    assert [event.to_status for event in postgres_store.jobs.job_events(first.id)] == [Status.PENDING]
     # and the connection goes on: a claim starts the first job
-    assert postgres_store.claims.claim("w1", NOW + 1, POLICY) == postgres_store.get_job(first.id)
+    assert postgres_store.claims.claim("w1", NOW + 1, POLICY) == postgres_store.jobs.get_job(first.id)
 
 
 def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
@@ -87,11 +89,14 @@ def test_a_batched_heartbeat_keeps_awkward_reports_exactly(store):
         ),
         (second.id, 1, JobReport(progress="NULL", gpu_util_pct=None, rss_mb=None, checkpoint_at=None)),
     ]
-    assert store.heartbeat_jobs("w1", NOW + 1, beats) == [LeaseRenewed(first.id), LeaseRenewed(second.id)]
-    renewed = store.get_job(first.id)
+    assert store.jobs.heartbeat_jobs("w1", NOW + 1, beats) == [
+        LeaseRenewed(first.id),
+        LeaseRenewed(second.id),
+    ]
+    renewed = store.jobs.get_job(first.id)
     assert (renewed.progress, renewed.gpu_util_pct, renewed.rss_mb) == (progress, 12.345678901234567, 1e3)
     assert (renewed.last_checkpoint_at, renewed.last_heartbeat_at) == (NOW + 0.1, NOW + 1)
-    assert store.get_job(second.id).progress == "NULL"
+    assert store.jobs.get_job(second.id).progress == "NULL"
 
 
 def test_postgres_a_failure_of_another_statement_is_not_a_conflict(postgres_store):
@@ -110,11 +115,11 @@ def test_postgres_a_group_of_changes_whose_statement_fails_writes_none(postgres_
     register(postgres_store)
     job = submit_one(postgres_store)
     with pytest.raises(psycopg.errors.DivisionByZero):
-        postgres_store._tx.together(
+        postgres_store.autocommit.together(
             [
                 ("UPDATE jobs SET priority = 7 WHERE id = ?", (job.id,)),
                 ("SELECT 1 / (SELECT count(*) FROM workers WHERE id = 'ghost')", ()),
             ]
         )
-    assert postgres_store.get_job(job.id) == job
+    assert postgres_store.jobs.get_job(job.id) == job
     assert postgres_store.claims.claim("w1", NOW, POLICY) is not None

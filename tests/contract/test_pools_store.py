@@ -116,7 +116,9 @@ def test_usage_sums_tasks_held_and_waiting_per_pool_and_counts_unfinished_jobs(s
     )
     claimed = store.claims.claim("w1", NOW + 1, Claim())
     assert claimed.spec.command == "run"
-    (cancelled,) = [job for job in store.list_jobs(JobFilter(pool="t/b"), 10, None) if job.gang_id is None]
+    (cancelled,) = [
+        job for job in store.jobs.list_jobs(JobFilter(pool="t/b"), 10, None) if job.gang_id is None
+    ]
     protocol.cancel(store, cancelled.id, NOW + 2)
     usage = store.pools.pool_usage()
     assert usage["t/a"] == PoolUsage(held=gpu, demand=Resources(gpus=2, cpus=1), jobs=2)
@@ -140,9 +142,9 @@ def test_a_submit_to_an_unknown_pool_creates_it_and_its_ancestors_and_says_so(st
     assert single.job.reason.code == "queued"
     assert single.job.reason.message.endswith("; " + note)
     assert all(task.reason.message.endswith("; " + note) for task in gang.tasks)
-    stored = store.get_job(single.job.id)
+    stored = store.jobs.get_job(single.job.id)
     assert stored.reason == single.job.reason
-    (event,) = store.job_events(single.job.id)
+    (event,) = store.jobs.job_events(single.job.id)
     assert (event.to_status, event.reason) == (Status.PENDING, single.job.reason)
     (later,) = submit(store, JobSpec(command="true", pool="team/x"), now=NOW + 1)
     assert "created" not in later.job.reason.message

@@ -61,7 +61,7 @@ def test_migrate_twice_changes_nothing(store_url, store):
     job = protocol.submit(store, [JobSpec(command="true")], NOW).items[0].job
     again = open_store(store_url)
     try:
-        assert again.get_job(job.id) == job
+        assert again.jobs.get_job(job.id) == job
         assert again.column_definitions() == store.column_definitions()
         assert again.index_definitions() == store.index_definitions()
     finally:

@@ -22,7 +22,7 @@ from tests.helpers import NOW, POLICY, assert_history_is_legal, register, spec, 
 
 def test_submit_single_job_is_pending_with_its_event(store):
     job = submit_one(store, name="hello", env={"A": "1"}, resources=Resources(gpus=1, cpus=2))
-    stored = store.get_job(job.id)
+    stored = store.jobs.get_job(job.id)
     assert stored == job
     assert stored.status == Status.PENDING
     assert stored.spec.env == {"A": "1"}
@@ -33,7 +33,7 @@ def test_submit_single_job_is_pending_with_its_event(store):
 def test_submit_gang_creates_blocked_tasks_in_index_order(store):
     item = protocol.submit(store, [spec(gang_size=3)], NOW).items[0]
     assert item.gang_id.startswith("g-")
-    tasks = store.gang_tasks(item.gang_id)
+    tasks = store.jobs.gang_tasks(item.gang_id)
     assert [task.id for task in tasks] == [task.id for task in item.tasks]
     assert [task.gang_index for task in tasks] == [0, 1, 2]
     assert {task.status for task in tasks} == {Status.BLOCKED}
@@ -41,7 +41,7 @@ def test_submit_gang_creates_blocked_tasks_in_index_order(store):
 
 def test_batch_keeps_its_order_in_the_queue(store):
     result = protocol.submit(store, [spec(name=str(index)) for index in range(20)], NOW)
-    listed = store.list_jobs(JobFilter(), 100, None)
+    listed = store.jobs.list_jobs(JobFilter(), 100, None)
     assert [job.id for job in listed] == [item.job.id for item in result.items]
 
 
@@ -50,7 +50,7 @@ def test_idempotency_key_replays_the_first_result(store):
     second = protocol.submit(store, [spec()], NOW + 1, "key-1", "fingerprint")
     assert second.replayed
     assert second.items[0].job.id == first.items[0].job.id
-    assert len(store.list_jobs(JobFilter(), 100, None)) == 1
+    assert len(store.jobs.list_jobs(JobFilter(), 100, None)) == 1
     with pytest.raises(errors.Conflict):
         protocol.submit(store, [spec(command="other")], NOW, "key-1", "another fingerprint")
 
@@ -89,8 +89,8 @@ def test_claim_skips_jobs_that_do_not_fit_for_those_that_do(store):
     fits = submit_one(store, constraints=Constraints(labels={"rack": "r1"}))
     assert store.claims.claim("w1", NOW, POLICY).id == fits.id
     assert store.claims.claim("w1", NOW, POLICY) is None
-    assert store.get_job(too_big.id).status == Status.PENDING
-    assert store.get_job(wrong_rack.id).status == Status.PENDING
+    assert store.jobs.get_job(too_big.id).status == Status.PENDING
+    assert store.jobs.get_job(wrong_rack.id).status == Status.PENDING
 
 
 def test_claim_by_unknown_or_draining_worker(store):
@@ -164,7 +164,7 @@ def test_concurrent_claims_for_one_worker_never_overfill_it(store):
     for thread in threads:
         thread.join(timeout=60)
     assert len(claimed) == len(set(claimed)) == 3
-    assert len(store.list_jobs(JobFilter(status=("running",)), 100, None)) == 3
+    assert len(store.jobs.list_jobs(JobFilter(status=("running",)), 100, None)) == 3
 
 
 # --- fenced reports -------------------------------------------------------------------------
@@ -182,8 +182,8 @@ def test_reports_from_a_stale_attempt_or_worker_change_nothing(store):
             protocol.complete(store, job.id, worker_id, attempt, NOW)
         with pytest.raises(errors.StaleAttempt):
             protocol.fail(store, job.id, worker_id, attempt, NOW, 1, None, None)
-    assert store.get_job(job.id).status == Status.RUNNING
-    assert len(store.job_events(job.id)) == 2
+    assert store.jobs.get_job(job.id).status == Status.RUNNING
+    assert len(store.jobs.job_events(job.id)) == 2
 
 
 def test_done_then_done_again_is_not_running(store):
@@ -197,7 +197,7 @@ def test_done_then_done_again_is_not_running(store):
         protocol.heartbeat_job(store, job.id, "w1", 1, NOW, None)
     with pytest.raises(errors.NotFound):
         protocol.complete(store, "j-missing", "w1", 1, NOW)
-    finished = store.get_job(job.id)
+    finished = store.jobs.get_job(job.id)
     assert (finished.finished_at, finished.exit_code) == (NOW + 3, 0)
     assert_history_is_legal(store, job.id)
 
@@ -221,8 +221,8 @@ def test_a_batch_of_heartbeats_reads_back_only_what_each_answer_needs(store):
     store.claims.claim("w1", NOW, POLICY)
     store.claims.claim("w2", NOW, POLICY)
     protocol.cancel(store, stopping.id, NOW + 1)
-    untouched = store.get_job(elsewhere.id)
-    found = store.heartbeat_jobs(
+    untouched = store.jobs.get_job(elsewhere.id)
+    found = store.jobs.heartbeat_jobs(
         "w1",
         NOW + 5,
         [
@@ -233,21 +233,23 @@ def test_a_batch_of_heartbeats_reads_back_only_what_each_answer_needs(store):
         ],
     )
     assert found[0] == LeaseRenewed(running.id)
-    renewed = store.get_job(running.id)
+    renewed = store.jobs.get_job(running.id)
     assert (renewed.last_heartbeat_at, renewed.progress, renewed.gpu_util_pct, renewed.rss_mb) == (
         NOW + 5,
         {"step": 3},
         50.0,
         100.0,
     )
-    assert found[1] == store.get_job(stopping.id)
+    assert found[1] == store.jobs.get_job(stopping.id)
     assert isinstance(found[1], Job)
     assert (found[1].status, found[1].last_heartbeat_at) == (Status.PREEMPTING, NOW + 5)
-    assert found[2] == untouched == store.get_job(elsewhere.id)
+    assert found[2] == untouched == store.jobs.get_job(elsewhere.id)
     assert found[3] is None
     # a heartbeat that reports nothing renews the lease and keeps what was reported before
-    assert store.heartbeat_jobs("w1", NOW + 6, [(running.id, 1, JobReport())]) == [LeaseRenewed(running.id)]
-    assert (store.get_job(running.id).last_heartbeat_at, store.get_job(running.id).progress) == (
+    assert store.jobs.heartbeat_jobs("w1", NOW + 6, [(running.id, 1, JobReport())]) == [
+        LeaseRenewed(running.id)
+    ]
+    assert (store.jobs.get_job(running.id).last_heartbeat_at, store.jobs.get_job(running.id).progress) == (
         NOW + 6,
         {"step": 3},
     )
@@ -256,11 +258,11 @@ def test_a_batch_of_heartbeats_reads_back_only_what_each_answer_needs(store):
         (running.id, 1, JobReport(progress={"step": 4})),
         (running.id, 1, JobReport(progress={"step": 5})),
     ]
-    assert store.heartbeat_jobs("w1", NOW + 7, twice) == [LeaseRenewed(running.id)] * 2
-    assert store.get_job(running.id).progress == {"step": 5}
+    assert store.jobs.heartbeat_jobs("w1", NOW + 7, twice) == [LeaseRenewed(running.id)] * 2
+    assert store.jobs.get_job(running.id).progress == {"step": 5}
     # any attempt the protocol allows is refused by the row, not by the store's arrays (Schemathesis)
-    assert store.heartbeat_jobs("w1", NOW + 8, [(running.id, 2**63 - 1, JobReport())]) == [
-        store.get_job(running.id)
+    assert store.jobs.heartbeat_jobs("w1", NOW + 8, [(running.id, 2**63 - 1, JobReport())]) == [
+        store.jobs.get_job(running.id)
     ]
 
 
@@ -273,7 +275,7 @@ def test_a_worker_heartbeat_returns_the_held_jobs_its_running_list_leaves_out(st
     protocol.complete(store, finished.id, "w1", 1, NOW + 1)
     beat = store.workers.worker_heartbeat("w1", NOW + 2, None, running=[listed.id])
     assert beat.unlisted == tuple(
-        sorted((store.get_job(left_out.id), store.get_job(stopping.id)), key=lambda job: job.id)
+        sorted((store.jobs.get_job(left_out.id), store.jobs.get_job(stopping.id)), key=lambda job: job.id)
     )
     assert (
         store.workers.worker_heartbeat(
@@ -293,7 +295,7 @@ def test_fail_retries_while_attempts_remain(store, max_retries):
         assert store.claims.claim("w1", NOW, POLICY).attempts == attempt
         statuses.append(protocol.fail(store, job.id, "w1", attempt, NOW, 2, "exit 2", "tail").status)
     assert statuses == [Status.PENDING] * (max(max_retries, 1) - 1) + [Status.FAILED]
-    failed = store.get_job(job.id)
+    failed = store.jobs.get_job(job.id)
     assert (failed.exit_code, failed.output_tail, failed.reason.code) == (2, "tail", "failed")
     assert store.claims.claim("w1", NOW, POLICY) is None
     assert_history_is_legal(store, job.id)
@@ -348,7 +350,7 @@ def test_cancelling_a_gang_task_cancels_the_gang(store):
     item = protocol.submit(store, [spec(gang_size=2)], NOW).items[0]
     changed = protocol.cancel(store, item.tasks[1].id, NOW)
     assert changed[0].id == item.tasks[1].id
-    assert {task.status for task in store.gang_tasks(item.gang_id)} == {Status.CANCELLED}
+    assert {task.status for task in store.jobs.gang_tasks(item.gang_id)} == {Status.CANCELLED}
 
 
 # --- reaper ---------------------------------------------------------------------------------
@@ -361,14 +363,14 @@ def test_reaper_requeues_then_fails_expired_leases(store):
     assert protocol.reap(store, NOW + 29, 30, 45, 600).requeued == ()
     report = protocol.reap(store, NOW + 31, 30, 45, 600)
     assert [requeued.id for requeued in report.requeued] == [job.id]
-    assert store.get_job(job.id).reason.code == "lease_expired"
+    assert store.jobs.get_job(job.id).reason.code == "lease_expired"
     assert protocol.reap(store, NOW + 31, 30, 45, 600).requeued == ()  # idempotent
     store.claims.claim("w1", NOW + 40, POLICY)
     protocol.heartbeat_job(store, job.id, "w1", 2, NOW + 60, None)
     assert protocol.reap(store, NOW + 80, 30, 45, 600).failed == ()
     report = protocol.reap(store, NOW + 91, 30, 45, 600)
     assert [failed.id for failed in report.failed] == [job.id]
-    assert store.get_job(job.id).status == Status.FAILED
+    assert store.jobs.get_job(job.id).status == Status.FAILED
     assert_history_is_legal(store, job.id)
 
 
@@ -411,24 +413,24 @@ def test_list_filters_and_cursor(store):
     register(store)
     jobs = [submit_one(store, pool="team/a" if index % 2 else "default") for index in range(7)]
     store.claims.claim("w1", NOW, POLICY)
-    page_one = store.list_jobs(JobFilter(), 3, None)
-    page_two = store.list_jobs(JobFilter(), 3, (page_one[-1].submitted_at, page_one[-1].id))
-    page_three = store.list_jobs(JobFilter(), 3, (page_two[-1].submitted_at, page_two[-1].id))
+    page_one = store.jobs.list_jobs(JobFilter(), 3, None)
+    page_two = store.jobs.list_jobs(JobFilter(), 3, (page_one[-1].submitted_at, page_one[-1].id))
+    page_three = store.jobs.list_jobs(JobFilter(), 3, (page_two[-1].submitted_at, page_two[-1].id))
     assert [job.id for job in page_one + page_two + page_three] == [job.id for job in jobs]
-    assert {job.spec.pool for job in store.list_jobs(JobFilter(pool="team/a"), 100, None)} == {"team/a"}
-    running = store.list_jobs(JobFilter(status=("running",), worker_id="w1"), 100, None)
+    assert {job.spec.pool for job in store.jobs.list_jobs(JobFilter(pool="team/a"), 100, None)} == {"team/a"}
+    running = store.jobs.list_jobs(JobFilter(status=("running",), worker_id="w1"), 100, None)
     assert [job.id for job in running] == [jobs[0].id]
-    assert store.count_jobs_by_status() == {"pending": 6, "running": 1}
+    assert store.jobs.count_jobs_by_status() == {"pending": 6, "running": 1}
 
 
 def test_list_newest_first_walks_the_cursor_backwards(store):
     jobs = [submit_one(store, pool="team/a" if index % 2 else "default") for index in range(7)]
     newest = JobFilter(newest=True)
-    page_one = store.list_jobs(newest, 3, None)
-    page_two = store.list_jobs(newest, 3, (page_one[-1].submitted_at, page_one[-1].id))
-    page_three = store.list_jobs(newest, 3, (page_two[-1].submitted_at, page_two[-1].id))
+    page_one = store.jobs.list_jobs(newest, 3, None)
+    page_two = store.jobs.list_jobs(newest, 3, (page_one[-1].submitted_at, page_one[-1].id))
+    page_three = store.jobs.list_jobs(newest, 3, (page_two[-1].submitted_at, page_two[-1].id))
     assert [job.id for job in page_one + page_two + page_three] == [job.id for job in reversed(jobs)]
-    in_pool = store.list_jobs(JobFilter(pool="team/a", newest=True), 2, None)
+    in_pool = store.jobs.list_jobs(JobFilter(pool="team/a", newest=True), 2, None)
     assert [job.id for job in in_pool] == [jobs[5].id, jobs[3].id]
 
 
@@ -436,12 +438,16 @@ def test_list_by_user_either_way(store):
     mine = [submit_one(store, user="alice") for _ in range(3)]
     submit_one(store, user="bob")
     submit_one(store)
-    assert [job.id for job in store.list_jobs(JobFilter(user="alice"), 100, None)] == [job.id for job in mine]
-    newest = store.list_jobs(JobFilter(user="alice", newest=True), 2, None)
+    assert [job.id for job in store.jobs.list_jobs(JobFilter(user="alice"), 100, None)] == [
+        job.id for job in mine
+    ]
+    newest = store.jobs.list_jobs(JobFilter(user="alice", newest=True), 2, None)
     assert [job.id for job in newest] == [mine[2].id, mine[1].id]
     after = (newest[-1].submitted_at, newest[-1].id)
-    assert [job.id for job in store.list_jobs(JobFilter(user="alice", newest=True), 2, after)] == [mine[0].id]
-    assert store.list_jobs(JobFilter(user="carol"), 100, None) == []
+    assert [job.id for job in store.jobs.list_jobs(JobFilter(user="alice", newest=True), 2, after)] == [
+        mine[0].id
+    ]
+    assert store.jobs.list_jobs(JobFilter(user="carol"), 100, None) == []
 
 
 def test_a_worker_that_leaves_is_offline_and_only_then_removable(store):
@@ -479,8 +485,8 @@ def test_postgres_store_reconnects_after_losing_its_connection(postgres_store):
     with psycopg.connect(store.url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
     with pytest.raises(errors.StoreUnavailable):
-        store.get_job(job.id)
-    assert store.get_job(job.id) == job
+        store.jobs.get_job(job.id)
+    assert store.jobs.get_job(job.id) == job
     store.ping(1.0)
 
 
@@ -543,7 +549,7 @@ def test_claims_follow_the_core_queue_order(store):
     tripped = [store.claims.claim("w1", NOW, POLICY) for _ in range(6)]
     for claimed in tripped:  # re-queued at the front of their class and priority by a watchdog trip
         protocol.watchdog_trip(store, claimed.id, "w1", claimed.attempts, NOW, "stall", "", max_retries=3)
-    expected = [job.id for job in in_queue_order([store.get_job(job_id) for job_id in ids])]
+    expected = [job.id for job in in_queue_order([store.jobs.get_job(job_id) for job_id in ids])]
     assert [store.claims.claim("w1", NOW, POLICY).id for _ in ids] == expected
 
 

@@ -65,8 +65,8 @@ def test_list_workers_sums_what_each_worker_holds(store):
 
 def test_cluster_counts_count_workers_and_the_gpus_held_on_active_ones(store):
     _, _, _, tasks = _cluster(store)
-    counts = store.cluster_counts()
+    counts = store.jobs.cluster_counts()
     assert counts.workers_by_status == {"active": 2, "draining": 1}
     assert counts.active_gpus == 6
     assert counts.held_gpus_by_status == {Status.RUNNING: 3, Status.RESERVED: 2}
-    assert store.get_job(tasks[0]).status == Status.RESERVED
+    assert store.jobs.get_job(tasks[0]).status == Status.RESERVED

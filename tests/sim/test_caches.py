@@ -1,5 +1,5 @@
 """The simulator's caches against a count from scratch, over randomized sequences of cycles: the
-workers' free capacity kept between cycles (``placement.CycleMemo``), the planner's room kept
+workers' free capacity kept between cycles (``admission.CycleMemo``), the planner's room kept
 up to date within a plan (``preemption.room.Room.tasks_on``), and whole runs with and without them."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from corral.core import preemption
-from corral.core.placement import CycleMemo, free_capacity
+from corral.core.placement import CapacityKept, free_capacity
 from corral.core.preemption import PlanInputs, Preemptor
+from corral.core.preemption.memo import PlannerMemo
 from corral.core.preemption.planner import Planner
 from corral.core.preemption.units import Unit
 from corral.domain.pools import PoolSettings
@@ -66,7 +67,7 @@ def _memo_run(rng: Drawn) -> Counter[str]:
         f"w{index}": gpu_worker(gpus=rng.choice([2, 4, 8]), worker_id=f"w{index}") for index in range(6)
     }
     records: dict[str, list[Allocation]] = {worker_id: [] for worker_id in workers}
-    memo = CycleMemo()
+    memos: dict[str, CapacityKept[Allocation]] = {"admission": CapacityKept(), "planner": CapacityKept()}
     number = 0
     for _ in range(MOVES):
         worker_id = rng.choice(sorted(workers))
@@ -94,14 +95,14 @@ def _memo_run(rng: Drawn) -> Counter[str]:
         elif move < 0.7:
             workers[worker_id] = worker = replace(worker, unhealthy_gpus=(0,) if rng.random() < 0.5 else ())
             seen["re-registered"] += 1
-        for space in ("admission", "planner"):
+        for memo in memos.values():
             given = list(held)  # the caller builds its list afresh each cycle
-            kept = memo.get(space, worker, given)
+            kept = memo.get(worker, given)
             if kept is None:
-                memo.put(space, worker, given, free_capacity(worker, given))
+                memo.put(worker, given, free_capacity(worker, given))
             else:
                 seen["a memo hit"] += 1
-            assert (kept or memo.get(space, worker, given)) == free_capacity(worker, given)
+            assert (kept or memo.get(worker, given)) == free_capacity(worker, given)
     return seen
 
 
@@ -360,7 +361,7 @@ def _units_run(rng: Drawn) -> Counter[str]:
                                 free = [index for index in free if index != room[0]]
 
     fill()
-    memo = CycleMemo()
+    memo = PlannerMemo()
     pools = {"a": _Pool(Resources(gpus=8)), "b": _Pool(Resources()), "s": _SensitivePool(Resources())}
     now = NOW
     previous: dict[str, object] = {}

@@ -36,7 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
 from corral.core import borrowing, drain, preemption
@@ -45,13 +45,15 @@ from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollbac
 from corral.core.ordering import in_gang_order
 from corral.core.placement import (
     Capacity,
-    CycleMemo,
+    CapacityKept,
+    Remembered,
     free_capacity,
     matches_constraints,
     may_backfill,
     usable,
 )
 from corral.core.preemption import PreemptionSettings
+from corral.core.preemption.memo import PlannerMemo
 from corral.core.protection import unreclaimable
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
@@ -68,6 +70,28 @@ Holding = tuple[Resources, float | None, str]
 Take = tuple["_Slot", tuple[int, ...]]
 
 
+@dataclass(slots=True)
+class AdmissionMemo:
+    """What the gang admission keeps from one cycle for the next: each worker's free capacity
+    counted from its allocations, the idle capacity of the usable workers and their shapes (both
+    computed from the workers alone)."""
+
+    capacity: CapacityKept[Allocation] = field(default_factory=CapacityKept)
+    idle: Remembered[Worker, list[Capacity]] = field(default_factory=Remembered)
+    shapes: Remembered[Worker, _Shapes] = field(default_factory=Remembered)
+
+
+@dataclass(slots=True)
+class CycleMemo:
+    """What a cycle counted and built, for the next cycles of a caller that keeps its records
+    between them (the simulator keeps a job's row until it changes; the server's store hands back
+    the same records for unchanged rows): the gang admission's part and the preemption planner's.
+    Each part checks its entries against the cycle's records before it reuses one."""
+
+    admission: AdmissionMemo = field(default_factory=AdmissionMemo)
+    planner: PlannerMemo = field(default_factory=PlannerMemo)
+
+
 def decide(
     snapshot: Snapshot,
     reservation_timeout_s: float,
@@ -77,8 +101,8 @@ def decide(
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
     ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
     the workers' free capacity from earlier cycles, for a caller that keeps its records between
-    cycles (``placement.CycleMemo``; the decisions are the same without it)."""
-    admitted = _admit_gangs(snapshot, reservation_timeout_s, memo)
+    cycles (``CycleMemo``; the decisions are the same without it)."""
+    admitted = _admit_gangs(snapshot, reservation_timeout_s, memo.admission if memo is not None else None)
     single_rollbacks = tuple(
         job.id
         for job in snapshot.holding
@@ -134,7 +158,7 @@ def _preempt(
                 for reservation in admitted.reservations
                 for place in reservation.placements
             },
-            memo=memo,
+            memo=memo.planner if memo is not None else None,
         )
     )
     served = {found.preemptor for found in planned.preemptions}
@@ -173,7 +197,7 @@ def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
 
 
 def _admit_gangs(
-    snapshot: Snapshot, reservation_timeout_s: float, memo: CycleMemo | None = None
+    snapshot: Snapshot, reservation_timeout_s: float, memo: AdmissionMemo | None = None
 ) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
     now = snapshot.now
@@ -187,11 +211,11 @@ def _admit_gangs(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
         )
     cluster = _Cluster(_slots(active, snapshot.allocations, released, snapshot.expected_ends, now, memo))
-    shapes = memo.recall("shapes", active) if memo is not None else None
+    shapes = memo.shapes.recall(active) if memo is not None else None
     if shapes is None:  # the same workers as the last cycle: the same shapes, and their answers
         shapes = _Shapes(cluster.slots)
         if memo is not None:
-            memo.remember("shapes", active, shapes)
+            memo.shapes.remember(active, shapes)
     reservations: list[Reservation] = []
     holds: list[Hold] = []
     waiting: list[Waiting] = []
@@ -375,14 +399,14 @@ def _slots(
     released: frozenset[str],
     expected_ends: Mapping[str, float],
     now: float,
-    memo: CycleMemo | None = None,
+    memo: AdmissionMemo | None = None,
 ) -> list[_Slot]:
     by_worker: dict[str, list[Allocation]] = {worker.id: [] for worker in active}
     for allocation in allocations:
         on = by_worker.get(allocation.worker_id)
         if on is not None and allocation.job_id not in released and allocation.status.holds_resources:
             on.append(allocation)
-    empties: list[Capacity] | None = memo.recall("idle", list(active)) if memo is not None else None
+    empties: list[Capacity] | None = memo.idle.recall(list(active)) if memo is not None else None
     if empties is None:
         idle: dict[tuple[Resources, tuple[int, ...]], Capacity] = {}  # workers alike share it
         empties = []
@@ -393,7 +417,7 @@ def _slots(
                 empty = idle[key] = free_capacity(worker, ())
             empties.append(empty)
         if memo is not None:
-            memo.remember("idle", list(active), empties)
+            memo.idle.remember(list(active), empties)
     slots = []
     for order, worker in enumerate(active):
         empty = empties[order]
@@ -401,11 +425,11 @@ def _slots(
         if not held:
             slots.append(_Slot(order, worker, empty, empty.free))
             continue
-        free = memo.get("admission", worker, held) if memo is not None else None
+        free = memo.capacity.get(worker, held) if memo is not None else None
         if free is None:
             free = free_capacity(worker, held)
             if memo is not None:
-                memo.put("admission", worker, held, free)
+                memo.capacity.put(worker, held, free)
         slots.append(_Slot(order, worker, free, empty.free, (held, now, expected_ends)))
     return slots
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 from corral.domain.records import Allocation, Constraints, Hold, Job, Reason, Worker
 from corral.domain.resources import ZERO, Resources
 from corral.domain.status import WorkerStatus
+
+R = TypeVar("R")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,56 +50,52 @@ def free_capacity(worker: Worker, allocations: Iterable[Allocation]) -> Capacity
     return Capacity(free=free, free_gpu_indices=free_indices)
 
 
-class CycleMemo:
-    """What a cycle counted from the workers, for the next cycles: ``free_capacity`` per worker,
-    kept while the worker and the records it was counted from are equal to the ones given, in the
-    same order (records are immutable values: equal records leave equal capacity); any value
-    computed from a list of records alone (``recall``, ``remember``), on the same terms; and tables
-    of entries by key (``kept``, ``keep``: the preemption planner's victim units), each of which the
-    caller checks against its records before reusing it.
+class CapacityKept(Generic[R]):
+    """Each worker's free capacity counted from a list of records (its allocations, or the jobs it
+    runs), kept for the next cycles while the worker and the records are equal to the ones given,
+    in the same order (records are immutable values: equal records leave equal capacity).
 
     For a caller that keeps its records between cycles (the simulator keeps a job's row and its
     allocation until they change; the server's store hands back the same records for unchanged
-    rows, ``Store.admission_inputs``), the comparison finds the very same objects (the list's ``==``
-    checks identity first, in C), and a cycle counts again only the workers whose allocations
-    changed. A caller that made new records every cycle would only compare field by field.
-    ``space`` keeps apart the callers that count different records."""
+    rows, ``Gangs.admission_inputs``), the comparison finds the very same objects (the list's ``==``
+    checks identity first, in C), and a cycle counts again only the workers whose records changed.
+    A caller that made new records every cycle would only compare field by field."""
+
+    __slots__ = ("_kept",)
 
     def __init__(self) -> None:
-        self._kept: dict[str, dict[str, tuple[Worker, list[Any], Capacity]]] = {}
-        self._values: dict[str, tuple[list[Any], Any]] = {}
-        self._tables: dict[str, dict[str, Any]] = {}
+        self._kept: dict[str, tuple[Worker, list[R], Capacity]] = {}
 
-    def recall(self, space: str, records: list[Any]) -> Any:
-        """The value ``remember`` kept under ``space`` for records equal to ``records``, or None."""
-        kept = self._values.get(space)
-        return kept[1] if kept is not None and kept[0] == records else None
-
-    def remember(self, space: str, records: list[Any], value: Any) -> None:
-        """Keep ``value``, computed from ``records`` alone (which the caller leaves as they are)."""
-        self._values[space] = (records, value)
-
-    def kept(self, space: str) -> dict[str, Any]:
-        """The entries ``keep`` left under ``space`` (empty at first): the caller checks each one is
-        still valid for its records."""
-        found: dict[str, Any] = self._tables.get(space, {})
-        return found
-
-    def keep(self, space: str, entries: dict[str, Any]) -> None:
-        """Keep ``entries`` under ``space`` in place of the last ones (what is not in them is dropped)."""
-        self._tables[space] = entries
-
-    def get(self, space: str, worker: Worker, records: list[Any]) -> Capacity | None:
+    def get(self, worker: Worker, records: list[R]) -> Capacity | None:
         """The capacity kept for ``worker`` counted from ``records``, or None."""
-        kept = self._kept.setdefault(space, {}).get(worker.id)
+        kept = self._kept.get(worker.id)
         if kept is not None and (kept[0] is worker or kept[0] == worker) and kept[1] == records:
             return kept[2]
         return None
 
-    def put(self, space: str, worker: Worker, records: list[Any], capacity: Capacity) -> None:
+    def put(self, worker: Worker, records: list[R], capacity: Capacity) -> None:
         """Keep ``capacity``, counted for ``worker`` from ``records`` (which the caller leaves as
         they are)."""
-        self._kept.setdefault(space, {})[worker.id] = (worker, records, capacity)
+        self._kept[worker.id] = (worker, records, capacity)
+
+
+class Remembered(Generic[R, V]):
+    """A value computed from a list of records alone, kept while the records are equal to the ones
+    it was computed from (on the terms of ``CapacityKept``)."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: tuple[list[R], V] | None = None
+
+    def recall(self, records: list[R]) -> V | None:
+        """The value kept for records equal to ``records``, or None."""
+        kept = self._kept
+        return kept[1] if kept is not None and kept[0] == records else None
+
+    def remember(self, records: list[R], value: V) -> None:
+        """Keep ``value``, computed from ``records`` alone (which the caller leaves as they are)."""
+        self._kept = (records, value)
 
 
 def matches_constraints(worker: Worker, constraints: Constraints) -> Reason | None:

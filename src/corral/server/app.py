@@ -90,7 +90,7 @@ def create_app(
         reader_process=reader,
     )
     state.started_at = state.clock.now()
-    state.metrics.watch_store(partial(cluster_gauges, store))
+    state.metrics.watch_store(partial(cluster_gauges, store.jobs))
     state.metrics.watch_store_size(
         lambda: (store.retention.size_bytes(), store.retention.oldest_job_submitted_at())
     )
@@ -158,7 +158,7 @@ def create_app(
 
 async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[bool, str | None]:
     """``_owner_of``, run by the executor as a short call (the access rules ask it before a route)."""
-    return await state.executor.run(Work.SHORT, _owner_of, state.store, kind, object_id)
+    return await state.executor.run(Work.SHORT, _owner_of, state.store.jobs, kind, object_id)
 
 
 def _owner_of(store: Jobs, kind: str, object_id: str) -> tuple[bool, str | None]:

@@ -386,7 +386,7 @@ def worker_heartbeat(
         return result
     for job in beat.unlisted:
         decide = partial(lifecycle.gone_from_worker, worker_id=worker_id, silent_since=cutoff, now=now)
-        outcome = store.change(job.id, decide)
+        outcome = store.jobs.change(job.id, decide)
         if outcome is not None:
             result.gone.append(outcome)
     return result
@@ -429,15 +429,15 @@ def reap(
     report = ReapReport()
     grace = started_at is not None and lifecycle.in_startup_grace(now, started_at, heartbeat_timeout_s)
     lease = partial(lifecycle.lease_expired, now=now, timeout_s=heartbeat_timeout_s)
-    for job_id in [] if grace else store.expired_leases(now - heartbeat_timeout_s):
-        if (lost := store.change(job_id, lease)) is not None:
+    for job_id in [] if grace else store.jobs.expired_leases(now - heartbeat_timeout_s):
+        if (lost := store.jobs.change(job_id, lease)) is not None:
             report.lost.append(lost)
-    for job_id, epoch in store.stuck_stops(now - preempt_timeout_s):
+    for job_id, epoch in store.jobs.stuck_stops(now - preempt_timeout_s):
         stop = partial(lifecycle.force_drain, now=now, timeout_s=preempt_timeout_s, epoch=epoch)
-        if (drained := store.change(job_id, stop)) is not None:
+        if (drained := store.jobs.change(job_id, stop)) is not None:
             report.force_drained.append(drained)
-    for gang_id in store.gangs_to_complete():
-        if (completion := complete_drain(store, gang_id, now)) is not None:
+    for gang_id in store.jobs.gangs_to_complete():
+        if (completion := complete_drain(store.jobs, gang_id, now)) is not None:
             report.completions.append(completion)
     if not grace:
         report.offline_workers = mark_offline(store.workers, now, worker_offline_s)

@@ -31,10 +31,11 @@ from itertools import islice
 from typing import Any
 
 from corral.core import admission, cycle, drain, lifecycle
+from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.ordering import queue_key
-from corral.core.placement import Capacity, CycleMemo
+from corral.core.placement import Capacity
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
 from corral.core.snapshot import Snapshot
 from corral.domain import errors

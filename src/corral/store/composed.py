@@ -1,16 +1,18 @@
-"""The store object the server holds: the core it inherits (``SqlStore``: the jobs and their
-transitions, checkpoints, the reaper's reads, leadership) and, as attributes, the parts composed
-over the backend's ``Database`` and ``Dialect`` (the claim and the gangs over the core's
-``Applier`` too): ``claims`` (``SqlClaims``), ``gangs`` (``SqlGangs``), ``workers``
-(``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``) and ``retention``
-(``SqlRetention``). ``store.ports`` names what each one offers; a caller types against the one it
-uses. A backend whose SQL differs for a part hands a part of its own (``workers_part``).
+"""The store object the server holds: the database it inherits (``SqlStore``: the schema, the
+transactions, the one compare-and-set per transition, leadership) and, as attributes, the parts
+composed over the backend's ``Database`` and ``Dialect`` (the jobs, the claim and the gangs over the
+store's ``Applier`` too): ``jobs`` (``SqlJobs``), ``claims`` (``SqlClaims``), ``gangs``
+(``SqlGangs``), ``workers`` (``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``) and
+``retention`` (``SqlRetention``). ``store.ports`` names what each one offers; a caller types
+against the one it uses. A backend whose SQL differs for a part hands a part of its own
+(``workers_part``, ``_jobs_part``).
 """
 
 from __future__ import annotations
 
 from corral.store.claims import SqlClaims
 from corral.store.gangs import SqlGangs
+from corral.store.jobs import SqlJobs
 from corral.store.logs import SqlLogs
 from corral.store.operations import SqlWorkers
 from corral.store.pools import SqlPools
@@ -25,6 +27,7 @@ class ComposedStore(SqlStore):
     #: the workers' part (PostgreSQL's heartbeats a worker in one statement: its own)
     workers_part: type[SqlWorkers] = SqlWorkers
 
+    jobs: SqlJobs
     claims: SqlClaims
     gangs: SqlGangs
     workers: SqlWorkers
@@ -33,12 +36,17 @@ class ComposedStore(SqlStore):
     retention: SqlRetention
 
     def _compose(self) -> None:
+        self.jobs = self._jobs_part()
         self.claims = SqlClaims(self, self.sql_dialect, self)
         self.gangs = SqlGangs(self, self.sql_dialect, self)
         self.workers = self.workers_part(self, self.sql_dialect)
         self.pools = SqlPools(self, self.sql_dialect)
         self.logs = SqlLogs(self, self.sql_dialect)
         self.retention = SqlRetention(self, self.sql_dialect, self.size_bytes)
+
+    def _jobs_part(self) -> SqlJobs:
+        """The jobs' part (PostgreSQL settles a report in one statement: its own)."""
+        return SqlJobs(self, self.sql_dialect, self)
 
     def size_bytes(self) -> int:
         """What the store takes on disk (tables and indexes): the backend's."""

@@ -2,8 +2,8 @@
 
 A caller types against the port it uses (the claim route against ``Claims``, the reaper against
 ``Jobs`` and ``Workers``), so that what each part of the server may ask of the store is written
-where it is used. The store object the server holds (``Store``) is the database and the jobs, with
-every other port as an attribute. What each value means is ``store.base``'s.
+where it is used. The store object the server holds (``Store``) is the database, with every port
+as an attribute. What each value means is ``store.base``'s.
 """
 
 from __future__ import annotations
@@ -204,11 +204,13 @@ class Retention(Protocol):
     def size_bytes(self) -> int: ...
 
 
-class Store(Backend, Jobs, Protocol):
-    """What the server holds: the database and the jobs, with every other port as an attribute
-    (``store.claims.claim_many``). Type a caller against the ports it uses, not this, unless it
+class Store(Backend, Protocol):
+    """What the server holds: the database, with every port as an attribute (``store.jobs.change``,
+    ``store.claims.claim_many``). Type a caller against the ports it uses, not this, unless it
     uses several."""
 
+    @property
+    def jobs(self) -> Jobs: ...
     @property
     def claims(self) -> Claims: ...
     @property

@@ -23,6 +23,7 @@ from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
+from corral.store.jobs import SqlJobs
 from corral.store.operations import SqlWorkers
 from corral.store.pg_pipeline import (
     CHECKED_ANSWER,
@@ -201,51 +202,14 @@ class PostgresWorkers(SqlWorkers):
         return tuple(map(job_from_row, rows))
 
 
-class PostgresStore(ComposedStore):
-    """One connection per calling thread (the server's store threads, a loop's own thread), one
-    more that holds the loops' advisory locks, and one for the readiness probe.
+class PostgresJobs(SqlJobs):
+    """``SqlJobs`` with a job report settled in one statement where its row did not move, a group
+    of reports in one round trip, and heartbeats without a transaction around their one statement
+    (``PostgresStore.autocommit``)."""
 
-    Every session has ``lock_timeout`` = ``busy_timeout_s``: a statement that waits longer for a
-    lock (a ``LOCK TABLE`` by an operator, a long migration) gives up, its transaction rolls back,
-    and the request is answered 503 ``store_busy`` with ``Retry-After`` instead of hanging."""
-
-    dialect = "postgresql"
-    sql_dialect = POSTGRESQL
-    workers_part = PostgresWorkers
-
-    def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
-        """The compare-and-set and its event row in one statement (one round trip): the event is
-        inserted only for the row the update matched."""
-        return bool(tx.execute(*self._one_statement(update, params, event), pipelined=True))
-
-    @staticmethod
-    def _one_statement(
-        update: str, params: list[Any], event: tuple[Any, ...] | None, checked: bool = False
-    ) -> tuple[str, list[Any]]:
-        """The compare-and-set ``update`` with its event row's insert, one statement. ``checked``:
-        a statement that raises (``CHECKED_ANSWER``) when the update matched no row, so that it
-        can be sent without waiting for its answer: its transaction then fails whole."""
-        if event is None and not checked:
-            return update, params
-        answer = CHECKED_ANSWER if checked else "SELECT id FROM moved"
-        if event is None:
-            return f"WITH moved AS ({update}) {answer}", params
-        statement = (
-            f"WITH moved AS ({update}), event AS ("
-            f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer, ?::double precision,"
-            f" ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved) {answer}"
-        )
-        return statement, [*params, *event[1:]]
-
-    def _apply_all(self, tx: Any, transitions: Sequence[Transition]) -> None:
-        """A claim's starts, not waited for: each compare-and-set (checked: it raises when it
-        matched no row) goes with the claim's next statement or its ``COMMIT``, in the same round
-        trip. A start that missed fails the statement, so the transaction rolls back whole and the
-        claim raises ``Conflict``, as ``_apply`` would (its candidates are locked: it cannot)."""
-        for transition in transitions:
-            statement = self._compare_and_set(transition)
-            if statement is not None:
-                tx.defer(*self._one_statement(*statement, checked=True))
+    def __init__(self, store: PostgresStore) -> None:
+        super().__init__(store, store.sql_dialect, store)
+        self._store = store
 
     #: a single job's row and its version (``xmin``: a new one at every update of the row)
     _VERSIONED_JOB = f"SELECT {JOB_SELECT}, xmin::text FROM jobs WHERE id = ?"
@@ -256,7 +220,7 @@ class PostgresStore(ComposedStore):
 
     def change(self, job_id: str, decide: JobDecision[Outcome]) -> Outcome:
         """A single job's report in one statement where nothing moves meanwhile, else as
-        ``SqlStore.change`` (locked).
+        ``SqlJobs.change`` (locked).
 
         1. Read the job and its row version, with no transaction and no lock.
         2. A gang task goes the locked way (its decision reads its gang's rows, locked in id order).
@@ -268,7 +232,7 @@ class PostgresStore(ComposedStore):
            decided again, locked. (Two round trips and one commit for a ``done``, where the locked
            way takes four.)
         """
-        rows = self._tx.execute(self._VERSIONED_JOB, (job_id,))
+        rows = self._store.autocommit.execute(self._VERSIONED_JOB, (job_id,))
         if not rows:
             raise errors.NotFound(f"job {job_id} not found")
         job = job_from_row(rows[0][:-1])
@@ -276,8 +240,8 @@ class PostgresStore(ComposedStore):
             plan = decide(job, ())
             if not plan.transitions:
                 return plan.outcome
-            if self._single(plan, job) and self._applied(
-                self._tx, plan.transitions[0], self._SAME_VERSION, (rows[0][-1],)
+            if self._single(plan, job) and self._store.applied(
+                self._store.autocommit, plan.transitions[0], self._SAME_VERSION, (rows[0][-1],)
             ):
                 return plan.outcome
         return super().change(job_id, decide)
@@ -295,7 +259,7 @@ class PostgresStore(ComposedStore):
         the read or the group's transaction failing raises (nothing of the group written)."""
         results: list[Any] = [None] * len(changes)
         job_ids = text_array(sorted({job_id for job_id, _ in changes}))
-        rows = self._tx.execute(self._VERSIONED_JOBS, (job_ids,), pipelined=True)
+        rows = self._store.autocommit.execute(self._VERSIONED_JOBS, (job_ids,), pipelined=True)
         found = {row[0]: (job_from_row(row[:-1]), row[-1]) for row in rows}
         writes: list[tuple[str, int, Plan[Any], str]] = []
         alone: list[int] = []
@@ -337,14 +301,14 @@ class PostgresStore(ComposedStore):
         sent: list[tuple[int, Plan[Any]]] = []
         statements: list[tuple[str, Sequence[Any]]] = []
         for _, index, plan, version in sorted(writes, key=lambda write: write[0]):
-            statement = self._compare_and_set(plan.transitions[0], self._SAME_VERSION, (version,))
+            statement = self._store.compare_and_set(plan.transitions[0], self._SAME_VERSION, (version,))
             if statement is None:  # nothing to write
                 results[index] = plan.outcome
                 continue
             sent.append((index, plan))
-            statements.append(self._one_statement(*statement))
+            statements.append(self._store.one_statement(*statement))
         if statements:
-            for (index, plan), rows in zip(sent, self._tx.together(statements), strict=True):
+            for (index, plan), rows in zip(sent, self._store.autocommit.together(statements), strict=True):
                 if rows:
                     results[index] = plan.outcome
                 else:
@@ -352,9 +316,9 @@ class PostgresStore(ComposedStore):
         return missed
 
     def heartbeat_job(self, job_id: str, worker_id: str, attempt: int, now: float, report: JobReport) -> Job:
-        """``SqlStore.heartbeat_job`` without a transaction around its one statement (one round
+        """``SqlJobs.heartbeat_job`` without a transaction around its one statement (one round
         trip, not three)."""
-        return self._renew(self._tx, job_id, worker_id, attempt, now, report)
+        return self._renew(self._store.autocommit, job_id, worker_id, attempt, now, report)
 
     #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job;
     #: a value the heartbeat did not report (NULL) keeps the column as it is, as ``_renew`` does
@@ -374,18 +338,18 @@ class PostgresStore(ComposedStore):
     def heartbeat_jobs(
         self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
     ) -> list[Job | LeaseRenewed | None]:
-        """``SqlStore.heartbeat_jobs`` in one statement for the whole batch (one round trip, not
+        """``SqlJobs.heartbeat_jobs`` in one statement for the whole batch (one round trip, not
         one per job), then a read of each job whose answer needs its row (normally none). The
         statement is atomic alone: no transaction around it (no ``BEGIN`` and ``COMMIT`` round
         trips; the reads after it were each a statement of their own in the transaction too).
 
-        A batch naming a job twice renews it in order, one statement per job, as ``SqlStore`` does:
+        A batch naming a job twice renews it in order, one statement per job, as ``SqlJobs`` does:
         one ``UPDATE ... FROM`` would apply only one of the two."""
         job_ids = [job_id for job_id, _, _ in beats]
         if len(set(job_ids)) != len(job_ids):
             return super().heartbeat_jobs(worker_id, now, beats)
         reports = [report for _, _, report in beats]
-        tx = self._tx
+        tx = self._store.autocommit
         rows = tx.execute(
             self._RENEW_BATCH,
             (
@@ -404,6 +368,56 @@ class PostgresStore(ComposedStore):
         running = {job_id for job_id, status in rows if status == Status.RUNNING}
         return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
 
+
+class PostgresStore(ComposedStore):
+    """One connection per calling thread (the server's store threads, a loop's own thread), one
+    more that holds the loops' advisory locks, and one for the readiness probe.
+
+    Every session has ``lock_timeout`` = ``busy_timeout_s``: a statement that waits longer for a
+    lock (a ``LOCK TABLE`` by an operator, a long migration) gives up, its transaction rolls back,
+    and the request is answered 503 ``store_busy`` with ``Retry-After`` instead of hanging."""
+
+    dialect = "postgresql"
+    sql_dialect = POSTGRESQL
+    workers_part = PostgresWorkers
+
+    def _jobs_part(self) -> SqlJobs:
+        return PostgresJobs(self)
+
+    def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
+        """The compare-and-set and its event row in one statement (one round trip): the event is
+        inserted only for the row the update matched."""
+        return bool(tx.execute(*self.one_statement(update, params, event), pipelined=True))
+
+    @staticmethod
+    def one_statement(
+        update: str, params: list[Any], event: tuple[Any, ...] | None, checked: bool = False
+    ) -> tuple[str, list[Any]]:
+        """The compare-and-set ``update`` with its event row's insert, one statement. ``checked``:
+        a statement that raises (``CHECKED_ANSWER``) when the update matched no row, so that it
+        can be sent without waiting for its answer: its transaction then fails whole."""
+        if event is None and not checked:
+            return update, params
+        answer = CHECKED_ANSWER if checked else "SELECT id FROM moved"
+        if event is None:
+            return f"WITH moved AS ({update}) {answer}", params
+        statement = (
+            f"WITH moved AS ({update}), event AS ("
+            f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer, ?::double precision,"
+            f" ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved) {answer}"
+        )
+        return statement, [*params, *event[1:]]
+
+    def _apply_all(self, tx: Any, transitions: Sequence[Transition]) -> None:
+        """A claim's starts, not waited for: each compare-and-set (checked: it raises when it
+        matched no row) goes with the claim's next statement or its ``COMMIT``, in the same round
+        trip. A start that missed fails the statement, so the transaction rolls back whole and the
+        claim raises ``Conflict``, as ``_apply`` would (its candidates are locked: it cannot)."""
+        for transition in transitions:
+            statement = self.compare_and_set(transition)
+            if statement is not None:
+                tx.defer(*self.one_statement(*statement, checked=True))
+
     def __init__(self, url: str, busy_timeout_s: float = 5.0) -> None:
         if psycopg is None:
             raise errors.CorralError(
@@ -421,11 +435,12 @@ class PostgresStore(ComposedStore):
         self._probe: Any = None
         self._probe_lock = threading.Lock()
         self.connection()
-        self._tx = _PostgresTransaction(self)
+        self.autocommit = _PostgresTransaction(self)
         self._compose()
-        self._tx.pipelined = frozenset({
+        self.autocommit.pipelined = frozenset({
             self.claims.claiming_worker_sql(), ALLOCATIONS_AND_CANDIDATES, self.claims.claim_candidates_sql(),
-            self._VERSIONED_JOB, PostgresWorkers._BEAT, PostgresWorkers._BEAT_LISTING, self._RENEW_BATCH,
+            PostgresJobs._VERSIONED_JOB, PostgresJobs._RENEW_BATCH,
+            PostgresWorkers._BEAT, PostgresWorkers._BEAT_LISTING,
         })  # fmt: skip
 
     def pipeline(self) -> Pipeline:
@@ -480,14 +495,14 @@ class PostgresStore(ComposedStore):
         """Migrate under an advisory lock, so replicas starting together migrate once (waiting for
         another replica's migration as long as it takes: no lock timeout meanwhile)."""
         with self.lock:
-            self._tx.execute("SET lock_timeout = 0")
-            self._tx.execute("SELECT pg_advisory_lock(?)", (_MIGRATION_LOCK,))
+            self.autocommit.execute("SET lock_timeout = 0")
+            self.autocommit.execute("SELECT pg_advisory_lock(?)", (_MIGRATION_LOCK,))
             try:
                 super().migrate()
                 self.pipeline().names.clear()  # psycopg saw ALTERs: DEALLOCATE ALL
             finally:
-                self._tx.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
-                self._tx.execute(
+                self.autocommit.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
+                self.autocommit.execute(
                     "SELECT set_config('lock_timeout', ?, false)",
                     (str(max(1, int(self.busy_timeout_s * 1000))),),
                 )
@@ -504,7 +519,7 @@ class PostgresStore(ComposedStore):
                 outer.send_prefix()
                 try:
                     with outer.connection.transaction():
-                        yield self._tx
+                        yield self.autocommit
                 except BaseException:
                     outer.pipeline.names.clear()  # psycopg saw its ROLLBACK TO: DEALLOCATE ALL
                     raise
@@ -515,7 +530,7 @@ class PostgresStore(ComposedStore):
         try:
             with unavailable_on_connection_loss():
                 try:
-                    yield self._tx
+                    yield self.autocommit
                 except BaseException:
                     transaction.rollback()
                     raise
@@ -528,7 +543,7 @@ class PostgresStore(ComposedStore):
             local.open = None
 
     def _read(self) -> _PostgresTransaction:
-        return self._tx
+        return self.autocommit
 
     def try_lead(self, loop: str) -> bool:
         """Lead ``loop`` while the leader connection holds its advisory lock (seed 001's leader
@@ -588,7 +603,7 @@ class PostgresStore(ComposedStore):
             self._probe_lock.release()
 
     def table_columns(self) -> dict[str, tuple[str, ...]]:
-        rows = self._tx.execute(
+        rows = self.autocommit.execute(
             "SELECT table_name, column_name FROM information_schema.columns"
             " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"
         )
@@ -607,7 +622,7 @@ class PostgresStore(ComposedStore):
         return int(rows[0][0])
 
     def index_names(self) -> set[str]:
-        rows = self._tx.execute(
+        rows = self.autocommit.execute(
             "SELECT indexname FROM pg_indexes"
             " WHERE schemaname = current_schema() AND indexname NOT LIKE '%%_pkey'"
         )
@@ -618,7 +633,7 @@ class PostgresStore(ComposedStore):
     def column_definitions(self) -> dict[str, tuple[Column, ...]]:
         """Every table's columns in order, as ``schema.Column`` (types and defaults in the DDL's
         spelling: ``bytea`` is the declaration's ``BLOB``, ``''::text`` its ``''``)."""
-        rows = self._tx.execute(
+        rows = self.autocommit.execute(
             "SELECT table_name, column_name, data_type, is_nullable, column_default"
             " FROM information_schema.columns"
             " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"
@@ -635,7 +650,7 @@ class PostgresStore(ComposedStore):
         return {table: tuple(columns) for table, columns in definitions.items()}
 
     def primary_keys(self) -> dict[str, tuple[str, ...]]:
-        rows = self._tx.execute(
+        rows = self.autocommit.execute(
             "SELECT table_class.relname, pg_get_indexdef(index.indexrelid, key.position, true)"
             " FROM pg_index AS index"
             " JOIN pg_class AS table_class ON table_class.oid = index.indrelid"
@@ -652,7 +667,7 @@ class PostgresStore(ComposedStore):
         """Every index but the primary keys', as ``schema.Index``: a key is descending when bit 1
         of its ``indoption`` is set; the partial predicate is PostgreSQL's own rendering, brought
         back to the DDL's words (casts dropped, ``= ANY (ARRAY[...])`` read as ``IN (...)``)."""
-        rows = self._tx.execute(
+        rows = self.autocommit.execute(
             "SELECT index_class.relname, table_class.relname, index.indisunique,"
             " pg_get_expr(index.indpred, index.indrelid, true),"
             " pg_get_indexdef(index.indexrelid, key.position, true),"
@@ -677,8 +692,8 @@ class PostgresStore(ComposedStore):
     def explain(self, sql: str, params: Sequence[Any]) -> dict[str, Any]:
         """The root node of ``sql``'s plan (``EXPLAIN (FORMAT JSON)``) on fresh statistics, for the
         plan guard tests: each node has its ``Node Type`` and its children under ``Plans``."""
-        self._tx.execute("ANALYZE jobs")
-        rows = self._tx.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        self.autocommit.execute("ANALYZE jobs")
+        rows = self.autocommit.execute("EXPLAIN (FORMAT JSON) " + sql, params)
         plan: dict[str, Any] = rows[0][0][0]["Plan"]
         return plan
 

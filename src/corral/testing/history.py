@@ -181,12 +181,12 @@ def load(store: Store, page: int = 5000) -> tuple[list[Job], dict[str, list[JobE
     jobs: list[Job] = []
     after: tuple[float, str] | None = None
     while True:
-        batch = store.list_jobs(JobFilter(), page, after)
+        batch = store.jobs.list_jobs(JobFilter(), page, after)
         jobs.extend(batch)
         if len(batch) < page:
             break
         after = (batch[-1].submitted_at, batch[-1].id)
-    events = {job.id: store.job_events(job.id) for job in jobs}
+    events = {job.id: store.jobs.job_events(job.id) for job in jobs}
     capacities = {worker.id: worker.resources for worker in store.workers.workers()}
     return jobs, events, capacities
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from corral.core.placement import Capacity, CycleMemo, free_capacity
+from corral.core.placement import Capacity, free_capacity
+from corral.core.preemption.memo import PlannerMemo
 from corral.domain.records import Allocation, Job, Worker
 from corral.domain.resources import Resources
 
@@ -21,17 +22,17 @@ class Free:
 
 
 def capacity_at_start(
-    worker: Worker, jobs: list[Job], extra: Sequence[Allocation], memo: CycleMemo | None
+    worker: Worker, jobs: list[Job], extra: Sequence[Allocation], memo: PlannerMemo | None
 ) -> Capacity:
     """``free_capacity`` of ``worker`` after ``jobs`` and this cycle's ``extra`` reservations, from
     ``memo`` where the same jobs were counted before (a worker with a reservation of this cycle is
     counted)."""
     if memo is None or extra:
         return free_capacity(worker, [*map(allocation_of, jobs), *extra])
-    found = memo.get("planner", worker, jobs)
+    found = memo.capacity.get(worker, jobs)
     if found is None:
         found = free_capacity(worker, [allocation_of(job) for job in jobs])
-        memo.put("planner", worker, jobs, found)
+        memo.capacity.put(worker, jobs, found)
     return found
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from corral.core import fairshare
-from corral.core.placement import CycleMemo
+from corral.core.preemption.memo import PlannerMemo
 from corral.core.snapshot import PoolView
 from corral.domain.records import Allocation, Job, Worker
 
@@ -69,8 +69,8 @@ class PlanInputs:
     fair: fairshare.FairShareState | None = None
     #: the pool of each ``extra`` allocation's job, by job id (their usage counts for fair share)
     extra_pools: Mapping[str, str] = field(default_factory=dict)
-    #: the workers' free capacity from earlier plans (``placement.CycleMemo``; None: counted)
-    memo: CycleMemo | None = None
+    #: what earlier plans counted and built (None: counted and built anew)
+    memo: PlannerMemo | None = None
 
 
 def pool_kind(inputs: PlanInputs, path: str) -> str | None:

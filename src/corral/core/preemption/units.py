@@ -5,12 +5,12 @@ spent (taken by a preemption, or on a worker in its backoff)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from corral.core import fairshare
 from corral.core.preemption.capacity import Free, plus
 from corral.core.preemption.inputs import PlanInputs, pool_kind
 from corral.core.preemption.rules import cost, victim_key
+from corral.core.preemption.unit import Unit
 from corral.core.protection import why_protected
 from corral.core.snapshot import PoolView
 from corral.domain.records import Job
@@ -18,23 +18,6 @@ from corral.domain.resources import ZERO, Resources
 from corral.domain.status import Status
 
 __all__ = ["Unit", "Units", "Victims", "build_units", "started"]
-
-
-@dataclass(slots=True)
-class Unit:
-    key: str
-    jobs: tuple[Job, ...]
-    preemption_class: int
-    cost: float
-    started_at: float
-    pool: str
-    #: worker id -> what the unit frees there (resources, GPU indices)
-    frees: dict[str, tuple[Resources, tuple[int, ...]]]
-    borrowed: bool
-    #: what its jobs hold, all together
-    held: Resources = ZERO
-    #: its group for fair share (``fairshare.preemptible_units``)
-    group: fairshare.Group = fairshare.Group.NON_PREEMPTIBLE
 
 
 class Victims:
@@ -135,7 +118,7 @@ def build_units(inputs: PlanInputs, free: Mapping[str, Free]) -> dict[str, Unit]
     # the units of the last plan (``memo``): a unit whose job records are the very same objects
     # keeps what they alone decide (its jobs, class, pool, what it frees and holds); a unit lives
     # for one plan at a time, so its other fields are set anew here
-    kept: dict[str, Unit] = inputs.memo.kept("units") if inputs.memo is not None else {}
+    kept: dict[str, Unit] = inputs.memo.units if inputs.memo is not None else {}
     for job in inputs.holding:
         if job.gang_id is not None:
             gangs.setdefault(job.gang_id, []).append(job)
@@ -173,7 +156,7 @@ def build_units(inputs: PlanInputs, free: Mapping[str, Free]) -> dict[str, Unit]
             gang.group = fairshare.Group.NON_PREEMPTIBLE
             units[key] = gang
     if inputs.memo is not None:
-        inputs.memo.keep("units", units)
+        inputs.memo.units = units
     return units
 
 

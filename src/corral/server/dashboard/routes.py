@@ -70,7 +70,7 @@ def overview(request: Request) -> Response:
     state = state_of(request)
     rows = views.workers(state.store.workers)
     totals = views.gpu_totals(rows)
-    jobs = state.store.count_jobs_by_status()
+    jobs = state.store.jobs.count_jobs_by_status()
     return _render(
         request,
         "overview.html",
@@ -79,7 +79,7 @@ def overview(request: Request) -> Response:
         jobs=jobs,
         jobs_total=sum(jobs.values()),
         workers=rows,
-        pools=views.pools(state.store, fair_share_now(state)),
+        pools=views.pools(state.store.jobs, fair_share_now(state)),
         now=to_rfc3339(state.clock.now()),
     )
 
@@ -97,7 +97,7 @@ def job_list(request: Request) -> Response:
         gang_id=params.get("gang_id") or None,
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
-    jobs = views.job_list(state.store, filters, PAGE_SIZE, after)
+    jobs = views.job_list(state.store.jobs, filters, PAGE_SIZE, after)
     kept = {key: params[key] for key in ("status", "pool", "worker_id", "gang_id") if params.get(key)}
     next_link = None
     if len(jobs) == PAGE_SIZE:
@@ -116,7 +116,7 @@ def job_list(request: Request) -> Response:
 def job_page(request: Request) -> Response:
     state = state_of(request)
     job_id = request.path_params["job_id"]
-    job = state.store.get_job(job_id)
+    job = state.store.jobs.get_job(job_id)
     if job is None:
         return _not_found(request, f"job {job_id}")
     page = views.job_page(state.store, job, state.clock.now())
@@ -127,7 +127,7 @@ def job_page(request: Request) -> Response:
 def gang_page(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
-    page = views.gang_page(state.store, gang_id)
+    page = views.gang_page(state.store.jobs, gang_id)
     if page is None:
         return _not_found(request, f"gang {gang_id}")
     return _render(request, "gang.html", title=f"Gang {gang_id}", **page)
@@ -145,7 +145,7 @@ def pools_page(request: Request) -> Response:
         request,
         "pools.html",
         title="Pools",
-        pools=views.pools(state.store, fair_share_now(state)),
+        pools=views.pools(state.store.jobs, fair_share_now(state)),
         gpus=totals,
     )
 
@@ -154,21 +154,21 @@ def cancel_job(request: Request) -> Response:
     """The job page's cancel button (a form post): cancel, then back to the job page."""
     state = state_of(request)
     job_id = request.path_params["job_id"]
-    if state.store.get_job(job_id) is None:
+    if state.store.jobs.get_job(job_id) is None:
         return _not_found(request, f"job {job_id}")
     with contextlib.suppress(errors.AlreadyTerminal):  # a second click, or it ended meanwhile
-        _record_cancel(state, changes.cancel(state.store, job_id, state.clock.now()))
+        _record_cancel(state, changes.cancel(state.store.jobs, job_id, state.clock.now()))
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
 
 def cancel_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
-    tasks = state.store.gang_tasks(gang_id)
+    tasks = state.store.jobs.gang_tasks(gang_id)
     if not tasks:
         return _not_found(request, f"gang {gang_id}")
     with contextlib.suppress(errors.AlreadyTerminal):
-        _record_cancel(state, changes.cancel(state.store, tasks[0].id, state.clock.now()))
+        _record_cancel(state, changes.cancel(state.store.jobs, tasks[0].id, state.clock.now()))
     return RedirectResponse(f"/ui/gangs/{gang_id}", status_code=303)
 
 

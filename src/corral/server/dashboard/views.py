@@ -185,7 +185,7 @@ def timeline(events: list[JobEvent], now: float) -> list[Segment]:
 
 
 def job_page(store: Store, job: Job, now: float) -> dict[str, Any]:
-    events = store.job_events(job.id)
+    events = store.jobs.job_events(job.id)
     workers_list, allocations, holds = [], [], []
     if job.status == Status.PENDING:
         workers_list = store.workers.workers()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.core import admission, cycle
+from corral.core.admission import CycleMemo
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
-from corral.core.placement import CycleMemo
 from corral.core.preemption import Preemption, PreemptionSettings
 from corral.domain import pools
 from corral.domain.records import Hold, Job, Reason
@@ -160,7 +160,7 @@ class StoreEffects:
     def roll_back_gang(self, rollback: Rollback) -> bool:
         state = self.state
         started, completion, rolled = changes.roll_back_stale(
-            state.store, rollback.gang_id, self.now, state.settings.reservation_timeout_s
+            state.store.jobs, rollback.gang_id, self.now, state.settings.reservation_timeout_s
         )
         if started is not None:
             record_drain(state, started)
@@ -200,7 +200,9 @@ class StoreEffects:
 
     def roll_back_single(self, job_id: str) -> bool:
         state = self.state
-        rolled = changes.roll_back_single(state.store, job_id, self.now, state.settings.reservation_timeout_s)
+        rolled = changes.roll_back_single(
+            state.store.jobs, job_id, self.now, state.settings.reservation_timeout_s
+        )
         if rolled is None:
             return False
         logger.warning("reservation rolled back", extra={"job_id": job_id})
@@ -240,7 +242,7 @@ class StoreEffects:
         # Only where the snapshot showed another reason; the core decides again on each locked row.
         said = self.plan.said
         changed = [(job_id, reason) for job_id, reason in notes if said.get(job_id) != reason]
-        changes.note_singles_waiting(self.state.store, changed, self.now)
+        changes.note_singles_waiting(self.state.store.jobs, changed, self.now)
 
     def replace_holds(self, holds: Sequence[Hold]) -> None:
         # Compared with the table, not with this replica's memory: holds written by a leader that
@@ -254,4 +256,4 @@ class StoreEffects:
         # changes nothing); the core decides again on the locked rows.
         for each in waiting:
             if any(reason != each.reason for reason in self.plan.gang_reasons.get(each.gang_id, ())):
-                changes.note_waiting(self.state.store, each.gang_id, each.reason, self.now)
+                changes.note_waiting(self.state.store.jobs, each.gang_id, each.reason, self.now)

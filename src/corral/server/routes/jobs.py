@@ -48,7 +48,7 @@ from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
 from corral.server.state import ServerState, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
-from corral.store.ports import Jobs
+from corral.store.ports import Store
 
 logger = logging.getLogger("corral.server.jobs")
 
@@ -115,7 +115,7 @@ def _store_submission(
         specs = [decode_body(body, SubmitBody).to_domain()]
     if owner is not None:
         specs = [dataclasses.replace(spec, user=owner) for spec in specs]
-    return specs, state.store.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
+    return specs, state.store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint)
 
 
 async def submit(request: Request) -> Response:
@@ -184,7 +184,7 @@ def _job_page(
     principal: Principal | None,
 ) -> Response:
     """Read and encode a page (on a store thread)."""
-    jobs = state.store.list_jobs(filters, limit, after)
+    jobs = state.store.jobs.list_jobs(filters, limit, after)
     next_cursor = _encode_cursor(jobs[-1]) if len(jobs) == limit else None
     # Not checked against JobPage item by item: 5,000 jobs would cost ~50 ms of validation; the
     # items are the same job_to_wire as every single-job answer, which is checked.
@@ -193,7 +193,7 @@ def _job_page(
 
 
 def job_chunk(
-    store: Jobs,
+    store: Store,
     memory: dict[str, Any],
     filters: JobFilter,
     limit: int,
@@ -203,7 +203,7 @@ def job_chunk(
     """Up to ``limit`` jobs after ``after``, encoded as JSON array items (no brackets), as the
     caller may see them; how many, and the last one's place in the order (by the reader process,
     or a store thread)."""
-    jobs = store.list_jobs(filters, limit, after)
+    jobs = store.jobs.list_jobs(filters, limit, after)
     encoded = b",".join(orjson.dumps(redact_job(job_to_wire(job), principal)) for job in jobs)
     return encoded, len(jobs), (jobs[-1].submitted_at, jobs[-1].id) if jobs else None
 
@@ -236,7 +236,7 @@ async def _streamed_page(
 
 
 def _job_or_404(state: ServerState, job_id: str) -> Job:
-    job = state.store.get_job(job_id)
+    job = state.store.jobs.get_job(job_id)
     if job is None:
         raise errors.NotFound(f"job {job_id} not found")
     return job
@@ -260,7 +260,9 @@ async def job_events(request: Request) -> Response:
 
 def _events(state: ServerState, job_id: str) -> Response:
     _job_or_404(state, job_id)
-    return answer(EventsAnswer, {"items": [event_to_wire(event) for event in state.store.job_events(job_id)]})
+    return answer(
+        EventsAnswer, {"items": [event_to_wire(event) for event in state.store.jobs.job_events(job_id)]}
+    )
 
 
 async def why(request: Request) -> Response:
@@ -316,14 +318,14 @@ async def cancel_job(request: Request) -> Response:
 
 
 def _cancel(state: ServerState, job_id: str, now: float) -> tuple[tuple[Job, ...], Job]:
-    changed = changes.cancel(state.store, job_id, now)
-    current = state.store.get_job(job_id)
+    changed = changes.cancel(state.store.jobs, job_id, now)
+    current = state.store.jobs.get_job(job_id)
     assert current is not None
     return changed, current
 
 
 def _gang_or_404(state: ServerState, gang_id: str) -> list[Job]:
-    tasks = state.store.gang_tasks(gang_id)
+    tasks = state.store.jobs.gang_tasks(gang_id)
     if not tasks:
         raise errors.NotFound(f"gang {gang_id} not found")
     return tasks
@@ -357,8 +359,8 @@ async def cancel_gang(request: Request) -> Response:
 
 def _cancel_gang(state: ServerState, gang_id: str, now: float) -> tuple[tuple[Job, ...], list[Job]]:
     tasks = _gang_or_404(state, gang_id)
-    changed = changes.cancel(state.store, tasks[0].id, now)
-    return changed, state.store.gang_tasks(gang_id)
+    changed = changes.cancel(state.store.jobs, tasks[0].id, now)
+    return changed, state.store.jobs.gang_tasks(gang_id)
 
 
 async def gang_events(request: Request) -> Response:
@@ -374,7 +376,7 @@ def _gang_events(state: ServerState, gang_id: str) -> Response:
     told: list[tuple[float, int, int, dict[str, Any]]] = []
     for task in _gang_or_404(state, gang_id):
         rank = task.gang_index or 0
-        for seq, event in enumerate(state.store.job_events(task.id)):
+        for seq, event in enumerate(state.store.jobs.job_events(task.id)):
             wire = {**event_to_wire(event), "job_id": task.id, "gang_index": task.gang_index}
             told.append((event.at, seq, rank, wire))
     told.sort(key=lambda item: item[:3])

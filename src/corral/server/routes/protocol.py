@@ -86,7 +86,7 @@ def claim_env(state: ServerState, job: Job, server_url: str, tasks: list[Job] | 
     if job.has_checkpoint or any(task.has_checkpoint for task in tasks or ()):
         env["CORRAL_RESUME"] = "1"
     if job.has_checkpoint:
-        data = state.store.get_checkpoint(job.id)
+        data = state.store.jobs.get_checkpoint(job.id)
         if data is not None and len(data) <= CHECKPOINT_ENV_MAX_BYTES:
             env["CHECKPOINT_DATA"] = base64.b64encode(data).decode()
     return env
@@ -242,11 +242,11 @@ MAX_REPORTS = 64
 
 
 def _change_many(state: ServerState, group: list[tuple[str, JobDecision[Any]]]) -> list[Any]:
-    return state.store.change_many(group)
+    return state.store.jobs.change_many(group)
 
 
 def _change(state: ServerState, item: tuple[str, JobDecision[Any]]) -> Any:
-    return state.store.change(*item)
+    return state.store.jobs.change(*item)
 
 
 #: the group commit of job reports (``done``, ``fail``): the reports of one event-loop turn, applied
@@ -258,7 +258,7 @@ REPORTS: Batch[ServerState, tuple[str, JobDecision[Any]], Any] = Batch(
 
 def claim_body(state: ServerState, job: Job, server_url: str) -> dict[str, Any]:
     """A claimed job's answer: the job, its attempt, its environment and its gang's checkpoints."""
-    tasks = state.store.gang_tasks(job.gang_id) if job.gang_id is not None else None
+    tasks = state.store.jobs.gang_tasks(job.gang_id) if job.gang_id is not None else None
     body = job_to_wire(job)
     body["attempt"] = job.attempts
     body["env"] = claim_env(state, job, server_url, tasks)
@@ -280,7 +280,7 @@ async def job_heartbeat(request: Request) -> Response:
     action = await state.executor.run(
         Work.SHORT,
         changes.heartbeat,
-        state.store,
+        state.store.jobs,
         request.path_params["job_id"],
         worker_id,
         attempt,
@@ -369,7 +369,7 @@ async def preempted(request: Request) -> Response:
     reported = await state.executor.run(
         Work.SHORT,
         changes.acknowledge_stop,
-        state.store,
+        state.store.jobs,
         request.path_params["job_id"],
         worker_id,
         attempt,
@@ -396,7 +396,7 @@ async def watchdog(request: Request) -> Response:
     reported = await state.executor.run(
         Work.SHORT,
         changes.report_trip,
-        state.store,
+        state.store.jobs,
         request.path_params["job_id"],
         worker_id,
         attempt,
@@ -439,7 +439,7 @@ async def upload_checkpoint(request: Request) -> Response:
     accepted = await state.executor.run(
         Work.STORE,
         changes.save_checkpoint,
-        state.store,
+        state.store.jobs,
         request.path_params["job_id"],
         worker_id,
         attempt,
@@ -466,7 +466,9 @@ async def upload_checkpoint(request: Request) -> Response:
 
 async def download_checkpoint(request: Request) -> Response:
     state = state_of(request)
-    data = await state.executor.run(Work.STORE, state.store.get_checkpoint, request.path_params["job_id"])
+    data = await state.executor.run(
+        Work.STORE, state.store.jobs.get_checkpoint, request.path_params["job_id"]
+    )
     if data is None:
         return Response(status_code=204)
     return Response(data, media_type="application/octet-stream")

@@ -156,7 +156,7 @@ def _beat(
     jobs = {}
     if beats:
         jobs = changes.heartbeat_jobs(
-            state.store, worker_id, now, beats, settings.checkpoint_timeout_s, settings.max_deferral_s
+            state.store.jobs, worker_id, now, beats, settings.checkpoint_timeout_s, settings.max_deferral_s
         )
     return applied, jobs
 
