@@ -36,8 +36,10 @@ def test_jobs_order_must_be_oldest_or_newest(api):
 
 
 def test_jobs_of_one_user(api, clock):
-    alice = [submit(api, user="alice")["id"] for _ in range(2)]
-    clock.advance(1)
+    alice = []
+    for _ in range(2):
+        alice.append(submit(api, user="alice")["id"])
+        clock.advance(1)  # the list orders by submission time, then id
     submit(api, user="bob")
     alice.append(submit(api, user="alice", gang_size=2)["tasks"][0])
     listed = api.get("/jobs", params={"user": "alice", "order": "newest", "status": "pending"}).json()
