@@ -26,11 +26,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from corral.client_errors import DEFAULT_SERVER, ApiError, ClientError, ServerUnreachable
-from corral.transport import Response, Transport, TransportError
+from corral.http_response import Response, TransportError
 
 __all__ = ["DEFAULT_SERVER", "ApiError", "Client", "ClientError", "LogChunk", "ServerUnreachable"]
 
 if TYPE_CHECKING:
+    from corral.oneshot import OneShotTransport
     from corral.protocol.answers import (
         Answer,
         CheckpointSaved,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         WhyAnswer,
         WorkerAnswer,
     )
+    from corral.transport import Transport
 
 AnswerT = TypeVar("AnswerT", bound="Answer")
 
@@ -54,10 +56,12 @@ AnswerT = TypeVar("AnswerT", bound="Answer")
 class Client:
     """``token``: sent as ``Authorization: Bearer`` on every request; None reads ``CORRAL_TOKEN``
     (unset or empty: no token, for a server without authentication). ``busy_retry_s``: how long a
-    503 with ``Retry-After`` (a busy store) is sent again. ``plain_json``: the standard library's
-    ``json`` instead of orjson: slower per answer, but orjson imports ``dataclasses``, ``uuid``
-    and more, a fifth of a short CLI command's start-up; the CLI, which makes a call or two per
-    run, takes it, a worker (thousands of calls) does not."""
+    503 with ``Retry-After`` (a busy store) is sent again. ``light``: for a short-lived process
+    that makes a call or two (the CLI): the standard library's ``json`` instead of orjson (slower
+    per answer, but orjson imports ``dataclasses``, ``uuid`` and more), and for ``http://`` a
+    connection per request on a plain socket (``corral.oneshot``) instead of ``http.client``'s
+    pool, whose import is a third of a short command's start-up (issue 23). A worker, with
+    thousands of calls, keeps the defaults."""
 
     def __init__(
         self,
@@ -65,12 +69,12 @@ class Client:
         timeout_s: float = 30.0,
         token: str | None = None,
         busy_retry_s: float = 20.0,
-        plain_json: bool = False,
+        light: bool = False,
     ) -> None:
         self.server = server.rstrip("/")
         self._dumps: Callable[[Any], bytes]
         self._loads: Callable[[bytes], Any]
-        if plain_json:
+        if light:
             self._dumps, self._loads = _plain_dumps, json.loads
         else:
             import orjson
@@ -78,9 +82,16 @@ class Client:
             self._dumps, self._loads = orjson.dumps, orjson.loads
         if token is None:
             token = os.environ.get("CORRAL_TOKEN", "").strip()
-        self._http = Transport(
-            self.server, timeout_s, {"authorization": f"Bearer {token}"} if token else None
-        )
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self._http: Transport | OneShotTransport
+        if light and self.server.startswith("http://"):
+            from corral.oneshot import OneShotTransport
+
+            self._http = OneShotTransport(self.server, timeout_s, headers)
+        else:
+            from corral.transport import Transport
+
+            self._http = Transport(self.server, timeout_s, headers)
         self.busy_retry_s = busy_retry_s
 
     def __enter__(self) -> Client:

@@ -17,40 +17,12 @@ import http.client
 import threading
 from urllib.parse import urlencode, urlsplit
 
-CONNECT_TIMEOUT_S = 5.0
+from corral.http_response import CONNECT_TIMEOUT_S, Response, TransportError
+
+__all__ = ["CONNECT_TIMEOUT_S", "MAX_IDLE", "Response", "Transport", "TransportError"]
+
 #: idle connections kept for reuse; more are closed when they are put back
 MAX_IDLE = 16
-
-
-class TransportError(Exception):
-    """The server could not be reached, or the connection broke before an answer came."""
-
-
-class Response:
-    """An answer: status, body and headers (names lower-cased). A plain class, not a dataclass:
-    ``dataclasses`` (with ``inspect`` and ``ast``) is a third of what ``corral jobs`` would
-    otherwise import before its first request (issue 23)."""
-
-    __slots__ = ("content", "headers", "reason_phrase", "status_code")
-
-    def __init__(
-        self,
-        status_code: int,
-        content: bytes,
-        reason_phrase: str = "",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.status_code = status_code
-        self.content = content
-        self.reason_phrase = reason_phrase
-        self.headers = headers if headers is not None else {}
-
-    def __repr__(self) -> str:
-        return f"Response({self.status_code}, {len(self.content)} bytes)"
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
 
 
 class Transport:

@@ -2,7 +2,9 @@
 
 Each check runs in a fresh interpreter, so what an earlier test imported cannot hide an import.
 What must stay out: the simulator, the scheduling core, the store, the server, the settings, the
-wire models and pydantic (about 1.2 s of imports together before issue 23), and httpx.
+wire models and pydantic (about 1.2 s of imports together before issue 23), and httpx; and, for a
+command against an ``http://`` server, ``http.client`` (with ``email`` and ``ssl``) and orjson
+(with ``dataclasses`` and ``uuid``): ``Client(light=True)``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ HEAVY = (
     "corral.protocol.answers",
     "pydantic",
     "httpx",
+    "http.client",
+    "email",
+    "ssl",
+    "orjson",
+    "dataclasses",
 )
 
 PROBE = """

@@ -57,7 +57,7 @@ def key_value(text: str) -> tuple[str, str]:
 
 def connect(arguments: argparse.Namespace) -> Client:
     """The SDK client for ``--server``: every server call of the CLI goes through it. (Imported
-    here: ``corral --help`` needs no HTTP stack. The standard library's JSON: see ``Client``.)"""
+    here: ``corral --help`` needs no HTTP stack. ``light``: see ``Client``.)"""
     from corral.client import Client
 
-    return Client(arguments.server, plain_json=True)
+    return Client(arguments.server, light=True)
