@@ -2,10 +2,14 @@
 
 Every answer comes back as its model of the wire contract (``corral.protocol.answers``): a
 ``JobAnswer``, a ``WorkerAnswer``, a ``ClaimAnswer``... The CLI and the worker use it too, so the
-SDK is exercised by every end-to-end test. Errors come back as ``ApiError`` with the server's stable
-``code`` (``bad_response`` for an answer that is not JSON or breaks its model); a server that cannot
-be reached is ``ServerUnreachable``. A 503 with ``Retry-After`` (a busy store: nothing was changed)
-is sent again after the time it says, for up to ``busy_retry_s`` in all, before it is an error.
+SDK is exercised by every end-to-end test. The models (pydantic) are imported at the first answer
+that needs one, not with this module: ``request_json`` answers plain data, which is all the CLI's
+everyday commands need, so ``corral jobs`` starts without pydantic (issue 23).
+
+Errors come back as ``ApiError`` with the server's stable ``code`` (``bad_response`` for an answer
+that is not JSON or breaks its model); a server that cannot be reached is ``ServerUnreachable``. A
+503 with ``Retry-After`` (a busy store: nothing was changed) is sent again after the time it says,
+for up to ``busy_retry_s`` in all, before it is an error.
 
     from corral.client import Client
     with Client("http://127.0.0.1:8765") as corral:
@@ -15,62 +19,38 @@ is sent again after the time it says, for up to ``busy_retry_s`` in all, before 
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-import orjson
-from pydantic import ValidationError
+from corral.client_errors import DEFAULT_SERVER, ApiError, ClientError, ServerUnreachable
+from corral.http_response import Response, TransportError
 
-from corral.protocol.answers import (
-    Answer,
-    CheckpointSaved,
-    ClaimAnswer,
-    ClaimsAnswer,
-    EventAnswer,
-    EventsAnswer,
-    GangAnswer,
-    GangSubmitted,
-    HealthAnswer,
-    HeartbeatAnswer,
-    JobAnswer,
-    JobPage,
-    LogAppendedAnswer,
-    PoolAnswer,
-    PoolPage,
-    WhyAnswer,
-    WorkerAnswer,
-    WorkerPage,
-)
-from corral.transport import Response, Transport, TransportError
+__all__ = ["DEFAULT_SERVER", "ApiError", "Client", "ClientError", "LogChunk", "ServerUnreachable"]
 
-AnswerT = TypeVar("AnswerT", bound=Answer)
+if TYPE_CHECKING:
+    from corral.oneshot import OneShotTransport
+    from corral.protocol.answers import (
+        Answer,
+        CheckpointSaved,
+        ClaimAnswer,
+        EventAnswer,
+        GangAnswer,
+        GangSubmitted,
+        HealthAnswer,
+        HeartbeatAnswer,
+        JobAnswer,
+        JobPage,
+        LogAppendedAnswer,
+        PoolAnswer,
+        WhyAnswer,
+        WorkerAnswer,
+    )
+    from corral.transport import Transport
 
-DEFAULT_SERVER = "http://127.0.0.1:8765"
-
-
-class ClientError(Exception):
-    """Base of the SDK's errors."""
-
-
-class ServerUnreachable(ClientError):
-    def __init__(self, url: str, error: Exception) -> None:
-        super().__init__(f"cannot reach corral server at {url}: {error}")
-        self.url = url
-
-
-class ApiError(ClientError):
-    """The server answered with an error status and envelope, or (code ``bad_response``) with an
-    answer the SDK could not read; ``body`` is the decoded answer when there was one."""
-
-    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.body = body
+AnswerT = TypeVar("AnswerT", bound="Answer")
 
 
 class Client:
@@ -78,7 +58,12 @@ class Client:
     (unset or empty: no token, for a server without authentication). ``ca_file``: the CA
     certificate an ``https://`` server's certificate must chain to; None reads ``CORRAL_CA_FILE``
     (unset or empty: the system's trust store). ``busy_retry_s``: how long a 503 with
-    ``Retry-After`` (a busy store) is sent again."""
+    ``Retry-After`` (a busy store) is sent again. ``light``: for a short-lived process that makes a
+    call or two (the CLI): the standard library's ``json`` instead of orjson (slower per answer,
+    but orjson imports ``dataclasses``, ``uuid`` and more), and for ``http://`` a connection per
+    request on a plain socket (``corral.oneshot``) instead of ``http.client``'s pool, whose import
+    is a third of a short command's start-up (issue 23). A worker, with thousands of calls, keeps
+    the defaults."""
 
     def __init__(
         self,
@@ -87,15 +72,31 @@ class Client:
         token: str | None = None,
         busy_retry_s: float = 20.0,
         ca_file: str | None = None,
+        light: bool = False,
     ) -> None:
         self.server = server.rstrip("/")
+        self._dumps: Callable[[Any], bytes]
+        self._loads: Callable[[bytes], Any]
+        if light:
+            self._dumps, self._loads = _plain_dumps, json.loads
+        else:
+            import orjson
+
+            self._dumps, self._loads = orjson.dumps, orjson.loads
         if token is None:
             token = os.environ.get("CORRAL_TOKEN", "").strip()
+        headers = {"authorization": f"Bearer {token}"} if token else None
         if ca_file is None:
             ca_file = os.environ.get("CORRAL_CA_FILE", "").strip() or None
-        self._http = Transport(
-            self.server, timeout_s, {"authorization": f"Bearer {token}"} if token else None, ca_file
-        )
+        self._http: Transport | OneShotTransport
+        if light and self.server.startswith("http://"):
+            from corral.oneshot import OneShotTransport
+
+            self._http = OneShotTransport(self.server, timeout_s, headers)
+        else:
+            from corral.transport import Transport
+
+            self._http = Transport(self.server, timeout_s, headers, ca_file)
         self.busy_retry_s = busy_retry_s
 
     def __enter__(self) -> Client:
@@ -118,7 +119,7 @@ class Client:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Response:
-        content = body if isinstance(body, bytes) else orjson.dumps(body) if body is not None else None
+        content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
         give_up = time.monotonic() + self.busy_retry_s
         while True:
             try:
@@ -133,6 +134,19 @@ class Client:
             raise _api_error(response)
         return response
 
+    def request_json(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """The decoded answer as plain JSON data, read into no model (None for an empty answer):
+        for callers that only print it, like the CLI's everyday commands, which then start
+        without pydantic. Errors as for every call."""
+        return self._decode(self.request(method, path, body, params=params, headers=headers))
+
     def _answer(
         self, model: type[AnswerT], method: str, path: str, body: Any = None, **kwargs: Any
     ) -> AnswerT:
@@ -145,8 +159,8 @@ class Client:
         if response.status_code == 204 or not response.content:
             return None
         try:
-            return orjson.loads(response.content)
-        except orjson.JSONDecodeError as error:
+            return self._loads(response.content)
+        except json.JSONDecodeError as error:  # orjson's error is a subclass
             raise ApiError(response.status_code, "bad_response", f"answer is not JSON: {error}") from error
 
     # --- jobs and gangs --------------------------------------------------------------------
@@ -169,6 +183,8 @@ class Client:
         return [_submitted(response, item) for item in items]
 
     def list_jobs_page(self, limit: int = 500, after: str | None = None, **filters: Any) -> JobPage:
+        from corral.protocol.answers import JobPage
+
         params = {key: value for key, value in filters.items() if value is not None}
         params["limit"] = limit
         if after:
@@ -186,15 +202,23 @@ class Client:
                 return
 
     def get_job(self, job_id: str) -> JobAnswer:
+        from corral.protocol.answers import JobAnswer
+
         return self._answer(JobAnswer, "GET", f"/jobs/{job_id}")
 
     def events(self, job_id: str) -> list[EventAnswer]:
+        from corral.protocol.answers import EventsAnswer
+
         return self._answer(EventsAnswer, "GET", f"/jobs/{job_id}/events").items
 
     def why(self, job_id: str) -> WhyAnswer:
+        from corral.protocol.answers import WhyAnswer
+
         return self._answer(WhyAnswer, "GET", f"/jobs/{job_id}/why")
 
     def cancel(self, job_id: str) -> JobAnswer:
+        from corral.protocol.answers import JobAnswer
+
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/cancel")
 
     def logs(self, job_id: str, attempt: int | None = None, offset: int = 0) -> LogChunk:
@@ -229,42 +253,84 @@ class Client:
             time.sleep(poll_s)
 
     def gang(self, gang_id: str) -> GangAnswer:
+        from corral.protocol.answers import GangAnswer
+
         return self._answer(GangAnswer, "GET", f"/gangs/{gang_id}")
 
     def cancel_gang(self, gang_id: str) -> GangAnswer:
+        from corral.protocol.answers import GangAnswer
+
         return self._answer(GangAnswer, "POST", f"/gangs/{gang_id}/cancel")
+
+    def gang_events(self, gang_id: str) -> list[EventAnswer]:
+        """Every task's events in time order, each naming its task (``job_id``, ``gang_index``)."""
+        from corral.protocol.answers import EventsAnswer
+
+        return self._answer(EventsAnswer, "GET", f"/gangs/{gang_id}/events").items
+
+    def gang_why(self, gang_id: str) -> WhyAnswer:
+        """The gang's status and the reasons of its most telling task (named by ``job_id``)."""
+        from corral.protocol.answers import WhyAnswer
+
+        return self._answer(WhyAnswer, "GET", f"/gangs/{gang_id}/why")
 
     # --- workers ---------------------------------------------------------------------------
 
     def register_worker(self, registration: dict[str, Any]) -> WorkerAnswer:
+        from corral.protocol.answers import WorkerAnswer
+
         return self._answer(WorkerAnswer, "POST", "/workers/register", registration)
 
     def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
         self.request("POST", f"/workers/{worker_id}/heartbeat", body or {})
 
     def workers(self) -> list[WorkerAnswer]:
+        from corral.protocol.answers import WorkerPage
+
         return self._answer(WorkerPage, "GET", "/workers").items
 
     def worker(self, worker_id: str) -> WorkerAnswer:
+        from corral.protocol.answers import WorkerAnswer
+
         return self._answer(WorkerAnswer, "GET", f"/workers/{worker_id}")
 
     def drain_worker(self, worker_id: str) -> WorkerAnswer:
+        from corral.protocol.answers import WorkerAnswer
+
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/drain")
 
     def undrain_worker(self, worker_id: str) -> WorkerAnswer:
+        from corral.protocol.answers import WorkerAnswer
+
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/undrain")
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget an offline worker that holds no job (admin); ``ApiError`` 409 otherwise."""
+        self.request("DELETE", f"/workers/{worker_id}")
+
+    def leave_worker(self, worker_id: str) -> WorkerAnswer:
+        """Say the worker is stopping: the server shows it offline at once."""
+        from corral.protocol.answers import WorkerAnswer
+
+        return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/leave")
 
     # --- pools -----------------------------------------------------------------------------
 
     def pools(self) -> list[PoolAnswer]:
         """Every pool (stored, implied by a descendant, or named by a job), in path order."""
+        from corral.protocol.answers import PoolPage
+
         return self._answer(PoolPage, "GET", "/pools").items
 
     def pool(self, path: str) -> PoolAnswer:
+        from corral.protocol.answers import PoolAnswer
+
         return self._answer(PoolAnswer, "GET", f"/pools/{path}")
 
     def put_pool(self, path: str, body: dict[str, Any] | None = None) -> PoolAnswer:
         """Create or replace the pool's settings (a setting left out is inherited; see API.md)."""
+        from corral.protocol.answers import PoolAnswer
+
         return self._answer(PoolAnswer, "PUT", f"/pools/{path}", body or {})
 
     def delete_pool(self, path: str) -> None:
@@ -280,6 +346,8 @@ class Client:
         Retry a claim that got no answer (``ServerUnreachable``, a 5xx) with the same
         ``idempotency_key``: if the first one started a run, the retry answers that run again
         instead of leaving it to be lost with its lease."""
+        from corral.protocol.answers import ClaimAnswer
+
         response = self._claim_request(worker_id, wait_s, idempotency_key, None)
         data = self._decode(response)
         return None if data is None else _parse(ClaimAnswer, response, data)
@@ -290,6 +358,8 @@ class Client:
         """Claim up to ``limit`` (1 to 64) jobs that fit the worker together, started in one
         server transaction (``GET /jobs/next?max=``): each as ``claim`` answers it; empty when none.
         ``idempotency_key`` as for ``claim``."""
+        from corral.protocol.answers import ClaimsAnswer
+
         response = self._claim_request(worker_id, wait_s, idempotency_key, limit)
         data = self._decode(response)
         return [] if data is None else list(_parse(ClaimsAnswer, response, data).items)
@@ -308,10 +378,14 @@ class Client:
     def job_heartbeat(
         self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
     ) -> HeartbeatAnswer:
+        from corral.protocol.answers import HeartbeatAnswer
+
         params = {"worker_id": worker_id, "attempt": attempt}
         return self._answer(HeartbeatAnswer, "POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
 
     def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
+        from corral.protocol.answers import JobAnswer
+
         params = {"worker_id": worker_id, "attempt": attempt}
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/done", {}, params=params)
 
@@ -336,6 +410,8 @@ class Client:
         (the worker stopped it for its own reasons, e.g. a shutdown past its timeout); ``reason``
         a failure code of API.md (``no_such_account``, ``workdir_unavailable``: not retried;
         ``oom_killed``: retried like any failure)."""
+        from corral.protocol.answers import JobAnswer
+
         params = {"worker_id": worker_id, "attempt": attempt}
         body: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
         if release:
@@ -349,6 +425,8 @@ class Client:
     ) -> JobAnswer:
         """Report a watchdog trip (``budget`` / ``stall`` / ``gpu_health``) after stopping the job.
         Returns the job: re-queued at the front of the queue, or failed past the retry cap."""
+        from corral.protocol.answers import JobAnswer
+
         params = {"worker_id": worker_id, "attempt": attempt}
         body = {"kind": kind, "detail": detail}
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/watchdog", body, params=params)
@@ -359,12 +437,19 @@ class Client:
         """Store the checkpoint a job wrote (opaque bytes), for its next attempt. With ``epoch``:
         from a stop the server asked for; without: from the attempt however it ended, before its
         final report."""
+        from corral.protocol.answers import CheckpointSaved
+
         params: dict[str, Any] = {"worker_id": worker_id, "attempt": attempt}
         if epoch is not None:
             params["epoch"] = epoch
         headers = {"content-type": "application/octet-stream"}
         return self._answer(
-            CheckpointSaved, "POST", f"/jobs/{job_id}/checkpoint", data, params=params, headers=headers
+            CheckpointSaved,
+            "POST",
+            f"/jobs/{job_id}/checkpoint",
+            data,
+            params=params,
+            headers=headers,
         )
 
     def download_checkpoint(self, job_id: str) -> bytes | None:
@@ -377,6 +462,8 @@ class Client:
     ) -> LogAppendedAnswer:
         """Send output of the attempt starting at byte ``offset`` of its stream; a retry of a chunk
         already stored is accepted once (``accepted`` 0)."""
+        from corral.protocol.answers import LogAppendedAnswer
+
         params = {"worker_id": worker_id, "attempt": attempt, "offset": offset}
         headers = {"content-type": "application/octet-stream"}
         return self._answer(
@@ -384,13 +471,21 @@ class Client:
         )
 
     def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> JobAnswer:
+        from corral.protocol.answers import JobAnswer
+
         params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/preempted", params=params)
 
     # --- operations ------------------------------------------------------------------------
 
     def health(self) -> HealthAnswer:
+        from corral.protocol.answers import HealthAnswer
+
         return self._answer(HealthAnswer, "GET", "/health")
+
+
+def _plain_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _retry_after(response: Response) -> float | None:
@@ -407,6 +502,8 @@ def _retry_after(response: Response) -> float | None:
 
 
 def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -418,8 +515,7 @@ def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:
         ) from error  # fmt: skip
 
 
-@dataclass(frozen=True)
-class LogChunk:
+class LogChunk(NamedTuple):
     """Bytes of one attempt's output: ``data`` starts at byte ``start`` of its stream; ``size`` is
     where the stored stream ended when read, ``dropped`` how many of its first bytes are gone."""
 
@@ -452,6 +548,8 @@ def _log_chunk(response: Response) -> LogChunk:
 
 def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:
     """A submit's item: a gang's ``{gang_id, tasks}``, else the job."""
+    from corral.protocol.answers import GangSubmitted, JobAnswer
+
     if isinstance(data, dict) and "command" not in data and "gang_id" in data:
         return _parse(GangSubmitted, response, data)
     return _parse(JobAnswer, response, data)
@@ -459,7 +557,7 @@ def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:
 
 def _api_error(response: Response) -> ApiError:
     try:
-        envelope = orjson.loads(response.content)["error"]
+        envelope = json.loads(response.content)["error"]
         return ApiError(response.status_code, envelope["code"], envelope["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         return ApiError(response.status_code, "http_error", response.text[:200] or response.reason_phrase)

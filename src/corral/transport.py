@@ -22,21 +22,22 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
-from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit
 
-CONNECT_TIMEOUT_S = 5.0
+from corral.http_response import CONNECT_TIMEOUT_S, Response, TlsError, TransportError
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "MAX_IDLE",
+    "Response",
+    "TlsError",
+    "Transport",
+    "TransportError",
+    "tls_context",
+]
+
 #: idle connections kept for reuse; more are closed when they are put back
 MAX_IDLE = 16
-
-
-class TransportError(Exception):
-    """The server could not be reached, or the connection broke before an answer came."""
-
-
-class TlsError(TransportError):
-    """The connection could not be secured: the server's certificate is not trusted, the CA file
-    cannot be read, or the client and the server disagree on whether to speak TLS at all."""
 
 
 def tls_context(ca_file: str | None) -> ssl.SSLContext:
@@ -52,18 +53,6 @@ def tls_context(ca_file: str | None) -> ssl.SSLContext:
         raise TlsError(
             f"cannot read the CA file {ca_file} (CORRAL_CA_FILE): {error.strerror or error}"
         ) from error
-
-
-@dataclass
-class Response:
-    status_code: int
-    content: bytes
-    reason_phrase: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
 
 
 class Transport:

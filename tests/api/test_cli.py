@@ -90,9 +90,8 @@ def test_submit_json_and_gang(server, client, capsys):
 
     code, out, _ = corral(server, capsys, "submit", "--gang-size", "3", "--", "hostname")
     assert code == 0
-    gang_id, *tasks = out.split()
-    assert gang_id.startswith("g-") and len(tasks) == 3
-    assert [task["id"] for task in client.gang(gang_id)["tasks"]] == tasks
+    (gang_id,) = out.split()  # one id, so `G=$(corral submit ...)` holds the gang's
+    assert gang_id.startswith("g-") and len(client.gang(gang_id)["tasks"]) == 3
 
     answer = corral_json(server, capsys, "submit", "--gang-size", "2", "--", "hostname")
     assert answer["gang_id"].startswith("g-") and len(answer["tasks"]) == 2
@@ -179,23 +178,27 @@ def test_server_flag_before_the_command_and_from_the_environment(server, capsys,
 
 
 def test_jobs_table_filters_and_json(server, client, clock, capsys):
-    first = client.submit({"command": "python train.py", "name": "trainer", "resources": {"gpus": 2}})
+    first = client.submit(
+        {"command": "python train.py", "name": "trainer", "resources": {"gpus": 2}, "user": "alice"}
+    )
     clock.advance(1)  # the API orders by submission time, then id
     second = client.submit({"command": "echo " + "x" * 100, "pool": "team/a"})
     code, out, _ = corral(server, capsys, "jobs")
     assert code == 0
     header, *rows = out.splitlines()
     assert header.split() == list(jobs.HEADERS)
-    assert [row.split()[0] for row in rows] == [first["id"], second["id"]]
-    assert rows[0].split()[1:4] == ["pending", "0", "2"]
-    assert "trainer" in rows[0]
-    assert "x" * 100 not in rows[1] and "…" in rows[1]
+    assert [row.split()[0] for row in rows] == [second["id"], first["id"]]  # newest first
+    assert rows[1].split()[1:5] == ["pending", "alice", "0", "2"]
+    assert "trainer" in rows[1]
+    assert "x" * 100 not in rows[0] and "…" in rows[0]
 
     code, out, _ = corral(server, capsys, "jobs", "--pool", "team/a")
     assert [row.split()[0] for row in out.splitlines()[1:]] == [second["id"]]
+    code, out, _ = corral(server, capsys, "jobs", "--oldest")
+    assert [row.split()[0] for row in out.splitlines()[1:]] == [first["id"], second["id"]]
 
     page = corral_json(server, capsys, "jobs", "--status", "pending,running")
-    assert [job["id"] for job in page["items"]] == [first["id"], second["id"]]
+    assert [job["id"] for job in page["items"]] == [second["id"], first["id"]]
     assert page["next"] is None
     assert corral_json(server, capsys, "jobs", "--status", "done")["items"] == []
 
@@ -203,16 +206,56 @@ def test_jobs_table_filters_and_json(server, client, clock, capsys):
     assert code == 1 and err.startswith("corral: invalid_request:")
 
 
-def test_jobs_limit_and_all_follow_the_cursor(server, client, capsys):
-    submitted = [item["id"] for item in client.submit_batch([{"command": f"echo {n}"} for n in range(7)])]
+def test_jobs_shows_what_has_not_ended_unless_all(server, client, clock, capsys):
+    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    ended = client.submit({"command": "true"})
+    client.done(ended["id"], "w1", client.claim("w1")["attempt"])
+    clock.advance(1)
+    cancelled = client.submit({"command": "true"})
+    client.cancel(cancelled["id"])
+    clock.advance(1)
+    running = client.submit({"command": "sleep 9"})
+    assert client.claim("w1")["id"] == running["id"]
+    clock.advance(1)
+    waiting = client.submit({"command": "true"})
+    gang = client.submit({"command": "hostname", "gang_size": 2})
+    active = [job["id"] for job in corral_json(server, capsys, "jobs")["items"]]
+    assert set(active) == {running["id"], waiting["id"], *gang["tasks"]}
+    assert active[-1] == running["id"]
+    every = [job["id"] for job in corral_json(server, capsys, "jobs", "--all")["items"]]
+    assert every[-3:] == [running["id"], cancelled["id"], ended["id"]] and len(every) == 6
+    # `pending` names a waiting gang's tasks too (they wait as `blocked`)
+    pending = corral_json(server, capsys, "jobs", "--status", "pending")["items"]
+    assert {job["id"] for job in pending} == {waiting["id"], *gang["tasks"]}
+    assert {job["status"] for job in pending} == {"pending", "blocked"}
+
+
+def test_jobs_of_a_user_and_mine(server, client, capsys, monkeypatch):
+    alice = client.submit({"command": "true", "user": "alice"})
+    bob = client.submit({"command": "true", "user": "bob"})
+    assert [job["id"] for job in corral_json(server, capsys, "jobs", "--user", "alice")["items"]] == [
+        alice["id"]
+    ]
+    monkeypatch.setenv("USER", "bob")
+    assert [job["id"] for job in corral_json(server, capsys, "jobs", "--mine")["items"]] == [bob["id"]]
+    code, _, err = corral(server, capsys, "jobs", "--mine", "--user", "alice")
+    assert code == 2 and "not allowed with" in err
+
+
+def test_jobs_limit_and_all_follow_the_cursor(server, client, clock, capsys):
+    submitted = []
+    for index in range(7):
+        submitted.append(client.submit({"command": f"echo {index}"})["id"])
+        clock.advance(1)
+    newest = submitted[::-1]
     code, out, err = corral(server, capsys, "jobs", "--limit", "3")
     assert code == 0
-    assert [row.split()[0] for row in out.splitlines()[1:]] == submitted[:3]
+    assert [row.split()[0] for row in out.splitlines()[1:]] == newest[:3]
     assert "--all" in err
     page = corral_json(server, capsys, "jobs", "--limit", "3")
     assert len(page["items"]) == 3 and page["next"]
     everything = corral_json(server, capsys, "jobs", "--all")
-    assert [job["id"] for job in everything["items"]] == submitted
+    assert [job["id"] for job in everything["items"]] == newest
     code, out, _ = corral(server, capsys, "jobs", "--all")
     assert len(out.splitlines()) == 1 + len(submitted)
 
@@ -285,8 +328,60 @@ def test_cancel(server, client, capsys):
 
     gang = client.submit({"command": "hostname", "gang_size": 2})
     code, out, _ = corral(server, capsys, "cancel", gang["gang_id"])
-    assert code == 0 and out.strip() == f"{gang['gang_id']}: cancelled"
+    assert code == 0 and out.strip() == f"{gang['gang_id']}: cancelled (2 tasks)"
     assert {task["status"] for task in client.gang(gang["gang_id"])["tasks"]} == {"cancelled"}
+
+
+def test_cancel_of_a_running_job_says_it_is_being_stopped(server, client, capsys):
+    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    job = client.submit({"command": "sleep 60"})["id"]
+    assert client.claim("w1")["id"] == job
+    code, out, _ = corral(server, capsys, "cancel", job)
+    assert code == 0
+    assert out.strip() == f"{job}: cancelling: stopping it on w1; it ends cancelled once it has stopped"
+    assert "preempting" not in out
+
+
+def test_a_gang_id_is_taken_wherever_a_job_id_is(server, client, capsys):
+    code, out, _ = corral(server, capsys, "submit", "--gang-size", "2", "--gpus", "8", "--", "hostname")
+    assert code == 0
+    gang_id = out.strip()
+    tasks = [task["id"] for task in client.gang(gang_id)["tasks"]]
+
+    code, out, _ = corral(server, capsys, "show", gang_id)
+    assert code == 0 and "status: blocked" in out and all(task in out for task in tasks)
+
+    code, out, _ = corral(server, capsys, "why", gang_id)
+    assert code == 0
+    assert out.splitlines()[0] == f"{gang_id}: blocked (reasons of task {tasks[0]})"
+    assert corral_json(server, capsys, "why", gang_id)["gang_id"] == gang_id
+
+    code, out, _ = corral(server, capsys, "events", gang_id)
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["JOB", "AT", "FROM"]
+    told = [(row.split()[0], row.split()[4]) for row in rows]  # AT is two words
+    assert told == [(tasks[0], "blocked"), (tasks[1], "blocked")]
+
+    code, out, _ = corral(server, capsys, "logs", gang_id)
+    assert code == 0 and out == ""  # nothing ran yet
+
+    code, out, _ = corral(server, capsys, "cancel", gang_id)
+    assert code == 0 and out.strip() == f"{gang_id}: cancelled (2 tasks)"
+    code, out, _ = corral(server, capsys, "events", gang_id)
+    assert [row.split()[4] for row in out.splitlines()[1:]][-2:] == ["cancelled", "cancelled"]
+
+
+def test_workers_remove(server, client, capsys):
+    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    code, _, err = corral(server, capsys, "workers", "remove", "w1")
+    assert code == 1 and err.startswith("corral: conflict: worker w1 is active")
+    client.leave_worker("w1")
+    code, out, _ = corral(server, capsys, "workers", "remove", "w1")
+    assert code == 0 and out.strip() == "w1 removed"
+    assert client.workers() == []
+    code, _, err = corral(server, capsys, "workers", "remove", "w1")
+    assert code == 1 and err.startswith("corral: not_found:")
 
 
 def test_workers(server, client, capsys):
@@ -464,3 +559,21 @@ def test_submit_pool_reaches_the_pool(server, client, capsys):
     assert job.pool == "research/nlp"
     assert job.reason.message.endswith("pool 'research/nlp' created with defaults")
     assert client.pool("research/nlp").jobs == 1
+
+
+def test_jobs_and_submit_against_a_server_load_no_model(server, client):
+    """In a fresh interpreter, a submit and the list that shows it: pydantic, the wire models and
+    the core stay unloaded all the way (issue 23: the start-up they cost)."""
+    from tests.unit.test_cli_startup import heavy_modules_after
+
+    body = (
+        "import contextlib, io\n"
+        "from corral.cli.main import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    assert main(['submit', '--server', {server.url!r}, '--name', 'probe', '--', 'true']) == 0\n"
+        f"    assert main(['jobs', '--server', {server.url!r}]) == 0\n"
+        "assert 'probe' in out.getvalue(), out.getvalue()\n"
+    )
+    assert heavy_modules_after(body) == []
+    assert [job["name"] for job in client.iter_jobs()] == ["probe"]

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from corral.core import workers as worker_rules
 from corral.domain import errors
 from corral.domain.records import Constraints, GpuReading, Job
 from corral.domain.resources import Resources
@@ -420,6 +421,58 @@ def test_list_filters_and_cursor(store):
     running = store.jobs.list_jobs(JobFilter(status=("running",), worker_id="w1"), 100, None)
     assert [job.id for job in running] == [jobs[0].id]
     assert store.jobs.count_jobs_by_status() == {"pending": 6, "running": 1}
+
+
+def test_list_newest_first_walks_the_cursor_backwards(store):
+    jobs = [submit_one(store, pool="team/a" if index % 2 else "default") for index in range(7)]
+    newest = JobFilter(newest=True)
+    page_one = store.jobs.list_jobs(newest, 3, None)
+    page_two = store.jobs.list_jobs(newest, 3, (page_one[-1].submitted_at, page_one[-1].id))
+    page_three = store.jobs.list_jobs(newest, 3, (page_two[-1].submitted_at, page_two[-1].id))
+    assert [job.id for job in page_one + page_two + page_three] == [job.id for job in reversed(jobs)]
+    in_pool = store.jobs.list_jobs(JobFilter(pool="team/a", newest=True), 2, None)
+    assert [job.id for job in in_pool] == [jobs[5].id, jobs[3].id]
+
+
+def test_list_by_user_either_way(store):
+    mine = [submit_one(store, user="alice") for _ in range(3)]
+    submit_one(store, user="bob")
+    submit_one(store)
+    assert [job.id for job in store.jobs.list_jobs(JobFilter(user="alice"), 100, None)] == [
+        job.id for job in mine
+    ]
+    newest = store.jobs.list_jobs(JobFilter(user="alice", newest=True), 2, None)
+    assert [job.id for job in newest] == [mine[2].id, mine[1].id]
+    after = (newest[-1].submitted_at, newest[-1].id)
+    assert [job.id for job in store.jobs.list_jobs(JobFilter(user="alice", newest=True), 2, after)] == [
+        mine[0].id
+    ]
+    assert store.jobs.list_jobs(JobFilter(user="carol"), 100, None) == []
+
+
+def test_a_worker_that_leaves_is_offline_and_only_then_removable(store):
+    register(store, "w1")
+    register(store, "w2")
+    with pytest.raises(errors.Conflict, match="only an offline worker"):
+        store.workers.remove_worker("w1", worker_rules.removal_refused)
+    store.workers.change_worker("w1", worker_rules.leaves)
+    assert store.workers.get_worker("w1").worker.status == "offline"
+    assert store.workers.change_worker("w1", worker_rules.leaves) is None  # already offline
+    store.workers.remove_worker("w1", worker_rules.removal_refused)
+    assert store.workers.get_worker("w1") is None
+    assert [worker.id for worker in store.workers.workers()] == ["w2"]
+    with pytest.raises(errors.NotFound):
+        store.workers.remove_worker("w1", worker_rules.removal_refused)
+
+
+def test_an_offline_worker_that_still_holds_a_job_is_not_removed(store):
+    register(store, "w1")
+    job = submit_one(store)
+    store.claims.claim("w1", NOW, POLICY)
+    store.workers.change_worker("w1", worker_rules.leaves)
+    with pytest.raises(errors.Conflict, match="still holds 1 job"):
+        store.workers.remove_worker("w1", worker_rules.removal_refused)
+    assert store.workers.get_worker("w1").running == (job.id,)
 
 
 @pytest.mark.postgres

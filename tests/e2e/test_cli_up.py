@@ -143,7 +143,7 @@ def test_up_runs_a_job_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         status = None
         while status != "done" and time.monotonic() < deadline:
-            listed = _corral("jobs", "--server", url, "--json", cwd=tmp_path)
+            listed = _corral("jobs", "--all", "--server", url, "--json", cwd=tmp_path)
             assert listed.returncode == 0, listed.stderr
             status = {job["id"]: job["status"] for job in orjson.loads(listed.stdout)["items"]}[job_id]
             assert status not in ("failed", "cancelled")

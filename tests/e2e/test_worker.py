@@ -302,3 +302,17 @@ def test_worker_waits_for_an_unreachable_server(start_server, start_worker, tmp_
         done = wait_status(client, job["id"], {"done", "failed"}, timeout_s=15)
     assert done["status"] == "done", done
     assert done["worker_id"] == "w-early"
+
+
+def test_a_worker_stopped_cleanly_is_offline_at_once(server, client: Client, start_worker):
+    """SIGTERM: the worker says it is leaving, so it shows offline the moment it has exited, not
+    after CORRAL_WORKER_OFFLINE_S (60 s here) of silence; a restart brings it back."""
+    worker = start_worker(server.url, "w1")
+    wait_for(lambda: any(w["id"] == "w1" for w in client.workers()), 10, "the worker to register")
+    worker.signal(signal.SIGTERM)
+    assert worker.process.wait(timeout=30) == 0
+    assert client.worker("w1")["status"] == "offline"
+    client.remove_worker("w1")
+    assert client.workers() == []
+    start_worker(server.url, "w1")
+    wait_for(lambda: any(w["status"] == "active" for w in client.workers()), 10, "the worker to come back")

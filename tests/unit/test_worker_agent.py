@@ -214,3 +214,20 @@ def test_a_registration_refused_for_good_stops_the_worker_with_the_servers_messa
     assert agent.register() is False
     assert agent.refused.is_set() and agent.stopping.is_set()
     assert agent.refusal == f"{code}: resources.gpus: must be at most 1000000"
+
+
+# --- leaving ----------------------------------------------------------------------------------
+
+
+def test_a_stopping_worker_says_it_is_leaving_and_a_refusal_does_not_stop_the_shutdown():
+    client = FakeClient()
+    agent = make_agent(client)
+    agent._leave()
+    assert client.calls == [("leave_worker", "w1")]
+
+    class Unreachable(FakeClient):
+        def leave_worker(self, worker_id: str) -> None:
+            raise ServerUnreachable("http://127.0.0.1:9", ConnectionRefusedError())
+
+    agent = make_agent(Unreachable())
+    agent._leave()  # logged, not raised: the offline timer takes over

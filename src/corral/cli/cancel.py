@@ -1,4 +1,8 @@
-"""``corral cancel JOB [JOB...]``: cancel each job (or gang, ``g-…``) and print its new status.
+"""``corral cancel JOB [JOB...]``: cancel each job (or gang, ``g-…``) and say what happened.
+
+A job that was waiting is ``cancelled`` at once; a running one is being stopped on its worker
+(SIGTERM, the grace, SIGKILL) and ends ``cancelled`` when it has stopped: the server calls that
+state ``preempting``, which is not what a user who cancelled expects to read, so it is said in words.
 
 One refusal (already terminal, unknown id) does not stop the others: each is reported on stderr and
 the exit code is 1 when any was refused. An unreachable server still stops at once (exit 3).
@@ -19,7 +23,7 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser = subcommands.add_parser(
         "cancel",
         parents=[parent],
-        help="cancel jobs",
+        help="cancel jobs (or gangs)",
         description="Cancel jobs; a running job is stopped first. Cancelling a gang task cancels the gang.",
     )
     parser.add_argument("jobs", nargs="+", metavar="JOB", help="job id (j-…) or gang id (g-…)")
@@ -29,13 +33,37 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
 def run(arguments: argparse.Namespace) -> int:
     code = exit_codes.OK
     with connect(arguments) as client:
-        for job_id in arguments.jobs:
+        for handle in arguments.jobs:
             try:
-                if job_id.startswith("g-"):
-                    print(f"{job_id}: {client.cancel_gang(job_id).status}")
+                if handle.startswith("g-"):
+                    gang = client.cancel_gang(handle)
+                    print(said_of_gang(handle, [task.status for task in gang.tasks]))
                 else:
-                    print(f"{job_id}: {client.cancel(job_id).status}")
+                    job = client.cancel(handle)
+                    print(said_of_job(handle, job.status, job.worker_id, job.gang_id))
             except ApiError as error:
                 print(f"corral: {error.code}: {error.message}", file=sys.stderr)
                 code = exit_codes.REFUSED
     return code
+
+
+def said_of_job(job_id: str, status: str, worker_id: str | None, gang_id: str | None) -> str:
+    """``j-1: cancelled``, or ``j-1: cancelling: stopping it on w1; ...`` while it stops."""
+    with_gang = f" (with its gang {gang_id})" if gang_id else ""
+    if status == "cancelled":
+        return f"{job_id}: cancelled{with_gang}"
+    if status in ("preempting", "running"):
+        where = f" on {worker_id}" if worker_id else ""
+        return f"{job_id}: cancelling{with_gang}: stopping it{where}; it ends cancelled once it has stopped"
+    return f"{job_id}: {status}{with_gang}"
+
+
+def said_of_gang(gang_id: str, statuses: list[str]) -> str:
+    """``g-1: cancelled (4 tasks)``, or how many of its tasks are still stopping."""
+    stopping = sum(1 for status in statuses if status in ("preempting", "running"))
+    if stopping:
+        return (
+            f"{gang_id}: cancelling: stopping {stopping} running task(s) of {len(statuses)}; "
+            "the gang ends cancelled once they have stopped"
+        )
+    return f"{gang_id}: cancelled ({len(statuses)} tasks)"

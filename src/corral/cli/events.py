@@ -1,4 +1,6 @@
-"""``corral events JOB``: a job's transitions, oldest first: the story ``why`` summarises."""
+"""``corral events JOB``: a job's transitions, oldest first: the story ``why`` summarises.
+
+Given a gang id (``g-…``), every task's transitions in one story, each row naming its task."""
 
 from __future__ import annotations
 
@@ -13,20 +15,22 @@ _REASON_WIDTH = 70
 
 
 def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
-    parser = subcommands.add_parser("events", parents=[parent], help="a job's status changes")
-    parser.add_argument("job", metavar="JOB", help="job id")
+    parser = subcommands.add_parser("events", parents=[parent], help="a job's (or a gang's) status changes")
+    parser.add_argument("job", metavar="JOB", help="job id (j-…) or gang id (g-…)")
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
+    gang = arguments.job.startswith("g-")
     with connect(arguments) as client:
-        items = client.events(arguments.job)
+        items = client.gang_events(arguments.job) if gang else client.events(arguments.job)
     if arguments.json:
         output.print_json({"items": items})
         return exit_codes.OK
     rows = [
         [
+            *([output.cell(event.get("job_id"))] if gang else []),
             output.short_time(event.at),
             output.cell(event.from_status),
             event.to,
@@ -37,5 +41,5 @@ def run(arguments: argparse.Namespace) -> int:
         ]
         for event in items
     ]
-    output.print_table(HEADERS, rows)
+    output.print_table(("JOB", *HEADERS) if gang else HEADERS, rows)
     return exit_codes.OK

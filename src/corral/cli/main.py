@@ -11,23 +11,62 @@ Exit codes (also in ``corral --help``):
 
 Commands raise the SDK's ``ApiError`` / ``ServerUnreachable`` and never catch them, so every command
 reports failures the same way and no stack trace reaches the user for those cases.
+
+Start-up is kept short (issue 23: a command a user types dozens of times a day should answer at
+once): only the chosen command's module is imported, and ``corral --help`` imports none. Each other
+command is a stub in the parser, named with its one-line help from ``COMMANDS``, so the listing and
+"unknown command" stay argparse's own. ``tests/unit/test_cli_startup.py`` checks that the table's
+help lines are the modules' own.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-from corral.cli import cancel, events, exit_codes, jobs, logs, pools, show, sim, submit, up, why, workers
+from corral.cli import exit_codes
 from corral.cli.options import add_server_flag, resolve_server, server_flags
-from corral.client import ApiError, ServerUnreachable
-from corral.transport import TlsError
+from corral.client_errors import ApiError, ServerUnreachable
+from corral.http_response import TlsError
 
-COMMANDS = (up, submit, jobs, show, logs, events, why, cancel, workers, pools, sim)
+#: command -> its one-line help, in the order ``corral --help`` lists them; the module is
+#: ``corral.cli.<command>``, imported only when that command is chosen
+COMMANDS: dict[str, str] = {
+    "up": "start a local server and worker",
+    "submit": "submit a job (or a gang)",
+    "jobs": "list jobs",
+    "show": "every field of a job (or a gang)",
+    "logs": "what a job printed",
+    "events": "a job's (or a gang's) status changes",
+    "why": "why a job is not running (or why it ended)",
+    "cancel": "cancel jobs (or gangs)",
+    "workers": "list workers; drain, undrain or remove one",
+    "pools": "list pools; set or delete one",
+    "sim": "simulate a workload on a cluster with corral's own core",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not a flag (nor ``--server``'s value)."""
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--server":
+            index += 2
+            continue
+        if word == "--":
+            return argv[index + 1] if index + 1 < len(argv) else None
+        if not word.startswith("-"):
+            return word
+        index += 1
+    return None
+
+
+def build_parser(chosen: str | None = None, every: bool = False) -> argparse.ArgumentParser:
+    """The parser with ``chosen``'s module (every command's with ``every``: tests) and stubs for
+    the others."""
     parser = argparse.ArgumentParser(
         prog="corral",
         description="corral: a job scheduler for GPU clusters. `corral up` starts a local server and worker.",
@@ -40,15 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flag(parser)
     subcommands = parser.add_subparsers(title="commands", metavar="COMMAND")
     parent = server_flags()
-    for command in COMMANDS:
-        command.add_parser(subcommands, parent)
+    for name, help_text in COMMANDS.items():
+        if every or name == chosen:
+            importlib.import_module(f"corral.cli.{name}").add_parser(subcommands, parent)
+        else:
+            subcommands.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    arguments_given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(chosen_command(arguments_given))
     try:
-        arguments = parser.parse_args(argv)
+        arguments = parser.parse_args(arguments_given)
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else exit_codes.USAGE
     if getattr(arguments, "run", None) is None:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
-from corral.client import DEFAULT_SERVER, Client
+from corral.client_errors import DEFAULT_SERVER
+
+if TYPE_CHECKING:
+    from corral.client import Client
 
 
 def add_server_flag(parser: argparse.ArgumentParser) -> None:
@@ -52,5 +56,8 @@ def key_value(text: str) -> tuple[str, str]:
 
 
 def connect(arguments: argparse.Namespace) -> Client:
-    """The SDK client for ``--server``: every server call of the CLI goes through it."""
-    return Client(arguments.server)
+    """The SDK client for ``--server``: every server call of the CLI goes through it. (Imported
+    here: ``corral --help`` needs no HTTP stack. ``light``: see ``Client``.)"""
+    from corral.client import Client
+
+    return Client(arguments.server, light=True)

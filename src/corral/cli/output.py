@@ -1,31 +1,32 @@
 """Output for people (aligned tables, short times) and for scripts (``--json``).
 
 Tables are for reading, so long cells are cut; ``--json`` prints what the server said, unchanged, so
-scripts never parse a table.
+scripts never parse a table. Values come as typed answers or as the plain JSON data the everyday
+commands read (``Client.request_json``): both are read by item (``job["id"]``), so this module
+needs no answer model. JSON goes through the standard library's ``json``, not orjson: its import
+costs more than a whole short command (see ``Client``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import orjson
-
-from corral.protocol.answers import Answer, ReasonAnswer
 
 MISSING = "-"
 
 
 def print_json(value: Any) -> None:
     """The server's answer as indented JSON, one document per call (field names as on the wire)."""
-    sys.stdout.write(orjson.dumps(plain(value), option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.write(json.dumps(plain(value), indent=2, ensure_ascii=False) + "\n")
 
 
 def plain(value: Any) -> Any:
     """Typed answers (and lists or dicts of them) as the JSON data they came from."""
-    if isinstance(value, Answer):
-        return value.to_wire()
+    to_wire = getattr(value, "to_wire", None)
+    if to_wire is not None:  # a typed answer (``corral.protocol.answers.Answer``)
+        return to_wire()
     if isinstance(value, list):
         return [plain(item) for item in value]
     if isinstance(value, dict):
@@ -66,11 +67,11 @@ def short_time(timestamp: str | None) -> str:
     return timestamp.replace("T", " ").split(".")[0].rstrip("Z")
 
 
-def reason_text(reason: ReasonAnswer | None) -> str:
-    """A reason ``{code, message}`` as ``code: message``."""
-    if reason is None:
+def reason_text(reason: Mapping[str, Any] | Any | None) -> str:
+    """A reason ``{code, message}`` (plain or a ``ReasonAnswer``) as ``code: message``."""
+    if not reason:
         return MISSING
-    return f"{reason.code}: {reason.message}"
+    return f"{reason['code']}: {reason['message']}"
 
 
 def pairs(mapping: Mapping[str, Any] | None) -> str:
@@ -79,6 +80,10 @@ def pairs(mapping: Mapping[str, Any] | None) -> str:
         return MISSING
     parts = []
     for key, value in mapping.items():
-        shown = orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+        shown = (
+            json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            if isinstance(value, dict | list)
+            else value
+        )
         parts.append(f"{key}={shown}")
     return " ".join(parts)

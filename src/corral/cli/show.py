@@ -7,7 +7,7 @@ from typing import Any
 
 from corral.cli import exit_codes, jobs, output
 from corral.cli.options import add_json_flag, connect
-from corral.protocol.answers import GangAnswer, JobAnswer, ReasonAnswer
+from corral.protocol.answers import GangAnswer, JobAnswer
 
 # Fields shown as key=value pairs rather than JSON.
 _PAIRED = ("resources", "constraints", "env", "progress")
@@ -15,7 +15,10 @@ _PAIRED = ("resources", "constraints", "env", "progress")
 
 def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser = subcommands.add_parser(
-        "show", parents=[parent], help="every field of a job", description="Show a job (or a gang: g-…)."
+        "show",
+        parents=[parent],
+        help="every field of a job (or a gang)",
+        description="Show a job (or a gang: g-…).",
     )
     parser.add_argument("job", metavar="JOB", help="job id (j-…) or gang id (g-…)")
     add_json_flag(parser)
@@ -46,7 +49,7 @@ def print_fields(job: dict[str, Any]) -> None:
         if key in _PAIRED:
             text = output.pairs(value)
         elif key == "reason":
-            text = output.reason_text(ReasonAnswer.model_validate(value) if value else None)
+            text = output.reason_text(value)
         elif isinstance(value, list):
             text = ", ".join(str(item) for item in value) or output.MISSING
         elif isinstance(value, str) and "\n" in value:

@@ -3,6 +3,10 @@
 Only the fields the user gave are sent, so the server's defaults stay the single source of defaults.
 Values are not checked here beyond their type: the server validates and its ``invalid_request``
 message (naming the field) is what the user sees, so the CLI can never drift from the contract.
+
+It prints one id, the job's or (for a gang) the gang's, so ``ID=$(corral submit ...)`` works either
+way: a gang id is taken wherever a job id is (``show``, ``logs``, ``events``, ``why``, ``cancel``),
+and ``corral show G`` lists its tasks. Answers are read as plain JSON data (no pydantic: issue 23).
 """
 
 from __future__ import annotations
@@ -12,13 +16,14 @@ import os
 import shlex
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect, key_value
-from corral.client import Client
 from corral.domain.status import TERMINAL
-from corral.protocol.answers import GangAnswer, GangSubmitted, JobAnswer
+
+if TYPE_CHECKING:
+    from corral.client import Client
 
 # (flag, body field, type, help) for the top-level scalar fields of the submit body.
 _SCALAR_FIELDS: tuple[tuple[str, str, type, str], ...] = (
@@ -144,58 +149,57 @@ def _workdir(arguments: argparse.Namespace) -> str | None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    headers = {"Idempotency-Key": arguments.idempotency_key} if arguments.idempotency_key else None
     with connect(arguments) as client:
-        answer = client.submit(build_body(arguments), idempotency_key=arguments.idempotency_key)
+        answer = client.request_json("POST", "/jobs", build_body(arguments), headers=headers)
+        handle = submitted_id(answer)
         if not arguments.wait:
             if arguments.json:
                 output.print_json(answer)
-            elif isinstance(answer, GangSubmitted):
-                print(answer.gang_id)
-                print("\n".join(answer.tasks))
             else:
-                print(answer.id)
+                print(handle)
             return exit_codes.OK
         if not arguments.json:
-            print(
-                answer.gang_id if isinstance(answer, GangSubmitted) else answer.id,
-                file=sys.stderr,
-                flush=True,
-            )
-        return _wait(client, answer, arguments.json)
+            print(handle, file=sys.stderr, flush=True)
+        return _wait(client, handle, arguments.json)
 
 
-def _wait(client: Client, answer: JobAnswer | GangSubmitted, as_json: bool) -> int:
+def submitted_id(answer: dict[str, Any]) -> str:
+    """The id a submit answered: a gang's ``gang_id`` (``{gang_id, tasks}``), else the job's."""
+    if "command" not in answer and "gang_id" in answer:
+        return str(answer["gang_id"])
+    return str(answer["id"])
+
+
+def _wait(client: Client, handle: str, as_json: bool) -> int:
     """Poll (backing off to every 2 s) until every task is terminal; print the outcome."""
     delay = _FIRST_POLL_S
-    final: JobAnswer | GangAnswer
+    gang = handle.startswith("g-")
     while True:
-        if isinstance(answer, GangSubmitted):
-            final = client.gang(answer.gang_id)
-            tasks = final.tasks
-        else:
-            final = client.get_job(answer.id)
-            tasks = [final]
-        if all(task.status in TERMINAL for task in tasks):
+        final: dict[str, Any] = client.request_json("GET", f"/gangs/{handle}" if gang else f"/jobs/{handle}")
+        tasks: list[dict[str, Any]] = final["tasks"] if gang else [final]
+        if all(task["status"] in TERMINAL for task in tasks):
             break
         time.sleep(delay)
         delay = min(delay * 1.5, _MAX_POLL_S)
     if as_json:
         output.print_json(final)
     else:
-        if isinstance(final, GangAnswer):
-            print(f"{final.gang_id}: {final.status}")
+        if gang:
+            print(f"{handle}: {final['status']}")
         for task in tasks:
-            print(f"{task.id}: {_outcome(task)}")
-    succeeded = all(task.status == "done" for task in tasks)
+            print(f"{task['id']}: {_outcome(task)}")
+    succeeded = all(task["status"] == "done" for task in tasks)
     return exit_codes.OK if succeeded else exit_codes.REFUSED
 
 
-def _outcome(job: JobAnswer) -> str:
+def _outcome(job: dict[str, Any]) -> str:
     """``done``, or ``failed (exit 3): <error>`` / ``cancelled: <reason>`` so the why is on one line."""
-    text: str = job.status
-    if job.exit_code is not None and job.status != "done":
-        text += f" (exit {job.exit_code})"
-    detail = job.error or (job.reason.message if job.reason else None)
-    if detail and job.status != "done":
+    text: str = job["status"]
+    if job.get("exit_code") is not None and job["status"] != "done":
+        text += f" (exit {job['exit_code']})"
+    reason = job.get("reason")
+    detail = job.get("error") or (reason["message"] if reason else None)
+    if detail and job["status"] != "done":
         text += f": {output.truncate(detail, 200)}"
     return text

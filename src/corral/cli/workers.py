@@ -1,8 +1,9 @@
 """``corral workers``: each worker's state and load; ``--dead`` keeps those flagged dead.
 
 ``corral workers drain ID`` stops placing work on a worker (its running jobs finish);
-``corral workers undrain ID`` lets it take work again. Both need an admin token when the server
-has authentication on.
+``corral workers undrain ID`` lets it take work again; ``corral workers remove ID`` forgets an
+offline worker (one that was stopped or went silent, and holds no job). All three need an admin
+token when the server has authentication on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser = subcommands.add_parser(
         "workers",
         parents=[parent],
-        help="list workers",
+        help="list workers; drain, undrain or remove one",
         description=(
             "List workers. GPUS, CPUS and MEM (MB) are used/total; GPU-UTIL is the utilisation of each "
             "GPU as the worker's last heartbeat read it (- without a GPU sampler)."
@@ -39,6 +40,17 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         action.add_argument("worker_id", metavar="ID", help="the worker's id")
         add_json_flag(action)
         action.set_defaults(run=run_drain, action=name)
+    remove_help = "forget an offline worker that holds no job (admin); a running one is refused"
+    remove = actions.add_parser("remove", parents=[parent], help=remove_help, description=remove_help)
+    remove.add_argument("worker_id", metavar="ID", help="the worker's id")
+    remove.set_defaults(run=run_remove)
+
+
+def run_remove(arguments: argparse.Namespace) -> int:
+    with connect(arguments) as client:
+        client.remove_worker(arguments.worker_id)
+    print(f"{arguments.worker_id} removed")
+    return exit_codes.OK
 
 
 def run_drain(arguments: argparse.Namespace) -> int:

@@ -54,3 +54,27 @@ def flagged_dead(
     if not silent_for(worker, contact, now, after_s, hearing):
         return None
     return replace(worker, flagged_dead_at=now)
+
+
+def leaves(worker: Worker, contact: WorkerContact) -> Worker | None:
+    """A worker that says it is stopping (``POST /workers/{id}/leave``: SIGTERM or Ctrl-C) is
+    offline at once rather than after ``CORRAL_WORKER_OFFLINE_S`` of silence, so ``corral
+    workers`` shows what happened; a drained one too (nothing runs on an offline worker either, and
+    it can then be removed). A register or heartbeat brings it back as ever. None: already offline."""
+    if worker.status == WorkerStatus.OFFLINE:
+        return None
+    return replace(worker, status=WorkerStatus.OFFLINE)
+
+
+def removal_refused(worker: Worker, holding: int) -> str | None:
+    """Why ``DELETE /workers/{id}`` may not remove the worker (409 ``conflict``), or None: only an
+    offline worker that holds nothing is removed; one that may come back or still holds work is
+    drained or stopped first."""
+    if worker.status != WorkerStatus.OFFLINE:
+        return (
+            f"worker {worker.id} is {worker.status}: only an offline worker can be removed "
+            "(stop it, or wait until it goes offline)"
+        )
+    if holding:
+        return f"worker {worker.id} still holds {holding} job(s); remove it once they have moved"
+    return None

@@ -137,6 +137,8 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("GET", "/jobs/{job_id}/why"): READ,
     ("POST", "/jobs/{job_id}/cancel"): OWN_JOB,
     ("GET", "/gangs/{gang_id}"): READ,
+    ("GET", "/gangs/{gang_id}/events"): READ,
+    ("GET", "/gangs/{gang_id}/why"): READ,
     ("POST", "/gangs/{gang_id}/cancel"): OWN_GANG,
     # workers
     ("POST", "/workers/register"): WORKER_BODY,
@@ -147,6 +149,8 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("POST", "/workers/{worker_id}/heartbeat"): WORKER_PATH,
     ("POST", "/workers/{worker_id}/drain"): ADMIN,
     ("POST", "/workers/{worker_id}/undrain"): ADMIN,
+    ("DELETE", "/workers/{worker_id}"): ADMIN,
+    ("POST", "/workers/{worker_id}/leave"): WORKER_PATH,
     # the job protocol: every call names its worker in the query (and is fenced by the store)
     ("GET", "/jobs/next"): WORKER_QUERY,
     ("POST", "/jobs/{job_id}/heartbeat"): WORKER_QUERY,

@@ -160,6 +160,11 @@ class JobFilter:
     gang_id: str | None = None
     pool: str | None = None
     worker_id: str | None = None
+    #: the submitter (the job's ``user``)
+    user: str | None = None
+    #: newest first (``GET /jobs?order=newest``): by submission time then id, both descending, and
+    #: the cursor's ``after`` means "older than"
+    newest: bool = False
 
 
 @dataclass(frozen=True)

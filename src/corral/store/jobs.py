@@ -191,16 +191,19 @@ class SqlJobs:
             ("gang_id", filters.gang_id),
             ("pool", filters.pool),
             ("worker_id", filters.worker_id),
+            ("username", filters.user),
         ):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        # Newest first walks the same (submitted_at, id) indexes backwards.
+        beyond, order = ("<", "submitted_at DESC, id DESC") if filters.newest else (">", "submitted_at, id")
         if after is not None:
-            clauses.append("(submitted_at > ? OR (submitted_at = ? AND id > ?))")
+            clauses.append(f"(submitted_at {beyond} ? OR (submitted_at = ? AND id {beyond} ?))")
             params.extend([after[0], after[0], after[1]])
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._db.read().execute(
-            f"SELECT {JOB_SELECT} FROM jobs {where} ORDER BY submitted_at, id LIMIT ?", [*params, limit]
+            f"SELECT {JOB_SELECT} FROM jobs {where} ORDER BY {order} LIMIT ?", [*params, limit]
         )
         return [job_from_row(row) for row in rows]
 

@@ -3,7 +3,7 @@ and the reads the reaper decides on. No job status is decided here (``corral.cor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from corral.domain import errors
@@ -302,6 +302,21 @@ class SqlWorkers:
                 (str(after.status), after.flagged_dead_at, worker_id),
             )
             return after, contact
+
+    def remove_worker(self, worker_id: str, refused: Callable[[Worker, int], str | None]) -> None:
+        """Delete the worker's row (and any capacity held on it for a gang) unless ``refused``
+        (``core.workers.removal_refused``, given the locked row and the jobs holding resources on
+        it) says why not: then ``Conflict`` with that message and nothing is changed."""
+        with self.db.transaction() as tx:
+            worker = load_worker(tx, self.dialect, worker_id, lock=True)
+            (holding,) = tx.execute(
+                f"SELECT COUNT(*) FROM jobs WHERE worker_id = ? AND status IN {HOLDING_SQL}", (worker_id,)
+            )[0]
+            refusal = refused(worker, int(holding))
+            if refusal is not None:
+                raise errors.Conflict(refusal)
+            tx.execute("DELETE FROM holds WHERE worker_id = ?", (worker_id,))
+            tx.execute("DELETE FROM workers WHERE id = ?", (worker_id,))
 
     def allocations(self) -> list[Allocation]:
         rows = self.db.read().execute(

@@ -268,6 +268,7 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_submitted": Index("jobs", ("submitted_at", "id")),
     "jobs_gang": Index("jobs", ("gang_id", "gang_index"), where="gang_id IS NOT NULL"),
     "jobs_pool_submitted": Index("jobs", ("pool", "submitted_at", "id")),
+    "jobs_user_submitted": Index("jobs", ("username", "submitted_at", "id")),
     "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
     "jobs_claim_key": Index("jobs", ("claim_key",), where="claim_key IS NOT NULL"),
     "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
@@ -642,6 +643,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             " SELECT '', key, fingerprint, result, created_at FROM idempotency_keys_before_14",
             "DROP TABLE idempotency_keys_before_14",
             "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
+        ),
+    ),
+    Migration(
+        15,
+        "jobs by user",
+        (
+            # ``GET /jobs?user=`` (``corral jobs --mine``): one user's jobs in submission order,
+            # either way, without a scan of everyone's.
+            "CREATE INDEX jobs_user_submitted ON jobs (username, submitted_at, id)",
         ),
     ),
 )

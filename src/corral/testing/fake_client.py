@@ -172,6 +172,9 @@ class FakeClient:
     def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
         self._record("worker_heartbeat", worker_id, body)
 
+    def leave_worker(self, worker_id: str) -> None:
+        self._record("leave_worker", worker_id)
+
     def worker_beat(self, worker_id: str, body: dict[str, Any]) -> WorkerHeartbeatAnswer | None:
         """``WorkerClient.worker_beat``: recorded as a worker heartbeat; answered by
         ``worker_beat_answer(body)`` when scripted (a dict, or an exception to raise), else as an

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from corral.client import ApiError, ServerUnreachable
+from corral.client import ApiError, ClientError, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
 from corral.worker import cgroups, identity, leftovers
@@ -679,6 +679,7 @@ class Agent:
         self._heartbeat_stop.set()
         self._heartbeat_wake.set()
         self._heartbeat_thread.join(timeout=API_TIMEOUT_S)
+        self._leave()
         self._claims.close()
         self._api.close()
         if self.samplers.gpu is not None:
@@ -686,6 +687,17 @@ class Agent:
         if self.containment is not None:
             self.containment.shutdown()
         logger.info("worker stopped", extra=self.fields)
+
+    def _leave(self) -> None:
+        """Tell the server this worker is gone (``POST /workers/{id}/leave``), so it shows offline
+        at once instead of after ``CORRAL_WORKER_OFFLINE_S`` of silence. Best effort: a server that
+        cannot be reached (or an older one without the route) leaves it to that timer."""
+        try:
+            self._api.leave_worker(self.worker_id)
+        except ClientError as error:
+            logger.warning(
+                "could not tell the server this worker is leaving", extra={**self.fields, "error": str(error)}
+            )
 
     def _snapshot(self) -> list[JobRun]:
         with self._lock:

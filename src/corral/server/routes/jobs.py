@@ -19,7 +19,7 @@ from starlette.routing import Route
 from corral.core import fairshare, lifecycle, walltime
 from corral.core.explain import explain
 from corral.domain import errors
-from corral.domain.records import Job, JobSpec
+from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import Status
 from corral.protocol.answers import (
     BatchSubmitted,
@@ -159,11 +159,16 @@ async def list_jobs(request: Request) -> Response:
     for status in statuses:
         if status not in Status.__members__.values():
             raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
+    order = params.get("order") or "oldest"
+    if order not in ("oldest", "newest"):
+        raise errors.InvalidRequest(f"order must be oldest or newest, not {order!r}", field="order")
     filters = JobFilter(
         status=statuses,
         gang_id=params.get("gang_id") or None,
         pool=params.get("pool") or None,
         worker_id=params.get("worker_id") or None,
+        user=params.get("user") or None,
+        newest=order == "newest",
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
     principal = principal_of(request)
@@ -271,6 +276,13 @@ async def why(request: Request) -> Response:
 def _why(state: ServerState, job_id: str) -> Response:
     """Explained on a store thread: a pending job reads every worker and allocation."""
     job = _job_or_404(state, job_id)
+    reasons = _reasons(state, job)
+    return answer(
+        WhyAnswer, {"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]}
+    )
+
+
+def _reasons(state: ServerState, job: Job) -> list[Reason]:
     workers, allocations, holds = [], [], []
     if job.status == Status.PENDING:
         workers = state.store.workers.workers()
@@ -279,10 +291,7 @@ def _why(state: ServerState, job_id: str) -> Response:
     fair_share = None
     if job.status in (Status.PENDING, Status.BLOCKED):
         fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())
-    reasons = explain(job, workers, allocations, holds, state.clock.now(), fair_share)
-    return answer(
-        WhyAnswer, {"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]}
-    )
+    return explain(job, workers, allocations, holds, state.clock.now(), fair_share)
 
 
 def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
@@ -357,6 +366,51 @@ def _cancel_gang(state: ServerState, gang_id: str, now: float) -> tuple[tuple[Jo
     return changed, state.store.jobs.gang_tasks(gang_id)
 
 
+async def gang_events(request: Request) -> Response:
+    state = state_of(request)
+    return await state.executor.run(Work.LONG, _gang_events, state, request.path_params["gang_id"])
+
+
+def _gang_events(state: ServerState, gang_id: str) -> Response:
+    """Every task's events in one story, in time order, each naming its task (``job_id``,
+    ``gang_index``): what ``corral events G`` prints. Events at the same time (a gang's tasks move
+    together) go by their place in each task's story, then by rank: every task's ``blocked``
+    before any task's ``cancelled``."""
+    told: list[tuple[float, int, int, dict[str, Any]]] = []
+    for task in _gang_or_404(state, gang_id):
+        rank = task.gang_index or 0
+        for seq, event in enumerate(state.store.jobs.job_events(task.id)):
+            wire = {**event_to_wire(event), "job_id": task.id, "gang_index": task.gang_index}
+            told.append((event.at, seq, rank, wire))
+    told.sort(key=lambda item: item[:3])
+    return answer(EventsAnswer, {"items": [wire for *_, wire in told]})
+
+
+async def gang_why(request: Request) -> Response:
+    state = state_of(request)
+    return await state.executor.run(Work.LONG, _gang_why, state, request.path_params["gang_id"])
+
+
+def _gang_why(state: ServerState, gang_id: str) -> Response:
+    """The gang's status and the reasons of the task that tells its story best: the first failed
+    one (its failure ended the gang), else the first that has not ended, else the first. Every
+    waiting task of a gang waits for the same thing (the gang's admission), so one is enough."""
+    tasks = _gang_or_404(state, gang_id)
+    failed = [task for task in tasks if task.status == Status.FAILED]
+    waiting = [task for task in tasks if not task.status.is_terminal]
+    told = (failed or waiting or tasks)[0]
+    reasons = _reasons(state, told)
+    return answer(
+        WhyAnswer,
+        {
+            "status": gang_status(tasks),
+            "reasons": [reason.to_dict() for reason in reasons],
+            "gang_id": gang_id,
+            "job_id": told.id,
+        },
+    )
+
+
 async def batch_is_post_only(request: Request) -> Response:
     raise HTTPException(405, headers={"Allow": "POST"})
 
@@ -398,7 +452,7 @@ described = [
     Operation(
         "GET",
         "/jobs",
-        "list jobs by submission time, with filters and a cursor",
+        "list jobs by submission time (oldest first, or newest with order=newest), with filters and a cursor",
         "jobs",
         {200: JobPage},
         query=(
@@ -408,6 +462,10 @@ described = [
             string("gang_id"),
             string("pool"),
             string("worker_id"),
+            string("user", "jobs of this submitter"),
+            string(
+                "order", "oldest (default) or newest: by submission time, then id", enum=["oldest", "newest"]
+            ),
         ),
     ),
     Operation("GET", "/jobs/{job_id}", _JOB, "jobs", {200: JobAnswer}, errors=(404,)),
@@ -432,6 +490,22 @@ described = [
     ),
     Operation("GET", "/gangs/{gang_id}", "the gang and its tasks", "gangs", {200: GangAnswer}, errors=(404,)),
     Operation(
+        "GET",
+        "/gangs/{gang_id}/events",
+        "every task's status history in one story, oldest first (each item names its job_id)",
+        "gangs",
+        {200: EventsAnswer},
+        errors=(404,),
+    ),
+    Operation(
+        "GET",
+        "/gangs/{gang_id}/why",
+        "why the gang is where it is (the reasons of its most telling task, named by job_id)",
+        "gangs",
+        {200: WhyAnswer},
+        errors=(404,),
+    ),
+    Operation(
         "POST",
         "/gangs/{gang_id}/cancel",
         "cancel every task of the gang",
@@ -451,5 +525,7 @@ routes = [
     Route("/jobs/{job_id}/why", why, methods=["GET"]),
     Route("/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
     Route("/gangs/{gang_id}", get_gang, methods=["GET"]),
+    Route("/gangs/{gang_id}/events", gang_events, methods=["GET"]),
+    Route("/gangs/{gang_id}/why", gang_why, methods=["GET"]),
     Route("/gangs/{gang_id}/cancel", cancel_gang, methods=["POST"]),
 ]

@@ -1,4 +1,4 @@
-"""Worker routes: register (upsert), heartbeat, list, get, drain."""
+"""Worker routes: register (upsert), heartbeat, list, get, drain, leave, remove."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.core import workers as worker_rules
 from corral.core.lifecycle import HeartbeatAction
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
@@ -202,6 +203,32 @@ async def undrain(request: Request) -> Response:
     return answer(WorkerAnswer, worker_to_wire(view))
 
 
+async def leave(request: Request) -> Response:
+    """The worker is stopping (SIGTERM, Ctrl-C: ``corral worker`` says so as it ends): offline
+    now, not after ``CORRAL_WORKER_OFFLINE_S`` of silence. Its jobs were handed back before."""
+    state = state_of(request)
+    view = await state.executor.run(Work.STORE, _leave, state, request.path_params["worker_id"])
+    logger.info("worker left", extra={"worker_id": view.worker.id, "status": view.worker.status})
+    return answer(WorkerAnswer, worker_to_wire(view))
+
+
+def _leave(state: ServerState, worker_id: str) -> WorkerView:
+    state.store.workers.change_worker(worker_id, worker_rules.leaves)
+    return _view(state, worker_id)
+
+
+async def remove(request: Request) -> Response:
+    """Forget an offline worker (admin): ``corral workers remove ID``. 409 ``conflict`` for one
+    that is not offline or still holds jobs (``core.workers.removal_refused``)."""
+    state = state_of(request)
+    worker_id = request.path_params["worker_id"]
+    await state.executor.run(
+        Work.STORE, state.store.workers.remove_worker, worker_id, worker_rules.removal_refused
+    )
+    logger.info("worker removed", extra={"worker_id": worker_id})
+    return Response(status_code=204)
+
+
 described = [
     Operation(
         "POST",
@@ -241,12 +268,30 @@ described = [
         {200: WorkerAnswer},
         errors=(404,),
     ),
+    Operation(
+        "POST",
+        "/workers/{worker_id}/leave",
+        "the worker is stopping: offline at once (a register or heartbeat revives it)",
+        "workers",
+        {200: WorkerAnswer},
+        errors=(404,),
+    ),
+    Operation(
+        "DELETE",
+        "/workers/{worker_id}",
+        "remove an offline worker that holds no job (admin); 409 otherwise",
+        "workers",
+        {204: None},
+        errors=(404, 409),
+    ),
 ]
 
 routes = [
     Route("/workers/register", register, methods=["POST"]),
     Route("/workers", list_workers, methods=["GET"]),
     Route("/workers/{worker_id}", get_worker, methods=["GET"]),
+    Route("/workers/{worker_id}", remove, methods=["DELETE"]),
+    Route("/workers/{worker_id}/leave", leave, methods=["POST"]),
     Route("/workers/{worker_id}/heartbeat", heartbeat, methods=["POST"]),
     Route("/workers/{worker_id}/drain", drain, methods=["POST"]),
     Route("/workers/{worker_id}/undrain", undrain, methods=["POST"]),

@@ -1,0 +1,32 @@
+"""The SDK's errors and default URL, apart from the client so that what only names them (the CLI's
+parser and its error handling) does not import the HTTP stack: ``corral --help`` starts without it.
+``corral.client`` exports the same names; import them from there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_SERVER = "http://127.0.0.1:8765"
+
+
+class ClientError(Exception):
+    """Base of the SDK's errors."""
+
+
+class ServerUnreachable(ClientError):
+    def __init__(self, url: str, error: Exception) -> None:
+        super().__init__(f"cannot reach corral server at {url}: {error}")
+        self.url = url
+
+
+class ApiError(ClientError):
+    """The server answered with an error status and envelope, or (code ``bad_response``) with an
+    answer the SDK could not read; ``body`` is the decoded answer when there was one."""
+
+    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
