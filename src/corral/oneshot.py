@@ -16,6 +16,8 @@ from urllib.parse import urlencode, urlsplit
 from corral.http_response import CONNECT_TIMEOUT_S, Response, TransportError
 
 _READ_SIZE = 65536
+#: a TLS server hangs up on a request in clear without a word (as ``Transport`` says too)
+_NO_ANSWER = "the server closed the connection without answering; if it serves HTTPS, use an https:// URL"
 
 
 class OneShotTransport:
@@ -55,8 +57,12 @@ class OneShotTransport:
                 connection.settimeout(timeout_s or self._timeout_s)
                 connection.sendall(head.encode("latin-1") + b"\r\n" + (body or b""))
                 answer = _read_all(connection)
+        except (ConnectionResetError, BrokenPipeError) as error:
+            raise TransportError(_NO_ANSWER) from error
         except OSError as error:
             raise TransportError(str(error) or type(error).__name__) from error
+        if not answer:
+            raise TransportError(_NO_ANSWER)
         return _parse(answer)
 
     def close(self) -> None:
