@@ -40,6 +40,7 @@ from corral.protocol.answers import (
     LogAppendedAnswer,
     PoolAnswer,
     PoolPage,
+    UsagePage,
     WhyAnswer,
     WorkerAnswer,
     WorkerPage,
@@ -253,6 +254,14 @@ class Client:
 
     def undrain_worker(self, worker_id: str) -> WorkerAnswer:
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/undrain")
+
+    # --- usage -----------------------------------------------------------------------------
+
+    def usage(self, since: str | None = None, until: str | None = None, by: str = "user,pool") -> UsagePage:
+        """GPU- and CPU-seconds of a window (RFC 3339 times; the server's default: the last 7 days)
+        per user, pool or both (API.md "Usage"); a user's token sees its own rows only."""
+        params = {"by": by, **{name: value for name, value in (("since", since), ("until", until)) if value}}
+        return self._answer(UsagePage, "GET", "/usage", params=params)
 
     # --- pools -----------------------------------------------------------------------------
 

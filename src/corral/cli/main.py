@@ -19,12 +19,26 @@ import argparse
 import os
 import sys
 
-from corral.cli import cancel, events, exit_codes, jobs, logs, pools, show, sim, submit, up, why, workers
+from corral.cli import (
+    cancel,
+    events,
+    exit_codes,
+    jobs,
+    logs,
+    pools,
+    show,
+    sim,
+    submit,
+    up,
+    usage,
+    why,
+    workers,
+)
 from corral.cli.options import add_server_flag, resolve_server, server_flags
 from corral.client import ApiError, ServerUnreachable
 from corral.transport import TlsError
 
-COMMANDS = (up, submit, jobs, show, logs, events, why, cancel, workers, pools, sim)
+COMMANDS = (up, submit, jobs, show, logs, events, why, cancel, workers, pools, usage, sim)
 
 
 def build_parser() -> argparse.ArgumentParser:
