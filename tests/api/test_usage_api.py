@@ -5,6 +5,7 @@ after ``CORRAL_USAGE_RETENTION_DAYS``."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +16,15 @@ from corral.config import ServerSettings
 from corral.domain.clock import to_rfc3339
 from corral.store import open_store
 from corral.testing.server import ServerThread
-from tests.api.conftest import claim, error_code, register, submit
+from tests.api.conftest import error_code, register, submit
 
 DAY = 86400.0
-TOKENS = {"admin": "tok-usage-admin", "alice": "tok-usage-alice", "bob": "tok-usage-bob", "w1": "tok-usage-w1"}
+TOKENS = {
+    "admin": "tok-usage-admin",
+    "alice": "tok-usage-alice",
+    "bob": "tok-usage-bob",
+    "w1": "tok-usage-w1",
+}
 
 
 def run(api, clock, seconds: float, worker_id: str = "w1", headers=None, done: bool = True) -> dict:
@@ -31,7 +37,9 @@ def run(api, clock, seconds: float, worker_id: str = "w1", headers=None, done: b
     if done:
         api.post(f"/jobs/{job['id']}/done", params=params, headers=headers).raise_for_status()
     else:
-        api.post(f"/jobs/{job['id']}/fail", params=params, json={"exit_code": 1}, headers=headers).raise_for_status()
+        api.post(
+            f"/jobs/{job['id']}/fail", params=params, json={"exit_code": 1}, headers=headers
+        ).raise_for_status()
     return job
 
 
@@ -131,7 +139,9 @@ def test_a_user_sees_their_own_rows_and_an_admin_everyones(secured, clock):
         body = {"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 8, "gpus": 2, "vram_mb": 1000}}
         assert http.post("/workers/register", json=body, headers=as_("w1")).status_code == 201
         for user, seconds in (("alice", 30), ("bob", 70)):
-            submitted = http.post("/jobs", json={"command": "true", "resources": {"gpus": 1}}, headers=as_(user))
+            submitted = http.post(
+                "/jobs", json={"command": "true", "resources": {"gpus": 1}}, headers=as_(user)
+            )
             assert submitted.status_code == 201, submitted.text
             run(http, clock, seconds, headers=as_("w1"))
 
@@ -146,3 +156,39 @@ def test_a_user_sees_their_own_rows_and_an_admin_everyones(secured, clock):
         assert seen("bob", by="user,pool") == [("bob", 70.0)]
         assert seen("alice", by="user", user="bob") == [("alice", 30.0)], "a user cannot ask for another's"
         assert http.get("/usage", headers=as_("w1")).status_code == 403
+
+
+# --- the dashboard ----------------------------------------------------------------------------
+
+
+def gpu_hours_table(html: str) -> list[tuple[str, str]]:
+    table = html.split('data-testid="gpu-hours"', 1)[1].split("</table>", 1)[0]
+    return re.findall(r'<th scope="row"><a [^>]*>([^<]+)</a></th><td>([^<]+)</td>', table)
+
+
+def test_the_overview_shows_gpu_hours_by_pool_for_the_last_week(api, clock):
+    register(api, gpus=4, vram_mb=1000)
+    assert "No attempt has ended in the last 7 days." in api.get("/").text
+    submit(api, pool="old", resources={"gpus": 4})
+    run(api, clock, 3600)
+    clock.advance(8 * DAY)
+    submit(api, pool="team/a", resources={"gpus": 2})
+    run(api, clock, 1800)
+    submit(api, pool="team/b", resources={"gpus": 3})
+    run(api, clock, 3600)
+    assert gpu_hours_table(api.get("/").text) == [("team/b", "3.00"), ("team/a", "1.00")]
+    assert 'data-testid="gpu-hours"' in api.get("/", params={"partial": "1"}).text
+
+
+def test_a_users_overview_shows_their_own_gpu_hours(secured, clock):
+    with httpx.Client(base_url=secured.url, timeout=10) as http:
+        body = {"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 8, "gpus": 2, "vram_mb": 1000}}
+        assert http.post("/workers/register", json=body, headers=as_("w1")).status_code == 201
+        for user, pool in (("alice", "a"), ("bob", "b")):
+            job = {"command": "true", "pool": pool, "resources": {"gpus": 1}}
+            assert http.post("/jobs", json=job, headers=as_(user)).status_code == 201
+            run(http, clock, 3600, headers=as_("w1"))
+        assert gpu_hours_table(http.get("/", headers=as_("admin")).text) == [("a", "1.00"), ("b", "1.00")]
+        mine = http.get("/", headers=as_("bob")).text
+        assert gpu_hours_table(mine) == [("b", "1.00")]
+        assert "Your GPU-hours by pool" in mine

@@ -2,9 +2,9 @@
 transactions, the one compare-and-set per transition, leadership) and, as attributes, the parts
 composed over the backend's ``Database`` and ``Dialect`` (the jobs, the claim and the gangs over the
 store's ``Applier`` too): ``jobs`` (``SqlJobs``), ``claims`` (``SqlClaims``), ``gangs``
-(``SqlGangs``), ``workers`` (``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``) and
-``retention`` (``SqlRetention``) and ``usage`` (``SqlUsage``). ``store.ports`` names what each one offers; a caller types
-against the one it uses. A backend whose SQL differs for a part hands a part of its own
+(``SqlGangs``), ``workers`` (``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``),
+``retention`` (``SqlRetention``) and ``usage`` (``SqlUsage``). ``store.ports`` names what each one
+offers; a caller types against the one it uses. A backend whose SQL differs for a part hands a part of its own
 (``workers_part``, ``_jobs_part``).
 """
 

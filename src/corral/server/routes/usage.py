@@ -88,7 +88,9 @@ described = [
         query=(
             string("since", "RFC 3339 (default: a week before until)", format="date-time"),
             string("until", "RFC 3339 (default: now)", format="date-time"),
-            string("by", "user, pool or user,pool (default)", enum=["user", "pool", "user,pool", "pool,user"]),
+            string(
+                "by", "user, pool or user,pool (default)", enum=["user", "pool", "user,pool", "pool,user"]
+            ),
             string("user", "one user's rows (admins; a user always sees their own only)"),
         ),
         errors=(400,),
