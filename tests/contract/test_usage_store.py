@@ -14,6 +14,7 @@ from corral.domain.status import Status
 from corral.domain.usage import UsageTotals
 from corral.server import changes
 from tests.contract import protocol
+from tests.contract.test_gangs_store import reserve, run_gang, submit_gang, workers
 from tests.helpers import NOW, POLICY, register, spec
 
 BOTH = ("user", "pool")
@@ -119,10 +120,11 @@ def test_a_window_clips_each_attempt_and_groups_as_asked(store):
 
 def test_job_retention_keeps_usage_and_usage_has_its_own(store):
     register(store, gpus=4)
-    old, recent = submit(store), submit(store)
-    store.claims.claim("w1", NOW, POLICY)
+    submit(store)
+    old = store.claims.claim("w1", NOW, POLICY)
     protocol.complete(store, old.id, "w1", 1, NOW + 10)
-    store.claims.claim("w1", NOW + 100, POLICY)
+    submit(store, at=NOW + 50)
+    recent = store.claims.claim("w1", NOW + 100, POLICY)
     protocol.complete(store, recent.id, "w1", 1, NOW + 200)
     purged = store.retention.purge_finished(NOW + 1_000, retention.BATCH)
     assert purged.jobs == 2
@@ -131,3 +133,23 @@ def test_job_retention_keeps_usage_and_usage_has_its_own(store):
     assert store.usage.purge_usage(NOW + 50, retention.BATCH) == 0
     (kept,) = totals(store)
     assert (kept.attempts, kept.gpu_seconds) == (1, 200.0)
+
+
+def test_a_drained_gang_counts_every_rank_refunded_peers_too(store):
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    run_gang(store, gang_id, task_ids)
+    protocol.fail(store, task_ids[1], "w1", 1, NOW + 5, 1, "rank 1 crashed", None)  # running -> preempted
+    assert totals(store, by=("pool",))[0].attempts == 1, "the peers still hold their GPUs while they stop"
+    changes.acknowledge_stop(store.jobs, task_ids[0], "w0", 1, 1, NOW + 7)
+    changes.acknowledge_stop(store.jobs, task_ids[2], "w2", 1, 1, NOW + 8)
+    (counted,) = totals(store, by=("pool",))
+    assert (counted.attempts, counted.jobs, counted.gpu_seconds) == (3, 3, 7.0 + 5.0 + 8.0)
+
+
+def test_a_reservation_never_claimed_writes_no_usage(store):
+    workers(store, 2)
+    gang_id, task_ids = submit_gang(store, size=2)
+    reserve(store, gang_id, task_ids)
+    assert protocol.rollback_gang(store, gang_id, NOW + 1_000, 60)  # reserved -> blocked
+    assert totals(store) == []
