@@ -27,18 +27,27 @@ def submit(store, at=NOW, **fields):
     return protocol.submit(store, [spec(**fields)], at).items[0].job
 
 
-def totals(store, window=ALL_TIME, by=BOTH, user=None):
-    return store.usage.usage_totals(*window, by, user)
+def totals(store, window=ALL_TIME, by=BOTH, user=None, now=NOW + 10_000):
+    return store.usage.usage_totals(*window, by, now, user)
+
+
+def waits(store, now=NOW + 10_000):
+    return store.usage.usage_waits(*ALL_TIME, BOTH, now)
 
 
 def test_a_finished_attempt_is_counted_from_its_start_to_its_end(store):
     register(store, gpus=4)
     job = submit(store, pool="team/a")
     store.claims.claim("w1", NOW + 10, POLICY)
-    assert totals(store) == [], "a running attempt has not ended its hold yet"
+    assert totals(store, now=NOW + 60) == [UsageTotals("alice", "team/a", 100.0, 200.0, 1, 1)], (
+        "a running attempt holds its resources until now"
+    )
+    assert waits(store, now=NOW + 60) == [("alice", "team/a", 10.0)]
+    assert totals(store, (NOW + 20, NOW + 30), now=NOW + 60)[0].gpu_seconds == 20.0
+    assert totals(store, (NOW - 100, NOW + 10), now=NOW + 60) == [], "it started at the window's end"
     protocol.complete(store, job.id, "w1", 1, NOW + 110)
     assert totals(store) == [UsageTotals("alice", "team/a", 200.0, 400.0, 1, 1)]
-    assert store.usage.usage_waits(*ALL_TIME, BOTH) == [("alice", "team/a", 10.0)]
+    assert waits(store) == [("alice", "team/a", 10.0)]
 
 
 def test_every_attempt_that_held_resources_counts_failed_released_and_cancelled(store):
@@ -50,13 +59,14 @@ def test_every_attempt_that_held_resources_counts_failed_released_and_cancelled(
     protocol.fail(store, job.id, "w1", 2, NOW + 30, 143, "worker shut down", None, release=True)  # refunded
     store.claims.claim("w1", NOW + 40, POLICY)
     protocol.cancel(store, job.id, NOW + 50)  # running -> preempting: still held
-    assert totals(store)[0].attempts == 2
+    stopping = totals(store, now=NOW + 55)[0]
+    assert (stopping.attempts, stopping.gpu_seconds) == (3, 2 * (10 + 10 + 15)), "a stopping job still holds"
     protocol.ack_preempted(store, job.id, "w1", 3, 1, NOW + 60)  # -> cancelled
     assert store.jobs.get_job(job.id).status == Status.CANCELLED
     (counted,) = totals(store)
     assert (counted.attempts, counted.jobs) == (3, 1)
     assert counted.gpu_seconds == 2 * (10 + 10 + 20)
-    assert [wait for _, _, wait in store.usage.usage_waits(*ALL_TIME, BOTH)] == [0.0], "first attempt only"
+    assert [wait for _, _, wait in waits(store)] == [0.0], "first attempt only"
 
 
 def test_a_lost_lease_ends_the_hold(store):
@@ -89,7 +99,8 @@ def test_a_refused_report_writes_no_usage(store):
     store.claims.claim("w1", NOW, POLICY)
     with pytest.raises(errors.StaleAttempt):
         protocol.complete(store, job.id, "w1", 2, NOW + 5)
-    assert totals(store) == []
+    assert store.read().execute("SELECT COUNT(*) FROM attempt_usage") == [(0,)]
+    assert store.jobs.get_job(job.id).status == Status.RUNNING
 
 
 def test_a_window_clips_each_attempt_and_groups_as_asked(store):
@@ -140,7 +151,8 @@ def test_a_drained_gang_counts_every_rank_refunded_peers_too(store):
     gang_id, task_ids = submit_gang(store)
     run_gang(store, gang_id, task_ids)
     protocol.fail(store, task_ids[1], "w1", 1, NOW + 5, 1, "rank 1 crashed", None)  # running -> preempted
-    assert totals(store, by=("pool",))[0].attempts == 1, "the peers still hold their GPUs while they stop"
+    stopping = totals(store, by=("pool",), now=NOW + 6)[0]
+    assert (stopping.attempts, stopping.gpu_seconds) == (3, 5.0 + 6.0 + 6.0), "stopping peers still hold"
     changes.acknowledge_stop(store.jobs, task_ids[0], "w0", 1, 1, NOW + 7)
     changes.acknowledge_stop(store.jobs, task_ids[2], "w2", 1, 1, NOW + 8)
     (counted,) = totals(store, by=("pool",))

@@ -213,10 +213,10 @@ class Usage(Protocol):
     past their retention removed."""
 
     def usage_totals(
-        self, since: float, until: float, by: tuple[str, ...], user: str | None = None
+        self, since: float, until: float, by: tuple[str, ...], now: float, user: str | None = None
     ) -> list[UsageTotals]: ...
     def usage_waits(
-        self, since: float, until: float, by: tuple[str, ...], user: str | None = None
+        self, since: float, until: float, by: tuple[str, ...], now: float, user: str | None = None
     ) -> list[tuple[str | None, str | None, float]]: ...
     def purge_usage(self, cutoff: float, batch: int) -> int: ...
 

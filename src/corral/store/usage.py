@@ -1,10 +1,12 @@
-"""Usage accounting in the store (API.md "Usage"): a window's attempt rows summed per group, and
-the oldest rows removed past ``CORRAL_USAGE_RETENTION_DAYS``.
+"""Usage accounting in the store (API.md "Usage"): a window's attempts summed per group, and the
+oldest rows removed past ``CORRAL_USAGE_RETENTION_DAYS``.
 
-The rows are written by ``SqlStore.compare_and_set`` with the transition that ends an attempt's
-hold of resources (``attempt_usage``); job retention never touches them. A window reads the
-attempts that overlap it (by the ``attempt_usage_ended`` index) and counts each one's seconds
-inside it only.
+An ended attempt's row is written by ``SqlStore.compare_and_set`` with the transition that ended
+its hold of resources (``attempt_usage``); job retention never touches them. An attempt still
+running (or stopping) has no row yet: it is read from its job's row, held until ``now``. A window
+reads the attempts that overlap it (the ended ones by the ``attempt_usage_ended`` index) and counts
+each one's seconds inside it only, in one statement (one snapshot: an attempt that ends meanwhile
+is counted once).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from corral.domain.usage import UsageTotals
 from corral.store.dialect import Database, Dialect
+from corral.store.rows import LEASED_SQL
 
 #: an answer's dimension -> its column
 _COLUMNS = {"user": "username", "pool": "pool"}
@@ -22,8 +25,15 @@ _CLIPPED = (
     "(CASE WHEN ended_at < ? THEN ended_at ELSE ? END)"
     " - (CASE WHEN started_at > ? THEN started_at ELSE ? END)"
 )
-#: the attempts overlapping the window (ended after its start, started before its end)
-_OVERLAPS = "ended_at > ? AND started_at < ?"
+#: the attempts of the window, ended or not (parameters: ``_attempt_params``): an attempt holding
+#: its resources now is held until ``now`` (its job's row; an ended one is not there any more)
+_ATTEMPTS = (
+    "SELECT username, pool, job_id, gpus, cpus, started_at, ended_at, wait_s FROM attempt_usage"
+    " WHERE ended_at > ? AND started_at < ?{user}"
+    " UNION ALL SELECT username, pool, id, gpus, cpus, started_at, CAST(? AS DOUBLE PRECISION),"
+    " CASE WHEN attempts = 1 THEN started_at - submitted_at END FROM jobs"
+    f" WHERE status IN {LEASED_SQL} AND started_at IS NOT NULL AND started_at < ? AND ? > ?{{user}}"
+)
 
 
 class SqlUsage:
@@ -34,44 +44,45 @@ class SqlUsage:
         self.dialect = dialect
 
     def usage_totals(
-        self, since: float, until: float, by: tuple[str, ...], user: str | None = None
+        self, since: float, until: float, by: tuple[str, ...], now: float, user: str | None = None
     ) -> list[UsageTotals]:
         """Per group of ``by`` (``user``, ``pool``), in its order: the GPU- and CPU-seconds of
-        the attempts overlapping [since, until] (each clipped to it), how many attempts, how many
-        jobs; ``user``: that user's attempts only."""
+        the attempts overlapping [since, until] (each clipped to it; one still holding its
+        resources is held until ``now``), how many attempts, how many jobs; ``user``: that
+        user's attempts only."""
         columns = [_COLUMNS[dimension] for dimension in by]
         keys = ", ".join(columns)
-        where, params = self._where(since, until, user)
+        attempts, params = self._attempts(since, until, now, user)
         rows = self.db.read().execute(
             f"SELECT {keys}, SUM(gpus * span), SUM(cpus * span), COUNT(*), COUNT(DISTINCT job_id)"
             f" FROM (SELECT username, pool, job_id, gpus, cpus, {_CLIPPED} AS span"
-            f" FROM attempt_usage WHERE {where}) AS clipped GROUP BY {keys} ORDER BY {keys}",
+            f" FROM ({attempts}) AS attempts) AS clipped GROUP BY {keys} ORDER BY {keys}",
             [until, until, since, since, *params],
         )
         totals = []
         for row in rows:
             named = dict(zip(by, row[: len(by)], strict=True))
-            gpu_seconds, cpu_seconds, attempts, jobs = row[len(by) :]
+            gpu_seconds, cpu_seconds, attempt_count, jobs = row[len(by) :]
             totals.append(
                 UsageTotals(
                     user=named.get("user"),
                     pool=named.get("pool"),
                     gpu_seconds=float(gpu_seconds or 0.0),
                     cpu_seconds=float(cpu_seconds or 0.0),
-                    attempts=int(attempts),
+                    attempts=int(attempt_count),
                     jobs=int(jobs),
                 )
             )
         return totals
 
     def usage_waits(
-        self, since: float, until: float, by: tuple[str, ...], user: str | None = None
+        self, since: float, until: float, by: tuple[str, ...], now: float, user: str | None = None
     ) -> list[tuple[str | None, str | None, float]]:
         """The waits of the first attempts overlapping the window, each with its group's key as
         ``usage_totals`` gives it (user, pool; None where ``by`` leaves one out)."""
-        where, params = self._where(since, until, user)
+        attempts, params = self._attempts(since, until, now, user)
         rows = self.db.read().execute(
-            f"SELECT username, pool, wait_s FROM attempt_usage WHERE {where} AND wait_s IS NOT NULL",
+            f"SELECT username, pool, wait_s FROM ({attempts}) AS attempts WHERE wait_s IS NOT NULL",
             params,
         )
         return [
@@ -84,10 +95,11 @@ class SqlUsage:
         ]
 
     @staticmethod
-    def _where(since: float, until: float, user: str | None) -> tuple[str, list[Any]]:
+    def _attempts(since: float, until: float, now: float, user: str | None) -> tuple[str, list[Any]]:
+        """``_ATTEMPTS`` narrowed to ``user`` (when given), and its parameters."""
         if user is None:
-            return _OVERLAPS, [since, until]
-        return f"{_OVERLAPS} AND username = ?", [since, until, user]
+            return _ATTEMPTS.format(user=""), [since, until, now, until, now, since]
+        return _ATTEMPTS.format(user=" AND username = ?"), [since, until, user, now, until, now, since, user]
 
     def purge_usage(self, cutoff: float, batch: int) -> int:
         """Remove at most ``batch`` usage rows of attempts that ended before ``cutoff``, oldest

@@ -166,7 +166,7 @@ USAGE_WINDOW_S = 7 * 86400.0
 
 def gpu_hours_by_pool(store: Usage, now: float, user: str | None) -> list[tuple[str, float]]:
     """Each pool's GPU-hours over the last seven days (``user``: that user's only), most first."""
-    totals = store.usage_totals(now - USAGE_WINDOW_S, now, ("pool",), user)
+    totals = store.usage_totals(now - USAGE_WINDOW_S, now, ("pool",), now, user)
     rows = [(row.pool or "", row.gpu_seconds / 3600) for row in totals]
     return sorted(rows, key=lambda row: (-row[1], row[0]))
 

@@ -1,5 +1,6 @@
 """``GET /usage`` (API.md "Usage"): the GPU- and CPU-seconds a window's attempts used, per user,
-pool or both. A user sees their own rows, an admin everyone's (``?user=`` narrows); without auth
+pool or both (an attempt still holding its resources counts up to now). A user sees their own
+rows, an admin everyone's (``?user=`` narrows); without auth
 everyone is an admin. The sums are the store's (``store.usage``), the grouping, window and wait
 percentiles the core's (``core.usage``).
 """
@@ -47,15 +48,15 @@ async def get_usage(request: Request) -> Response:
     user = request.query_params.get("user") or None
     if principal is not None and principal.role != Role.ADMIN:
         user = principal.name
-    content = await state.executor.run(Work.LONG, _usage, state, since, until, by, user)
+    content = await state.executor.run(Work.LONG, _usage, state, since, until, by, user, state.clock.now())
     return answer(UsagePage, content)
 
 
 def _usage(
-    state: ServerState, since: float, until: float, by: tuple[str, ...], user: str | None
+    state: ServerState, since: float, until: float, by: tuple[str, ...], user: str | None, now: float
 ) -> dict[str, Any]:
-    totals = state.store.usage.usage_totals(since, until, by, user)
-    waits = state.store.usage.usage_waits(since, until, by, user)
+    totals = state.store.usage.usage_totals(since, until, by, now, user)
+    waits = state.store.usage.usage_waits(since, until, by, now, user)
     return {
         "since": to_rfc3339(since),
         "until": to_rfc3339(until),
