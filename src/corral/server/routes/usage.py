@@ -1,8 +1,7 @@
 """``GET /usage`` (API.md "Usage"): the GPU- and CPU-seconds a window's attempts used, per user,
 pool or both (an attempt still holding its resources counts up to now). A user sees their own
-rows, an admin everyone's (``?user=`` narrows); without auth
-everyone is an admin. The sums are the store's (``store.usage``), the grouping, window and wait
-percentiles the core's (``core.usage``).
+rows, an admin everyone's (``?user=`` narrows); without auth everyone is an admin. The sums are the
+store's (``store.usage``), the grouping, window and wait percentiles the core's (``core.usage``).
 """
 
 from __future__ import annotations
