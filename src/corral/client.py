@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         JobPage,
         LogAppendedAnswer,
         PoolAnswer,
+        UsagePage,
         WhyAnswer,
         WorkerAnswer,
     )
@@ -313,6 +314,16 @@ class Client:
         from corral.protocol.answers import WorkerAnswer
 
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/leave")
+
+    # --- usage -----------------------------------------------------------------------------
+
+    def usage(self, since: str | None = None, until: str | None = None, by: str = "user,pool") -> UsagePage:
+        """GPU- and CPU-seconds of a window (RFC 3339 times; the server's default: the last 7 days)
+        per user, pool or both (API.md "Usage"); a user's token sees its own rows only."""
+        params = {"by": by, **{name: value for name, value in (("since", since), ("until", until)) if value}}
+        from corral.protocol.answers import UsagePage
+
+        return self._answer(UsagePage, "GET", "/usage", params=params)
 
     # --- pools -----------------------------------------------------------------------------
 

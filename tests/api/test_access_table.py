@@ -95,6 +95,7 @@ EXPECTED: dict[tuple[str, str], frozenset[str] | str] = {
     ("GET", "/pools/{path:path}"): USERS,
     ("PUT", "/pools/{path:path}"): ADMINS,
     ("DELETE", "/pools/{path:path}"): ADMINS,
+    ("GET", "/usage"): USERS,
 }
 
 #: a body each route accepts (or at least parses past the access check)

@@ -44,6 +44,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "cancel jobs (or gangs)",
     "workers": "list workers; drain, undrain or remove one",
     "pools": "list pools; set or delete one",
+    "usage": "GPU- and CPU-hours per user and pool over a window",
     "sim": "simulate a workload on a cluster with corral's own core",
 }
 

@@ -118,7 +118,7 @@ class Metrics:
         )
         self.retention_removed = Counter(
             "corral_retention_removed_total",
-            "Rows removed past CORRAL_RETENTION_DAYS, by kind (jobs / idempotency_keys)",
+            "Rows removed past their retention, by kind (jobs / idempotency_keys / usage)",
             ["kind"],
             registry=registry,
         )

@@ -305,6 +305,32 @@ class PoolPage(Answer):
     next: str | None = None
 
 
+class UsageWait(Answer):
+    """Percentiles of how long the jobs waited for their first attempt (null: none in the window)."""
+
+    p50: float | None = None
+    p90: float | None = None
+
+
+class UsageItem(Answer):
+    """One group's use of the window (API.md "Usage"): ``user`` or ``pool`` null where the grouping
+    leaves it out. Seconds of the attempts that held resources in the window, each clipped to it."""
+
+    user: str | None = None
+    pool: str | None = None
+    gpu_seconds: float
+    cpu_seconds: float
+    attempts: int
+    jobs: int
+    wait_s: UsageWait
+
+
+class UsagePage(Answer):
+    since: str
+    until: str
+    items: list[UsageItem]
+
+
 class CheckpointSaved(Answer):
     job_id: str
     bytes: int

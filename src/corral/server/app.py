@@ -38,7 +38,7 @@ from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_s
 from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.offload import StoreProcess, StoreProcessConfig
-from corral.server.routes import jobs, logs, operations, pools, protocol, workers
+from corral.server.routes import jobs, logs, operations, pools, protocol, usage, workers
 from corral.server.state import ServerState
 from corral.store import Store
 from corral.store.ports import Jobs
@@ -52,6 +52,7 @@ DESCRIBED = [
     *jobs.described,
     *workers.described,
     *pools.described,
+    *usage.described,
     *operations.described,
     *dashboard.described,
 ]
@@ -134,6 +135,7 @@ def create_app(
         *jobs.routes,
         *workers.routes,
         *pools.routes,
+        *usage.routes,
         *operations.routes,
         *dashboard.routes,
     ]

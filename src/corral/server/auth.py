@@ -165,6 +165,8 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("GET", "/pools/{path:path}"): READ,
     ("PUT", "/pools/{path:path}"): ADMIN,
     ("DELETE", "/pools/{path:path}"): ADMIN,
+    # usage: a user's own rows (the route narrows them), an admin's all
+    ("GET", "/usage"): READ,
 }
 
 

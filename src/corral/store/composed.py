@@ -2,9 +2,9 @@
 transactions, the one compare-and-set per transition, leadership) and, as attributes, the parts
 composed over the backend's ``Database`` and ``Dialect`` (the jobs, the claim and the gangs over the
 store's ``Applier`` too): ``jobs`` (``SqlJobs``), ``claims`` (``SqlClaims``), ``gangs``
-(``SqlGangs``), ``workers`` (``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``) and
-``retention`` (``SqlRetention``). ``store.ports`` names what each one offers; a caller types
-against the one it uses. A backend whose SQL differs for a part hands a part of its own
+(``SqlGangs``), ``workers`` (``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``),
+``retention`` (``SqlRetention``) and ``usage`` (``SqlUsage``). ``store.ports`` names what each one
+offers; a caller types against the one it uses. A backend whose SQL differs for a part hands a part of its own
 (``workers_part``, ``_jobs_part``).
 """
 
@@ -18,6 +18,7 @@ from corral.store.operations import SqlWorkers
 from corral.store.pools import SqlPools
 from corral.store.retention import SqlRetention
 from corral.store.sql import SqlStore
+from corral.store.usage import SqlUsage
 
 
 class ComposedStore(SqlStore):
@@ -34,6 +35,7 @@ class ComposedStore(SqlStore):
     pools: SqlPools
     logs: SqlLogs
     retention: SqlRetention
+    usage: SqlUsage
 
     def _compose(self) -> None:
         self.jobs = self._jobs_part()
@@ -43,6 +45,7 @@ class ComposedStore(SqlStore):
         self.pools = SqlPools(self, self.sql_dialect)
         self.logs = SqlLogs(self, self.sql_dialect)
         self.retention = SqlRetention(self, self.sql_dialect, self.size_bytes)
+        self.usage = SqlUsage(self, self.sql_dialect)
 
     def _jobs_part(self) -> SqlJobs:
         """The jobs' part (PostgreSQL settles a report in one statement: its own)."""

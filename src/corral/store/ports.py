@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from corral.domain.pools import PoolSettings, PoolUsage, StarvationState
 from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker, WorkerContact
 from corral.domain.transitions import Outcome, Plan, Submission
+from corral.domain.usage import UsageTotals
 from corral.store.base import (
     AdmissionInputs,
     ClaimAsk,
@@ -209,6 +210,19 @@ class Retention(Protocol):
     def size_bytes(self) -> int: ...
 
 
+class Usage(Protocol):
+    """Usage accounting (``store.usage``): a window's attempts summed per group, and the rows
+    past their retention removed."""
+
+    def usage_totals(
+        self, since: float, until: float, by: tuple[str, ...], now: float, user: str | None = None
+    ) -> list[UsageTotals]: ...
+    def usage_waits(
+        self, since: float, until: float, by: tuple[str, ...], now: float, user: str | None = None
+    ) -> list[tuple[str | None, str | None, float]]: ...
+    def purge_usage(self, cutoff: float, batch: int) -> int: ...
+
+
 class Store(Backend, Protocol):
     """What the server holds: the database, with every port as an attribute (``store.jobs.change``,
     ``store.claims.claim_many``). Type a caller against the ports it uses, not this, unless it
@@ -228,3 +242,5 @@ class Store(Backend, Protocol):
     def logs(self) -> Logs: ...
     @property
     def retention(self) -> Retention: ...
+    @property
+    def usage(self) -> Usage: ...

@@ -43,7 +43,7 @@ from corral.store.rows import (
     to_json,
     worker_from_row,
 )
-from corral.store.schema import EVENT_COLUMNS, WORKER_COLUMNS, Column, Index
+from corral.store.schema import EVENT_COLUMNS, USAGE_COLUMNS, WORKER_COLUMNS, Column, Index
 from corral.store.sql import PROBE_WRITE
 
 try:  # the driver is an optional extra: corral[postgres]
@@ -388,29 +388,51 @@ class PostgresStore(ComposedStore):
     def _jobs_part(self) -> SqlJobs:
         return PostgresJobs(self)
 
-    def _write(self, tx: Any, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
-        """The compare-and-set and its event row in one statement (one round trip): the event is
-        inserted only for the row the update matched."""
-        return bool(tx.execute(*self.one_statement(update, params, event), pipelined=True))
+    def _write(
+        self,
+        tx: Any,
+        update: str,
+        params: list[Any],
+        event: tuple[Any, ...] | None,
+        usage: tuple[Any, ...] | None = None,
+    ) -> bool:
+        """The compare-and-set, its event row and its usage row in one statement (one round
+        trip): the rows are inserted only for the row the update matched."""
+        return bool(tx.execute(*self.one_statement(update, params, event, usage), pipelined=True))
 
     @staticmethod
     def one_statement(
-        update: str, params: list[Any], event: tuple[Any, ...] | None, checked: bool = False
+        update: str,
+        params: list[Any],
+        event: tuple[Any, ...] | None,
+        usage: tuple[Any, ...] | None = None,
+        checked: bool = False,
     ) -> tuple[str, list[Any]]:
-        """The compare-and-set ``update`` with its event row's insert, one statement. ``checked``:
-        a statement that raises (``CHECKED_ANSWER``) when the update matched no row, so that it
-        can be sent without waiting for its answer: its transaction then fails whole."""
-        if event is None and not checked:
+        """The compare-and-set ``update`` with its event row's and usage row's inserts, one
+        statement. ``checked``: a statement that raises (``CHECKED_ANSWER``) when the update
+        matched no row, so that it can be sent without waiting for its answer: its transaction
+        then fails whole."""
+        if event is None and usage is None and not checked:
             return update, params
         answer = CHECKED_ANSWER if checked else "SELECT id FROM moved"
-        if event is None:
-            return f"WITH moved AS ({update}) {answer}", params
-        statement = (
-            f"WITH moved AS ({update}), event AS ("
-            f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer, ?::double precision,"
-            f" ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer FROM moved) {answer}"
-        )
-        return statement, [*params, *event[1:]]
+        parts = [f"moved AS ({update})"]
+        values = list(params)
+        if event is not None:
+            parts.append(
+                f"event AS (INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, ?::integer,"
+                " ?::double precision, ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::text, ?::integer"
+                " FROM moved)"
+            )
+            values += event[1:]
+        if usage is not None:
+            parts.append(
+                f"usage AS (INSERT INTO attempt_usage ({', '.join(USAGE_COLUMNS)}) SELECT id, ?::integer,"
+                " ?::text, ?::text, ?::text, ?::integer, ?::integer, ?::double precision,"
+                " ?::double precision, ?::double precision, ?::double precision, ?::text FROM moved"
+                " ON CONFLICT (job_id, attempt) DO NOTHING)"
+            )
+            values += usage[1:]
+        return f"WITH {', '.join(parts)} {answer}", values
 
     def _apply_all(self, tx: Any, transitions: Sequence[Transition]) -> None:
         """A claim's starts, not waited for: each compare-and-set (checked: it raises when it

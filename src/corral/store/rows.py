@@ -13,7 +13,7 @@ from corral.domain.records import Allocation, Constraints, GpuReading, Job, JobS
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, LEASED, NON_TERMINAL, TERMINAL, Status
 from corral.domain.transitions import Transition
-from corral.store.schema import DECLARED_INDEXES, EVENT_COLUMNS, JOB_COLUMNS, WORKER_COLUMNS
+from corral.store.schema import DECLARED_INDEXES, EVENT_COLUMNS, JOB_COLUMNS, USAGE_COLUMNS, WORKER_COLUMNS
 
 JOB_SELECT = ", ".join(JOB_COLUMNS)
 WORKER_SELECT = ", ".join(WORKER_COLUMNS)
@@ -277,6 +277,12 @@ INSERT_JOB = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
 )
 INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#: an attempt's usage row (``SqlStore.usage_values``); a row already there (none should be: an
+#: attempt's hold ends once) is kept, never a reason to roll the transition back
+INSERT_USAGE = (
+    f"INSERT INTO attempt_usage ({', '.join(USAGE_COLUMNS)}) VALUES ({', '.join('?' for _ in USAGE_COLUMNS)})"
+    " ON CONFLICT (job_id, attempt) DO NOTHING"
+)
 
 
 def allocation_from_row(row: Sequence[Any]) -> Allocation:

@@ -241,6 +241,20 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "below_since DOUBLE PRECISION",
         "since DOUBLE PRECISION",
     ),
+    "attempt_usage": columns(  # migration 16
+        "job_id TEXT NOT NULL",
+        "attempt INTEGER NOT NULL",
+        "username TEXT",
+        "pool TEXT NOT NULL",
+        "worker_id TEXT",
+        "gpus INTEGER NOT NULL",
+        "cpus INTEGER NOT NULL",
+        "submitted_at DOUBLE PRECISION NOT NULL",
+        "started_at DOUBLE PRECISION NOT NULL",
+        "ended_at DOUBLE PRECISION NOT NULL",
+        "wait_s DOUBLE PRECISION",
+        "status TEXT NOT NULL",
+    ),
 }
 
 DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -255,6 +269,7 @@ DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "job_logs": ("job_id", "attempt"),
     "job_log_chunks": ("job_id", "attempt", "start_offset"),
     "pool_starvation": ("path",),
+    "attempt_usage": ("job_id", "attempt"),
 }
 
 DECLARED_INDEXES: dict[str, Index] = {
@@ -272,6 +287,7 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
     "jobs_claim_key": Index("jobs", ("claim_key",), where="claim_key IS NOT NULL"),
     "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
+    "attempt_usage_ended": Index("attempt_usage", ("ended_at",)),
 }
 
 #: table -> column names in order (what the migration test compared before types were declared)
@@ -282,6 +298,7 @@ JOB_COLUMNS = DECLARED_SCHEMA["jobs"]
 WORKER_COLUMNS = DECLARED_SCHEMA["workers"]
 EVENT_COLUMNS = DECLARED_SCHEMA["job_events"]
 POOL_COLUMNS = DECLARED_SCHEMA["pools"]
+USAGE_COLUMNS = DECLARED_SCHEMA["attempt_usage"]
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -652,6 +669,34 @@ MIGRATIONS: tuple[Migration, ...] = (
             # ``GET /jobs?user=`` (``corral jobs --mine``): one user's jobs in submission order,
             # either way, without a scan of everyone's.
             "CREATE INDEX jobs_user_submitted ON jobs (username, submitted_at, id)",
+        ),
+    ),
+    Migration(
+        16,
+        "usage accounting",
+        (
+            # API.md "Usage": one row per attempt that held resources, written in the transaction
+            # that ended its hold (``SqlStore.compare_and_set``), kept CORRAL_USAGE_RETENTION_DAYS
+            # whatever job retention removes. A window's sums read the attempts that ended in or
+            # after it (``ended_at``); the retention loop removes the oldest by the same index.
+            """
+            CREATE TABLE attempt_usage (
+                job_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                username TEXT,
+                pool TEXT NOT NULL,
+                worker_id TEXT,
+                gpus INTEGER NOT NULL,
+                cpus INTEGER NOT NULL,
+                submitted_at DOUBLE PRECISION NOT NULL,
+                started_at DOUBLE PRECISION NOT NULL,
+                ended_at DOUBLE PRECISION NOT NULL,
+                wait_s DOUBLE PRECISION,
+                status TEXT NOT NULL,
+                PRIMARY KEY (job_id, attempt)
+            )
+            """,
+            "CREATE INDEX attempt_usage_ended ON attempt_usage (ended_at)",
         ),
     ),
 )

@@ -12,7 +12,8 @@ placeholders; the PostgreSQL backend rewrites them once.
 The store decides nothing about a job's next status: its parts hand the rows a decision needs to a
 decision function of ``corral.core`` and apply the plan it returns through ``_apply``, the one
 place a job's row changes status: a compare-and-set on status and version, and the ``job_events``
-row, in the same transaction.
+row (and, where an attempt's hold of resources ends, its ``attempt_usage`` row), in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 from corral.domain import errors
 from corral.domain.records import Job
-from corral.domain.status import is_allowed
+from corral.domain.status import HOLDING, LEASED, is_allowed
 from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import (
     WouldWait,
@@ -31,6 +32,7 @@ from corral.store.base import (
 from corral.store.dialect import Dialect
 from corral.store.rows import (
     INSERT_EVENT,
+    INSERT_USAGE,
     Transaction,
     changed_columns,
 )
@@ -166,9 +168,9 @@ class SqlStore(abc.ABC):
 
     def compare_and_set(
         self, transition: Transition, guard: str = "", guard_params: Sequence[Any] = ()
-    ) -> tuple[str, list[Any], tuple[Any, ...] | None] | None:
-        """The compare-and-set of ``transition``, its parameters and its event row (None when the
-        transition writes nothing)."""
+    ) -> tuple[str, list[Any], tuple[Any, ...] | None, tuple[Any, ...] | None] | None:
+        """The compare-and-set of ``transition``, its parameters, its event row and its usage row
+        (None when the transition writes nothing)."""
         before, after = transition.before, transition.after
         moves = transition.changes_status
         if moves and not is_allowed(before.status, after.status):
@@ -184,7 +186,12 @@ class SqlStore(abc.ABC):
             f"{guard} RETURNING id"
         )
         params = [*changes.values(), before.id, before.status.value, before.version, *guard_params]
-        return update, params, self._event_values(transition) if moves else None
+        return (
+            update,
+            params,
+            self._event_values(transition) if moves else None,
+            self.usage_values(transition),
+        )
 
     @staticmethod
     def _event_values(transition: Transition) -> tuple[Any, ...]:
@@ -196,13 +203,44 @@ class SqlStore(abc.ABC):
             transition.epoch, after.worker_id, after.attempts,
         )  # fmt: skip
 
-    def _write(self, tx: Transaction, update: str, params: list[Any], event: tuple[Any, ...] | None) -> bool:
-        """Run the compare-and-set ``update`` and, when it matched, insert ``event``; whether it
-        matched. Two statements here; PostgreSQL makes them one round trip."""
+    @staticmethod
+    def usage_values(transition: Transition) -> tuple[Any, ...] | None:
+        """The ``attempt_usage`` row of a transition that ends an attempt's hold of resources (in
+        ``USAGE_COLUMNS`` order), None for any other.
+
+        An attempt holds its resources from its start (``started_at``: the claim) while it is
+        running or preempting; the transition that takes it to a status that holds nothing (done,
+        failed, preempted, cancelled, back to the queue) ends the hold, whatever ended it. A
+        reservation that was never claimed ran no attempt and writes none. ``wait_s``: how long
+        the job waited for its first attempt."""
+        before, after = transition.before, transition.after
+        if before.status not in LEASED or after.status in HOLDING or before.started_at is None:
+            return None
+        spec = before.spec
+        return (
+            before.id, before.attempts, spec.user, spec.pool, before.worker_id,
+            spec.resources.gpus, spec.resources.cpus, before.submitted_at, before.started_at,
+            transition.at,
+            before.started_at - before.submitted_at if before.attempts == 1 else None,
+            after.status.value,
+        )  # fmt: skip
+
+    def _write(
+        self,
+        tx: Transaction,
+        update: str,
+        params: list[Any],
+        event: tuple[Any, ...] | None,
+        usage: tuple[Any, ...] | None = None,
+    ) -> bool:
+        """Run the compare-and-set ``update`` and, when it matched, insert ``event`` and
+        ``usage``; whether it matched. Several statements here; PostgreSQL makes them one."""
         if not tx.execute(update, params):
             return False
         if event is not None:
             tx.execute(INSERT_EVENT, event)
+        if usage is not None:
+            tx.execute(INSERT_USAGE, usage)
         return True
 
     # ``Applier``, for the composed parts (``store.dialect``)

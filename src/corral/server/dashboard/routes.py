@@ -28,7 +28,7 @@ from corral.domain import errors
 from corral.domain.clock import to_rfc3339
 from corral.domain.status import Status
 from corral.server import changes
-from corral.server.auth import principal_of
+from corral.server.auth import Role, principal_of
 from corral.server.dashboard import views
 from corral.server.executor import Work
 from corral.server.http import query_int
@@ -70,6 +70,9 @@ def _not_found(request: Request, what: str) -> HTMLResponse:
 
 def overview(request: Request) -> Response:
     state = state_of(request)
+    principal = principal_of(request)
+    # a user's own usage, as GET /usage answers them; an admin's (or everyone's, without auth) all
+    own_user = principal.name if principal is not None and principal.role != Role.ADMIN else None
     rows = views.workers(state.store.workers)
     totals = views.gpu_totals(rows)
     jobs = state.store.jobs.count_jobs_by_status()
@@ -82,6 +85,8 @@ def overview(request: Request) -> Response:
         jobs_total=sum(jobs.values()),
         workers=rows,
         pools=views.pools(state.store.jobs, fair_share_now(state)),
+        gpu_hours=views.gpu_hours_by_pool(state.store.usage, state.clock.now(), own_user),
+        own_usage=own_user is not None,
         now=to_rfc3339(state.clock.now()),
     )
 

@@ -19,7 +19,7 @@ from corral.protocol.wire import gang_status, job_to_wire
 from corral.server.auth import Principal, redact_job
 from corral.store import Store
 from corral.store.base import JobFilter
-from corral.store.ports import Jobs, Workers
+from corral.store.ports import Jobs, Usage, Workers
 
 STATUS_ORDER = [status.value for status in Status]
 
@@ -159,6 +159,17 @@ def pools(store: Jobs, fair: FairShareState) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+#: the overview's usage window: the last seven days
+USAGE_WINDOW_S = 7 * 86400.0
+
+
+def gpu_hours_by_pool(store: Usage, now: float, user: str | None) -> list[tuple[str, float]]:
+    """Each pool's GPU-hours over the last seven days (``user``: that user's only), most first."""
+    totals = store.usage_totals(now - USAGE_WINDOW_S, now, ("pool",), now, user)
+    rows = [(row.pool or "", row.gpu_seconds / 3600) for row in totals]
+    return sorted(rows, key=lambda row: (-row[1], row[0]))
 
 
 def timeline(events: list[JobEvent], now: float) -> list[Segment]:
