@@ -66,7 +66,7 @@ def test_a_follower_sees_each_line_while_the_job_waits_for_it_to_be_seen(
         seen = []
         # A read timeout far past any delay of the shipper, and far before the next heartbeat.
         with httpx.stream(
-            "GET", f"{server.url}/jobs/{job['id']}/logs", params={"follow": "1"}, timeout=120
+            "GET", f"{server.url}/jobs/{job['id']}/logs", params={"follow": "1"}, timeout=30
         ) as answer:
             assert answer.status_code == 200
             for line in answer.iter_lines():

@@ -10,8 +10,8 @@ import pytest
 
 from corral.client import ApiError, ServerUnreachable
 from corral.testing.fake_client import FakeClient
-from corral.worker.job_run import StopReason
 from corral.worker import log_shipper
+from corral.worker.job_run import StopReason
 from corral.worker.log_shipper import RETRY_S, LogShipper
 from tests.unit.worker_support import finish, make_run, wait_for
 
