@@ -4,6 +4,7 @@ the job ever waiting for the network; and an attempt's whole output is there bef
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,32 @@ def test_a_spill_that_cannot_be_written_falls_back_to_dropping(tmp_path: Path):
     text = bytes(server.stream).decode()
     assert "bytes of output dropped" in text
     assert text.endswith("00000999\n")
+
+
+def test_a_spill_too_large_to_send_at_the_end_gives_way_to_the_end_of_the_output(tmp_path: Path):
+    server = Server()
+    server.gate.clear()
+    sends = server.send
+
+    def slow_send(offset: int, data: bytes) -> int:
+        time.sleep(0.01)
+        return sends(offset, data)
+
+    spill_path = tmp_path / "j-1-1.log"
+    shipper = LogShipper(
+        slow_send, chunk_bytes=16, buffer_bytes=256, spill_path=spill_path, flush_timeout_s=0.5
+    ).start()
+    written = b"".join(b"%08d\n" % n for n in range(20_000))  # 180 kB: 11,000 sends of 16 bytes
+    for start in range(0, len(written), 90):
+        shipper.write(written[start : start + 90])
+    shipper.write(b"the error at the end\n")
+    server.gate.set()
+    shipper.close()
+    text = bytes(server.stream)
+    assert b"bytes of output dropped" in text
+    assert text.endswith(b"00019999\nthe error at the end\n")
+    assert written.startswith(text.split(b"\n[corral: ", 1)[0])  # the spill's start, in order
+    assert not spill_path.exists()
 
 
 def test_spill_files_a_killed_worker_left_are_cleared(tmp_path: Path):

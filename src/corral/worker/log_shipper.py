@@ -22,7 +22,8 @@ blocks on a full pipe however fast it writes. A thread of the shipper sends what
    goes into the stream where they were;
 4. ``close`` (after the job's output reached its end) sends what is left, for at most
    ``flush_timeout_s``, before the attempt's final report: a follow sees the whole output once the
-   job has ended.
+   job has ended. A spill not sent within half of that is dropped (with a note), so that the end of
+   the output, in the buffer, still goes out.
 
 A 404 or 409 ``stale_attempt`` means the attempt is no longer the job's: shipping stops (the job's
 heartbeat stops the job). Any other refusal stops shipping with a warning; the job runs on.
@@ -273,15 +274,9 @@ class LogShipper:
             return not self._stopped and bool(self._waiting_bytes())
 
     def ship_due(self) -> bool:
-        """Send chunks while one is due (``delay`` says 0); False when a send failed."""
-        while self.delay(self._clock()) == 0:
-            if not self._send_one():
-                return False
-        return True
-
-    def _ship_all(self) -> bool:
-        """Send chunks until nothing is waiting; False when a send failed (try again later)."""
-        while self._pending():
+        """Send chunks while one is due (``delay`` says 0) and ``close`` has not begun (it sends
+        the rest itself); False when a send failed."""
+        while not self._closing and self.delay(self._clock()) == 0:
             if not self._send_one():
                 return False
         return True
@@ -307,9 +302,28 @@ class LogShipper:
             self._stop(error)
             return True
         with self._lock:
-            self._inflight = b""
-            self.offset = size
+            # ``close`` may send beside a send of the thread it stopped waiting for: the same
+            # chunk at the same offset, stored once; the answer that comes last clears nothing new.
+            if self._inflight is chunk:
+                self._inflight = b""
+            self.offset = max(self.offset, size)
         return True
+
+    def _drop_spill(self) -> None:
+        """Drop what the spill holds unsent: noted, like the bytes dropped past it, before the
+        buffer's bytes."""
+        with self._lock:
+            spill = self._spill
+            if spill is None or not len(spill):
+                return
+            count = len(spill)
+            spill.close()
+            self._dropped += count
+            self.dropped_total += count
+        logger.warning(
+            "log spill dropped: not sent in time at the end of the attempt",
+            extra={**self._fields, "bytes": count},
+        )
 
     def _stop(self, error: ApiError) -> None:
         with self._lock:
@@ -368,11 +382,19 @@ class LogShipper:
         self.abandon()
 
     def _flush(self) -> None:
-        deadline = time.monotonic() + self._flush_timeout_s
+        """Send what is left within ``flush_timeout_s``. A spill still unsent after half of it is
+        dropped (with its note): the output's end, often what says why a job failed, is in the
+        buffer after it, and would otherwise be lost behind a spill too large to send in time."""
+        start = time.monotonic()
+        deadline = start + self._flush_timeout_s
+        spill_until = start + self._flush_timeout_s / 2
         retry = RETRY_S
         while self._pending():
-            if self._ship_all():
-                return
+            if time.monotonic() >= spill_until:
+                self._drop_spill()
+            if self._send_one():
+                retry = RETRY_S
+                continue
             if time.monotonic() + retry > deadline:
                 logger.warning(
                     "log shipping gave up: server unreachable at the end of the attempt",
