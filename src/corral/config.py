@@ -245,6 +245,20 @@ class WorkerSettings(BaseSettings):
     preempt_grace_s: float = Field(15.0, ge=0, description="SIGTERM to SIGKILL grace")
     shutdown_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM, time running jobs get")
     output_tail_bytes: int = Field(4096, ge=0, description="output tail sent with a failure")
+    log_ship_delay_s: float = Field(
+        0.2,
+        ge=0,
+        le=60,
+        description="a job's output smaller than a chunk (1 MiB) goes to the server at most this long"
+        " after the previous send (a follow sees it within about that); a full chunk goes at once",
+    )
+    log_spill_max_mb: int = Field(
+        4096,
+        ge=0,
+        description="output a job writes faster than the server takes it, past the 8 MiB buffer, is"
+        " kept in a spill file of the attempt in the state directory, up to this much (and half the"
+        " disk's free space); past it the oldest unsent output is dropped with a note. 0: no spill",
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
     # Watchdogs (seed 004): a job's own budget_s / stall_timeout_s win over these.
     budget_s: float | None = Field(

@@ -89,6 +89,36 @@ def test_follow_streams_new_output_and_ends_with_the_attempt(server, api):
     assert b"".join(received) == b"hello\nworld\n"
 
 
+def test_a_stored_chunk_reaches_a_follow_on_the_same_server_without_waiting_for_the_next_poll(server, api):
+    """The append nudges the job's watch: with its polls an hour apart, the follow still gets the
+    chunk (issue 23: ``logs -f`` showed output late; the latency is in bench/log_latency.py)."""
+    server.state.log_watches.poll_s = 3600
+    register(api)
+    submit(api)
+    job = claim(api)
+    received: list[bytes] = []
+    got = threading.Event()
+
+    def follow():
+        with (
+            httpx.Client(base_url=server.url, timeout=30) as client,
+            client.stream("GET", f"/jobs/{job['id']}/logs", params={"follow": 1}) as response,
+        ):
+            for data in response.iter_raw():
+                received.append(data)
+                if b"".join(received) == b"hello\n":
+                    got.set()
+                    return
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    # the watch polled once and pauses for an hour
+    wait_until(lambda: getattr(server.state.log_watches.watches.get(job["id"]), "latest", None) is not None)
+    send(api, job, 0, b"hello\n")
+    assert got.wait(20), "the follow did not get the chunk before the watch's next poll"
+    reader.join(timeout=5)
+
+
 def test_the_reaper_removes_logs_past_retention(server, settings, clock, api):
     settings.retention_days = 1
     register(api)

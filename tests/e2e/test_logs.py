@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from corral.client import Client
@@ -45,6 +46,37 @@ def test_logs_follow_shows_a_running_job_live_and_the_whole_output_after(
     whole = client.logs(job["id"])
     assert whole.text == "first\nto-stderr\n" + expected
     assert whole.attempt == 1
+
+
+def test_a_follower_sees_each_line_while_the_job_waits_for_it_to_be_seen(
+    start_server, start_worker, tmp_path
+):
+    """Each line reaches a ``follow=1`` reader while the job that printed it is blocked until the
+    reader has it: with job heartbeats 5 minutes apart, only a shipper that sends soon after the
+    output arrives (not at the heartbeat) lets the job go on. (Issue 23: ``logs -f`` showed output
+    in bursts, at each heartbeat.) The latency itself is measured by bench/log_latency.py."""
+    server = start_server("--heartbeat-timeout-s", "900")
+    start_worker(server.url, "w1", "--heartbeat-s", "300")
+    gates = [tmp_path / f"seen-{number}" for number in range(3)]
+    steps = "; ".join(
+        f"echo line {number}; while [ ! -e {gate} ]; do sleep 0.02; done" for number, gate in enumerate(gates)
+    )
+    with Client(server.url) as client:
+        job = client.submit({"command": f"{steps}; echo last"})
+        seen = []
+        # A read timeout far past any delay of the shipper, and far before the next heartbeat.
+        with httpx.stream(
+            "GET", f"{server.url}/jobs/{job['id']}/logs", params={"follow": "1"}, timeout=30
+        ) as answer:
+            assert answer.status_code == 200
+            for line in answer.iter_lines():
+                seen.append(line)
+                if line.startswith("line "):
+                    # the job waits for this line to be seen: it has not gone past it
+                    assert client.get_job(job["id"])["status"] == "running"
+                    gates[int(line.split()[1])].touch()
+        assert seen == ["line 0", "line 1", "line 2", "last"]
+        wait_status(client, job["id"], {"done"})
 
 
 def test_logs_follow_ends_cleanly_on_ctrl_c(server, client: Client, start_worker):

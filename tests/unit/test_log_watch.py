@@ -201,3 +201,22 @@ def test_a_follow_of_a_job_cancelled_before_it_started_ends():
         assert follow.ended and follow.received == b""
 
     asyncio.run(scenario())
+
+
+def test_a_chunk_stored_through_this_server_nudges_the_watch_to_poll_without_waiting_its_pause():
+    async def scenario() -> None:
+        harness = Harness()
+        harness.store.start()
+        follow = harness.follow()
+        await harness.tick()
+        harness.store.write(b"line\n")
+        await settle()
+        assert follow.received == b"", "no tick, no nudge: the watch still waits its pause"
+        harness.state.log_watches.nudge(JOB)
+        await settle()
+        assert follow.received == b"line\n"
+        harness.state.log_watches.nudge("j-unfollowed")  # a job nobody follows: nothing to do
+        follow.task.cancel()
+        await settle()
+
+    asyncio.run(scenario())

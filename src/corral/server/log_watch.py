@@ -13,6 +13,10 @@ what changed; every follow of the job waits on it and wakes only when there is s
 - the token file changed (``revision``): each follow checks that its token still stands for its
   caller, and ends when it does not.
 
+A chunk a worker appends through this server nudges its job's watch (``nudge``): it polls at once
+instead of at the end of its pause, so a follow on the same server sees a line about as soon as it
+is stored; a follow on another replica sees it at that replica's next poll.
+
 A watch stops polling once its job is terminal (nothing changes after that) and when its last
 follow leaves; a follow of it later starts it again.
 """
@@ -51,6 +55,8 @@ class JobWatch:
     followers: int = 0
     task: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set by ``LogWatches.nudge``: the job's log grew here, poll now
+    nudged: asyncio.Event = field(default_factory=asyncio.Event)
 
     def publish(self) -> None:
         self.version += 1
@@ -97,6 +103,25 @@ class LogWatches:
         if watch.followers == 0 and self.watches.get(watch.job_id) is watch:
             del self.watches[watch.job_id]  # its poll ends after its current pass
 
+    def nudge(self, job_id: str) -> None:
+        """The job's log grew (a chunk was stored through this server): its watch, if any, polls
+        now rather than at the end of its pause."""
+        watch = self.watches.get(job_id)
+        if watch is not None:
+            watch.nudged.set()
+
+    async def _pause(self, watch: JobWatch) -> None:
+        """Wait ``poll_s``, or less when the watch is nudged meanwhile."""
+        if not watch.nudged.is_set():
+            pause = asyncio.ensure_future(self.sleep(self.poll_s))
+            nudged = asyncio.ensure_future(watch.nudged.wait())
+            try:
+                await asyncio.wait((pause, nudged), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                pause.cancel()
+                nudged.cancel()
+        watch.nudged.clear()
+
     async def close(self) -> None:
         """Stop every poll (the server is stopping)."""
         tasks = [watch.task for watch in self.watches.values() if watch.task is not None]
@@ -128,7 +153,7 @@ class LogWatches:
                 watch.publish()
             if latest.job.status in TERMINAL:
                 return
-            await self.sleep(self.poll_s)
+            await self._pause(watch)
 
     async def _chunk(self, job_id: str, attempt: int, offset: int) -> LogSlice | None:
         try:

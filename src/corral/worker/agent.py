@@ -39,7 +39,7 @@ from typing import Any
 from corral.client import ApiError, ClientError, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
-from corral.worker import cgroups, identity, leftovers
+from corral.worker import cgroups, identity, leftovers, log_shipper
 from corral.worker.calls import MAX_CLAIM, WorkerClient
 from corral.worker.cgroup_limits import gpu_device_numbers
 from corral.worker.job_run import SHUTDOWN_ERROR, BeatRequest, JobRun, StopReason
@@ -143,6 +143,12 @@ class Agent:
         # Before any claim: what a killed run of this worker left must not run beside new work.
         self._start_containment()
         stopped = self.records.stop_leftovers(self.settings.preempt_grace_s)
+        spills = log_shipper.clear_spills(log_shipper.spill_directory(self.records.directory))
+        if spills:
+            logger.info(
+                "removed log spill files left by this worker's previous run",
+                extra={**self.fields, "count": spills},
+            )
         if stopped:
             logger.warning(
                 "stopped jobs left running by this worker's previous run",

@@ -73,7 +73,7 @@ import orjson
 from corral.client import ApiError, Client, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
-from corral.worker import checkpoints, identity, job_files, log_shipper
+from corral.worker import checkpoints, identity, job_files, leftovers, log_shipper
 from corral.worker.cgroup_limits import attempt_limits
 from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import HINT_SIGNAL, CheckpointPhase, Deferral
@@ -381,8 +381,12 @@ class JobRun:
                 self.job_id,
                 self._worker_id,
                 self.attempt,
-                self._settings.heartbeat_s,
                 self.fields,
+                delay_s=self._settings.log_ship_delay_s,
+                spill_dir=log_shipper.spill_directory(
+                    leftovers.state_directory(self._settings.state_dir, self._worker_id)
+                ),
+                spill_max_bytes=self._settings.log_spill_max_mb * 1024 * 1024,
             )
             self._cgroup = self._open_cgroup()
             try:

@@ -5,7 +5,8 @@
 ``GET /jobs/{id}/logs`` answers ``text/plain`` bytes of one attempt (the latest by default) from
 ``offset``; with ``follow=1`` it streams new bytes as they are stored, from the store (so through any
 replica), until the attempt ends, the job is removed, or the caller's token is revoked; the follows
-of one job share one poll of the store (``server.log_watch``). Headers say which attempt
+of one job share one poll of the store (``server.log_watch``), which a chunk stored through this
+server nudges to poll at once. Headers say which attempt
 (``X-Corral-Attempt``), the offset of the first byte sent (``X-Corral-Log-Start``), where the stored
 stream ended when the answer was made (``X-Corral-Log-Size``) and how many of its first bytes were
 dropped (``X-Corral-Log-Dropped``).
@@ -65,6 +66,8 @@ async def append(request: Request) -> Response:
     if appended.trimmed:
         state.metrics.log_bytes_dropped.inc(appended.trimmed)
     state.metrics.log_bytes_stored.inc(appended.accepted)
+    if appended.accepted:
+        state.log_watches.nudge(appended.job_id)
     return json_response(
         {
             "job_id": appended.job_id,
