@@ -69,6 +69,9 @@ class ServerSettings(BaseSettings):
         14.0, gt=0, description="finished jobs, their events, logs, checkpoints and keys are kept this long"
     )
     retention_tick_s: float = Field(60.0, gt=0, description="retention loop interval")
+    dependency_tick_s: float = Field(
+        5.0, gt=0, description="dependency loop interval (a job's end wakes it sooner)"
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
     # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
     starvation_timeout_s: float = Field(

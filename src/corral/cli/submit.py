@@ -16,9 +16,9 @@ from typing import Any
 
 from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect, key_value
-from corral.client import Client
+from corral.client import Client, parse_after
 from corral.domain.status import TERMINAL
-from corral.protocol.answers import GangAnswer, GangSubmitted, JobAnswer
+from corral.protocol.answers import ArrayAnswer, ArraySubmitted, GangAnswer, GangSubmitted, JobAnswer
 
 # (flag, body field, type, help) for the top-level scalar fields of the submit body.
 _SCALAR_FIELDS: tuple[tuple[str, str, type, str], ...] = (
@@ -89,6 +89,17 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     place.add_argument(
         "--no-workdir", action="store_true", help="start the job in a fresh per-job directory instead"
     )
+    parser.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="an array of this job: 0-99, 0-99:4 (every 4th) or 1,5,7, with %%N to run at most N at once",
+    )
+    parser.add_argument(
+        "--after",
+        metavar="WHEN:ID,...",
+        help="start only once each job, gang or array ID ended as WHEN says: ok (every task done), "
+        "notok, any; e.g. ok:a-1f2e,any:j-9c3d",
+    )
     parser.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
     parser.add_argument(
         "--wait", action="store_true", help="wait until the job (every task) ends; exit 0 if done, else 1"
@@ -128,6 +139,10 @@ def build_body(arguments: argparse.Namespace) -> dict[str, Any]:
     workdir = _workdir(arguments)
     if workdir is not None:
         body["workdir"] = workdir
+    if getattr(arguments, "array", None):
+        body["array"] = arguments.array
+    if getattr(arguments, "after", None):
+        body["after"] = [parse_after(part) for part in arguments.after.split(",") if part.strip()]
     return body
 
 
@@ -149,6 +164,8 @@ def run(arguments: argparse.Namespace) -> int:
         if not arguments.wait:
             if arguments.json:
                 output.print_json(answer)
+            elif isinstance(answer, ArraySubmitted):
+                print(answer.array_id)
             elif isinstance(answer, GangSubmitted):
                 print(answer.gang_id)
                 print("\n".join(answer.tasks))
@@ -157,15 +174,23 @@ def run(arguments: argparse.Namespace) -> int:
             return exit_codes.OK
         if not arguments.json:
             print(
-                answer.gang_id if isinstance(answer, GangSubmitted) else answer.id,
+                _submitted_id(answer),
                 file=sys.stderr,
                 flush=True,
             )
         return _wait(client, answer, arguments.json)
 
 
-def _wait(client: Client, answer: JobAnswer | GangSubmitted, as_json: bool) -> int:
+def _submitted_id(answer: JobAnswer | GangSubmitted | ArraySubmitted) -> str:
+    if isinstance(answer, ArraySubmitted):
+        return answer.array_id
+    return answer.gang_id if isinstance(answer, GangSubmitted) else answer.id
+
+
+def _wait(client: Client, answer: JobAnswer | GangSubmitted | ArraySubmitted, as_json: bool) -> int:
     """Poll (backing off to every 2 s) until every task is terminal; print the outcome."""
+    if isinstance(answer, ArraySubmitted):
+        return _wait_array(client, answer.array_id, as_json)
     delay = _FIRST_POLL_S
     final: JobAnswer | GangAnswer
     while True:
@@ -187,6 +212,26 @@ def _wait(client: Client, answer: JobAnswer | GangSubmitted, as_json: bool) -> i
         for task in tasks:
             print(f"{task.id}: {_outcome(task)}")
     succeeded = all(task.status == "done" for task in tasks)
+    return exit_codes.OK if succeeded else exit_codes.REFUSED
+
+
+def _wait_array(client: Client, array_id: str, as_json: bool) -> int:
+    """``--wait`` for an array: until every task ended; its counts by status, then the outcome."""
+    delay = _FIRST_POLL_S
+    final: ArrayAnswer
+    while True:
+        final = client.array(array_id, limit=0)
+        if all(status in TERMINAL for status in final.counts):
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, _MAX_POLL_S)
+    if as_json:
+        output.print_json(final)
+    else:
+        print(
+            f"{array_id}: " + ", ".join(f"{count} {status}" for status, count in sorted(final.counts.items()))
+        )
+    succeeded = set(final.counts) == {"done"}
     return exit_codes.OK if succeeded else exit_codes.REFUSED
 
 

@@ -141,11 +141,13 @@ class WorkerBeat:
 
 @dataclass(frozen=True)
 class Submitted:
-    """One submitted item: a single job, or a gang (its tasks in ``gang_index`` order)."""
+    """One submitted item: a single job, a gang (its tasks in ``gang_index`` order), or an array
+    (its tasks in index order)."""
 
     job: Job | None = None
     gang_id: str | None = None
     tasks: tuple[Job, ...] = ()
+    array_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class JobFilter:
     gang_id: str | None = None
     pool: str | None = None
     worker_id: str | None = None
+    array_id: str | None = None
 
 
 @dataclass(frozen=True)

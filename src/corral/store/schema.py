@@ -144,6 +144,12 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "checkpoint_failures INTEGER NOT NULL DEFAULT 0",  # migration 7
         "claim_key TEXT",  # migration 11
         "workdir TEXT",  # migration 12
+        "array_id TEXT",  # migration 16
+        "array_index INTEGER",  # migration 16
+        "array_size INTEGER",  # migration 16
+        "array_throttle INTEGER",  # migration 16
+        "depends_on TEXT NOT NULL DEFAULT ''",  # migration 16
+        "awaiting_dependencies INTEGER NOT NULL DEFAULT 0",  # migration 16
     ),
     "workers": columns(
         "id TEXT NOT NULL",
@@ -270,6 +276,8 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_finished": Index("jobs", ("finished_at",), where="finished_at IS NOT NULL"),
     "jobs_claim_key": Index("jobs", ("claim_key",), where="claim_key IS NOT NULL"),
     "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
+    "jobs_array": Index("jobs", ("array_id", "status"), where="array_id IS NOT NULL"),  # migration 16
+    "jobs_awaiting": Index("jobs", ("submitted_at", "id"), where="awaiting_dependencies = 1"),  # migration 16
 }
 
 #: table -> column names in order (what the migration test compared before types were declared)
@@ -612,6 +620,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             # CORRAL_DEFAULT_WALLTIME_S / CORRAL_MAX_WALLTIME_S).
             "ALTER TABLE pools ADD COLUMN default_walltime_s DOUBLE PRECISION",
             "ALTER TABLE pools ADD COLUMN max_walltime_s DOUBLE PRECISION",
+        ),
+    ),
+    Migration(
+        16,
+        "arrays and dependencies",
+        (
+            # API.md "Arrays and dependencies". A task of an array: the array's id, the task's index,
+            # the array's size and its %N throttle (the claim counts the array's holding tasks
+            # through jobs_array: at most N rows per candidate).
+            "ALTER TABLE jobs ADD COLUMN array_id TEXT",
+            "ALTER TABLE jobs ADD COLUMN array_index INTEGER",
+            "ALTER TABLE jobs ADD COLUMN array_size INTEGER",
+            "ALTER TABLE jobs ADD COLUMN array_throttle INTEGER",
+            "CREATE INDEX jobs_array ON jobs (array_id, status) WHERE array_id IS NOT NULL",
+            # The job's after conditions (JSON, '' for none), and whether it still waits on them:
+            # the claim and admission pass it over, the dependency loop reads the waiting ones.
+            "ALTER TABLE jobs ADD COLUMN depends_on TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE jobs ADD COLUMN awaiting_dependencies INTEGER NOT NULL DEFAULT 0",
+            "CREATE INDEX jobs_awaiting ON jobs (submitted_at, id) WHERE awaiting_dependencies = 1",
         ),
     ),
 )
