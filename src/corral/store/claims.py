@@ -240,6 +240,7 @@ class SqlClaims:
                 candidates = [job_from_row(row) for row in rows]
             read = len(candidates)
             before = len(started_jobs)
+            throttled = False  # a start left out its array's other tasks: read again to count it
             while len(started_jobs) < limit:
                 chosen = policy.choose(worker, capacity, candidates, holds, at, borrowing_view)
                 if chosen is None:
@@ -259,7 +260,8 @@ class SqlClaims:
                     # the page counted the array's running tasks before this start: its other tasks
                     # wait for the next read, which counts this one too (RUNNABLE_SQL)
                     candidates = [candidate for candidate in candidates if candidate.array_id != job.array_id]
-            if read < page:
+                    throttled = True
+            if read < page and not throttled:
                 break  # the queue holds nothing more that fits
             if len(started_jobs) > before or loose:
                 offset = 0  # capacity shrank, or another filter: again from the head of the queue
