@@ -3,6 +3,7 @@ server (API.md "Arrays and dependencies"), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -55,3 +56,11 @@ def test_the_sdk_submits_arrays_and_conditions(client):
     assert sorted(task.id for task in listed) == sorted(array.tasks)
     cancelled = client.cancel_array(array.array_id)
     assert cancelled.counts == {"cancelled": 3}
+
+
+def test_corral_jobs_lists_the_tasks_of_an_array(server, client, capsys):
+    array = client.submit({"command": "true"}, array="0-1")
+    client.submit({"command": "true"})
+    code, out, err = corral(server, capsys, "jobs", "--array", array.array_id, "--json")
+    assert code == 0, err
+    assert sorted(item["id"] for item in json.loads(out)["items"]) == sorted(array.tasks)

@@ -28,6 +28,7 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", help="comma list: pending,running,...")
     parser.add_argument("--gang", metavar="GANG_ID", help="tasks of this gang")
     parser.add_argument("--pool", help="jobs of this pool")
+    parser.add_argument("--array", metavar="ARRAY_ID", help="tasks of this array")
     parser.add_argument("--worker", metavar="WORKER_ID", help="jobs placed on this worker")
     parser.add_argument("--limit", type=int, default=50, help="rows in one page (default 50)")
     parser.add_argument("--all", action="store_true", help="every job: follow the cursor through every page")
@@ -41,6 +42,7 @@ def run(arguments: argparse.Namespace) -> int:
         "gang_id": arguments.gang,
         "pool": arguments.pool,
         "worker_id": arguments.worker,
+        "array_id": arguments.array,
     }
     with connect(arguments) as client:
         if arguments.all:
