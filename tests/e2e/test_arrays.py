@@ -17,7 +17,8 @@ pytestmark = pytest.mark.e2e
 
 # each task notes when it started and ended (seconds, from the same host clock), and its env
 TASK = (
-    "date +%s.%N > {dir}/$CORRAL_ARRAY_INDEX.start; env | grep ^CORRAL_ARRAY_ > {dir}/$CORRAL_ARRAY_INDEX.env;"
+    "date +%s.%N > {dir}/$CORRAL_ARRAY_INDEX.start;"
+    " env | grep ^CORRAL_ARRAY_ > {dir}/$CORRAL_ARRAY_INDEX.env;"
     " sleep 0.6; date +%s.%N > {dir}/$CORRAL_ARRAY_INDEX.end"
 )
 
