@@ -147,3 +147,24 @@ def test_the_job_page_and_why_show_the_array_and_the_conditions(api):
     why = api.get(f"/jobs/{after['id']}/why").json()
     assert why["reasons"][0]["code"] == "dependency"
     assert f"ok:{array['array_id']}" in why["reasons"][0]["message"]
+
+
+def test_a_batch_may_hold_an_array_and_a_job_after_an_earlier_one(api):
+    earlier = submit(api)
+    response = api.post(
+        "/jobs/batch",
+        json={
+            "jobs": [
+                {"command": "true", "array": "0-2"},
+                {"command": "true", "after": [{"id": earlier["id"]}]},
+            ]
+        },
+    )
+    assert response.status_code == 201, response.text
+    array, job = response.json()["items"]
+    assert array["array_id"].startswith("a-") and len(array["tasks"]) == 3
+    assert (job["after"], job["reason"]["code"]) == ([{"id": earlier["id"], "when": "ok"}], "dependency")
+    too_many = api.post(
+        "/jobs/batch", json={"jobs": [{"command": "true", "array": "0-9999"}, {"command": "true"}]}
+    )
+    assert (too_many.status_code, error_code(too_many)) == (400, "invalid_request")
