@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from corral.client_errors import DEFAULT_SERVER, ApiError, ClientError, ServerUnreachable
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from corral.oneshot import OneShotTransport
     from corral.protocol.answers import (
         Answer,
+        ArrayAnswer,
+        ArraySubmitted,
         CheckpointSaved,
         ClaimAnswer,
         EventAnswer,
@@ -166,15 +168,27 @@ class Client:
 
     # --- jobs and gangs --------------------------------------------------------------------
 
-    def submit(self, job: dict[str, Any], idempotency_key: str | None = None) -> JobAnswer | GangSubmitted:
-        """Submit one job (or a gang when ``gang_size`` > 1): the job, or the gang's id and task ids."""
+    def submit(
+        self,
+        job: dict[str, Any],
+        idempotency_key: str | None = None,
+        array: str | None = None,
+        after: Sequence[str | dict[str, str]] | None = None,
+    ) -> JobAnswer | GangSubmitted | ArraySubmitted:
+        """Submit one job (or a gang when ``gang_size`` > 1): the job, or the gang's id and task ids.
+        ``array`` (``"0-99%8"``): an array of such jobs, answered with its id and task ids.
+        ``after``: conditions, each ``{"id": ..., "when": "ok"}`` or a ``"when:id"`` string."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        if array is not None:
+            job = {**job, "array": array}
+        if after:
+            job = {**job, "after": [parse_after(item) if isinstance(item, str) else item for item in after]}
         response = self.request("POST", "/jobs", job, headers=headers)
         return _submitted(response, self._decode(response))
 
     def submit_batch(
         self, jobs: list[dict[str, Any]], idempotency_key: str | None = None
-    ) -> list[JobAnswer | GangSubmitted]:
+    ) -> list[JobAnswer | GangSubmitted | ArraySubmitted]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         response = self.request("POST", "/jobs/batch", {"jobs": jobs}, headers=headers, timeout_s=120.0)
         data = self._decode(response)
@@ -274,6 +288,18 @@ class Client:
         from corral.protocol.answers import WhyAnswer
 
         return self._answer(WhyAnswer, "GET", f"/gangs/{gang_id}/why")
+
+    def array(self, array_id: str, limit: int = 100) -> ArrayAnswer:
+        """The array: its tasks' counts by status and its first ``limit`` tasks by index."""
+        from corral.protocol.answers import ArrayAnswer
+
+        return self._answer(ArrayAnswer, "GET", f"/arrays/{array_id}", params={"limit": limit})
+
+    def cancel_array(self, array_id: str) -> ArrayAnswer:
+        """Cancel every task of the array that has not ended (owner or admin)."""
+        from corral.protocol.answers import ArrayAnswer
+
+        return self._answer(ArrayAnswer, "POST", f"/arrays/{array_id}/cancel")
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -557,10 +583,18 @@ def _log_chunk(response: Response) -> LogChunk:
         ) from error
 
 
-def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted:
-    """A submit's item: a gang's ``{gang_id, tasks}``, else the job."""
-    from corral.protocol.answers import GangSubmitted, JobAnswer
+def parse_after(text: str) -> dict[str, str]:
+    """``"ok:ID"`` (or ``notok:``, ``any:``; a bare ``ID`` means ``ok``) as an ``after`` condition."""
+    when, _, job_id = text.strip().rpartition(":")
+    return {"id": job_id, "when": when or "ok"}
 
+
+def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted | ArraySubmitted:
+    """A submit's item: a gang's ``{gang_id, tasks}``, an array's ``{array_id, tasks}``, else the job."""
+    from corral.protocol.answers import ArraySubmitted, GangSubmitted, JobAnswer
+
+    if isinstance(data, dict) and "command" not in data and "array_id" in data:
+        return _parse(ArraySubmitted, response, data)
     if isinstance(data, dict) and "command" not in data and "gang_id" in data:
         return _parse(GangSubmitted, response, data)
     return _parse(JobAnswer, response, data)

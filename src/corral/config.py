@@ -72,6 +72,9 @@ class ServerSettings(BaseSettings):
     usage_retention_days: float = Field(
         400.0, gt=0, description="usage accounting rows are kept this long, whatever job retention removes"
     )
+    dependency_tick_s: float = Field(
+        5.0, gt=0, description="dependency loop interval (a job's end wakes it sooner)"
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
     # --- pools: the defaults a pool inherits unless it or an ancestor sets its own (seed 002) ---
     starvation_timeout_s: float = Field(

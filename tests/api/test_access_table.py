@@ -75,6 +75,8 @@ EXPECTED: dict[tuple[str, str], frozenset[str] | str] = {
     ("GET", "/gangs/{gang_id}/events"): USERS,
     ("GET", "/gangs/{gang_id}/why"): USERS,
     ("POST", "/gangs/{gang_id}/cancel"): OWNERS,
+    ("GET", "/arrays/{array_id}"): USERS,
+    ("POST", "/arrays/{array_id}/cancel"): OWNERS,
     ("POST", "/workers/register"): WORKERS,
     ("GET", "/workers"): USERS,
     ("GET", "/workers/{worker_id}"): USERS | WORKERS,
@@ -138,7 +140,7 @@ def http(secured: ServerThread) -> Iterator[httpx.Client]:
 
 
 def _world(http: httpx.Client) -> dict[str, str]:
-    """A worker w1 running alice's job, and a gang of alice's: what the routes' parameters name."""
+    """A worker w1 running alice's job, a gang and an array of alice's: what the routes' parameters name."""
     admin, alice, w1 = headers_for("admin"), headers_for("owner"), headers_for("worker")
     assert (
         http.post("/workers/register", json=BODIES["POST", "/workers/register"], headers=w1).status_code
@@ -148,13 +150,20 @@ def _world(http: httpx.Client) -> dict[str, str]:
     claimed = http.get("/jobs/next", params={"worker_id": "w1"}, headers=w1)
     assert claimed.status_code == 200, claimed.text
     gang = http.post("/jobs", json={"command": "true", "gang_size": 2}, headers=alice).json()
+    array = http.post("/jobs", json={"command": "true", "array": "0-1"}, headers=alice).json()
     assert http.put("/pools/team", json={"weight": 1}, headers=admin).status_code == 200
-    return {"job_id": job["id"], "gang_id": gang["gang_id"], "worker_id": "w1", "path": "team"}
+    return {
+        "job_id": job["id"],
+        "gang_id": gang["gang_id"],
+        "array_id": array["array_id"],
+        "worker_id": "w1",
+        "path": "team",
+    }
 
 
 def _call(http: httpx.Client, method: str, path: str, world: dict[str, str], caller: str | None):
     url = path.replace("{path:path}", world["path"]).replace("{name}", "corral.css")
-    for name in ("job_id", "gang_id", "worker_id"):
+    for name in ("job_id", "gang_id", "array_id", "worker_id"):
         url = url.replace("{" + name + "}", world[name])
     params = {"worker_id": "w1", "attempt": "1"} if "{job_id}" in path or path == "/jobs/next" else None
     body = BODIES.get((method, path))

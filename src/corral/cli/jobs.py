@@ -49,6 +49,7 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gang", metavar="GANG_ID", help="tasks of this gang")
     parser.add_argument("--pool", help="jobs of this pool")
+    parser.add_argument("--array", metavar="ARRAY_ID", help="tasks of this array")
     parser.add_argument("--worker", metavar="WORKER_ID", help="jobs placed on this worker")
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--user", metavar="NAME", help="jobs of this user")
@@ -89,6 +90,7 @@ def filters(arguments: argparse.Namespace) -> dict[str, Any]:
         "worker_id": arguments.worker,
         "user": user,
         "order": "oldest" if arguments.oldest else "newest",
+        "array_id": arguments.array,
     }
 
 

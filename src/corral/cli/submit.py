@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.cli import exit_codes, output
 from corral.cli.options import add_json_flag, connect, key_value
+from corral.client import parse_after
 from corral.domain.status import TERMINAL
 
 if TYPE_CHECKING:
@@ -94,6 +95,17 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     place.add_argument(
         "--no-workdir", action="store_true", help="start the job in a fresh per-job directory instead"
     )
+    parser.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="an array of this job: 0-99, 0-99:4 (every 4th) or 1,5,7, with %%N to run at most N at once",
+    )
+    parser.add_argument(
+        "--after",
+        metavar="WHEN:ID,...",
+        help="start only once each job, gang or array ID ended as WHEN says: ok (every task done), "
+        "notok, any; e.g. ok:a-1f2e,any:j-9c3d",
+    )
     parser.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
     parser.add_argument(
         "--wait", action="store_true", help="wait until the job (every task) ends; exit 0 if done, else 1"
@@ -133,6 +145,10 @@ def build_body(arguments: argparse.Namespace) -> dict[str, Any]:
     workdir = _workdir(arguments)
     if workdir is not None:
         body["workdir"] = workdir
+    if getattr(arguments, "array", None):
+        body["array"] = arguments.array
+    if getattr(arguments, "after", None):
+        body["after"] = [parse_after(part) for part in arguments.after.split(",") if part.strip()]
     return body
 
 
@@ -165,7 +181,10 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def submitted_id(answer: dict[str, Any]) -> str:
-    """The id a submit answered: a gang's ``gang_id`` (``{gang_id, tasks}``), else the job's."""
+    """The id a submit answered: an array's ``array_id`` (``{array_id, tasks}``), a gang's
+    ``gang_id`` (``{gang_id, tasks}``), else the job's."""
+    if "command" not in answer and "array_id" in answer:
+        return str(answer["array_id"])
     if "command" not in answer and "gang_id" in answer:
         return str(answer["gang_id"])
     return str(answer["id"])
@@ -173,6 +192,8 @@ def submitted_id(answer: dict[str, Any]) -> str:
 
 def _wait(client: Client, handle: str, as_json: bool) -> int:
     """Poll (backing off to every 2 s) until every task is terminal; print the outcome."""
+    if handle.startswith("a-"):
+        return _wait_array(client, handle, as_json)
     delay = _FIRST_POLL_S
     gang = handle.startswith("g-")
     while True:
@@ -190,6 +211,24 @@ def _wait(client: Client, handle: str, as_json: bool) -> int:
         for task in tasks:
             print(f"{task['id']}: {_outcome(task)}")
     succeeded = all(task["status"] == "done" for task in tasks)
+    return exit_codes.OK if succeeded else exit_codes.REFUSED
+
+
+def _wait_array(client: Client, array_id: str, as_json: bool) -> int:
+    """``--wait`` for an array: until every task ended; its counts by status, then the outcome."""
+    delay = _FIRST_POLL_S
+    while True:
+        final: dict[str, Any] = client.request_json("GET", f"/arrays/{array_id}", params={"limit": 0})
+        counts: dict[str, int] = final["counts"]
+        if all(status in TERMINAL for status in counts):
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, _MAX_POLL_S)
+    if as_json:
+        output.print_json(final)
+    else:
+        print(f"{array_id}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())))
+    succeeded = set(counts) == {"done"}
     return exit_codes.OK if succeeded else exit_codes.REFUSED
 
 

@@ -113,10 +113,17 @@ def explain(
     now: float = 0.0,
     fair_share: Reason | None = None,
 ) -> list[Reason]:
-    """Why ``job`` is where it is: live reasons for a pending job, else its last recorded reason;
+    """Why ``job`` is where it is: live reasons for a pending job (its ``after`` conditions while
+    it waits on them), else its last recorded reason;
     its pool's fair share when it waits in a pool below it (``fairshare.explain``); then what its
     preemptions cost it, when it was preempted (seed 003: a failed or late checkpoint is visible)."""
-    reasons = explain_pending(job, workers, allocations, holds, now) if job.status == Status.PENDING else []
+    waits_on_dependencies = job.status == Status.PENDING and job.awaiting_dependencies
+    reasons = []
+    if waits_on_dependencies:
+        named = ", ".join(f"{item.when}:{item.id}" for item in job.spec.after)
+        reasons.append(Reason("dependency", f"waiting for the jobs it runs after ({named})"))
+    elif job.status == Status.PENDING:
+        reasons = explain_pending(job, workers, allocations, holds, now)
     if job.status != Status.PENDING and job.reason:
         reasons.append(job.reason)
     if fair_share is not None:

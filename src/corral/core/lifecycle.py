@@ -33,11 +33,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from corral.core import drain
+from corral.core import dependencies, drain
 from corral.core.drain import VICTIM_CLEARED, DrainCompleted, DrainStarted
 from corral.core.hearing import ALWAYS, Hearing, silence_cutoff
 from corral.domain import errors
-from corral.domain.ids import new_gang_id, new_job_id
+from corral.domain.ids import new_array_id, new_gang_id, new_job_id
 from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import LEASED, TERMINAL, Status
 from corral.domain.transitions import Plan, Submission, Transition, applied, move
@@ -117,25 +117,65 @@ BATCH_STEP_S = 1e-6
 #: failure codes another attempt would meet again (``drain.NOT_RETRIED``)
 NOT_RETRIED = drain.NOT_RETRIED
 QUEUED = Reason("queued", "waiting for a worker with free capacity")
+WAITING_FOR_DEPENDENCY = dependencies.WAITING_FOR_DEPENDENCY
 WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
 
 
 def submitted(specs: Sequence[JobSpec], now: float) -> tuple[Submission, ...]:
     """The jobs a submit creates, in request order: a single job ``pending`` (any worker it fits may
-    claim it), a gang's ``gang_size`` tasks ``blocked`` until the admission cycle reserves them all."""
+    claim it), a gang's ``gang_size`` tasks ``blocked`` until the admission cycle reserves them all,
+    an array's tasks each a single job of its own. A job with ``after`` conditions is ``pending``
+    with reason ``dependency`` until they hold (``core.dependencies``)."""
     submissions: list[Submission] = []
     for offset, spec in enumerate(specs):
         stamp = now + offset * BATCH_STEP_S
         if spec.gang_size > 1:
+            if spec.array is not None:
+                raise errors.InvalidRequest("an array's tasks cannot be gangs", field="array")
             gang_id = new_gang_id()
             tasks = tuple(
                 Job(new_job_id(), spec, Status.BLOCKED, stamp, gang_id, index, reason=WAITING_FOR_GANG)
                 for index in range(spec.gang_size)
             )
             submissions.append((gang_id, tasks))
+        elif spec.array is not None:
+            submissions.append(_array_submitted(spec, stamp))
         else:
-            submissions.append((None, (Job(new_job_id(), spec, Status.PENDING, stamp, reason=QUEUED),)))
+            submissions.append((None, (_pending(spec, stamp),)))
     return tuple(submissions)
+
+
+def _pending(spec: JobSpec, stamp: float, array: tuple[str, int, int, int | None] | None = None) -> Job:
+    """A single job as submitted: queued, or waiting on its dependencies; ``array``: a task's
+    array id, index, array size and throttle."""
+    array_id, array_index, array_size, array_throttle = array or (None, None, None, None)
+    return Job(
+        new_job_id(),
+        spec,
+        Status.PENDING,
+        stamp,
+        reason=WAITING_FOR_DEPENDENCY if spec.after else QUEUED,
+        awaiting_dependencies=bool(spec.after),
+        array_id=array_id,
+        array_index=array_index,
+        array_size=array_size,
+        array_throttle=array_throttle,
+    )
+
+
+def _array_submitted(spec: JobSpec, stamp: float) -> Submission:
+    """An array's tasks in index order, each stamped a step after the one before (queue order)."""
+    assert spec.array is not None
+    array_id = new_array_id()
+    indices = spec.array.indices
+    task_spec = replace(spec, array=None)
+    tasks = tuple(
+        _pending(
+            task_spec, stamp + position * BATCH_STEP_S, (array_id, index, len(indices), spec.array.throttle)
+        )
+        for position, index in enumerate(indices)
+    )
+    return (array_id, tasks)
 
 
 # --- the claim --------------------------------------------------------------------------------

@@ -18,5 +18,9 @@ def new_gang_id() -> str:
     return "g-" + _random_suffix()
 
 
+def new_array_id() -> str:
+    return "a-" + _random_suffix()
+
+
 def new_worker_id() -> str:
     return "w-" + _random_suffix()

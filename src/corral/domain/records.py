@@ -40,6 +40,29 @@ class Constraints:
 
 
 @dataclass(frozen=True, slots=True)
+class Dependency:
+    """One condition of a job's ``after`` (API.md "Arrays and dependencies"): the job, gang or
+    array ``id`` must end as ``when`` says (``ok``: done; ``notok``: failed or cancelled; ``any``:
+    ended at all) before the job may start."""
+
+    id: str
+    when: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "when": self.when}
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpec:
+    """An array a submit asks for: the task indices, in order, and the most tasks that may hold
+    resources at once (None: no throttle). Only a submit carries it: each task is then a job of
+    its own with its ``array_id`` and ``array_index``."""
+
+    indices: tuple[int, ...]
+    throttle: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What a user asks for: everything of a job that does not change while it lives."""
 
@@ -60,6 +83,10 @@ class JobSpec:
     stall_timeout_s: float | None = None
     #: where the job starts on its worker (an absolute path); None: a fresh per-job directory
     workdir: str | None = None
+    #: what must have ended, and how, before the job may start
+    after: tuple[Dependency, ...] = ()
+    #: a submit of an array (``lifecycle.submitted`` makes one job per index; a task's spec has None)
+    array: ArraySpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +148,14 @@ class Job:
     #: the Idempotency-Key of the claim that started this run, if it carried one: a worker that
     #: lost the claim's answer retries with the same key and is handed this run again
     claim_key: str | None = None
+    #: a task of an array: the array's id, this task's index, how many tasks the array has, and the
+    #: most of them that may hold resources at once (None: no throttle)
+    array_id: str | None = None
+    array_index: int | None = None
+    array_size: int | None = None
+    array_throttle: int | None = None
+    #: pending on its ``after`` conditions: no claim or admission takes it until they hold
+    awaiting_dependencies: bool = False
 
     @property
     def attempts_used(self) -> int:

@@ -63,6 +63,13 @@ class ReasonAnswer(Answer):
     message: str
 
 
+class AfterAnswer(Answer):
+    """One ``after`` condition of a job."""
+
+    id: str
+    when: str
+
+
 class JobAnswer(Answer):
     """The job object (API.md "Jobs and gangs"). Times are RFC 3339 strings in UTC."""
 
@@ -117,6 +124,12 @@ class JobAnswer(Answer):
     checkpoint_deadline: str | None = None
     last_checkpoint_at: str | None = None
     checkpoint_failures: int = 0
+    #: a task of an array: its id, index and the array's size (API.md "Arrays and dependencies")
+    array_id: str | None = None
+    array_index: int | None = None
+    array_size: int | None = None
+    #: what must end, and how, before it starts
+    after: list[AfterAnswer] = Field(default_factory=list)
 
 
 class GangCheckpoint(Answer):
@@ -165,10 +178,29 @@ class GangSubmitted(Answer):
     tasks: list[str]
 
 
-class BatchSubmitted(Answer):
-    """``POST /jobs/batch``: each item a job, or a gang's id and task ids, in request order."""
+class ArraySubmitted(Answer):
+    """``POST /jobs`` of an array: its id and its task ids in index order."""
 
-    items: list[JobAnswer | GangSubmitted]
+    array_id: str
+    tasks: list[str]
+
+
+class BatchSubmitted(Answer):
+    """``POST /jobs/batch``: each item a job, or a gang's or an array's id and task ids, in request
+    order."""
+
+    items: list[JobAnswer | GangSubmitted | ArraySubmitted]
+
+
+class ArrayAnswer(Answer):
+    """``GET /arrays/{id}``: the array, how many of its tasks are in each status, its first tasks
+    by index (``limit``, default 100)."""
+
+    array_id: str
+    size: int
+    throttle: int | None = None
+    counts: dict[str, int]
+    tasks: list[JobAnswer]
 
 
 class EventAnswer(Answer):

@@ -17,10 +17,13 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
+from corral.domain import errors as domain_errors
 from corral.domain import pools
-from corral.domain.records import Constraints, JobSpec
+from corral.domain.arrays import parse_array
+from corral.domain.records import Constraints, Dependency, JobSpec
 from corral.domain.resources import Resources
 
 MAX_BATCH = 10_000
@@ -118,6 +121,13 @@ class ConstraintsBody(_Strict):
     labels: dict[Text, Text] = Field(default_factory=dict)
 
 
+class AfterBody(_Strict):
+    """One ``after`` condition: the job, gang or array ``id`` must end as ``when`` says."""
+
+    id: Text = Field(min_length=1, max_length=256)
+    when: Literal["ok", "notok", "any"] = "ok"
+
+
 class SubmitBody(_Strict):
     command: Text = Field(min_length=1, max_length=65536)
     name: Text | None = Field(None, max_length=256)
@@ -136,6 +146,25 @@ class SubmitBody(_Strict):
     stall_timeout_s: float | None = Field(None, gt=0)
     #: where the job starts on its worker: an absolute path, or null for a fresh per-job directory
     workdir: Text | None = Field(None, min_length=1, max_length=4096)
+    #: an array of tasks (API.md "Arrays and dependencies"): "0-99", "0-99:4", "1,5,7", with "%N"
+    array: Text | None = Field(None, min_length=1, max_length=4096)
+    after: list[AfterBody] = Field(default_factory=list, max_length=1000)
+
+    @field_validator("array")
+    @classmethod
+    def _array_expression(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_array(value)
+            except domain_errors.InvalidRequest as error:
+                raise ValueError(str(error)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _array_not_gang(self) -> SubmitBody:
+        if self.array is not None and self.gang_size > 1:
+            raise ValueError("array: an array's tasks cannot be gangs (gang_size > 1)")
+        return self
 
     @field_validator("workdir")
     @classmethod
@@ -182,7 +211,14 @@ class SubmitBody(_Strict):
             walltime_s=self.walltime_s,
             stall_timeout_s=self.stall_timeout_s,
             workdir=self.workdir,
+            after=tuple(Dependency(item.id, item.when) for item in self.after),
+            array=parse_array(self.array) if self.array is not None else None,
         )
+
+    @property
+    def tasks(self) -> int:
+        """How many jobs the item creates."""
+        return len(parse_array(self.array).indices) if self.array is not None else self.gang_size
 
 
 class PoolBody(_Strict):
@@ -255,7 +291,7 @@ class BatchBody(_Strict):
     @field_validator("jobs")
     @classmethod
     def _bounded_tasks(cls, value: list[SubmitBody]) -> list[SubmitBody]:
-        tasks = sum(job.gang_size for job in value)
+        tasks = sum(job.tasks for job in value)
         if tasks > MAX_TASKS_PER_REQUEST:
             raise ValueError(f"creates {tasks} tasks; one request may create at most {MAX_TASKS_PER_REQUEST}")
         return value

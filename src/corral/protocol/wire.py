@@ -67,6 +67,10 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "checkpoint_deadline": to_rfc3339(job.checkpoint_deadline),
         "last_checkpoint_at": to_rfc3339(job.last_checkpoint_at),
         "checkpoint_failures": job.checkpoint_failures,
+        "array_id": job.array_id,
+        "array_index": job.array_index,
+        "array_size": job.array_size,
+        "after": [item.to_dict() for item in spec.after],
     }
 
 

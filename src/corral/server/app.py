@@ -34,11 +34,12 @@ from corral.server.http import (
 from corral.server.limits import ClientLimitsMiddleware
 from corral.server.log_watch import LogWatches
 from corral.server.loops.admission import admission_tick
+from corral.server.loops.dependencies import dependencies_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.offload import StoreProcess, StoreProcessConfig
-from corral.server.routes import jobs, logs, operations, pools, protocol, usage, workers
+from corral.server.routes import arrays, jobs, logs, operations, pools, protocol, usage, workers
 from corral.server.state import ServerState
 from corral.store import Store
 from corral.store.ports import Jobs
@@ -50,6 +51,7 @@ DESCRIBED = [
     *protocol.described,
     *logs.described,
     *jobs.described,
+    *arrays.described,
     *workers.described,
     *pools.described,
     *usage.described,
@@ -111,6 +113,7 @@ def create_app(
                 ("reaper", settings.reaper_tick_s, reaper_tick),
                 ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
                 ("retention", settings.retention_tick_s, retention_tick),
+                ("dependencies", settings.dependency_tick_s, dependencies_tick),
             )
         ],
         state.metrics,
@@ -133,6 +136,7 @@ def create_app(
         *protocol.routes,
         *logs.routes,
         *jobs.routes,
+        *arrays.routes,
         *workers.routes,
         *pools.routes,
         *usage.routes,
@@ -185,11 +189,11 @@ async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[
 
 
 def _owner_of(store: Jobs, kind: str, object_id: str) -> tuple[bool, str | None]:
-    """Whether a job or gang exists, and its ``user`` (for the access rules)."""
+    """Whether a job, gang or array exists, and its ``user`` (for the access rules)."""
     if kind == "job":
         job = store.get_job(object_id)
         return (False, None) if job is None else (True, job.spec.user)
-    tasks = store.gang_tasks(object_id)
+    tasks = store.array_tasks(object_id, 1) if kind == "array" else store.gang_tasks(object_id)
     return (False, None) if not tasks else (True, tasks[0].spec.user)
 
 

@@ -83,9 +83,9 @@ class Principal:
 @dataclass(frozen=True, slots=True)
 class Rule:
     """Who may call a route. ``roles`` None: open to anyone, no token needed. Admins may call
-    every route that is not open. ``owner``: a user must own the job (``job_id`` path parameter)
-    or gang (``gang_id``) it names. ``worker_id_in``: a worker must be the one named by the
-    ``path`` parameter, the ``query`` parameter or (checked by the route) the ``body``."""
+    every route that is not open. ``owner``: a user must own the job (``job_id`` path parameter),
+    gang (``gang_id``) or array (``array_id``) it names. ``worker_id_in``: a worker must be the one
+    named by the ``path`` parameter, the ``query`` parameter or (checked by the route) the ``body``."""
 
     name: str
     roles: frozenset[Role] | None
@@ -98,6 +98,7 @@ READ = Rule("read", frozenset({Role.ADMIN, Role.USER}))
 SUBMIT = Rule("submit", frozenset({Role.ADMIN, Role.USER}))
 OWN_JOB = Rule("own job", frozenset({Role.ADMIN, Role.USER}), owner="job_id")
 OWN_GANG = Rule("own gang", frozenset({Role.ADMIN, Role.USER}), owner="gang_id")
+OWN_ARRAY = Rule("own array", frozenset({Role.ADMIN, Role.USER}), owner="array_id")
 ADMIN = Rule("admin", frozenset({Role.ADMIN}))
 WORKER_PATH = Rule("worker (path id)", frozenset({Role.ADMIN, Role.WORKER}), worker_id_in="path")
 WORKER_QUERY = Rule("worker (query id)", frozenset({Role.ADMIN, Role.WORKER}), worker_id_in="query")
@@ -140,6 +141,8 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("GET", "/gangs/{gang_id}/events"): READ,
     ("GET", "/gangs/{gang_id}/why"): READ,
     ("POST", "/gangs/{gang_id}/cancel"): OWN_GANG,
+    ("GET", "/arrays/{array_id}"): READ,
+    ("POST", "/arrays/{array_id}/cancel"): OWN_ARRAY,
     # workers
     ("POST", "/workers/register"): WORKER_BODY,
     ("GET", "/workers"): READ,
@@ -511,7 +514,7 @@ class AuthMiddleware:
                 return f"this token may not act as worker {worker_id or '(none given)'}"
             return None
         if principal.role == Role.USER and rule.owner is not None:
-            kind = "job" if rule.owner == "job_id" else "gang"
+            kind = rule.owner.removesuffix("_id")
             exists, owner = await self.owner_of(kind, str(params.get(rule.owner, "")))
             if exists and owner != principal.name:
                 return f"only the owner of this {kind} (or an admin) may do this"

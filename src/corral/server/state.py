@@ -145,6 +145,8 @@ class ServerState:
         gang waits (or ``gang_waiting`` says one has just started to: a gang submit, a drain that
         put one back in the queue)."""
         self.signal.notify()
+        # a job that ended may settle the jobs that run after it (one indexed read, usually empty)
+        self.wake_loop("dependencies")
         if gang_waiting:
             self.gangs_waiting = True
         if self.gangs_waiting:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-from corral.core import admission, cycle, drain, lifecycle, walltime
+from corral.core import admission, cycle, dependencies, drain, lifecycle, walltime
 from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
@@ -40,9 +40,10 @@ from corral.core.preemption import Preemption, PreemptionSettings, start_preempt
 from corral.core.snapshot import Snapshot
 from corral.domain import errors
 from corral.domain import pools as pool_rules
+from corral.domain.arrays import parse_array
 from corral.domain.pools import BorrowingView
 from corral.domain.queue_order import PREEMPTOR_CANDIDATES, preemptor_floor
-from corral.domain.records import Allocation, Constraints, Hold, Job, JobSpec, Reason, Worker
+from corral.domain.records import Allocation, Constraints, Dependency, Hold, Job, JobSpec, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, TERMINAL, Status
 from corral.domain.transitions import Plan, Transition
@@ -162,6 +163,13 @@ class Engine:
         self.jobs: dict[str, Job] = {}
         self.tasks: dict[str, Task] = {}
         self.gang_tasks: dict[str, tuple[str, ...]] = {}
+        #: arrays: their tasks, how many of each hold resources (the %N throttle), and the jobs that
+        #: wait on their ``after`` conditions (out of the queue until settled, ``_settle_dependencies``)
+        self.array_tasks: dict[str, tuple[str, ...]] = {}
+        self.array_holding: dict[str, int] = {}
+        self.awaiting: dict[str, None] = {}  # in submit order
+        self.settle_due = False
+        self.settling = False
         self.waiting_gangs: set[str] = set()  # gangs with a task blocked or reserved
         self.allocations: dict[str, dict[str, Allocation]] = {worker.id: {} for worker in self.workers}
         self.holding: dict[str, Job] = {}
@@ -322,11 +330,21 @@ class Engine:
         except errors.InvalidRequest:
             self.record.refused.append(work.job_id)  # the server answers 400
             return
+        if any(not self._known(item.id) for item in spec.after):
+            self.record.refused.append(work.job_id)  # an unknown id: the server answers 400
+            return
         self.submitted += 1
         ((gang_id, created),) = lifecycle.submitted([spec], self.now)
-        # Deterministic ids (the server draws random ones): the workload's id, ``.<rank>`` for tasks.
+        # Deterministic ids (the server draws random ones): the workload's id, ``.<rank>`` for tasks
+        # (``.<index>`` for an array's).
         if gang_id is None:
             jobs = [replace(created[0], id=work.job_id)]
+        elif created[0].array_id is not None:
+            jobs = [
+                replace(task, id=f"{work.job_id}.{task.array_index}", array_id=work.job_id)
+                for task in created
+            ]
+            self.array_tasks[work.job_id] = tuple(job.id for job in jobs)
         else:
             gang_id = work.job_id
             jobs = [replace(task, id=f"{work.job_id}.{task.gang_index}", gang_id=gang_id) for task in created]
@@ -336,10 +354,48 @@ class Engine:
             self.jobs[job.id] = job
             self.tasks[job.id] = Task(job.id, work)
             self._count(job, 1)
-            if job.status == Status.PENDING:
+            if job.awaiting_dependencies:
+                self.awaiting[job.id] = None
+                self.settle_due = True  # what it waits on may have ended already
+            elif job.status == Status.PENDING:
                 self._enqueue(job)
             self._note(job.status.value, job)
         self.changed = True
+        self._settle_dependencies()
+
+    def _known(self, named: str) -> bool:
+        """Whether ``named`` is a job, gang or array submitted so far."""
+        return named in self.jobs or named in self.gang_tasks or named in self.array_tasks
+
+    def _statuses(self, named: str) -> tuple[Status, ...]:
+        """The statuses of the tasks of the job, gang or array ``named`` (the store's
+        ``task_statuses``)."""
+        if named in self.jobs:
+            return (self.jobs[named].status,)
+        task_ids = self.gang_tasks.get(named) or self.array_tasks.get(named, ())
+        return tuple(self.jobs[task_id].status for task_id in task_ids)
+
+    def _settle_dependencies(self) -> None:
+        """The server's dependency loop (``core.dependencies``), run as soon as a job ends (the
+        end wakes it there): each waiting job released to the queue or cancelled, over again
+        while a cancel may settle others."""
+        while self.settle_due and not self.settling:
+            self.settle_due = False
+            self.settling = True
+            try:
+                for job_id in list(self.awaiting):
+                    job = self.jobs[job_id]
+                    statuses = {item.id: self._statuses(item.id) for item in job.spec.after}
+                    found = dependencies.verdict(job.spec.after, statuses)
+                    if found == dependencies.Verdict.WAITING:
+                        continue
+                    del self.awaiting[job_id]
+                    plan = dependencies.settle(job, found, self.now)
+                    self._apply(plan)
+                    if found == dependencies.Verdict.SATISFIED and plan.outcome is not None:
+                        self._enqueue(plan.outcome)
+            finally:
+                self.settling = False
 
     def _spec(self, work: WorkloadJob) -> JobSpec:
         return JobSpec(
@@ -353,6 +409,8 @@ class Engine:
             preemption_class=work.preemption_class,
             checkpoint_mode=work.checkpoint,
             walltime_s=work.walltime,
+            after=tuple(Dependency(named, when) for when, named in work.after),
+            array=parse_array(work.array) if work.array is not None else None,
         )
 
     def _victim_beat(self, job: Job, attempt: int) -> None:
@@ -519,12 +577,19 @@ class Engine:
             self.view = BorrowingView(self.total_gpus - self.allocated_gpus, self.guaranteed, held)
         return self.view
 
+    def _runnable(self, job: Job) -> bool:
+        """The claim query's ``RUNNABLE_SQL``: not a task of an array that already holds its %N
+        throttle's worth of tasks (a job waiting on dependencies is not in the queue at all)."""
+        throttle = job.array_throttle
+        return throttle is None or self.array_holding.get(job.array_id or "", 0) < throttle
+
     def _fitting(self, free: Resources) -> Iterable[Job]:
         """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
         for _, job_id in self.pending:
             request = self.jobs[job_id].spec.resources
             if (
-                request.gpus <= free.gpus
+                self._runnable(self.jobs[job_id])
+                and request.gpus <= free.gpus
                 and request.memory_mb <= free.memory_mb
                 and request.cpus <= free.cpus
                 and (request.gpus == 0 or request.vram_mb <= free.vram_mb)
@@ -620,7 +685,7 @@ class Engine:
         floor = preemptor_floor(holding) if planned else None
         preemptors: tuple[Job, ...] = ()
         if floor is not None:
-            jobs = (self.jobs[job_id] for _, job_id in self.pending)
+            jobs = (self.jobs[job_id] for _, job_id in self.pending if self._runnable(self.jobs[job_id]))
             preemptors = tuple(
                 islice((job for job in jobs if job.spec.preemption_class >= floor), PREEMPTOR_CANDIDATES)
             )
@@ -647,7 +712,7 @@ class Engine:
     def _pending_in_pools(self, paths: Sequence[str]) -> Iterable[Job]:
         """The store's ``pending_in_pools``: pending single jobs of ``paths``' subtrees, in the
         queue's order, at most ``PREEMPTOR_CANDIDATES``."""
-        jobs = (self.jobs[job_id] for _, job_id in self.pending)
+        jobs = (self.jobs[job_id] for _, job_id in self.pending if self._runnable(self.jobs[job_id]))
         return islice(
             (job for job in jobs if any(pool_rules.is_within(job.spec.pool, path) for path in paths)),
             PREEMPTOR_CANDIDATES,
@@ -757,6 +822,7 @@ class Engine:
             self._changed(current, transition)
         if plan.transitions:
             self.changed = True
+        self._settle_dependencies()
         return bool(plan.transitions)
 
     def _changed(self, before: Job, transition: Transition) -> None:
@@ -770,10 +836,15 @@ class Engine:
         self._count(before, -1)
         self._count(after, 1)
         self._note(after.status.value, after, transition.reason.code if transition.reason else "")
-        if before.status == Status.PENDING:
+        if before.status == Status.PENDING and before.id in self.queue_keys:  # not one still waiting
             self._dequeue(before)
         if after.status == Status.PENDING:
             self._enqueue(after)
+        if before.array_id is not None:
+            held = (after.status in HOLDING) - (before.status in HOLDING)
+            self.array_holding[before.array_id] = self.array_holding.get(before.array_id, 0) + held
+        if after.status in TERMINAL and self.awaiting:
+            self.settle_due = True
         if before.status in HOLDING and before.worker_id is not None:
             del self.allocations[before.worker_id][before.id]
             del self.allocation_of[before.id]

@@ -5,7 +5,8 @@ Formats (shared/API.md "The simulator's input"):
 
 - a **workload** CSV with a header: ``job_id, submit_time, duration, gpus`` required; ``gang_size,
   pool, user, preemption_class, checkpoint, checkpoint_every_s, cpus, memory_mb, vram_mb, walltime``
-  (seconds: the job's ``walltime_s``) optional
+  (seconds: the job's ``walltime_s``), ``array`` (``0-99%8``: one task per index, ``<job_id>.<index>``)
+  and ``after`` (``ok:JOB any:JOB``, space- or semicolon-separated workload job ids) optional
   (a missing column or an empty cell takes the submit default);
 - the **Alibaba GPU trace** (``shared/traces/alibaba-gpu-v2023/jobs.csv``, recognised by its
   header) as it is: ``num_gpu`` whole GPUs (a fractional ``gpu_milli`` share counts as one whole
@@ -32,7 +33,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from corral.core import dependencies
+from corral.domain import errors
 from corral.domain import pools as pool_rules
+from corral.domain.arrays import parse_array
 from corral.domain.pools import PoolKind, PoolMode, PoolSettings
 from corral.domain.records import Worker
 from corral.domain.resources import Resources
@@ -46,7 +50,7 @@ T = TypeVar("T")
 WORKLOAD_REQUIRED = ("job_id", "submit_time", "duration", "gpus")
 WORKLOAD_OPTIONAL = (
     "gang_size", "pool", "user", "preemption_class", "checkpoint", "checkpoint_every_s",
-    "cpus", "memory_mb", "vram_mb", "walltime",
+    "cpus", "memory_mb", "vram_mb", "walltime", "array", "after",
 )  # fmt: skip
 ALIBABA_COLUMNS = ("job_id", "submit_time", "start_time", "duration", "num_gpu", "gpu_milli", "qos")
 ALIBABA_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -183,6 +187,27 @@ def _choice(options: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
+def _array(text: str) -> str:
+    """An array expression, checked as a submit checks it."""
+    try:
+        parse_array(text)
+    except errors.InvalidRequest as error:
+        raise ValueError(str(error)) from None
+    return text
+
+
+def _after(text: str) -> tuple[tuple[str, str], ...]:
+    """``ok:JOB any:JOB`` (or ``;``-separated) as (when, job id) conditions."""
+    conditions = []
+    for part in text.replace(";", " ").split():
+        when, _, named = part.rpartition(":")
+        when = when or "ok"
+        if when not in dependencies.WHEN or not named:
+            raise ValueError(f"{part!r} is not WHEN:JOB_ID with WHEN one of {', '.join(dependencies.WHEN)}")
+        conditions.append((when, named))
+    return tuple(conditions)
+
+
 def _pool_path(text: str) -> str:
     return pool_rules.check_path(text)
 
@@ -227,6 +252,8 @@ def read_workload(path: str | Path) -> Workload:
                 memory_mb=rows.cell(line, row, "memory_mb", _whole(0), 0),
                 vram_mb=rows.cell(line, row, "vram_mb", _whole(0), 0),
                 walltime=rows.cell(line, row, "walltime", _seconds(0, strict=True)) if walltime else None,
+                array=rows.cell(line, row, "array", _array) if rows.raw(row, "array") else None,
+                after=rows.cell(line, row, "after", _after) if rows.raw(row, "after") else (),
             )
         )
     return Workload(tuple(jobs), name=file.stem)

@@ -37,6 +37,11 @@ class WorkloadJob:
     walltime: float | None = None
     #: the trace's own figures where it has them (the Alibaba trace): when production started it
     production_start: float | None = None
+    #: an array of this job (``"0-99%8"``, API.md "Arrays and dependencies"): one task per index,
+    #: each ``<job_id>.<index>``; None: a single job or a gang
+    array: str | None = None
+    #: (when, workload job id) conditions: it starts once each named job, gang or array ended so
+    after: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

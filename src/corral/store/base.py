@@ -141,11 +141,13 @@ class WorkerBeat:
 
 @dataclass(frozen=True)
 class Submitted:
-    """One submitted item: a single job, or a gang (its tasks in ``gang_index`` order)."""
+    """One submitted item: a single job, a gang (its tasks in ``gang_index`` order), or an array
+    (its tasks in index order)."""
 
     job: Job | None = None
     gang_id: str | None = None
     tasks: tuple[Job, ...] = ()
+    array_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class JobFilter:
     #: newest first (``GET /jobs?order=newest``): by submission time then id, both descending, and
     #: the cursor's ``after`` means "older than"
     newest: bool = False
+    array_id: str | None = None
 
 
 @dataclass(frozen=True)

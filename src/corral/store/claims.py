@@ -23,6 +23,7 @@ from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
     QUEUE_ORDER,
+    RUNNABLE_SQL,
     WORKER_SELECT,
     Transaction,
     job_from_row,
@@ -239,6 +240,7 @@ class SqlClaims:
                 candidates = [job_from_row(row) for row in rows]
             read = len(candidates)
             before = len(started_jobs)
+            throttled = False  # a start left out its array's other tasks: read again to count it
             while len(started_jobs) < limit:
                 chosen = policy.choose(worker, capacity, candidates, holds, at, borrowing_view)
                 if chosen is None:
@@ -254,7 +256,12 @@ class SqlClaims:
                 )
                 capacity = policy.capacity(worker, allocations)
                 candidates = [candidate for candidate in candidates if candidate.id != job.id]
-            if read < page:
+                if job.array_throttle is not None:
+                    # the page counted the array's running tasks before this start: its other tasks
+                    # wait for the next read, which counts this one too (RUNNABLE_SQL)
+                    candidates = [candidate for candidate in candidates if candidate.array_id != job.array_id]
+                    throttled = True
+            if read < page and not throttled:
                 break  # the queue holds nothing more that fits
             if len(started_jobs) > before or loose:
                 offset = 0  # capacity shrank, or another filter: again from the head of the queue
@@ -297,7 +304,7 @@ class SqlClaims:
         """
         return (
             f"SELECT {JOB_SELECT} FROM jobs{self.dialect.queue_index_hint}"
-            " WHERE status = 'pending' AND gang_id IS NULL"
+            f" WHERE status = 'pending' AND gang_id IS NULL AND {RUNNABLE_SQL}"
             " AND gpus <= ? AND memory_mb <= ? AND cpus <= ? AND (gpus = 0 OR vram_mb <= ?)"
             f" ORDER BY {QUEUE_ORDER} LIMIT ? OFFSET ?{self.dialect.lock_clause}"
         )

@@ -19,6 +19,7 @@ from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
     QUEUE_ORDER,
+    RUNNABLE_SQL,
     WORKER_SELECT,
     Transaction,
     allocation_from_row,
@@ -58,6 +59,7 @@ ALLOCATIONS_AND_CANDIDATES = (
     " workers.cpus - COALESCE((SELECT SUM(cpus) FROM held), 0) AS cpus, workers.vram_mb"
     " FROM workers WHERE id = ?),"
     f" candidates AS (SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
+    f" AND {RUNNABLE_SQL}"
     " AND gpus <= (SELECT gpus FROM free) AND memory_mb <= (SELECT memory_mb FROM free)"
     " AND cpus <= (SELECT cpus FROM free) AND (gpus = 0 OR vram_mb <= (SELECT vram_mb FROM free))"
     f" ORDER BY {QUEUE_ORDER} LIMIT ? FOR UPDATE SKIP LOCKED)"

@@ -26,6 +26,7 @@ from corral.store.rows import (
     JOB_SELECT,
     JOB_SPEC_COLUMNS,
     QUEUE_ORDER,
+    RUNNABLE_SQL,
     WORKER_HEARTBEAT_READINGS,
     KeptConversions,
     KeptConversionsRead,
@@ -112,7 +113,7 @@ class SqlGangs:
             candidates = self._admission_jobs_where(
                 reader,
                 job_reading,
-                "status = 'pending' AND gang_id IS NULL AND preemption_class >= ?",
+                f"status = 'pending' AND gang_id IS NULL AND preemption_class >= ? AND {RUNNABLE_SQL}",
                 f"{QUEUE_ORDER} LIMIT ?",
                 (floor,),
                 (PREEMPTOR_CANDIDATES,),
@@ -171,6 +172,7 @@ class SqlGangs:
             parameters.extend((path, path + "/", path + "/"))
         rows = self.db.read().execute(
             f"SELECT {JOB_SELECT} FROM jobs WHERE status = 'pending' AND gang_id IS NULL AND ({within})"
+            f" AND {RUNNABLE_SQL}"
             f" ORDER BY {QUEUE_ORDER} LIMIT ?",
             (*parameters, limit),
         )

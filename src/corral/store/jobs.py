@@ -153,12 +153,7 @@ class SqlJobs:
             submissions = place_in_pools(tx, submissions, now)
             tx.executemany(INSERT_JOB, [insert_row(job) for _, jobs in submissions for job in jobs])
             tx.executemany(INSERT_EVENT, [submit_event(job) for _, jobs in submissions for job in jobs])
-        return SubmitResult(
-            items=tuple(
-                Submitted(job=jobs[0]) if gang_id is None else Submitted(gang_id=gang_id, tasks=jobs)
-                for gang_id, jobs in submissions
-            )
-        )
+        return SubmitResult(items=tuple(_submitted(group_id, jobs) for group_id, jobs in submissions))
 
     def _replay(self, tx: Transaction, owner: str, key: str, fingerprint: str) -> SubmitResult | None:
         """The jobs ``owner``'s stored key created, as they are now; a different request is a conflict."""
@@ -172,10 +167,7 @@ class SqlJobs:
         items = []
         for entry in orjson.loads(rows[0][1]):
             jobs = tuple(self._load_job(tx, job_id) for job_id in entry["jobs"])
-            if entry["gang_id"] is None:
-                items.append(Submitted(job=jobs[0]))
-            else:
-                items.append(Submitted(gang_id=entry["gang_id"], tasks=jobs))
+            items.append(_submitted(entry["gang_id"], jobs))
         return SubmitResult(items=tuple(items), replayed=True)
 
     def get_job(self, job_id: str) -> Job | None:
@@ -192,6 +184,7 @@ class SqlJobs:
             ("pool", filters.pool),
             ("worker_id", filters.worker_id),
             ("username", filters.user),
+            ("array_id", filters.array_id),
         ):
             if value is not None:
                 clauses.append(f"{column} = ?")
@@ -210,6 +203,45 @@ class SqlJobs:
     def gang_tasks(self, gang_id: str) -> list[Job]:
         rows = self._db.read().execute(
             f"SELECT {JOB_SELECT} FROM jobs WHERE gang_id = ? ORDER BY gang_index", (gang_id,)
+        )
+        return [job_from_row(row) for row in rows]
+
+    def array_tasks(self, array_id: str, limit: int) -> list[Job]:
+        """The first ``limit`` tasks of the array, by index."""
+        rows = self._db.read().execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE array_id = ? ORDER BY array_index LIMIT ?",
+            (array_id, limit),
+        )
+        return [job_from_row(row) for row in rows]
+
+    def array_counts(self, array_id: str) -> dict[str, int]:
+        """How many of the array's tasks are in each status (none: no such array)."""
+        rows = self._db.read().execute(
+            "SELECT status, COUNT(*) FROM jobs WHERE array_id = ? GROUP BY status", (array_id,)
+        )
+        return {str(row[0]): int(row[1]) for row in rows}
+
+    def task_statuses(self, ids: Sequence[str]) -> dict[str, tuple[Status, ...]]:
+        """For each id that names a job, a gang or an array, the statuses of its tasks (one for a
+        job): what ``core.dependencies`` decides on. An id that names nothing is left out."""
+        found: dict[str, list[Status]] = {}
+        reader = self._db.read()
+        wanted = sorted(set(ids))
+        for start in range(0, len(wanted), 500):
+            some = wanted[start : start + 500]
+            marks = ", ".join("?" for _ in some)
+            for column in ("id", "gang_id", "array_id"):
+                rows = reader.execute(f"SELECT {column}, status FROM jobs WHERE {column} IN ({marks})", some)
+                for row in rows:
+                    found.setdefault(str(row[0]), []).append(Status(row[1]))
+        return {key: tuple(statuses) for key, statuses in found.items()}
+
+    def awaiting_dependencies(self, limit: int) -> list[Job]:
+        """Pending jobs still waiting on their ``after`` conditions, oldest first (``jobs_awaiting``)."""
+        rows = self._db.read().execute(
+            f"SELECT {JOB_SELECT} FROM jobs WHERE awaiting_dependencies = 1"
+            " ORDER BY submitted_at, id LIMIT ?",
+            (limit,),
         )
         return [job_from_row(row) for row in rows]
 
@@ -399,3 +431,12 @@ class SqlJobs:
             raise errors.NotFound(f"job {job_id} not found")
         rows = self._db.read().execute("SELECT data FROM checkpoints WHERE job_id = ?", (job_id,))
         return bytes(rows[0][0]) if rows else None
+
+
+def _submitted(group_id: str | None, jobs: Sequence[Job]) -> Submitted:
+    """One item of a submit's answer: a job, a gang or an array (its tasks carry its id)."""
+    if group_id is None:
+        return Submitted(job=jobs[0])
+    if jobs[0].array_id is not None:
+        return Submitted(tasks=tuple(jobs), array_id=group_id)
+    return Submitted(gang_id=group_id, tasks=tuple(jobs))

@@ -9,7 +9,16 @@ from typing import Any, Generic, Protocol, TypeVar
 import orjson
 
 from corral.domain.queue_order import order_by_sql
-from corral.domain.records import Allocation, Constraints, GpuReading, Job, JobSpec, Reason, Worker
+from corral.domain.records import (
+    Allocation,
+    Constraints,
+    Dependency,
+    GpuReading,
+    Job,
+    JobSpec,
+    Reason,
+    Worker,
+)
 from corral.domain.resources import Resources
 from corral.domain.status import HOLDING, LEASED, NON_TERMINAL, TERMINAL, Status
 from corral.domain.transitions import Transition
@@ -58,6 +67,13 @@ QUEUE_ORDER = order_by_sql()
 # The SQL pre-filter makes the first candidate fit almost always (only constraints can refuse it),
 # so the claim reads one row first and widens the page only when constraints skip them.
 CLAIM_FIRST_PAGE = 1
+#: what a pending single job must also be for a claim or the admission cycle to take it: not
+#: waiting on its dependencies, and not a task of an array that already holds its %N throttle's
+#: worth of tasks (counted through ``jobs_array``: at most N rows). ``jobs`` is the candidate's row.
+RUNNABLE_SQL = (
+    "jobs.awaiting_dependencies = 0 AND (jobs.array_throttle IS NULL OR (SELECT COUNT(*) FROM jobs AS sibling"
+    f" WHERE sibling.array_id = jobs.array_id AND sibling.status IN {HOLDING_SQL}) < jobs.array_throttle)"
+)
 CLAIM_MAX_PAGE = 512
 
 
@@ -89,6 +105,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         event_count, master_port, refunds, gpu_util_pct, rss_mb, preempted_for, victims_deadline,
         checkpoint_requested_at, checkpoint_deadline, checkpoint_extended, checkpoint_deferred_s,
         checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key, workdir,
+        array_id, array_index, array_size, array_throttle, depends_on, awaiting_dependencies,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -107,6 +124,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         walltime_s=walltime_s,
         stall_timeout_s=stall_timeout_s,
         workdir=workdir,
+        after=parse_dependencies(depends_on),
     )
     return Job(
         id=job_id,
@@ -150,7 +168,21 @@ def job_from_row(row: Sequence[Any]) -> Job:
         last_checkpoint_at=last_checkpoint_at,
         checkpoint_failures=checkpoint_failures,
         claim_key=claim_key,
+        array_id=array_id,
+        array_index=array_index,
+        array_size=array_size,
+        array_throttle=array_throttle,
+        awaiting_dependencies=bool(awaiting_dependencies),
     )
+
+
+def dependencies_text(after: Sequence[Dependency]) -> str:
+    """A job's ``after`` as stored: JSON, or '' for none (most jobs)."""
+    return to_json([item.to_dict() for item in after]) if after else ""
+
+
+def parse_dependencies(text: str) -> tuple[Dependency, ...]:
+    return tuple(Dependency(item["id"], item["when"]) for item in orjson.loads(text)) if text else ()
 
 
 def _parse_durations(text: str) -> tuple[float, ...]:
@@ -200,6 +232,7 @@ _COLUMNS_OF_FIELD: dict[str, Callable[[Job], dict[str, Any]]] = {
     "last_checkpoint_at": lambda job: {"last_checkpoint_at": job.last_checkpoint_at},
     "checkpoint_failures": lambda job: {"checkpoint_failures": job.checkpoint_failures},
     "claim_key": lambda job: {"claim_key": job.claim_key},
+    "awaiting_dependencies": lambda job: {"awaiting_dependencies": int(job.awaiting_dependencies)},
     "version": lambda job: {},  # event_count, bumped by the store with the status change
 }
 
@@ -251,7 +284,7 @@ JOB_SPEC_COLUMNS = frozenset({
     "name", "command", "env", "gang_id", "gang_size", "gang_index", "gpus", "vram_mb", "memory_mb",
     "cpus", "gpu_model", "labels", "pool", "username", "priority", "preemption_class",
     "checkpoint_mode", "max_retries", "submitted_at", "budget_s", "walltime_s", "stall_timeout_s",
-    "workdir",
+    "workdir", "array_id", "array_index", "array_size", "array_throttle", "depends_on",
 })  # fmt: skip
 
 
@@ -266,6 +299,8 @@ def insert_row(job: Job) -> tuple[Any, ...]:
         spec.priority, spec.preemption_class, spec.checkpoint_mode, spec.max_retries,
         job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
         reason.code if reason else None, reason.message if reason else None, spec.workdir,
+        job.array_id, job.array_index, job.array_size, job.array_throttle,
+        dependencies_text(spec.after), int(job.awaiting_dependencies),
     )  # fmt: skip
 
 
@@ -273,8 +308,10 @@ INSERT_JOB = (
     "INSERT INTO jobs (id, name, command, env, status, gang_id, gang_size, gang_index, gpus, vram_mb,"
     " memory_mb, cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,"
     " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
-    " workdir, event_count)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+    " workdir, array_id, array_index, array_size, array_throttle, depends_on, awaiting_dependencies,"
+    " event_count)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " ?, ?, ?, ?, ?, ?, 1)"
 )
 INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 #: an attempt's usage row (``SqlStore.usage_values``); a row already there (none should be: an

@@ -144,6 +144,12 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "checkpoint_failures INTEGER NOT NULL DEFAULT 0",  # migration 7
         "claim_key TEXT",  # migration 11
         "workdir TEXT",  # migration 12
+        "array_id TEXT",  # migration 17
+        "array_index INTEGER",  # migration 17
+        "array_size INTEGER",  # migration 17
+        "array_throttle INTEGER",  # migration 17
+        "depends_on TEXT NOT NULL DEFAULT ''",  # migration 17
+        "awaiting_dependencies INTEGER NOT NULL DEFAULT 0",  # migration 17
     ),
     "workers": columns(
         "id TEXT NOT NULL",
@@ -288,6 +294,8 @@ DECLARED_INDEXES: dict[str, Index] = {
     "jobs_claim_key": Index("jobs", ("claim_key",), where="claim_key IS NOT NULL"),
     "idempotency_keys_created": Index("idempotency_keys", ("created_at",)),
     "attempt_usage_ended": Index("attempt_usage", ("ended_at",)),
+    "jobs_array": Index("jobs", ("array_id", "status"), where="array_id IS NOT NULL"),  # migration 17
+    "jobs_awaiting": Index("jobs", ("submitted_at", "id"), where="awaiting_dependencies = 1"),  # migration 17
 }
 
 #: table -> column names in order (what the migration test compared before types were declared)
@@ -697,6 +705,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             )
             """,
             "CREATE INDEX attempt_usage_ended ON attempt_usage (ended_at)",
+        ),
+    ),
+    Migration(
+        17,
+        "arrays and dependencies",
+        (
+            # API.md "Arrays and dependencies". A task of an array: the array's id, the task's index,
+            # the array's size and its %N throttle (the claim counts the array's holding tasks
+            # through jobs_array: at most N rows per candidate).
+            "ALTER TABLE jobs ADD COLUMN array_id TEXT",
+            "ALTER TABLE jobs ADD COLUMN array_index INTEGER",
+            "ALTER TABLE jobs ADD COLUMN array_size INTEGER",
+            "ALTER TABLE jobs ADD COLUMN array_throttle INTEGER",
+            "CREATE INDEX jobs_array ON jobs (array_id, status) WHERE array_id IS NOT NULL",
+            # The job's after conditions (JSON, '' for none), and whether it still waits on them:
+            # the claim and admission pass it over, the dependency loop reads the waiting ones.
+            "ALTER TABLE jobs ADD COLUMN depends_on TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE jobs ADD COLUMN awaiting_dependencies INTEGER NOT NULL DEFAULT 0",
+            "CREATE INDEX jobs_awaiting ON jobs (submitted_at, id) WHERE awaiting_dependencies = 1",
         ),
     ),
 )

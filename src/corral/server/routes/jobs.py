@@ -22,6 +22,7 @@ from corral.domain import errors
 from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import Status
 from corral.protocol.answers import (
+    ArraySubmitted,
     BatchSubmitted,
     EventsAnswer,
     GangAnswer,
@@ -64,6 +65,8 @@ def _submitted_to_wire(item: Submitted) -> dict[str, Any]:
         # The submitter's own job (a replayed key answers with what that key created: the
         # fingerprint covers the body, and the user is fixed by the token).
         return job_to_wire(item.job)
+    if item.array_id is not None:
+        return {"array_id": item.array_id, "tasks": [task.id for task in item.tasks]}
     return {"gang_id": item.gang_id, "tasks": [task.id for task in item.tasks]}
 
 
@@ -85,7 +88,7 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
         Work.STORE, _store_submission, state, body, batch, now, key, fingerprint, owner
     )
     if not result.replayed:
-        tasks = sum(spec.gang_size for spec in specs)
+        tasks = sum(len(spec.array.indices) if spec.array else spec.gang_size for spec in specs)
         state.metrics.jobs_submitted.inc(tasks)
         state.released(gang_waiting=any(spec.gang_size > 1 for spec in specs))
         if batch:
@@ -93,6 +96,8 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
             logger.info("batch submitted", extra={"items": len(result.items), "tasks": tasks})
         elif (item := result.items[0]).job is not None:
             logger.info("job submitted", extra={"job_id": item.job.id})
+        elif item.array_id is not None:
+            logger.info("array submitted", extra={"array_id": item.array_id, "array_size": len(item.tasks)})
         else:
             logger.info("gang submitted", extra={"gang_id": item.gang_id, "gang_size": len(item.tasks)})
     return state, result
@@ -116,15 +121,28 @@ def _store_submission(
     if owner is not None:
         specs = [dataclasses.replace(spec, user=owner) for spec in specs]
     specs = walltime.limited_all(specs, state.resolved_pools(), state.pool_defaults, batch)
+    _check_dependencies(state.store, specs)
     # An Idempotency-Key is its submitter's own (the token's name; everyone's alike without auth)
     key_owner = owner or ""
     return specs, state.store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint, key_owner)
 
 
+def _check_dependencies(store: Store, specs: list[JobSpec]) -> None:
+    """400 when an ``after`` condition names no job, gang or array the store knows."""
+    named = {item.id for spec in specs for item in spec.after}
+    if not named:
+        return
+    unknown = sorted(named - set(store.jobs.task_statuses(sorted(named))))
+    if unknown:
+        names = ", ".join(unknown)
+        raise errors.InvalidRequest(f"after names no known job, gang or array: {names}", field="after")
+
+
 async def submit(request: Request) -> Response:
     _, result = await _submit(request, batch=False)
     item = result.items[0]
-    return answer(JobAnswer if item.job is not None else GangSubmitted, _submitted_to_wire(item), 201)
+    model = JobAnswer if item.job is not None else ArraySubmitted if item.array_id else GangSubmitted
+    return answer(model, _submitted_to_wire(item), 201)
 
 
 async def submit_batch(request: Request) -> Response:
@@ -169,6 +187,7 @@ async def list_jobs(request: Request) -> Response:
         worker_id=params.get("worker_id") or None,
         user=params.get("user") or None,
         newest=order == "newest",
+        array_id=params.get("array_id") or None,
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
     principal = principal_of(request)
@@ -420,9 +439,9 @@ described = [
     Operation(
         "POST",
         "/jobs",
-        "submit a job, or a gang when gang_size > 1",
+        "submit a job, a gang when gang_size > 1, or an array with array",
         "jobs",
-        {201: (JobAnswer, GangSubmitted)},
+        {201: (JobAnswer, GangSubmitted, ArraySubmitted)},
         body=SubmitBody,
         headers=(
             string(
@@ -431,7 +450,7 @@ described = [
             ),
         ),
         errors=(400, 409, 413),
-        description="A job answers the job; a gang answers its id and task ids (GangSubmitted).",
+        description="A job answers the job; a gang or an array answers its id and task ids.",
     ),
     Operation(
         "POST",
@@ -466,6 +485,7 @@ described = [
             string(
                 "order", "oldest (default) or newest: by submission time, then id", enum=["oldest", "newest"]
             ),
+            string("array_id"),
         ),
     ),
     Operation("GET", "/jobs/{job_id}", _JOB, "jobs", {200: JobAnswer}, errors=(404,)),

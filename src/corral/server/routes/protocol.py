@@ -81,6 +81,10 @@ def claim_env(state: ServerState, job: Job, server_url: str, tasks: list[Job] | 
         "CORRAL_ATTEMPT": str(job.attempts),
         "CORRAL_SERVER": server_url,
     }
+    if job.array_id is not None:
+        env["CORRAL_ARRAY_ID"] = job.array_id
+        env["CORRAL_ARRAY_INDEX"] = str(job.array_index)
+        env["CORRAL_ARRAY_SIZE"] = str(job.array_size)
     if tasks is not None:
         env.update(rendezvous_env(state, job, tasks))
     if job.has_checkpoint or any(task.has_checkpoint for task in tasks or ()):
