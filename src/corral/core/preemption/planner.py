@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from corral.core import fairshare
+from corral.core import fairshare, pool_limits
 from corral.core.decisions import Preemption, TaskPlacement, Victim
 from corral.core.preemption.inputs import PlanInputs, Preemptor
 from corral.core.preemption.room import Room
@@ -41,6 +41,8 @@ class Planner:
             (job.spec.preemption_class for job in inputs.holding if job.status == Status.RUNNING),
             default=NEVER_PREEMPTED_CLASS,
         )
+        #: the pools' limits and what their subtrees hold, this cycle's reservations counted
+        self.limits = _limits_of(inputs)
         #: preemptors that fit without anyone stopping, and the room set aside for them
         self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
         #: the preemptors given room, in the order the plan gave it
@@ -59,6 +61,9 @@ class Planner:
         eligible = self.room.eligible_workers(preemptor.first)
         if not eligible:
             return None  # the admission cycle or ``why`` already says it can never fit
+        past_limit = self._past_limit(preemptor)
+        if past_limit is not None:
+            return past_limit
         room = self.room.tasks_on(eligible, request)
         if sum(room.values()) >= size:
             refused = self.triggers.refusal(preemptor, ())
@@ -133,6 +138,18 @@ class Planner:
         """The room these placements use is ``pool``'s, and no one else's this cycle."""
         self.triggers.take(placements, request, pool)
         self.room.take(placements, request)
+        if self.limits.limits:
+            self.limits.take(pool, _times(request, len(placements)))
+
+    def _past_limit(self, preemptor: Preemptor) -> Reason | None:
+        """``pool_limit`` when ``preemptor``'s pool, or an ancestor, would go past its limits with
+        it placed (``corral.core.pool_limits``): no victim is taken for it. Its victims would still
+        hold their resources while they stop, so stopping work of its own subtree makes no room
+        within the limit this cycle."""
+        if not self.limits.limits:
+            return None
+        spec = preemptor.first.spec
+        return self.limits.refusal(spec.pool, _times(spec.resources, len(preemptor.tasks)))
 
     def _commit(
         self,
@@ -208,3 +225,19 @@ class Planner:
             " sensitive pools, jobs near their walltime and class 7+ jobs without checkpoints are"
             f" never preempted){fair}",
         )
+
+
+def _limits_of(inputs: PlanInputs) -> pool_limits.Limits:
+    """The pools' limits and what each limited subtree holds: the holding jobs and the cycle's
+    reservations (``PlanInputs.extra``, booked to their pools)."""
+    limits = pool_limits.limits_of(inputs.pools)
+    if not limits:
+        return pool_limits.Limits(limits)
+    books = pool_limits.Limits.of(limits, pool_limits.own_held(inputs.holding))
+    for allocation in inputs.extra:
+        books.take(inputs.extra_pools.get(allocation.job_id, ""), allocation.resources)
+    return books
+
+
+def _times(request: Resources, count: int) -> Resources:
+    return Resources(request.gpus * count, request.vram_mb, request.memory_mb * count, request.cpus * count)

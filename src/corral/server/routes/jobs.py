@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from corral.core import fairshare, lifecycle, walltime
+from corral.core import fairshare, lifecycle, pool_limits, walltime
 from corral.core.explain import explain
 from corral.domain import errors
-from corral.domain.records import Job, JobSpec
+from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import Status
 from corral.protocol.answers import (
     BatchSubmitted,
@@ -277,10 +277,23 @@ def _why(state: ServerState, job_id: str) -> Response:
     fair_share = None
     if job.status in (Status.PENDING, Status.BLOCKED):
         fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())
-    reasons = explain(job, workers, allocations, holds, state.clock.now(), fair_share)
+    reasons = explain(
+        job, workers, allocations, holds, state.clock.now(), fair_share, _pool_limit(state, job)
+    )
     return answer(
         WhyAnswer, {"status": job.status.value, "reasons": [reason.to_dict() for reason in reasons]}
     )
+
+
+def _pool_limit(state: ServerState, job: Job) -> Reason | None:
+    """``pool_limit`` when the limits of the job's pool, or of an ancestor, keep it waiting."""
+    if job.status not in (Status.PENDING, Status.BLOCKED):
+        return None
+    pools = state.resolved_pools()
+    if not pool_limits.limits_of(pools):
+        return None
+    own = {path: usage.held for path, usage in state.store.pools.pool_usage().items()}
+    return pool_limits.explain(job, job.spec.gang_size, pools, own)
 
 
 def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
