@@ -5,10 +5,13 @@ limited pool, and the answers are kept per pool and request."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from corral.core import pool_limits
 from corral.core.claim import Claim
 from corral.core.explain import explain
+from corral.core.preemption import Preemptor
+from corral.core.preemption.rules import value, worth_preempting
 from corral.domain import pools
 from corral.domain.pools import UNLIMITED, PoolSettings
 from corral.domain.records import Job, JobSpec, Reason
@@ -117,3 +120,15 @@ def test_why_puts_the_pool_limit_first_and_drops_fits_now() -> None:
         "pool team runs 0 of its limit 2 GPUs; this work asks 3 more: it waits until the pool's running"
         " work ends or its limits are raised",
     )
+
+
+def test_a_preemptors_value_is_its_gpu_seconds_within_its_walltime_and_caps_the_victims_cost() -> None:
+    task = job("j-1", "p", gpus=2)
+    assert value(Preemptor("j-1", (task,))) is None, "no walltime: not known"
+    timed = replace(task, spec=replace(task.spec, walltime_s=100.0))
+    assert value(Preemptor("g", (timed, timed, timed))) == 600.0, "every task's GPUs"
+    cpu_only = replace(timed, spec=replace(timed.spec, resources=Resources(cpus=4)))
+    assert value(Preemptor("c", (cpu_only,))) is None, "not in GPU-seconds"
+    assert worth_preempting(599.0, 600.0)
+    assert not worth_preempting(600.0, 600.0), "below, not up to"
+    assert worth_preempting(1e12, None)

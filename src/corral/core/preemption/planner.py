@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from corral.core import fairshare, pool_limits
 from corral.core.decisions import Preemption, TaskPlacement, Victim
+from corral.core.preemption import rules
 from corral.core.preemption.inputs import PlanInputs, Preemptor
 from corral.core.preemption.room import Room
 from corral.core.preemption.rules import NEVER_PREEMPTED_CLASS, PLANNER_CODES, Trigger
@@ -129,10 +130,31 @@ class Planner:
             return self._no_set(preemptor, eligible, trigger, examined)
         if not self.triggers.fair_set_holds(chosen, preemptor.first, trigger):
             return self._no_set(preemptor, eligible, trigger, examined)
+        too_dear = self._too_dear(preemptor, chosen, trigger)
+        if too_dear is not None:
+            return too_dear
         refused = self.triggers.refusal(preemptor, chosen)
         if refused is not None:
             return refused
         return self._commit(preemptor, chosen, placements, trigger)
+
+    def _too_dear(self, preemptor: Preemptor, chosen: Sequence[Unit], trigger: Trigger) -> Reason | None:
+        """``no_victim_set`` when the priority and fair-share victims of ``chosen`` cost, together,
+        at least what ``preemptor`` is worth (``rules.worth_preempting``); None when they may go."""
+        worth = rules.value(preemptor)
+        if worth is None:
+            return None
+        first = preemptor.first
+        counted = [unit for unit in chosen if self.triggers.reason(unit, first, trigger) != "reclaim"]
+        total = sum(unit.cost for unit in counted)
+        if rules.worth_preempting(total, worth):
+            return None
+        return Reason(
+            "no_victim_set",
+            f"the set of {len(counted)} job(s) or gang(s) that would make room loses {total:.0f} GPU-seconds"
+            f" of work, not below the {worth:.0f} GPU-seconds this job is worth (its GPUs times its"
+            " walltime_s): preempting it would cost more than it gains",
+        )
 
     def _take(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
         """The room these placements use is ``pool``'s, and no one else's this cycle."""

@@ -26,7 +26,9 @@ __all__ = [
     "VictimKey",
     "cost",
     "preemptor_key",
+    "value",
     "victim_key",
+    "worth_preempting",
 ]
 
 #: the reasons the plan gives a waiting preemptor (``Planner.no_set``, ``borrowing.refusal``,
@@ -63,6 +65,24 @@ def cost(job: Job, now: float) -> float:
         if used > LATE_FRACTION:
             total += gpus * walltime * LATE_PENALTY * (used - LATE_FRACTION) / (1 - LATE_FRACTION)
     return total
+
+
+def value(preemptor: Preemptor) -> float | None:
+    """Seed 003's "estimated value" of a waiting job, in the victims' unit (GPU-seconds): the GPUs
+    of all its tasks times its ``walltime_s``, the work it would do within its limit. None when
+    it is not known (no walltime) or not in that unit (no GPU): no cap then."""
+    spec = preemptor.first.spec
+    gpus = spec.resources.gpus * len(preemptor.tasks)
+    if not spec.walltime_s or gpus <= 0:
+        return None
+    return gpus * spec.walltime_s
+
+
+def worth_preempting(victims_cost: float, preemptor_value: float | None) -> bool:
+    """Seed 003's multi-victim constraint: the total cost of the victims taken for priority or fair
+    share must be below the waiting job's value (``value``; None: not known, no cap). Reclaimed
+    victims are not counted: a pool takes back its guarantee whatever it costs the borrower."""
+    return preemptor_value is None or victims_cost < preemptor_value
 
 
 class Ranked(Protocol):
