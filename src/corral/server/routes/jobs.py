@@ -302,7 +302,7 @@ def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
             state.metrics.jobs_cancelled.inc()
             logger.info("job cancelled", extra={"job_id": job.id, "gang_id": job.gang_id})
         elif job.status == Status.PREEMPTING:
-            state.metrics.preemptions.labels(reason="cancel").inc()
+            state.metrics.preemptions.labels(reason="cancel", pool=job.spec.pool).inc()
             logger.info(
                 "job stopping for cancel",
                 extra={
