@@ -11,7 +11,7 @@ from corral.core import pool_limits
 from corral.core.claim import Claim
 from corral.core.explain import explain
 from corral.core.preemption import Preemptor
-from corral.core.preemption.rules import value, worth_preempting
+from corral.core.preemption.rules import as_preemptor, preempting_class, value, worth_preempting
 from corral.domain import pools
 from corral.domain.pools import UNLIMITED, PoolSettings
 from corral.domain.records import Job, JobSpec, Reason
@@ -132,3 +132,13 @@ def test_a_preemptors_value_is_its_gpu_seconds_within_its_walltime_and_caps_the_
     assert worth_preempting(599.0, 600.0)
     assert not worth_preempting(600.0, 600.0), "below, not up to"
     assert worth_preempting(1e12, None)
+
+
+def test_a_sensitive_pools_work_preempts_as_class_10() -> None:
+    waiting = job("j-1", "secure")
+    assert preempting_class(waiting, "sensitive") == 10
+    assert preempting_class(waiting, "batch") == waiting.spec.preemption_class
+    assert preempting_class(waiting, None) == waiting.spec.preemption_class
+    assert as_preemptor(waiting, "batch") is waiting
+    raised = as_preemptor(waiting, "sensitive")
+    assert raised.id == waiting.id and raised.spec.preemption_class == 10

@@ -56,6 +56,7 @@ from corral.core.placement import (
 )
 from corral.core.preemption import PreemptionSettings
 from corral.core.preemption.memo import PlannerMemo
+from corral.core.preemption.rules import as_preemptor
 from corral.core.protection import unreclaimable
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
@@ -128,11 +129,11 @@ def _preempt(
     never = {"no_workers", "unschedulable"}
     tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
     preemptors = [
-        preemption.Preemptor(waiting.gang_id, in_index_order(tasks_of[waiting.gang_id]))
+        _preemptor(snapshot, waiting.gang_id, in_index_order(tasks_of[waiting.gang_id]))
         for waiting in admitted.waiting
         if waiting.reason.code not in never and waiting.gang_id in tasks_of
     ]
-    preemptors.extend(preemption.Preemptor(job.id, (job,)) for job in snapshot.pending)
+    preemptors.extend(_preemptor(snapshot, job.id, (job,)) for job in snapshot.pending)
     extra = tuple(  # this cycle's reservations hold their capacity already
         Allocation(
             place.job_id,
@@ -178,6 +179,13 @@ def _preempt(
         single_rollbacks=single_rollbacks,
         single_waiting=tuple((key, reason) for key, reason in planned.waiting if key not in tasks_of),
     )
+
+
+def _preemptor(snapshot: Snapshot, key: str, tasks: tuple[Job, ...]) -> preemption.Preemptor:
+    """A waiting job or gang as the planner's preemptor, a sensitive pool's work preempting as
+    class 10 (``rules.as_preemptor``)."""
+    kind = _pool_kind(snapshot, tasks[0].spec.pool)
+    return preemption.Preemptor(key, tuple(as_preemptor(task, kind) for task in tasks))
 
 
 def guarantees_of(snapshot: Snapshot) -> borrowing.Guarantees:

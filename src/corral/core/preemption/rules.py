@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from corral.core.preemption.inputs import Preemptor
@@ -24,7 +24,9 @@ __all__ = [
     "SEARCH_LIMIT",
     "Trigger",
     "VictimKey",
+    "as_preemptor",
     "cost",
+    "preempting_class",
     "preemptor_key",
     "value",
     "victim_key",
@@ -65,6 +67,23 @@ def cost(job: Job, now: float) -> float:
         if used > LATE_FRACTION:
             total += gpus * walltime * LATE_PENALTY * (used - LATE_FRACTION) / (1 - LATE_FRACTION)
     return total
+
+
+def preempting_class(job: Job, pool_kind: str | None) -> int:
+    """The class ``job`` preempts as: seed 003's "sensitive claims are class 10", so the work of
+    a ``sensitive`` pool preempts as class 10 whatever class it declares (it may take any class
+    below 10); any other job as its own class."""
+    return NEVER_PREEMPTED_CLASS if pool_kind == "sensitive" else job.spec.preemption_class
+
+
+def as_preemptor(job: Job, pool_kind: str | None) -> Job:
+    """``job`` as the planner reads it when it waits (``preempting_class``): the same record, its
+    class raised to 10 in a sensitive pool. Only the plan reads the copy; what is applied names
+    the job by id."""
+    raised = preempting_class(job, pool_kind)
+    if raised == job.spec.preemption_class:
+        return job
+    return replace(job, spec=replace(job.spec, preemption_class=raised))
 
 
 def value(preemptor: Preemptor) -> float | None:
