@@ -100,9 +100,12 @@ class Planner:
             # Within a cycle room only shrinks: what failed for this shape fails again.
             return self._no_set(preemptor, eligible, trigger)
         found = self.search.find(preemptor, room, shape, trigger)
-        decided = self._finish(
-            preemptor, found.chosen, room, found.missing, eligible, trigger, found.examined
-        )
+        if found.limited:
+            decided: Preemption | Reason = _search_limited(preemptor)
+        else:
+            decided = self._finish(
+                preemptor, found.chosen, room, found.missing, eligible, trigger, found.examined
+            )
         self.search.restore(shape, found.popped)
         return decided
 
@@ -263,3 +266,16 @@ def _limits_of(inputs: PlanInputs) -> pool_limits.Limits:
 
 def _times(request: Resources, count: int) -> Resources:
     return Resources(request.gpus * count, request.vram_mb, request.memory_mb * count, request.cpus * count)
+
+
+def _search_limited(preemptor: Preemptor) -> Reason:
+    """``search_limited``: the search's cap (``rules.SEARCH_LIMIT`` worker sets per preemptor) cut
+    it short before a set made room; the next cycle searches again."""
+    size = len(preemptor.tasks)
+    what = f"its {size} tasks" if size > 1 else "it"
+    return Reason(
+        "search_limited",
+        f"no free room for {what}; the victim search looked at {rules.SEARCH_LIMIT} worker sets (its"
+        " limit per job and cycle, which keeps a cycle's time bounded) without making room: a set"
+        " beyond them might, and the next cycle searches again",
+    )

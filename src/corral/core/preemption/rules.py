@@ -35,7 +35,9 @@ __all__ = [
 
 #: the reasons the plan gives a waiting preemptor (``Planner.no_set``, ``borrowing.refusal``,
 #: ``pool_limits.refusal``)
-PLANNER_CODES = frozenset({"no_victim_set", "preemption_backoff", "borrowing_refused", "pool_limit"})
+PLANNER_CODES = frozenset(
+    {"no_victim_set", "preemption_backoff", "borrowing_refused", "pool_limit", "search_limited"}
+)
 #: worker victim sets one preemptor looks at, at most: the search is greedy (cheapest sets first)
 #: and bounded, so a cycle's time does not grow with the cluster for work that cannot be placed
 SEARCH_LIMIT = 64
