@@ -4,12 +4,12 @@ victim (``pool_limit``), and a search the ``SEARCH_LIMIT`` cut short says so (``
 from __future__ import annotations
 
 from corral.core.preemption import Preemptor
-from corral.core.preemption.rules import SEARCH_LIMIT
+from corral.core.preemption.rules import SEARCH_LIMIT, borrowed_discount
 from corral.core.preemption.search import search_cut
 from corral.domain.pools import UNLIMITED, PoolDefaults, PoolSettings, resolve
 from corral.domain.resources import Resources
 from corral.testing.factories import gpu_worker
-from tests.unit.test_preemption import gang_tasks, planned, running, single, waiting
+from tests.unit.test_preemption import NOW, gang_tasks, planned, running, single, waiting
 
 
 def test_the_search_cut_needs_the_cap_reached_with_room_still_missing() -> None:
@@ -50,3 +50,25 @@ def test_a_preemptor_past_its_pools_limit_takes_no_victim() -> None:
     assert reason.code == "pool_limit" and reason.message.startswith("pool team runs 1 of its limit 1 GPUs")
     result = planned([worker], [mine, low], [single(waiting(gpus=1, cls=8, pool="other"))], pools=pools)
     assert [victim.job_ids for victim in result.preemptions[0].victims] == [(low.id,)]
+
+
+def test_work_beyond_its_pools_guarantee_costs_half_and_goes_first_among_equals() -> None:
+    assert borrowed_discount(300.0, bursting=True) == 150.0
+    assert borrowed_discount(300.0, bursting=False) == 300.0
+    worker = gpu_worker(gpus=3, worker_id="w1")
+    pools = resolve({"burst": PoolSettings(guarantee=Resources(gpus=1))}, PoolDefaults())
+    within = running(
+        worker, [0], cls=2, started=NOW - 900, checkpoint_mode="auto", pool="burst", job_id="j-within"
+    )
+    beyond = running(
+        worker, [1], cls=2, started=NOW - 800, checkpoint_mode="auto", pool="burst", job_id="j-beyond"
+    )
+    newest = running(
+        worker, [2], cls=2, started=NOW - 100, checkpoint_mode="auto", pool="plain", job_id="j-newest"
+    )
+    wanted = single(waiting(gpus=1, cls=7))
+    (found,) = planned([worker], [within, beyond, newest], [wanted], pools=pools).preemptions
+    assert [victim.job_ids for victim in found.victims] == [("j-beyond",)]
+    assert found.victims[0].cost == 150.0
+    (found,) = planned([worker], [within, beyond, newest], [wanted]).preemptions
+    assert [victim.job_ids for victim in found.victims] == [("j-newest",)], "no guarantee: newest first"

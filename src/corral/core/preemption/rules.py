@@ -15,6 +15,7 @@ from corral.core.protection import HIGH_CLASS, NEVER_PREEMPTED_CLASS
 from corral.domain.records import Job
 
 __all__ = [
+    "BORROWED_DISCOUNT",
     "DEFAULT_CHECKPOINT_S",
     "HIGH_CLASS",
     "LATE_FRACTION",
@@ -25,6 +26,7 @@ __all__ = [
     "Trigger",
     "VictimKey",
     "as_preemptor",
+    "borrowed_discount",
     "cost",
     "preempting_class",
     "preemptor_key",
@@ -69,6 +71,19 @@ def cost(job: Job, now: float) -> float:
         if used > LATE_FRACTION:
             total += gpus * walltime * LATE_PENALTY * (used - LATE_FRACTION) / (1 - LATE_FRACTION)
     return total
+
+
+#: what a victim running beyond its pool's guarantee costs, as a fraction of its cost (seed 003's
+#: burst factor: burst allocations above their share are the first preemption candidates)
+BORROWED_DISCOUNT = 0.5
+
+
+def borrowed_discount(victim_cost: float, bursting: bool) -> float:
+    """A victim's cost with seed 003's borrowed-capacity discount: ``BORROWED_DISCOUNT`` times its
+    cost when it runs on capacity its pool borrows beyond a guarantee it has (``bursting``), so
+    such work goes first among equals; its cost otherwise. A pool without a guarantee has no
+    share to burst beyond: its work is not discounted."""
+    return victim_cost * BORROWED_DISCOUNT if bursting else victim_cost
 
 
 def preempting_class(job: Job, pool_kind: str | None) -> int:
