@@ -92,6 +92,6 @@ def test_cancelling_a_stopping_job_again_counts_once(api):
     claim(api)
     for _ in range(3):
         assert api.post(f"/jobs/{job['id']}/cancel").json()["status"] == "preempting"
-    assert 'corral_preemptions_total{reason="cancel"} 1.0' in api.get("/metrics").text
+    assert 'corral_preemptions_total{pool="default",reason="cancel"} 1.0' in api.get("/metrics").text
     events = [event["to"] for event in api.get(f"/jobs/{job['id']}/events").json()["items"]]
     assert events == ["pending", "running", "preempting"]

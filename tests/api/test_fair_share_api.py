@@ -69,4 +69,4 @@ def test_a_pool_below_its_share_starves_after_its_timer_then_takes_the_newest_al
         clock.advance(6)
         server.run_loop("admission")
         assert statuses() == ["running", "running", "preempting", "preempting"]
-    assert 'corral_preemptions_total{reason="fair_share"} 2.0' in api.get("/metrics").text
+    assert 'corral_preemptions_total{pool="hog",reason="fair_share"} 2.0' in api.get("/metrics").text

@@ -77,7 +77,7 @@ def test_a_class_7_job_takes_a_class_2_jobs_gpu_which_checkpoints_stops_and_resu
         "the freed GPU went to the preemptor"
     )
     metrics = api.get("/metrics").text
-    assert 'corral_preemptions_total{reason="priority"} 1.0' in metrics
+    assert 'corral_preemptions_total{pool="default",reason="priority"} 1.0' in metrics
     assert "corral_preemption_victim_requeue_total 1.0" in metrics
     assert "corral_preemption_checkpoint_duration_seconds_count 1.0" in metrics
     assert "corral_preemption_checkpoint_duration_seconds_sum 7.0" in metrics
@@ -199,7 +199,7 @@ def test_sensitive_pools_are_never_preempted_and_borrowed_capacity_is_reclaimed(
     assert owner["id"] in stopped["reason"]["message"]
     assert "to reclaim its pool's guaranteed capacity" in stopped["reason"]["message"]
     assert job_of(api, owner["id"])["worker_id"] == "w2"
-    assert 'corral_preemptions_total{reason="reclaim"} 1.0' in api.get("/metrics").text
+    assert 'corral_preemptions_total{pool="guest",reason="reclaim"} 1.0' in api.get("/metrics").text
 
 
 def test_work_no_preemption_could_take_back_is_not_placed_on_borrowed_capacity(

@@ -86,7 +86,7 @@ def test_a_starving_pool_takes_the_newest_allocations_up_to_its_fair_share_then_
             assert pools[path]["usage"]["gpus"] == 2
             assert pools[path]["starvation"] == "non_starving"
         metrics = client.request("GET", "/metrics").text
-        assert 'corral_preemptions_total{reason="fair_share"} 2.0' in metrics
+        assert 'corral_preemptions_total{pool="first",reason="fair_share"} 2.0' in metrics
 
 
 def test_a_guarantee_reclaims_borrowed_capacity_without_waiting_for_a_timer(

@@ -143,6 +143,21 @@ WALLTIME = (
     WorkloadJob("q1", 64, 500, 1, preemption_class=3),
     WorkloadJob("x", 70, 50, 1, preemption_class=8),
 )
+#: pool limits: "capped" may hold 2 GPUs at once over its subtree; its children's jobs, its gang and
+#: its class-8 job (which would otherwise preempt "free"'s class-2 work) wait until its own work ends,
+#: while "free" uses the rest of the cluster
+LIMITED_POOLS = {"capped": {"limits": {"gpus": 2}}, "capped/b": {"weight": 2}, "free": {}}
+LIMITED = (
+    WorkloadJob("c1", 0, 200, 1, pool="capped/a", preemption_class=2),
+    WorkloadJob("c2", 1, 150, 1, pool="capped/b", preemption_class=2, checkpoint="auto"),
+    WorkloadJob("c3", 2, 100, 1, pool="capped/a", preemption_class=2),
+    WorkloadJob("f1", 3, 300, 2, pool="free", preemption_class=2),
+    WorkloadJob("cg", 4, 90, 1, gang_size=2, pool="capped", preemption_class=5),
+    WorkloadJob("f2", 5, 400, 1, pool="free", preemption_class=1, checkpoint="auto"),
+    WorkloadJob("x", 10, 60, 1, pool="capped/b", preemption_class=8),
+    WorkloadJob("f3", 12, 80, 1, pool="free", preemption_class=3),
+    WorkloadJob("y", 20, 50, 1, pool="free", preemption_class=8),
+)
 #: (workload, pools, workers, GPUs per worker, the victims' reason codes the run must show). No two
 #: jobs of a workload are submitted or started at the same instant: the queue and victim orders
 #: break such ties on job ids, which the server draws at random and the simulator does not.
@@ -153,6 +168,7 @@ CASES = {
     "pool-kinds": (POOL_KINDS, KINDS, 4, 2, set()),
     "walltime": (WALLTIME, WALLTIME_POOLS, 2, 2, {"preempted_priority"}),
     "aggressive-starvation": (AGGRESSIVE, AGGRESSIVE_POOLS, 4, 2, {"preempted_fair_share"}),
+    "pool-limits": (LIMITED, LIMITED_POOLS, 3, 2, {"preempted_priority"}),
     "every-trigger": (
         EVERYTHING,
         EVERYTHING_POOLS,
@@ -414,3 +430,23 @@ def test_the_server_and_the_simulator_decide_the_same(live, case) -> None:
     assert failed <= limited, "only a job past its walltime fails"
     reasons = {reason for *_, reason in expected if reason}
     assert triggers <= reasons, f"the workload preempts for {sorted(triggers)}; it showed {sorted(reasons)}"
+
+
+def test_the_limited_pool_of_the_pool_limits_case_never_holds_more_than_its_limit() -> None:
+    """The case above agrees with the server; this says what both do: "capped" holds at most 2
+    GPUs at any instant, its class-8 job preempts nobody, and "free"'s class-8 job does."""
+    holding: set[str] = set()
+    most = 0
+    for _, status, job_id, _, reason in simulated(LIMITED, LIMITED_POOLS, 3, 2):
+        if job_id.startswith(("c", "x")):
+            if status in ("reserved", "running", "preempting"):
+                holding.add(job_id)
+            else:
+                holding.discard(job_id)
+            most = max(most, len(holding))
+        if status == "preempting":
+            assert reason == "preempted_priority"
+    assert most == 2
+    decisions = simulated(LIMITED, LIMITED_POOLS, 3, 2)
+    assert [job_id for _, status, job_id, _, _ in decisions if status == "preempting"] == ["f2"]
+    assert next(at for at, status, job_id, _, _ in decisions if status == "running" and job_id == "x") > 150

@@ -29,6 +29,8 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
    claim applies to single jobs), which sees them whole. Every candidate not placed gets a
    ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``, ``head_of_queue``,
    ``held_for_gang``, ``insufficient_capacity`` (worded in ``corral.core.admission_reasons``).
+   A gang its pool's limits (or an ancestor's) keep out waits with ``pool_limit``
+   (``corral.core.pool_limits``) before it is placed, held for or counted as the head.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
-from corral.core import borrowing, drain, preemption
+from corral.core import borrowing, drain, pool_limits, preemption
 from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
@@ -54,6 +56,7 @@ from corral.core.placement import (
 )
 from corral.core.preemption import PreemptionSettings
 from corral.core.preemption.memo import PlannerMemo
+from corral.core.preemption.rules import as_preemptor
 from corral.core.protection import unreclaimable
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
@@ -126,11 +129,11 @@ def _preempt(
     never = {"no_workers", "unschedulable"}
     tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
     preemptors = [
-        preemption.Preemptor(waiting.gang_id, in_index_order(tasks_of[waiting.gang_id]))
+        _preemptor(snapshot, waiting.gang_id, in_index_order(tasks_of[waiting.gang_id]))
         for waiting in admitted.waiting
         if waiting.reason.code not in never and waiting.gang_id in tasks_of
     ]
-    preemptors.extend(preemption.Preemptor(job.id, (job,)) for job in snapshot.pending)
+    preemptors.extend(_preemptor(snapshot, job.id, (job,)) for job in snapshot.pending)
     extra = tuple(  # this cycle's reservations hold their capacity already
         Allocation(
             place.job_id,
@@ -178,6 +181,13 @@ def _preempt(
     )
 
 
+def _preemptor(snapshot: Snapshot, key: str, tasks: tuple[Job, ...]) -> preemption.Preemptor:
+    """A waiting job or gang as the planner's preemptor, a sensitive pool's work preempting as
+    class 10 (``rules.as_preemptor``)."""
+    kind = _pool_kind(snapshot, tasks[0].spec.pool)
+    return preemption.Preemptor(key, tuple(as_preemptor(task, kind) for task in tasks))
+
+
 def guarantees_of(snapshot: Snapshot) -> borrowing.Guarantees:
     """The pools' guarantees and usage, and the GPUs free on usable workers, as the snapshot has them."""
     usable_ids = {worker.id for worker in snapshot.workers if usable(worker)}
@@ -185,6 +195,14 @@ def guarantees_of(snapshot: Snapshot) -> borrowing.Guarantees:
     held = sum(job.spec.resources.gpus for job in snapshot.holding if job.worker_id in usable_ids)
     guaranteed = {path: pool.guarantee.gpus for path, pool in snapshot.pools.items()}
     return borrowing.Guarantees.of(total - held, guaranteed, snapshot.holding)
+
+
+def limits_of(snapshot: Snapshot) -> pool_limits.Limits:
+    """The pools' limits and what each limited subtree holds, as the snapshot has them."""
+    limits = pool_limits.limits_of(snapshot.pools)
+    if not limits:
+        return pool_limits.Limits(limits)
+    return pool_limits.Limits.of(limits, pool_limits.own_held(snapshot.holding))
 
 
 def _pool_kind(snapshot: Snapshot, path: str) -> str | None:
@@ -221,9 +239,14 @@ def _admit_gangs(
     waiting: list[Waiting] = []
     head: _HeadHold | None = None  # the head of the queue's holds, once it is known
     guarantees = guarantees_of(snapshot)
+    limits = limits_of(snapshot)
     for gang in candidates:
         spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
         request, constraints = spec.resources, spec.constraints
+        past_limit = limits.refusal(spec.pool, _times(request, size)) if limits.limits else None
+        if past_limit is not None:
+            waiting.append(Waiting(gang.gang_id, past_limit))
+            continue
         if unreclaimable(gang.tasks[0], _pool_kind(snapshot, spec.pool)) and not borrowing.may_place(
             gang.tasks[0], request.gpus * size, guarantees
         ):
@@ -234,6 +257,7 @@ def _admit_gangs(
         placed, room = cluster.attempt(request, size, eligible, backfill)
         if placed is not None:
             guarantees.take(spec.pool, request.gpus * size)
+            limits.take(spec.pool, _times(request, size))
             tasks = sorted(gang.tasks, key=lambda task: (task.gang_index or 0, task.id))
             end = None if spec.walltime_s is None else now + spec.walltime_s
             for task, (slot, _) in zip(tasks, placed, strict=True):

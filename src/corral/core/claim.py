@@ -11,10 +11,15 @@ and the simulator.
    sensitive pool's work is never preempted) does not start on borrowed capacity
    (``borrowing.may_place``, on the cluster as the claim reads it): it is passed over and the next
    candidate is tried, as admission refuses a gang of the same kind.
+4. A job whose pool, or an ancestor of it, would go past its ``limits`` with the job added
+   (``corral.core.pool_limits``) is passed over too (``_LimitsOn``: the answers are kept per pool
+   and request for one reading of what the pools hold).
 
 Pure: the caller hands in the worker, its allocations, the candidates and a function that reads the
 cluster's borrowing figures, which is called at most once per choice and only for a candidate that
-step 3 concerns (the store reads them inside its transaction; the common claim never does).
+step 3 concerns (the store reads them inside its transaction; the common claim never does), and a
+function that reads what each pool's jobs hold, likewise called at most once per choice and only
+for a candidate of a limited pool (step 4).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from corral.core import borrowing, lifecycle, protection
+from corral.core import borrowing, lifecycle, pool_limits, protection
 from corral.core.placement import Capacity, Placement, free_capacity, may_backfill, place, without_holds
 from corral.core.snapshot import PoolView
 from corral.domain import pools as pool_rules
 from corral.domain.pools import BorrowingView
 from corral.domain.records import Allocation, Hold, Job, Worker
+from corral.domain.resources import Resources
 from corral.domain.status import Status
 from corral.domain.transitions import Transition
 
@@ -45,6 +51,10 @@ class Claim:
         self.pools: Mapping[str, PoolView] = pools if pools is not None else {}
         self._unreclaimable: dict[tuple[str, int, str], bool] = {}
         self._kept: _RuleOn | None = None
+        #: the pools with limits (step 4), and the answers on the last usage read
+        self.limits = pool_limits.limits_of(self.pools)
+        self._paths = pool_limits.Limits(self.limits)  # which limits a pool's jobs count against
+        self._kept_limits: _LimitsOn | None = None
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)
@@ -83,14 +93,17 @@ class Claim:
         holds: Sequence[Hold],
         now: float,
         borrowing_view: Callable[[], BorrowingView] | None = None,
+        pool_held: Callable[[], Mapping[str, Resources]] | None = None,
     ) -> tuple[Job, tuple[int, ...]] | None:
-        """Steps 2 and 3: the first candidate, in the order given, that fits and may start; None when
-        none does. ``borrowing_view`` None: nothing is borrowed (no guarantees to protect)."""
+        """Steps 2 to 4: the first candidate, in the order given, that fits and may start; None when
+        none does. ``borrowing_view`` None: nothing is borrowed (no guarantees to protect).
+        ``pool_held`` reads what each pool's own jobs hold; None: no limit is enforced."""
         # The held-back capacity is computed once, and a candidate is refused on its resources, then
         # on the borrowing rule, before its constraints are checked and a reason is worded: a poll
         # may read thousands.
         held_back = without_holds(capacity, holds) if holds else capacity
         rule: _RuleOn | None = None
+        within: _LimitsOn | None = None
         for job in candidates:
             usable = capacity if not holds or may_backfill(job, holds, now) else held_back
             if not usable.free.covers(job.spec.resources):
@@ -99,6 +112,11 @@ class Claim:
                 if rule is None:
                     rule = self._rule_on(borrowing_view())
                 if not rule.may_borrow(job):
+                    continue
+            if pool_held is not None and self.limits and self.limited(job.spec.pool):
+                if within is None:
+                    within = self._limits_on(pool_held())
+                if not within.allows(job):
                     continue
             decision = place(job.spec.resources, job.spec.constraints, worker, usable)
             if isinstance(decision, Placement):
@@ -109,6 +127,20 @@ class Claim:
         """Step 3 alone: whether ``job``, if no preemption could take it back, may start on the
         cluster ``view`` shows (a caller that keeps its queue in memory asks it before polling)."""
         return not self.unreclaimable(job) or self._rule_on(view).may_borrow(job)
+
+    def limited(self, pool: str) -> bool:
+        """Whether a job of ``pool`` counts against some pool's limits (step 4)."""
+        return bool(self._paths.above(pool)) if self.limits else False
+
+    def _limits_on(self, held: Mapping[str, Resources]) -> _LimitsOn:
+        """Step 4's figures for one reading of what the pools hold, kept while the caller hands in
+        the same reading (as ``_rule_on`` keeps the borrowing view)."""
+        kept = self._kept_limits
+        if kept is not None and kept.held is held:
+            return kept
+        kept = _LimitsOn(held, pool_limits.Limits.of(self.limits, held))
+        self._kept_limits = kept
+        return kept
 
     def _rule_on(self, view: BorrowingView) -> _RuleOn:
         """The rule's figures for ``view``, with its answers on them; kept while the caller hands in
@@ -137,6 +169,23 @@ class _RuleOn:
         answer = self.answers.get(key)
         if answer is None:
             answer = self.answers[key] = borrowing.may_place(job, job.spec.resources.gpus, self.guarantees)
+        return answer
+
+
+@dataclass(slots=True)
+class _LimitsOn:
+    """``pool_limits.Limits`` on one reading of what the pools hold: its answer depends only on
+    the job's pool and request, so it is kept by those."""
+
+    held: Mapping[str, Resources]
+    limits: pool_limits.Limits
+    answers: dict[tuple[str, Resources], bool] = field(default_factory=dict)
+
+    def allows(self, job: Job) -> bool:
+        key = (job.spec.pool, job.spec.resources)
+        answer = self.answers.get(key)
+        if answer is None:
+            answer = self.answers[key] = self.limits.exceeded(*key) is None
         return answer
 
 

@@ -26,6 +26,7 @@ from corral.core.preemption import Preemption, PreemptionSettings
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain import pools as pool_rules
 from corral.domain.records import Allocation, Hold, Job, Reason, Worker
+from corral.domain.status import Status
 
 __all__ = [
     "CycleEffects",
@@ -166,6 +167,7 @@ def snapshot_of(
         if starving:
             known = {job.id for job in preemptors}
             preemptors += tuple(job for job in pending_in_pools(starving) if job.id not in known)
+    preemptors += sensitive_preemptors(resolved, reading.holding, preemptors, pending_in_pools)
     return Snapshot(
         now=now,
         workers=reading.workers,
@@ -178,6 +180,31 @@ def snapshot_of(
         last_preemptive=last_preemptive,
         fair=fair,
     )
+
+
+def sensitive_preemptors(
+    pools: Mapping[str, pool_rules.Pool],
+    holding: Iterable[Job],
+    known: Iterable[Job],
+    pending_in_pools: Callable[[Sequence[str]], Iterable[Job]],
+) -> tuple[Job, ...]:
+    """The pending single jobs of the ``sensitive`` pools not yet among ``known``: they preempt as
+    class 10 whatever class they declare (``preemption.rules.preempting_class``), so the store's
+    read of the preemptors by class may have left them out. Read only while something runs."""
+    roots = [
+        path
+        for path, pool in pools.items()
+        if pool.kind == pool_rules.PoolKind.SENSITIVE
+        and not any(
+            pools[parent].kind == pool_rules.PoolKind.SENSITIVE
+            for parent in pool_rules.ancestors(path)
+            if parent in pools
+        )
+    ]
+    if not roots or not any(job.status == Status.RUNNING for job in holding):
+        return ()
+    seen = {job.id for job in known}
+    return tuple(job for job in pending_in_pools(roots) if job.id not in seen)
 
 
 class CycleEffects(Protocol):

@@ -112,9 +112,11 @@ def explain(
     holds: Sequence[Hold] = (),
     now: float = 0.0,
     fair_share: Reason | None = None,
+    pool_limit: Reason | None = None,
 ) -> list[Reason]:
-    """Why ``job`` is where it is: live reasons for a pending job (its ``after`` conditions while
-    it waits on them), else its last recorded reason;
+    """Why ``job`` is where it is: its pool's limits first when they keep it waiting
+    (``pool_limits.explain``: no claim starts it, so "fits now" would mislead); live reasons for
+    a pending job (its ``after`` conditions while it waits on them), else its last recorded reason;
     its pool's fair share when it waits in a pool below it (``fairshare.explain``); then what its
     preemptions cost it, when it was preempted (seed 003: a failed or late checkpoint is visible)."""
     waits_on_dependencies = job.status == Status.PENDING and job.awaiting_dependencies
@@ -124,8 +126,11 @@ def explain(
         reasons.append(Reason("dependency", f"waiting for the jobs it runs after ({named})"))
     elif job.status == Status.PENDING:
         reasons = explain_pending(job, workers, allocations, holds, now)
-    if job.status != Status.PENDING and job.reason:
+    if job.status != Status.PENDING and job.reason and not (pool_limit and job.reason.code == "pool_limit"):
         reasons.append(job.reason)
+    if pool_limit is not None:
+        skipped = {"fits_now", "pool_limit"}
+        reasons = [pool_limit, *(reason for reason in reasons if reason.code not in skipped)]
     if fair_share is not None:
         reasons.append(fair_share)
     if job.checkpoint_failures:

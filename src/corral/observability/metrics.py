@@ -45,7 +45,10 @@ class Metrics:
             "corral_jobs_reaped_total", "Running jobs whose lease expired", ["outcome"], registry=registry
         )
         self.preemptions = Counter(
-            "corral_preemptions_total", "Running jobs told to stop, by reason", ["reason"], registry=registry
+            "corral_preemptions_total",
+            "Running jobs told to stop, by reason and the victim's pool",
+            ["reason", "pool"],
+            registry=registry,
         )
         self.preemption_checkpoint_duration = Histogram(
             "corral_preemption_checkpoint_duration_seconds",

@@ -44,7 +44,7 @@ from corral.domain.arrays import parse_array
 from corral.domain.pools import BorrowingView
 from corral.domain.queue_order import PREEMPTOR_CANDIDATES, preemptor_floor
 from corral.domain.records import Allocation, Constraints, Dependency, Hold, Job, JobSpec, Reason, Worker
-from corral.domain.resources import Resources
+from corral.domain.resources import ZERO, Resources
 from corral.domain.status import HOLDING, TERMINAL, Status
 from corral.domain.transitions import Plan, Transition
 from corral.sim import shortcuts
@@ -157,6 +157,10 @@ class Engine:
         self.total_gpus = scenario.cluster.gpus
         #: the claim's borrowing figures while no allocation changes (``_borrowing_view``)
         self.view: BorrowingView | None = None
+        #: what each pool's jobs hold (GPUs, memory, CPUs) for the pool limits, and the claim's
+        #: reading of it while no allocation changes (``_pool_held``)
+        self.held_resources: dict[str, Resources] = {}
+        self.held_view: dict[str, Resources] | None = None
         #: the claim's policy, reading the pools' kinds from ``pools`` as they grow
         self.claim = Claim(self.pools)
         self.now = 0.0
@@ -471,13 +475,14 @@ class Engine:
         and, once a job entered the queue, every worker with a free GPU (every worker at all when
         a queued job asks for none); every such worker too once GPUs were released anywhere while a
         job no preemption could take back waits (the claim's borrowing rule reads the whole
-        cluster). A worker that found nothing finds nothing again until one of those changes, and
-        once the queue is empty only the dirty workers are left to poll.
+        cluster), or while pools have limits (a pool's job that ended anywhere may let its other
+        work start on any worker). A worker that found nothing finds nothing again until one of
+        those changes, and once the queue is empty only the dirty workers are left to poll.
         """
         self._refresh_roomy()
         fresh = bool(self.pending) and (
             self.pending_added > self.round_version
-            or (self.released_since_round and self._protected_may_start())
+            or (self.released_since_round and (self._protected_may_start() or bool(self.claim.limits)))
         )
         if not self.dirty and not fresh:
             return
@@ -558,7 +563,8 @@ class Engine:
             return False
         holds = self.holds.get(worker.id, [])
         view = self._borrowing_view if self.guaranteed else None
-        chosen = self.claim.choose(worker, capacity, self._fitting(free), holds, self.now, view)
+        held = self._pool_held if self.claim.limits else None
+        chosen = self.claim.choose(worker, capacity, self._fitting(free), holds, self.now, view, held)
         if chosen is None:
             return False
         job, indices = chosen
@@ -583,18 +589,27 @@ class Engine:
         throttle = job.array_throttle
         return throttle is None or self.array_holding.get(job.array_id or "", 0) < throttle
 
+    def _pool_held(self) -> dict[str, Resources]:
+        """What the store's claim reads for the pool limits: what each pool's jobs hold. The same
+        object until an allocation changes (the claim then reuses its answers)."""
+        if self.held_view is None:
+            self.held_view = {pool: held for pool, held in self.held_resources.items() if held != ZERO}
+        return self.held_view
+
     def _fitting(self, free: Resources) -> Iterable[Job]:
         """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
+        jobs = self.jobs
         for _, job_id in self.pending:
-            request = self.jobs[job_id].spec.resources
+            job = jobs[job_id]
+            request = job.spec.resources
             if (
-                self._runnable(self.jobs[job_id])
-                and request.gpus <= free.gpus
+                request.gpus <= free.gpus
                 and request.memory_mb <= free.memory_mb
                 and request.cpus <= free.cpus
                 and (request.gpus == 0 or request.vram_mb <= free.vram_mb)
+                and (job.array_throttle is None or self._runnable(job))
             ):
-                yield self.jobs[job_id]
+                yield job
 
     def _enqueue(self, job: Job) -> None:
         key = self.policy.queue_key(job)
@@ -974,6 +989,16 @@ class Engine:
                 self.released_since_round = True
             self.allocated_gpus += delta
             self.held_by_pool[pool] = self.held_by_pool.get(pool, 0) + delta
+            self.held_view = None
+            request = after.spec.resources
+            sign = 1 if now_holds else -1
+            before_held = self.held_resources.get(pool, ZERO)
+            self.held_resources[pool] = Resources(
+                before_held.gpus + sign * request.gpus,
+                0,
+                before_held.memory_mb + sign * request.memory_mb,
+                before_held.cpus + sign * request.cpus,
+            )
         for books, statuses in ((self.record.allocation, BUSY), (self.record.reserved, RESERVED)):
             before_in, after_in = before.status in statuses, after.status in statuses
             if before_in != after_in:

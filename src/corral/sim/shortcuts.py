@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from corral.core import borrowing
 from corral.core.placement import free_capacity
+from corral.core.preemption.rules import as_preemptor
 from corral.core.protection import NEVER_PREEMPTED_CLASS
 from corral.core.snapshot import Snapshot
 from corral.domain.records import Allocation, Job
@@ -54,6 +55,7 @@ def planner_may_preempt(snapshot: Snapshot) -> bool:
             lowest = job.spec.preemption_class
     preemptors: list[tuple[Job, int]] = [(gang.tasks[0], gang.size) for gang in snapshot.gangs if gang.tasks]
     preemptors.extend((job, 1) for job in snapshot.pending)
+    preemptors = [(_as_preemptor(snapshot, job), size) for job, size in preemptors]
     if not preemptors:
         return False
     if any(first.spec.preemption_class > lowest for first, _ in preemptors):
@@ -70,6 +72,12 @@ def planner_may_preempt(snapshot: Snapshot) -> bool:
     return bool(stopping) and _room_coming_free(
         snapshot, stopping, {job.spec.resources for job, _ in preemptors}
     )
+
+
+def _as_preemptor(snapshot: Snapshot, job: Job) -> Job:
+    """The job as the planner reads it (a sensitive pool's work preempts as class 10)."""
+    pool = snapshot.pools.get(job.spec.pool)
+    return as_preemptor(job, pool.kind if pool is not None else None)
 
 
 def _stopping(job: Job) -> bool:

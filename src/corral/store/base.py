@@ -10,7 +10,7 @@ rule) which candidate fits and how it starts. A decision that refuses (a stale r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -89,10 +89,12 @@ class ClaimPolicy(Protocol[CapacityT]):
         holds: Sequence[Hold],
         now: float,
         borrowing_view: Callable[[], BorrowingView] | None = None,
+        pool_held: Callable[[], Mapping[str, Resources]] | None = None,
     ) -> tuple[Job, tuple[int, ...]] | None:
         """The first candidate that fits and may start (``corral.core.claim``). ``borrowing_view``
         reads the cluster's borrowing figures, in the claim's transaction, when the policy needs
-        them; None: nothing is borrowed."""
+        them; None: nothing is borrowed. ``pool_held`` reads what each pool's jobs hold, likewise
+        (pool limits); None: no limit is enforced."""
         ...
 
     def start(

@@ -4,7 +4,7 @@ the ``Claims`` port, composed over the store's ``Database``, ``Dialect`` and ``A
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -221,6 +221,11 @@ class SqlClaims:
             starts.clear()
             return self._borrowing_view(tx)
 
+        def pool_held() -> Mapping[str, Resources]:
+            self.applier.apply_transitions(tx, starts)  # the pools' figures count them
+            starts.clear()
+            return self._pool_held(tx)
+
         capacity = policy.capacity(worker, allocations)
         offset, page = 0, max(CLAIM_FIRST_PAGE, limit)
         while len(started_jobs) < limit:
@@ -242,7 +247,7 @@ class SqlClaims:
             before = len(started_jobs)
             throttled = False  # a start left out its array's other tasks: read again to count it
             while len(started_jobs) < limit:
-                chosen = policy.choose(worker, capacity, candidates, holds, at, borrowing_view)
+                chosen = policy.choose(worker, capacity, candidates, holds, at, borrowing_view, pool_held)
                 if chosen is None:
                     break
                 job, gpu_indices = chosen
@@ -295,6 +300,23 @@ class SqlClaims:
             " AND workers.flagged_dead_at IS NULL"
         )[0][0]
         return BorrowingView(int(total) - int(busy), guaranteed, held)
+
+    def _pool_held(self, tx: Transaction) -> Mapping[str, Resources]:
+        """What each pool's own jobs hold (GPUs, memory, CPUs): read only when the policy asks (a
+        candidate of a pool with limits), in its transaction. The limited pools' rows are locked
+        first (PostgreSQL): two claims that could each take such a pool past its limits are
+        serialised, the second reading the first's starts."""
+        tx.execute(
+            "SELECT path FROM pools WHERE limit_gpus IS NOT NULL ORDER BY path"
+            f"{self.dialect.lock_clause_plain}"
+        )
+        rows = tx.execute(
+            f"SELECT pool, SUM(gpus), SUM(memory_mb), SUM(cpus) FROM jobs WHERE status IN {HOLDING_SQL}"
+            " GROUP BY pool"
+        )
+        return {
+            str(row[0]): Resources(int(row[1] or 0), 0, int(row[2] or 0), int(row[3] or 0)) for row in rows
+        }
 
     def claim_candidates_sql(self) -> str:
         """The claim's candidate query: pending jobs that fit the free capacity, in queue order.

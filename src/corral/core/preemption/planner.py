@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from corral.core import fairshare
+from corral.core import fairshare, pool_limits
 from corral.core.decisions import Preemption, TaskPlacement, Victim
+from corral.core.preemption import rules
 from corral.core.preemption.inputs import PlanInputs, Preemptor
 from corral.core.preemption.room import Room
 from corral.core.preemption.rules import NEVER_PREEMPTED_CLASS, PLANNER_CODES, Trigger
@@ -41,6 +42,8 @@ class Planner:
             (job.spec.preemption_class for job in inputs.holding if job.status == Status.RUNNING),
             default=NEVER_PREEMPTED_CLASS,
         )
+        #: the pools' limits and what their subtrees hold, this cycle's reservations counted
+        self.limits = _limits_of(inputs)
         #: preemptors that fit without anyone stopping, and the room set aside for them
         self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
         #: the preemptors given room, in the order the plan gave it
@@ -59,6 +62,9 @@ class Planner:
         eligible = self.room.eligible_workers(preemptor.first)
         if not eligible:
             return None  # the admission cycle or ``why`` already says it can never fit
+        past_limit = self._past_limit(preemptor)
+        if past_limit is not None:
+            return past_limit
         room = self.room.tasks_on(eligible, request)
         if sum(room.values()) >= size:
             refused = self.triggers.refusal(preemptor, ())
@@ -94,9 +100,12 @@ class Planner:
             # Within a cycle room only shrinks: what failed for this shape fails again.
             return self._no_set(preemptor, eligible, trigger)
         found = self.search.find(preemptor, room, shape, trigger)
-        decided = self._finish(
-            preemptor, found.chosen, room, found.missing, eligible, trigger, found.examined
-        )
+        if found.limited:
+            decided: Preemption | Reason = _search_limited(preemptor)
+        else:
+            decided = self._finish(
+                preemptor, found.chosen, room, found.missing, eligible, trigger, found.examined
+            )
         self.search.restore(shape, found.popped)
         return decided
 
@@ -124,15 +133,48 @@ class Planner:
             return self._no_set(preemptor, eligible, trigger, examined)
         if not self.triggers.fair_set_holds(chosen, preemptor.first, trigger):
             return self._no_set(preemptor, eligible, trigger, examined)
+        too_dear = self._too_dear(preemptor, chosen, trigger)
+        if too_dear is not None:
+            return too_dear
         refused = self.triggers.refusal(preemptor, chosen)
         if refused is not None:
             return refused
         return self._commit(preemptor, chosen, placements, trigger)
 
+    def _too_dear(self, preemptor: Preemptor, chosen: Sequence[Unit], trigger: Trigger) -> Reason | None:
+        """``no_victim_set`` when the priority and fair-share victims of ``chosen`` cost, together,
+        at least what ``preemptor`` is worth (``rules.worth_preempting``); None when they may go."""
+        worth = rules.value(preemptor)
+        if worth is None:
+            return None
+        first = preemptor.first
+        counted = [unit for unit in chosen if self.triggers.reason(unit, first, trigger) != "reclaim"]
+        total = sum(unit.cost for unit in counted)
+        if rules.worth_preempting(total, worth):
+            return None
+        return Reason(
+            "no_victim_set",
+            f"the set of {len(counted)} job(s) or gang(s) that would make room loses {total:.0f} GPU-seconds"
+            f" of work, not below the {worth:.0f} GPU-seconds this job is worth (its GPUs times its"
+            " walltime_s): preempting it would cost more than it gains",
+        )
+
     def _take(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
         """The room these placements use is ``pool``'s, and no one else's this cycle."""
         self.triggers.take(placements, request, pool)
         self.room.take(placements, request)
+        if self.limits.limits:
+            self.limits.take(pool, _times(request, len(placements)))
+
+    def _past_limit(self, preemptor: Preemptor) -> Reason | None:
+        """``pool_limit`` when ``preemptor``'s pool, or an ancestor, would go past its limits with
+        it placed (``corral.core.pool_limits``): no victim is taken for it. Its victims would still
+        hold their resources while they stop, so stopping work of its own subtree makes no room
+        within the limit this cycle."""
+        if not self.limits.limits:
+            return None
+        spec = preemptor.first.spec
+        return self.limits.refusal(spec.pool, _times(spec.resources, len(preemptor.tasks)))
 
     def _commit(
         self,
@@ -208,3 +250,32 @@ class Planner:
             " sensitive pools, jobs near their walltime and class 7+ jobs without checkpoints are"
             f" never preempted){fair}",
         )
+
+
+def _limits_of(inputs: PlanInputs) -> pool_limits.Limits:
+    """The pools' limits and what each limited subtree holds: the holding jobs and the cycle's
+    reservations (``PlanInputs.extra``, booked to their pools)."""
+    limits = pool_limits.limits_of(inputs.pools)
+    if not limits:
+        return pool_limits.Limits(limits)
+    books = pool_limits.Limits.of(limits, pool_limits.own_held(inputs.holding))
+    for allocation in inputs.extra:
+        books.take(inputs.extra_pools.get(allocation.job_id, ""), allocation.resources)
+    return books
+
+
+def _times(request: Resources, count: int) -> Resources:
+    return Resources(request.gpus * count, request.vram_mb, request.memory_mb * count, request.cpus * count)
+
+
+def _search_limited(preemptor: Preemptor) -> Reason:
+    """``search_limited``: the search's cap (``rules.SEARCH_LIMIT`` worker sets per preemptor) cut
+    it short before a set made room; the next cycle searches again."""
+    size = len(preemptor.tasks)
+    what = f"its {size} tasks" if size > 1 else "it"
+    return Reason(
+        "search_limited",
+        f"no free room for {what}; the victim search looked at {rules.SEARCH_LIMIT} worker sets (its"
+        " limit per job and cycle, which keeps a cycle's time bounded) without making room: a set"
+        " beyond them might, and the next cycle searches again",
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from corral.core.preemption.inputs import Preemptor
@@ -15,6 +15,7 @@ from corral.core.protection import HIGH_CLASS, NEVER_PREEMPTED_CLASS
 from corral.domain.records import Job
 
 __all__ = [
+    "BORROWED_DISCOUNT",
     "DEFAULT_CHECKPOINT_S",
     "HIGH_CLASS",
     "LATE_FRACTION",
@@ -24,13 +25,21 @@ __all__ = [
     "SEARCH_LIMIT",
     "Trigger",
     "VictimKey",
+    "as_preemptor",
+    "borrowed_discount",
     "cost",
+    "preempting_class",
     "preemptor_key",
+    "value",
     "victim_key",
+    "worth_preempting",
 ]
 
-#: the reasons the plan gives a waiting preemptor (``Planner.no_set``, ``borrowing.refusal``)
-PLANNER_CODES = frozenset({"no_victim_set", "preemption_backoff", "borrowing_refused"})
+#: the reasons the plan gives a waiting preemptor (``Planner.no_set``, ``borrowing.refusal``,
+#: ``pool_limits.refusal``)
+PLANNER_CODES = frozenset(
+    {"no_victim_set", "preemption_backoff", "borrowing_refused", "pool_limit", "search_limited"}
+)
 #: worker victim sets one preemptor looks at, at most: the search is greedy (cheapest sets first)
 #: and bounded, so a cycle's time does not grow with the cluster for work that cannot be placed
 SEARCH_LIMIT = 64
@@ -62,6 +71,54 @@ def cost(job: Job, now: float) -> float:
         if used > LATE_FRACTION:
             total += gpus * walltime * LATE_PENALTY * (used - LATE_FRACTION) / (1 - LATE_FRACTION)
     return total
+
+
+#: what a victim running beyond its pool's guarantee costs, as a fraction of its cost (seed 003's
+#: burst factor: burst allocations above their share are the first preemption candidates)
+BORROWED_DISCOUNT = 0.5
+
+
+def borrowed_discount(victim_cost: float, bursting: bool) -> float:
+    """A victim's cost with seed 003's borrowed-capacity discount: ``BORROWED_DISCOUNT`` times its
+    cost when it runs on capacity its pool borrows beyond a guarantee it has (``bursting``), so
+    such work goes first among equals; its cost otherwise. A pool without a guarantee has no
+    share to burst beyond: its work is not discounted."""
+    return victim_cost * BORROWED_DISCOUNT if bursting else victim_cost
+
+
+def preempting_class(job: Job, pool_kind: str | None) -> int:
+    """The class ``job`` preempts as: seed 003's "sensitive claims are class 10", so the work of
+    a ``sensitive`` pool preempts as class 10 whatever class it declares (it may take any class
+    below 10); any other job as its own class."""
+    return NEVER_PREEMPTED_CLASS if pool_kind == "sensitive" else job.spec.preemption_class
+
+
+def as_preemptor(job: Job, pool_kind: str | None) -> Job:
+    """``job`` as the planner reads it when it waits (``preempting_class``): the same record, its
+    class raised to 10 in a sensitive pool. Only the plan reads the copy; what is applied names
+    the job by id."""
+    raised = preempting_class(job, pool_kind)
+    if raised == job.spec.preemption_class:
+        return job
+    return replace(job, spec=replace(job.spec, preemption_class=raised))
+
+
+def value(preemptor: Preemptor) -> float | None:
+    """Seed 003's "estimated value" of a waiting job, in the victims' unit (GPU-seconds): the GPUs
+    of all its tasks times its ``walltime_s``, the work it would do within its limit. None when
+    it is not known (no walltime) or not in that unit (no GPU): no cap then."""
+    spec = preemptor.first.spec
+    gpus = spec.resources.gpus * len(preemptor.tasks)
+    if not spec.walltime_s or gpus <= 0:
+        return None
+    return gpus * spec.walltime_s
+
+
+def worth_preempting(victims_cost: float, preemptor_value: float | None) -> bool:
+    """Seed 003's multi-victim constraint: the total cost of the victims taken for priority or fair
+    share must be below the waiting job's value (``value``; None: not known, no cap). Reclaimed
+    victims are not counted: a pool takes back its guarantee whatever it costs the borrower."""
+    return preemptor_value is None or victims_cost < preemptor_value
 
 
 class Ranked(Protocol):

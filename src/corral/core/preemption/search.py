@@ -54,6 +54,9 @@ class Found:
     missing: int
     examined: int
     popped: list[Entry]
+    #: the search stopped at ``SEARCH_LIMIT`` sets with tasks still missing room and sets left to
+    #: look at (``search_cut``): a set beyond the limit might have made room
+    limited: bool = False
 
 
 class Shape:
@@ -187,7 +190,9 @@ class Search:
                 chosen, missing = fewest, 0
         if missing > 0:
             shape.failed_sizes[trigger.beneficiary] = min(size, failed or size)
-        return Found(chosen, missing, examined, popped)
+        # sets left are looked for only when the cap was reached (it may compute a few more)
+        limited = search_cut(missing, examined) and (bool(local) or shape.best(self) is not None)
+        return Found(chosen, missing, examined, popped, limited)
 
     def fewest_victims(
         self, preemptor: Preemptor, room: dict[str, int], shape: Shape, trigger: Trigger
@@ -328,3 +333,9 @@ class Search:
             if self.room.tasks_with(trial, workers, request, workers) >= size:
                 kept = trial
         return kept
+
+
+def search_cut(missing: int, examined: int) -> bool:
+    """Whether the ``SEARCH_LIMIT`` stopped a preemptor's search: tasks still missing room after it
+    examined that many worker sets (``search_limited``, when sets were left to look at)."""
+    return missing > 0 and examined >= SEARCH_LIMIT

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from corral.core import fairshare
 from corral.core.preemption.capacity import Free, plus
 from corral.core.preemption.inputs import PlanInputs, pool_kind
-from corral.core.preemption.rules import cost, victim_key
+from corral.core.preemption.rules import borrowed_discount, cost, victim_key
 from corral.core.preemption.unit import Unit
 from corral.core.protection import why_protected
 from corral.core.snapshot import PoolView
@@ -142,17 +142,20 @@ def build_units(inputs: PlanInputs, free: Mapping[str, Free]) -> dict[str, Unit]
                 held=job.spec.resources,
             )
         # what depends on the time and on the whole snapshot is set anew
-        unit.cost = cost(job, now)
-        unit.started_at = job.started_at if job.started_at is not None else now
         unit.borrowed = job.id in borrowed
+        unit.cost = borrowed_discount(cost(job, now), unit.borrowed and _guaranteed(inputs, job.spec.pool))
+        unit.started_at = job.started_at if job.started_at is not None else now
         unit.group = fairshare.Group.NON_PREEMPTIBLE
         units[job.id] = unit
     for key, jobs in gangs.items():
         gang = _gang_unit(inputs, key, jobs, free, kept.get(key))
         if gang is not None:
-            gang.cost = sum(cost(job, now) for job in jobs if job.status == Status.RUNNING)
-            gang.started_at = max(job.started_at if job.started_at is not None else now for job in jobs)
             gang.borrowed = any(job.id in borrowed for job in jobs)
+            gang.cost = borrowed_discount(
+                sum(cost(job, now) for job in jobs if job.status == Status.RUNNING),
+                gang.borrowed and _guaranteed(inputs, gang.pool),
+            )
+            gang.started_at = max(job.started_at if job.started_at is not None else now for job in jobs)
             gang.group = fairshare.Group.NON_PREEMPTIBLE
             units[key] = gang
     if inputs.memo is not None:
@@ -200,6 +203,12 @@ def _gang_unit(
         borrowed=False,
         held=sum((job.spec.resources for job in jobs), ZERO),
     )
+
+
+def _guaranteed(inputs: PlanInputs, path: str) -> bool:
+    """The pool has a guarantee (its work beyond it is discounted: ``rules.borrowed_discount``)."""
+    pool = inputs.pools.get(path)
+    return pool is not None and pool.guarantee.gpus > 0
 
 
 def borrowed_jobs(holding: Sequence[Job], pools: Mapping[str, PoolView]) -> set[str]:

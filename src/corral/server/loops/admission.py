@@ -224,7 +224,9 @@ class StoreEffects:
             )
             return False
         for victim in preemption.victims:
-            state.metrics.preemptions.labels(reason=victim.reason).inc()
+            victim_job = self.plan.jobs.get(victim.job_ids[0]) if victim.job_ids else None
+            pool = victim_job.spec.pool if victim_job is not None else ""
+            state.metrics.preemptions.labels(reason=victim.reason, pool=pool).inc()
             logger.warning(
                 "job preempted for another",
                 extra={

@@ -40,7 +40,7 @@ def record_reported(state: ServerState, reported: Reported) -> None:
 
 def record_drain(state: ServerState, drain: DrainStarted) -> None:
     state.metrics.gangs_preempted.inc()
-    state.metrics.preemptions.labels(reason="gang").inc()
+    state.metrics.preemptions.labels(reason="gang", pool=drain.trigger.spec.pool).inc()
     logger.warning(
         "gang drain started",
         extra={

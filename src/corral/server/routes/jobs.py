@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from corral.core import fairshare, lifecycle, walltime
+from corral.core import fairshare, lifecycle, pool_limits, walltime
 from corral.core.explain import explain
 from corral.domain import errors
 from corral.domain.records import Job, JobSpec, Reason
@@ -310,7 +310,18 @@ def _reasons(state: ServerState, job: Job) -> list[Reason]:
     fair_share = None
     if job.status in (Status.PENDING, Status.BLOCKED):
         fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())
-    return explain(job, workers, allocations, holds, state.clock.now(), fair_share)
+    return explain(job, workers, allocations, holds, state.clock.now(), fair_share, _pool_limit(state, job))
+
+
+def _pool_limit(state: ServerState, job: Job) -> Reason | None:
+    """``pool_limit`` when the limits of the job's pool, or of an ancestor, keep it waiting."""
+    if job.status not in (Status.PENDING, Status.BLOCKED):
+        return None
+    pools = state.resolved_pools()
+    if not pool_limits.limits_of(pools):
+        return None
+    own = {path: usage.held for path, usage in state.store.pools.pool_usage().items()}
+    return pool_limits.explain(job, job.spec.gang_size, pools, own)
 
 
 def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
@@ -319,7 +330,7 @@ def _record_cancel(state: ServerState, changed: tuple[Job, ...]) -> None:
             state.metrics.jobs_cancelled.inc()
             logger.info("job cancelled", extra={"job_id": job.id, "gang_id": job.gang_id})
         elif job.status == Status.PREEMPTING:
-            state.metrics.preemptions.labels(reason="cancel").inc()
+            state.metrics.preemptions.labels(reason="cancel", pool=job.spec.pool).inc()
             logger.info(
                 "job stopping for cancel",
                 extra={
