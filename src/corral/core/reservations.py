@@ -1,0 +1,249 @@
+"""Reservations (backfill as Slurm does it): when each waiting gang or job could start, and the room
+kept for it until then.
+
+Each usable worker has a timeline (``WorkerLine``): its free capacity now, the room its allocations
+give back when they reach their deadlines (an allocation without a deadline never gives its room
+back here), and the reservations already booked on it. ``book`` finds the earliest time at which a
+gang's ``size`` tasks (a single job: one) fit together on the workers for the whole of their own
+walltime (forever when they declare none), and books that room. A gang or job whose room depends
+on work without a deadline finds no time: it gets no reservation and no estimated start.
+
+A reservation is stored as ``Hold`` rows (``held_now``): per worker, its start (``expected_at``)
+and the part of the worker's free capacity *now* that must stay free for it. Other work may use
+that part only if it ends before the reservation starts (``placement.holds_in_way``); room the
+reservations do not need is free for any work. Held amounts are counted so that, whatever work
+ending by ``d`` starts on the unheld room plus the room of the reservations starting at or after
+``d``, every reservation still fits when it starts.
+
+Pure: values in, values out, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+
+from corral.domain.resources import Resources
+
+__all__ = ["Ask", "Booking", "Planned", "WorkerLine", "book", "held_now"]
+
+#: (GPUs, CPUs, memory MB): the quantities a timeline counts
+Need = tuple[int, int, int]
+
+#: candidate start times tried past the first estimate before a gang is given up on
+MAX_TRIES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """Room kept on a worker for ``key`` (a gang or job id) from ``start`` to ``end`` (None: its
+    work declares no walltime, so the room is kept for good once it starts)."""
+
+    key: str
+    start: float
+    end: float | None
+    need: Need
+
+
+@dataclass(slots=True)
+class WorkerLine:
+    """One worker's timeline. ``releases``: (deadline, room, job id) of the allocations with a
+    deadline, soonest first; the room of those without one never comes back."""
+
+    worker_id: str
+    order: int
+    empty: Need
+    free: Need
+    releases: list[tuple[float, Need, str]]
+    bookings: list[Booking] = field(default_factory=list)
+
+    def free_at(self, at: float) -> Need:
+        """Free room at ``at``: now's, plus what has been given back by then, minus what the
+        bookings active then keep."""
+        gpus, cpus, memory = self.free
+        for end, room, _ in self.releases:
+            if end > at:
+                break
+            gpus, cpus, memory = gpus + room[0], cpus + room[1], memory + room[2]
+        for booking in self.bookings:
+            if booking.start <= at and (booking.end is None or at < booking.end):
+                need = booking.need
+                gpus, cpus, memory = gpus - need[0], cpus - need[1], memory - need[2]
+        return min(gpus, self.empty[0]), cpus, memory
+
+    def fits(self, need: Need, start: float, end: float | None) -> bool:
+        """Whether ``need`` fits from ``start`` to ``end`` (None: for good): the room only shrinks
+        when a booking starts, so it is checked at ``start`` and at every booking start inside."""
+        if not _covers(self.free_at(start), need):
+            return False
+        return all(
+            _covers(self.free_at(booking.start), need)
+            for booking in self.bookings
+            if start < booking.start and (end is None or booking.start < end)
+        )
+
+    def times(self, now: float) -> list[float]:
+        """The times room may come back: now, the deadlines, the bookings' ends."""
+        found = {now}
+        found.update(end for end, _, _ in self.releases if end > now)
+        found.update(booking.end for booking in self.bookings if booking.end is not None and booking.end > now)
+        return sorted(found)
+
+    def earliest(self, need: Need, duration: float | None, now: float) -> float | None:
+        """The earliest time ``need`` fits for ``duration`` (None: for good); None when never."""
+        if need[0] > self.empty[0] or need[1] > self.empty[1] or need[2] > self.empty[2]:
+            return None
+        if not self.bookings:  # the room only grows: the first time it covers ``need``
+            if _covers(self.free_at(now), need):
+                return now
+            for end, _, _ in self.releases:
+                if end > now and _covers(self.free_at(end), need):
+                    return end
+            return None
+        for at in self.times(now):
+            if self.fits(need, at, None if duration is None else at + duration):
+                return at
+        return None
+
+    def count(self, request: Need, at: float, duration: float | None, most: int) -> int:
+        """How many tasks of ``request`` fit together from ``at`` for ``duration``, at most ``most``."""
+        found = 0
+        end = None if duration is None else at + duration
+        while found < most and self.fits(_times(request, found + 1), at, end):
+            found += 1
+        return found
+
+    def ending_by(self, at: float) -> list[str]:
+        """The jobs whose deadlines give back room by ``at``."""
+        return [job_id for end, _, job_id in self.releases if end <= at]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A gang (``size`` tasks of ``request``) or a single job (size 1) that cannot start now.
+    ``eligible``: per worker order, whether the worker matches its constraints (None: all do)."""
+
+    key: str
+    request: Resources
+    size: int
+    walltime_s: float | None
+    eligible: Sequence[bool] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """Where and when an ask starts: (worker order, tasks) in worker order, and the start."""
+
+    key: str
+    start: float
+    tasks: tuple[tuple[int, int], ...]
+
+
+def book(lines: Sequence[WorkerLine], ask: Ask, now: float) -> Planned | None:
+    """Plan ``ask`` at its earliest start over ``lines`` and book its room there; None when it has
+    no known start (its room depends on work without a deadline, or it never fits).
+
+    Each worker offers its k-th task at the earliest time k tasks fit together (``earliest``); the
+    ``size`` soonest offers (then the best fit on the idle worker, then worker order) bound the
+    start from below. The start is the first candidate time from there at which the workers hold
+    every task together for the ask's walltime."""
+    request = _need(ask.request)
+    duration = ask.walltime_s
+    eligible = ask.eligible
+    candidates = [line for line in lines if eligible is None or eligible[line.order]]
+    offers: list[tuple[float, int, int, int, int, int]] = []
+    for line in candidates:
+        offer = _offer(line, request, 1, duration, now)
+        if offer is not None:
+            offers.append(offer)
+    heapify(offers)
+    counts: dict[int, int] = {}
+    start = now
+    by_order = {line.order: line for line in candidates}
+    for _ in range(ask.size):
+        if not offers:
+            return None
+        at, *_, order, count = heappop(offers)
+        counts[order] = count
+        start = max(start, at)
+        if request != (0, 0, 0):
+            offer = _offer(by_order[order], request, count + 1, duration, now)
+            if offer is not None:
+                heappush(offers, offer)
+    end = None if duration is None else start + duration
+    if not all(by_order[order].fits(_times(request, count), start, end) for order, count in counts.items()):
+        found = _search(candidates, request, ask.size, duration, start, now)
+        if found is None:
+            return None
+        start, counts = found
+    planned = Planned(ask.key, start, tuple(sorted(counts.items())))
+    end = None if duration is None else start + duration
+    for order, count in planned.tasks:
+        by_order[order].bookings.append(Booking(ask.key, start, end, _times(request, count)))
+    return planned
+
+
+def _search(
+    lines: Sequence[WorkerLine], request: Need, size: int, duration: float | None, after: float, now: float
+) -> tuple[float, dict[int, int]] | None:
+    """The first candidate time from ``after`` at which ``size`` tasks fit together (bookings
+    can make a worker's room shrink again later: the offers' bound is not always a start)."""
+    times = sorted({at for line in lines for at in line.times(now) if at >= after} | {after})
+    for at in times[:MAX_TRIES]:
+        counts: dict[int, int] = {}
+        total = 0
+        for line in lines:
+            found = line.count(request, at, duration, size - total)
+            if found:
+                counts[line.order] = found
+                total += found
+                if total >= size:
+                    return at, counts
+    return None
+
+
+def _offer(
+    line: WorkerLine, request: Need, count: int, duration: float | None, now: float
+) -> tuple[float, int, int, int, int, int] | None:
+    at = line.earliest(_times(request, count), duration, now)
+    if at is None:
+        return None
+    need = _times(request, count)
+    empty = line.empty
+    return (at, empty[0] - need[0], empty[1] - need[1], empty[2] - need[2], line.order, count)
+
+
+def held_now(line: WorkerLine) -> list[tuple[Booking, Need]]:
+    """Each booking on the line with the part of the worker's free room now kept for it.
+
+    Taken by start time: ``m_j``, the least room free from now to the j-th start, falls at each
+    start; the j-th booking keeps what it fell by. Work that ends by a start ``d`` then uses
+    ``free - (kept by bookings starting before d)``, which is ``m`` just before ``d``: the least
+    room free until it ends, so every booking still fits."""
+    least = line.free
+    held: list[tuple[Booking, Need]] = []
+    for booking in sorted(line.bookings, key=lambda booking: (booking.start, booking.key)):
+        at = line.free_at(booking.start)
+        after = (
+            max(0, min(least[0], at[0])),
+            max(0, min(least[1], at[1])),
+            max(0, min(least[2], at[2])),
+        )
+        held.append(
+            (booking, (max(0, least[0] - after[0]), max(0, least[1] - after[1]), max(0, least[2] - after[2])))
+        )
+        least = after
+    return held
+
+
+def _covers(have: Need, need: Need) -> bool:
+    return have[0] >= need[0] and have[1] >= need[1] and have[2] >= need[2]
+
+
+def _need(resources: Resources) -> Need:
+    return resources.gpus, resources.cpus, resources.memory_mb
+
+
+def _times(request: Need, count: int) -> Need:
+    return request[0] * count, request[1] * count, request[2] * count
