@@ -469,7 +469,7 @@ def test_hold_resources_and_expected_at_is_the_latest_end_needed() -> None:
     decisions = run(admission_snapshot(workers, [head], busy, expected_ends=ends))
     assert [(h.worker_id, h.resources.gpus) for h in decisions.holds] == [
         (workers[0].id, 8),
-        (workers[1].id, 2),  # what is free there now: the rest comes back by the start
+        (workers[1].id, 8),
     ]
     assert {h.expected_at for h in decisions.holds} == {NOW + 5_000}
     assert decisions.waiting[0].reason.code == "reserved_for_later"

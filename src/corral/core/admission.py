@@ -895,7 +895,11 @@ class _Later:
         if self._lines is None:
             return
         line = self._lines[slot.order]
-        line.free = (line.free[0] - request.gpus, line.free[1] - request.cpus, line.free[2] - request.memory_mb)
+        line.free = (
+            line.free[0] - request.gpus,
+            line.free[1] - request.cpus,
+            line.free[2] - request.memory_mb,
+        )
         if end is not None:
             insort(line.releases, (end, (request.gpus, request.cpus, request.memory_mb), job_id))
 
@@ -906,7 +910,9 @@ class _Later:
 
     def book_gang(self, gang: Gang, eligible: list[bool] | None) -> reservations.Planned | None:
         spec = gang.tasks[0].spec
-        return self._book(reservations.Ask(gang.gang_id, spec.resources, len(gang.tasks), spec.walltime_s, eligible))
+        return self._book(
+            reservations.Ask(gang.gang_id, spec.resources, len(gang.tasks), spec.walltime_s, eligible)
+        )
 
     def book_singles(self, pending: Sequence[Job], shapes: _Shapes) -> None:
         """The pending single jobs that no worker could start now (held room counted as the claim
@@ -949,7 +955,9 @@ class _Later:
         for slot, resources in held:
             line = lines[slot.order]
             line.bookings.append(
-                reservations.Booking(key, self.now, None, (resources.gpus, resources.cpus, resources.memory_mb))
+                reservations.Booking(
+                    key, self.now, None, (resources.gpus, resources.cpus, resources.memory_mb)
+                )
             )
             self._rehold(line)
             holds.append(Hold(key, slot.worker.id, resources, expected_at))
@@ -957,26 +965,32 @@ class _Later:
 
     def _rehold(self, line: reservations.WorkerLine) -> None:
         gpus = cpus = memory = 0
-        for _, held in reservations.held_now(line):
+        for booking in line.bookings:
+            held = booking.need
             gpus, cpus, memory = gpus + held[0], cpus + held[1], memory + held[2]
         self.cluster.hold(self.cluster.slots[line.order], Resources(gpus, 0, memory, cpus))
 
     def holds(self) -> tuple[Hold, ...]:
-        """Every booking as a ``Hold``: its start (None for the head's at an unknown time) and the
-        room kept for it now, by worker id then key."""
+        """Every booking as a ``Hold``: its start (the head's expected time when it has no
+        reservation) and the room it takes there, by worker id then key (the table's order)."""
         if self._lines is None:
             return ()
         holds = []
         for line in self._lines:
-            for booking, held in reservations.held_now(line):
+            for booking in sorted(line.bookings, key=lambda booking: booking.key):
                 start = self.head[booking.key] if booking.key in self.head else booking.start
-                holds.append(Hold(booking.key, line.worker_id, Resources(held[0], 0, held[2], held[1]), start))
+                need = booking.need
+                holds.append(
+                    Hold(booking.key, line.worker_id, Resources(need[0], 0, need[2], need[1]), start)
+                )
         return tuple(holds)
 
     def reason(self, planned: reservations.Planned, size: int, now: float) -> Reason:
         lines = self.lines()
         workers = [lines[order].worker_id for order, _ in planned.tasks]
-        ending = sorted({job_id for order, _ in planned.tasks for job_id in lines[order].ending_by(planned.start)})
+        ending = sorted(
+            {job_id for order, _ in planned.tasks for job_id in lines[order].ending_by(planned.start)}
+        )
         return reserved_reason(size, planned.start, workers, ending, now)
 
     def refusal(self, walltime_s: float | None, now: float) -> Reason:

@@ -104,7 +104,9 @@ def held_reason(head_gang_id: str, expected_at: float | None, walltime_s: float 
     )
 
 
-def reserved_reason(size: int, start: float, workers: Sequence[str], ending: Sequence[str], now: float) -> Reason:
+def reserved_reason(
+    size: int, start: float, workers: Sequence[str], ending: Sequence[str], now: float
+) -> Reason:
     """A reservation (``corral.core.reservations``): the gang or job starts at ``start`` on
     ``workers``, once the jobs ``ending`` reach their limits."""
     what = f"{size} tasks" if size > 1 else "the job"
@@ -118,7 +120,9 @@ def reserved_reason(size: int, start: float, workers: Sequence[str], ending: Seq
 def backfill_refused(key: str, start: float, walltime_s: float | None) -> Reason:
     """It would fit now, but only on room reserved for ``key`` from ``start``, which its walltime
     (none, or one ending later) would delay."""
-    own = "it declares no walltime_s" if walltime_s is None else f"its walltime_s ({walltime_s:g} s) ends later"
+    own = (
+        "it declares no walltime_s" if walltime_s is None else f"its walltime_s ({walltime_s:g} s) ends later"
+    )
     return Reason(
         "backfill_refused",
         f"would delay gang {key} planned for {to_rfc3339(start)} ({own}); "

@@ -146,7 +146,7 @@ class _RoomBesideHolds:
     reservations) that start after it ends. Counted once per set of holds in the way: a poll may
     read thousands of candidates."""
 
-    __slots__ = ("_capacity", "_holds", "_kept", "_now", "_no_walltime")
+    __slots__ = ("_capacity", "_holds", "_kept", "_no_walltime", "_now")
 
     def __init__(self, capacity: Capacity, holds: Sequence[Hold], now: float) -> None:
         self._capacity = capacity
@@ -159,7 +159,11 @@ class _RoomBesideHolds:
         holds = self._holds
         if not holds:
             return self._capacity
-        if job.spec.walltime_s is None and job.gang_id is None and all(hold.gang_id != job.id for hold in holds):
+        if (
+            job.spec.walltime_s is None
+            and job.gang_id is None
+            and all(hold.gang_id != job.id for hold in holds)
+        ):
             return self._no_walltime
         in_way = holds_in_way(job, holds, self._now)
         key = tuple(id(hold) for hold in in_way)

@@ -8,12 +8,12 @@ gang's ``size`` tasks (a single job: one) fit together on the workers for the wh
 walltime (forever when they declare none), and books that room. A gang or job whose room depends
 on work without a deadline finds no time: it gets no reservation and no estimated start.
 
-A reservation is stored as ``Hold`` rows (``held_now``): per worker, its start (``expected_at``)
-and the part of the worker's free capacity *now* that must stay free for it. Other work may use
-that part only if it ends before the reservation starts (``placement.holds_in_way``); room the
-reservations do not need is free for any work. Held amounts are counted so that, whatever work
-ending by ``d`` starts on the unheld room plus the room of the reservations starting at or after
-``d``, every reservation still fits when it starts.
+A reservation is stored as ``Hold`` rows: per worker, its start (``expected_at``) and the room it
+takes there when it starts. A claim sets that room aside from the worker's free capacity now
+(``placement.without_holds``) unless the work it starts ends before the reservation starts
+(``placement.holds_in_way``); room the reservations do not take is free for any work. The whole
+room is held, not only the part free now: room that comes back before the start (a job ending
+early, between two cycles) is then kept for the reservation too, not taken by the next claim.
 
 Pure: values in, values out, no clock.
 """
@@ -26,7 +26,7 @@ from heapq import heapify, heappop, heappush
 
 from corral.domain.resources import Resources
 
-__all__ = ["Ask", "Booking", "Planned", "WorkerLine", "book", "held_now"]
+__all__ = ["Ask", "Booking", "Planned", "WorkerLine", "book"]
 
 #: (GPUs, CPUs, memory MB): the quantities a timeline counts
 Need = tuple[int, int, int]
@@ -87,7 +87,9 @@ class WorkerLine:
         """The times room may come back: now, the deadlines, the bookings' ends."""
         found = {now}
         found.update(end for end, _, _ in self.releases if end > now)
-        found.update(booking.end for booking in self.bookings if booking.end is not None and booking.end > now)
+        found.update(
+            booking.end for booking in self.bookings if booking.end is not None and booking.end > now
+        )
         return sorted(found)
 
     def earliest(self, need: Need, duration: float | None, now: float) -> float | None:
@@ -212,29 +214,6 @@ def _offer(
     need = _times(request, count)
     empty = line.empty
     return (at, empty[0] - need[0], empty[1] - need[1], empty[2] - need[2], line.order, count)
-
-
-def held_now(line: WorkerLine) -> list[tuple[Booking, Need]]:
-    """Each booking on the line with the part of the worker's free room now kept for it.
-
-    Taken by start time: ``m_j``, the least room free from now to the j-th start, falls at each
-    start; the j-th booking keeps what it fell by. Work that ends by a start ``d`` then uses
-    ``free - (kept by bookings starting before d)``, which is ``m`` just before ``d``: the least
-    room free until it ends, so every booking still fits."""
-    least = line.free
-    held: list[tuple[Booking, Need]] = []
-    for booking in sorted(line.bookings, key=lambda booking: (booking.start, booking.key)):
-        at = line.free_at(booking.start)
-        after = (
-            max(0, min(least[0], at[0])),
-            max(0, min(least[1], at[1])),
-            max(0, min(least[2], at[2])),
-        )
-        held.append(
-            (booking, (max(0, least[0] - after[0]), max(0, least[1] - after[1]), max(0, least[2] - after[2])))
-        )
-        least = after
-    return held
 
 
 def _covers(have: Need, need: Need) -> bool:
