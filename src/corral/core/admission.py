@@ -978,7 +978,7 @@ class _Later:
         holds = []
         for line in self._lines:
             for booking in sorted(line.bookings, key=lambda booking: booking.key):
-                start = self.head[booking.key] if booking.key in self.head else booking.start
+                start = self.head.get(booking.key, booking.start)
                 need = booking.need
                 holds.append(
                     Hold(booking.key, line.worker_id, Resources(need[0], 0, need[2], need[1]), start)
