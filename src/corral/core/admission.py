@@ -50,7 +50,7 @@ from corral.core.admission_reasons import (
     unschedulable,
 )
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
-from corral.core.ordering import in_gang_order, in_queue_order
+from corral.core.ordering import in_gang_order
 from corral.core.placement import (
     Capacity,
     CapacityKept,
@@ -879,6 +879,7 @@ class _Later:
         #: the head's hold (``_plan_hold``) when it has no reservation: its expected time, if known
         self.head: dict[str, float | None] = {}
         self._lines: list[reservations.WorkerLine] | None = None
+        self._timelines: reservations.Timelines | None = None
         self.earliest: float | None = None  # the soonest start of a booking (-inf: unknown)
 
     def wanted(self) -> bool:
@@ -888,7 +889,13 @@ class _Later:
         lines = self._lines
         if lines is None:
             lines = self._lines = [_line_of(slot, self.now) for slot in self.cluster.slots]
+            self._timelines = reservations.Timelines(lines)
         return lines
+
+    def timelines(self) -> reservations.Timelines:
+        self.lines()
+        assert self._timelines is not None
+        return self._timelines
 
     def placed(self, slot: _Slot, request: Resources, end: float | None, job_id: str) -> None:
         """A placement now: its room leaves the worker's timeline until ``end``."""
@@ -902,6 +909,7 @@ class _Later:
         )
         if end is not None:
             insort(line.releases, (end, (request.gpus, request.cpus, request.memory_mb), job_id))
+        self.timelines().changed(slot.order)
 
     def may_backfill(self, walltime_s: float | None) -> bool:
         """A gang may use held room when it ends before every reservation starts."""
@@ -916,8 +924,8 @@ class _Later:
 
     def book_singles(self, pending: Sequence[Job], shapes: _Shapes) -> None:
         """The pending single jobs that no worker could start now (held room counted as the claim
-        counts it for them), in queue order, while the depth allows."""
-        for job in in_queue_order(list(pending)):
+        counts it for them), in the snapshot's order (queue order), while the depth allows."""
+        for job in pending:
             if not self.wanted():
                 return
             if job.gang_id is not None:
@@ -933,7 +941,7 @@ class _Later:
     def _book(self, ask: reservations.Ask) -> reservations.Planned | None:
         self.asked += 1
         lines = self.lines()
-        planned = reservations.book(lines, ask, self.now)
+        planned = self.timelines().book(ask, self.now)
         if planned is None:
             return None
         self.booked.append(planned)
@@ -954,11 +962,8 @@ class _Later:
         holds = []
         for slot, resources in held:
             line = lines[slot.order]
-            line.bookings.append(
-                reservations.Booking(
-                    key, self.now, None, (resources.gpus, resources.cpus, resources.memory_mb)
-                )
-            )
+            need = (resources.gpus, resources.cpus, resources.memory_mb)
+            self.timelines().add(slot.order, reservations.Booking(key, self.now, None, need))
             self._rehold(line)
             holds.append(Hold(key, slot.worker.id, resources, expected_at))
         return tuple(holds)
