@@ -22,13 +22,19 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
    taking several tasks when they fit; the gang is committed only when all N tasks are placed,
    else every speculative take is given back. A gang asking for no resources at all is spread one
    task per worker. GPU indices are the lowest free ones, as for single jobs.
-6. **Hold and backfill.** The first candidate that does not fit but could on idle workers (the
-   head of the queue) gets ``Hold``s on the workers it would use soonest (``_plan_hold``); the rest
-   of the cycle sees those workers' free capacity minus the held resources, except a gang whose
-   ``walltime_s`` ends by the hold's ``expected_at`` (``placement.may_backfill``, the rule the
-   claim applies to single jobs), which sees them whole. Every candidate not placed gets a
-   ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``, ``head_of_queue``,
-   ``held_for_gang``, ``insufficient_capacity`` (worded in ``corral.core.admission_reasons``).
+6. **Reservations and backfill** (``_Later``, ``corral.core.reservations``). The first
+   ``backfill_depth`` candidates that do not fit now (and could on idle workers), then the pending
+   single jobs that fit nowhere now, get a reservation at their earliest start on the workers'
+   timelines (the running work's deadlines; this cycle's reservations included): ``Hold``s with
+   that start. The rest of the cycle sees those workers' free capacity minus the held resources,
+   except a gang whose ``walltime_s`` ends before every reservation starts, which sees them whole
+   (the claim applies the finer rule per hold: ``placement.holds_in_way``). A candidate whose room
+   depends on work without a deadline gets no reservation; when it is the first not placed and no
+   reservation was made before it, it keeps the head-of-queue hold (``_plan_hold``), expected at
+   an unknown time (or at ``_plan_hold``'s time with a depth of 0). Every candidate not placed
+   gets a ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``,
+   ``reserved_for_later``, ``head_of_queue``, ``backfill_refused``, ``held_for_gang``,
+   ``insufficient_capacity`` (worded in ``corral.core.admission_reasons``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ and the simulator.
    resources are free of every other allocation on the worker.
 2. Else the pending single jobs, in queue order (``corral.domain.queue_order``): the first that fits
    the worker's free capacity (``placement.place``: constraints, GPU indices). Capacity held for a
-   waiting gang is used only by a job that backfills (``placement.may_backfill``).
+   waiting gang or job (a reservation, ``corral.core.reservations``) is used only by a job whose
+   walltime ends before that reservation starts (``placement.holds_in_way``); work without a
+   walltime never uses it.
 3. A job no preemption could take back (``protection.unreclaimable``, with its pool's kind: a
    sensitive pool's work is never preempted) does not start on borrowed capacity
    (``borrowing.may_place``, on the cluster as the claim reads it): it is passed over and the next
