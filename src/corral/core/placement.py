@@ -158,15 +158,6 @@ def without_holds(capacity: Capacity, holds: Sequence[Hold]) -> Capacity:
     )
 
 
-def may_backfill(job: Job, holds: Sequence[Hold], now: float) -> bool:
-    """A job may start on held capacity only when its declared walltime ends before every hold on
-    the worker is expected to be satisfied (an unknown expectation allows nothing)."""
-    walltime = job.spec.walltime_s
-    if walltime is None:
-        return False
-    return all(hold.expected_at is not None and now + walltime <= hold.expected_at for hold in holds)
-
-
 def holds_in_way(job: Job, holds: Sequence[Hold], now: float) -> tuple[Hold, ...]:
     """The holds on a worker whose room ``job`` may not use (a reservation, ``corral.core.reservations``,
     is a hold with a start): those that start before the job's own deadline (now + its walltime;
