@@ -16,6 +16,8 @@ from corral.cli.options import add_json_flag, connect
 from corral.protocol.answers import JobAnswer, JobPage
 
 HEADERS = ("ID", "STATUS", "ATTEMPTS", "GPUS", "WORKER", "SUBMITTED", "NAME/COMMAND", "REASON")
+#: ``--start`` (like ``squeue --start``): the waiting jobs with their planned start and workers
+START_HEADERS = ("ID", "STATUS", "GPUS", "SUBMITTED", "ESTIMATED START", "PLANNED WORKERS", "NAME/COMMAND")
 _ALL_PAGE_SIZE = 1000
 _COMMAND_WIDTH = 40
 _REASON_WIDTH = 50
@@ -31,13 +33,18 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", metavar="WORKER_ID", help="jobs placed on this worker")
     parser.add_argument("--limit", type=int, default=50, help="rows in one page (default 50)")
     parser.add_argument("--all", action="store_true", help="every job: follow the cursor through every page")
+    parser.add_argument(
+        "--start",
+        action="store_true",
+        help="waiting jobs (pending, blocked): their ESTIMATED START and planned workers (squeue --start)",
+    )
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
     filters = {
-        "status": arguments.status,
+        "status": arguments.status or ("pending,blocked" if arguments.start else None),
         "gang_id": arguments.gang,
         "pool": arguments.pool,
         "worker_id": arguments.worker,
@@ -50,7 +57,10 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.json:
         output.print_json(page)
         return exit_codes.OK
-    output.print_table(HEADERS, [row(job) for job in page.items])
+    if arguments.start:
+        output.print_table(START_HEADERS, [start_row(job) for job in page.items])
+    else:
+        output.print_table(HEADERS, [row(job) for job in page.items])
     if page.next:
         print(f"(first {len(page.items)} jobs shown: --all for every one)", file=sys.stderr)
     return exit_codes.OK
@@ -67,4 +77,17 @@ def row(job: JobAnswer) -> list[str]:
         output.short_time(job.submitted_at),
         output.truncate(job.name or job.command, _COMMAND_WIDTH),
         output.truncate(output.reason_text(job.reason), _REASON_WIDTH) if job.reason else output.MISSING,
+    ]
+
+
+def start_row(job: JobAnswer) -> list[str]:
+    """A waiting job's planned start (``-`` without a reservation: no known start)."""
+    return [
+        job.id,
+        job.status,
+        str(job.resources.gpus),
+        output.short_time(job.submitted_at),
+        output.short_time(job.estimated_start_at),
+        ",".join(job.planned_workers) or output.MISSING,
+        output.truncate(job.name or job.command, _COMMAND_WIDTH),
     ]
