@@ -58,6 +58,12 @@ class ServerSettings(BaseSettings):
     preemptive_backoff_s: float = Field(
         5.0, ge=0, description="at most one preemptive placement per worker per this many seconds"
     )
+    backfill_depth: int = Field(
+        16,
+        ge=0,
+        description="waiting gangs and jobs, in queue order, that get a reservation each admission cycle"
+        " (0: only the head of the queue's hold)",
+    )
     checkpoint_timeout_s: float = Field(
         600.0, gt=0, description="a preemption victim's checkpoint phase (extended by half, once)"
     )

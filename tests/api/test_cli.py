@@ -271,6 +271,27 @@ def test_jobs_gang_and_worker_filters(server, client, capsys):
     assert [job["id"] for job in page["items"]] == [claimed["id"]]
 
 
+def test_jobs_start_shows_the_estimated_start_of_waiting_jobs(server, client, clock, capsys):
+    """``corral jobs --start`` (like ``squeue --start``): a gang planned at a running job's limit."""
+    for worker in ("w1", "w2"):
+        client.register_worker({"id": worker, "resources": {"gpus": 2, "vram_mb": 1000}})
+    limited = client.submit({"command": "sleep 9", "resources": {"gpus": 2}, "walltime_s": 30})
+    running = client.claim("w1")
+    assert running["id"] == limited["id"]
+    gang = client.submit({"command": "train", "gang_size": 2, "resources": {"gpus": 2}})
+    endless = client.submit({"command": "true", "resources": {"gpus": 4}})  # no worker holds it
+    server.run_loop("admission")
+    code, out, _ = corral(server, capsys, "jobs", "--start")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split("  ")[0] == "ID" and "ESTIMATED START" in header and "PLANNED WORKERS" in header
+    by_id = {line.split()[0]: line for line in rows}
+    assert set(by_id) == {*gang["tasks"], endless["id"]}, "only the waiting jobs"
+    start = running["deadline_at"].replace("T", " ").split(".")[0]
+    assert start in by_id[gang["tasks"][0]] and "w1,w2" in by_id[gang["tasks"][0]]
+    assert start not in by_id[endless["id"]]
+
+
 def test_show_events_why(server, client, capsys):
     job = client.submit({"command": "sleep 1", "name": "nap", "env": {"K": "V"}, "resources": {"cpus": 1}})
     code, out, _ = corral(server, capsys, "show", job["id"])

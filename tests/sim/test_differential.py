@@ -158,6 +158,20 @@ LIMITED = (
     WorkloadJob("f3", 12, 80, 1, pool="free", preemption_class=3),
     WorkloadJob("y", 20, 50, 1, pool="free", preemption_class=8),
 )
+#: reservations (backfill as Slurm does it): the 2x2 gang is planned at the later of the running
+#: jobs' limits; a short job backfills its room beside the 1-GPU job, a 2-GPU job whose limit
+#: ends before the plan backfills the first worker once it is free, the job without a walltime
+#: waits for the gang, which a class-8 job preempts once it runs
+BACKFILL = (
+    WorkloadJob("w", 0, 30, 2, walltime=30),
+    WorkloadJob("w2", 1, 100, 1, walltime=120),
+    WorkloadJob("big", 2, 40, 2, gang_size=2),
+    WorkloadJob("short", 5, 5, 1, walltime=10),
+    WorkloadJob("endless", 6, 50, 1),
+    WorkloadJob("mid", 35, 50, 2, walltime=60),
+    WorkloadJob("late", 37, 20, 1, walltime=30),
+    WorkloadJob("x", 110, 20, 2, preemption_class=8),
+)
 #: (workload, pools, workers, GPUs per worker, the victims' reason codes the run must show). No two
 #: jobs of a workload are submitted or started at the same instant: the queue and victim orders
 #: break such ties on job ids, which the server draws at random and the simulator does not.
@@ -167,6 +181,7 @@ CASES = {
     "fair-share-starvation": (FAIR, {"heavy": {}, "light": {}}, 3, 2, {"preempted_fair_share"}),
     "pool-kinds": (POOL_KINDS, KINDS, 4, 2, set()),
     "walltime": (WALLTIME, WALLTIME_POOLS, 2, 2, {"preempted_priority"}),
+    "backfill-reservations": (BACKFILL, {}, 2, 2, {"preempted_priority"}),
     "aggressive-starvation": (AGGRESSIVE, AGGRESSIVE_POOLS, 4, 2, {"preempted_fair_share"}),
     "pool-limits": (LIMITED, LIMITED_POOLS, 3, 2, {"preempted_priority"}),
     "every-trigger": (

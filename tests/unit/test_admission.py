@@ -108,7 +108,7 @@ def preempting_counts() -> tuple[Snapshot, Expect]:
     workers = gpu_workers(2, gpus=8)
     draining = allocation_on(workers[1], gpus=4, status=Status.PREEMPTING)
     g = gang(size=2, gpus=8, gang_id="g-p")
-    return admission_snapshot(workers, [g], [draining]), Expect(waiting={"g-p": "head_of_queue"})
+    return admission_snapshot(workers, [g], [draining]), Expect(waiting={"g-p": "reserved_for_later"})
 
 
 def all_or_nothing() -> tuple[Snapshot, Expect]:
@@ -218,25 +218,25 @@ def _held_cluster(walltime_s: float | None, end: float | None) -> tuple[Snapshot
 def hold_blocks_a_smaller_gang() -> tuple[Snapshot, Expect]:
     snapshot, workers = _held_cluster(walltime_s=None, end=NOW + 3600)
     return snapshot, Expect(
-        waiting={"g-head": "head_of_queue", "g-small": "held_for_gang"}, held=ids(workers)
+        waiting={"g-head": "reserved_for_later", "g-small": "backfill_refused"}, held=ids(workers)
     )
 
 
 def backfill_when_it_ends_before_the_hold() -> tuple[Snapshot, Expect]:
     snapshot, workers = _held_cluster(walltime_s=600, end=NOW + 3600)
     return snapshot, Expect(
-        reserved={"g-small": ids(workers[:2])}, waiting={"g-head": "head_of_queue"}, held=ids(workers)
+        reserved={"g-small": ids(workers[:2])}, waiting={"g-head": "reserved_for_later"}, held=ids(workers)
     )
 
 
 def backfill_that_ends_exactly_at_the_hold() -> tuple[Snapshot, Expect]:
     snapshot, workers = _held_cluster(walltime_s=3600, end=NOW + 3600)
-    return snapshot, Expect(reserved={"g-small": ids(workers[:2])}, waiting={"g-head": "head_of_queue"})
+    return snapshot, Expect(reserved={"g-small": ids(workers[:2])}, waiting={"g-head": "reserved_for_later"})
 
 
 def no_backfill_when_it_ends_after_the_hold() -> tuple[Snapshot, Expect]:
     snapshot, _ = _held_cluster(walltime_s=3601, end=NOW + 3600)
-    return snapshot, Expect(waiting={"g-head": "head_of_queue", "g-small": "held_for_gang"})
+    return snapshot, Expect(waiting={"g-head": "reserved_for_later", "g-small": "backfill_refused"})
 
 
 def no_backfill_when_the_hold_time_is_unknown() -> tuple[Snapshot, Expect]:
@@ -252,7 +252,7 @@ def partial_failure_gives_everything_back() -> tuple[Snapshot, Expect]:
     head = gang(size=3, gpus=8, memory_mb=50_000, gang_id="g-head")
     short = gang(size=2, gpus=8, memory_mb=50_000, walltime_s=60, gang_id="g-short")
     snapshot = admission_snapshot(workers, [head, short], [hog], expected_ends={"j-hog": NOW + 600})
-    return snapshot, Expect(reserved={"g-short": ids(workers[:2])}, waiting={"g-head": "head_of_queue"})
+    return snapshot, Expect(reserved={"g-short": ids(workers[:2])}, waiting={"g-head": "reserved_for_later"})
 
 
 def too_big_even_without_the_hold() -> tuple[Snapshot, Expect]:
@@ -472,7 +472,7 @@ def test_hold_resources_and_expected_at_is_the_latest_end_needed() -> None:
         (workers[1].id, 8),
     ]
     assert {h.expected_at for h in decisions.holds} == {NOW + 5_000}
-    assert decisions.waiting[0].reason.code == "head_of_queue"
+    assert decisions.waiting[0].reason.code == "reserved_for_later"
 
 
 def test_hold_prefers_workers_that_free_soonest_over_lower_ids() -> None:
@@ -537,8 +537,8 @@ def test_waiting_message_counts_the_room_there_is() -> None:
 def test_a_gang_that_would_fit_but_for_the_hold_is_told_so() -> None:
     snapshot, _ = _held_cluster(walltime_s=None, end=NOW + 3600)
     reasons = {w.gang_id: w.reason for w in run(snapshot).waiting}
-    assert reasons["g-small"].message.startswith("held capacity for gang g-head: it would fit now")
-    assert "expected free in about 3600 s; declare a walltime_s" in reasons["g-small"].message
+    assert reasons["g-small"].message.startswith("would delay gang g-head planned for 1970-01-01T01:16:40")
+    assert "a walltime_s ending before 1970-01-01T01:16:40.000Z lets it start" in reasons["g-small"].message
 
 
 def random_cluster(rng: random.Random | Drawn, workers: int = 60, gangs: int = 40) -> Snapshot:

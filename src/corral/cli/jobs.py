@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from corral.client import Client
 
 HEADERS = ("ID", "STATUS", "USER", "ATTEMPTS", "GPUS", "WORKER", "SUBMITTED", "NAME/COMMAND", "REASON")
+#: ``--start`` (like ``squeue --start``): the waiting jobs with their planned start and workers
+START_HEADERS = ("ID", "STATUS", "GPUS", "SUBMITTED", "ESTIMATED START", "PLANNED WORKERS", "NAME/COMMAND")
 _ALL_PAGE_SIZE = 1000
 _COMMAND_WIDTH = 40
 _REASON_WIDTH = 50
@@ -63,6 +65,11 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         action="store_true",
         help="every status (unless --status) and every page (follows the cursor)",
     )
+    parser.add_argument(
+        "--start",
+        action="store_true",
+        help="waiting jobs (pending, blocked): their ESTIMATED START and planned workers (squeue --start)",
+    )
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
@@ -71,6 +78,8 @@ def statuses(arguments: argparse.Namespace) -> str | None:
     """The ``status`` filter sent: the statuses asked for, with ``blocked`` beside ``pending`` (a
     waiting gang's tasks wait as ``blocked``); the active ones when none were asked for, none with
     ``--all``."""
+    if not arguments.status and getattr(arguments, "start", False):
+        return "pending,blocked"
     if arguments.status:
         asked = [part for part in arguments.status.split(",") if part]
         if "pending" in asked and "blocked" not in asked:
@@ -104,7 +113,10 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.json:
         output.print_json(page)
         return exit_codes.OK
-    output.print_table(HEADERS, [row(job) for job in page["items"]])
+    if arguments.start:
+        output.print_table(START_HEADERS, [start_row(job) for job in page["items"]])
+    else:
+        output.print_table(HEADERS, [row(job) for job in page["items"]])
     if page["next"]:
         print(f"(first {len(page['items'])} jobs shown: --all for every one)", file=sys.stderr)
     return exit_codes.OK
@@ -144,4 +156,17 @@ def row(job: Any) -> list[str]:
         output.short_time(job.get("submitted_at")),
         output.truncate(job.get("name") or job["command"], _COMMAND_WIDTH),
         output.truncate(output.reason_text(reason), _REASON_WIDTH) if reason else output.MISSING,
+    ]
+
+
+def start_row(job: Any) -> list[str]:
+    """A waiting job's planned start (``-`` without a reservation: no known start)."""
+    return [
+        job["id"],
+        job["status"],
+        str((job.get("resources") or {}).get("gpus", 0)),
+        output.short_time(job.get("submitted_at")),
+        output.short_time(job.get("estimated_start_at")),
+        ",".join(job.get("planned_workers") or []) or output.MISSING,
+        output.truncate(job.get("name") or job["command"], _COMMAND_WIDTH),
     ]

@@ -22,15 +22,21 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
    taking several tasks when they fit; the gang is committed only when all N tasks are placed,
    else every speculative take is given back. A gang asking for no resources at all is spread one
    task per worker. GPU indices are the lowest free ones, as for single jobs.
-6. **Hold and backfill.** The first candidate that does not fit but could on idle workers (the
-   head of the queue) gets ``Hold``s on the workers it would use soonest (``_plan_hold``); the rest
-   of the cycle sees those workers' free capacity minus the held resources, except a gang whose
-   ``walltime_s`` ends by the hold's ``expected_at`` (``placement.may_backfill``, the rule the
-   claim applies to single jobs), which sees them whole. Every candidate not placed gets a
-   ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``, ``head_of_queue``,
-   ``held_for_gang``, ``insufficient_capacity`` (worded in ``corral.core.admission_reasons``).
+6. **Reservations and backfill** (``_Later``, ``corral.core.reservations``). The first
+   ``backfill_depth`` candidates that do not fit now (and could on idle workers), then the pending
+   single jobs that fit nowhere now, get a reservation at their earliest start on the workers'
+   timelines (the running work's deadlines; this cycle's reservations included): ``Hold``s with
+   that start. The rest of the cycle sees those workers' free capacity minus the held resources,
+   except a gang whose ``walltime_s`` ends before every reservation starts, which sees them whole
+   (the claim applies the finer rule per hold: ``placement.holds_in_way``). A candidate whose room
+   depends on work without a deadline gets no reservation; when it is the first not placed and no
+   reservation was made before it, it keeps the head-of-queue hold (``_plan_hold``), expected at
+   an unknown time (or at ``_plan_hold``'s time with a depth of 0). Every candidate not placed
+   gets a ``Waiting`` with a stable code: ``no_workers``, ``unschedulable``,
+   ``reserved_for_later``, ``head_of_queue``, ``backfill_refused``, ``held_for_gang``,
+   ``insufficient_capacity`` (worded in ``corral.core.admission_reasons``).
    A gang its pool's limits (or an ancestor's) keep out waits with ``pool_limit``
-   (``corral.core.pool_limits``) before it is placed, held for or counted as the head.
+   (``corral.core.pool_limits``) before it is placed, reserved for, held for or counted as the head.
 """
 
 from __future__ import annotations
@@ -41,8 +47,16 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
-from corral.core import borrowing, drain, pool_limits, preemption
-from corral.core.admission_reasons import NO_WORKERS, head_reason, held_reason, short_reason, unschedulable
+from corral.core import borrowing, drain, pool_limits, preemption, reservations
+from corral.core.admission_reasons import (
+    NO_WORKERS,
+    backfill_refused,
+    head_reason,
+    held_reason,
+    reserved_reason,
+    short_reason,
+    unschedulable,
+)
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
 from corral.core.ordering import in_gang_order
 from corral.core.placement import (
@@ -51,7 +65,6 @@ from corral.core.placement import (
     Remembered,
     free_capacity,
     matches_constraints,
-    may_backfill,
     usable,
 )
 from corral.core.preemption import PreemptionSettings
@@ -64,6 +77,8 @@ from corral.domain.resources import Resources
 from corral.domain.status import Status
 
 _NOBODY: frozenset[int] = frozenset()
+#: how many waiting gangs and jobs, in queue order, get a reservation (``CORRAL_BACKFILL_DEPTH``)
+DEFAULT_BACKFILL_DEPTH = 16
 #: Below any real quantity: ``(cpus, _FLOOR, _FLOOR)`` sorts before every index entry with ``cpus``.
 _FLOOR = -(1 << 62)
 
@@ -100,12 +115,15 @@ def decide(
     reservation_timeout_s: float,
     preemption_settings: PreemptionSettings | None = None,
     memo: CycleMemo | None = None,
+    backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
 ) -> AdmissionDecisions:
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
     ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
     the workers' free capacity from earlier cycles, for a caller that keeps its records between
     cycles (``CycleMemo``; the decisions are the same without it)."""
-    admitted = _admit_gangs(snapshot, reservation_timeout_s, memo.admission if memo is not None else None)
+    admitted = _admit_gangs(
+        snapshot, reservation_timeout_s, memo.admission if memo is not None else None, backfill_depth
+    )
     single_rollbacks = tuple(
         job.id
         for job in snapshot.holding
@@ -215,13 +233,17 @@ def in_index_order(tasks: Iterable[Job]) -> tuple[Job, ...]:
 
 
 def _admit_gangs(
-    snapshot: Snapshot, reservation_timeout_s: float, memo: AdmissionMemo | None = None
+    snapshot: Snapshot,
+    reservation_timeout_s: float,
+    memo: AdmissionMemo | None = None,
+    backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
 ) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
+    pending = snapshot.pending if backfill_depth > 0 else ()
     now = snapshot.now
     rollbacks, released = _stale_reservations(snapshot.gangs, now, reservation_timeout_s)
     candidates = in_gang_order([gang for gang in snapshot.gangs if _is_candidate(gang, released)])
-    if not candidates:
+    if not candidates and not pending:
         return AdmissionDecisions(rollbacks=rollbacks)
     active = sorted((worker for worker in snapshot.workers if usable(worker)), key=lambda w: w.id)
     if not active:
@@ -235,9 +257,9 @@ def _admit_gangs(
         if memo is not None:
             memo.shapes.remember(active, shapes)
     reservations: list[Reservation] = []
-    holds: list[Hold] = []
     waiting: list[Waiting] = []
-    head: _HeadHold | None = None  # the head of the queue's holds, once it is known
+    head: _HeadHold | None = None  # the head of the queue's holds at an unknown time, if any
+    later = _Later(cluster, now, backfill_depth)
     guarantees = guarantees_of(snapshot)
     limits = limits_of(snapshot)
     for gang in candidates:
@@ -253,7 +275,7 @@ def _admit_gangs(
             waiting.append(Waiting(gang.gang_id, borrowing.refusal(gang.tasks[0], request.gpus * size)))
             continue
         eligible = shapes.eligible(request, constraints)
-        backfill = head is not None and may_backfill(gang.tasks[0], head.holds, now)
+        backfill = later.may_backfill(spec.walltime_s)
         placed, room = cluster.attempt(request, size, eligible, backfill)
         if placed is not None:
             guarantees.take(spec.pool, request.gpus * size)
@@ -262,6 +284,7 @@ def _admit_gangs(
             end = None if spec.walltime_s is None else now + spec.walltime_s
             for task, (slot, _) in zip(tasks, placed, strict=True):
                 slot.holding.append((request, end, task.id))
+                later.placed(slot, request, end, task.id)
             reservations.append(
                 Reservation(
                     gang.gang_id,
@@ -276,16 +299,20 @@ def _admit_gangs(
         if ever < size:
             waiting.append(Waiting(gang.gang_id, unschedulable(size, request, constraints, ever, active)))
             continue
-        if head is None:
+        if later.wanted():
+            planned = later.book_gang(gang, eligible)
+            if planned is not None:
+                waiting.append(Waiting(gang.gang_id, later.reason(planned, size, now)))
+                continue
+        if head is None and not later.booked:
             plan = _plan_hold(cluster, request, size, eligible, now)
             if plan is None:  # idle workers could hold it, yet no plan: count it as never fitting
                 waiting.append(Waiting(gang.gang_id, unschedulable(size, request, constraints, 0, active)))
                 continue
-            for slot, count in plan.tasks:
-                held = _times(request, count)
-                cluster.hold(slot, held)
-                holds.append(Hold(gang.gang_id, slot.worker.id, held, plan.expected_at))
-            head = _HeadHold(gang.gang_id, plan.expected_at, tuple(holds))
+            head_holds = later.hold_head(
+                gang.gang_id, [(slot, _times(request, count)) for slot, count in plan.tasks], plan.expected_at
+            )
+            head = _HeadHold(gang.gang_id, plan.expected_at, head_holds)
             waiting.append(
                 Waiting(
                     gang.gang_id,
@@ -296,11 +323,12 @@ def _admit_gangs(
             )
             continue
         if not backfill and cluster.fits(request, size, eligible, backfill=True):
-            waiting.append(
-                Waiting(gang.gang_id, held_reason(head.gang_id, head.expected_at, spec.walltime_s, now))
-            )
+            waiting.append(Waiting(gang.gang_id, later.refusal(spec.walltime_s, now)))
         else:
             waiting.append(Waiting(gang.gang_id, short_reason(size, request, room.tasks, room.exact)))
+    if pending:
+        later.book_singles(pending, shapes)
+    holds = later.holds()
     return AdmissionDecisions(
         rollbacks=rollbacks, reservations=tuple(reservations), holds=tuple(holds), waiting=tuple(waiting)
     )
@@ -581,8 +609,9 @@ class _Cluster:
 
     def hold(self, slot: _Slot, held: Resources) -> None:
         slot.held = held
-        self.held_slots.append(slot)
-        self.held_orders.add(slot.order)
+        if slot.order not in self.held_orders:
+            self.held_slots.append(slot)
+            self.held_orders.add(slot.order)
         self._reindex(slot)
 
     def _take(self, slot: _Slot, request: Resources) -> tuple[int, ...]:
@@ -861,4 +890,168 @@ def _times(request: Resources, count: int) -> Resources:
     return Resources(request.gpus * count, request.vram_mb, request.memory_mb * count, request.cpus * count)
 
 
-__all__ = ["decide"]
+# --- reservations: room kept for the first waiting gangs and jobs (``corral.core.reservations``) --
+
+
+class _Later:
+    """The cycle's reservations: the first ``depth`` gangs and pending jobs, in queue order, that
+    cannot start now are booked on the workers' timelines (built on first need from the slots,
+    this cycle's placements included), and the room each keeps now is held in the cluster, so the
+    rest of the cycle places only work that leaves every reservation its room (a gang uses held
+    room only when it ends before every reservation starts; the claim, per hold)."""
+
+    def __init__(self, cluster: _Cluster, now: float, depth: int) -> None:
+        self.cluster = cluster
+        self.now = now
+        self.depth = depth
+        self.asked = 0
+        self.booked: list[reservations.Planned] = []
+        #: the head's hold (``_plan_hold``) when it has no reservation: its expected time, if known
+        self.head: dict[str, float | None] = {}
+        self._lines: list[reservations.WorkerLine] | None = None
+        self._timelines: reservations.Timelines | None = None
+        self.earliest: float | None = None  # the soonest start of a booking (-inf: unknown)
+
+    def wanted(self) -> bool:
+        return self.asked < self.depth
+
+    def lines(self) -> list[reservations.WorkerLine]:
+        lines = self._lines
+        if lines is None:
+            lines = self._lines = [_line_of(slot, self.now) for slot in self.cluster.slots]
+            self._timelines = reservations.Timelines(lines)
+        return lines
+
+    def timelines(self) -> reservations.Timelines:
+        self.lines()
+        assert self._timelines is not None
+        return self._timelines
+
+    def placed(self, slot: _Slot, request: Resources, end: float | None, job_id: str) -> None:
+        """A placement now: its room leaves the worker's timeline until ``end``."""
+        if self._lines is None:
+            return
+        line = self._lines[slot.order]
+        line.free = (
+            line.free[0] - request.gpus,
+            line.free[1] - request.cpus,
+            line.free[2] - request.memory_mb,
+        )
+        if end is not None:
+            insort(line.releases, (end, (request.gpus, request.cpus, request.memory_mb), job_id))
+        self.timelines().changed(slot.order)
+
+    def may_backfill(self, walltime_s: float | None) -> bool:
+        """A gang may use held room when it ends before every reservation starts."""
+        earliest = self.earliest
+        return earliest is not None and walltime_s is not None and self.now + walltime_s <= earliest
+
+    def book_gang(self, gang: Gang, eligible: list[bool] | None) -> reservations.Planned | None:
+        spec = gang.tasks[0].spec
+        return self._book(
+            reservations.Ask(gang.gang_id, spec.resources, len(gang.tasks), spec.walltime_s, eligible)
+        )
+
+    def book_singles(self, pending: Sequence[Job], shapes: _Shapes) -> None:
+        """The pending single jobs that no worker could start now (held room counted as the claim
+        counts it for them), in the snapshot's order (queue order), while the depth allows."""
+        for job in pending:
+            if not self.wanted():
+                return
+            if job.gang_id is not None:
+                continue
+            request, constraints = job.spec.resources, job.spec.constraints
+            if shapes.ever_room(request, constraints) < 1:
+                continue
+            eligible = shapes.eligible(request, constraints)
+            if self.cluster.fits(request, 1, eligible, self.may_backfill(job.spec.walltime_s)):
+                continue
+            self._book(reservations.Ask(job.id, request, 1, job.spec.walltime_s, eligible))
+
+    def _book(self, ask: reservations.Ask) -> reservations.Planned | None:
+        self.asked += 1
+        lines = self.lines()
+        planned = self.timelines().book(ask, self.now)
+        if planned is None:
+            return None
+        self.booked.append(planned)
+        if self.earliest is None or planned.start < self.earliest:
+            self.earliest = planned.start
+        for order, _ in planned.tasks:
+            self._rehold(lines[order])
+        return planned
+
+    def hold_head(
+        self, key: str, held: Sequence[tuple[_Slot, Resources]], expected_at: float | None
+    ) -> tuple[Hold, ...]:
+        """The head's hold when it gets no reservation (its start is unknown, or the depth is 0):
+        the room is kept from now on, for good."""
+        self.head[key] = expected_at
+        self.earliest = float("-inf") if expected_at is None else expected_at
+        lines = self.lines()
+        holds = []
+        for slot, resources in held:
+            line = lines[slot.order]
+            need = (resources.gpus, resources.cpus, resources.memory_mb)
+            self.timelines().add(slot.order, reservations.Booking(key, self.now, None, need))
+            self._rehold(line)
+            holds.append(Hold(key, slot.worker.id, resources, expected_at))
+        return tuple(holds)
+
+    def _rehold(self, line: reservations.WorkerLine) -> None:
+        gpus = cpus = memory = 0
+        for booking in line.bookings:
+            held = booking.need
+            gpus, cpus, memory = gpus + held[0], cpus + held[1], memory + held[2]
+        self.cluster.hold(self.cluster.slots[line.order], Resources(gpus, 0, memory, cpus))
+
+    def holds(self) -> tuple[Hold, ...]:
+        """Every booking as a ``Hold``: its start (the head's expected time when it has no
+        reservation) and the room it takes there, by worker id then key (the table's order)."""
+        if self._lines is None:
+            return ()
+        holds = []
+        for line in self._lines:
+            for booking in sorted(line.bookings, key=lambda booking: booking.key):
+                start = self.head.get(booking.key, booking.start)
+                need = booking.need
+                holds.append(
+                    Hold(booking.key, line.worker_id, Resources(need[0], 0, need[2], need[1]), start)
+                )
+        return tuple(holds)
+
+    def reason(self, planned: reservations.Planned, size: int, now: float) -> Reason:
+        lines = self.lines()
+        workers = [lines[order].worker_id for order, _ in planned.tasks]
+        ending = sorted(
+            {job_id for order, _ in planned.tasks for job_id in lines[order].ending_by(planned.start)}
+        )
+        return reserved_reason(size, planned.start, workers, ending, now)
+
+    def refusal(self, walltime_s: float | None, now: float) -> Reason:
+        """A gang that would fit now on held room, which it may not use."""
+        if not self.booked:
+            head = min(self.head, default="")
+            return held_reason(head, self.head.get(head), walltime_s, now)
+        first = min(self.booked, key=lambda planned: (planned.start, planned.key))
+        return backfill_refused(first.key, first.start, walltime_s)
+
+
+def _line_of(slot: _Slot, now: float) -> reservations.WorkerLine:
+    """A worker's timeline from its slot: free room now, and what its allocations give back when."""
+    releases = sorted(
+        (now if end < now else end, (resources.gpus, resources.cpus, resources.memory_mb), job_id)
+        for resources, end, job_id in slot.holding
+        if end is not None
+    )
+    empty = slot.empty
+    return reservations.WorkerLine(
+        slot.worker.id,
+        slot.order,
+        (empty.gpus, empty.cpus, empty.memory_mb),
+        (slot.gpus, slot.cpus, slot.memory),
+        releases,
+    )
+
+
+__all__ = ["DEFAULT_BACKFILL_DEPTH", "decide"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from corral.domain.clock import to_rfc3339
 from corral.domain.records import Constraints, Reason, Worker
 from corral.domain.resources import Resources
 
@@ -103,4 +104,43 @@ def held_reason(head_gang_id: str, expected_at: float | None, walltime_s: float 
     )
 
 
-__all__ = ["NO_WORKERS", "head_reason", "held_reason", "short_reason", "unschedulable"]
+def reserved_reason(
+    size: int, start: float, workers: Sequence[str], ending: Sequence[str], now: float
+) -> Reason:
+    """A reservation (``corral.core.reservations``): the gang or job starts at ``start`` on
+    ``workers``, once the jobs ``ending`` reach their limits."""
+    what = f"{size} tasks" if size > 1 else "the job"
+    places = ", ".join(workers)
+    if start <= now:
+        return Reason("reserved_for_later", f"planned to start now on {places}: the room is held for {what}")
+    when = f"when jobs {_names(ending)} reach their limits" if ending else "when room frees up"
+    return Reason("reserved_for_later", f"planned to start at {to_rfc3339(start)} on {places} {when}")
+
+
+def backfill_refused(key: str, start: float, walltime_s: float | None) -> Reason:
+    """It would fit now, but only on room reserved for ``key`` from ``start``, which its walltime
+    (none, or one ending later) would delay."""
+    own = (
+        "it declares no walltime_s" if walltime_s is None else f"its walltime_s ({walltime_s:g} s) ends later"
+    )
+    return Reason(
+        "backfill_refused",
+        f"would delay gang {key} planned for {to_rfc3339(start)} ({own}); "
+        f"a walltime_s ending before {to_rfc3339(start)} lets it start",
+    )
+
+
+def _names(job_ids: Sequence[str], most: int = 5) -> str:
+    shown = ", ".join(job_ids[:most])
+    return shown if len(job_ids) <= most else f"{shown} and {len(job_ids) - most} more"
+
+
+__all__ = [
+    "NO_WORKERS",
+    "backfill_refused",
+    "head_reason",
+    "held_reason",
+    "reserved_reason",
+    "short_reason",
+    "unschedulable",
+]

@@ -6,7 +6,9 @@ and the simulator.
    resources are free of every other allocation on the worker.
 2. Else the pending single jobs, in queue order (``corral.domain.queue_order``): the first that fits
    the worker's free capacity (``placement.place``: constraints, GPU indices). Capacity held for a
-   waiting gang is used only by a job that backfills (``placement.may_backfill``).
+   waiting gang or job (a reservation, ``corral.core.reservations``) is used only by a job whose
+   walltime ends before that reservation starts (``placement.holds_in_way``); work without a
+   walltime never uses it.
 3. A job no preemption could take back (``protection.unreclaimable``, with its pool's kind: a
    sensitive pool's work is never preempted) does not start on borrowed capacity
    (``borrowing.may_place``, on the cluster as the claim reads it): it is passed over and the next
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.core import borrowing, lifecycle, pool_limits, protection
-from corral.core.placement import Capacity, Placement, free_capacity, may_backfill, place, without_holds
+from corral.core.placement import Capacity, Placement, free_capacity, holds_in_way, place, without_holds
 from corral.core.snapshot import PoolView
 from corral.domain import pools as pool_rules
 from corral.domain.pools import BorrowingView
@@ -101,11 +103,11 @@ class Claim:
         # The held-back capacity is computed once, and a candidate is refused on its resources, then
         # on the borrowing rule, before its constraints are checked and a reason is worded: a poll
         # may read thousands.
-        held_back = without_holds(capacity, holds) if holds else capacity
+        room = _RoomBesideHolds(capacity, holds, now)
         rule: _RuleOn | None = None
         within: _LimitsOn | None = None
         for job in candidates:
-            usable = capacity if not holds or may_backfill(job, holds, now) else held_back
+            usable = room.for_job(job)
             if not usable.free.covers(job.spec.resources):
                 continue
             if borrowing_view is not None and self.unreclaimable(job):
@@ -187,6 +189,39 @@ class _LimitsOn:
         if answer is None:
             answer = self.answers[key] = self.limits.exceeded(*key) is None
         return answer
+
+
+class _RoomBesideHolds:
+    """The capacity a candidate may use beside the holds on the worker (``placement.holds_in_way``):
+    work without a walltime never uses held room; other work uses the room of the holds (the
+    reservations) that start after it ends. Counted once per set of holds in the way: a poll may
+    read thousands of candidates."""
+
+    __slots__ = ("_capacity", "_holds", "_kept", "_no_walltime", "_now")
+
+    def __init__(self, capacity: Capacity, holds: Sequence[Hold], now: float) -> None:
+        self._capacity = capacity
+        self._holds = holds
+        self._now = now
+        self._kept: dict[tuple[int, ...], Capacity] = {}
+        self._no_walltime = without_holds(capacity, holds) if holds else capacity
+
+    def for_job(self, job: Job) -> Capacity:
+        holds = self._holds
+        if not holds:
+            return self._capacity
+        if (
+            job.spec.walltime_s is None
+            and job.gang_id is None
+            and all(hold.gang_id != job.id for hold in holds)
+        ):
+            return self._no_walltime
+        in_way = holds_in_way(job, holds, self._now)
+        key = tuple(id(hold) for hold in in_way)
+        found = self._kept.get(key)
+        if found is None:
+            found = self._kept[key] = without_holds(self._capacity, in_way) if in_way else self._capacity
+        return found
 
 
 def reserved_task(worker: Worker, allocations: Sequence[Allocation]) -> str | None:

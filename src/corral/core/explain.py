@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral.core.placement import Placement, first_fit, free_capacity, place
+from corral.core.admission_reasons import backfill_refused
+from corral.core.placement import Placement, first_fit, free_capacity, holds_in_way, place
+from corral.domain.clock import to_rfc3339
 from corral.domain.records import Allocation, Hold, Job, Reason, Worker
 from corral.domain.status import Status, WorkerStatus
 
@@ -25,9 +27,10 @@ def explain_pending(
     1. No active worker at all.
     2. No active worker could run it even if empty (too big, constraints): it will wait forever.
     3. Some worker has room now, by the claim's own rule: it starts at that worker's next claim.
-    4. Some worker has room, but only capacity held for a waiting gang, which this job may not
-       backfill: it waits for the gang.
-    5. Otherwise it waits for capacity held by other jobs.
+    4. It has a reservation of its own: when and where it is planned to start.
+    5. Some worker has room, but only capacity held for a waiting gang, which this job may not
+       backfill: it waits for the gang (``backfill_refused`` when the gang's start is known).
+    6. Otherwise it waits for capacity held by other jobs.
     """
     active = sorted(
         (worker for worker in workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
@@ -57,7 +60,7 @@ def explain_pending(
             f"{request.memory_mb} MB, {request.cpus} CPU(s); the largest worker has {largest_gpus} GPU(s))",
         )
         return [summary, *refusals[:3]]
-    held_back: list[tuple[Worker, list[Hold]]] = []
+    held_back: list[tuple[Worker, tuple[Hold, ...]]] = []
     for worker in could_ever:
         capacity = free_capacity(worker, by_worker.get(worker.id, []))
         on_worker = holds_by_worker.get(worker.id, [])
@@ -68,11 +71,15 @@ def explain_pending(
                 Reason("fits_now", f"worker {worker.id} has room: the job starts at its next claim"),
                 *([job.reason] if job.reason else []),
             ]
-        if on_worker and isinstance(place(request, constraints, worker, capacity), Placement):
-            held_back.append((worker, on_worker))
+        in_way = holds_in_way(job, on_worker, now)
+        if in_way and isinstance(place(request, constraints, worker, capacity), Placement):
+            held_back.append((worker, in_way))
+    planned = reserved_for(job, holds)
+    if planned is not None:
+        return [planned]
     if held_back:
-        worker, on_worker = held_back[0]
-        return [held_for_gang(job, worker, on_worker, len(held_back), now)]
+        worker, in_the_way = held_back[0]
+        return [held_for_gang(job, worker, in_the_way, len(held_back), now)]
     return [
         Reason(
             "waiting_for_capacity",
@@ -82,9 +89,24 @@ def explain_pending(
     ]
 
 
+def reserved_for(job: Job, holds: Sequence[Hold]) -> Reason | None:
+    """The job's own reservation (``corral.core.reservations``), if it has one with a start."""
+    mine = [hold for hold in holds if hold.gang_id == job.id and hold.expected_at is not None]
+    if not mine:
+        return None
+    start = min(hold.expected_at for hold in mine if hold.expected_at is not None)
+    workers = ", ".join(sorted({hold.worker_id for hold in mine}))
+    return Reason("reserved_for_later", f"planned to start at {to_rfc3339(start)} on {workers}")
+
+
 def held_for_gang(job: Job, worker: Worker, holds: Sequence[Hold], count: int, now: float) -> Reason:
     """Room exists, but it is kept for the gang first in line (seed 001's hold), and this job may
-    not backfill it: no declared walltime, or one that ends after the gang is expected to start."""
+    not backfill it: no declared walltime, or one that ends after the gang is expected to start.
+    Kept by reservations with a start, it is ``backfill_refused``: it would delay the first."""
+    if all(hold.expected_at is not None for hold in holds):
+        first = min(holds, key=lambda hold: (hold.expected_at or 0.0, hold.gang_id))
+        assert first.expected_at is not None
+        return backfill_refused(first.gang_id, first.expected_at, job.spec.walltime_s)
     gang_ids = ", ".join(sorted({hold.gang_id for hold in holds}))
     expected = [hold.expected_at for hold in holds]
     if any(at is None for at in expected):

@@ -158,13 +158,20 @@ def without_holds(capacity: Capacity, holds: Sequence[Hold]) -> Capacity:
     )
 
 
-def may_backfill(job: Job, holds: Sequence[Hold], now: float) -> bool:
-    """A job may start on held capacity only when its declared walltime ends before every hold on
-    the worker is expected to be satisfied (an unknown expectation allows nothing)."""
+def holds_in_way(job: Job, holds: Sequence[Hold], now: float) -> tuple[Hold, ...]:
+    """The holds on a worker whose room ``job`` may not use (a reservation, ``corral.core.reservations``,
+    is a hold with a start): those that start before the job's own deadline (now + its walltime;
+    without one, every hold), or at an unknown time. A job's own reservation is never in its way."""
     walltime = job.spec.walltime_s
+    own = (job.id, job.gang_id)
     if walltime is None:
-        return False
-    return all(hold.expected_at is not None and now + walltime <= hold.expected_at for hold in holds)
+        return tuple(hold for hold in holds if hold.gang_id not in own)
+    deadline = now + walltime
+    return tuple(
+        hold
+        for hold in holds
+        if hold.gang_id not in own and (hold.expected_at is None or hold.expected_at < deadline)
+    )
 
 
 def first_fit(
@@ -172,7 +179,8 @@ def first_fit(
 ) -> Placement | Reason:
     """Where ``job`` would go on ``worker`` at a claim now: the claim's own rule (``corral.core.claim``),
     held capacity included, so ``why`` never says "fits" where every claim would refuse."""
-    usable = capacity if not holds or may_backfill(job, holds, now) else without_holds(capacity, holds)
+    in_way = holds_in_way(job, holds, now) if holds else ()
+    usable = without_holds(capacity, in_way) if in_way else capacity
     return place(job.spec.resources, job.spec.constraints, worker, usable)
 
 

@@ -85,6 +85,16 @@ class Metrics:
         self.loop_leader = Gauge(
             "corral_loop_leader", "1 where this replica runs the loop", ["loop"], registry=registry
         )
+        self.backfill_reservations = Gauge(
+            "corral_backfill_reservations",
+            "Waiting gangs and jobs with a reservation (a planned start) after the last admission cycle",
+            registry=registry,
+        )
+        self.backfill_started = Counter(
+            "corral_backfill_started_total",
+            "Jobs started on a worker with a reservation, ending before it starts (backfill)",
+            registry=registry,
+        )
         self.gangs_preempted = Counter(
             "corral_gangs_preempted_total", "Gang drains started", registry=registry
         )

@@ -115,6 +115,9 @@ class JobAnswer(Answer):
     walltime_s: float | None = None
     #: while it runs: when its worker ends the attempt for its ``walltime_s`` (start + limit)
     deadline_at: str | None = None
+    #: while it waits with a reservation: when it (its gang) is planned to start, and where
+    estimated_start_at: str | None = None
+    planned_workers: list[str] = []
     stall_timeout_s: float | None = None
     workdir: str | None = None
     cancel_requested: bool = False

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from corral.domain.clock import to_rfc3339
-from corral.domain.records import Job, JobEvent
+from corral.domain.records import Hold, Job, JobEvent
 from corral.domain.status import TERMINAL, Status
 
+#: the statuses a reservation (``corral.core.reservations``) may be kept for
+WAITING = frozenset({Status.PENDING, Status.BLOCKED})
 
-def job_to_wire(job: Job) -> dict[str, Any]:
+
+def job_to_wire(job: Job, holds: Sequence[Hold] = ()) -> dict[str, Any]:
+    """The job object; ``holds``: the holds table (or the part naming the job or its gang), for
+    its reservation's ``estimated_start_at`` and ``planned_workers``."""
     spec = job.spec
     return {
         "id": job.id,
@@ -71,6 +77,21 @@ def job_to_wire(job: Job) -> dict[str, Any]:
         "array_index": job.array_index,
         "array_size": job.array_size,
         "after": [item.to_dict() for item in spec.after],
+        **reservation_to_wire(job, holds),
+    }
+
+
+def reservation_to_wire(job: Job, holds: Sequence[Hold]) -> dict[str, Any]:
+    """When a waiting job (or its gang) is planned to start, and on which workers: from the holds
+    with a start kept for it; null and none without a reservation."""
+    key = job.gang_id or job.id
+    mine = [hold for hold in holds if hold.gang_id == key and hold.expected_at is not None]
+    if not mine or job.status not in WAITING:
+        return {"estimated_start_at": None, "planned_workers": []}
+    start = min(hold.expected_at for hold in mine if hold.expected_at is not None)
+    return {
+        "estimated_start_at": to_rfc3339(start),
+        "planned_workers": sorted({hold.worker_id for hold in mine}),
     }
 
 

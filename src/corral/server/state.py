@@ -29,6 +29,7 @@ from corral.core.preemption import PreemptionSettings
 from corral.domain import pools
 from corral.domain.clock import Clock
 from corral.domain.pools import Pool, PoolDefaults
+from corral.domain.records import Hold
 from corral.observability.metrics import Metrics
 from corral.server.connections import ConnectionBook
 from corral.server.executor import StoreExecutor, Work
@@ -63,6 +64,9 @@ class ServerState:
     #: Kept by the loop leader in memory: a new leader may preempt on a worker once more within
     #: one backoff, nothing worse.
     last_preemptive: dict[str, float] = field(default_factory=dict)
+    #: worker id -> the reservations (holds with a start) this replica's admission loop last wrote,
+    #: for ``backfill_started_total`` (a claim beside one, ending before it starts)
+    reservations: dict[str, list[Hold]] = field(default_factory=dict)
     #: the one way routes, loops and the dashboard run store work (``executor``)
     executor: StoreExecutor[ServerState] = field(init=False)
     #: whether the store's writes fail now, and when they last came back (``store_health``)

@@ -658,7 +658,7 @@ class Engine:
     def _cycle(self) -> None:
         if not self._tick_may_act(self.now):
             self.record.cycles_skipped += 1
-            if self.holds and not self.waiting_gangs:
+            if self.holds and not self._has_waiting():
                 self.replace_holds(())
             return
         self.record.cycles += 1
@@ -678,12 +678,13 @@ class Engine:
         timeout = self.settings.reservation_timeout_s
         planner = self.preemption_settings
         memo = self.memo
+        depth = self.settings.backfill_depth
         if planner is None or shortcuts.planner_may_preempt(snapshot):
-            return admission.decide(snapshot, timeout, planner, memo)
+            return admission.decide(snapshot, timeout, planner, memo, depth)
         self.record.plans_skipped += 1
-        decisions = admission.decide(snapshot, timeout, None, memo)
+        decisions = admission.decide(snapshot, timeout, None, memo, depth)
         if self.verify_shortcuts:
-            full = admission.decide(snapshot, timeout, planner, memo)
+            full = admission.decide(snapshot, timeout, planner, memo, depth)
             if _applied(full) != _applied(decisions):
                 raise AssertionError(f"the planner shortcut changed a decision at {self.now}")
         return decisions
@@ -812,7 +813,10 @@ class Engine:
         for hold in holds:
             by_worker.setdefault(hold.worker_id, []).append(hold)
         if by_worker != self.holds:
-            self.dirty.update(set(self.holds) - set(by_worker))  # released holds: claims may fit now
+            # released or changed holds (a reservation keeps less room now): claims may fit now
+            self.dirty.update(
+                worker_id for worker_id, held in self.holds.items() if by_worker.get(worker_id) != held
+            )
             self.holds = by_worker
 
     # --- applying plans ---------------------------------------------------------------------------

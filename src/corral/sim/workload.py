@@ -114,6 +114,8 @@ class SimSettings:
     preemption_satisfaction_threshold: float = 1.0
     aggressive_preemption_satisfaction_threshold: float = 0.2
     max_preemptions_per_cycle: int = 128
+    #: waiting gangs and jobs that get a reservation each cycle (``CORRAL_BACKFILL_DEPTH``)
+    backfill_depth: int = 16
     #: the walltime_s of a job that sets none, and the most one may set (None: none; pools may
     #: set their own)
     default_walltime_s: float | None = None

@@ -51,10 +51,27 @@ class PlanSettings:
     reservation_timeout_s: float
     preemption: PreemptionSettings
     pool_defaults: pools.PoolDefaults
+    backfill_depth: int = admission.DEFAULT_BACKFILL_DEPTH
 
     @classmethod
     def of(cls, state: ServerState) -> PlanSettings:
-        return cls(state.settings.reservation_timeout_s, state.preemption_settings(), state.pool_defaults)
+        return cls(
+            state.settings.reservation_timeout_s,
+            state.preemption_settings(),
+            state.pool_defaults,
+            state.settings.backfill_depth,
+        )
+
+
+def note_reservations(state: ServerState, holds: Sequence[Hold]) -> None:
+    """The reservations just written (holds with a start), for the metrics: how many gangs and
+    jobs have one, and each worker's, for the claims that backfill beside them."""
+    planned = [hold for hold in holds if hold.expected_at is not None]
+    by_worker: dict[str, list[Hold]] = {}
+    for hold in planned:
+        by_worker.setdefault(hold.worker_id, []).append(hold)
+    state.reservations = by_worker
+    state.metrics.backfill_reservations.set(len({hold.gang_id for hold in planned}))
 
 
 def admission_tick(state: ServerState) -> None:
@@ -108,7 +125,9 @@ def plan_pass(
     snapshot = cycle.snapshot_of(reading, now, pools_reading, store.gangs.pending_in_pools, last_preemptive)
     if snapshot.fair is not None and snapshot.fair.starvation != previous:
         store.pools.put_pool_starvation(snapshot.fair.starvation)
-    decisions = admission.decide(snapshot, settings.reservation_timeout_s, settings.preemption, memo)
+    decisions = admission.decide(
+        snapshot, settings.reservation_timeout_s, settings.preemption, memo, settings.backfill_depth
+    )
     noted = {job_id for job_id, _ in decisions.single_waiting}
     waiting_gangs = {waiting.gang_id for waiting in decisions.waiting}
     named = {
@@ -252,6 +271,7 @@ class StoreEffects:
         store = self.state.store
         if list(holds) != store.gangs.list_holds():
             store.gangs.replace_holds(holds)
+        note_reservations(self.state, holds)
 
     def note_gangs_waiting(self, waiting: Sequence[Waiting]) -> None:
         # Only where the snapshot shows a blocked task saying something else (the common cycle

@@ -7,7 +7,7 @@ import binascii
 import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -19,7 +19,7 @@ from starlette.routing import Route
 from corral.core import fairshare, lifecycle, pool_limits, walltime
 from corral.core.explain import explain
 from corral.domain import errors
-from corral.domain.records import Job, JobSpec, Reason
+from corral.domain.records import Hold, Job, JobSpec, Reason
 from corral.domain.status import Status
 from corral.protocol.answers import (
     ArraySubmitted,
@@ -32,7 +32,7 @@ from corral.protocol.answers import (
     WhyAnswer,
 )
 from corral.protocol.models import BatchBody, SubmitBody
-from corral.protocol.wire import event_to_wire, gang_status, job_to_wire
+from corral.protocol.wire import WAITING, event_to_wire, gang_status, job_to_wire
 from corral.server import changes
 from corral.server.auth import Principal, principal_of, redact_job
 from corral.server.executor import Work
@@ -210,7 +210,8 @@ def _job_page(
     next_cursor = _encode_cursor(jobs[-1]) if len(jobs) == limit else None
     # Not checked against JobPage item by item: 5,000 jobs would cost ~50 ms of validation; the
     # items are the same job_to_wire as every single-job answer, which is checked.
-    items = [redact_job(job_to_wire(job), principal) for job in jobs]
+    holds = holds_for(state.store, jobs)
+    items = [redact_job(job_to_wire(job, holds), principal) for job in jobs]
     return json_response({"items": items, "next": next_cursor})
 
 
@@ -226,7 +227,8 @@ def job_chunk(
     caller may see them; how many, and the last one's place in the order (by the reader process,
     or a store thread)."""
     jobs = store.jobs.list_jobs(filters, limit, after)
-    encoded = b",".join(orjson.dumps(redact_job(job_to_wire(job), principal)) for job in jobs)
+    holds = holds_for(store, jobs)
+    encoded = b",".join(orjson.dumps(redact_job(job_to_wire(job, holds), principal)) for job in jobs)
     return encoded, len(jobs), (jobs[-1].submitted_at, jobs[-1].id) if jobs else None
 
 
@@ -264,15 +266,25 @@ def _job_or_404(state: ServerState, job_id: str) -> Job:
     return job
 
 
-def _job_wire(request: Request, job: Job) -> dict[str, Any]:
+def holds_for(store: Store, jobs: Sequence[Job]) -> list[Hold]:
+    """The holds table when any of ``jobs`` waits (its reservation is shown), else nothing."""
+    return store.gangs.list_holds() if any(job.status in WAITING for job in jobs) else []
+
+
+def _job_wire(request: Request, job: Job, holds: Sequence[Hold] = ()) -> dict[str, Any]:
     """A job as the caller may see it (env values only for its owner and admins when auth is on)."""
-    return redact_job(job_to_wire(job), principal_of(request))
+    return redact_job(job_to_wire(job, holds), principal_of(request))
+
+
+def _job_with_holds(state: ServerState, job_id: str) -> tuple[Job, list[Hold]]:
+    job = _job_or_404(state, job_id)
+    return job, holds_for(state.store, [job])
 
 
 async def get_job(request: Request) -> Response:
     state = state_of(request)
-    job = await state.executor.run(Work.SHORT, _job_or_404, state, request.path_params["job_id"])
-    return answer(JobAnswer, _job_wire(request, job))
+    job, holds = await state.executor.run(Work.SHORT, _job_with_holds, state, request.path_params["job_id"])
+    return answer(JobAnswer, _job_wire(request, job, holds))
 
 
 async def job_events(request: Request) -> Response:
@@ -364,22 +376,27 @@ def _gang_or_404(state: ServerState, gang_id: str) -> list[Job]:
     return tasks
 
 
-def _gang_to_wire(request: Request, gang_id: str, tasks: list[Job]) -> dict[str, Any]:
+def _gang_to_wire(
+    request: Request, gang_id: str, tasks: list[Job], holds: Sequence[Hold] = ()
+) -> dict[str, Any]:
     return {
         "gang_id": gang_id,
         "size": len(tasks),
         "status": gang_status(tasks),
-        "tasks": [_job_wire(request, task) for task in tasks],
+        "tasks": [_job_wire(request, task, holds) for task in tasks],
     }
 
 
 async def get_gang(request: Request) -> Response:
     state = state_of(request)
     gang_id = request.path_params["gang_id"]
-    return answer(
-        GangAnswer,
-        _gang_to_wire(request, gang_id, await state.executor.run(Work.STORE, _gang_or_404, state, gang_id)),
-    )
+    tasks, holds = await state.executor.run(Work.STORE, _gang_with_holds, state, gang_id)
+    return answer(GangAnswer, _gang_to_wire(request, gang_id, tasks, holds))
+
+
+def _gang_with_holds(state: ServerState, gang_id: str) -> tuple[list[Job], list[Hold]]:
+    tasks = _gang_or_404(state, gang_id)
+    return tasks, holds_for(state.store, tasks)
 
 
 async def cancel_gang(request: Request) -> Response:

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from starlette.routing import Route
 
 from corral.core.lifecycle import HeartbeatAction
 from corral.domain import errors
-from corral.domain.records import Job
+from corral.domain.records import Hold, Job
 from corral.domain.status import Status
 from corral.protocol.answers import (
     CheckpointSaved,
@@ -162,6 +163,8 @@ async def claim(request: Request) -> Response:
             return Response(status_code=204)
     for job, _ in made:
         state.metrics.jobs_claimed.inc()
+        if backfilled(job, state.reservations.get(worker_id, ())):
+            state.metrics.backfill_started.inc()
         if job.started_at is not None and job.attempts == 1:
             # A retry's wait would count its earlier runs too: only first starts measure the queue.
             state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
@@ -169,6 +172,20 @@ async def claim(request: Request) -> Response:
     if limit is None:
         return json_response(made[0][1])
     return json_response({"items": [body for _, body in made]})
+
+
+def backfilled(job: Job, reservations: Sequence[Hold]) -> bool:
+    """Whether ``job`` started beside a reservation of another gang or job on its worker, ending
+    before that reservation starts (``backfill_started_total``)."""
+    walltime = job.spec.walltime_s
+    if walltime is None or job.started_at is None:
+        return False
+    own = (job.id, job.gang_id)
+    deadline = job.started_at + walltime
+    return any(
+        hold.gang_id not in own and hold.expected_at is not None and deadline <= hold.expected_at
+        for hold in reservations
+    )
 
 
 def claimed(
