@@ -88,8 +88,7 @@ class Triggers:
         wanted = group.AGGRESSIVELY_PREEMPTIBLE if trigger.aggressive else group.PREEMPTIBLE
         if self.books is None or trigger.beneficiary is None:
             return False
-        self.units.grouped()
-        if unit.group < wanted:
+        if self.units.group_of(unit) < wanted:
             return False
         thresholds = (self.settings.aggressive_satisfaction_threshold, self.settings.satisfaction_threshold)
         return self.books.may_take_from(

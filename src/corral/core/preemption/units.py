@@ -24,13 +24,16 @@ class Victims:
     """The plan's victim units by worker (in comparator order) and each worker's ``reach``: built
     from the inputs alone (and the free GPUs at the start of the plan), once per plan."""
 
-    __slots__ = ("_grouped", "reach", "units", "units_on")
+    __slots__ = ("_allocations", "_grouped", "reach", "units", "units_on")
 
     def __init__(
         self, inputs: PlanInputs, free: Mapping[str, Free], free_gpus_at_start: Mapping[str, int]
     ) -> None:
         units = self.units = sorted(build_units(inputs, free).values(), key=victim_key)
-        self._grouped = False
+        #: the pools whose units have their fair-share group set, and every pool's allocations
+        #: (``allocations_by_pool``), read on the first group asked
+        self._grouped: set[str] = set()
+        self._allocations: dict[str, dict[str, tuple[float, Resources]]] | None = None
         self.units_on: dict[str, list[Unit]] = {}
         for unit in units:
             for worker_id in unit.frees:
@@ -42,12 +45,21 @@ class Victims:
             for worker_id, on in self.units_on.items()
         }
 
-    def group(self, inputs: PlanInputs) -> None:
-        """Each unit's fair-share group (``group_units``), set on first use: only a fair-share
-        victim's test reads it, and it depends on the inputs alone."""
-        if not self._grouped:
-            self._grouped = True
-            group_units(self.units, inputs)
+    def group_of(self, unit: Unit, inputs: PlanInputs) -> fairshare.Group:
+        """``unit``'s fair-share group, its pool's units grouped on the first ask (only a
+        fair-share victim's test reads a group, most often of a few pools: the prefix rule is
+        each pool's own, so grouping one pool gives what grouping them all would)."""
+        if unit.pool not in self._grouped:
+            self._grouped.add(unit.pool)
+            if self._allocations is None:
+                self._allocations = allocations_by_pool(inputs)
+            group_pool(
+                unit.pool,
+                [other for other in self.units if other.pool == unit.pool],
+                self._allocations,
+                inputs,
+            )
+        return unit.group
 
 
 class Units:
@@ -91,9 +103,9 @@ class Units:
         preemptor's class."""
         return self.built().reach
 
-    def grouped(self) -> None:
-        """Every unit's fair-share group is set (``Victims.group``)."""
-        self.built().group(self.inputs)
+    def group_of(self, unit: Unit) -> fairshare.Group:
+        """``unit``'s fair-share group (``Victims.group_of``)."""
+        return self.built().group_of(unit, self.inputs)
 
     def block(self, worker_id: str) -> None:
         """The worker had its preemptive placement of the backoff: nothing on it is taken again."""
@@ -229,23 +241,35 @@ def borrowed_jobs(holding: Sequence[Job], pools: Mapping[str, PoolView]) -> set[
     return borrowed
 
 
-def group_units(units: Sequence[Unit], inputs: PlanInputs) -> None:
-    """Each unit's fair-share group, from every allocation its pool holds (units or not: one not
-    preemptible still counts in the prefix), a gang as one allocation."""
-    assert inputs.fair is not None
-    allocations: dict[str, tuple[str, float, Resources]] = {}
+def allocations_by_pool(inputs: PlanInputs) -> dict[str, dict[str, tuple[float, Resources]]]:
+    """Every allocation of each pool (units or not: one not preemptible still counts in the
+    prefix), a gang as one allocation, by key: since when it holds (a gang: its latest task) and
+    what it holds. Jobs being stopped are left out: what stays of the pool is what the prefix
+    counts."""
+    by_pool: dict[str, dict[str, tuple[float, Resources]]] = {}
     for job in inputs.holding:
         if job.status == Status.PREEMPTING:
-            continue  # leaving: what stays of its pool is what the prefix counts
-        since = started(job, inputs.now)
-        if job.gang_id is None:  # a single job: its own allocation (``ZERO + r`` is ``r``)
-            allocations[job.id] = (job.spec.pool, since, job.spec.resources)
             continue
-        key = job.gang_id
-        pool, earlier, held = allocations.get(key, (job.spec.pool, since, ZERO))
-        allocations[key] = (pool, max(earlier, since), held + job.spec.resources)
+        since = started(job, inputs.now)
+        allocations = by_pool.setdefault(job.spec.pool, {})
+        if job.gang_id is None:  # a single job: its own allocation
+            allocations[job.id] = (since, job.spec.resources)
+            continue
+        earlier, held = allocations.get(job.gang_id, (since, ZERO))
+        allocations[job.gang_id] = (max(earlier, since), held + job.spec.resources)
+    return by_pool
+
+
+def group_pool(
+    pool: str,
+    units: Sequence[Unit],
+    allocations: Mapping[str, Mapping[str, tuple[float, Resources]]],
+    inputs: PlanInputs,
+) -> None:
+    """The fair-share group of each of ``pool``'s units, from every allocation the pool holds."""
+    assert inputs.fair is not None
     groups = fairshare.preemptible_units(
-        ((key, pool, since, held) for key, (pool, since, held) in allocations.items()),
+        ((key, pool, since, held) for key, (since, held) in allocations.get(pool, {}).items()),
         inputs.fair,
         inputs.settings.aggressive_satisfaction_threshold,
         inputs.settings.satisfaction_threshold,
