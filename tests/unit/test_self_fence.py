@@ -11,10 +11,16 @@ from typing import Any
 
 import pytest
 
-from corral.client import ServerUnreachable
+from corral.client import ApiError, ServerUnreachable
 from corral.testing.clock import FakeClock
 from corral.testing.fake_client import FakeClient, claim_answer
-from corral.worker.fence import LeaseFence, effective_margin_s, fence_after_s, fence_due
+from corral.worker.fence import (
+    LeaseFence,
+    effective_margin_s,
+    fence_after_s,
+    fence_due,
+    heard_through_a_stall,
+)
 from corral.worker.job_run import FENCED_ERROR, BeatRequest, JobRun
 from tests.unit.worker_support import finish, make_agent, make_run, wait_for_file
 
@@ -133,6 +139,30 @@ def test_an_attempt_whose_leases_are_renewed_is_not_fenced(tmp_path: Path):
     run.start()
     finish(run)
     assert client.names() == ["done"]
+
+
+def test_a_server_whose_store_stalls_still_hears_the_attempt_and_it_is_not_fenced():
+    """Every heartbeat answered 503 ``store_busy`` for three leases: the server heard them, and it
+    counts no silence while its store fails (``core.hearing``), so the attempt runs to its end."""
+    client = FakeClient()
+    client.heartbeat_error = ApiError(503, "store_busy", "the store's write lock stayed taken")
+    run = make_run(client, "sleep 1.5", lease_s=0.5, self_fence_margin_s=0.1)
+    run.start()
+    finish(run)
+    assert client.names() == ["done"]
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "heard"),
+    [
+        (503, "store_busy", True),
+        (503, "store_unavailable", True),
+        (503, "unavailable", False),
+        (500, "internal", False),
+    ],
+)
+def test_only_a_store_stall_counts_as_heard(status: int, code: str, heard: bool):
+    assert heard_through_a_stall(status, code) is heard
 
 
 # --- the agent: the lease counts from the claim's sending -------------------------------------

@@ -42,6 +42,7 @@ from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
 from corral.worker import cgroups, identity, leftovers, log_shipper
 from corral.worker.calls import MAX_CLAIM, WorkerClient
 from corral.worker.cgroup_limits import gpu_device_numbers
+from corral.worker.fence import heard_through_a_stall
 from corral.worker.job_run import SHUTDOWN_ERROR, BeatRequest, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
@@ -615,6 +616,9 @@ class Agent:
             logger.warning(
                 "worker heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
             )
+            if heard_through_a_stall(error.status, error.code):
+                for run, request in leases or ():
+                    run.heard_in_a_stall(request)
             return False
         if not leases:
             return True

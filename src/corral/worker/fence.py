@@ -14,6 +14,12 @@ The decision is pure (``fence_after_s``, ``fence_due``) and takes the time as an
 - a renewal is counted from when the heartbeat that renewed it was *sent* (the server recorded
   it later, so its lease ends later than the worker reckons: the error is on the safe side), and
   the first from when the claim was sent;
+- a heartbeat the server answered 503 ``store_busy`` / ``store_unavailable`` counts as a renewal
+  (``heard_through_a_stall``): the server heard the worker, and a server whose store fails counts
+  no silence until its store has recovered, a lease after that (``corral.core.hearing``), so the
+  lease cannot end before the fence. (With several replicas, one whose own store connection fails
+  while another's works: the balancer's ``/readyz`` check takes it out of rotation; until it does,
+  the other replica may reap the job while this worker still runs it);
 - the fence is due ``lease_s - margin`` after the last renewal, the margin being at most a quarter
   of the lease (``MAX_MARGIN_FRACTION``): a margin meant for a 30 s lease must not make a short
   lease's fence fire on one late heartbeat.
@@ -27,6 +33,16 @@ from collections.abc import Callable
 
 #: the largest share of the lease the margin may take
 MAX_MARGIN_FRACTION = 0.25
+
+
+#: the error codes of a server that heard a heartbeat but could not write it (its store failing)
+STORE_STALL_CODES = frozenset({"store_busy", "store_unavailable"})
+
+
+def heard_through_a_stall(status: int, code: str) -> bool:
+    """Whether a refused heartbeat still tells the worker its server heard it: a 503 for the
+    server's store (``STORE_STALL_CODES``), not an unreachable server or one that refused the job."""
+    return status == 503 and code in STORE_STALL_CODES
 
 
 def effective_margin_s(lease_s: float, margin_s: float) -> float:

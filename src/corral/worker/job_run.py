@@ -78,7 +78,7 @@ from corral.worker.cgroup_limits import attempt_limits
 from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import HINT_SIGNAL, CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
-from corral.worker.fence import LeaseFence
+from corral.worker.fence import LeaseFence, heard_through_a_stall
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
 from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
@@ -690,6 +690,8 @@ class JobRun:
     def beat_refused(self, request: BeatRequest, error: ApiError) -> None:
         """The server refused this attempt's heartbeat: 404 or 409 means the job is no longer ours."""
         self._deferral_delivered(request)  # the server answered: it had the request
+        if heard_through_a_stall(error.status, error.code):
+            self.heard_in_a_stall(request)
         if error.status not in (404, 409):
             logger.warning(
                 "job heartbeat failed", extra={**self.fields, "code": error.code, "error": str(error)}
@@ -705,6 +707,12 @@ class JobRun:
             extra={**self.fields, "code": error.code, "error": error.message},
         )
         self.request_stop(StopReason.LOST)
+
+    def heard_in_a_stall(self, request: BeatRequest) -> None:
+        """The server heard this heartbeat but its store could not write it: no lease ends while
+        the store fails (``fence.heard_through_a_stall``), so the fence counts it as a renewal."""
+        if self.fence is not None:
+            self.fence.renewed(request.sent_at)
 
     def beat_answered(self, request: BeatRequest, answer: HeartbeatAnswer) -> None:
         """The server took the heartbeat: the lease is renewed as of its sending."""
