@@ -101,6 +101,10 @@ class Client:
 
             self._http = Transport(self.server, timeout_s, headers, ca_file)
         self.busy_retry_s = busy_retry_s
+        #: when the last try of the last request went out (monotonic; a 503 with ``Retry-After``
+        #: is sent again): for a caller that owns this client on one thread (the worker's claim
+        #: loop counts a claimed run's lease from the try the server answered)
+        self.last_sent_at: float | None = None
 
     def __enter__(self) -> Client:
         return self
@@ -125,6 +129,7 @@ class Client:
         content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
         give_up = time.monotonic() + self.busy_retry_s
         while True:
+            self.last_sent_at = time.monotonic()
             try:
                 response = self._http.request(method, path, content, params, headers, timeout_s)
             except TransportError as error:

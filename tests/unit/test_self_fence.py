@@ -201,6 +201,32 @@ def test_a_claims_run_counts_its_lease_from_the_sending_of_the_claim_that_was_an
     assert not run.fence.due()
 
 
+class ClaimThroughAStall(FakeClient):
+    """A claim answered only after its call sent it again through a stall (the SDK retries a 503
+    ``store_busy`` inside one call): ``last_sent_at`` is the try the server answered."""
+
+    def claim(self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None) -> Any:
+        self.first_sent_at = time.monotonic()
+        time.sleep(0.05)  # the stall: tries answered 503, then this one
+        self.last_sent_at = time.monotonic()
+        return claim_answer(lease_s=30.0)
+
+
+def test_a_claim_answered_after_a_stall_counts_its_lease_from_the_answered_try(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A stall longer than the fence's delay must not fence the run its claim then starts."""
+    monkeypatch.setattr(JobRun, "start", lambda self: None)
+    claims = ClaimThroughAStall()
+    agent = make_agent(FakeClient(), poll_s=0.01)
+    agent._claims = claims  # type: ignore[assignment]
+    agent._registered = True
+    agent._claim_once()
+    (run,) = agent._runs.values()
+    assert run.fence is not None
+    assert run.fence.renewed_at == claims.last_sent_at > claims.first_sent_at
+
+
 def test_an_older_server_without_lease_s_is_said_once(monkeypatch: pytest.MonkeyPatch, caplog):
     monkeypatch.setattr(JobRun, "start", lambda self: None)
     agent = make_agent(FakeClient())

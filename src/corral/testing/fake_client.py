@@ -79,6 +79,8 @@ class FakeClient:
         self.log_error: Exception | None = None
         #: the batched worker heartbeat's answer, from its body (see ``worker_beat``)
         self.worker_beat_answer: Callable[[dict[str, Any]], Any] | None = None
+        #: when the last try of the last call went out (``Client.last_sent_at``); None: not said
+        self.last_sent_at: float | None = None
         self.lock = threading.Lock()
 
     def _record(self, *call: Any) -> None:

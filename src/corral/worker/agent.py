@@ -290,6 +290,9 @@ class Agent:
         sent_at = time.monotonic()
         try:
             claims = self._claim(wait_s, self._claim_key)
+            # the try the server answered: a 503 store_busy is tried again inside the call, and a
+            # stall longer than the fence's delay must not fence the runs it then starts
+            sent_at = max(sent_at, self._claims.last_sent_at or sent_at)
         except ServerUnreachable as error:
             logger.warning("claim failed: server unreachable", extra={**self.fields, "error": str(error)})
             self.stopping.wait(self.settings.poll_s)
