@@ -69,6 +69,10 @@ WORKER_FLAGS = ["--heartbeat-s", "0.5", "--poll-s", "0.2", "--preempt-grace-s", 
 STALL_S = 8.0
 #: the worker that talks to the server through the relay the partition fault cuts
 PARTITIONED = "soak-w0"
+#: its label, which only the partition's probe job asks for
+RELAYED = {"link": "relayed"}
+#: the probe: a job on the cut-off worker that outlasts the cut, so its self-fence has work to stop
+PROBE_S = 20
 
 
 @dataclass
@@ -88,10 +92,24 @@ class Window:
     #: self-fences ("lease not renewed in time") in the same span: the cut-off worker's, or (a
     #: store stall) every worker's
     fences: int = 0
+    #: a partition's probe job, running on the cut-off worker when the cut came (None: it did not
+    #: start in time); how long before the server re-queued it the worker stopped it (negative:
+    #: after; None: not both happened)
+    probe_id: str | None = None
+    probe_margin_s: float | None = None
 
     def span(self, at: float) -> bool:
         """Whether ``at`` falls in the window or the lease (and a reaper tick or two) after it."""
         return self.started_at <= at <= self.ended_at + LEASE_S + 2
+
+
+def probe_line(window: Window) -> str:
+    if window.probe_id is None:
+        return "no probe (it did not start in time)"
+    if window.probe_margin_s is None:
+        return f"probe {window.probe_id} not both fenced and re-queued"
+    when = "before" if window.probe_margin_s > 0 else "AFTER"
+    return f"probe fenced {abs(window.probe_margin_s):.1f} s {when} the server re-queued it"
 
 
 def fill(disk: Path) -> Path:
@@ -208,8 +226,10 @@ class Soak:
         log = self.directory / f"{worker_id}.log"
         if log.exists():  # a restart: keep the killed run's log (its self-fences are counted)
             log.rename(self.directory / f"{worker_id}.log.{len(self.processes.children)}")
-        if worker_id == PARTITIONED and self.relay is None:
-            self.relay = PartitionRelay(self.port)
+        if worker_id == PARTITIONED:
+            extra += ["--label", "=".join(*RELAYED.items())]
+            if self.relay is None:
+                self.relay = PartitionRelay(self.port)
         url = self.relay.url if worker_id == PARTITIONED and self.relay is not None else self.server.url
         self.workers[worker_id] = harness.start_worker(
             self.processes, url, worker_id, self.directory, cpus=self.args.cpus, extra_args=extra
@@ -324,14 +344,35 @@ class Soak:
                 filler.unlink()
 
     def partition(self) -> None:
-        """The relayed worker cut off from the server for ``STALL_S``, then healed."""
+        """The relayed worker cut off from the server for ``STALL_S``, then healed; first a probe
+        job that only it can run is started there, so that the cut has a job for the self-fence
+        to stop (the load's jobs are mostly over before a fence is due)."""
         assert self.relay is not None
-        with self.window("partition", PARTITIONED):
+        probe_id = self.start_probe()
+        with self.window("partition", PARTITIONED) as window:
+            window.probe_id = probe_id
             self.relay.cut()
             try:
                 time.sleep(STALL_S)
             finally:
                 self.relay.heal()
+
+    def start_probe(self) -> str | None:
+        """A ``PROBE_S`` job for the relayed worker alone; its id once it runs there (None if it
+        does not within 15 s: the cut goes ahead, without a probe)."""
+        key = f"soak-probe-{self.faults['partition']}"
+        spec = {"command": f"sleep {PROBE_S}", "resources": {"cpus": 1}, "constraints": {"labels": RELAYED}}
+        deadline = time.monotonic() + 15
+        with Client(f"http://127.0.0.1:{self.port}", timeout_s=10) as client, contextlib.suppress(Exception):
+            job_id = getattr(client.submit(spec, idempotency_key=key), "id", None)
+            with self.keys_lock:
+                self.keys.setdefault(key, set()).add(str(job_id))
+            while job_id is not None and time.monotonic() < deadline:
+                if client.get_job(job_id).status == "running":
+                    time.sleep(1)  # the worker has it started, not only claimed
+                    return str(job_id)
+                time.sleep(0.2)
+        return None
 
     @contextlib.contextmanager
     def window(self, kind: str, worker_id: str | None = None) -> Iterator[Window]:
@@ -376,7 +417,8 @@ class Soak:
                 holder = event.worker_id or holder
                 if event.reason is not None and event.reason.code == "lease_expired":
                     lapses.append((event.at, holder))
-        fences = self.self_fences()
+        fenced = self.self_fences()
+        fences = {worker_id: [at for at, _ in stops] for worker_id, stops in fenced.items()}
         for window in self.windows:
             for at, worker_id in lapses:
                 if window.span(at):
@@ -386,25 +428,38 @@ class Soak:
                         window.other_losses += 1
             of = [window.worker_id] if window.worker_id is not None else list(fences)
             window.fences = sum(window.span(at) for worker_id in of for at in fences.get(worker_id, []))
+            if window.probe_id is not None:
+                stopped = [at for at, job_id in fenced.get(PARTITIONED, []) if job_id == window.probe_id]
+                requeued = [
+                    event.at
+                    for event in events.get(window.probe_id, [])
+                    if event.reason is not None and event.reason.code == "lease_expired"
+                ]
+                if stopped and requeued:
+                    window.probe_margin_s = min(requeued) - min(stopped)
 
-    def self_fences(self) -> dict[str, list[float]]:
-        """When each worker stopped a job for want of a renewed lease, from its logs."""
-        fences: dict[str, list[float]] = {}
+    def self_fences(self) -> dict[str, list[tuple[float, str]]]:
+        """When each worker stopped a job (and which) for want of a renewed lease, from its logs."""
+        fences: dict[str, list[tuple[float, str]]] = {}
         for worker_id in self.workers:
             for log in self.directory.glob(f"{worker_id}.log*"):
                 for line in log.read_text(errors="replace").splitlines():
                     if "self-fenc" not in line:
                         continue
                     with contextlib.suppress(ValueError, KeyError, TypeError):
-                        stamp = json.loads(line)["time"]
-                        fences.setdefault(worker_id, []).append(datetime.fromisoformat(stamp).timestamp())
+                        fields = json.loads(line)
+                        at = datetime.fromisoformat(fields["time"]).timestamp()
+                        fences.setdefault(worker_id, []).append((at, fields["job_id"]))
         return fences
 
     def faults_clean(self) -> bool:
         """Every store stall answered 503 on ``/readyz`` at least once and cost no job its lease;
-        a partition cost no other worker's job its lease."""
+        a partition cost no other worker's job its lease, and its worker stopped the probe before
+        the server re-queued it."""
         return all(
-            window.other_losses == 0 and (window.worker_id is not None or window.readyz.get(503, 0) > 0)
+            window.other_losses == 0
+            and (window.worker_id is not None or window.readyz.get(503, 0) > 0)
+            and (window.probe_margin_s is None or window.probe_margin_s > 0)
             for window in self.windows
         )
 
@@ -494,7 +549,8 @@ class Soak:
                     f"self-fences {window.fences}"
                     if window.worker_id is None
                     else f"{window.worker_id}'s leases lost {window.own_losses}, self-fences "
-                    f"{window.fences}; other workers' leases lost {window.other_losses}"
+                    f"{window.fences}; other workers' leases lost {window.other_losses}; "
+                    + probe_line(window)
                 )
             )
         print(
@@ -504,7 +560,10 @@ class Soak:
         print(f"every job ended: {'yes' if ended else 'NO'} ({self.drain_s:.0f} s after the load stopped)")
         print(verdict.summary())
         if not self.faults_clean():
-            print("FAULT: a store stall without a 503 on /readyz, or a lease lost to a worker not cut off")
+            print(
+                "FAULT: a store stall without a 503 on /readyz, a lease lost to a worker not cut off, "
+                "or a probe fenced after its re-queue"
+            )
         print(f"verdict: {'PASS' if passed else 'FAIL'}", flush=True)
 
 
