@@ -275,7 +275,12 @@ class Soak:
 
     def cancel_one(self, client: Client, rng: random.Random) -> None:
         try:
-            live = client.list_jobs_page(limit=50, status="pending,running").items
+            probes = {window.probe_id for window in self.windows}  # a cancel would leave nothing to fence
+            live = [
+                job
+                for job in client.list_jobs_page(limit=50, status="pending,running").items
+                if job.id not in probes
+            ]
             if live:
                 client.cancel(rng.choice(live).id)
                 self.cancels += 1
