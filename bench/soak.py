@@ -209,6 +209,7 @@ class Soak:
             self.rotation = [(name, fault) for name, fault in self.rotation if name in chosen]
         self.faults: dict[str, int] = {name: 0 for name, _ in self.rotation}
         self.windows: list[Window] = []
+        self.probes: set[str] = set()
         self.submit_errors = 0
         self.cancels = 0
         self.drain_s = 0.0
@@ -275,12 +276,8 @@ class Soak:
 
     def cancel_one(self, client: Client, rng: random.Random) -> None:
         try:
-            probes = {window.probe_id for window in self.windows}  # a cancel would leave nothing to fence
-            live = [
-                job
-                for job in client.list_jobs_page(limit=50, status="pending,running").items
-                if job.id not in probes
-            ]
+            page = client.list_jobs_page(limit=50, status="pending,running").items
+            live = [job for job in page if job.id not in self.probes]  # a cancelled probe: no fence
             if live:
                 client.cancel(rng.choice(live).id)
                 self.cancels += 1
@@ -370,6 +367,7 @@ class Soak:
         deadline = time.monotonic() + 15
         with Client(f"http://127.0.0.1:{self.port}", timeout_s=10) as client, contextlib.suppress(Exception):
             job_id = getattr(client.submit(spec, idempotency_key=key), "id", None)
+            self.probes.add(str(job_id))
             with self.keys_lock:
                 self.keys.setdefault(key, set()).add(str(job_id))
             while job_id is not None and time.monotonic() < deadline:
