@@ -447,7 +447,7 @@ class Soak:
         for worker_id in self.workers:
             for log in self.directory.glob(f"{worker_id}.log*"):
                 for line in log.read_text(errors="replace").splitlines():
-                    if "self-fenc" not in line:
+                    if "lease not renewed in time" not in line:  # the fence's own line
                         continue
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         fields = json.loads(line)
