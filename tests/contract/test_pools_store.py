@@ -174,6 +174,18 @@ def test_a_batch_of_ten_thousand_jobs_in_one_new_pool_is_one_creation(store):
     assert store.pools.pool_usage()["big/batch"].jobs == 10_000
 
 
+#: the jobs' columns added by migrations after 5
+LATER_JOB_COLUMNS = {
+    "workdir",
+    "array_id",
+    "array_index",
+    "array_size",
+    "array_throttle",
+    "depends_on",
+    "awaiting_dependencies",
+}
+
+
 def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypatch):
     from corral.store import schema, sql
 
@@ -183,10 +195,19 @@ def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypat
         jobs = lifecycle.submitted(
             [JobSpec(command="true", pool=pool) for pool in ("old/a", "default", "old/a")], NOW
         )
-        # A submit of the time: no pools table yet, and no workdir column (migration 12).
-        statement = INSERT_JOB.replace(" workdir,", "").replace(" ?, 1)", " 1)")
+        # A submit of the time: no pools table yet, and none of the columns later migrations add
+        # (workdir: 12; the arrays' and dependencies': 17).
+        columns = INSERT_JOB.split("(", 1)[1].split(")", 1)[0].replace(" ", "").split(",")
+        kept = [index for index, column in enumerate(columns) if column not in LATER_JOB_COLUMNS]
+        statement = (
+            f"INSERT INTO jobs ({', '.join(columns[index] for index in kept)})"
+            f" VALUES ({', '.join('?' for _ in kept[:-1])}, 1)"
+        )
         with before._transaction() as tx:
-            tx.executemany(statement, [insert_row(job)[:-1] for _, tasks in jobs for job in tasks])
+            tx.executemany(
+                statement,
+                [tuple(insert_row(job)[index] for index in kept[:-1]) for _, tasks in jobs for job in tasks],
+            )
         monkeypatch.setattr(sql, "MIGRATIONS", schema.MIGRATIONS)
         before.migrate()
         assert set(before.pools.pools()) == {"default", "old/a"}
