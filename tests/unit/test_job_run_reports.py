@@ -137,7 +137,8 @@ def test_heartbeats_carry_the_step_the_gpus_and_the_memory(tmp_path: Path):
     assert reported, client.heartbeat_bodies
     assert reported[-1]["progress"] == {"step": 42}
     assert reported[-1]["gpu_util_pct"] == 73.5
-    assert reported[-1]["rss_mb"] > 0
+    # read while the tree ran (the last beat may come as it exits, when nothing is left to count)
+    assert max(body.get("rss_mb") or 0 for body in reported) > 0
 
 
 # --- the walltime limit ----------------------------------------------------------------------
