@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core import drain
 from corral.core.claim import Claim
 from corral.core.drain import DrainStarted
 from corral.domain import errors
 from corral.domain.records import Hold, JobSpec
 from corral.domain.resources import Resources
 from corral.domain.status import Status
+from corral.domain.transitions import Plan
 from corral.server import changes
 from corral.store import open_store
 from corral.store.base import WorkerRegistration
@@ -347,3 +349,45 @@ def test_a_claim_does_not_start_a_reservation_moved_to_another_worker(postgres_s
         assert store.claims.claim("w2", NOW + 33, POLICY).id == task_ids[0]
     finally:
         other.close()
+
+
+def test_a_rollback_decided_on_an_older_reservation_epoch_changes_nothing(store):
+    """Seed 001's epoch check (DESIGN.md: ``reserved`` -> ``blocked`` undoes the reservation the
+    cycle found stale): a cycle read the gang reserved under epoch 1; before its rollback applied,
+    another replica rolled the gang back and reserved it again (epoch 2). The late rollback does
+    not undo the new reservation, even one as old by then; a rollback of the current epoch does."""
+    workers(store, 3)
+    gang_id, task_ids = submit_gang(store)
+    first = reserve(store, gang_id, task_ids)
+    read = {job.id: job.reservation_epoch for job in first}
+    assert set(read.values()) == {1}
+    assert protocol.rollback_gang(store, gang_id, NOW + 31, 30)
+    again = reserve(store, gang_id, task_ids, now=NOW + 31)
+    assert {job.reservation_epoch for job in again} == {2}
+    late = changes.roll_back_stale(store.jobs, gang_id, NOW + 62, 30, read)
+    assert late == (None, None, ())
+    assert statuses(store, gang_id) == [Status.RESERVED] * 3
+    current = {job.id: job.reservation_epoch for job in again}
+    _, _, rolled = changes.roll_back_stale(store.jobs, gang_id, NOW + 62, 30, current)
+    assert [job.status for job in rolled] == [Status.BLOCKED] * 3
+
+
+def test_a_preemptors_rollback_decided_on_an_older_reservation_epoch_changes_nothing(store):
+    """The same check for a single job's reservation (a preemptor's): a late rollback of epoch 1
+    leaves the job reserved again under epoch 2."""
+    workers(store, 1)
+    job = protocol.submit(store, [JobSpec(command="single", resources=Resources(gpus=1))], NOW).items[0].job
+
+    def reserve_single(now):
+        def decide(locked, gang):
+            return Plan((drain.reserve_one(locked, "w0", (0,), now, "reserved on {worker}"),), None)
+
+        store.jobs.change(job.id, decide)
+        return store.jobs.get_job(job.id)
+
+    assert reserve_single(NOW).reservation_epoch == 1
+    assert changes.roll_back_single(store.jobs, job.id, NOW + 31, 30, epoch=1) is not None
+    assert reserve_single(NOW + 31).reservation_epoch == 2
+    assert changes.roll_back_single(store.jobs, job.id, NOW + 62, 30, epoch=1) is None
+    assert store.jobs.get_job(job.id).status == Status.RESERVED
+    assert changes.roll_back_single(store.jobs, job.id, NOW + 62, 30, epoch=2).status == Status.PENDING

@@ -369,3 +369,29 @@ def test_a_gang_whose_rank_was_killed_for_memory_is_re_queued():
     )
     done = lifecycle.acknowledge_stop(tasks[1], tasks, "w1", 1, 1, NOW + 1)
     assert done.outcome.completion is not None and done.outcome.completion.outcome == "blocked"
+
+
+def test_a_claim_that_chose_an_older_reservation_does_not_start_the_one_made_since():
+    """Seed 001's epoch check: a claim that chose the task's reservation under epoch 1 does not
+    start it once it is reserved again (epoch 2), even on the same worker; the current epoch, or
+    none given, starts it."""
+    reserved = replace(job(), status=Status.RESERVED, worker_id="w1", reserved_at=NOW, reservation_epoch=2)
+    assert lifecycle.start(reserved, "w1", (0,), NOW, reservation_epoch=1) is None
+    assert lifecycle.start(reserved, "w1", (0,), NOW, reservation_epoch=2) is not None
+    assert lifecycle.start(reserved, "w1", (0,), NOW) is not None
+    assert lifecycle.start(job(), "w1", (0,), NOW, reservation_epoch=7) is not None, "pending: no epoch"
+
+
+def test_a_rollback_found_stale_under_one_epoch_leaves_a_newer_reservation_alone():
+    tasks = tuple(
+        replace(task, status=Status.RESERVED, worker_id="w", reserved_at=NOW - 31, reservation_epoch=2)
+        for task in gang()
+    )
+    read_before = {task.id: 1 for task in tasks}
+    assert drain.stale_reservation(tasks, NOW, 30, read_before).transitions == ()
+    current = {task.id: 2 for task in tasks}
+    plan = drain.stale_reservation(tasks, NOW, 30, current)
+    assert [task.status for task in apply(tasks, plan)] == [Status.BLOCKED] * 2
+    single = replace(tasks[0], gang_id=None, gang_index=None)
+    assert lifecycle.stale_single_reservation(single, (), NOW, 30, epoch=1).outcome is None
+    assert lifecycle.stale_single_reservation(single, (), NOW, 30, epoch=2).outcome is not None

@@ -124,20 +124,24 @@ def decide(
     admitted = _admit_gangs(
         snapshot, reservation_timeout_s, memo.admission if memo is not None else None, backfill_depth
     )
-    single_rollbacks = tuple(
-        job.id
+    stale_singles = [
+        job
         for job in snapshot.holding
         if job.gang_id is None and drain.is_stale(job, snapshot.now, reservation_timeout_s)
+    ]
+    admitted = replace(
+        admitted,
+        single_rollbacks=tuple(job.id for job in stale_singles),
+        single_rollback_epochs=tuple(job.reservation_epoch for job in stale_singles),
     )
     if preemption_settings is None:
-        return replace(admitted, single_rollbacks=single_rollbacks)
-    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings, memo)
+        return admitted
+    return _preempt(snapshot, admitted, preemption_settings, memo)
 
 
 def _preempt(
     snapshot: Snapshot,
     admitted: AdmissionDecisions,
-    single_rollbacks: tuple[str, ...],
     settings: PreemptionSettings,
     memo: CycleMemo | None = None,
 ) -> AdmissionDecisions:
@@ -194,7 +198,6 @@ def _preempt(
         holds=tuple(hold for hold in admitted.holds if hold.gang_id not in served),
         waiting=waiting,
         preemptions=planned.preemptions,
-        single_rollbacks=single_rollbacks,
         single_waiting=tuple((key, reason) for key, reason in planned.waiting if key not in tasks_of),
     )
 
@@ -356,7 +359,10 @@ def _stale_reservations(
             message += f"; {running} sibling task(s) already started: the gang must drain"
         rollbacks.append(
             Rollback(
-                gang.gang_id, tuple(task.id for task in reserved), Reason("reservation_expired", message)
+                gang.gang_id,
+                tuple(task.id for task in reserved),
+                Reason("reservation_expired", message),
+                tuple(task.reservation_epoch for task in reserved),
             )
         )
         released.update(task.id for task in reserved)

@@ -65,9 +65,15 @@ class Claim:
         return reserved_task(worker, allocations)
 
     def start(
-        self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+        self,
+        job: Job,
+        worker_id: str,
+        gpu_indices: Sequence[int],
+        now: float,
+        claim_key: str | None = None,
+        reservation_epoch: int | None = None,
     ) -> Transition | None:
-        return lifecycle.start(job, worker_id, gpu_indices, now, claim_key)
+        return lifecycle.start(job, worker_id, gpu_indices, now, claim_key, reservation_epoch)
 
     def unreclaimable(self, job: Job) -> bool:
         """Step 3's test: work no preemption could take back, its pool's kind included (kept per

@@ -218,7 +218,10 @@ class CycleEffects(Protocol):
 
     def reserve_gang(self, reservation: Reservation) -> bool: ...
 
-    def roll_back_single(self, job_id: str) -> bool: ...
+    def roll_back_single(self, job_id: str, epoch: int | None = None) -> bool:
+        """A preemptor's stale reservation back to pending, unless it was reserved again since
+        under another ``reservation_epoch`` than ``epoch`` (None: not compared)."""
+        ...
 
     def preempt(self, preemption: Preemption) -> bool: ...
 
@@ -267,8 +270,9 @@ def apply_cycle(
         done = effects.reserve_gang(reservation)
         changed |= done
         reserved |= done
-    for job_id in decisions.single_rollbacks:
-        changed |= effects.roll_back_single(job_id)
+    epochs = decisions.single_rollback_epochs
+    for index, job_id in enumerate(decisions.single_rollbacks):
+        changed |= effects.roll_back_single(job_id, epochs[index] if index < len(epochs) else None)
     backoff = dict(last_preemptive)
     for preemption in decisions.preemptions:
         if effects.preempt(preemption):

@@ -40,6 +40,13 @@ class Rollback:
     gang_id: str
     job_ids: tuple[str, ...]
     reason: Reason
+    #: the ``reservation_epoch`` of each of ``job_ids`` as the cycle read it: the rollback undoes
+    #: that reservation only, not one made since (``drain.reserved_under``); empty: not compared
+    epochs: tuple[int, ...] = ()
+
+    def epoch_of(self) -> dict[str, int]:
+        """The epochs by job id (``drain.stale_reservation``'s ``epochs``)."""
+        return dict(zip(self.job_ids, self.epochs, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,5 +96,8 @@ class AdmissionDecisions:
     preemptions: tuple[Preemption, ...] = ()
     #: single jobs whose reservation (a preemptor's) went stale: back to pending
     single_rollbacks: tuple[str, ...] = ()
+    #: the ``reservation_epoch`` of each of ``single_rollbacks`` as the cycle read it (empty: not
+    #: compared): a job reserved again since is not rolled back (``drain.reserved_under``)
+    single_rollback_epochs: tuple[int, ...] = ()
     #: pending single jobs a preemption could not make room for, and why (job id, reason)
     single_waiting: tuple[tuple[str, Reason], ...] = ()

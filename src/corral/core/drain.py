@@ -29,7 +29,7 @@ would meet again (``NOT_RETRIED``: its reason code says so, e.g. ``walltime_exce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.domain.records import Job, Reason
@@ -187,6 +187,15 @@ def stale_tasks(tasks: Sequence[Job], now: float, timeout_s: float) -> tuple[Job
     return tuple([task for task in tasks if is_stale(task, now, timeout_s)])
 
 
+def reserved_under(task: Job, epoch: int | None) -> bool:
+    """Seed 001's epoch check: ``task`` still holds the reservation a decision read, made under
+    ``epoch`` (None: no epoch read, nothing to compare). A reservation rolled back and made again
+    since has a newer ``reservation_epoch``: a decision about the old one (a claim that chose it,
+    a rollback that found it stale) does not apply to the new one. The decision runs on the row
+    locked in the transaction that writes it, so the check and the compare-and-set are one."""
+    return epoch is None or task.reservation_epoch == epoch
+
+
 def is_stale(task: Job, now: float, timeout_s: float) -> bool:
     if task.status != Status.RESERVED or task.reserved_at is None:
         return False
@@ -194,9 +203,14 @@ def is_stale(task: Job, now: float, timeout_s: float) -> bool:
 
 
 def stale_reservation(
-    tasks: Sequence[Job], now: float, timeout_s: float
+    tasks: Sequence[Job], now: float, timeout_s: float, epochs: Mapping[str, int] | None = None
 ) -> Plan[tuple[DrainStarted | None, DrainCompleted | None, tuple[Job, ...]]]:
     """Undo a reservation that went unclaimed past ``timeout_s``.
+
+    ``epochs``: the reservation epoch of each task the decision found stale, by job id (the
+    admission's ``Rollback``): a task reserved again since under a newer epoch (another replica
+    rolled the gang back and reserved it anew) is no longer the reservation found stale, and
+    nothing is undone (``reserved_under``).
 
     Without a started or finished sibling, the reserved tasks go back to ``blocked``. With one
     (seed 001's stuck state: the started ranks would wait forever for a peer that never joins; a
@@ -204,6 +218,8 @@ def stale_reservation(
     stale task as the trigger, and completes at once when nothing is left in flight. The outcome:
     (the drain or None, its completion or None, the tasks rolled back to ``blocked``).
     """
+    if epochs and not all(reserved_under(task, epochs.get(task.id)) for task in tasks):
+        return Plan((), (None, None, ()))
     stale = stale_tasks(tasks, now, timeout_s)
     if not stale:
         return Plan((), (None, None, ()))

@@ -182,13 +182,25 @@ def _array_submitted(spec: JobSpec, stamp: float) -> Submission:
 
 
 def start(
-    job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+    job: Job,
+    worker_id: str,
+    gpu_indices: Sequence[int],
+    now: float,
+    claim_key: str | None = None,
+    reservation_epoch: int | None = None,
 ) -> Transition | None:
     """pending -> running (any worker it fits) or reserved -> running (the worker it is reserved
     on, seed 001: a reservation rolled back, or moved to another worker, is not claimed); None when
-    neither holds. The new attempt number is the fence of every report the worker makes for it;
-    ``claim_key`` (the claim's Idempotency-Key) lets a retry of the same claim find this run."""
-    reserved_here = job.status == Status.RESERVED and job.worker_id == worker_id
+    neither holds. ``reservation_epoch``: the epoch of the reservation the claim chose (None: the
+    one the row holds); a task reserved again since, under a newer epoch, is not started by a claim
+    that chose the older reservation (``drain.reserved_under``). The new attempt number is the
+    fence of every report the worker makes for it; ``claim_key`` (the claim's Idempotency-Key)
+    lets a retry of the same claim find this run."""
+    reserved_here = (
+        job.status == Status.RESERVED
+        and job.worker_id == worker_id
+        and drain.reserved_under(job, reservation_epoch)
+    )
     if job.status != Status.PENDING and not reserved_here:
         return None
     return move(
@@ -513,11 +525,16 @@ def accept_checkpoint(
     return Plan((transition,), CheckpointAccepted(transition.after))
 
 
-def stale_single_reservation(job: Job, gang: Sequence[Job], now: float, timeout_s: float) -> Plan[Job | None]:
+def stale_single_reservation(
+    job: Job, gang: Sequence[Job], now: float, timeout_s: float, epoch: int | None = None
+) -> Plan[Job | None]:
     """A single job reserved by a preemption (its victims have left by ``victims_deadline``) and not
     claimed ``timeout_s`` after that: back to ``pending`` (``drain.is_stale``, the gangs' rule).
-    None when it was claimed or cancelled meanwhile."""
-    if job.gang_id is not None or not drain.is_stale(job, now, timeout_s):
+    None when it was claimed or cancelled meanwhile, or reserved again under another epoch than
+    the ``epoch`` the decision read (``drain.reserved_under``)."""
+    if job.gang_id is not None or not drain.reserved_under(job, epoch):
+        return Plan((), None)
+    if not drain.is_stale(job, now, timeout_s):
         return Plan((), None)
     transition = move(
         job,

@@ -230,6 +230,9 @@ class Allocation:
     resources: Resources
     gpu_indices: tuple[int, ...]
     status: Status = Status.RUNNING
+    #: a reserved job's ``reservation_epoch`` as read with the allocation: the claim starts the
+    #: reservation it chose, never a newer one made since (seed 001's epoch check)
+    reservation_epoch: int = 0
 
 
 def unregistered_gpus(worker: Worker, indices: Iterable[int]) -> list[int]:

@@ -258,9 +258,14 @@ def preempt(
     )
 
 
-def roll_back_single(store: Jobs, job_id: str, now: float, timeout_s: float) -> Job | None:
-    """A single job's reservation (a preemptor's) unclaimed past its time: back to pending."""
-    return store.change(job_id, partial(lifecycle.stale_single_reservation, now=now, timeout_s=timeout_s))
+def roll_back_single(
+    store: Jobs, job_id: str, now: float, timeout_s: float, epoch: int | None = None
+) -> Job | None:
+    """A single job's reservation (a preemptor's) unclaimed past its time: back to pending; nothing
+    when it was reserved again since under another epoch than ``epoch``."""
+    return store.change(
+        job_id, partial(lifecycle.stale_single_reservation, now=now, timeout_s=timeout_s, epoch=epoch)
+    )
 
 
 def note_single_waiting(store: Jobs, job_id: str, reason: Reason, now: float) -> None:
@@ -347,11 +352,14 @@ def reserve_gang(
 
 
 def roll_back_stale(
-    store: Jobs, gang_id: str, now: float, timeout_s: float
+    store: Jobs, gang_id: str, now: float, timeout_s: float, epochs: Mapping[str, int] | None = None
 ) -> tuple[DrainStarted | None, DrainCompleted | None, tuple[Job, ...]]:
     """A reservation unclaimed past ``timeout_s``: rolled back, or the gang drained (see
-    ``drain.stale_reservation``). Nothing when it was claimed meanwhile."""
-    return store.change_gang(gang_id, partial(drain.stale_reservation, now=now, timeout_s=timeout_s))
+    ``drain.stale_reservation``). Nothing when it was claimed meanwhile, or reserved again under
+    a newer epoch than the ``epochs`` the decision read."""
+    return store.change_gang(
+        gang_id, partial(drain.stale_reservation, now=now, timeout_s=timeout_s, epochs=epochs)
+    )
 
 
 def note_waiting(store: Jobs, gang_id: str, reason: Reason, now: float) -> None:

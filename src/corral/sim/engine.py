@@ -752,7 +752,8 @@ class Engine:
 
     def roll_back_gang(self, rollback: Rollback) -> bool:
         tasks = self._gang_by_id(rollback.gang_id)
-        return self._apply(drain.stale_reservation(tasks, self.now, self.settings.reservation_timeout_s))
+        timeout = self.settings.reservation_timeout_s
+        return self._apply(drain.stale_reservation(tasks, self.now, timeout, rollback.epoch_of()))
 
     def reserve_gang(self, reservation: Reservation) -> bool:
         tasks = self._gang_by_id(reservation.gang_id)
@@ -761,9 +762,10 @@ class Engine:
         port = drain.first_free_port(self._ports_on(rank_zero))
         return self._apply(drain.reserve(tasks, where, port, self.now))
 
-    def roll_back_single(self, job_id: str) -> bool:
+    def roll_back_single(self, job_id: str, epoch: int | None = None) -> bool:
         timeout = self.settings.reservation_timeout_s
-        return self._apply(lifecycle.stale_single_reservation(self.jobs[job_id], (), self.now, timeout))
+        job = self.jobs[job_id]
+        return self._apply(lifecycle.stale_single_reservation(job, (), self.now, timeout, epoch))
 
     def preempt(self, preemption: Preemption) -> bool:
         """``changes.preempt``: the rows of the preemptor and the victims (whole gangs), the

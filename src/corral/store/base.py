@@ -98,10 +98,17 @@ class ClaimPolicy(Protocol[CapacityT]):
         ...
 
     def start(
-        self, job: Job, worker_id: str, gpu_indices: Sequence[int], now: float, claim_key: str | None = None
+        self,
+        job: Job,
+        worker_id: str,
+        gpu_indices: Sequence[int],
+        now: float,
+        claim_key: str | None = None,
+        reservation_epoch: int | None = None,
     ) -> Transition | None:
         """The claim's transition (pending, or reserved for this worker -> running), recording the
-        claim's ``claim_key``; None when the job may not be started by this worker."""
+        claim's ``claim_key``; None when the job may not be started by this worker, or is reserved
+        under another epoch than ``reservation_epoch`` (the one the claim chose)."""
         ...
 
 

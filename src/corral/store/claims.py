@@ -154,7 +154,10 @@ class SqlClaims:
         rows = tx.execute(self.dialect.first_page_sql, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit)))
         held = [job_from_row(row[1:]) for row in rows if not row[0]]
         allocations = [
-            Allocation(job.id, worker_id, job.spec.resources, job.gpu_indices, job.status) for job in held
+            Allocation(
+                job.id, worker_id, job.spec.resources, job.gpu_indices, job.status, job.reservation_epoch
+            )
+            for job in held
         ]
         # a UNION keeps no order: the candidates are put back in queue order (the same declaration)
         candidates = sorted((job_from_row(row[1:]) for row in rows if row[0]), key=_queue_key)
@@ -179,15 +182,21 @@ class SqlClaims:
             if reserved is None:
                 break
             index = next(i for i, allocation in enumerate(allocations) if allocation.job_id == reserved)
+            epoch = allocations[index].reservation_epoch
             allocations[index] = replace(allocations[index], status=Status.RUNNING)
             # SKIP LOCKED: a gang operation holding the gang's rows (a cancel, a rollback, a
             # re-reservation that waits for this worker's row) is never waited for here; and a
-            # task that changed since the read above is no longer ours to start.
+            # task that changed since the read above is no longer ours to start: nor is one
+            # reserved again under a newer epoch than the one chosen (seed 001's epoch check).
             rows = tx.execute(
                 f"SELECT {JOB_SELECT} FROM jobs WHERE id = ?{self.dialect.lock_clause}", (reserved,)
             )
             task = job_from_row(rows[0]) if rows else None
-            started = policy.start(task, worker.id, task.gpu_indices, at, claim_key) if task else None
+            started = (
+                policy.start(task, worker.id, task.gpu_indices, at, claim_key, reservation_epoch=epoch)
+                if task
+                else None
+            )
             if started is not None:
                 started_jobs.append(self.applier.apply_transition(tx, started))
         return started_jobs

@@ -133,7 +133,8 @@ def load_worker(tx: Transaction, dialect: Dialect, worker_id: str, lock: bool = 
 #: a worker's allocations (a claim's first read): by the ``jobs_holding`` index, whose predicate
 #: ``HOLDING_SQL`` writes word for word
 WORKER_ALLOCATIONS_SQL = (
-    "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
+    "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status, reservation_epoch"
+    " FROM jobs"
     f" WHERE worker_id = ? AND status IN {HOLDING_SQL}"
 )
 

@@ -320,7 +320,8 @@ class SqlWorkers:
 
     def allocations(self) -> list[Allocation]:
         rows = self.db.read().execute(
-            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status FROM jobs"
+            "SELECT id, worker_id, gpus, vram_mb, memory_mb, cpus, gpu_indices, status,"
+            " reservation_epoch FROM jobs"
             f" WHERE status IN {HOLDING_SQL} AND worker_id IS NOT NULL ORDER BY id"
         )
         return [allocation_from_row(row) for row in rows]

@@ -329,6 +329,7 @@ def allocation_from_row(row: Sequence[Any]) -> Allocation:
         resources=Resources(row[2], row[3], row[4], row[5]),
         gpu_indices=tuple(int(part) for part in row[6].split(",")) if row[6] else (),
         status=Status(row[7]),
+        reservation_epoch=int(row[8]) if len(row) > 8 else 0,
     )
 
 

@@ -179,7 +179,11 @@ class StoreEffects:
     def roll_back_gang(self, rollback: Rollback) -> bool:
         state = self.state
         started, completion, rolled = changes.roll_back_stale(
-            state.store.jobs, rollback.gang_id, self.now, state.settings.reservation_timeout_s
+            state.store.jobs,
+            rollback.gang_id,
+            self.now,
+            state.settings.reservation_timeout_s,
+            rollback.epoch_of(),
         )
         if started is not None:
             record_drain(state, started)
@@ -217,10 +221,10 @@ class StoreEffects:
         )
         return True
 
-    def roll_back_single(self, job_id: str) -> bool:
+    def roll_back_single(self, job_id: str, epoch: int | None = None) -> bool:
         state = self.state
         rolled = changes.roll_back_single(
-            state.store.jobs, job_id, self.now, state.settings.reservation_timeout_s
+            state.store.jobs, job_id, self.now, state.settings.reservation_timeout_s, epoch
         )
         if rolled is None:
             return False
