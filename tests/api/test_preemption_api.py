@@ -3,6 +3,8 @@ checkpoint phase in the heartbeat answers, the victim's re-queue, the preemptor 
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 
 from corral.testing.server import ServerThread
@@ -133,8 +135,9 @@ def test_the_force_drain_never_cuts_a_checkpoint_phase_short(
 
 
 def test_a_gang_of_three_is_made_room_for_by_exactly_the_minimal_set(
-    api: httpx.Client, server: ServerThread, clock
+    api: httpx.Client, server: ServerThread, clock, caplog
 ) -> None:
+    caplog.set_level(logging.INFO, logger="corral")
     for index in range(4):
         register(api, f"w{index}", gpus=1, vram_mb=1000)
     lows = [low_job_running(api, clock, f"w{index}") for index in range(3)]  # w3 stays idle
@@ -148,6 +151,14 @@ def test_a_gang_of_three_is_made_room_for_by_exactly_the_minimal_set(
     tasks = api.get(f"/gangs/{gang['gang_id']}").json()["tasks"]
     assert {task["status"] for task in tasks} == {"reserved"}
     assert sorted(task["worker_id"] for task in tasks) == ["w1", "w2", "w3"]
+    told = [
+        record
+        for record in caplog.records
+        if record.message == "gang reserved" and getattr(record, "gang_id", None) == gang["gang_id"]
+    ]
+    assert len(told) == 1, "a gang reserved by a preemption is told as admission's are"
+    assert (told[0].gang_size, sorted(told[0].victims)) == (3, sorted(low["id"] for low in stopping))
+    assert "corral_gangs_reserved_total 1.0" in api.get("/metrics").text, "and counted"
     assert claim(api, "w3").json()["gang_id"] == gang["gang_id"], "its room is free already"
     assert claim(api, "w1").status_code == 204, "w1's victim has not left yet"
     for low in stopping:
@@ -247,3 +258,26 @@ def test_a_sensitive_pools_single_job_is_not_placed_on_borrowed_capacity_as_its_
     assert api.get(f"/jobs/{gang['tasks'][0]}").json()["status"] == "blocked"
     assert api.put("/pools/home", json={"guarantee": {"gpus": 0}}).status_code == 200
     assert claim(api, "w2").json()["id"] == second["id"], "no guarantee left to protect: it starts"
+
+
+def test_the_checkpoint_duration_is_timed_from_the_hint_not_from_the_decision(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    """Seed 003's ``checkpoint_duration_seconds``: time from hint to checkpoint completion. The
+    victim's worker hears of the preemption 20 s after the decision (its next heartbeat); it saves
+    in 7 s: 7 s are observed, not 27."""
+    register(api, "w1", gpus=1, vram_mb=1000)
+    low = low_job_running(api, clock, checkpoint="auto")
+    submit(api, resources={"gpus": 1}, preemption_class=7)
+    server.run_loop("admission")
+    clock.advance(20)
+    answer = beat(api, low)
+    assert answer["action"] == "checkpoint" and 579 <= answer["deadline_s"] <= 580, "the phase's clock runs"
+    clock.advance(3)
+    assert beat(api, low)["action"] == "checkpoint", "a later answer is no new hint"
+    clock.advance(4)
+    upload = api.post(f"/jobs/{low['id']}/checkpoint", params=fenced(low, epoch=1), content=b"step 9")
+    assert upload.status_code == 200, upload.text
+    metrics = api.get("/metrics").text
+    assert "corral_preemption_checkpoint_duration_seconds_count 1.0" in metrics
+    assert "corral_preemption_checkpoint_duration_seconds_sum 7.0" in metrics

@@ -395,3 +395,23 @@ def test_a_rollback_found_stale_under_one_epoch_leaves_a_newer_reservation_alone
     single = replace(tasks[0], gang_id=None, gang_index=None)
     assert lifecycle.stale_single_reservation(single, (), NOW, 30, epoch=1).outcome is None
     assert lifecycle.stale_single_reservation(single, (), NOW, 30, epoch=2).outcome is not None
+
+
+def test_the_phase_is_timed_from_the_first_checkpoint_answer_the_hint():
+    """The decision starts the phase's clock; the first heartbeat answer asking for the checkpoint
+    (the hint) is when the worker is told: the duration the job's expected checkpoint time and the
+    histogram take counts from there. A checkpoint that came before any hint records no time."""
+    victim = replace(
+        running(job()), status=Status.PREEMPTING, checkpoint_deadline=100.0 + 600, preemption_epoch=1
+    )
+    hinted = lifecycle.heartbeat_action(victim, 130.0, None, 600, 300)
+    assert hinted.outcome.action == "checkpoint"
+    told = hinted.outcome.job
+    assert told.checkpoint_requested_at == 130.0
+    again = lifecycle.heartbeat_action(told, 135.0, None, 600, 300)
+    assert again.transitions == () and again.outcome.job.checkpoint_requested_at == 130.0
+    accepted = lifecycle.accept_checkpoint(told, (), told.worker_id or "", told.attempts, 1, 137.0)
+    assert accepted.outcome.phase_seconds == 7.0
+    assert accepted.outcome.job.checkpoint_durations == (7.0,)
+    unasked = lifecycle.accept_checkpoint(victim, (), victim.worker_id or "", victim.attempts, 1, 137.0)
+    assert unasked.outcome.phase_seconds is None and unasked.outcome.job.checkpoint_durations == ()

@@ -253,6 +253,12 @@ def heartbeat_action(
       ``checkpoint_timeout_s``;
     - past it, the phase ends without a checkpoint (``checkpoint_failures`` + 1) and the stop begins:
       the force-drain timer counts from now, never cutting the phase short.
+
+    The first ``checkpoint`` answer is seed 003's checkpoint hint: the worker is told now, so
+    ``checkpoint_requested_at`` is set now (once), and the phase's duration (the
+    ``corral_preemption_checkpoint_duration_seconds`` histogram, the job's expected checkpoint
+    time) is timed from it by ``accept_checkpoint``, not from the preemption decision: the wait
+    for the victim's next heartbeat is not the job's checkpoint time.
     """
     if job.status != Status.PREEMPTING:
         return Plan((), HeartbeatAction(job))
@@ -271,11 +277,17 @@ def heartbeat_action(
     if now < deadline:
         if deadline != job.checkpoint_deadline:
             fields["checkpoint_deadline"] = deadline
+        if job.checkpoint_requested_at is None:
+            fields["checkpoint_requested_at"] = now  # the hint: the worker is told now
         if not fields:
             return Plan((), HeartbeatAction(job, "checkpoint", epoch, deadline - now))
         transition = move(job, now, None, **fields)
         return Plan((transition,), HeartbeatAction(transition.after, "checkpoint", epoch, deadline - now))
-    waited = now - (job.checkpoint_requested_at or now)
+    if job.checkpoint_requested_at is None:
+        late = "no checkpoint: its worker was not heard from in time to be asked for one; stopping"
+    else:
+        waited = now - job.checkpoint_requested_at
+        late = f"no checkpoint {waited:.0f} s after it was asked for; stopping"
     transition = move(
         job,
         now,
@@ -284,9 +296,7 @@ def heartbeat_action(
         checkpoint_deadline=None,
         checkpoint_failures=job.checkpoint_failures + 1,
         drain_started_at=now,
-        reason=Reason(
-            "checkpoint_timed_out", f"no checkpoint {waited:.0f} s after it was asked for; stopping"
-        ),
+        reason=Reason("checkpoint_timed_out", late),
     )
     return Plan((transition,), HeartbeatAction(transition.after, "preempt", epoch, failed_checkpoint=True))
 
@@ -506,15 +516,19 @@ def accept_checkpoint(
             raise _not_running(job)
     if job.checkpoint_deadline is not None:
         # The checkpoint phase of a preemption ends here: the stop begins (its force-drain timer
-        # with it), and how long it took goes into the job's expected checkpoint time.
-        took = max(0.0, now - (job.checkpoint_requested_at or now))
+        # with it), and how long it took from the hint (the worker told, ``heartbeat_action``)
+        # goes into the job's expected checkpoint time. A checkpoint that came before any hint
+        # (the job saved on its own) tells nothing of how long the job takes when asked.
+        hinted = job.checkpoint_requested_at
+        took = None if hinted is None else max(0.0, now - hinted)
+        durations = job.checkpoint_durations if took is None else (*job.checkpoint_durations, took)
         transition = move(
             job,
             now,
             None,
             has_checkpoint=True,
             checkpoint_deadline=None,
-            checkpoint_durations=(*job.checkpoint_durations, took)[-CHECKPOINT_HISTORY:],
+            checkpoint_durations=durations[-CHECKPOINT_HISTORY:],
             last_checkpoint_at=now,
             drain_started_at=now,
         )

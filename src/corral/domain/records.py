@@ -133,8 +133,9 @@ class Job:
     #: a preemptor reserved on capacity its victims still hold: the reservation does not expire
     #: before this time (the victims' checkpoint phase and stop), and is not claimed before they left
     victims_deadline: float | None = None
-    #: a victim's checkpoint phase (seed 003): when the checkpoint was asked for, and the time the
-    #: server stops waiting for it (None: no phase under way); the one 50% extension, the deferrals
+    #: a victim's checkpoint phase (seed 003): when its worker was asked for the checkpoint (the
+    #: hint: the first heartbeat answer of the phase; None before), and the time the server stops
+    #: waiting for it (None: no phase under way); the one 50% extension, the deferrals
     checkpoint_requested_at: float | None = None
     checkpoint_deadline: float | None = None
     checkpoint_extended: bool = False

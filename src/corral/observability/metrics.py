@@ -116,7 +116,9 @@ class Metrics:
             registry=registry,
         )
         self.gangs_reserved = Counter(
-            "corral_gangs_reserved_total", "Gangs reserved by the admission cycle", registry=registry
+            "corral_gangs_reserved_total",
+            "Gangs reserved, by the admission cycle or by a preemption on its victims' room",
+            registry=registry,
         )
         self.watchdog_trips = Counter(
             "corral_watchdog_trips_total",

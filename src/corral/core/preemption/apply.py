@@ -184,8 +184,10 @@ def _stop_victim(
             checkpoints = row.spec.checkpoint_mode != "none"
             phase: dict[str, object] = {}
             if checkpoints:
+                # the phase's clock starts now; the worker is asked at its next heartbeat (the
+                # hint sets ``checkpoint_requested_at``: ``lifecycle.heartbeat_action``)
                 phase = {
-                    "checkpoint_requested_at": now,
+                    "checkpoint_requested_at": None,
                     "checkpoint_deadline": now + checkpoint_timeout_s,
                     "checkpoint_extended": False,
                     "checkpoint_deferred_s": 0.0,

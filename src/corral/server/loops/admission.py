@@ -169,6 +169,24 @@ def apply_pass(state: ServerState, plan: PassPlan, now: float) -> None:
         state.signal.notify()
 
 
+def record_gang_reserved(
+    state: ServerState, reserved: Sequence[Job], victims: Sequence[str] | None = None
+) -> None:
+    """``gang reserved`` (API.md's drain story) and ``corral_gangs_reserved_total``, for a gang the
+    admission cycle reserved or a preemption reserved on its victims' room (``victims``: the jobs
+    and gangs it waits for, None when it waits for none)."""
+    state.metrics.gangs_reserved.inc()
+    fields: dict[str, object] = {
+        "gang_id": reserved[0].gang_id,
+        "gang_size": len(reserved),
+        "worker_ids": [job.worker_id for job in reserved],
+        "reservation_epoch": reserved[0].reservation_epoch,
+    }
+    if victims is not None:
+        fields["victims"] = list(victims)
+    logger.info("gang reserved", extra=fields)
+
+
 class StoreEffects:
     """The server's ``cycle.CycleEffects``: each decision through the store (``changes``), with the
     metrics and the log lines that tell who was reserved, rolled back or stopped for whom."""
@@ -209,16 +227,7 @@ class StoreEffects:
                 "gang reservation lost a race; retrying next pass", extra={"gang_id": reservation.gang_id}
             )
             return False
-        state.metrics.gangs_reserved.inc()
-        logger.info(
-            "gang reserved",
-            extra={
-                "gang_id": reservation.gang_id,
-                "gang_size": len(reserved),
-                "worker_ids": [job.worker_id for job in reserved],
-                "reservation_epoch": reserved[0].reservation_epoch,
-            },
-        )
+        record_gang_reserved(state, reserved)
         return True
 
     def roll_back_single(self, job_id: str, epoch: int | None = None) -> bool:
@@ -246,6 +255,10 @@ class StoreEffects:
                 "preemption lost a race; planning again next pass", extra={"preemptor": preemption.preemptor}
             )
             return False
+        if started.reserved and started.reserved[0].gang_id is not None:
+            # a gang made room for is reserved as the admission cycle reserves one: told and counted
+            # the same way (seed 000's ``gang reserved``), with the victims it waits for
+            record_gang_reserved(state, started.reserved, [victim.key for victim in preemption.victims])
         for victim in preemption.victims:
             victim_job = self.plan.jobs.get(victim.job_ids[0]) if victim.job_ids else None
             pool = victim_job.spec.pool if victim_job is not None else ""
