@@ -281,3 +281,25 @@ def test_the_checkpoint_duration_is_timed_from_the_hint_not_from_the_decision(
     metrics = api.get("/metrics").text
     assert "corral_preemption_checkpoint_duration_seconds_count 1.0" in metrics
     assert "corral_preemption_checkpoint_duration_seconds_sum 7.0" in metrics
+
+
+def test_why_tells_a_job_past_the_cycles_read_of_preemptors_that_none_is_planned_for_it(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    """The second search cap over HTTP: 1,000 waiting jobs of its class are ahead of the last one,
+    so the cycle's read of possible preemptors stops before it; its ``why`` says so. The first
+    one, within the read, is not told."""
+    register(api, "w1", gpus=1, vram_mb=1000)
+    low_job_running(api, clock)  # class 2 runs: jobs of class 2 and above are read as preemptors
+    body = {"command": "true", "resources": {"gpus": 1}, "preemption_class": 2}
+    batch = api.post("/jobs/batch", json={"jobs": [body] * 1001})
+    assert batch.status_code == 201, batch.text
+    items = batch.json()["items"]
+    first, last = items[0]["id"], items[-1]["id"]
+    server.run_loop("admission")
+    codes = [reason["code"] for reason in api.get(f"/jobs/{last}/why").json()["reasons"]]
+    assert (codes[0], codes[-1]) == ("waiting_for_capacity", "search_limited")
+    message = api.get(f"/jobs/{last}/why").json()["reasons"][-1]["message"]
+    assert "reads at most 1,000 pending jobs per cycle" in message
+    within = api.get(f"/jobs/{first}/why").json()["reasons"]
+    assert "search_limited" not in [reason["code"] for reason in within]

@@ -208,3 +208,30 @@ def test_spec_columns_stay_as_submitted_through_a_jobs_life(store):
         store.jobs, store.gangs.admission_inputs().pending[0].id, Reason("x", "y"), NOW + 8
     )
     assert specs() == submitted
+
+
+def test_preemptors_ahead_counts_the_cycles_read_by_class_in_its_own_order(store: Store) -> None:
+    """``why``'s second search cap: for each pending job the read by class takes, the count of
+    those ahead of it is its place in the read (the same queue order: class, priority, front,
+    submission time, id); capped at ``limit``; None for a job of a class below every running one
+    (the read by class never takes it) and while nothing runs."""
+    store.workers.register_worker(WorkerRegistration("w0", "10.0.0.1", Resources(1, 1000, 8192, 8)), NOW)
+    runs = JobSpec(command="run", resources=Resources(gpus=1), preemption_class=2)
+    first = protocol.submit(store, [runs], NOW)
+    assert store.gangs.preemptors_ahead(first.items[0].job) is None, "nothing runs yet"
+    assert store.claims.claim("w0", NOW, POLICY) is not None
+    waiting = [
+        JobSpec(command="late", resources=Resources(gpus=1), preemption_class=3),
+        JobSpec(command="important", resources=Resources(gpus=1), preemption_class=3, priority=5),
+        JobSpec(command="high", resources=Resources(gpus=1), preemption_class=6),
+        JobSpec(command="low", resources=Resources(gpus=1), preemption_class=1),
+        JobSpec(command="same", resources=Resources(gpus=1), preemption_class=3),
+    ]
+    jobs = [item.job for item in protocol.submit(store, waiting, NOW + 1).items]
+    read = store.gangs.admission_inputs().pending
+    assert [job.spec.command for job in read] == ["high", "important", "late", "same"]
+    for place, job in enumerate(read):
+        assert store.gangs.preemptors_ahead(job) == place, job.spec.command
+        assert store.gangs.preemptors_ahead(job, limit=2) == min(place, 2)
+    low = next(job for job in jobs if job.spec.command == "low")
+    assert store.gangs.preemptors_ahead(low) is None, "class 1 is below the lowest running class, 2"

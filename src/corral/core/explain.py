@@ -10,8 +10,13 @@ from collections.abc import Sequence
 from corral.core.admission_reasons import backfill_refused
 from corral.core.placement import Placement, first_fit, free_capacity, holds_in_way, place
 from corral.domain.clock import to_rfc3339
+from corral.domain.queue_order import PREEMPTOR_CANDIDATES
 from corral.domain.records import Allocation, Hold, Job, Reason, Worker
 from corral.domain.status import Status, WorkerStatus
+
+#: the preemption planner's answers a pending job keeps from a cycle that planned for it: stale
+#: once the cycles stop reading it (``preemptors_cut``)
+_PLANNER_ANSWERS = frozenset({"no_victim_set", "search_limited", "preemption_backoff"})
 
 
 def explain_pending(
@@ -127,6 +132,23 @@ def held_for_gang(job: Job, worker: Worker, holds: Sequence[Hold], count: int, n
     )
 
 
+def preemptors_cut(ahead: int | None, read: int = PREEMPTOR_CANDIDATES) -> Reason | None:
+    """``search_limited`` for a pending single job the cycle's read of possible preemptors by class
+    stops before: ``ahead`` of them in queue order (``Gangs.preemptors_ahead``, counted up to
+    ``read``, the cap: ``PREEMPTOR_CANDIDATES``). The planner then plans nothing for it (no victim
+    set is looked for), whatever its last recorded answer said. None when the read takes it, or
+    the read by class never would (``ahead`` None)."""
+    if ahead is None or ahead < read:
+        return None
+    return Reason(
+        "search_limited",
+        f"the preemption planner reads at most {read:,} pending jobs per cycle as possible preemptors"
+        " (in queue order, of the lowest running class or above), and at least that many are ahead"
+        " of this one: no victim set is looked for it until those ahead have started or left (a"
+        " starving or sensitive pool's jobs are also read apart)",
+    )
+
+
 def explain(
     job: Job,
     workers: Sequence[Worker],
@@ -135,10 +157,14 @@ def explain(
     now: float = 0.0,
     fair_share: Reason | None = None,
     pool_limit: Reason | None = None,
+    preemptor_cut: Reason | None = None,
 ) -> list[Reason]:
     """Why ``job`` is where it is: its pool's limits first when they keep it waiting
     (``pool_limits.explain``: no claim starts it, so "fits now" would mislead); live reasons for
     a pending job (its ``after`` conditions while it waits on them), else its last recorded reason;
+    for a pending job that does not fit now and that the cycles' read of possible preemptors
+    leaves out (``preemptor_cut``, from ``preemptors_cut``), that in place of the planner's last
+    answer (its ``no_victim_set`` came from a cycle that still read it);
     its pool's fair share when it waits in a pool below it (``fairshare.explain``); then what its
     preemptions cost it, when it was preempted (seed 003: a failed or late checkpoint is visible)."""
     waits_on_dependencies = job.status == Status.PENDING and job.awaiting_dependencies
@@ -148,6 +174,8 @@ def explain(
         reasons.append(Reason("dependency", f"waiting for the jobs it runs after ({named})"))
     elif job.status == Status.PENDING:
         reasons = explain_pending(job, workers, allocations, holds, now)
+        if preemptor_cut is not None and reasons and reasons[0].code != "fits_now":
+            reasons = [*(reason for reason in reasons if reason.code not in _PLANNER_ANSWERS), preemptor_cut]
     if job.status != Status.PENDING and job.reason and not (pool_limit and job.reason.code == "pool_limit"):
         reasons.append(job.reason)
     if pool_limit is not None:

@@ -178,6 +178,38 @@ class SqlGangs:
         )
         return tuple(job_from_row(row) for row in rows)
 
+    def preemptors_ahead(self, job: Job, limit: int = PREEMPTOR_CANDIDATES) -> int | None:
+        """How many possible preemptors the cycle's read by class (``admission_inputs``) puts ahead
+        of ``job`` in queue order, counted up to ``limit``: at ``limit``, the read stops before it
+        (``why``'s ``search_limited``). None when the read by class never takes it: nothing runs,
+        or its class is below the lowest running class (it may not preempt by class)."""
+        reader = self.db.read()
+        floor = reader.execute("SELECT MIN(preemption_class) FROM jobs WHERE status = 'running'")[0][0]
+        spec = job.spec
+        if floor is None or spec.preemption_class < int(floor):
+            return None
+        # ahead in QUEUE_ORDER: class, priority, queue_front descending; submitted_at, id ascending
+        ahead = (
+            "(preemption_class > ? OR (preemption_class = ? AND (priority > ? OR (priority = ? AND"
+            " (queue_front > ? OR (queue_front = ? AND (submitted_at < ? OR (submitted_at = ? AND"
+            " id < ?))))))))"
+        )
+        front = int(job.queue_front)
+        rows = reader.execute(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'pending' AND gang_id IS NULL"
+            f" AND {RUNNABLE_SQL} AND preemption_class >= ? AND {ahead} LIMIT ?) AS ahead",
+            (
+                int(floor),
+                *(spec.preemption_class, spec.preemption_class),
+                *(spec.priority, spec.priority),
+                *(front, front),
+                *(job.submitted_at, job.submitted_at),
+                job.id,
+                limit,
+            ),
+        )
+        return int(rows[0][0])
+
     # --- reserve and roll back -----------------------------------------------------------
 
     def reserve_gang(

@@ -99,6 +99,10 @@ class Planner:
         if failed is not None and size >= failed:
             # Within a cycle room only shrinks: what failed for this shape fails again.
             return self._no_set(preemptor, eligible, trigger)
+        cut = shape.limited_sizes.get(trigger.beneficiary)
+        if cut is not None and size >= cut:
+            # and what the search cap cut short is cut short again: not known to have no set
+            return _search_limited(preemptor)
         found = self.search.find(preemptor, room, shape, trigger)
         if found.limited:
             decided: Preemption | Reason = _search_limited(preemptor)

@@ -73,6 +73,10 @@ class Shape:
         #: the smallest preemptor of this shape (in tasks) no victim set was found for
         #: per pool preempted for (a starving pool's may take what another's may not)
         self.failed_sizes: dict[str | None, int] = {}
+        #: likewise, the smallest whose search ``SEARCH_LIMIT`` cut short: a larger one of the
+        #: shape would be cut short too (room only shrinks), and says ``search_limited``, never
+        #: ``no_victim_set`` (a set beyond the cut might have made room)
+        self.limited_sizes: dict[str | None, int] = {}
 
     def best(self, search: Search) -> Entry | None:
         """The best set there is, left at the top of ``ready`` (None when there is none)."""
@@ -188,10 +192,13 @@ class Search:
             fewest = self.fewest_victims(preemptor, room, shape, trigger)
             if fewest is not None:
                 chosen, missing = fewest, 0
-        if missing > 0:
-            shape.failed_sizes[trigger.beneficiary] = min(size, failed or size)
         # sets left are looked for only when the cap was reached (it may compute a few more)
         limited = search_cut(missing, examined) and (bool(local) or shape.best(self) is not None)
+        if limited:
+            cut = shape.limited_sizes.get(trigger.beneficiary)
+            shape.limited_sizes[trigger.beneficiary] = min(size, cut or size)
+        elif missing > 0:
+            shape.failed_sizes[trigger.beneficiary] = min(size, failed or size)
         return Found(chosen, missing, examined, popped, limited)
 
     def fewest_victims(

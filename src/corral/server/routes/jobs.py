@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from corral.core import fairshare, lifecycle, pool_limits, walltime
-from corral.core.explain import explain
+from corral.core.explain import explain, preemptors_cut
 from corral.domain import errors
 from corral.domain.records import Hold, Job, JobSpec, Reason
 from corral.domain.status import Status
@@ -322,7 +322,11 @@ def _reasons(state: ServerState, job: Job) -> list[Reason]:
     fair_share = None
     if job.status in (Status.PENDING, Status.BLOCKED):
         fair_share = fairshare.explain(job.spec.pool, fair_share_now(state), state.clock.now())
-    return explain(job, workers, allocations, holds, state.clock.now(), fair_share, _pool_limit(state, job))
+    cut = None
+    if job.status == Status.PENDING and job.gang_id is None and not job.awaiting_dependencies:
+        cut = preemptors_cut(state.store.gangs.preemptors_ahead(job))
+    now = state.clock.now()
+    return explain(job, workers, allocations, holds, now, fair_share, _pool_limit(state, job), cut)
 
 
 def _pool_limit(state: ServerState, job: Job) -> Reason | None:
