@@ -75,3 +75,40 @@ def test_preemption_never_places_a_preemptor_past_its_pools_limit(
     server.run_loop("admission")
     assert api.get(f"/jobs/{low['id']}").json()["status"] == "running", "no room within team's limit"
     assert api.get(f"/jobs/{urgent['id']}").json()["reason"]["code"] == "pool_limit"
+
+
+def test_a_pool_whose_limit_is_lowered_is_preempted_back_under_it(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    """Seed 002's third trigger over HTTP: team runs three 1-GPU jobs, its limit goes down to 1:
+    the next cycle stops the two newest (reason ``preempted_pool_limit``, counted by pool), they
+    go back to the queue, and the pool's limit keeps them there while the oldest runs."""
+    register(api, "w1", gpus=4, vram_mb=1000)
+    jobs = []
+    for _ in range(3):
+        job = submit(api, resources={"gpus": 1}, pool="team", preemption_class=2)
+        running = claim(api, "w1")
+        assert running.json()["id"] == job["id"]
+        jobs.append(running.json())
+        clock.advance(60)
+    server.run_loop("admission")
+    assert {api.get(f"/jobs/{job['id']}").json()["status"] for job in jobs} == {"running"}, "within"
+    assert api.put("/pools/team", json={"limits": {"gpus": 1}}).status_code in (200, 201)
+    server.run_loop("admission")
+    after = [api.get(f"/jobs/{job['id']}").json() for job in jobs]
+    assert [job["status"] for job in after] == ["running", "preempting", "preempting"]
+    assert after[1]["reason"]["code"] == "preempted_pool_limit"
+    assert "bring pool team back within its limits" in after[1]["reason"]["message"]
+    assert after[1]["preempted_for"] == "pool:team"
+    server.run_loop("admission")
+    assert api.get(f"/jobs/{jobs[0]['id']}").json()["status"] == "running", "the stopping ones count as gone"
+    for job in jobs[1:]:
+        acked = api.post(
+            f"/jobs/{job['id']}/preempted", params={"worker_id": "w1", "attempt": job["attempt"], "epoch": 1}
+        )
+        assert acked.status_code == 200, acked.text
+    requeued = api.get(f"/jobs/{jobs[1]['id']}").json()
+    assert (requeued["status"], requeued["preempted_count"]) == ("pending", 1)
+    assert claim(api, "w1").status_code == 204, "the limit keeps them waiting"
+    assert why(api, jobs[1]["id"])[0]["code"] == "pool_limit"
+    assert 'corral_preemptions_total{pool="team",reason="pool_limit"} 2.0' in api.get("/metrics").text

@@ -67,13 +67,15 @@ class Victim:
     job_ids: tuple[str, ...]
     preemption_class: int
     cost: float
-    reason: str  # "priority", "reclaim" or "fair_share"
+    reason: str  # "priority", "reclaim", "fair_share" or "pool_limit"
 
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
     """Stop ``victims`` so that ``preemptor`` runs on ``placements`` (one per task): the preemption
-    planner's decision (``corral.core.preemption``)."""
+    planner's decision (``corral.core.preemption``). With no ``job_ids`` (and no placements), a
+    pool over its limits (``preemptor`` ``pool:<path>``) is brought back under them: the victims
+    stop, nothing is reserved (``corral.core.preemption.limits``)."""
 
     preemptor: str
     job_ids: tuple[str, ...]

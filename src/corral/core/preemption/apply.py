@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from corral.core import drain
 from corral.core.decisions import Preemption, TaskPlacement, Victim
 from corral.core.placement import free_capacity
+from corral.core.preemption.limits import limited_pool
 from corral.domain.records import Allocation, Job, Reason, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status
@@ -48,6 +49,8 @@ def start_preemption(
     phase (``checkpoint_timeout_s``); a victim gang's reserved tasks go back to ``blocked``. The
     preemptor is reserved where the plan placed it, with its ``victims_deadline``.
     """
+    if not preemption.job_ids:
+        return _stop_for_limits(preemption, jobs, now, checkpoint_timeout_s)
     tasks = [jobs.get(job_id) for job_id in preemption.job_ids]
     if any(task is None for task in tasks):
         return Plan((), None)
@@ -95,6 +98,22 @@ def start_preemption(
             tuple(job for job in moved if job.id not in reserved_ids),
         ),
     )
+
+
+def _stop_for_limits(
+    preemption: Preemption, jobs: Mapping[str, Job], now: float, checkpoint_timeout_s: float
+) -> Plan[PreemptionStarted | None]:
+    """A preemption with no preemptor (``limits.over_limits``: a pool over its limits): the
+    victims stop as any victim does, nothing is reserved; nothing at all when a victim is no
+    longer what was planned."""
+    victims = _victim_rows(preemption, jobs)
+    if victims is None:
+        return Plan((), None)
+    transitions: list[Transition] = []
+    for victim, rows in zip(preemption.victims, victims, strict=True):
+        transitions.extend(_stop_victim(victim, rows, preemption, now, checkpoint_timeout_s))
+    stopped = tuple(transition.after for transition in transitions)
+    return Plan(tuple(transitions), PreemptionStarted(preemption, (), stopped))
 
 
 def _victim_rows(preemption: Preemption, jobs: Mapping[str, Job]) -> list[tuple[Job, ...]] | None:
@@ -164,6 +183,12 @@ def _room_is_there(
 
 def victim_message(victim: Victim, preemptor: str, pool: str) -> str:
     """What a victim (of pool ``pool``) is told, by trigger; its wire code is ``preempted_<trigger>``."""
+    if victim.reason == "pool_limit":
+        path = limited_pool(preemptor) or pool
+        return (
+            f"preempted to bring pool {path} back within its limits (they are below what it runs);"
+            f" cost {victim.cost:.0f} GPU-seconds"
+        )
     if victim.reason == "priority":
         why = "(a higher preemption class) for priority"
     elif victim.reason == "fair_share":

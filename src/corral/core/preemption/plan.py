@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from corral.core.decisions import Preemption, TaskPlacement
 from corral.core.preemption.inputs import PlanInputs, Preemptor
+from corral.core.preemption.limits import limit_holdings, over_limit_pools
 from corral.core.preemption.planner import Planner
 from corral.core.preemption.rules import NEVER_PREEMPTED_CLASS, preemptor_key
 from corral.domain.records import Reason
@@ -29,12 +30,19 @@ class PreemptionPlan:
 
 
 def plan(inputs: PlanInputs) -> PreemptionPlan:
-    """The cycle's preemptions (``corral.core.preemption``): at most ``max_preemptions_per_cycle``;
-    the preemptors past it are served by the next cycle."""
-    if not inputs.preemptors or _nothing_to_plan(inputs):
+    """The cycle's preemptions (``corral.core.preemption``): first the pools over their limits are
+    preempted back under them (``limits.over_limits``, seed 002's third trigger, no preemptor),
+    then the preemptors are served; at most ``max_preemptions_per_cycle`` in all (a limits
+    preemption counts each of its victims); the preemptors past it are served by the next cycle."""
+    over = bool(over_limit_pools(limit_holdings(inputs)))
+    if not over and (not inputs.preemptors or _nothing_to_plan(inputs)):
         return PreemptionPlan()
     planner = Planner(inputs)
     budget = inputs.settings.max_preemptions_per_cycle
+    enforced = planner.enforce_limits(budget) if over else ()
+    budget -= sum(len(preemption.victims) for preemption in enforced)
+    if not inputs.preemptors:
+        return PreemptionPlan(enforced)
     preemptions: list[Preemption] = []
     waiting: list[tuple[str, Reason]] = []
     refused: list[Preemptor] = []
@@ -59,7 +67,9 @@ def plan(inputs: PlanInputs) -> PreemptionPlan:
             waiting.append((preemptor.key, found))
     if planner.books is not None:
         waiting = _aggressive_stage(planner, inputs, waiting, preemptions, budget)
-    return PreemptionPlan(tuple(preemptions), tuple(waiting), tuple(planner.fitting), tuple(planner.order))
+    return PreemptionPlan(
+        (*enforced, *preemptions), tuple(waiting), tuple(planner.fitting), tuple(planner.order)
+    )
 
 
 def _aggressive_stage(

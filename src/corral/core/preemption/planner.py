@@ -10,6 +10,7 @@ from corral.core import fairshare, pool_limits
 from corral.core.decisions import Preemption, TaskPlacement, Victim
 from corral.core.preemption import rules
 from corral.core.preemption.inputs import PlanInputs, Preemptor
+from corral.core.preemption.limits import over_limits
 from corral.core.preemption.room import Room
 from corral.core.preemption.rules import NEVER_PREEMPTED_CLASS, PLANNER_CODES, Trigger
 from corral.core.preemption.search import Search
@@ -48,6 +49,11 @@ class Planner:
         self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
         #: the preemptors given room, in the order the plan gave it
         self.order: list[str] = []
+
+    def enforce_limits(self, budget: int) -> tuple[Preemption, ...]:
+        """The pools over their limits preempted back under them (``limits.over_limits``): their
+        victims are this plan's, no preemptor takes them again."""
+        return over_limits(self.inputs, self.units.built().units, self.units.used, budget)
 
     @property
     def books(self) -> fairshare.Books | None:
