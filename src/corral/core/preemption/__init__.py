@@ -24,6 +24,10 @@ a gang is never sliced). A unit may be taken from preemptor P (class N, pool Q) 
 - its worker is usable and had no preemptive placement within ``backoff_s`` (nor earlier this
   cycle): at most one preemptive placement per worker per backoff.
 
+**Pools over their limits** (seed 002's third trigger: limits lowered below what a subtree runs)
+are preempted back under them first, with no preemptor: the minimal set of the subtree's units in
+comparator order whose resources cover the excess, reason ``pool_limit`` (``limits``).
+
 **The cost** of a unit, in GPU-seconds lost (``cost``): for a job that checkpoints, its GPUs times
 its expected checkpoint time (the median of its past checkpoint phases, else 300 s for ``auto`` and
 600 s for ``manual``); otherwise its GPUs times the time since its last checkpoint (or its start);
@@ -60,7 +64,8 @@ admission cycle and the claim), ``rules`` (cost, the victim comparator, the pree
 triggers a preemptor carries), ``inputs`` (the snapshot and settings), ``units`` (victim units and
 their fair-share groups), ``room`` (the workers' free capacity during a plan), ``triggers`` (which
 unit may be taken for whom; the pools' books), ``search`` (the victim-set search), ``planner`` (one
-preemptor), ``plan`` (the cycle and its stages), ``apply`` (``start_preemption``).
+preemptor), ``limits`` (pools over their limits), ``plan`` (the cycle and its stages), ``apply``
+(``start_preemption``).
 """
 
 from __future__ import annotations

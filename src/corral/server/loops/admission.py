@@ -17,6 +17,7 @@ from corral.core import admission, cycle
 from corral.core.admission import CycleMemo
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.preemption import Preemption, PreemptionSettings
+from corral.core.preemption.limits import limited_pool
 from corral.domain import pools
 from corral.domain.records import Hold, Job, Reason
 from corral.server import changes
@@ -259,6 +260,12 @@ class StoreEffects:
             # a gang made room for is reserved as the admission cycle reserves one: told and counted
             # the same way (seed 000's ``gang reserved``), with the victims it waits for
             record_gang_reserved(state, started.reserved, [victim.key for victim in preemption.victims])
+        over = limited_pool(preemption.preemptor)
+        if over is not None:
+            logger.warning(
+                "pool over its limits: preempting",
+                extra={"pool": over, "victims": [victim.key for victim in preemption.victims]},
+            )
         for victim in preemption.victims:
             victim_job = self.plan.jobs.get(victim.job_ids[0]) if victim.job_ids else None
             pool = victim_job.spec.pool if victim_job is not None else ""
