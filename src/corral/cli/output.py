@@ -14,6 +14,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from corral.domain.records import worded_reason
+
 MISSING = "-"
 
 
@@ -68,10 +70,11 @@ def short_time(timestamp: str | None) -> str:
 
 
 def reason_text(reason: Mapping[str, Any] | Any | None) -> str:
-    """A reason ``{code, message}`` (plain or a ``ReasonAnswer``) as ``code: message``."""
+    """A reason ``{code, message}`` (plain or a ``ReasonAnswer``) as ``code: message``: the same
+    words as the dashboard's (``records.worded_reason``)."""
     if not reason:
         return MISSING
-    return f"{reason['code']}: {reason['message']}"
+    return worded_reason(reason["code"], reason["message"])
 
 
 def pairs(mapping: Mapping[str, Any] | None) -> str:

@@ -24,6 +24,15 @@ class Reason:
     def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
 
+    def worded(self) -> str:
+        return worded_reason(self.code, self.message)
+
+
+def worded_reason(code: str, message: str) -> str:
+    """A reason as people read it, the same in every place that shows one (``corral jobs``,
+    ``show``, ``why``, ``events`` and the dashboard): ``code: message``."""
+    return f"{code}: {message}"
+
 
 @dataclass(frozen=True, slots=True)
 class Constraints:

@@ -20,7 +20,7 @@ from corral.protocol.answers import ArrayAnswer
 from corral.server.executor import Work
 from corral.server.http import answer, query_int
 from corral.server.openapi import Operation, integer
-from corral.server.routes.jobs import _job_wire, _record_cancel
+from corral.server.routes.jobs import _job_wire, _record_cancel, standing
 from corral.server.state import ServerState, state_of
 
 #: tasks ``GET /arrays/{id}`` lists unless ``limit`` says otherwise
@@ -31,7 +31,7 @@ def _array_or_404(state: ServerState, array_id: str, limit: int) -> tuple[dict[s
     counts = state.store.jobs.array_counts(array_id)
     if not counts:
         raise errors.NotFound(f"array {array_id} not found")
-    return counts, state.store.jobs.array_tasks(array_id, limit)
+    return counts, standing(state.store, state.store.jobs.array_tasks(array_id, limit))
 
 
 def _array_to_wire(
