@@ -12,6 +12,7 @@ from typing import Any
 
 from corral.domain.resources import Resources
 from corral.domain.status import Status
+from corral.domain.wording import worded_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +26,8 @@ class Reason:
         return {"code": self.code, "message": self.message}
 
     def worded(self) -> str:
+        """As people read it (``wording.worded_reason``): what the dashboard shows."""
         return worded_reason(self.code, self.message)
-
-
-def worded_reason(code: str, message: str) -> str:
-    """A reason as people read it, the same in every place that shows one (``corral jobs``,
-    ``show``, ``why``, ``events`` and the dashboard): ``code: message``."""
-    return f"{code}: {message}"
 
 
 @dataclass(frozen=True, slots=True)
