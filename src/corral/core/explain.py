@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from corral.core.admission_reasons import backfill_refused
 from corral.core.placement import Placement, first_fit, free_capacity, holds_in_way, place
-from corral.core.schedulable import never_fits, with_standing_reason
+from corral.core.schedulable import Verdicts, never_fits
 from corral.domain.clock import to_rfc3339
 from corral.domain.records import Allocation, Hold, Job, Reason, Worker
 from corral.domain.status import Status, WorkerStatus
@@ -38,7 +38,7 @@ def explain_pending(
     if never is not None and never.code == "no_workers":
         return [never]
     # the reason the job's record carries, as the workers stand now (what the jobs list shows)
-    job = with_standing_reason(job, workers)
+    job = Verdicts(workers).with_standing_reason(job)
     active = sorted(
         (worker for worker in workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
     )

@@ -38,7 +38,7 @@ from corral.core.drain import VICTIM_CLEARED, DrainCompleted, DrainStarted
 from corral.core.hearing import ALWAYS, Hearing, silence_cutoff
 from corral.domain import errors
 from corral.domain.ids import new_array_id, new_gang_id, new_job_id
-from corral.domain.records import Job, JobSpec, Reason, Worker
+from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import LEASED, TERMINAL, Status
 from corral.domain.transitions import Plan, Submission, Transition, applied, move
 
@@ -122,17 +122,22 @@ WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to pl
 
 
 def submitted(
-    specs: Sequence[JobSpec], now: float, workers: Sequence[Worker] | None = None
+    specs: Sequence[JobSpec], now: float, verdicts: schedulable.Verdicts | None = None
 ) -> tuple[Submission, ...]:
     """The jobs a submit creates, in request order: a single job ``pending`` (any worker it fits may
     claim it), a gang's ``gang_size`` tasks ``blocked`` until the admission cycle reserves them all,
     an array's tasks each a single job of its own. A job with ``after`` conditions is ``pending``
     with reason ``dependency`` until they hold (``core.dependencies``).
 
-    ``workers``: the registered workers, when the caller read them. Work none of them could ever
-    hold (``schedulable.verdict``) then carries ``unschedulable`` from its submit on, instead of a
-    reason that promises it a place."""
-    standing = _Standing(workers)
+    ``verdicts``: what the registered workers make of work, when the caller read them. Work none
+    of them could ever hold (``schedulable.Verdicts.verdict``) then carries ``unschedulable``
+    from its submit on, instead of a reason that promises it a place."""
+
+    def standing(spec: JobSpec) -> Reason | None:
+        if verdicts is None:
+            return None
+        return verdicts.verdict(spec.gang_size, spec.resources, spec.constraints)
+
     submissions: list[Submission] = []
     for offset, spec in enumerate(specs):
         stamp = now + offset * BATCH_STEP_S
@@ -140,36 +145,17 @@ def submitted(
             if spec.array is not None:
                 raise errors.InvalidRequest("an array's tasks cannot be gangs", field="array")
             gang_id = new_gang_id()
-            reason = standing.of(spec) or WAITING_FOR_GANG
+            reason = standing(spec) or WAITING_FOR_GANG
             tasks = tuple(
                 Job(new_job_id(), spec, Status.BLOCKED, stamp, gang_id, index, reason=reason)
                 for index in range(spec.gang_size)
             )
             submissions.append((gang_id, tasks))
         elif spec.array is not None:
-            submissions.append(_array_submitted(spec, stamp, standing.of(spec)))
+            submissions.append(_array_submitted(spec, stamp, standing(spec)))
         else:
-            submissions.append((None, (_pending(spec, stamp, standing.of(spec)),)))
+            submissions.append((None, (_pending(spec, stamp, standing(spec)),)))
     return tuple(submissions)
-
-
-class _Standing:
-    """``schedulable.verdict`` for each spec of one submit, once per shape of request (a batch
-    of 10,000 alike jobs asks once); None without workers read."""
-
-    def __init__(self, workers: Sequence[Worker] | None) -> None:
-        self._workers = workers
-        self._known: dict[tuple[object, ...], Reason | None] = {}
-
-    def of(self, spec: JobSpec) -> Reason | None:
-        if self._workers is None:
-            return None
-        constraints = spec.constraints
-        labels = tuple(sorted(constraints.labels.items()))
-        key = (spec.gang_size, spec.resources, constraints.gpu_model, labels)
-        if key not in self._known:
-            self._known[key] = schedulable.verdict(spec.gang_size, spec.resources, constraints, self._workers)
-        return self._known[key]
 
 
 def _pending(

@@ -55,19 +55,31 @@ def never_fits(
     could never be held at once by the usable ``workers``, even idle; None when they could.
 
     A single job is placed as a claim places it (``placement.place`` on an idle worker); a gang
-    is counted as the admission cycle counts it (tasks per idle worker, summed)."""
+    is counted as the admission cycle counts it (tasks per idle worker, summed). Workers alike
+    (the same resources, GPU model, labels and unhealthy GPUs) are asked once: a thousand
+    identical hosts cost one placement."""
     usable_workers = sorted((worker for worker in workers if usable(worker)), key=lambda worker: worker.id)
     if not usable_workers:
         return NO_WORKERS
+    shapes: dict[tuple[object, ...], tuple[Worker, int]] = {}
+    for worker in usable_workers:
+        key = (
+            worker.resources,
+            worker.gpu_model,
+            tuple(sorted(worker.labels.items())),
+            worker.unhealthy_gpus,
+        )
+        first, count = shapes.get(key, (worker, 0))
+        shapes[key] = (first, count + 1)
     if size <= 1:
-        for worker in usable_workers:
+        for worker, _ in shapes.values():
             if isinstance(place(request, constraints, worker, free_capacity(worker, ())), Placement):
                 return None
         largest = max(worker.resources.gpus for worker in usable_workers)
         return single_unschedulable(request, constraints, largest)
     ever = sum(
-        tasks_on(free_capacity(worker, ()).free, request)
-        for worker in usable_workers
+        count * tasks_on(free_capacity(worker, ()).free, request)
+        for worker, count in shapes.values()
         if matches_constraints(worker, constraints) is None
     )
     if ever >= size:
@@ -75,30 +87,42 @@ def never_fits(
     return unschedulable(size, request, constraints, ever, usable_workers)
 
 
-def verdict(
-    size: int, request: Resources, constraints: Constraints, workers: Sequence[Worker]
-) -> Reason | None:
-    """``never_fits`` when it says ``unschedulable``: what a submit and a list say against work
-    (no usable worker at all is no verdict: the first workers may still be starting)."""
-    never = never_fits(size, request, constraints, workers)
-    return never if never is not None and never.code == "unschedulable" else None
+class Verdicts:
+    """What ``workers`` make of waiting work, asked once per shape of request (a page of 500
+    alike jobs, or a batch of 10,000, asks once)."""
 
+    def __init__(self, workers: Sequence[Worker]) -> None:
+        self._workers = workers
+        self._known: dict[tuple[object, ...], Reason | None] = {}
 
-def standing_reason(job: Job, workers: Sequence[Worker]) -> Reason | None:
-    """The reason ``job`` shows now: for a pending single job whose reason only says where it
-    stands against the workers (``STANDING_CODES``), that standing as ``workers`` make it now;
-    otherwise the job's own reason."""
-    if not needs_workers(job):
-        return job.reason
-    spec = job.spec
-    never = verdict(1, spec.resources, spec.constraints, workers)
-    if never is not None:
-        return never
-    return QUEUED if job.reason is None or job.reason.code != "queued" else job.reason
+    def verdict(self, size: int, request: Resources, constraints: Constraints) -> Reason | None:
+        """``never_fits`` when it says ``unschedulable``: what a submit and a list say against
+        work (no usable worker at all is no verdict: the first workers may still be starting)."""
+        key = (size, request, constraints.gpu_model, tuple(sorted(constraints.labels.items())))
+        if key not in self._known:
+            never = never_fits(size, request, constraints, self._workers)
+            self._known[key] = never if never is not None and never.code == "unschedulable" else None
+        return self._known[key]
+
+    def standing_reason(self, job: Job) -> Reason | None:
+        """The reason ``job`` shows now: for a pending single job whose reason only says where it
+        stands against the workers (``STANDING_CODES``), that standing as the workers make it
+        now; otherwise the job's own reason."""
+        if not needs_workers(job):
+            return job.reason
+        never = self.verdict(1, job.spec.resources, job.spec.constraints)
+        if never is not None:
+            return never
+        return QUEUED if job.reason is None or job.reason.code != "queued" else job.reason
+
+    def with_standing_reason(self, job: Job) -> Job:
+        """``job`` with ``standing_reason`` in place of its stored reason (the same job when equal)."""
+        reason = self.standing_reason(job)
+        return job if reason == job.reason else replace(job, reason=reason)
 
 
 def needs_workers(job: Job) -> bool:
-    """Whether ``standing_reason`` reads the workers for ``job`` (else it is the job's own)."""
+    """Whether ``Verdicts.standing_reason`` reads the workers for ``job`` (else it is its own)."""
     return (
         job.status == Status.PENDING
         and job.gang_id is None
@@ -108,20 +132,12 @@ def needs_workers(job: Job) -> bool:
     )
 
 
-def with_standing_reason(job: Job, workers: Sequence[Worker]) -> Job:
-    """``job`` with ``standing_reason`` in place of its stored reason (the same job when equal)."""
-    reason = standing_reason(job, workers)
-    return job if reason == job.reason else replace(job, reason=reason)
-
-
 __all__ = [
     "QUEUED",
     "STANDING_CODES",
+    "Verdicts",
     "needs_workers",
     "never_fits",
     "single_unschedulable",
-    "standing_reason",
     "tasks_on",
-    "verdict",
-    "with_standing_reason",
 ]

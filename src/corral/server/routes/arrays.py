@@ -33,7 +33,7 @@ def _array_or_404(state: ServerState, array_id: str, limit: int) -> tuple[dict[s
     counts = state.store.jobs.array_counts(array_id)
     if not counts:
         raise errors.NotFound(f"array {array_id} not found")
-    return counts, standing(state.store, state.store.jobs.array_tasks(array_id, limit))
+    return counts, standing(state.store.jobs.array_tasks(array_id, limit), state.standing_verdicts)
 
 
 def _array_to_wire(
