@@ -148,3 +148,13 @@ def test_without_any_worker_a_submit_stays_queued(api):
     job = submit(api, resources={"gpus": 64})
     assert job["reason"]["code"] == "queued"
     assert api.get(f"/jobs/{job['id']}/why").json()["reasons"][0]["code"] == "no_workers"
+
+
+def test_the_dashboard_words_the_reason_as_the_cli_does(api):
+    register(api, "w1", gpus=8)
+    job = submit(api, resources={"gpus": 64})
+    page = api.get(f"/ui/jobs/{job['id']}")
+    assert page.status_code == 200
+    worded = f"unschedulable: {job['reason']['message']}"
+    assert f"— {worded}</p>" in page.text  # the status line, as `corral jobs --wide` shows it
+    assert f"<li>{worded}</li>" in page.text  # the why list, as `corral why` shows it
