@@ -17,6 +17,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -73,6 +74,51 @@ def test_the_markers_find_the_blocks_the_readme_promises() -> None:
     assert any("corral sim examples/sim/" in block.code for block in blocks)
     with pytest.raises(AssertionError, match="a runnable marker must be followed"):
         runnable_blocks("<!-- runnable -->\ntext\n")
+
+
+OPERATORS = {";", "&&", "||", "|", "&", "(", ")", ">", ">>", "<", "2>", "$("}
+
+
+def corral_commands(text: str) -> list[list[str]]:
+    """The arguments of every ``corral`` command in the README's shell blocks, runnable or not
+    (``corral server`` and ``corral worker`` have parsers of their own and are left out)."""
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()<>")
+            lexer.whitespace_split = True
+            try:
+                words = list(lexer)
+            except ValueError:  # a quote the shell itself would refuse: not a command line
+                continue
+            for index, word in enumerate(words):
+                if word != "corral" and not word.endswith("=$corral"):
+                    continue
+                rest = []
+                for argument in words[index + 1 :]:
+                    if argument in OPERATORS or set(argument) <= set(";&|()<>"):
+                        break
+                    rest.append(argument)
+                if rest and rest[0] not in ("server", "worker"):
+                    commands.append(rest)
+    return commands
+
+
+def test_every_corral_command_in_the_readme_parses(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every ``corral ...`` line of every shell block, runnable or not, is one the CLI accepts:
+    a renamed command or flag fails here even where the block cannot run (a real cluster)."""
+    from corral.cli.main import build_parser, chosen_command
+
+    commands = corral_commands(README.read_text())
+    assert len(commands) >= 40
+    refused = []
+    for arguments in commands:
+        try:
+            build_parser(chosen_command(arguments)).parse_args(arguments)
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                refused.append(f"corral {' '.join(arguments)}: {capsys.readouterr().err.strip()}")
+    assert refused == []
 
 
 def _free_port() -> int:
