@@ -76,14 +76,15 @@ def said_of_gang(gang_id: str, statuses: list[str]) -> str:
 
 
 def said_of_array(array_id: str, counts: dict[str, int]) -> str:
-    """``a-1: cancelled 8 tasks (2 had ended)``, or how many of its tasks are still stopping."""
+    """``a-1: cancelled (8 tasks; 2 had ended)``, or how many of its tasks are still stopping
+    (running ones are stopped first: the server calls that ``preempting``, said here in words)."""
     size = sum(counts.values())
     stopping = counts.get("preempting", 0) + counts.get("running", 0)
-    ended = size - counts.get("cancelled", 0) - stopping
-    before = f" ({ended} had ended)" if ended else ""
+    ended = size - counts.get("cancelled", 0) - stopping  # done or failed before the cancel
+    before = f"; {ended} had ended" if ended else ""
     if stopping:
         return (
             f"{array_id}: cancelling: stopping {stopping} running task(s) of {size}{before}; "
             "they end cancelled once they have stopped"
         )
-    return f"{array_id}: cancelled ({size} tasks{', ' + str(ended) + ' had ended' if ended else ''})"
+    return f"{array_id}: cancelled ({size} tasks{before})"
