@@ -161,3 +161,12 @@ def test_unknown_handles_answer_not_found(server, capsys):
             code, out, err = corral(server, capsys, command, handle)
             assert (code, out) == (1, ""), (command, handle)
             assert err.startswith("corral: not_found: "), (command, handle, err)
+
+
+def test_cancelling_a_waiting_array_cancels_every_task_at_once(server, api, capsys):
+    code, out, _ = corral(server, capsys, "submit", "--array", "0-2", "--", "true")
+    array_id = out.strip()
+    code, out, err = corral(server, capsys, "cancel", array_id)
+    assert (code, out, err) == (0, f"{array_id}: cancelled (3 tasks)\n", "")
+    code, out, _ = corral(server, capsys, "show", array_id)
+    assert "counts: 3 cancelled" in out
