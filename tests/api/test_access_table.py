@@ -76,6 +76,8 @@ EXPECTED: dict[tuple[str, str], frozenset[str] | str] = {
     ("GET", "/gangs/{gang_id}/why"): USERS,
     ("POST", "/gangs/{gang_id}/cancel"): OWNERS,
     ("GET", "/arrays/{array_id}"): USERS,
+    ("GET", "/arrays/{array_id}/events"): USERS,
+    ("GET", "/arrays/{array_id}/why"): USERS,
     ("POST", "/arrays/{array_id}/cancel"): OWNERS,
     ("POST", "/workers/register"): WORKERS,
     ("GET", "/workers"): USERS,

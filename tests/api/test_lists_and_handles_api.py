@@ -109,3 +109,52 @@ def test_a_worker_that_leaves_is_offline_at_once_and_comes_back_by_its_heartbeat
     assert api.post("/workers/w1/heartbeat", json={}).status_code == 200
     assert api.get("/workers/w1").json()["status"] == "active"
     assert api.post("/workers/nope/leave").status_code == 404
+
+
+def test_work_no_worker_could_ever_hold_is_unschedulable_from_its_submit_on(api):
+    """64 GPUs on 8-GPU hosts, a 5 x 4 gang on 3 x 4 GPUs, a GPU model no host has: the submit's
+    answer, the list and ``why`` all say ``unschedulable``, before any admission cycle."""
+    for worker_id in ("w1", "w2", "w3"):
+        register(api, worker_id, gpus=4, vram_mb=80000)
+    too_big = submit(api, resources={"gpus": 64})
+    no_such_model = submit(api, resources={"gpus": 1}, constraints={"gpu_model": "A100"})
+    gang = submit(api, gang_size=5, resources={"gpus": 4})
+    fits = submit(api, resources={"gpus": 4})
+    for job in (too_big, no_such_model):
+        assert job["reason"]["code"] == "unschedulable"
+        listed = [item for item in api.get("/jobs").json()["items"] if item["id"] == job["id"]]
+        assert listed[0]["reason"] == job["reason"]
+        assert api.get(f"/jobs/{job['id']}/why").json()["reasons"][0] == job["reason"]
+    assert "GPU model A100" in no_such_model["reason"]["message"]
+    task = api.get(f"/jobs/{gang['tasks'][0]}").json()
+    assert task["reason"]["code"] == "unschedulable" and "could hold 3" in task["reason"]["message"]
+    assert api.get(f"/gangs/{gang['gang_id']}/why").json()["reasons"][0] == task["reason"]
+    assert fits["reason"]["code"] == "queued"
+
+
+def test_an_unschedulable_job_is_queued_once_a_worker_that_could_hold_it_registers(api):
+    register(api, "w1", gpus=8)
+    job = submit(api, resources={"gpus": 16})
+    assert job["reason"]["code"] == "unschedulable"
+    register(api, "big", gpus=16)
+    now = api.get(f"/jobs/{job['id']}").json()["reason"]
+    assert now["code"] == "queued"
+    assert [item["reason"]["code"] for item in api.get("/jobs").json()["items"]] == ["queued"]
+    assert api.post("/workers/big/leave").json()["status"] == "offline"
+    assert api.get(f"/jobs/{job['id']}").json()["reason"]["code"] == "unschedulable"
+
+
+def test_without_any_worker_a_submit_stays_queued(api):
+    job = submit(api, resources={"gpus": 64})
+    assert job["reason"]["code"] == "queued"
+    assert api.get(f"/jobs/{job['id']}/why").json()["reasons"][0]["code"] == "no_workers"
+
+
+def test_the_dashboard_words_the_reason_as_the_cli_does(api):
+    register(api, "w1", gpus=8)
+    job = submit(api, resources={"gpus": 64})
+    page = api.get(f"/ui/jobs/{job['id']}")
+    assert page.status_code == 200
+    worded = f"unschedulable: {job['reason']['message']}"
+    assert f"— {worded}</p>" in page.text  # the status line, as `corral jobs --wide` shows it
+    assert f"<li>{worded}</li>" in page.text  # the why list, as `corral why` shows it

@@ -1,4 +1,5 @@
-"""``corral cancel JOB [JOB...]``: cancel each job (or gang, ``g-…``) and say what happened.
+"""``corral cancel ID [ID...]``: cancel each job (or gang, ``g-…``, or array, ``a-…``) and say
+what happened.
 
 A job that was waiting is ``cancelled`` at once; a running one is being stopped on its worker
 (SIGTERM, the grace, SIGKILL) and ends ``cancelled`` when it has stopped: the server calls that
@@ -15,18 +16,19 @@ import sys
 from typing import Any
 
 from corral.cli import exit_codes
-from corral.cli.options import connect
-from corral.client import ApiError
+from corral.cli.options import HANDLE_HELP, connect, handle_kind
+from corral.client_errors import ApiError
 
 
 def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     parser = subcommands.add_parser(
         "cancel",
         parents=[parent],
-        help="cancel jobs (or gangs)",
-        description="Cancel jobs; a running job is stopped first. Cancelling a gang task cancels the gang.",
+        help="cancel jobs (or gangs, arrays)",
+        description="Cancel jobs, gangs or arrays (every task not ended); a running job is stopped first. "
+        "Cancelling a gang task cancels the gang.",
     )
-    parser.add_argument("jobs", nargs="+", metavar="JOB", help="job id (j-…) or gang id (g-…)")
+    parser.add_argument("jobs", nargs="+", metavar="ID", help=HANDLE_HELP)
     parser.set_defaults(run=run)
 
 
@@ -34,13 +36,17 @@ def run(arguments: argparse.Namespace) -> int:
     code = exit_codes.OK
     with connect(arguments) as client:
         for handle in arguments.jobs:
+            kind = handle_kind(handle)
             try:
-                if handle.startswith("g-"):
-                    gang = client.cancel_gang(handle)
-                    print(said_of_gang(handle, [task.status for task in gang.tasks]))
+                if kind == "gang":
+                    gang = client.request_json("POST", f"/gangs/{handle}/cancel")
+                    print(said_of_gang(handle, [task["status"] for task in gang["tasks"]]))
+                elif kind == "array":
+                    array = client.request_json("POST", f"/arrays/{handle}/cancel")
+                    print(said_of_array(handle, array["counts"]))
                 else:
-                    job = client.cancel(handle)
-                    print(said_of_job(handle, job.status, job.worker_id, job.gang_id))
+                    job = client.request_json("POST", f"/jobs/{handle}/cancel")
+                    print(said_of_job(handle, job["status"], job.get("worker_id"), job.get("gang_id")))
             except ApiError as error:
                 print(f"corral: {error.code}: {error.message}", file=sys.stderr)
                 code = exit_codes.REFUSED
@@ -67,3 +73,18 @@ def said_of_gang(gang_id: str, statuses: list[str]) -> str:
             "the gang ends cancelled once they have stopped"
         )
     return f"{gang_id}: cancelled ({len(statuses)} tasks)"
+
+
+def said_of_array(array_id: str, counts: dict[str, int]) -> str:
+    """``a-1: cancelled (8 tasks; 2 had ended)``, or how many of its tasks are still stopping
+    (running ones are stopped first: the server calls that ``preempting``, said here in words)."""
+    size = sum(counts.values())
+    stopping = counts.get("preempting", 0) + counts.get("running", 0)
+    ended = size - counts.get("cancelled", 0) - stopping  # done or failed before the cancel
+    before = f"; {ended} had ended" if ended else ""
+    if stopping:
+        return (
+            f"{array_id}: cancelling: stopping {stopping} running task(s) of {size}{before}; "
+            "they end cancelled once they have stopped"
+        )
+    return f"{array_id}: cancelled ({size} tasks{before})"

@@ -70,6 +70,9 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         action="store_true",
         help="waiting jobs (pending, blocked): their ESTIMATED START and planned workers (squeue --start)",
     )
+    parser.add_argument(
+        "--wide", action="store_true", help="every cell in full (reasons and commands are cut otherwise)"
+    )
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
@@ -114,9 +117,9 @@ def run(arguments: argparse.Namespace) -> int:
         output.print_json(page)
         return exit_codes.OK
     if arguments.start:
-        output.print_table(START_HEADERS, [start_row(job) for job in page["items"]])
+        output.print_table(START_HEADERS, [start_row(job, arguments.wide) for job in page["items"]])
     else:
-        output.print_table(HEADERS, [row(job) for job in page["items"]])
+        output.print_table(HEADERS, [row(job, arguments.wide) for job in page["items"]])
     if page["next"]:
         print(f"(first {len(page['items'])} jobs shown: --all for every one)", file=sys.stderr)
     return exit_codes.OK
@@ -141,8 +144,14 @@ def _page(client: Client, wanted: dict[str, Any], limit: int, after: str | None)
     return page
 
 
-def row(job: Any) -> list[str]:
-    """A table row of a job: plain JSON data or a ``JobAnswer`` (both read by item)."""
+def _cut(text: str | None, width: int, wide: bool) -> str:
+    """A cell cut to ``width`` on one line, or, with ``--wide``, whole (still on one line)."""
+    return output.truncate(text, 10**9 if wide else width)
+
+
+def row(job: Any, wide: bool = False) -> list[str]:
+    """A table row of a job: plain JSON data or a ``JobAnswer`` (both read by item); ``wide``:
+    the command and the reason in full."""
     attempts, attempt = job.get("attempts") or 0, job.get("attempt") or 0
     reason = job.get("reason")
     return [
@@ -154,12 +163,12 @@ def row(job: Any) -> list[str]:
         str((job.get("resources") or {}).get("gpus", 0)),
         output.cell(job.get("worker_id")),
         output.short_time(job.get("submitted_at")),
-        output.truncate(job.get("name") or job["command"], _COMMAND_WIDTH),
-        output.truncate(output.reason_text(reason), _REASON_WIDTH) if reason else output.MISSING,
+        _cut(job.get("name") or job["command"], _COMMAND_WIDTH, wide),
+        _cut(output.reason_text(reason), _REASON_WIDTH, wide) if reason else output.MISSING,
     ]
 
 
-def start_row(job: Any) -> list[str]:
+def start_row(job: Any, wide: bool = False) -> list[str]:
     """A waiting job's planned start (``-`` without a reservation: no known start)."""
     return [
         job["id"],
@@ -168,5 +177,5 @@ def start_row(job: Any) -> list[str]:
         output.short_time(job.get("submitted_at")),
         output.short_time(job.get("estimated_start_at")),
         ",".join(job.get("planned_workers") or []) or output.MISSING,
-        output.truncate(job.get("name") or job["command"], _COMMAND_WIDTH),
+        _cut(job.get("name") or job["command"], _COMMAND_WIDTH, wide),
     ]

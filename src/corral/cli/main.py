@@ -8,6 +8,8 @@ Exit codes (also in ``corral --help``):
 - 2: usage error (bad flags or arguments): argparse's own code.
 - 3: the server is unreachable; the message names the URL and suggests ``corral up`` (or, when
   TLS failed, what to change: the URL's scheme or ``CORRAL_CA_FILE``).
+- 4: ``submit --wait`` gave up on a job no registered worker could ever hold (``unschedulable``
+  for ``--unschedulable-after`` seconds).
 
 Commands raise the SDK's ``ApiError`` / ``ServerUnreachable`` and never catch them, so every command
 reports failures the same way and no stack trace reaches the user for those cases.
@@ -37,11 +39,11 @@ COMMANDS: dict[str, str] = {
     "up": "start a local server and worker",
     "submit": "submit a job (or a gang)",
     "jobs": "list jobs",
-    "show": "every field of a job (or a gang)",
-    "logs": "what a job printed",
-    "events": "a job's (or a gang's) status changes",
-    "why": "why a job is not running (or why it ended)",
-    "cancel": "cancel jobs (or gangs)",
+    "show": "every field of a job (or a gang, an array)",
+    "logs": "what a job (or a gang, an array) printed",
+    "events": "a job's (or gang's, array's) status changes",
+    "why": "why a job (or gang, array) is not running",
+    "cancel": "cancel jobs (or gangs, arrays)",
     "workers": "list workers; drain, undrain or remove one",
     "pools": "list pools; set or delete one",
     "usage": "GPU- and CPU-hours per user and pool over a window",

@@ -61,3 +61,17 @@ def connect(arguments: argparse.Namespace) -> Client:
     from corral.client import Client
 
     return Client(arguments.server, light=True)
+
+
+#: the help of a positional that takes any handle a submit printed
+HANDLE_HELP = "job id (j-…), gang id (g-…) or array id (a-…)"
+
+
+def handle_kind(handle: str) -> str:
+    """``job``, ``gang`` or ``array``: what a handle names, by its prefix (``g-``, ``a-``; a job's
+    id, ``j-…``, and any other text are asked of the server as a job, which answers 404)."""
+    if handle.startswith("g-"):
+        return "gang"
+    if handle.startswith("a-"):
+        return "array"
+    return "job"

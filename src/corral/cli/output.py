@@ -14,6 +14,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from corral.domain.wording import worded_reason
+
 MISSING = "-"
 
 
@@ -68,10 +70,11 @@ def short_time(timestamp: str | None) -> str:
 
 
 def reason_text(reason: Mapping[str, Any] | Any | None) -> str:
-    """A reason ``{code, message}`` (plain or a ``ReasonAnswer``) as ``code: message``."""
+    """A reason ``{code, message}`` (plain or a ``ReasonAnswer``) as ``code: message``: the same
+    words as the dashboard's (``wording.worded_reason``)."""
     if not reason:
         return MISSING
-    return f"{reason['code']}: {reason['message']}"
+    return worded_reason(reason["code"], reason["message"])
 
 
 def pairs(mapping: Mapping[str, Any] | None) -> str:
@@ -87,3 +90,8 @@ def pairs(mapping: Mapping[str, Any] | None) -> str:
         )
         parts.append(f"{key}={shown}")
     return " ".join(parts)
+
+
+def counts_text(counts: Mapping[str, int]) -> str:
+    """An array's counts by status: ``3 done, 5 pending`` (statuses in name order)."""
+    return ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))

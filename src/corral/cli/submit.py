@@ -57,6 +57,8 @@ _RESOURCE_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 _FIRST_POLL_S = 0.2
 _MAX_POLL_S = 2.0
+#: ``--unschedulable-after``'s default (API.md "Lists and handles")
+UNSCHEDULABLE_AFTER_S = 60.0
 
 
 def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
@@ -108,7 +110,17 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
     parser.add_argument(
-        "--wait", action="store_true", help="wait until the job (every task) ends; exit 0 if done, else 1"
+        "--wait",
+        action="store_true",
+        help="wait until the job (every task) ends; exit 0 if done, else 1 (4: unschedulable, see below)",
+    )
+    parser.add_argument(
+        "--unschedulable-after",
+        type=_seconds,
+        default=UNSCHEDULABLE_AFTER_S,
+        metavar="SECONDS",
+        help="with --wait: stop waiting (exit 4) once the job has been unschedulable, no registered "
+        f"worker could ever hold it, for this long (default {UNSCHEDULABLE_AFTER_S:g})",
     )
     add_json_flag(parser)
     parser.add_argument("command", nargs="+", metavar="CMD", help="the command (put it after --)")
@@ -177,7 +189,53 @@ def run(arguments: argparse.Namespace) -> int:
             return exit_codes.OK
         if not arguments.json:
             print(handle, file=sys.stderr, flush=True)
-        return _wait(client, handle, arguments.json)
+        return _wait(client, handle, arguments.json, Unschedulable(arguments.unschedulable_after))
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+class Unschedulable:
+    """How long the waited-for work has been ``unschedulable`` without a break, counted on this
+    machine's clock from the first poll that saw it so (the server's reason follows the workers:
+    a worker that registers and could hold it turns it back to ``queued``, and the count starts
+    over)."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self._since: float | None = None
+        self.reason: dict[str, Any] | None = None
+
+    def seen(self, tasks: list[dict[str, Any]]) -> bool:
+        """Note this poll's tasks; True once they have been unschedulable for ``after_s``."""
+        reasons = [
+            task.get("reason")
+            for task in tasks
+            if task["status"] not in TERMINAL and (task.get("reason") or {}).get("code") == "unschedulable"
+        ]
+        if not reasons:
+            self._since, self.reason = None, None
+            return False
+        self.reason = reasons[0]
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self.after_s
+
+    def give_up(self, handle: str, final: dict[str, Any], as_json: bool) -> int:
+        """Say why the wait ends (the work itself stays queued) and exit 4."""
+        if as_json:
+            output.print_json(final)
+        print(
+            f"corral: {handle} has been {output.reason_text(self.reason)} for {self.after_s:g} s or more; "
+            f"not waiting for ever (it stays queued: `corral cancel {handle}` removes it)",
+            file=sys.stderr,
+        )
+        return exit_codes.UNSCHEDULABLE
 
 
 def submitted_id(answer: dict[str, Any]) -> str:
@@ -190,10 +248,11 @@ def submitted_id(answer: dict[str, Any]) -> str:
     return str(answer["id"])
 
 
-def _wait(client: Client, handle: str, as_json: bool) -> int:
-    """Poll (backing off to every 2 s) until every task is terminal; print the outcome."""
+def _wait(client: Client, handle: str, as_json: bool, unschedulable: Unschedulable) -> int:
+    """Poll (backing off to every 2 s) until every task is terminal; print the outcome. Work that
+    stays ``unschedulable`` for ``unschedulable.after_s`` ends the wait with exit 4."""
     if handle.startswith("a-"):
-        return _wait_array(client, handle, as_json)
+        return _wait_array(client, handle, as_json, unschedulable)
     delay = _FIRST_POLL_S
     gang = handle.startswith("g-")
     while True:
@@ -201,6 +260,8 @@ def _wait(client: Client, handle: str, as_json: bool) -> int:
         tasks: list[dict[str, Any]] = final["tasks"] if gang else [final]
         if all(task["status"] in TERMINAL for task in tasks):
             break
+        if unschedulable.seen(tasks):
+            return unschedulable.give_up(handle, final, as_json)
         time.sleep(delay)
         delay = min(delay * 1.5, _MAX_POLL_S)
     if as_json:
@@ -214,20 +275,27 @@ def _wait(client: Client, handle: str, as_json: bool) -> int:
     return exit_codes.OK if succeeded else exit_codes.REFUSED
 
 
-def _wait_array(client: Client, array_id: str, as_json: bool) -> int:
-    """``--wait`` for an array: until every task ended; its counts by status, then the outcome."""
+def _wait_array(client: Client, array_id: str, as_json: bool, unschedulable: Unschedulable) -> int:
+    """``--wait`` for an array: until every task ended; its counts by status, then the outcome.
+    Its tasks share one request, so the first task not ended tells whether they are unschedulable."""
     delay = _FIRST_POLL_S
     while True:
         final: dict[str, Any] = client.request_json("GET", f"/arrays/{array_id}", params={"limit": 0})
         counts: dict[str, int] = final["counts"]
         if all(status in TERMINAL for status in counts):
             break
+        if counts.get("pending"):
+            waiting = client.request_json(
+                "GET", "/jobs", params={"array_id": array_id, "status": "pending", "limit": 1}
+            )
+            if unschedulable.seen(waiting["items"]):
+                return unschedulable.give_up(array_id, final, as_json)
         time.sleep(delay)
         delay = min(delay * 1.5, _MAX_POLL_S)
     if as_json:
         output.print_json(final)
     else:
-        print(f"{array_id}: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())))
+        print(f"{array_id}: {output.counts_text(counts)}")
     succeeded = set(counts) == {"done"}
     return exit_codes.OK if succeeded else exit_codes.REFUSED
 

@@ -1,7 +1,10 @@
 """``corral up``: a server and local workers in one command, for a laptop or a single GPU box.
 
 ``--workers N --gpus G`` starts N workers offering G fake GPUs each (no NVML, no device): gangs,
-drains and preemptions can be tried on one machine without a GPU cluster.
+drains and preemptions can be tried on one machine without a GPU cluster. Without ``--gpus`` (nor
+``CORRAL_GPUS``) on a host where NVML finds no GPU, each worker offers ``DEFAULT_FAKE_GPUS`` fake
+GPUs, and ``up`` says so: a laptop's first ``corral submit --gpus 2`` then runs instead of waiting
+for ever on a worker of 0 GPUs (``--gpus 0`` asks for none).
 
 Both run as child processes (``python -m corral server|worker``), never imported: the CLI stays a
 client of the API, and the children are exactly what an operator would start by hand. They run in
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +47,8 @@ WORKER_ID = "local"
 #: what a fake GPU of ``--gpus`` says it is
 FAKE_GPU_MODEL = "fake"
 FAKE_GPU_VRAM_MB = 16384
+#: fake GPUs each worker offers when ``--gpus`` is not given and NVML finds none
+DEFAULT_FAKE_GPUS = 8
 START_TIMEOUT_S = 30.0
 WORKER_STOP_TIMEOUT_S = 75.0  # the worker gives running jobs 60 s (CORRAL_SHUTDOWN_TIMEOUT_S) to end
 SERVER_STOP_TIMEOUT_S = 15.0
@@ -81,7 +87,7 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         type=_non_negative,
         metavar="G",
         help="each worker offers G fake GPUs (no NVML, no real device: a way to try GPU scheduling "
-        "without a GPU); default: the worker's own detection",
+        f"without a GPU); default: the GPUs NVML finds, else {DEFAULT_FAKE_GPUS} fake ones; 0: none",
     )
     parser.set_defaults(run=run)
 
@@ -199,7 +205,8 @@ def run(arguments: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return exit_codes.REFUSED
-        for worker_arguments, log in _workers(url, arguments.workers, arguments.gpus):
+        gpus = offered_gpus(arguments.gpus)
+        for worker_arguments, log in _workers(url, arguments.workers, gpus):
             children.append(_Child("worker", worker_arguments, Path(log).resolve()))
         _announce(url, arguments.workers)
         while not signals.stop.wait(0.2):
@@ -218,6 +225,28 @@ def run(arguments: argparse.Namespace) -> int:
             timeout_s = WORKER_STOP_TIMEOUT_S if child.role == "worker" else SERVER_STOP_TIMEOUT_S
             child.stop(timeout_s, signals.hurry)
         signals.restore()
+
+
+def offered_gpus(given: int | None, detect: Callable[[], int] | None = None) -> int | None:
+    """The ``--gpus`` each worker is started with: ``given``, else none (the worker detects its
+    own) where ``CORRAL_GPUS`` is set or NVML finds a GPU, else ``DEFAULT_FAKE_GPUS``, said on
+    stdout. ``detect``: how many GPUs NVML finds (the worker's own detection by default)."""
+    if given is not None or os.environ.get("CORRAL_GPUS"):
+        return given
+    if detect is None:
+        from corral.worker.resources import detect_gpus
+
+        def detect() -> int:
+            return detect_gpus().count
+
+    if detect() > 0:
+        return None
+    print(
+        f"corral: no GPU found through NVML: each local worker offers {DEFAULT_FAKE_GPUS} fake GPUs "
+        "(--gpus G for another count, --gpus 0 for none)",
+        flush=True,
+    )
+    return DEFAULT_FAKE_GPUS
 
 
 def _listen_address(arguments: argparse.Namespace) -> tuple[str, int, str]:

@@ -71,6 +71,7 @@ from corral.core.preemption import PreemptionSettings
 from corral.core.preemption.memo import PlannerMemo
 from corral.core.preemption.rules import as_preemptor
 from corral.core.protection import unreclaimable
+from corral.core.schedulable import tasks_on
 from corral.core.snapshot import Gang, Snapshot
 from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
 from corral.domain.resources import Resources
@@ -788,20 +789,11 @@ class _Shapes:
         if key not in self._ever:
             matching = self._matching(request, constraints)
             self._ever[key] = sum(
-                count * _tasks_on(slot.empty, request)
+                count * tasks_on(slot.empty, request)
                 for slot, count, ok in zip(self.representatives, self.counts, matching, strict=True)
                 if ok
             )
         return self._ever[key]
-
-
-def _tasks_on(free: Resources, request: Resources) -> int:
-    """How many tasks of ``request`` fit in ``free`` (one when the request is empty: spread)."""
-    if request.gpus > 0 and request.vram_mb > free.vram_mb:
-        return 0
-    pairs = ((free.gpus, request.gpus), (free.cpus, request.cpus), (free.memory_mb, request.memory_mb))
-    counts = [max(0, have) // want for have, want in pairs if want > 0]
-    return min(counts) if counts else 1
 
 
 # --- step 6: the head of the queue's hold -------------------------------------------------------

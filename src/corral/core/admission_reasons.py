@@ -17,7 +17,8 @@ from corral.domain.resources import Resources
 NO_WORKERS = Reason("no_workers", "no active worker is registered: start one with `corral worker`")
 
 
-def _describe(request: Resources, constraints: Constraints | None = None) -> str:
+def describe(request: Resources, constraints: Constraints | None = None) -> str:
+    """What work asks of a worker, for people: ``2 GPU(s) with 1000 MB VRAM each, GPU model A100``."""
     parts = []
     if request.gpus:
         vram = f" with {request.vram_mb} MB VRAM each" if request.vram_mb else ""
@@ -42,12 +43,12 @@ def unschedulable(
         largest = max(worker.resources.gpus for worker in active)
         return Reason(
             "unschedulable",
-            f"no active worker can ever hold a task: needs {_describe(request, constraints)}; "
+            f"no active worker can ever hold a task: needs {describe(request, constraints)}; "
             f"the largest worker has {largest} GPU(s)",
         )
     return Reason(
         "unschedulable",
-        f"needs {size} tasks of {_describe(request, constraints)} at once; "
+        f"needs {size} tasks of {describe(request, constraints)} at once; "
         f"the active workers could hold {ever} even if idle",
     )
 
@@ -60,7 +61,7 @@ def short_reason(size: int, request: Resources, room_tasks: int, room_exact: boo
     """Not enough free capacity now: room for ``room_tasks`` (at most, unless ``room_exact``)."""
     return Reason(
         "insufficient_capacity",
-        f"needs {size} tasks of {_describe(request)} at once; {_room_text(room_tasks, room_exact)}",
+        f"needs {size} tasks of {describe(request)} at once; {_room_text(room_tasks, room_exact)}",
     )
 
 
@@ -82,7 +83,7 @@ def head_reason(
     """The head of the queue: capacity held for it on ``workers`` workers until ``expected_at``."""
     return Reason(
         "head_of_queue",
-        f"first in line: needs {size} tasks of {_describe(request)} at once; "
+        f"first in line: needs {size} tasks of {describe(request)} at once; "
         f"{_room_text(room_tasks, room_exact)}; "
         f"capacity held on {workers} worker(s), expected free {_when(expected_at, now)}",
     )
@@ -138,6 +139,7 @@ def _names(job_ids: Sequence[str], most: int = 5) -> str:
 __all__ = [
     "NO_WORKERS",
     "backfill_refused",
+    "describe",
     "head_reason",
     "held_reason",
     "reserved_reason",

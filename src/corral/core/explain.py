@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from corral.core.admission_reasons import backfill_refused
 from corral.core.placement import Placement, first_fit, free_capacity, holds_in_way, place
+from corral.core.schedulable import Verdicts, never_fits
 from corral.domain.clock import to_rfc3339
 from corral.domain.queue_order import PREEMPTOR_CANDIDATES
 from corral.domain.records import Allocation, Hold, Job, Reason, Worker
@@ -37,12 +38,15 @@ def explain_pending(
        backfill: it waits for the gang (``backfill_refused`` when the gang's start is known).
     6. Otherwise it waits for capacity held by other jobs.
     """
+    request, constraints = job.spec.resources, job.spec.constraints
+    never = never_fits(1, request, constraints, workers)
+    if never is not None and never.code == "no_workers":
+        return [never]
+    # the reason the job's record carries, as the workers stand now (what the jobs list shows)
+    job = Verdicts(workers).with_standing_reason(job)
     active = sorted(
         (worker for worker in workers if worker.status == WorkerStatus.ACTIVE), key=lambda w: w.id
     )
-    if not active:
-        return [Reason("no_workers", "no active worker is registered: start one with `corral worker`")]
-    request, constraints = job.spec.resources, job.spec.constraints
     by_worker: dict[str, list[Allocation]] = {}
     for allocation in allocations:
         by_worker.setdefault(allocation.worker_id, []).append(allocation)
@@ -57,14 +61,8 @@ def explain_pending(
             could_ever.append(worker)
         else:
             refusals.append(decision)
-    if not could_ever:
-        largest_gpus = max(worker.resources.gpus for worker in active)
-        summary = Reason(
-            "unschedulable",
-            f"no active worker can ever run this job (it needs {request.gpus} GPU(s), "
-            f"{request.memory_mb} MB, {request.cpus} CPU(s); the largest worker has {largest_gpus} GPU(s))",
-        )
-        return [summary, *refusals[:3]]
+    if never is not None:
+        return [never, *refusals[:3]]
     held_back: list[tuple[Worker, tuple[Hold, ...]]] = []
     for worker in could_ever:
         capacity = free_capacity(worker, by_worker.get(worker.id, []))

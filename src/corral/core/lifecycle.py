@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from corral.core import dependencies, drain
+from corral.core import dependencies, drain, schedulable
 from corral.core.drain import VICTIM_CLEARED, DrainCompleted, DrainStarted
 from corral.core.hearing import ALWAYS, Hearing, silence_cutoff
 from corral.domain import errors
@@ -116,16 +116,28 @@ def _not_running(job: Job) -> errors.Conflict:
 BATCH_STEP_S = 1e-6
 #: failure codes another attempt would meet again (``drain.NOT_RETRIED``)
 NOT_RETRIED = drain.NOT_RETRIED
-QUEUED = Reason("queued", "waiting for a worker with free capacity")
+QUEUED = schedulable.QUEUED
 WAITING_FOR_DEPENDENCY = dependencies.WAITING_FOR_DEPENDENCY
 WAITING_FOR_GANG = Reason("gang_waiting", "waiting for the admission cycle to place the whole gang")
 
 
-def submitted(specs: Sequence[JobSpec], now: float) -> tuple[Submission, ...]:
+def submitted(
+    specs: Sequence[JobSpec], now: float, verdicts: schedulable.Verdicts | None = None
+) -> tuple[Submission, ...]:
     """The jobs a submit creates, in request order: a single job ``pending`` (any worker it fits may
     claim it), a gang's ``gang_size`` tasks ``blocked`` until the admission cycle reserves them all,
     an array's tasks each a single job of its own. A job with ``after`` conditions is ``pending``
-    with reason ``dependency`` until they hold (``core.dependencies``)."""
+    with reason ``dependency`` until they hold (``core.dependencies``).
+
+    ``verdicts``: what the registered workers make of work, when the caller read them. Work none
+    of them could ever hold (``schedulable.Verdicts.verdict``) then carries ``unschedulable``
+    from its submit on, instead of a reason that promises it a place."""
+
+    def standing(spec: JobSpec) -> Reason | None:
+        if verdicts is None:
+            return None
+        return verdicts.verdict(spec.gang_size, spec.resources, spec.constraints)
+
     submissions: list[Submission] = []
     for offset, spec in enumerate(specs):
         stamp = now + offset * BATCH_STEP_S
@@ -133,28 +145,34 @@ def submitted(specs: Sequence[JobSpec], now: float) -> tuple[Submission, ...]:
             if spec.array is not None:
                 raise errors.InvalidRequest("an array's tasks cannot be gangs", field="array")
             gang_id = new_gang_id()
+            reason = standing(spec) or WAITING_FOR_GANG
             tasks = tuple(
-                Job(new_job_id(), spec, Status.BLOCKED, stamp, gang_id, index, reason=WAITING_FOR_GANG)
+                Job(new_job_id(), spec, Status.BLOCKED, stamp, gang_id, index, reason=reason)
                 for index in range(spec.gang_size)
             )
             submissions.append((gang_id, tasks))
         elif spec.array is not None:
-            submissions.append(_array_submitted(spec, stamp))
+            submissions.append(_array_submitted(spec, stamp, standing(spec)))
         else:
-            submissions.append((None, (_pending(spec, stamp),)))
+            submissions.append((None, (_pending(spec, stamp, standing(spec)),)))
     return tuple(submissions)
 
 
-def _pending(spec: JobSpec, stamp: float, array: tuple[str, int, int, int | None] | None = None) -> Job:
-    """A single job as submitted: queued, or waiting on its dependencies; ``array``: a task's
-    array id, index, array size and throttle."""
+def _pending(
+    spec: JobSpec,
+    stamp: float,
+    standing: Reason | None = None,
+    array: tuple[str, int, int, int | None] | None = None,
+) -> Job:
+    """A single job as submitted: queued (or ``standing``: it could never be placed), or waiting
+    on its dependencies; ``array``: a task's array id, index, array size and throttle."""
     array_id, array_index, array_size, array_throttle = array or (None, None, None, None)
     return Job(
         new_job_id(),
         spec,
         Status.PENDING,
         stamp,
-        reason=WAITING_FOR_DEPENDENCY if spec.after else QUEUED,
+        reason=WAITING_FOR_DEPENDENCY if spec.after else standing or QUEUED,
         awaiting_dependencies=bool(spec.after),
         array_id=array_id,
         array_index=array_index,
@@ -163,7 +181,7 @@ def _pending(spec: JobSpec, stamp: float, array: tuple[str, int, int, int | None
     )
 
 
-def _array_submitted(spec: JobSpec, stamp: float) -> Submission:
+def _array_submitted(spec: JobSpec, stamp: float, standing: Reason | None) -> Submission:
     """An array's tasks in index order, each stamped a step after the one before (queue order)."""
     assert spec.array is not None
     array_id = new_array_id()
@@ -171,7 +189,10 @@ def _array_submitted(spec: JobSpec, stamp: float) -> Submission:
     task_spec = replace(spec, array=None)
     tasks = tuple(
         _pending(
-            task_spec, stamp + position * BATCH_STEP_S, (array_id, index, len(indices), spec.array.throttle)
+            task_spec,
+            stamp + position * BATCH_STEP_S,
+            standing,
+            (array_id, index, len(indices), spec.array.throttle),
         )
         for position, index in enumerate(indices)
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 from corral.domain.resources import Resources
 from corral.domain.status import Status
+from corral.domain.wording import worded_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,10 @@ class Reason:
 
     def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
+
+    def worded(self) -> str:
+        """As people read it (``wording.worded_reason``): what the dashboard shows."""
+        return worded_reason(self.code, self.message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,8 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("GET", "/gangs/{gang_id}/why"): READ,
     ("POST", "/gangs/{gang_id}/cancel"): OWN_GANG,
     ("GET", "/arrays/{array_id}"): READ,
+    ("GET", "/arrays/{array_id}/events"): READ,
+    ("GET", "/arrays/{array_id}/why"): READ,
     ("POST", "/arrays/{array_id}/cancel"): OWN_ARRAY,
     # workers
     ("POST", "/workers/register"): WORKER_BODY,

@@ -26,6 +26,7 @@ from corral.core import cycle
 from corral.core.claim import Claim
 from corral.core.hearing import Hearing
 from corral.core.preemption import PreemptionSettings
+from corral.core.schedulable import Verdicts
 from corral.domain import pools
 from corral.domain.clock import Clock
 from corral.domain.pools import Pool, PoolDefaults
@@ -38,6 +39,9 @@ from corral.server.offload import StoreProcess
 from corral.server.signal import WorkSignal
 from corral.server.store_health import StoreHealth
 from corral.store import Store
+
+#: how long ``ServerState.standing_verdicts`` keeps the workers it read
+WORKERS_KEPT_S = 1.0
 
 
 @dataclass
@@ -88,6 +92,10 @@ class ServerState:
     _claim: tuple[float, dict[str, Pool], Claim] | None = field(default=None, init=False)
     #: bumped by ``pools_changed``: a claim policy read before the bump is never kept after it
     _pools_generation: int = field(default=0, init=False)
+    #: the registered workers as last read for the reasons of waiting work, and when
+    #: (``standing_workers``)
+    _workers: tuple[float, Verdicts] | None = field(default=None, init=False)
+    _workers_generation: int = field(default=0, init=False)
 
     def __post_init__(self, planner: StoreProcess | None, reader: StoreProcess | None) -> None:
         settings = self.settings
@@ -143,6 +151,28 @@ class ServerState:
         """A pool was stored or deleted here: the next claim reads the pools again."""
         self._pools_generation += 1
         self._claim = None
+
+    def standing_verdicts(self) -> Verdicts:
+        """What the registered workers make of waiting work, for what a submit and a read say
+        about it (``core.schedulable``: ``unschedulable`` or ``queued``), each shape of request
+        asked once while the workers are kept: read again once ``WORKERS_KEPT_S`` old, and at
+        once after this replica registered, drained, undrained, removed a worker or heard it
+        leave (``workers_changed``), so a submit does not read every worker. A worker another
+        replica registered, or one the reaper found silent, reaches these reasons within
+        ``WORKERS_KEPT_S``."""
+        kept = self._workers
+        now = time.monotonic()
+        if kept is None or now - kept[0] >= WORKERS_KEPT_S:
+            generation = self._workers_generation
+            kept = (now, Verdicts(self.store.workers.workers()))
+            if generation == self._workers_generation:
+                self._workers = kept
+        return kept[1]
+
+    def workers_changed(self) -> None:
+        """A worker came, went or changed status here: the next ``standing_verdicts`` reads again."""
+        self._workers_generation += 1
+        self._workers = None
 
     def released(self, gang_waiting: bool = False) -> None:
         """Capacity may have come free: wake long-polling claims, and the admission cycle when a

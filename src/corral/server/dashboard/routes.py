@@ -33,7 +33,7 @@ from corral.server.dashboard import views
 from corral.server.executor import Work
 from corral.server.http import query_int
 from corral.server.openapi import HTML, Operation, integer, string
-from corral.server.routes.jobs import _decode_cursor, _encode_cursor, _record_cancel
+from corral.server.routes.jobs import _decode_cursor, _encode_cursor, _record_cancel, standing
 from corral.server.routes.pools import fair_share_now
 from corral.server.state import state_of, store_handler
 from corral.store.base import JobFilter
@@ -104,7 +104,7 @@ def job_list(request: Request) -> Response:
         gang_id=params.get("gang_id") or None,
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
-    jobs = views.job_list(state.store.jobs, filters, PAGE_SIZE, after)
+    jobs = standing(views.job_list(state.store.jobs, filters, PAGE_SIZE, after), state.standing_verdicts)
     kept = {key: params[key] for key in ("status", "pool", "worker_id", "gang_id") if params.get(key)}
     next_link = None
     if len(jobs) == PAGE_SIZE:
@@ -126,6 +126,7 @@ def job_page(request: Request) -> Response:
     job = state.store.jobs.get_job(job_id)
     if job is None:
         return _not_found(request, f"job {job_id}")
+    (job,) = standing([job], state.standing_verdicts)  # the reason it shows now, as the API says it
     page = views.job_page(state.store, job, state.clock.now(), principal_of(request))
     shown = query_int(request, "attempt", required=False, default=job.attempts)
     return _render(request, "job.html", title=f"Job {job.id}", shown_attempt=shown, **page)

@@ -1,5 +1,6 @@
 """Arrays (API.md "Arrays and dependencies"): ``GET /arrays/{id}`` (counts by status and the first
-page of tasks) and ``POST /arrays/{id}/cancel``. An array's tasks are jobs of their own: they are
+page of tasks), ``GET /arrays/{id}/events`` and ``/why`` (as a gang's: "Lists and handles") and
+``POST /arrays/{id}/cancel``. An array's tasks are jobs of their own: they are
 listed with ``GET /jobs?array_id=`` and read, cancelled and followed like any job."""
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from corral.core import lifecycle
 from corral.domain import errors
 from corral.domain.arrays import MAX_ARRAY_TASKS
 from corral.domain.records import Job
-from corral.domain.status import TERMINAL
-from corral.protocol.answers import ArrayAnswer
+from corral.domain.status import LEASED, TERMINAL, Status
+from corral.protocol.answers import ArrayAnswer, EventsAnswer, WhyAnswer
+from corral.protocol.wire import event_to_wire
 from corral.server.executor import Work
 from corral.server.http import answer, query_int
 from corral.server.openapi import Operation, integer
-from corral.server.routes.jobs import _job_wire, _record_cancel
+from corral.server.routes.jobs import _job_wire, _reasons, _record_cancel, standing
 from corral.server.state import ServerState, state_of
 
 #: tasks ``GET /arrays/{id}`` lists unless ``limit`` says otherwise
@@ -31,7 +33,7 @@ def _array_or_404(state: ServerState, array_id: str, limit: int) -> tuple[dict[s
     counts = state.store.jobs.array_counts(array_id)
     if not counts:
         raise errors.NotFound(f"array {array_id} not found")
-    return counts, state.store.jobs.array_tasks(array_id, limit)
+    return counts, standing(state.store.jobs.array_tasks(array_id, limit), state.standing_verdicts)
 
 
 def _array_to_wire(
@@ -68,6 +70,64 @@ async def cancel_array(request: Request) -> Response:
     return answer(ArrayAnswer, _array_to_wire(request, array_id, counts, tasks))
 
 
+async def array_events(request: Request) -> Response:
+    state = state_of(request)
+    return await state.executor.run(Work.LONG, _array_events, state, request.path_params["array_id"])
+
+
+def _array_events(state: ServerState, array_id: str) -> Response:
+    """Every task's events in one story, in time order, each naming its task (``job_id``,
+    ``array_index``): what ``corral events A`` prints (as a gang's, ``GET /gangs/{id}/events``)."""
+    _, tasks = _array_or_404(state, array_id, MAX_ARRAY_TASKS)
+    told: list[tuple[float, int, int, dict[str, Any]]] = []
+    for task in tasks:
+        index = task.array_index or 0
+        for seq, event in enumerate(state.store.jobs.job_events(task.id)):
+            wire = {**event_to_wire(event), "job_id": task.id, "array_index": task.array_index}
+            told.append((event.at, seq, index, wire))
+    told.sort(key=lambda item: item[:3])
+    return answer(EventsAnswer, {"items": [wire for *_, wire in told]})
+
+
+async def array_why(request: Request) -> Response:
+    state = state_of(request)
+    return await state.executor.run(Work.LONG, _array_why, state, request.path_params["array_id"])
+
+
+def _array_why(state: ServerState, array_id: str) -> Response:
+    """The array's status (``array_status``), its counts, and the reasons of the task that tells
+    its story: the first failed one, else the first still waiting (its tasks share one request, so
+    one waiting task waits for what they all wait for), else the first not ended, else the first."""
+    counts, tasks = _array_or_404(state, array_id, MAX_ARRAY_TASKS)
+    failed = [task for task in tasks if task.status == Status.FAILED]
+    waiting = [task for task in tasks if not task.status.is_terminal and not task.status.holds_resources]
+    open_tasks = [task for task in tasks if not task.status.is_terminal]
+    told = (failed or waiting or open_tasks or tasks)[0]
+    return answer(
+        WhyAnswer,
+        {
+            "status": array_status(counts),
+            "reasons": [reason.to_dict() for reason in _reasons(state, told)],
+            "array_id": array_id,
+            "counts": counts,
+            "job_id": told.id,
+        },
+    )
+
+
+def array_status(counts: dict[str, int]) -> str:
+    """One word for an array: ``running`` while a task runs (or is being stopped), else ``pending``
+    while one waits, else ``done`` when every task is, else ``failed`` when one failed, else
+    ``cancelled``."""
+    if any(status in LEASED for status in counts):
+        return "running"
+    if any(status not in TERMINAL for status in counts):
+        return "pending"
+    if set(counts) == {"done"}:
+        return "done"
+    return "failed" if "failed" in counts else "cancelled"
+
+
 def _cancel_array(
     state: ServerState, array_id: str, now: float
 ) -> tuple[tuple[Job, ...], dict[str, int], list[Job]]:
@@ -102,6 +162,22 @@ described = [
         errors=(404,),
     ),
     Operation(
+        "GET",
+        "/arrays/{array_id}/events",
+        "every task's status history in one story, oldest first (each item names its job_id)",
+        "arrays",
+        {200: EventsAnswer},
+        errors=(404,),
+    ),
+    Operation(
+        "GET",
+        "/arrays/{array_id}/why",
+        "why the array is where it is: its counts and the reasons of its most telling task",
+        "arrays",
+        {200: WhyAnswer},
+        errors=(404,),
+    ),
+    Operation(
         "POST",
         "/arrays/{array_id}/cancel",
         "cancel every task of the array not yet ended",
@@ -113,5 +189,7 @@ described = [
 
 routes = [
     Route("/arrays/{array_id}", get_array, methods=["GET"]),
+    Route("/arrays/{array_id}/events", array_events, methods=["GET"]),
+    Route("/arrays/{array_id}/why", array_why, methods=["GET"]),
     Route("/arrays/{array_id}/cancel", cancel_array, methods=["POST"]),
 ]

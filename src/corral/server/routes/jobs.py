@@ -7,7 +7,7 @@ import binascii
 import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from corral.core import fairshare, lifecycle, pool_limits, walltime
 from corral.core.explain import explain, preemptors_cut
+from corral.core.schedulable import Verdicts, needs_workers
 from corral.domain import errors
 from corral.domain.records import Hold, Job, JobSpec, Reason
 from corral.domain.status import Status
@@ -124,7 +125,10 @@ def _store_submission(
     _check_dependencies(state.store, specs)
     # An Idempotency-Key is its submitter's own (the token's name; everyone's alike without auth)
     key_owner = owner or ""
-    return specs, state.store.jobs.submit(lifecycle.submitted(specs, now), now, key, fingerprint, key_owner)
+    # the workers as they stand, so work none could ever hold says so from its submit on
+    return specs, state.store.jobs.submit(
+        lifecycle.submitted(specs, now, state.standing_verdicts()), now, key, fingerprint, key_owner
+    )
 
 
 def _check_dependencies(store: Store, specs: list[JobSpec]) -> None:
@@ -206,7 +210,7 @@ def _job_page(
     principal: Principal | None,
 ) -> Response:
     """Read and encode a page (on a store thread)."""
-    jobs = state.store.jobs.list_jobs(filters, limit, after)
+    jobs = standing(state.store.jobs.list_jobs(filters, limit, after), state.standing_verdicts)
     next_cursor = _encode_cursor(jobs[-1]) if len(jobs) == limit else None
     # Not checked against JobPage item by item: 5,000 jobs would cost ~50 ms of validation; the
     # items are the same job_to_wire as every single-job answer, which is checked.
@@ -226,7 +230,7 @@ def job_chunk(
     """Up to ``limit`` jobs after ``after``, encoded as JSON array items (no brackets), as the
     caller may see them; how many, and the last one's place in the order (by the reader process,
     or a store thread)."""
-    jobs = store.jobs.list_jobs(filters, limit, after)
+    jobs = standing(store.jobs.list_jobs(filters, limit, after), lambda: Verdicts(store.workers.workers()))
     holds = holds_for(store, jobs)
     encoded = b",".join(orjson.dumps(redact_job(job_to_wire(job, holds), principal)) for job in jobs)
     return encoded, len(jobs), (jobs[-1].submitted_at, jobs[-1].id) if jobs else None
@@ -266,6 +270,17 @@ def _job_or_404(state: ServerState, job_id: str) -> Job:
     return job
 
 
+def standing(jobs: Sequence[Job], verdicts: Callable[[], Verdicts]) -> list[Job]:
+    """``jobs`` with the reason each shows now (``schedulable.Verdicts``): a pending job's
+    ``queued`` / ``unschedulable`` follows the workers registered since its submit. ``verdicts``
+    (``ServerState.standing_verdicts``, or the store's own read in the reader process) is called
+    only when one of ``jobs`` needs them."""
+    if not any(needs_workers(job) for job in jobs):
+        return list(jobs)
+    known = verdicts()
+    return [known.with_standing_reason(job) for job in jobs]
+
+
 def holds_for(store: Store, jobs: Sequence[Job]) -> list[Hold]:
     """The holds table when any of ``jobs`` waits (its reservation is shown), else nothing."""
     return store.gangs.list_holds() if any(job.status in WAITING for job in jobs) else []
@@ -277,7 +292,7 @@ def _job_wire(request: Request, job: Job, holds: Sequence[Hold] = ()) -> dict[st
 
 
 def _job_with_holds(state: ServerState, job_id: str) -> tuple[Job, list[Hold]]:
-    job = _job_or_404(state, job_id)
+    (job,) = standing([_job_or_404(state, job_id)], state.standing_verdicts)
     return job, holds_for(state.store, [job])
 
 

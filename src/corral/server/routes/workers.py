@@ -62,11 +62,13 @@ def _view(state: ServerState, worker_id: str) -> WorkerView:
 
 def _register(state: ServerState, registration: WorkerRegistration, now: float) -> WorkerView:
     worker = state.store.workers.register_worker(registration, now)
+    state.workers_changed()
     return _view(state, worker.id)
 
 
 def _drain(state: ServerState, worker_id: str) -> WorkerView:
     worker = state.store.workers.drain_worker(worker_id)
+    state.workers_changed()
     return _view(state, worker.id)
 
 
@@ -191,6 +193,7 @@ async def drain(request: Request) -> Response:
 
 def _undrain(state: ServerState, worker_id: str) -> WorkerView:
     worker = state.store.workers.undrain_worker(worker_id)
+    state.workers_changed()
     return _view(state, worker.id)
 
 
@@ -214,6 +217,7 @@ async def leave(request: Request) -> Response:
 
 def _leave(state: ServerState, worker_id: str) -> WorkerView:
     state.store.workers.change_worker(worker_id, worker_rules.leaves)
+    state.workers_changed()
     return _view(state, worker_id)
 
 
@@ -225,6 +229,7 @@ async def remove(request: Request) -> Response:
     await state.executor.run(
         Work.STORE, state.store.workers.remove_worker, worker_id, worker_rules.removal_refused
     )
+    state.workers_changed()
     logger.info("worker removed", extra={"worker_id": worker_id})
     return Response(status_code=204)
 
