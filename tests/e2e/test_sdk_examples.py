@@ -1,0 +1,64 @@
+"""Every example in the SDK's docstrings (``corral.client``, ``corral.handles``) runs, against a
+real server and two real workers, and prints what its docstring says it prints.
+
+An example reads ``corral``, a ``Client`` connected to that server. Each docstring is one test, so
+a failure names the call whose documentation went wrong; ``...`` in an expected output stands for
+what changes from run to run (ids, times).
+"""
+
+from __future__ import annotations
+
+import doctest
+import io
+from collections.abc import Iterator
+
+import pytest
+
+import corral.client
+import corral.handles
+from corral.client import Client
+from tests.e2e.sdk_cluster import running_cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+EXAMPLES = [
+    test
+    for module in (corral.client, corral.handles)
+    for test in doctest.DocTestFinder().find(module)
+    if test.examples
+]
+
+
+@pytest.fixture(scope="module")
+def connected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    with running_cluster(tmp_path_factory.mktemp("sdk-examples")) as url, Client(url) as client:
+        yield client
+
+
+def test_the_public_calls_have_examples():
+    """The calls a script reaches for first each show how, in their docstring."""
+    documented = {test.name.removeprefix("corral.") for test in EXAMPLES}
+    wanted = {
+        "client.Client.submit",
+        "client.Client.submit_body",
+        "client.Client.handle",
+        "handles.JobHandle.wait",
+        "handles.JobHandle.logs",
+        "handles.JobHandle.cancel",
+        "handles.JobHandle.refresh",
+        "handles.JobHandle.status",
+        "handles.GangHandle",
+        "handles.GangHandle.cancel",
+        "handles.ArrayHandle",
+        "handles.ArrayHandle.cancel",
+    }
+    assert wanted <= documented, sorted(wanted - documented)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[test.name.removeprefix("corral.") for test in EXAMPLES])
+def test_the_docstring_example_runs_as_written(example: doctest.DocTest, connected: Client):
+    example.globs = {**example.globs, "corral": connected}
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report = io.StringIO()
+    runner.run(example, out=report.write)
+    assert runner.failures == 0, report.getvalue()
