@@ -253,13 +253,22 @@ class Client(Connection):
         return self._answer(JobAnswer, "GET", f"/jobs/{job_id}")
 
     def events(self, job_id: str) -> list[EventAnswer]:
-        """The job's history, oldest first (``JobHandle.events``)."""
+        """The job's history, oldest first (``JobHandle.events``).
+
+        >>> job = corral.submit("true", gpus=64)
+        >>> [event.to for event in corral.events(job.id)]
+        ['pending']
+        """
         from corral.protocol.answers import EventsAnswer
 
         return self._answer(EventsAnswer, "GET", f"/jobs/{job_id}/events").items
 
     def why(self, job_id: str) -> WhyAnswer:
-        """Why the job is not running, or why it ended (``JobHandle.why``)."""
+        """Why the job is not running, or why it ended (``JobHandle.why``).
+
+        >>> corral.why(corral.submit("true", gpus=64).id).status
+        'pending'
+        """
         from corral.protocol.answers import WhyAnswer
 
         return self._answer(WhyAnswer, "GET", f"/jobs/{job_id}/why")
@@ -299,7 +308,12 @@ class Client(Connection):
     ) -> Iterator[LogChunk]:
         """The attempt's output as it is written, until the attempt ends: each chunk as it is
         stored. Polls ``GET /jobs/{id}/logs`` from where the last read ended (so it resumes cleanly
-        through a lost connection or another replica) and ends once the job is past the attempt."""
+        through a lost connection or another replica) and ends once the job is past the attempt.
+
+        >>> job = corral.submit("echo one; echo two")
+        >>> b"".join(chunk.data for chunk in corral.follow_logs(job.id, poll_s=0.1)).split()
+        [b'one', b'two']
+        """
         while True:
             chunk = self.logs(job_id, attempt, offset)
             attempt = chunk.attempt
@@ -320,25 +334,45 @@ class Client(Connection):
             time.sleep(poll_s)
 
     def gang(self, gang_id: str) -> GangAnswer:
-        """The gang: its size, status and every task's job by rank (``GangHandle.refresh``)."""
+        """The gang: its size, status and every task's job by rank (``GangHandle.refresh``).
+
+        >>> answer = corral.gang(corral.submit("true", gang_size=2).id)
+        >>> answer.size, [task.gang_index for task in answer.tasks]
+        (2, [0, 1])
+        """
         from corral.protocol.answers import GangAnswer
 
         return self._answer(GangAnswer, "GET", f"/gangs/{gang_id}")
 
     def cancel_gang(self, gang_id: str) -> GangAnswer:
-        """Cancel every task of the gang (``GangHandle.cancel``)."""
+        """Cancel every task of the gang (``GangHandle.cancel``).
+
+        >>> corral.cancel_gang(corral.submit("true", gang_size=2, gpus=64).id).status
+        'cancelled'
+        """
         from corral.protocol.answers import GangAnswer
 
         return self._answer(GangAnswer, "POST", f"/gangs/{gang_id}/cancel")
 
     def gang_events(self, gang_id: str) -> list[EventAnswer]:
-        """Every task's events in time order, each naming its task (``job_id``, ``gang_index``)."""
+        """Every task's events in time order, each naming its task (``job_id``, ``gang_index``).
+
+        >>> gang = corral.submit("true", gang_size=2, gpus=64)
+        >>> sorted({event["job_id"] for event in corral.gang_events(gang.id)}) == sorted(
+        ...     task.id for task in gang.tasks
+        ... )
+        True
+        """
         from corral.protocol.answers import EventsAnswer
 
         return self._answer(EventsAnswer, "GET", f"/gangs/{gang_id}/events").items
 
     def gang_why(self, gang_id: str) -> WhyAnswer:
-        """The gang's status and the reasons of its most telling task (named by ``job_id``)."""
+        """The gang's status and the reasons of its most telling task (named by ``job_id``).
+
+        >>> corral.gang_why(corral.submit("true", gang_size=2, gpus=64).id).status
+        'blocked'
+        """
         from corral.protocol.answers import WhyAnswer
 
         return self._answer(WhyAnswer, "GET", f"/gangs/{gang_id}/why")
@@ -357,7 +391,13 @@ class Client(Connection):
         return self._answer(ArrayAnswer, "GET", f"/arrays/{array_id}", params={"limit": limit})
 
     def cancel_array(self, array_id: str) -> ArrayAnswer:
-        """Cancel every task of the array that has not ended, owner or admin (``ArrayHandle.cancel``)."""
+        """Cancel every task of the array that has not ended, owner or admin (``ArrayHandle.cancel``);
+        ``ApiError`` 409 ``already_terminal`` when every task had ended.
+
+        >>> array = corral.submit("true", array="0-1", gpus=64)
+        >>> corral.cancel_array(array.id).counts
+        {'cancelled': 2}
+        """
         from corral.protocol.answers import ArrayAnswer
 
         return self._answer(ArrayAnswer, "POST", f"/arrays/{array_id}/cancel")
@@ -397,7 +437,11 @@ class Client(Connection):
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/drain")
 
     def undrain_worker(self, worker_id: str) -> WorkerAnswer:
-        """Place work on a drained worker again (admin)."""
+        """Place work on a drained worker again (admin).
+
+        >>> corral.undrain_worker("w2").status
+        'active'
+        """
         from corral.protocol.answers import WorkerAnswer
 
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/undrain")
@@ -439,7 +483,11 @@ class Client(Connection):
         return self._answer(PoolPage, "GET", "/pools").items
 
     def pool(self, path: str) -> PoolAnswer:
-        """One pool: its settings, demand, usage and fair share; 404 for an unknown path."""
+        """One pool: its settings, demand, usage and fair share; 404 for an unknown path.
+
+        >>> corral.pool("default").path
+        'default'
+        """
         from corral.protocol.answers import PoolAnswer
 
         return self._answer(PoolAnswer, "GET", f"/pools/{path}")
@@ -457,13 +505,24 @@ class Client(Connection):
         return self._answer(PoolAnswer, "PUT", f"/pools/{path}", body or {})
 
     def delete_pool(self, path: str) -> None:
-        """Remove a pool's settings (admin); 409 while it holds jobs."""
+        """Remove a pool's settings (admin); 409 while it holds jobs.
+
+        >>> corral.put_pool("scratch", {"weight": 1}).path
+        'scratch'
+        >>> corral.delete_pool("scratch")
+        >>> "scratch" in [pool.path for pool in corral.pools()]
+        False
+        """
         self.request("DELETE", f"/pools/{path}")
 
     # --- operations ------------------------------------------------------------------------
 
     def health(self) -> HealthAnswer:
-        """The server's ``GET /health``: ``status``, ``instance_id``, ``uptime_s``, ``version``."""
+        """The server's ``GET /health``: ``status``, ``instance_id``, ``uptime_s``, ``version``.
+
+        >>> corral.health().uptime_s > 0
+        True
+        """
         from corral.protocol.answers import HealthAnswer
 
         return self._answer(HealthAnswer, "GET", "/health")

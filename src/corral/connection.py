@@ -92,6 +92,8 @@ class Connection:
         self.close()
 
     def close(self) -> None:
+        """Close the connections kept for reuse (``with Client(...) as corral:`` does it on the way
+        out); a later call opens a new one."""
         self._http.close()
 
     def request(
@@ -104,7 +106,11 @@ class Connection:
         timeout_s: float | None = None,
     ) -> Response:
         """Send one request (a ``bytes`` body as is, anything else as JSON); the raw answer.
-        ``ApiError`` for an error status, ``ServerUnreachable`` when no answer came."""
+        ``ApiError`` for an error status, ``ServerUnreachable`` when no answer came.
+
+        >>> corral.request("GET", "/healthz").status_code
+        200
+        """
         content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
         give_up = time.monotonic() + self.busy_retry_s
         while True:
@@ -132,7 +138,11 @@ class Connection:
         """The decoded answer as plain JSON data, read into no model (None for an empty answer):
         for callers that only print it, like the CLI's everyday commands, which then start
         without pydantic; and for any route this client has no method for. Errors as for every
-        call."""
+        call.
+
+        >>> corral.request_json("GET", "/health")["status"]
+        'ok'
+        """
         return self._decode(self.request(method, path, body, params=params, headers=headers))
 
     def _answer(
@@ -153,7 +163,12 @@ class Connection:
 
     def download_checkpoint(self, job_id: str) -> bytes | None:
         """The job's stored checkpoint (``GET /jobs/{id}/checkpoint``), or None when it has none:
-        a user reads it to resume elsewhere, a worker to hand it to the job's next attempt."""
+        a user reads it to resume elsewhere, a worker to hand it to the job's next attempt.
+
+        >>> job = corral.submit("true", gpus=64)
+        >>> corral.download_checkpoint(job.id) is None
+        True
+        """
         response = self.request("GET", f"/jobs/{job_id}/checkpoint")
         return None if response.status_code == 204 else response.content
 

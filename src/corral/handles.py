@@ -14,8 +14,8 @@ every one), with ``corral`` a connected ``corral.client.Client``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from corral import log_lines
 from corral.client_errors import ClientError, WaitTimeout
@@ -27,10 +27,13 @@ if TYPE_CHECKING:
         EventAnswer,
         GangAnswer,
         JobAnswer,
+        ReasonAnswer,
         WhyAnswer,
     )
 
 __all__ = ["ArrayHandle", "GangHandle", "Handle", "JobHandle", "WaitTimeout"]
+
+AnswerT = TypeVar("AnswerT")
 
 #: a job, gang task or array task in one of these has ended for good
 ENDED = frozenset({"done", "failed", "cancelled"})
@@ -85,21 +88,10 @@ class Handle:
         raise NotImplementedError
 
     def _why_waiting(self, answer: Any) -> str:
-        """The first reason ``why`` gives (it weighs what the stored reason may not yet say, such
-        as no worker ever being able to hold the job), for a ``WaitTimeout``'s message; the
-        answer's own reason when ``why`` cannot be read."""
-        try:
-            reasons = self.why().reasons
-        except ClientError:
-            reasons = []
-        reason = reasons[0] if reasons else getattr(answer, "reason", None)
-        return f"{reason.code}: {reason.message}" if reason is not None else ""
+        """What a ``WaitTimeout``'s message says of why it still waits ("" when nothing)."""
+        return ""
 
-    def why(self) -> WhyAnswer:
-        """Why it is not running, or why it ended (a job's and a gang's)."""
-        raise NotImplementedError
-
-    def _poll(self, read: Any, timeout: float | None, poll_s: float | None) -> Any:
+    def _poll(self, read: Callable[[], AnswerT], timeout: float | None, poll_s: float | None) -> AnswerT:
         """``read()`` until its answer has ended; ``WaitTimeout`` past ``timeout`` seconds. The
         pause between looks starts short (a job that ends at once is seen at once) and grows to
         ``_MAX_POLL_S``, unless ``poll_s`` fixes it."""
@@ -155,7 +147,12 @@ class JobHandle(Handle):
 
     @property
     def tasks(self) -> list[JobHandle]:
-        """The job itself, so that a job, a gang and an array can be walked alike."""
+        """The job itself, so that a job, a gang and an array can be walked alike.
+
+        >>> job = corral.submit("true")
+        >>> job.tasks == [job]
+        True
+        """
         return [self]
 
     def wait(self, timeout: float | None = None, poll_s: float | None = None) -> JobAnswer:
@@ -174,14 +171,16 @@ class JobHandle(Handle):
         ...
         corral.client_errors.WaitTimeout: job j-... has not ended after 0.5 s (status pending: ...)
         """
-        answer: JobAnswer = self._poll(self.refresh, timeout, poll_s)
-        return answer
+        return self._poll(self.refresh, timeout, poll_s)
 
     def _ended(self, answer: JobAnswer) -> bool:
         return answer.status in ENDED
 
     def _status(self, answer: JobAnswer) -> str:
         return answer.status
+
+    def _why_waiting(self, answer: JobAnswer) -> str:
+        return _first_reason(self.why, answer.reason)
 
     def logs(self, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
         """The job's output (stdout and stderr, as written) as lines, without their newline: what
@@ -252,27 +251,45 @@ class GangHandle(Handle):
         self._task_ids = task_ids
 
     def refresh(self) -> GangAnswer:
-        """The gang now: its size, its status (derived from its tasks) and every task's job."""
+        """The gang now: its size, its status (derived from its tasks) and every task's job.
+
+        >>> gang = corral.submit("true", gang_size=2)
+        >>> gang.refresh().size
+        2
+        """
         return self._client.gang(self.id)
 
     @property
     def status(self) -> str:
         """The gang's status now: ``blocked`` while it waits to start whole, ``running``,
-        ``preempting`` (draining), ``done``, ``failed``, ``cancelled``."""
+        ``preempting`` (draining), ``done``, ``failed``, ``cancelled``.
+
+        >>> corral.submit("true", gang_size=2, gpus=64).status
+        'blocked'
+        """
         return self.refresh().status
 
     @property
     def tasks(self) -> list[JobHandle]:
-        """A handle per task, by rank (``gang_index``)."""
+        """A handle per task, by rank (``gang_index``).
+
+        >>> gang = corral.submit("true", gang_size=2)
+        >>> [task.refresh().gang_index for task in gang.tasks]
+        [0, 1]
+        """
         if self._task_ids is None:
             self._task_ids = [task.id for task in self.refresh().tasks]
         return [JobHandle(self._client, task_id) for task_id in self._task_ids]
 
     def wait(self, timeout: float | None = None, poll_s: float | None = None) -> GangAnswer:
         """Wait until every task has ended; the gang as it ended (``status`` ``done`` only when
-        every rank is). ``timeout`` and ``poll_s`` as for ``JobHandle.wait``."""
-        answer: GangAnswer = self._poll(self.refresh, timeout, poll_s)
-        return answer
+        every rank is). ``timeout`` and ``poll_s`` as for ``JobHandle.wait``.
+
+        >>> gang = corral.submit('[ "$RANK" = 1 ] && exit 1; sleep 600', gang_size=2, max_retries=1)
+        >>> gang.wait(timeout=60).status  # rank 1 failed, so rank 0 was stopped
+        'failed'
+        """
+        return self._poll(self.refresh, timeout, poll_s)
 
     def _ended(self, answer: GangAnswer) -> bool:
         return all(task.status in ENDED for task in answer.tasks)
@@ -280,10 +297,18 @@ class GangHandle(Handle):
     def _status(self, answer: GangAnswer) -> str:
         return answer.status
 
+    def _why_waiting(self, answer: GangAnswer) -> str:
+        return _first_reason(self.why, None)
+
     def logs(self, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
         """Every rank's output as lines, each after ``[rank N] ``; ``follow`` and ``attempt`` as for
         ``JobHandle.logs``, each rank followed until its attempt ends. Stored output comes rank by
-        rank; followed output as the ranks write it (a rank's line is never cut by another's)."""
+        rank; followed output as the ranks write it (a rank's line is never cut by another's).
+
+        >>> gang = corral.submit('echo "I am $RANK"', gang_size=2)
+        >>> sorted(gang.logs(follow=True))
+        ['[rank 0] I am 0', '[rank 1] I am 1']
+        """
 
         def read_tasks() -> list[tuple[JobAnswer, str]]:
             tasks = sorted(self.refresh().tasks, key=lambda task: task.gang_index or 0)
@@ -303,11 +328,20 @@ class GangHandle(Handle):
         return self._client.cancel_gang(self.id)
 
     def why(self) -> WhyAnswer:
-        """The gang's status and the reasons of its most telling task (named by ``job_id``)."""
+        """The gang's status and the reasons of its most telling task (named by ``job_id``).
+
+        >>> corral.submit("true", gang_size=2, gpus=64).why().status
+        'blocked'
+        """
         return self._client.gang_why(self.id)
 
     def events(self) -> list[EventAnswer]:
-        """Every task's history in time order, each event naming its task."""
+        """Every task's history in time order, each event naming its task (``job_id``).
+
+        >>> gang = corral.submit("true", gang_size=2, gpus=64)
+        >>> sorted(event["job_id"] for event in gang.events()) == sorted(task.id for task in gang.tasks)
+        True
+        """
         return self._client.gang_events(self.id)
 
 
@@ -332,24 +366,45 @@ class ArrayHandle(Handle):
 
     def refresh(self, limit: int = 0) -> ArrayAnswer:
         """The array now: its size, throttle and its tasks' counts by status, with its first
-        ``limit`` tasks by index."""
+        ``limit`` tasks by index.
+
+        >>> array = corral.submit("true", array="0-4%2")
+        >>> answer = array.refresh()
+        >>> answer.size, answer.throttle
+        (5, 2)
+        """
         return self._client.array(self.id, limit=limit)
 
     @property
     def counts(self) -> dict[str, int]:
-        """How many tasks are in each status now, e.g. ``{"done": 7, "running": 2, "pending": 1}``."""
+        """How many tasks are in each status now, e.g. ``{"done": 7, "running": 2, "pending": 1}``.
+
+        >>> corral.submit("true", array="0-2", gpus=64).counts
+        {'pending': 3}
+        """
         return dict(self.refresh().counts)
 
     @property
     def status(self) -> str:
         """One word for the array now, by the rule a gang's status follows: ``failed`` once a task
         failed, ``done`` when every task is, ``cancelled`` when all ended otherwise, ``running``
-        while any runs, else ``pending``."""
+        while any runs, else ``pending``.
+
+        >>> array = corral.submit("exit $CORRAL_ARRAY_INDEX", array="0-1", max_retries=1)
+        >>> array.wait(timeout=60).counts == {"done": 1, "failed": 1}
+        True
+        >>> array.status
+        'failed'
+        """
         return _array_status(self.refresh().counts)
 
     @property
     def tasks(self) -> list[JobHandle]:
-        """A handle per task, by index."""
+        """A handle per task, by index.
+
+        >>> [task.refresh().array_index for task in corral.submit("true", array="3-5").tasks]
+        [3, 4, 5]
+        """
         if self._task_ids is None:
             jobs = sorted(self._client.iter_jobs(array_id=self.id), key=lambda job: job.array_index or 0)
             self._task_ids = [job.id for job in jobs]
@@ -357,9 +412,12 @@ class ArrayHandle(Handle):
 
     def wait(self, timeout: float | None = None, poll_s: float | None = None) -> ArrayAnswer:
         """Wait until every task has ended; the array's counts by status then. ``timeout`` and
-        ``poll_s`` as for ``JobHandle.wait``."""
-        answer: ArrayAnswer = self._poll(self.refresh, timeout, poll_s)
-        return answer
+        ``poll_s`` as for ``JobHandle.wait``.
+
+        >>> corral.submit("true", array="0-9%5").wait(timeout=60).counts
+        {'done': 10}
+        """
+        return self._poll(self.refresh, timeout, poll_s)
 
     def _ended(self, answer: ArrayAnswer) -> bool:
         return all(status in ENDED for status in answer.counts)
@@ -367,13 +425,15 @@ class ArrayHandle(Handle):
     def _status(self, answer: ArrayAnswer) -> str:
         return ", ".join(f"{count} {status}" for status, count in sorted(answer.counts.items()))
 
-    def _why_waiting(self, answer: ArrayAnswer) -> str:
-        return ""  # no one reason: each task has its own ``why``
-
     def logs(self, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
         """Every task's output as lines, each after ``[index N] `` (its ``array_index``);
         ``follow`` and ``attempt`` as for ``JobHandle.logs``. Each round reads the array's tasks
-        in pages of 500 (``GET /jobs?array_id=``), then the output of those that started."""
+        in pages of 500 (``GET /jobs?array_id=``), then the output of those that started.
+
+        >>> array = corral.submit("echo $((CORRAL_ARRAY_INDEX * 10))", array="1-2")
+        >>> sorted(array.logs(follow=True))
+        ['[index 1] 10', '[index 2] 20']
+        """
 
         def read_tasks() -> list[tuple[JobAnswer, str]]:
             jobs = sorted(self._client.iter_jobs(array_id=self.id), key=lambda job: job.array_index or 0)
@@ -404,3 +464,14 @@ def _array_status(counts: dict[str, int]) -> str:
     if statuses & {"running", "preempting"}:
         return "running"
     return "pending"
+
+
+def _first_reason(why: Callable[[], WhyAnswer], stored: ReasonAnswer | None) -> str:
+    """The first reason ``why`` gives (it weighs what the stored reason may not say yet, such as no
+    worker ever being able to hold the job), else the stored one when ``why`` cannot be read."""
+    try:
+        reasons = why().reasons
+    except ClientError:
+        reasons = []
+    reason = reasons[0] if reasons else stored
+    return f"{reason.code}: {reason.message}" if reason is not None else ""
