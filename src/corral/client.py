@@ -69,10 +69,6 @@ if TYPE_CHECKING:
         WorkerAnswer,
     )
 
-#: the submit keywords that go into the body's ``resources`` and ``constraints``
-_RESOURCES = ("gpus", "vram_mb", "memory_mb", "cpus")
-_CONSTRAINTS = ("gpu_model", "labels")
-
 
 class Client(Connection):
     """A connection to a corral server for a user (or an admin): ``Client(server, token=...,
@@ -94,6 +90,11 @@ class Client(Connection):
         gang_size: int | None = None,
         array: str | None = None,
         after: Sequence[str | dict[str, str]] | None = None,
+        vram_mb: int | None = None,
+        memory_mb: int | None = None,
+        cpus: int | None = None,
+        gpu_model: str | None = None,
+        labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         **fields: Any,
     ) -> JobHandle | GangHandle | ArrayHandle:
@@ -130,11 +131,12 @@ class Client(Connection):
         if not isinstance(command, str):
             command = shlex.join(command)
         body: dict[str, Any] = {"command": command, **fields}
-        shortcuts = {"gpus": gpus, **{name: body.pop(name) for name in _RESOURCES[1:] if name in body}}
-        resources = {name: value for name, value in shortcuts.items() if value is not None}
+        asked = {"gpus": gpus, "vram_mb": vram_mb, "memory_mb": memory_mb, "cpus": cpus}
+        resources = {name: value for name, value in asked.items() if value is not None}
         if resources:
             body["resources"] = {**dict(body.get("resources") or {}), **resources}
-        constraints = {name: body.pop(name) for name in _CONSTRAINTS if name in body}
+        wanted = {"gpu_model": gpu_model, "labels": dict(labels) if labels is not None else None}
+        constraints = {name: value for name, value in wanted.items() if value is not None}
         if constraints:
             body["constraints"] = {**dict(body.get("constraints") or {}), **constraints}
         if gang_size is not None:
@@ -176,19 +178,19 @@ class Client(Connection):
         >>> corral.handle(job.id) == job
         True
         """
+        if isinstance(target, str):
+            if target.startswith("g-"):
+                return GangHandle(self, target)
+            if target.startswith("a-"):
+                return ArrayHandle(self, target)
+            return JobHandle(self, target)
         from corral.protocol.answers import ArraySubmitted, GangSubmitted
 
         if isinstance(target, ArraySubmitted):
             return ArrayHandle(self, target.array_id, list(target.tasks))
         if isinstance(target, GangSubmitted):
             return GangHandle(self, target.gang_id, list(target.tasks))
-        if not isinstance(target, str):
-            return JobHandle(self, target.id)
-        if target.startswith("g-"):
-            return GangHandle(self, target)
-        if target.startswith("a-"):
-            return ArrayHandle(self, target)
-        return JobHandle(self, target)
+        return JobHandle(self, target.id)
 
     def submit_batch(
         self, jobs: list[dict[str, Any]], idempotency_key: str | None = None
