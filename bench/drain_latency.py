@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                     if time.monotonic() > deadline:
                         raise RuntimeError("workers did not register")
                     time.sleep(0.1)
-                gang = client.submit(
+                gang = client.submit_body(
                     {
                         "command": RANK_SCRIPT.format(marks=marks),
                         "gang_size": args.size,

@@ -153,7 +153,7 @@ def check_end_to_end(args: argparse.Namespace, work: Path) -> bool:
                 time.sleep(0.2)
             worker = client.workers()[0]
             print(f"worker registered: {worker.resources.to_wire()} gpu_model {worker.gpu_model}")
-            job = client.submit(
+            job = client.submit_body(
                 {
                     "command": f"{sys.executable} {script} {args.busy_s} {args.idle_s}",
                     "resources": {"gpus": 1},

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                         raise RuntimeError("the worker did not register")
                     time.sleep(0.1)
                 command = f"{sys.executable} {directory / 'writer.py'} {args.every_ms / 1000} {count}"
-                job = client.submit({"command": command, "resources": {"cpus": 1}})
+                job = client.submit_body({"command": command, "resources": {"cpus": 1}})
                 done = threading.Event()
                 reader = threading.Thread(target=follow, args=(server.url, job["id"], arrivals, done))
                 reader.start()

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 command = (
                     f"{sys.executable} {directory / 'writer.py'} {args.rate} {args.seconds} {stats_path}"
                 )
-                job = client.submit({"command": command, "resources": {"cpus": 1}})
+                job = client.submit_body({"command": command, "resources": {"cpus": 1}})
                 deadline = time.monotonic() + args.seconds + 120
                 while client.get_job(job["id"])["status"] not in ("done", "failed", "cancelled"):
                     if time.monotonic() > deadline:

@@ -57,7 +57,7 @@ def trial(args: argparse.Namespace, outage_s: float, directory: Path, db_url: st
         go = marks / "go"
         command = f"echo $CORRAL_ATTEMPT >> {marks}/attempts; while [ ! -e {go} ]; do sleep 0.1; done"
         with Client(server.url) as client:
-            job = client.submit({"command": command, "resources": {"cpus": 1}})
+            job = client.submit_body({"command": command, "resources": {"cpus": 1}})
             wait(lambda: (marks / "attempts").exists(), 30, "the job to start")
         time.sleep(2.5)  # mid-way between two heartbeats, on average
         killed_at = time.monotonic()

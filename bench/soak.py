@@ -260,7 +260,7 @@ class Soak:
                 deadline = time.monotonic() + 60
                 while not self.stop_load.is_set():
                     try:
-                        answer = client.submit(spec, idempotency_key=key)
+                        answer = client.submit_body(spec, idempotency_key=key)
                         made = answer.id if hasattr(answer, "id") else answer.gang_id
                         with self.keys_lock:
                             self.keys.setdefault(key, set()).add(made)
@@ -366,7 +366,7 @@ class Soak:
         spec = {"command": f"sleep {PROBE_S}", "resources": {"cpus": 1}, "constraints": {"labels": RELAYED}}
         deadline = time.monotonic() + 15
         with Client(f"http://127.0.0.1:{self.port}", timeout_s=10) as client, contextlib.suppress(Exception):
-            job_id = getattr(client.submit(spec, idempotency_key=key), "id", None)
+            job_id = getattr(client.submit_body(spec, idempotency_key=key), "id", None)
             self.probes.add(str(job_id))
             with self.keys_lock:
                 self.keys.setdefault(key, set()).add(str(job_id))

@@ -92,7 +92,9 @@ def run(args: argparse.Namespace, directory: Path, processes: harness.Processes)
 
             sleep_s = int(args.window_s * 2 + args.settle_s + 120)  # leftovers end on their own
             command = f'echo 0 > "$CORRAL_BEAT_FILE"; exec sleep {sleep_s}'
-            jobs = [client.submit({"command": command, "resources": {"gpus": 1}}) for _ in range(args.jobs)]
+            jobs = [
+                client.submit_body({"command": command, "resources": {"gpus": 1}}) for _ in range(args.jobs)
+            ]
             ids = {job["id"] for job in jobs}
 
             def all_running() -> bool:

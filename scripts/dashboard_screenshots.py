@@ -67,9 +67,9 @@ def main() -> int:
             )  # fmt: skip
         with Client(url) as client:
             wait(lambda: len(client.workers()) == 2)
-            client.submit({"command": "echo preparing data; exit 0", "name": "prep", "pool": "team-a"})
-            client.submit({"command": "echo oops >&2; exit 3", "name": "broken", "max_retries": 1})
-            train = client.submit(
+            client.submit_body({"command": "echo preparing data; exit 0", "name": "prep", "pool": "team-a"})
+            client.submit_body({"command": "echo oops >&2; exit 3", "name": "broken", "max_retries": 1})
+            train = client.submit_body(
                 {
                     "command": TRAIN,
                     "name": "train-llm",
@@ -78,9 +78,9 @@ def main() -> int:
                 }
             )
             team_b = {"command": "sleep 600", "pool": "team-b"}
-            client.submit({**team_b, "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}})
+            client.submit_body({**team_b, "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}})
             for index in range(3):
-                client.submit({**team_b, "name": f"sweep-{index}", "resources": {"gpus": 4}})
+                client.submit_body({**team_b, "name": f"sweep-{index}", "resources": {"gpus": 4}})
             wait(lambda: client.get_job(train["id"])["status"] == "running")
             time.sleep(4)
             with sync_playwright() as playwright:

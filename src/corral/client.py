@@ -1,199 +1,207 @@
-"""The Python SDK: a typed HTTP client for every route of ``shared/API.md``.
+"""The Python SDK: submit work, wait for it, read its output, cancel it; every route a user has.
 
-Every answer comes back as its model of the wire contract (``corral.protocol.answers``): a
-``JobAnswer``, a ``WorkerAnswer``, a ``ClaimAnswer``... The CLI and the worker use it too, so the
-SDK is exercised by every end-to-end test. The models (pydantic) are imported at the first answer
-that needs one, not with this module: ``request_json`` answers plain data, which is all the CLI's
-everyday commands need, so ``corral jobs`` starts without pydantic (issue 23).
-
-Errors come back as ``ApiError`` with the server's stable ``code`` (``bad_response`` for an answer
-that is not JSON or breaks its model); a server that cannot be reached is ``ServerUnreachable``. A
-503 with ``Retry-After`` (a busy store: nothing was changed) is sent again after the time it says,
-for up to ``busy_retry_s`` in all, before it is an error.
+``Client.submit`` takes a command and the fields of API.md's submit body as keywords, and returns a
+handle (``corral.handles``) on the job, the gang (``gang_size`` > 1) or the array (``array``), with
+``wait``, ``logs``, ``cancel``, ``refresh`` and ``status``. Every other call answers its typed model
+of the wire contract (``corral.protocol.answers``: ``JobAnswer``, ``GangAnswer``, ``WhyAnswer``...),
+which also reads like a dictionary (``job["status"]``). ``submit_body`` sends a body as written, for
+full control; ``request_json`` reaches any route, answered as plain data.
 
     from corral.client import Client
+
     with Client("http://127.0.0.1:8765") as corral:
-        job = corral.submit({"command": "python train.py", "resources": {"gpus": 1}})
-        print(corral.why(job.id).reasons[0].message)
+        job = corral.submit("python train.py", gpus=1, name="train")
+        for line in job.logs(follow=True):
+            print(line)
+        print(job.wait().status)
+
+Errors come back as ``ApiError`` with the server's stable ``code`` (``invalid_request`` naming the
+field for a bad submit; ``bad_response`` for an answer that is not JSON or breaks its model); a
+server that cannot be reached is ``ServerUnreachable``; a ``wait`` that ran out of time is
+``WaitTimeout``. A 503 with ``Retry-After`` (a busy store: nothing was changed) is sent again after
+the time it says, for up to ``busy_retry_s`` in all, before it is an error.
+
+The calls only a worker makes (register, heartbeats, claims, reports, checkpoint and log uploads:
+API.md's "The job protocol (workers)") are not here: they are ``corral.worker.calls.WorkerClient``.
+The examples in the docstrings run against a real server and worker
+(``tests/e2e/test_sdk_examples.py``), with ``corral`` a connected client.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import shlex
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from corral.client_errors import DEFAULT_SERVER, ApiError, ClientError, ServerUnreachable
-from corral.http_response import Response, TransportError
+from corral.client_errors import DEFAULT_SERVER, ApiError, ClientError, ServerUnreachable, WaitTimeout
+from corral.connection import Connection, LogChunk, log_chunk, parse
+from corral.handles import ArrayHandle, GangHandle, Handle, JobHandle
 
-__all__ = ["DEFAULT_SERVER", "ApiError", "Client", "ClientError", "LogChunk", "ServerUnreachable"]
+__all__ = [
+    "DEFAULT_SERVER",
+    "ApiError",
+    "ArrayHandle",
+    "Client",
+    "ClientError",
+    "GangHandle",
+    "Handle",
+    "JobHandle",
+    "LogChunk",
+    "ServerUnreachable",
+    "WaitTimeout",
+]
 
 if TYPE_CHECKING:
-    from corral.oneshot import OneShotTransport
+    from corral.http_response import Response
     from corral.protocol.answers import (
-        Answer,
         ArrayAnswer,
         ArraySubmitted,
-        CheckpointSaved,
-        ClaimAnswer,
         EventAnswer,
         GangAnswer,
         GangSubmitted,
         HealthAnswer,
-        HeartbeatAnswer,
         JobAnswer,
         JobPage,
-        LogAppendedAnswer,
         PoolAnswer,
         UsagePage,
         WhyAnswer,
         WorkerAnswer,
     )
-    from corral.transport import Transport
-
-AnswerT = TypeVar("AnswerT", bound="Answer")
 
 
-class Client:
-    """``token``: sent as ``Authorization: Bearer`` on every request; None reads ``CORRAL_TOKEN``
-    (unset or empty: no token, for a server without authentication). ``ca_file``: the CA
-    certificate an ``https://`` server's certificate must chain to; None reads ``CORRAL_CA_FILE``
-    (unset or empty: the system's trust store). ``busy_retry_s``: how long a 503 with
-    ``Retry-After`` (a busy store) is sent again. ``light``: for a short-lived process that makes a
-    call or two (the CLI): the standard library's ``json`` instead of orjson (slower per answer,
-    but orjson imports ``dataclasses``, ``uuid`` and more), and for ``http://`` a connection per
-    request on a plain socket (``corral.oneshot``) instead of ``http.client``'s pool, whose import
-    is a third of a short command's start-up (issue 23). A worker, with thousands of calls, keeps
-    the defaults."""
+class Client(Connection):
+    """A connection to a corral server for a user (or an admin): ``Client(server, token=...,
+    ca_file=...)``, used as a context manager or closed with ``close()``. Settings as for
+    ``corral.connection.Connection``: ``token`` and ``ca_file`` default to ``CORRAL_TOKEN`` and
+    ``CORRAL_CA_FILE``.
 
-    def __init__(
-        self,
-        server: str = DEFAULT_SERVER,
-        timeout_s: float = 30.0,
-        token: str | None = None,
-        busy_retry_s: float = 20.0,
-        ca_file: str | None = None,
-        light: bool = False,
-    ) -> None:
-        self.server = server.rstrip("/")
-        self._dumps: Callable[[Any], bytes]
-        self._loads: Callable[[bytes], Any]
-        if light:
-            self._dumps, self._loads = _plain_dumps, json.loads
-        else:
-            import orjson
+    >>> corral.health().status
+    'ok'
+    """
 
-            self._dumps, self._loads = orjson.dumps, orjson.loads
-        if token is None:
-            token = os.environ.get("CORRAL_TOKEN", "").strip()
-        headers = {"authorization": f"Bearer {token}"} if token else None
-        if ca_file is None:
-            ca_file = os.environ.get("CORRAL_CA_FILE", "").strip() or None
-        self._http: Transport | OneShotTransport
-        if light and self.server.startswith("http://"):
-            from corral.oneshot import OneShotTransport
-
-            self._http = OneShotTransport(self.server, timeout_s, headers)
-        else:
-            from corral.transport import Transport
-
-            self._http = Transport(self.server, timeout_s, headers, ca_file)
-        self.busy_retry_s = busy_retry_s
-        #: when the last try of the last request went out (monotonic; a 503 with ``Retry-After``
-        #: is sent again): for a caller that owns this client on one thread (the worker's claim
-        #: loop counts a claimed run's lease from the try the server answered)
-        self.last_sent_at: float | None = None
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._http.close()
-
-    # --- plumbing --------------------------------------------------------------------------
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        params: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout_s: float | None = None,
-    ) -> Response:
-        content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
-        give_up = time.monotonic() + self.busy_retry_s
-        while True:
-            self.last_sent_at = time.monotonic()
-            try:
-                response = self._http.request(method, path, content, params, headers, timeout_s)
-            except TransportError as error:
-                raise ServerUnreachable(self.server, error) from error
-            wait = _retry_after(response)
-            if wait is None or time.monotonic() + wait > give_up:
-                break
-            time.sleep(wait)
-        if response.status_code >= 400:
-            raise _api_error(response)
-        return response
-
-    def request_json(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        params: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Any:
-        """The decoded answer as plain JSON data, read into no model (None for an empty answer):
-        for callers that only print it, like the CLI's everyday commands, which then start
-        without pydantic. Errors as for every call."""
-        return self._decode(self.request(method, path, body, params=params, headers=headers))
-
-    def _answer(
-        self, model: type[AnswerT], method: str, path: str, body: Any = None, **kwargs: Any
-    ) -> AnswerT:
-        """The answer parsed into its model of the wire contract; one that is not JSON or breaks
-        the model is ``ApiError`` ``bad_response`` (with the decoded body, when there is one)."""
-        response = self.request(method, path, body, **kwargs)
-        return _parse(model, response, self._decode(response))
-
-    def _decode(self, response: Response) -> Any:
-        if response.status_code == 204 or not response.content:
-            return None
-        try:
-            return self._loads(response.content)
-        except json.JSONDecodeError as error:  # orjson's error is a subclass
-            raise ApiError(response.status_code, "bad_response", f"answer is not JSON: {error}") from error
-
-    # --- jobs and gangs --------------------------------------------------------------------
+    # --- jobs, gangs and arrays ------------------------------------------------------------
 
     def submit(
         self,
-        job: dict[str, Any],
+        command: str | Sequence[str],
+        *,
+        gpus: int | None = None,
+        gang_size: int | None = None,
+        array: str | None = None,
+        after: Sequence[str | dict[str, str]] | None = None,
+        vram_mb: int | None = None,
+        memory_mb: int | None = None,
+        cpus: int | None = None,
+        gpu_model: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> JobHandle | GangHandle | ArrayHandle:
+        """Submit ``command`` (a shell command line, or argv words quoted for the shell) and return
+        a handle on what was made: a ``JobHandle``, a ``GangHandle`` when ``gang_size`` > 1, an
+        ``ArrayHandle`` with ``array`` (``"0-99"``, ``"0-99:4"``, ``"1,5,7"``; ``%N`` runs at most N
+        at once).
+
+        ``gpus``, ``vram_mb``, ``memory_mb`` and ``cpus`` (per task) go into ``resources``,
+        ``gpu_model`` and ``labels`` into ``constraints``; every other keyword is a field of the
+        submit body as API.md names it (``name``, ``env``, ``pool``, ``priority``,
+        ``preemption_class``, ``checkpoint``, ``max_retries``, ``walltime_s``, ``workdir``...), sent as
+        given: the server checks them, and a bad one is ``ApiError`` 400 ``invalid_request`` naming
+        the field. Unset, the server's defaults apply. ``after``: conditions on other jobs, gangs
+        or arrays, each ``"ok:ID"`` (``notok:``, ``any:``) or ``{"id": ..., "when": ...}``.
+        ``idempotency_key``: a retried submit with the same key answers the first one.
+
+        >>> job = corral.submit(["python3", "-c", "print(6 * 7)"], cpus=1, env={"SEED": "1"})
+        >>> job.wait(timeout=60).status, list(job.logs())
+        ('done', ['42'])
+        >>> later = corral.submit("echo after", after=[f"ok:{job.id}"])
+        >>> later.wait(timeout=60).status
+        'done'
+        >>> corral.submit("true", priority="high")
+        Traceback (most recent call last):
+        ...
+        corral.client_errors.ApiError: 400 invalid_request: ...priority...
+        """
+        if isinstance(command, Mapping):
+            raise TypeError(
+                "submit takes the command (a string, or a list of argv words) and the body's fields as"
+                " keywords; to send a whole body as written, use submit_body(body)"
+            )
+        if not isinstance(command, str):
+            command = shlex.join(command)
+        body: dict[str, Any] = {"command": command, **fields}
+        asked = {"gpus": gpus, "vram_mb": vram_mb, "memory_mb": memory_mb, "cpus": cpus}
+        resources = {name: value for name, value in asked.items() if value is not None}
+        if resources:
+            body["resources"] = {**dict(body.get("resources") or {}), **resources}
+        wanted = {"gpu_model": gpu_model, "labels": dict(labels) if labels is not None else None}
+        constraints = {name: value for name, value in wanted.items() if value is not None}
+        if constraints:
+            body["constraints"] = {**dict(body.get("constraints") or {}), **constraints}
+        if gang_size is not None:
+            body["gang_size"] = gang_size
+        return self.handle(self.submit_body(body, idempotency_key, array=array, after=after))
+
+    def submit_body(
+        self,
+        body: dict[str, Any],
         idempotency_key: str | None = None,
         array: str | None = None,
         after: Sequence[str | dict[str, str]] | None = None,
     ) -> JobAnswer | GangSubmitted | ArraySubmitted:
-        """Submit one job (or a gang when ``gang_size`` > 1): the job, or the gang's id and task ids.
-        ``array`` (``"0-99%8"``): an array of such jobs, answered with its id and task ids.
-        ``after``: conditions, each ``{"id": ..., "when": "ok"}`` or a ``"when:id"`` string."""
+        """Submit a body as written (API.md's ``POST /jobs``), for full control; the answer as the
+        server gave it: the job, or a gang's or an array's id and task ids. ``client.handle(answer)``
+        makes a handle of it. ``array`` and ``after`` as for ``submit``.
+
+        >>> answer = corral.submit_body({"command": "echo raw", "resources": {"cpus": 1}})
+        >>> answer.status in ("pending", "running", "done")
+        True
+        >>> corral.handle(answer).wait(timeout=60).status
+        'done'
+        """
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         if array is not None:
-            job = {**job, "array": array}
+            body = {**body, "array": array}
         if after:
-            job = {**job, "after": [parse_after(item) if isinstance(item, str) else item for item in after]}
-        response = self.request("POST", "/jobs", job, headers=headers)
+            body = {**body, "after": [parse_after(item) if isinstance(item, str) else item for item in after]}
+        response = self.request("POST", "/jobs", body, headers=headers)
         return _submitted(response, self._decode(response))
+
+    def handle(
+        self, target: str | JobAnswer | GangSubmitted | ArraySubmitted
+    ) -> JobHandle | GangHandle | ArrayHandle:
+        """A handle on a job, gang or array: by id (``j-…``, ``g-…``, ``a-…``; any other id is taken
+        for a job's), or from what ``submit_body`` or ``submit_batch`` answered. Nothing is sent.
+
+        >>> job = corral.submit("true")
+        >>> corral.handle(job.id) == job
+        True
+        """
+        if isinstance(target, str):
+            if target.startswith("g-"):
+                return GangHandle(self, target)
+            if target.startswith("a-"):
+                return ArrayHandle(self, target)
+            return JobHandle(self, target)
+        from corral.protocol.answers import ArraySubmitted, GangSubmitted
+
+        if isinstance(target, ArraySubmitted):
+            return ArrayHandle(self, target.array_id, list(target.tasks))
+        if isinstance(target, GangSubmitted):
+            return GangHandle(self, target.gang_id, list(target.tasks))
+        return JobHandle(self, target.id)
 
     def submit_batch(
         self, jobs: list[dict[str, Any]], idempotency_key: str | None = None
     ) -> list[JobAnswer | GangSubmitted | ArraySubmitted]:
+        """Submit many bodies (as ``submit_body`` takes them) in one transaction: all or none (400
+        names the index of the first bad one); each answer as ``submit_body``'s, in order.
+
+        >>> answers = corral.submit_batch([{"command": "echo one"}, {"command": "echo two"}])
+        >>> [corral.handle(answer).wait(timeout=60).status for answer in answers]
+        ['done', 'done']
+        """
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         response = self.request("POST", "/jobs/batch", {"jobs": jobs}, headers=headers, timeout_s=120.0)
         data = self._decode(response)
@@ -203,6 +211,14 @@ class Client:
         return [_submitted(response, item) for item in items]
 
     def list_jobs_page(self, limit: int = 500, after: str | None = None, **filters: Any) -> JobPage:
+        """One page of ``GET /jobs``: ``items`` and the cursor of the next page (``next``, None on the
+        last). ``filters``: API.md's query parameters (``status``, ``gang_id``, ``array_id``,
+        ``pool``, ``worker_id``, ``user``, ``order="newest"``).
+
+        >>> page = corral.list_jobs_page(limit=1, order="newest")
+        >>> len(page.items), page.next is not None
+        (1, True)
+        """
         from corral.protocol.answers import JobPage
 
         params = {key: value for key, value in filters.items() if value is not None}
@@ -212,7 +228,13 @@ class Client:
         return self._answer(JobPage, "GET", "/jobs", params=params)
 
     def iter_jobs(self, page_size: int = 500, **filters: Any) -> Iterator[JobAnswer]:
-        """Every job matching ``filters``, following the cursor page by page."""
+        """Every job matching ``filters`` (as for ``list_jobs_page``), following the cursor page by
+        page.
+
+        >>> array = corral.submit("true", array="0-1")
+        >>> sorted(job.array_index for job in corral.iter_jobs(array_id=array.id))
+        [0, 1]
+        """
         after = None
         while True:
             page = self.list_jobs_page(limit=page_size, after=after, **filters)
@@ -222,38 +244,78 @@ class Client:
                 return
 
     def get_job(self, job_id: str) -> JobAnswer:
+        """The job object (API.md "Jobs and gangs"); ``ApiError`` 404 ``not_found`` for an unknown id.
+
+        >>> job = corral.submit("true", name="read-me")
+        >>> corral.get_job(job.id).name
+        'read-me'
+        """
         from corral.protocol.answers import JobAnswer
 
         return self._answer(JobAnswer, "GET", f"/jobs/{job_id}")
 
     def events(self, job_id: str) -> list[EventAnswer]:
+        """The job's history, oldest first (``JobHandle.events``).
+
+        >>> job = corral.submit("true", gpus=64)
+        >>> [event.to for event in corral.events(job.id)]
+        ['pending']
+        """
         from corral.protocol.answers import EventsAnswer
 
         return self._answer(EventsAnswer, "GET", f"/jobs/{job_id}/events").items
 
     def why(self, job_id: str) -> WhyAnswer:
+        """Why the job is not running, or why it ended (``JobHandle.why``).
+
+        >>> corral.why(corral.submit("true", gpus=64).id).status
+        'pending'
+        """
         from corral.protocol.answers import WhyAnswer
 
         return self._answer(WhyAnswer, "GET", f"/jobs/{job_id}/why")
 
     def cancel(self, job_id: str) -> JobAnswer:
+        """Cancel a job (``JobHandle.cancel``); the job after the request.
+
+        >>> job = corral.submit("true", gpus=64)  # waits for ever: no worker has 64 GPUs
+        >>> corral.cancel(job.id).status
+        'cancelled'
+        >>> corral.cancel(job.id)
+        Traceback (most recent call last):
+        ...
+        corral.client_errors.ApiError: 409 already_terminal: ...
+        """
         from corral.protocol.answers import JobAnswer
 
         return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/cancel")
 
     def logs(self, job_id: str, attempt: int | None = None, offset: int = 0) -> LogChunk:
-        """The stored output of an attempt (the latest by default) from byte ``offset``."""
+        """The stored output of an attempt (the latest by default) from byte ``offset``, as bytes
+        with where they start; ``JobHandle.logs`` reads it as lines.
+
+        >>> job = corral.submit("printf abc")
+        >>> job.wait(timeout=60).status
+        'done'
+        >>> corral.logs(job.id, offset=1).data
+        b'bc'
+        """
         params: dict[str, Any] = {"offset": offset}
         if attempt is not None:
             params["attempt"] = attempt
-        return _log_chunk(self.request("GET", f"/jobs/{job_id}/logs", params=params, timeout_s=120.0))
+        return log_chunk(self.request("GET", f"/jobs/{job_id}/logs", params=params, timeout_s=120.0))
 
     def follow_logs(
         self, job_id: str, attempt: int | None = None, offset: int = 0, poll_s: float = 1.0
     ) -> Iterator[LogChunk]:
         """The attempt's output as it is written, until the attempt ends: each chunk as it is
         stored. Polls ``GET /jobs/{id}/logs`` from where the last read ended (so it resumes cleanly
-        through a lost connection or another replica) and ends once the job is past the attempt."""
+        through a lost connection or another replica) and ends once the job is past the attempt.
+
+        >>> job = corral.submit("echo one; echo two")
+        >>> b"".join(chunk.data for chunk in corral.follow_logs(job.id, poll_s=0.1)).split()
+        [b'one', b'two']
+        """
         while True:
             chunk = self.logs(job_id, attempt, offset)
             attempt = chunk.attempt
@@ -263,9 +325,10 @@ class Client:
                 if offset < chunk.size:
                     continue
             job = self.get_job(job_id)
-            if job.attempts == 0 and job.status not in ("done", "failed", "cancelled"):
+            # ``attempt`` is the run number (``attempts`` counts only the runs not refunded)
+            if job.attempt == 0 and job.status not in ("done", "failed", "cancelled"):
                 attempt = None  # not started yet: wait for its first attempt
-            elif job.attempts != attempt or job.status not in ("running", "preempting"):
+            elif job.attempt != attempt or job.status not in ("running", "preempting"):
                 last = self.logs(job_id, attempt, offset)  # bytes stored before it ended
                 if last.data:
                     yield last
@@ -273,84 +336,137 @@ class Client:
             time.sleep(poll_s)
 
     def gang(self, gang_id: str) -> GangAnswer:
+        """The gang: its size, status and every task's job by rank (``GangHandle.refresh``).
+
+        >>> answer = corral.gang(corral.submit("true", gang_size=2).id)
+        >>> answer.size, [task.gang_index for task in answer.tasks]
+        (2, [0, 1])
+        """
         from corral.protocol.answers import GangAnswer
 
         return self._answer(GangAnswer, "GET", f"/gangs/{gang_id}")
 
     def cancel_gang(self, gang_id: str) -> GangAnswer:
+        """Cancel every task of the gang (``GangHandle.cancel``).
+
+        >>> corral.cancel_gang(corral.submit("true", gang_size=2, gpus=64).id).status
+        'cancelled'
+        """
         from corral.protocol.answers import GangAnswer
 
         return self._answer(GangAnswer, "POST", f"/gangs/{gang_id}/cancel")
 
     def gang_events(self, gang_id: str) -> list[EventAnswer]:
-        """Every task's events in time order, each naming its task (``job_id``, ``gang_index``)."""
+        """Every task's events in time order, each naming its task (``job_id``, ``gang_index``).
+
+        >>> gang = corral.submit("true", gang_size=2, gpus=64)
+        >>> sorted({event["job_id"] for event in corral.gang_events(gang.id)}) == sorted(
+        ...     task.id for task in gang.tasks
+        ... )
+        True
+        """
         from corral.protocol.answers import EventsAnswer
 
         return self._answer(EventsAnswer, "GET", f"/gangs/{gang_id}/events").items
 
     def gang_why(self, gang_id: str) -> WhyAnswer:
-        """The gang's status and the reasons of its most telling task (named by ``job_id``)."""
+        """The gang's status and the reasons of its most telling task (named by ``job_id``).
+
+        >>> corral.gang_why(corral.submit("true", gang_size=2, gpus=64).id).status
+        'blocked'
+        """
         from corral.protocol.answers import WhyAnswer
 
         return self._answer(WhyAnswer, "GET", f"/gangs/{gang_id}/why")
 
     def array(self, array_id: str, limit: int = 100) -> ArrayAnswer:
-        """The array: its tasks' counts by status and its first ``limit`` tasks by index."""
+        """The array: its tasks' counts by status and its first ``limit`` tasks by index
+        (``ArrayHandle.refresh``).
+
+        >>> array = corral.submit("true", array="1,5,7")
+        >>> answer = corral.array(array.id)
+        >>> answer.size, [task.array_index for task in answer.tasks]
+        (3, [1, 5, 7])
+        """
         from corral.protocol.answers import ArrayAnswer
 
         return self._answer(ArrayAnswer, "GET", f"/arrays/{array_id}", params={"limit": limit})
 
     def cancel_array(self, array_id: str) -> ArrayAnswer:
-        """Cancel every task of the array that has not ended (owner or admin)."""
+        """Cancel every task of the array that has not ended, owner or admin (``ArrayHandle.cancel``);
+        ``ApiError`` 409 ``already_terminal`` when every task had ended.
+
+        >>> array = corral.submit("true", array="0-1", gpus=64)
+        >>> corral.cancel_array(array.id).counts
+        {'cancelled': 2}
+        """
         from corral.protocol.answers import ArrayAnswer
 
         return self._answer(ArrayAnswer, "POST", f"/arrays/{array_id}/cancel")
 
     # --- workers ---------------------------------------------------------------------------
 
-    def register_worker(self, registration: dict[str, Any]) -> WorkerAnswer:
-        from corral.protocol.answers import WorkerAnswer
-
-        return self._answer(WorkerAnswer, "POST", "/workers/register", registration)
-
-    def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
-        self.request("POST", f"/workers/{worker_id}/heartbeat", body or {})
-
     def workers(self) -> list[WorkerAnswer]:
+        """Every registered worker: resources, what it uses and runs, its status.
+
+        >>> sorted((worker.id, worker.status) for worker in corral.workers())
+        [('w1', 'active'), ('w2', 'active')]
+        """
         from corral.protocol.answers import WorkerPage
 
         return self._answer(WorkerPage, "GET", "/workers").items
 
     def worker(self, worker_id: str) -> WorkerAnswer:
+        """One worker; ``ApiError`` 404 for an unknown id.
+
+        >>> corral.worker("w1").resources.cpus
+        4
+        """
         from corral.protocol.answers import WorkerAnswer
 
         return self._answer(WorkerAnswer, "GET", f"/workers/{worker_id}")
 
     def drain_worker(self, worker_id: str) -> WorkerAnswer:
+        """Place no more work on the worker (admin); what runs there finishes.
+
+        >>> corral.drain_worker("w1").status
+        'draining'
+        >>> corral.undrain_worker("w1").status
+        'active'
+        """
         from corral.protocol.answers import WorkerAnswer
 
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/drain")
 
     def undrain_worker(self, worker_id: str) -> WorkerAnswer:
+        """Place work on a drained worker again (admin).
+
+        >>> corral.undrain_worker("w2").status
+        'active'
+        """
         from corral.protocol.answers import WorkerAnswer
 
         return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/undrain")
 
     def remove_worker(self, worker_id: str) -> None:
-        """Forget an offline worker that holds no job (admin); ``ApiError`` 409 otherwise."""
+        """Forget an offline worker that holds no job (admin); ``ApiError`` 409 otherwise.
+
+        >>> corral.remove_worker("w1")
+        Traceback (most recent call last):
+        ...
+        corral.client_errors.ApiError: 409 conflict: ...
+        """
         self.request("DELETE", f"/workers/{worker_id}")
-
-    def leave_worker(self, worker_id: str) -> WorkerAnswer:
-        """Say the worker is stopping: the server shows it offline at once."""
-        from corral.protocol.answers import WorkerAnswer
-
-        return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/leave")
 
     # --- usage -----------------------------------------------------------------------------
 
     def usage(self, since: str | None = None, until: str | None = None, by: str = "user,pool") -> UsagePage:
         """GPU- and CPU-seconds of a window (RFC 3339 times; the server's default: the last 7 days)
-        per user, pool or both (API.md "Usage"); a user's token sees its own rows only."""
+        per user, pool or both (API.md "Usage"); a user's token sees its own rows only.
+
+        >>> corral.usage(since="2020-01-01T00:00:00Z", until="2020-01-02T00:00:00Z", by="pool").items
+        []
+        """
         params = {"by": by, **{name: value for name, value in (("since", since), ("until", until)) if value}}
         from corral.protocol.answers import UsagePage
 
@@ -359,237 +475,67 @@ class Client:
     # --- pools -----------------------------------------------------------------------------
 
     def pools(self) -> list[PoolAnswer]:
-        """Every pool (stored, implied by a descendant, or named by a job), in path order."""
+        """Every pool (stored, implied by a descendant, or named by a job), in path order.
+
+        >>> "default" in [pool.path for pool in corral.pools()]
+        True
+        """
         from corral.protocol.answers import PoolPage
 
         return self._answer(PoolPage, "GET", "/pools").items
 
     def pool(self, path: str) -> PoolAnswer:
+        """One pool: its settings, demand, usage and fair share; 404 for an unknown path.
+
+        >>> corral.pool("default").path
+        'default'
+        """
         from corral.protocol.answers import PoolAnswer
 
         return self._answer(PoolAnswer, "GET", f"/pools/{path}")
 
     def put_pool(self, path: str, body: dict[str, Any] | None = None) -> PoolAnswer:
-        """Create or replace the pool's settings (a setting left out is inherited; see API.md)."""
+        """Create or replace the pool's settings (admin; a setting left out is inherited; see API.md).
+
+        >>> corral.put_pool("research/vision", {"weight": 2}).settings.weight
+        2.0
+        >>> corral.delete_pool("research/vision")
+        >>> corral.delete_pool("research")
+        """
         from corral.protocol.answers import PoolAnswer
 
         return self._answer(PoolAnswer, "PUT", f"/pools/{path}", body or {})
 
     def delete_pool(self, path: str) -> None:
+        """Remove a pool's settings (admin); 409 while it holds jobs.
+
+        >>> corral.put_pool("scratch", {"weight": 1}).path
+        'scratch'
+        >>> corral.delete_pool("scratch")
+        >>> "scratch" in [pool.path for pool in corral.pools()]
+        False
+        """
         self.request("DELETE", f"/pools/{path}")
-
-    # --- the job protocol (workers) -------------------------------------------------------
-
-    def claim(
-        self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None
-    ) -> ClaimAnswer | None:
-        """Claim work: the job with ``attempt``, ``gpu_indices`` and ``env``, or ``None``.
-
-        Retry a claim that got no answer (``ServerUnreachable``, a 5xx) with the same
-        ``idempotency_key``: if the first one started a run, the retry answers that run again
-        instead of leaving it to be lost with its lease."""
-        from corral.protocol.answers import ClaimAnswer
-
-        response = self._claim_request(worker_id, wait_s, idempotency_key, None)
-        data = self._decode(response)
-        return None if data is None else _parse(ClaimAnswer, response, data)
-
-    def claim_many(
-        self, worker_id: str, limit: int, wait_s: float = 0.0, idempotency_key: str | None = None
-    ) -> list[ClaimAnswer]:
-        """Claim up to ``limit`` (1 to 64) jobs that fit the worker together, started in one
-        server transaction (``GET /jobs/next?max=``): each as ``claim`` answers it; empty when none.
-        ``idempotency_key`` as for ``claim``."""
-        from corral.protocol.answers import ClaimsAnswer
-
-        response = self._claim_request(worker_id, wait_s, idempotency_key, limit)
-        data = self._decode(response)
-        return [] if data is None else list(_parse(ClaimsAnswer, response, data).items)
-
-    def _claim_request(
-        self, worker_id: str, wait_s: float, idempotency_key: str | None, limit: int | None
-    ) -> Response:
-        params: dict[str, Any] = {"worker_id": worker_id}
-        if limit is not None:
-            params["max"] = limit
-        if wait_s > 0:
-            params["wait"] = wait_s
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self.request("GET", "/jobs/next", params=params, headers=headers, timeout_s=wait_s + 30.0)
-
-    def job_heartbeat(
-        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
-    ) -> HeartbeatAnswer:
-        from corral.protocol.answers import HeartbeatAnswer
-
-        params = {"worker_id": worker_id, "attempt": attempt}
-        return self._answer(HeartbeatAnswer, "POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
-
-    def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
-        from corral.protocol.answers import JobAnswer
-
-        params = {"worker_id": worker_id, "attempt": attempt}
-        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/done", {}, params=params)
-
-    def report_done(self, job_id: str, worker_id: str, attempt: int) -> None:
-        """``done``, without reading the answer (the job object) into its model: a worker does
-        nothing with it, and validating it was a twelfth of the worker's own CPU per short job
-        (py-spy, ``bench/e2e.py``). Refusals and retries are ``request``'s, as for ``done``."""
-        self.request("POST", f"/jobs/{job_id}/done", {}, params={"worker_id": worker_id, "attempt": attempt})
-
-    def fail(
-        self,
-        job_id: str,
-        worker_id: str,
-        attempt: int,
-        exit_code: int | None,
-        error: str | None = None,
-        output_tail: str | None = None,
-        release: bool = False,
-        reason: str | None = None,
-    ) -> JobAnswer:
-        """Report a failed attempt; ``release`` hands the job back without spending the attempt
-        (the worker stopped it for its own reasons, e.g. a shutdown past its timeout); ``reason``
-        a failure code of API.md (``no_such_account``, ``workdir_unavailable``: not retried;
-        ``oom_killed``: retried like any failure)."""
-        from corral.protocol.answers import JobAnswer
-
-        params = {"worker_id": worker_id, "attempt": attempt}
-        body: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
-        if release:
-            body["release"] = True
-        if reason is not None:
-            body["reason"] = reason
-        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/fail", body, params=params)
-
-    def watchdog(
-        self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None
-    ) -> JobAnswer:
-        """Report a watchdog trip (``budget`` / ``stall`` / ``gpu_health``) after stopping the job.
-        Returns the job: re-queued at the front of the queue, or failed past the retry cap."""
-        from corral.protocol.answers import JobAnswer
-
-        params = {"worker_id": worker_id, "attempt": attempt}
-        body = {"kind": kind, "detail": detail}
-        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/watchdog", body, params=params)
-
-    def upload_checkpoint(
-        self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes
-    ) -> CheckpointSaved:
-        """Store the checkpoint a job wrote (opaque bytes), for its next attempt. With ``epoch``:
-        from a stop the server asked for; without: from the attempt however it ended, before its
-        final report."""
-        from corral.protocol.answers import CheckpointSaved
-
-        params: dict[str, Any] = {"worker_id": worker_id, "attempt": attempt}
-        if epoch is not None:
-            params["epoch"] = epoch
-        headers = {"content-type": "application/octet-stream"}
-        return self._answer(
-            CheckpointSaved,
-            "POST",
-            f"/jobs/{job_id}/checkpoint",
-            data,
-            params=params,
-            headers=headers,
-        )
-
-    def download_checkpoint(self, job_id: str) -> bytes | None:
-        """The job's stored checkpoint, or None when it has none."""
-        response = self.request("GET", f"/jobs/{job_id}/checkpoint")
-        return None if response.status_code == 204 else response.content
-
-    def append_log(
-        self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes
-    ) -> LogAppendedAnswer:
-        """Send output of the attempt starting at byte ``offset`` of its stream; a retry of a chunk
-        already stored is accepted once (``accepted`` 0)."""
-        from corral.protocol.answers import LogAppendedAnswer
-
-        params = {"worker_id": worker_id, "attempt": attempt, "offset": offset}
-        headers = {"content-type": "application/octet-stream"}
-        return self._answer(
-            LogAppendedAnswer, "POST", f"/jobs/{job_id}/logs", data, params=params, headers=headers
-        )
-
-    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> JobAnswer:
-        from corral.protocol.answers import JobAnswer
-
-        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
-        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/preempted", params=params)
 
     # --- operations ------------------------------------------------------------------------
 
     def health(self) -> HealthAnswer:
+        """The server's ``GET /health``: ``status``, ``instance_id``, ``uptime_s``, ``version``.
+
+        >>> corral.health().uptime_s > 0
+        True
+        """
         from corral.protocol.answers import HealthAnswer
 
         return self._answer(HealthAnswer, "GET", "/health")
 
 
-def _plain_dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _retry_after(response: Response) -> float | None:
-    """Seconds to wait before sending again, for a 503 that says when (``Retry-After`` in seconds:
-    the server's busy store); None for any other answer."""
-    if response.status_code != 503:
-        return None
-    value = response.headers.get("retry-after", "")
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return min(max(seconds, 0.05), 30.0)
-
-
-def _parse(model: type[AnswerT], response: Response, data: Any) -> AnswerT:
-    from pydantic import ValidationError
-
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "answer"
-        raise ApiError(
-            response.status_code, "bad_response", f"answer breaks the {model.__name__} schema at {where}: "
-            f"{first['msg']}", data,
-        ) from error  # fmt: skip
-
-
-class LogChunk(NamedTuple):
-    """Bytes of one attempt's output: ``data`` starts at byte ``start`` of its stream; ``size`` is
-    where the stored stream ended when read, ``dropped`` how many of its first bytes are gone."""
-
-    attempt: int
-    start: int
-    size: int
-    dropped: int
-    data: bytes
-
-    @property
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
-def _log_chunk(response: Response) -> LogChunk:
-    headers = {name.lower(): value for name, value in response.headers.items()}
-    try:
-        return LogChunk(
-            attempt=int(headers["x-corral-attempt"]),
-            start=int(headers["x-corral-log-start"]),
-            size=int(headers["x-corral-log-size"]),
-            dropped=int(headers["x-corral-log-dropped"]),
-            data=response.content,
-        )
-    except (KeyError, ValueError) as error:
-        raise ApiError(
-            response.status_code, "bad_response", f"log answer lacks its headers: {error}"
-        ) from error
-
-
 def parse_after(text: str) -> dict[str, str]:
-    """``"ok:ID"`` (or ``notok:``, ``any:``; a bare ``ID`` means ``ok``) as an ``after`` condition."""
+    """``"ok:ID"`` (or ``notok:``, ``any:``; a bare ``ID`` means ``ok``) as an ``after`` condition.
+
+    >>> parse_after("any:j-1f2e")
+    {'id': 'j-1f2e', 'when': 'any'}
+    """
     when, _, job_id = text.strip().rpartition(":")
     return {"id": job_id, "when": when or "ok"}
 
@@ -599,15 +545,7 @@ def _submitted(response: Response, data: Any) -> JobAnswer | GangSubmitted | Arr
     from corral.protocol.answers import ArraySubmitted, GangSubmitted, JobAnswer
 
     if isinstance(data, dict) and "command" not in data and "array_id" in data:
-        return _parse(ArraySubmitted, response, data)
+        return parse(ArraySubmitted, response, data)
     if isinstance(data, dict) and "command" not in data and "gang_id" in data:
-        return _parse(GangSubmitted, response, data)
-    return _parse(JobAnswer, response, data)
-
-
-def _api_error(response: Response) -> ApiError:
-    try:
-        envelope = json.loads(response.content)["error"]
-        return ApiError(response.status_code, envelope["code"], envelope["message"])
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        return ApiError(response.status_code, "http_error", response.text[:200] or response.reason_phrase)
+        return parse(GangSubmitted, response, data)
+    return parse(JobAnswer, response, data)

@@ -30,3 +30,18 @@ class ApiError(ClientError):
         self.code = code
         self.message = message
         self.body = body
+
+
+class WaitTimeout(ClientError, TimeoutError):
+    """``wait(timeout)`` of a job, gang or array handle ran out before every task ended. ``last``
+    is what the server said at the last look (the job, gang or array answer), ``status`` its
+    status then (an array's counts in words), so a caller can say why it is still waiting. A
+    ``TimeoutError`` too, for code that catches the built-in one."""
+
+    def __init__(self, what: str, timeout_s: float, status: str, last: Any = None, why: str = "") -> None:
+        detail = f": {why}" if why else ""
+        super().__init__(f"{what} has not ended after {timeout_s:g} s (status {status}{detail})")
+        self.what = what
+        self.timeout_s = timeout_s
+        self.status = status
+        self.last = last

@@ -43,9 +43,9 @@ def test_submit_after_an_unknown_id_exits_1_naming_after(server, capsys):
 
 
 def test_the_sdk_submits_arrays_and_conditions(client):
-    array = client.submit({"command": "true"}, array="1,5,7")
+    array = client.submit_body({"command": "true"}, array="1,5,7")
     assert isinstance(array, ArraySubmitted) and len(array.tasks) == 3
-    job = client.submit(
+    job = client.submit_body(
         {"command": "true"}, after=[f"notok:{array.array_id}", {"id": array.tasks[0], "when": "any"}]
     )
     assert [(item.id, item.when) for item in job.after] == [
@@ -59,8 +59,8 @@ def test_the_sdk_submits_arrays_and_conditions(client):
 
 
 def test_corral_jobs_lists_the_tasks_of_an_array(server, client, capsys):
-    array = client.submit({"command": "true"}, array="0-1")
-    client.submit({"command": "true"})
+    array = client.submit_body({"command": "true"}, array="0-1")
+    client.submit_body({"command": "true"})
     code, out, err = corral(server, capsys, "jobs", "--array", array.array_id, "--json")
     assert code == 0, err
     assert sorted(item["id"] for item in json.loads(out)["items"]) == sorted(array.tasks)

@@ -28,6 +28,7 @@ from corral.server.loops.runner import Loop, LoopGroup
 from corral.store import open_store
 from corral.store.base import WorkerRegistration
 from corral.testing.server import ServerThread
+from corral.worker.calls import WorkerClient
 
 from .conftest import claim, error_code, register, submit
 
@@ -144,10 +145,10 @@ def test_a_locked_store_is_an_answer_not_a_freeze(busy_server, store_url):
 
 
 def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server, store_url):
-    with Client(busy_server.url) as client:
-        client.register_worker({"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 4}})
-        client.submit({"command": "true"})
-        job = client.claim("w1")
+    with Client(busy_server.url) as client, WorkerClient(busy_server.url) as worker:
+        worker.register_worker({"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 4}})
+        client.submit_body({"command": "true"})
+        job = worker.claim("w1")
         assert job is not None
         with locked(store_url) as release:
             freed = threading.Event()
@@ -157,9 +158,9 @@ def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server,
                 release()
 
             threading.Timer(1.2, free).start()
-            client.job_heartbeat(job.id, "w1", job.attempt)
+            worker.job_heartbeat(job.id, "w1", job.attempt)
             assert freed.is_set(), "the heartbeat got through only once the lock was gone"
-    with Client(busy_server.url, busy_retry_s=0) as impatient, locked(store_url):
+    with WorkerClient(busy_server.url, busy_retry_s=0) as impatient, locked(store_url):
         with pytest.raises(ApiError) as refused:
             impatient.job_heartbeat(job.id, "w1", job.attempt)
         assert (refused.value.status, refused.value.code) == (503, "store_busy")

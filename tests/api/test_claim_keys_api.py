@@ -3,7 +3,7 @@ answered the same runs, on SQLite and PostgreSQL; a bad key is a 400 naming the 
 
 from __future__ import annotations
 
-from corral.client import Client
+from corral.worker.calls import WorkerClient
 from tests.api.conftest import error_code, register, submit
 
 
@@ -39,7 +39,7 @@ def test_a_key_too_long_is_refused_naming_the_header(api):
 def test_the_sdk_sends_the_key(api, server):
     register(api, cpus=4)
     job = submit(api, resources={"cpus": 1})
-    with Client(server.url) as sdk:
+    with WorkerClient(server.url) as sdk:
         first = sdk.claim_many("w1", 4, idempotency_key="k")
         assert [claim.id for claim in first] == [job["id"]]
         assert sdk.claim_many("w1", 4, idempotency_key="k") == first

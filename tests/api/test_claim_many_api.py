@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from corral.client import Client
 from corral.protocol.answers import ClaimAnswer, ClaimsAnswer
 from corral.server.routes import protocol as protocol_routes
+from corral.worker.calls import WorkerClient
 from tests.api.conftest import assert_store_history_is_legal, error_code, register, submit
 
 
@@ -152,7 +152,7 @@ def test_sdk_claim_many(api, server):
     register(api, cpus=2)
     for _ in range(3):
         submit(api, resources={"cpus": 1})
-    with Client(server.url) as sdk:
+    with WorkerClient(server.url) as sdk:
         claimed = sdk.claim_many("w1", 8)
         assert len(claimed) == 2
         assert all(isinstance(item, ClaimAnswer) and item.attempt == 1 for item in claimed)

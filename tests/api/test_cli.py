@@ -18,6 +18,7 @@ from corral.cli import jobs, pools
 from corral.cli.main import main
 from corral.client import Client
 from corral.protocol.answers import WorkerAnswer
+from corral.worker.calls import WorkerClient
 from tests.helpers import corral
 
 
@@ -32,6 +33,13 @@ def corral_json(server: Any, capsys: pytest.CaptureFixture[str], *argv: str) -> 
 def client(server: Any) -> Any:
     with Client(server.url) as sdk:
         yield sdk
+
+
+@pytest.fixture
+def worker(server: Any) -> Any:
+    """The worker's side of the protocol (register, claim, reports), played by the test."""
+    with WorkerClient(server.url) as protocol:
+        yield protocol
 
 
 def test_submit_sends_every_flag(server, client, capsys):
@@ -178,11 +186,11 @@ def test_server_flag_before_the_command_and_from_the_environment(server, capsys,
 
 
 def test_jobs_table_filters_and_json(server, client, clock, capsys):
-    first = client.submit(
+    first = client.submit_body(
         {"command": "python train.py", "name": "trainer", "resources": {"gpus": 2}, "user": "alice"}
     )
     clock.advance(1)  # the API orders by submission time, then id
-    second = client.submit({"command": "echo " + "x" * 100, "pool": "team/a"})
+    second = client.submit_body({"command": "echo " + "x" * 100, "pool": "team/a"})
     code, out, _ = corral(server, capsys, "jobs")
     assert code == 0
     header, *rows = out.splitlines()
@@ -206,19 +214,19 @@ def test_jobs_table_filters_and_json(server, client, clock, capsys):
     assert code == 1 and err.startswith("corral: invalid_request:")
 
 
-def test_jobs_shows_what_has_not_ended_unless_all(server, client, clock, capsys):
-    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
-    ended = client.submit({"command": "true"})
-    client.done(ended["id"], "w1", client.claim("w1")["attempt"])
+def test_jobs_shows_what_has_not_ended_unless_all(server, client, worker, clock, capsys):
+    worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    ended = client.submit_body({"command": "true"})
+    worker.done(ended["id"], "w1", worker.claim("w1")["attempt"])
     clock.advance(1)
-    cancelled = client.submit({"command": "true"})
+    cancelled = client.submit_body({"command": "true"})
     client.cancel(cancelled["id"])
     clock.advance(1)
-    running = client.submit({"command": "sleep 9"})
-    assert client.claim("w1")["id"] == running["id"]
+    running = client.submit_body({"command": "sleep 9"})
+    assert worker.claim("w1")["id"] == running["id"]
     clock.advance(1)
-    waiting = client.submit({"command": "true"})
-    gang = client.submit({"command": "hostname", "gang_size": 2})
+    waiting = client.submit_body({"command": "true"})
+    gang = client.submit_body({"command": "hostname", "gang_size": 2})
     active = [job["id"] for job in corral_json(server, capsys, "jobs")["items"]]
     assert set(active) == {running["id"], waiting["id"], *gang["tasks"]}
     assert active[-1] == running["id"]
@@ -231,8 +239,8 @@ def test_jobs_shows_what_has_not_ended_unless_all(server, client, clock, capsys)
 
 
 def test_jobs_of_a_user_and_mine(server, client, capsys, monkeypatch):
-    alice = client.submit({"command": "true", "user": "alice"})
-    bob = client.submit({"command": "true", "user": "bob"})
+    alice = client.submit_body({"command": "true", "user": "alice"})
+    bob = client.submit_body({"command": "true", "user": "bob"})
     assert [job["id"] for job in corral_json(server, capsys, "jobs", "--user", "alice")["items"]] == [
         alice["id"]
     ]
@@ -245,7 +253,7 @@ def test_jobs_of_a_user_and_mine(server, client, capsys, monkeypatch):
 def test_jobs_limit_and_all_follow_the_cursor(server, client, clock, capsys):
     submitted = []
     for index in range(7):
-        submitted.append(client.submit({"command": f"echo {index}"})["id"])
+        submitted.append(client.submit_body({"command": f"echo {index}"})["id"])
         clock.advance(1)
     newest = submitted[::-1]
     code, out, err = corral(server, capsys, "jobs", "--limit", "3")
@@ -260,26 +268,26 @@ def test_jobs_limit_and_all_follow_the_cursor(server, client, clock, capsys):
     assert len(out.splitlines()) == 1 + len(submitted)
 
 
-def test_jobs_gang_and_worker_filters(server, client, capsys):
-    gang = client.submit({"command": "hostname", "gang_size": 2})
-    client.submit({"command": "true"})
+def test_jobs_gang_and_worker_filters(server, client, worker, capsys):
+    gang = client.submit_body({"command": "hostname", "gang_size": 2})
+    client.submit_body({"command": "true"})
     page = corral_json(server, capsys, "jobs", "--gang", gang["gang_id"])
     assert sorted(job["id"] for job in page["items"]) == sorted(gang["tasks"])
-    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
-    claimed = client.claim("w1")
+    worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    claimed = worker.claim("w1")
     page = corral_json(server, capsys, "jobs", "--worker", "w1")
     assert [job["id"] for job in page["items"]] == [claimed["id"]]
 
 
-def test_jobs_start_shows_the_estimated_start_of_waiting_jobs(server, client, clock, capsys):
+def test_jobs_start_shows_the_estimated_start_of_waiting_jobs(server, client, worker, clock, capsys):
     """``corral jobs --start`` (like ``squeue --start``): a gang planned at a running job's limit."""
-    for worker in ("w1", "w2"):
-        client.register_worker({"id": worker, "resources": {"gpus": 2, "vram_mb": 1000}})
-    limited = client.submit({"command": "sleep 9", "resources": {"gpus": 2}, "walltime_s": 30})
-    running = client.claim("w1")
+    for worker_id in ("w1", "w2"):
+        worker.register_worker({"id": worker_id, "resources": {"gpus": 2, "vram_mb": 1000}})
+    limited = client.submit_body({"command": "sleep 9", "resources": {"gpus": 2}, "walltime_s": 30})
+    running = worker.claim("w1")
     assert running["id"] == limited["id"]
-    gang = client.submit({"command": "train", "gang_size": 2, "resources": {"gpus": 2}})
-    endless = client.submit({"command": "true", "resources": {"gpus": 4}})  # no worker holds it
+    gang = client.submit_body({"command": "train", "gang_size": 2, "resources": {"gpus": 2}})
+    endless = client.submit_body({"command": "true", "resources": {"gpus": 4}})  # no worker holds it
     server.run_loop("admission")
     code, out, _ = corral(server, capsys, "jobs", "--start")
     assert code == 0
@@ -292,8 +300,10 @@ def test_jobs_start_shows_the_estimated_start_of_waiting_jobs(server, client, cl
     assert start not in by_id[endless["id"]]
 
 
-def test_show_events_why(server, client, capsys):
-    job = client.submit({"command": "sleep 1", "name": "nap", "env": {"K": "V"}, "resources": {"cpus": 1}})
+def test_show_events_why(server, client, worker, capsys):
+    job = client.submit_body(
+        {"command": "sleep 1", "name": "nap", "env": {"K": "V"}, "resources": {"cpus": 1}}
+    )
     code, out, _ = corral(server, capsys, "show", job["id"])
     assert code == 0
     fields = dict(line.split(":", 1) for line in out.splitlines())
@@ -311,9 +321,9 @@ def test_show_events_why(server, client, capsys):
     answer = corral_json(server, capsys, "why", job["id"])
     assert answer["status"] == "pending" and answer["reasons"][0]["code"] == "no_workers"
 
-    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
-    claimed = client.claim("w1")
-    client.done(job["id"], "w1", claimed["attempt"])
+    worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    claimed = worker.claim("w1")
+    worker.done(job["id"], "w1", claimed["attempt"])
     code, out, _ = corral(server, capsys, "events", job["id"])
     assert code == 0
     header, *rows = out.splitlines()
@@ -325,7 +335,7 @@ def test_show_events_why(server, client, capsys):
 
 
 def test_show_a_gang(server, client, capsys):
-    gang = client.submit({"command": "hostname", "gang_size": 2})
+    gang = client.submit_body({"command": "hostname", "gang_size": 2})
     code, out, _ = corral(server, capsys, "show", gang["gang_id"])
     assert code == 0
     assert f"gang_id: {gang['gang_id']}" in out and "status: blocked" in out
@@ -334,29 +344,29 @@ def test_show_a_gang(server, client, capsys):
 
 
 def test_cancel(server, client, capsys):
-    first = client.submit({"command": "true"})["id"]
-    second = client.submit({"command": "true"})["id"]
+    first = client.submit_body({"command": "true"})["id"]
+    second = client.submit_body({"command": "true"})["id"]
     code, out, _ = corral(server, capsys, "cancel", first, second)
     assert code == 0
     assert out.splitlines() == [f"{first}: cancelled", f"{second}: cancelled"]
     assert client.get_job(first)["status"] == "cancelled"
 
-    third = client.submit({"command": "true"})["id"]
+    third = client.submit_body({"command": "true"})["id"]
     code, out, err = corral(server, capsys, "cancel", first, third)
     assert code == 1
     assert err.startswith("corral: already_terminal: ")
     assert out.strip() == f"{third}: cancelled"
 
-    gang = client.submit({"command": "hostname", "gang_size": 2})
+    gang = client.submit_body({"command": "hostname", "gang_size": 2})
     code, out, _ = corral(server, capsys, "cancel", gang["gang_id"])
     assert code == 0 and out.strip() == f"{gang['gang_id']}: cancelled (2 tasks)"
     assert {task["status"] for task in client.gang(gang["gang_id"])["tasks"]} == {"cancelled"}
 
 
-def test_cancel_of_a_running_job_says_it_is_being_stopped(server, client, capsys):
-    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
-    job = client.submit({"command": "sleep 60"})["id"]
-    assert client.claim("w1")["id"] == job
+def test_cancel_of_a_running_job_says_it_is_being_stopped(server, client, worker, capsys):
+    worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
+    job = client.submit_body({"command": "sleep 60"})["id"]
+    assert worker.claim("w1")["id"] == job
     code, out, _ = corral(server, capsys, "cancel", job)
     assert code == 0
     assert out.strip() == f"{job}: cancelling: stopping it on w1; it ends cancelled once it has stopped"
@@ -393,11 +403,11 @@ def test_a_gang_id_is_taken_wherever_a_job_id_is(server, client, capsys):
     assert [row.split()[4] for row in out.splitlines()[1:]][-2:] == ["cancelled", "cancelled"]
 
 
-def test_workers_remove(server, client, capsys):
-    client.register_worker({"id": "w1", "resources": {"cpus": 2}})
+def test_workers_remove(server, client, worker, capsys):
+    worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
     code, _, err = corral(server, capsys, "workers", "remove", "w1")
     assert code == 1 and err.startswith("corral: conflict: worker w1 is active")
-    client.leave_worker("w1")
+    worker.leave_worker("w1")
     code, out, _ = corral(server, capsys, "workers", "remove", "w1")
     assert code == 0 and out.strip() == "w1 removed"
     assert client.workers() == []
@@ -405,17 +415,17 @@ def test_workers_remove(server, client, capsys):
     assert code == 1 and err.startswith("corral: not_found:")
 
 
-def test_workers(server, client, capsys):
-    client.register_worker(
+def test_workers(server, client, worker, capsys):
+    worker.register_worker(
         {"id": "w1", "resources": {"gpus": 4, "vram_mb": 80000, "memory_mb": 64000, "cpus": 16}}
     )
-    client.register_worker(
+    worker.register_worker(
         {"id": "w2", "resources": {"cpus": 2}, "enforcement": {"identity": "setuid", "memory": "cgroup_v1"}}
     )
-    job = client.submit({"command": "train", "resources": {"gpus": 2, "cpus": 4, "memory_mb": 1000}})
-    assert client.claim("w1")["id"] == job["id"]
+    job = client.submit_body({"command": "train", "resources": {"gpus": 2, "cpus": 4, "memory_mb": 1000}})
+    assert worker.claim("w1")["id"] == job["id"]
     readings = [{"index": index, "util_pct": util} for index, util in enumerate((87.4, 90, 0, 0))]
-    client.worker_heartbeat("w1", {"gpus": readings})
+    worker.worker_heartbeat("w1", {"gpus": readings})
     code, out, _ = corral(server, capsys, "workers")
     assert code == 0
     header, *rows = out.splitlines()
@@ -464,7 +474,7 @@ def _finish_when_submitted(server: Any, outcome: str) -> threading.Thread:
     """Play the worker for ``submit --wait``: claim the job once it exists, then finish it."""
 
     def play() -> None:
-        with Client(server.url) as worker:
+        with WorkerClient(server.url) as worker:
             worker.register_worker({"id": "w1", "resources": {"cpus": 2}})
             deadline = time.monotonic() + 10
             claimed = None
@@ -521,12 +531,12 @@ def test_submit_wait_on_a_cancelled_gang_exits_1(server, client, capsys):
     assert len(lines) == 3 and all("cancelled" in line for line in lines[1:])
 
 
-def test_pools_prints_the_tree_and_json(server, client, capsys):
+def test_pools_prints_the_tree_and_json(server, client, worker, capsys):
     client.put_pool(
         "team/x", {"weight": 2, "guarantee": {"gpus": 8}, "limits": {"gpus": 16}, "kind": "training"}
     )
-    client.submit({"command": "true", "pool": "team/x/y", "resources": {"gpus": 3}})
-    client.register_worker({"id": "w1", "resources": {"gpus": 8, "memory_mb": 64000, "cpus": 32}})
+    client.submit_body({"command": "true", "pool": "team/x/y", "resources": {"gpus": 3}})
+    worker.register_worker({"id": "w1", "resources": {"gpus": 8, "memory_mb": 64000, "cpus": 32}})
     code, out, err = corral(server, capsys, "pools")
     assert code == 0, err
     header, *rows = out.splitlines()

@@ -11,19 +11,20 @@ import pytest
 from corral.cli.usage import moment
 from corral.client import Client
 from corral.domain.clock import from_rfc3339, to_rfc3339
+from corral.worker.calls import WorkerClient
 from tests.helpers import corral
 
 
 def test_usage_table_and_json_by_pool(server, clock, capsys):
-    with Client(server.url) as client:
-        client.register_worker({"id": "w1", "resources": {"gpus": 4, "vram_mb": 1000, "cpus": 8}})
+    with Client(server.url) as client, WorkerClient(server.url) as worker:
+        worker.register_worker({"id": "w1", "resources": {"gpus": 4, "vram_mb": 1000, "cpus": 8}})
         for pool, gpus in (("team/a", 2), ("team/b", 1)):
-            client.submit({"command": "train", "pool": pool, "resources": {"gpus": gpus, "cpus": 1}})
+            client.submit_body({"command": "train", "pool": pool, "resources": {"gpus": gpus, "cpus": 1}})
         for _ in range(2):  # one after the other: the second claimed waits for the first to end
-            claimed = client.claim("w1")
+            claimed = worker.claim("w1")
             assert claimed is not None
             clock.advance(1800)
-            client.done(claimed["id"], "w1", claimed["attempt"])
+            worker.done(claimed["id"], "w1", claimed["attempt"])
     since = to_rfc3339(clock.now() - 86400)
     code, out, err = corral(server, capsys, "usage", "--by", "pool", "--since", since)
     assert code == 0, err

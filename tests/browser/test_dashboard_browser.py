@@ -24,8 +24,8 @@ def assert_clean(page) -> None:
 def test_every_page_loads(page, server, client: Client, start_worker):
     start_worker(server.url, "w1", "--gpus", "2", "--vram-mb", "1000", "--gpu-sampler", "none")
     wait_for(lambda: client.workers() or None, 15, "the worker to register")
-    job = client.submit({"command": "echo hi", "name": "hello"})
-    gang = client.submit({"command": "sleep 30", "gang_size": 2, "resources": {"cpus": 1}})
+    job = client.submit_body({"command": "echo hi", "name": "hello"})
+    gang = client.submit_body({"command": "sleep 30", "gang_size": 2, "resources": {"cpus": 1}})
     wait_status(client, job["id"], {"done"}, 20)
     page.goto(server.url + "/")
     expect(page.get_by_role("heading", name="Cluster")).to_be_visible()
@@ -61,7 +61,7 @@ def test_a_job_from_pending_to_done_with_its_logs_live(
     command = (
         f"echo first line; while [ ! -e {gate} ]; do sleep 0.1; done; echo second line; echo to stderr >&2"
     )
-    job = client.submit({"command": command, "name": "watched"})
+    job = client.submit_body({"command": command, "name": "watched"})
     page.goto(f"{server.url}/ui/jobs/{job['id']}")
     expect(page.locator(".job-head .status")).to_have_text("pending")
     start_worker(server.url, "w1")
@@ -79,7 +79,7 @@ def test_a_job_from_pending_to_done_with_its_logs_live(
 
 def test_cancel_a_running_job_from_its_page(page, server, client: Client, start_worker):
     start_worker(server.url, "w1")
-    job = client.submit({"command": "echo started; sleep 60"})
+    job = client.submit_body({"command": "echo started; sleep 60"})
     wait_status(client, job["id"], {"running"}, 20)
     page.goto(f"{server.url}/ui/jobs/{job['id']}")
     expect(page.locator("#log")).to_have_text(re.compile("started"), timeout=15_000)
@@ -90,7 +90,7 @@ def test_cancel_a_running_job_from_its_page(page, server, client: Client, start_
 
 
 def test_the_pages_work_from_the_keyboard(page, server, client: Client):
-    client.submit({"command": "true"})
+    client.submit_body({"command": "true"})
     page.goto(server.url + "/ui/jobs")
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="Skip to content")).to_be_focused()

@@ -30,7 +30,7 @@ def test_the_dashboard_over_https_keeps_the_token_in_a_secure_cookie(
     )  # fmt: skip
     assert server.url.startswith("https://")
     with Client(server.url, token=TOKEN, ca_file=str(certificates.ca)) as admin:
-        job = admin.submit({"command": "true"})  # no worker: it waits, cancellable
+        job = admin.submit_body({"command": "true"})  # no worker: it waits, cancellable
 
     # Chromium does not know the test CA; what is checked here is the page and its cookie.
     context = browser.new_context(ignore_https_errors=True)

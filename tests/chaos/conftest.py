@@ -127,7 +127,7 @@ def submit_with_retries(client: Client, job: dict[str, Any], key: str, timeout_s
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return client.submit(job, idempotency_key=key)
+            return client.submit_body(job, idempotency_key=key)
         except Exception:
             if time.monotonic() > deadline:
                 raise

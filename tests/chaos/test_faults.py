@@ -59,7 +59,7 @@ def test_a_server_outage_past_the_lease_runs_finished_work_once(
     once = tmp_path / "once.txt"
     with Client(server.url) as client:
         for index in range(3):
-            client.submit({"command": f"sleep 2; echo ran-{index} >> {once}", "resources": {"cpus": 1}})
+            client.submit_body({"command": f"sleep 2; echo ran-{index} >> {once}", "resources": {"cpus": 1}})
         wait_for(lambda: list(statuses(client).values()).count("running") == 3 or None, 15, "3 running")
     kill9(server)
     time.sleep(17.0)  # past the lease (6 s) and past the worker's old give-up point (~15.5 s)
@@ -81,7 +81,7 @@ def test_a_worker_frozen_past_its_lease_stops_its_copy_when_thawed(
     command = f'for i in $(seq 1 40); do echo "$CORRAL_ATTEMPT" >> {runs}; sleep 0.25; done'
     first = start_worker(server.url, "w1", "--cpus", "1")
     with Client(server.url) as client:
-        job = client.submit({"command": command, "resources": {"cpus": 1}})
+        job = client.submit_body({"command": command, "resources": {"cpus": 1}})
         wait_for(lambda: runs.exists() or None, 15, "attempt 1 to start")
         first.signal(signal.SIGSTOP)
         start_worker(server.url, "w2", "--cpus", "1")
@@ -109,7 +109,7 @@ def test_a_worker_killed_with_minus_9_leaves_nothing_running_beside_attempt_two(
     with Client(server.url) as client:
         # attempt 1 would run for a minute: only the restarted worker can end it in time
         command = f'echo $$ >> {pids}; if [ "$CORRAL_ATTEMPT" = 1 ]; then sleep 60; fi'
-        job = client.submit({"command": command, "resources": {"cpus": 1}})
+        job = client.submit_body({"command": command, "resources": {"cpus": 1}})
         wait_for(lambda: (pids.exists() and pids.read_text().strip()) or None, 15, "attempt 1 to start")
         orphan = int(pids.read_text().split()[0])
         reap_groups.append(orphan)

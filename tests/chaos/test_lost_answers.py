@@ -37,7 +37,7 @@ def test_a_lost_claim_answer_is_handed_out_again_and_the_gang_finishes(
         start_worker(proxy.url, "w1", "--cpus", "2")
         start_worker(server.url, "w2", "--cpus", "2")
         with Client(server.url) as client:
-            client.submit(
+            client.submit_body(
                 {
                     "command": f'echo "$RANK $CORRAL_ATTEMPT" >> {runs}; sleep 1',
                     "gang_size": 2,
@@ -58,7 +58,7 @@ def test_a_lost_claim_answer_costs_a_single_job_no_attempt(db_url: str, start_se
     with AnswerDroppingProxy(server.url, _first_claim_that_started_work) as proxy:
         start_worker(proxy.url, "w1", "--cpus", "1")
         with Client(server.url) as client:
-            job = client.submit({"command": "true", "resources": {"cpus": 1}})
+            job = client.submit_body({"command": "true", "resources": {"cpus": 1}})
             wait_for(lambda: proxy.dropped or None, 15, "a claim answer to be lost")
             proxy.drop = lambda head, status: False
             ended = wait_all_terminal(client, 1, 30)

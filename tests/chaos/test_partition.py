@@ -80,7 +80,7 @@ def cut_mid_job(
     with PartitionProxy(server.url) as proxy, Client(server.url) as client:
         margin = str(MARGIN_S)
         first = start_worker(proxy.url, "w1", "--cpus", "1", fence_flag, "--self-fence-margin-s", margin)
-        job = client.submit({"command": COMMAND.format(runs=runs), "resources": {"cpus": 1}})
+        job = client.submit_body({"command": COMMAND.format(runs=runs), "resources": {"cpus": 1}})
         wait_for(lambda: first_of(runs, 1), 15, "attempt 1 to start")
         start_worker(server.url, "w2", "--cpus", "1")
         proxy.cut()
@@ -145,7 +145,7 @@ def test_a_server_restart_shorter_than_the_lease_stops_nothing(
     go = tmp_path / "go"
     command = f"touch {tmp_path}/up; while [ ! -e {go} ]; do sleep 0.05; done"
     with Client(server.url) as client:
-        job = client.submit({"command": command, "resources": {"cpus": 1}})
+        job = client.submit_body({"command": command, "resources": {"cpus": 1}})
         wait_for(lambda: (tmp_path / "up").exists() or None, 15, "the job to start")
     kill9(server)
     restarted_at = time.monotonic()

@@ -77,7 +77,7 @@ def start_running(client: Client, runs: Path) -> list[str]:
     """``JOBS`` jobs of ``JOB_S`` seconds, each writing its attempt to ``runs`` as it starts; their
     ids once every one runs."""
     command = f'echo "$CORRAL_JOB_ID $CORRAL_ATTEMPT" >> {runs}; sleep {JOB_S}'
-    job_ids = [client.submit({"command": command, "resources": {"cpus": 1}}).id for _ in range(JOBS)]
+    job_ids = [client.submit_body({"command": command, "resources": {"cpus": 1}}).id for _ in range(JOBS)]
 
     def every_one_started() -> bool:
         return runs.exists() and len(runs.read_text().splitlines()) == JOBS

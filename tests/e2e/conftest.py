@@ -312,7 +312,7 @@ def gang_cluster(
 
 
 def submit_gang(client: Client, command: str, **fields: Any) -> list[str]:
-    submitted = client.submit({"command": command, "gang_size": 2, "max_retries": 3, **fields})
+    submitted = client.submit_body({"command": command, "gang_size": 2, "max_retries": 3, **fields})
     tasks: list[str] = submitted["tasks"]
     return tasks
 

@@ -30,13 +30,13 @@ def test_a_big_gang_is_planned_at_the_limit_and_short_work_backfills_its_room(
     server = start_server(*FAST_SERVER_FLAGS)
     start_worker(server.url, "w1", *GPU_FLAGS)
     with Client(server.url) as client:
-        limited = client.submit(
+        limited = client.submit_body(
             {"command": "exec sleep 60", "resources": {"gpus": 2}, "walltime_s": LIMIT_S}
         )["id"]
         running = wait_status(client, limited, {"running"}, 15)
         assert running["worker_id"] == "w1"
         start_worker(server.url, "w2", *GPU_FLAGS)
-        gang = client.submit({"command": "sleep 1", "gang_size": 2, "resources": {"gpus": 2}})
+        gang = client.submit_body({"command": "sleep 1", "gang_size": 2, "resources": {"gpus": 2}})
         task = wait_for(
             lambda: (job := client.get_job(gang["tasks"][0]))["estimated_start_at"] and job,
             10,
@@ -46,10 +46,10 @@ def test_a_big_gang_is_planned_at_the_limit_and_short_work_backfills_its_room(
         assert task["planned_workers"] == ["w1", "w2"]
         assert client.why(gang["tasks"][0])["reasons"][0]["code"] == "reserved_for_later"
 
-        short = client.submit({"command": "sleep 1", "resources": {"gpus": 1}, "walltime_s": 2})["id"]
+        short = client.submit_body({"command": "sleep 1", "resources": {"gpus": 1}, "walltime_s": 2})["id"]
         backfilled = wait_status(client, short, {"running", "done"}, 10)
         assert backfilled["worker_id"] == "w2", "it ends before the gang starts"
-        endless = client.submit({"command": "sleep 1", "resources": {"gpus": 1}})["id"]
+        endless = client.submit_body({"command": "sleep 1", "resources": {"gpus": 1}})["id"]
         wait_status(client, short, {"done"}, 10)
         time.sleep(1)  # several claims of w2, whose room is free now, are refused it
         assert client.get_job(endless)["status"] == "pending"

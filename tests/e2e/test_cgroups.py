@@ -50,7 +50,7 @@ def test_nothing_an_attempt_started_outlives_it(server, client: Client, start_wo
     body = {"command": DETACH.format(out=tmp_path) + tail, "max_retries": 1}
     if end == "budget":
         body["budget_s"] = 1
-    job = client.submit(body)["id"]
+    job = client.submit_body(body)["id"]
     wait_for(lambda: _written(tmp_path), 15, "the strays")
     pids = _pids(tmp_path)
     if end == "cancel":
@@ -65,11 +65,11 @@ def test_a_job_over_its_memory_is_oom_killed_and_its_neighbour_runs_on(
     server, client: Client, start_worker, tmp_path: Path
 ):
     start_worker(server.url, "w1")
-    neighbour = client.submit({"command": f"touch {tmp_path}/n; sleep 4", "resources": {"memory_mb": 64}})[
-        "id"
-    ]
+    neighbour = client.submit_body(
+        {"command": f"touch {tmp_path}/n; sleep 4", "resources": {"memory_mb": 64}}
+    )["id"]
     wait_for(lambda: (tmp_path / "n").exists(), 15, "the neighbour to start")
-    greedy = client.submit(
+    greedy = client.submit_body(
         {
             "command": f"{sys.executable} -c 'x = bytearray(192 * 1024 * 1024)'",
             "resources": {"memory_mb": 64},
@@ -101,7 +101,7 @@ def test_a_job_opens_only_the_gpu_device_nodes_it_was_given(
         "head -c 1 {dev}/nvidiactl > /dev/null && echo ctl >> {out}; "
         'echo "given $CUDA_VISIBLE_DEVICES" >> {out}'
     )
-    job = client.submit(
+    job = client.submit_body(
         {"command": probe.format(dev=devices, out=tmp_path / "seen"), "resources": {"gpus": 1}}
     )["id"]
     assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
@@ -123,7 +123,7 @@ def test_enforcement_is_reported_and_a_host_without_says_none(server, client: Cl
     assert {key: value for key, value in workers["bare"]["enforcement"].items() if key != "identity"} == {
         "memory": "none", "cpu": "none", "pids": "none", "devices": "none", "kill_tree": "none",
     }  # fmt: skip
-    job = client.submit({"command": "true", "constraints": {"labels": {}}})["id"]
+    job = client.submit_body({"command": "true", "constraints": {"labels": {}}})["id"]
     assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
 
 
@@ -152,7 +152,7 @@ def test_a_job_with_one_cpu_uses_at_most_about_one_core(server, client: Client, 
     them (the bound is only an upper one: a busy machine gives them less, never more)."""
     start_worker(server.url, "w1")
     (tmp_path / "busy.py").write_text(BUSY)
-    job = client.submit(
+    job = client.submit_body(
         {"command": f"{sys.executable} {tmp_path}/busy.py {tmp_path}/cores", "resources": {"cpus": 1}}
     )["id"]
     assert wait_status(client, job, {"done", "failed"}, 30)["status"] == "done"
@@ -166,7 +166,7 @@ def test_nothing_a_preempted_attempt_started_outlives_it(start_server, start_wor
         server.url, "w1", "--gpus", "1", "--vram-mb", "1000", "--gpu-model", "Fake", "--gpu-sampler", "none"
     )
     with Client(server.url) as client:
-        low = client.submit(
+        low = client.submit_body(
             {
                 "command": DETACH.format(out=tmp_path) + "; sleep 60",
                 "resources": {"gpus": 1},
@@ -175,7 +175,7 @@ def test_nothing_a_preempted_attempt_started_outlives_it(start_server, start_wor
         )["id"]
         wait_for(lambda: _written(tmp_path), 15, "the strays")
         pids = _pids(tmp_path)
-        high = client.submit({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
+        high = client.submit_body({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
         wait_for(lambda: client.get_job(low)["preempted_count"] == 1, 20, "the preemption")
         assert all(process_gone(pid) for pid in pids), pids
         wait_status(client, high, {"done"}, 20)

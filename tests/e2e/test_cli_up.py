@@ -294,7 +294,7 @@ def test_up_with_several_workers_of_fake_gpus_runs_a_gang(tmp_path: Path) -> Non
             workers = sorted(client.workers(), key=lambda worker: worker.id)
             assert [worker.id for worker in workers] == ["local-1", "local-2"]
             assert {(worker.resources.gpus, worker.gpu_model) for worker in workers} == {(2, "fake")}
-            gang = client.submit(
+            gang = client.submit_body(
                 {
                     "command": 'echo "rank $RANK sees $CUDA_VISIBLE_DEVICES"',
                     "gang_size": 2,

@@ -21,10 +21,12 @@ def test_a_job_writing_a_huge_step_costs_no_other_job_its_lease(
     """The issue's attack: a step no heartbeat can carry once kept every lease on the worker from
     being renewed, and the neighbours' jobs were run again. Now the step is left out."""
     start_worker(server.url, "w1", "--heartbeat-s", "0.1")
-    hostile = client.submit(
+    hostile = client.submit_body(
         {"command": f'echo 123456789012345678901234567890 > "$CORRAL_BEAT_FILE"; touch {tmp_path}/a; sleep 3'}
     )["id"]
-    neighbour = client.submit({"command": f'echo 5 > "$CORRAL_BEAT_FILE"; touch {tmp_path}/b; sleep 3'})["id"]
+    neighbour = client.submit_body({"command": f'echo 5 > "$CORRAL_BEAT_FILE"; touch {tmp_path}/b; sleep 3'})[
+        "id"
+    ]
     wait_for(lambda: (tmp_path / "a").exists() and (tmp_path / "b").exists(), 15, "both jobs to start")
     wait_for(lambda: client.get_job(neighbour)["progress"], 10, "the neighbour's step")
     for job_id in (hostile, neighbour):
@@ -37,7 +39,7 @@ def test_a_second_worker_with_the_same_id_refuses_to_start_and_touches_nothing(
     server, client: Client, start_worker, tmp_path: Path
 ):
     first = start_worker(server.url, "w1")
-    job = client.submit({"command": f"touch {tmp_path}/up; sleep 2"})["id"]
+    job = client.submit_body({"command": f"touch {tmp_path}/up; sleep 2"})["id"]
     wait_for(lambda: (tmp_path / "up").exists(), 15, "the job to start")
     command = [sys.executable, "-m", "corral", "worker", "--server", server.url, "--worker-id", "w1"]
     command += [*FAST_WORKER_FLAGS, "--state-dir", str(tmp_path / "state-w1")]
@@ -53,7 +55,7 @@ def test_a_second_worker_with_the_same_id_refuses_to_start_and_touches_nothing(
 def test_a_job_sees_none_of_its_workers_environment(server, client: Client, start_worker, tmp_path: Path):
     start_worker(server.url, "w1", env={"CORRAL_TOKEN": "worker-secret", "SOME_SECRET": "x", "LC_ALL": "C"})
     # A root worker with a token runs a job as its user's account: root's here.
-    job = client.submit({"command": f"env > {tmp_path}/env", "env": {"MINE": "1"}, "user": "root"})["id"]
+    job = client.submit_body({"command": f"env > {tmp_path}/env", "env": {"MINE": "1"}, "user": "root"})["id"]
     assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
     names = {line.partition("=")[0] for line in (tmp_path / "env").read_text().splitlines()}
     assert "CORRAL_TOKEN" not in names and "SOME_SECRET" not in names
@@ -65,8 +67,8 @@ def test_a_job_starts_in_its_workdir_or_a_fresh_directory(
 ):
     start_worker(server.url, "w1")
     (tmp_path / "project").mkdir()
-    placed = client.submit({"command": "pwd > where", "workdir": str(tmp_path / "project")})["id"]
-    fresh = client.submit({"command": f"pwd > {tmp_path}/fresh"})["id"]
+    placed = client.submit_body({"command": "pwd > where", "workdir": str(tmp_path / "project")})["id"]
+    fresh = client.submit_body({"command": f"pwd > {tmp_path}/fresh"})["id"]
     for job in (placed, fresh):
         assert wait_status(client, job, {"done", "failed"}, 20)["status"] == "done"
     assert (tmp_path / "project" / "where").read_text().strip() == str(tmp_path / "project")
@@ -75,7 +77,7 @@ def test_a_job_starts_in_its_workdir_or_a_fresh_directory(
 
 def test_a_missing_workdir_fails_the_job_at_once(server, client: Client, start_worker, tmp_path: Path):
     start_worker(server.url, "w1")
-    job = client.submit({"command": "true", "workdir": str(tmp_path / "gone"), "max_retries": 3})["id"]
+    job = client.submit_body({"command": "true", "workdir": str(tmp_path / "gone"), "max_retries": 3})["id"]
     ended = wait_status(client, job, {"done", "failed"}, 20)
     assert (ended["status"], ended["reason"]["code"], ended["attempts"]) == (
         "failed",
@@ -94,7 +96,7 @@ def test_a_program_under_a_shell_gets_the_checkpoint_hint_and_resumes(start_serv
     script = tmp_path / "victim.py"
     script.write_text(LOW)
     with Client(server.url) as client:
-        low = client.submit(
+        low = client.submit_body(
             {
                 "command": f"{sys.executable} {script} {tmp_path}",
                 "resources": {"gpus": 1},
@@ -104,7 +106,7 @@ def test_a_program_under_a_shell_gets_the_checkpoint_hint_and_resumes(start_serv
         )["id"]
         wait_for(lambda: (tmp_path / "start-1").exists(), 15, "the class-2 job to start")
         wait_for(lambda: client.get_job(low)["progress"], 10, "a progress beat")
-        high = client.submit({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
+        high = client.submit_body({"command": "true", "resources": {"gpus": 1}, "preemption_class": 7})["id"]
         saved = int(wait_for(lambda: _text(tmp_path / "saved-1"), 15, "the save SIGUSR1 asked for"))
         wait_status(client, high, {"done"}, 20)
         wait_status(client, low, {"done"}, 30)

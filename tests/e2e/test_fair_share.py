@@ -33,7 +33,7 @@ WORKER_FLAGS = ("--gpus", "4", "--vram-mb", "16000", "--gpu-model", "FakeGPU")
 
 def submit(client: Client, pool: str, count: int) -> list[str]:
     return [
-        client.submit({"command": "sleep 120", "resources": {"gpus": 1}, "pool": pool})["id"]
+        client.submit_body({"command": "sleep 120", "resources": {"gpus": 1}, "pool": pool})["id"]
         for _ in range(count)
     ]
 

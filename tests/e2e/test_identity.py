@@ -79,10 +79,10 @@ def test_each_job_runs_as_its_users_account_and_sees_nothing_of_the_worker(
             f'echo saved > "$CORRAL_CHECKPOINT_OUT"; stat -c %u "$CORRAL_CHECKPOINT_OUT" > {out}/owner; '
             f"stat -c %u . > {out}/cwd-owner; umask > {out}/umask; cat secret > {out}/alice-read"
         )
-        first = alice.submit({"command": probe, "workdir": str(private)})["id"]
-        snoop = bob.submit({"command": f"cat {private}/secret > {out}/bob-read 2>&1; true"})["id"]
-        trespass = bob.submit({"command": "true", "workdir": str(private), "max_retries": 3})["id"]
-        nobody = carol.submit({"command": "true", "max_retries": 3})["id"]
+        first = alice.submit_body({"command": probe, "workdir": str(private)})["id"]
+        snoop = bob.submit_body({"command": f"cat {private}/secret > {out}/bob-read 2>&1; true"})["id"]
+        trespass = bob.submit_body({"command": "true", "workdir": str(private), "max_retries": 3})["id"]
+        nobody = carol.submit_body({"command": "true", "max_retries": 3})["id"]
 
         assert wait_status(alice, first, {"done", "failed"}, 30)["status"] == "done"
         assert wait_status(bob, snoop, {"done", "failed"}, 30)["status"] == "done"

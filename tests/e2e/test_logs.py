@@ -25,7 +25,7 @@ def test_logs_follow_shows_a_running_job_live_and_the_whole_output_after(
     command = (
         f"echo first; echo to-stderr >&2; while [ ! -e {gate} ]; do sleep 0.05; done; seq 1 2000; echo last"
     )
-    job = client.submit({"command": command})
+    job = client.submit_body({"command": command})
     follower = subprocess.Popen(
         [sys.executable, "-m", "corral", "logs", job["id"], "-f", "--server", server.url],
         stdout=subprocess.PIPE,
@@ -62,7 +62,7 @@ def test_a_follower_sees_each_line_while_the_job_waits_for_it_to_be_seen(
         f"echo line {number}; while [ ! -e {gate} ]; do sleep 0.02; done" for number, gate in enumerate(gates)
     )
     with Client(server.url) as client:
-        job = client.submit({"command": f"{steps}; echo last"})
+        job = client.submit_body({"command": f"{steps}; echo last"})
         seen = []
         # A read timeout far past any delay of the shipper, and far before the next heartbeat.
         with httpx.stream(
@@ -81,7 +81,7 @@ def test_a_follower_sees_each_line_while_the_job_waits_for_it_to_be_seen(
 
 def test_logs_follow_ends_cleanly_on_ctrl_c(server, client: Client, start_worker):
     start_worker(server.url, "w1")
-    job = client.submit({"command": "echo up; sleep 60"})
+    job = client.submit_body({"command": "echo up; sleep 60"})
     wait_for(lambda: client.logs(job["id"]).text == "up\n" or None, 15, "the first line")
     follower = subprocess.Popen(
         [sys.executable, "-m", "corral", "logs", job["id"], "--follow", "--server", server.url],

@@ -57,7 +57,7 @@ def test_a_class_7_job_takes_the_gpu_and_the_class_2_job_checkpoints_then_resume
     script = tmp_path / "low.py"
     script.write_text(LOW)
     with Client(server.url) as client:
-        low = client.submit(
+        low = client.submit_body(
             {
                 "command": f"exec {sys.executable} {script} {tmp_path}",
                 "resources": {"gpus": 1},
@@ -67,7 +67,7 @@ def test_a_class_7_job_takes_the_gpu_and_the_class_2_job_checkpoints_then_resume
         )["id"]
         wait_for(lambda: (tmp_path / "start-1").exists(), 15, "the class-2 job to start")
         wait_for(lambda: client.get_job(low)["progress"], 10, "a progress beat")
-        high = client.submit(
+        high = client.submit_body(
             {"command": f"echo ran > {tmp_path}/high", "resources": {"gpus": 1}, "preemption_class": 7}
         )["id"]
 
@@ -103,13 +103,13 @@ def test_a_gang_of_three_is_made_room_for_by_exactly_the_minimal_set(
         wait_for(lambda: len(client.workers()) == 4, 10, "four workers")
         lows = []
         for index in range(3):
-            job = client.submit(
+            job = client.submit_body(
                 {"command": f"echo $CORRAL_ATTEMPT >> {tmp_path}/low-{index}; exec sleep 60",
                  "resources": {"gpus": 1}, "preemption_class": 2}
             )["id"]  # fmt: skip
             wait_status(client, job, {"running"}, 10)
             lows.append(job)
-        gang = client.submit(
+        gang = client.submit_body(
             {"command": f"echo $RANK > {tmp_path}/rank-$RANK", "gang_size": 3, "resources": {"gpus": 1},
              "preemption_class": 7}
         )  # fmt: skip

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from corral.client import Client
+from corral.worker.calls import WorkerClient
 from tests.conftest import postgres_schema_url
 from tests.e2e.conftest import wait_for
 from tests.helpers import leader_of
@@ -30,13 +31,13 @@ def test_two_replicas_share_one_database(start_server, postgres_url):
         wait_for(
             lambda loop=loop: sum(leader_of(server.url, loop) for server in replicas) == 1 or None, 10, loop
         )
-    with Client(first.url) as via_first, Client(second.url) as via_second:
+    with Client(first.url) as via_first, Client(second.url) as via_second, WorkerClient(first.url) as hosts:
         for index in range(8):
-            via_first.register_worker(
+            hosts.register_worker(
                 {"id": f"w{index}", "address": f"10.0.0.{index}", "resources": {"gpus": 1, "cpus": 4}}
             )
         gangs = [
-            (via_first if index % 2 else via_second).submit(
+            (via_first if index % 2 else via_second).submit_body(
                 {"command": "train", "gang_size": 2, "resources": {"gpus": 1}}
             )
             for index in range(4)
@@ -66,10 +67,10 @@ def test_two_replicas_share_one_database(start_server, postgres_url):
             15,
             "the follower to take the admission loop",
         )
-        with Client(follower.url) as survivor:
+        with Client(follower.url) as survivor, WorkerClient(follower.url) as hosts:
             for index in range(8, 10):
-                survivor.register_worker({"id": f"w{index}", "resources": {"gpus": 1, "cpus": 4}})
-            late = survivor.submit({"command": "train", "gang_size": 2, "resources": {"gpus": 1}})
+                hosts.register_worker({"id": f"w{index}", "resources": {"gpus": 1, "cpus": 4}})
+            late = survivor.submit_body({"command": "train", "gang_size": 2, "resources": {"gpus": 1}})
             wait_for(
                 lambda: survivor.gang(late["gang_id"])["status"] == "reserved" or None,
                 10,

@@ -28,7 +28,7 @@ def test_a_job_past_its_walltime_is_ended_failed_and_not_retried(
     server = start_server(*FAST_SERVER_FLAGS)
     start_worker(server.url, "w0")
     with Client(server.url) as client:
-        job = client.submit(
+        job = client.submit_body(
             {"command": f"echo $$ > {tmp_path}/pid-$CORRAL_ATTEMPT; exec sleep 60", "walltime_s": 2,
              "max_retries": 3}
         )["id"]  # fmt: skip
@@ -76,7 +76,7 @@ def test_a_checkpointing_job_gets_the_hint_before_its_limit_and_keeps_its_checkp
     script = tmp_path / "job.py"
     script.write_text(CHECKPOINTING)
     with Client(server.url) as client:
-        job = client.submit(
+        job = client.submit_body(
             {"command": f"exec {sys.executable} {script} {tmp_path}", "walltime_s": 4, "checkpoint": "auto"}
         )["id"]
         wait_for(lambda: (tmp_path / "started").exists(), 15, "the job to start")

@@ -72,7 +72,7 @@ def start_watched_worker(start_worker, server: ServerProcess, gpu_file: Path, *f
 def test_budget_trip_stops_the_job_and_requeues_it(server, client: Client, start_worker, tmp_path: Path):
     worker = start_watched_worker(start_worker, server, tmp_path / "gpu.json")
     command = f"{FIRST_ATTEMPT_ONLY}echo $$ > {tmp_path}/pid; exec sleep 30"
-    job = client.submit({"command": command, "budget_s": 1})
+    job = client.submit_body({"command": command, "budget_s": 1})
 
     done = wait_status(client, job["id"], {"done", "failed"})
 
@@ -93,7 +93,7 @@ def test_stall_trips_an_idle_job_and_spares_a_busy_one(server, client: Client, s
     set_gpu(gpu_file, util_pct=90)
     worker = start_watched_worker(start_worker, server, gpu_file, *GPU_FLAGS, *NO_HEALTH_FLAGS)
     command = f'{FIRST_ATTEMPT_ONLY}echo 1 > "$CORRAL_BEAT_FILE"; echo up > {tmp_path}/up; exec sleep 30'
-    job = client.submit({"command": command, "resources": {"gpus": 1}})
+    job = client.submit_body({"command": command, "resources": {"gpus": 1}})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     # Busy GPU: the stall is suspected every ~1.2 s and cleared; the job keeps running.
@@ -114,7 +114,7 @@ def test_gpu_health_trips_a_gpu_job_with_an_idle_gpu(server, client: Client, sta
     gpu_file = tmp_path / "gpu.json"
     set_gpu(gpu_file, util_pct=0)
     start_watched_worker(start_worker, server, gpu_file, *GPU_FLAGS)
-    job = client.submit({"command": f"{FIRST_ATTEMPT_ONLY}exec sleep 30", "resources": {"gpus": 1}})
+    job = client.submit_body({"command": f"{FIRST_ATTEMPT_ONLY}exec sleep 30", "resources": {"gpus": 1}})
 
     done = wait_status(client, job["id"], {"done", "failed"})
 
@@ -127,7 +127,7 @@ def test_trips_requeue_up_to_the_cap_then_fail(start_server, start_worker, tmp_p
     server: ServerProcess = start_server("--watchdog-max-retries", "1")
     start_watched_worker(start_worker, server, tmp_path / "gpu.json")
     with Client(server.url) as client:
-        job = client.submit({"command": "exec sleep 30", "budget_s": 0.5})
+        job = client.submit_body({"command": "exec sleep 30", "budget_s": 0.5})
         failed = wait_status(client, job["id"], {"failed"}, timeout_s=10)
         trips = watchdog_events(client, job["id"])
 
@@ -138,7 +138,7 @@ def test_trips_requeue_up_to_the_cap_then_fail(start_server, start_worker, tmp_p
 
 def test_a_job_that_never_beats_is_never_stall_tripped(server, client: Client, start_worker, tmp_path: Path):
     worker = start_watched_worker(start_worker, server, tmp_path / "gpu.json")
-    job = client.submit({"command": "sleep 3"})
+    job = client.submit_body({"command": "sleep 3"})
 
     done = wait_status(client, job["id"], {"done", "failed"}, timeout_s=10)
 
@@ -235,7 +235,7 @@ def test_a_running_job_shows_its_step_gpu_and_memory(server, client: Client, sta
     )
     release = tmp_path / "release"
     command = f'echo 17 > "$CORRAL_BEAT_FILE"; while [ ! -e {release} ]; do sleep 0.05; done'
-    job = client.submit({"command": command, "resources": {"gpus": 1}})
+    job = client.submit_body({"command": command, "resources": {"gpus": 1}})
     shown = wait_for(
         lambda: (current := client.get_job(job["id"]))["progress"] and current["rss_mb"] and current,
         what="the job's readings",

@@ -43,7 +43,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 def test_job_runs_with_its_environment_and_ends_done(server, client: Client, start_worker, tmp_path: Path):
     worker = start_worker(server.url, "w1")
     env_file = tmp_path / "env.txt"
-    job = client.submit({"command": f"env > {env_file}; echo hello", "env": {"GREETING": "hi there"}})
+    job = client.submit_body({"command": f"env > {env_file}; echo hello", "env": {"GREETING": "hi there"}})
 
     done = wait_status(client, job["id"], {"done", "failed"})
 
@@ -81,7 +81,7 @@ def test_a_worker_the_server_refuses_for_good_exits_with_its_message(server, cli
 
 def test_failing_job_is_retried_then_failed_with_its_output(server, client: Client, start_worker):
     start_worker(server.url, "w1")
-    job = client.submit({"command": 'echo "boom on attempt $CORRAL_ATTEMPT"; exit 3', "max_retries": 2})
+    job = client.submit_body({"command": 'echo "boom on attempt $CORRAL_ATTEMPT"; exit 3', "max_retries": 2})
 
     failed = wait_status(client, job["id"], {"done", "failed"})
 
@@ -98,7 +98,9 @@ def test_failing_job_is_retried_then_failed_with_its_output(server, client: Clie
 def test_gpu_jobs_see_their_own_devices(server, client: Client, start_worker, tmp_path: Path):
     start_worker(server.url, "gpu-host", "--gpus", "2", "--vram-mb", "16000", "--gpu-model", "FakeGPU")
     command = f'echo "$CUDA_VISIBLE_DEVICES" > {tmp_path}/$CORRAL_JOB_ID.gpu; {barrier(tmp_path, "gpu", 2)}'
-    jobs = [client.submit({"command": command, "resources": {"gpus": 1, "vram_mb": 1000}}) for _ in range(2)]
+    jobs = [
+        client.submit_body({"command": command, "resources": {"gpus": 1, "vram_mb": 1000}}) for _ in range(2)
+    ]
 
     finished = [wait_status(client, job["id"], {"done", "failed"}) for job in jobs]
 
@@ -119,7 +121,7 @@ def test_cancel_sends_sigterm_to_the_job_group(server, client: Client, start_wor
         f"trap 'echo term > {tmp_path}/term; exit 143' TERM; "
         f"echo up > {tmp_path}/up; while true; do sleep 0.1; done"
     )
-    job = client.submit({"command": command})
+    job = client.submit_body({"command": command})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     client.cancel(job["id"])
@@ -140,7 +142,7 @@ def test_job_ignoring_sigterm_is_killed_after_the_grace(server, client: Client, 
         f" {tmp_path}/child; echo up > {tmp_path}/up; while true; do sleep 0.05;"
         f" if [ -e {tmp_path}/term ]; then echo alive >> {tmp_path}/after; fi; done"
     )
-    job = client.submit({"command": command})
+    job = client.submit_body({"command": command})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     client.cancel(job["id"])
@@ -157,7 +159,7 @@ def test_job_ignoring_sigterm_is_killed_after_the_grace(server, client: Client, 
 def test_several_jobs_run_at_once_on_one_worker(server, client: Client, start_worker, tmp_path: Path):
     start_worker(server.url, "w1", "--cpus", "4")
     command = f"touch {tmp_path}/$CORRAL_JOB_ID.run; {barrier(tmp_path, 'run', 3)}"
-    jobs = [client.submit({"command": command, "resources": {"cpus": 1}}) for _ in range(3)]
+    jobs = [client.submit_body({"command": command, "resources": {"cpus": 1}}) for _ in range(3)]
 
     finished = [wait_status(client, job["id"], {"done", "failed"}) for job in jobs]
 
@@ -169,7 +171,7 @@ def test_sigterm_lets_the_running_job_finish_but_claims_nothing_new_then_exits_0
 ):
     worker = start_worker(server.url, "w1", "--shutdown-timeout-s", "30")
     release = tmp_path / "job.release"
-    job = client.submit(
+    job = client.submit_body(
         {"command": f"echo up > {tmp_path}/up; {barrier(tmp_path, 'release', 1)}; echo finished"}
     )
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
@@ -179,7 +181,7 @@ def test_sigterm_lets_the_running_job_finish_but_claims_nothing_new_then_exits_0
     wait_for(lambda: "shutting down: waiting for running jobs" in worker.log(), 15, "the claim loop to stop")
     # Submitted while the worker is alive, idle enough to take it, and still running `job`:
     # a worker that kept claiming would be woken by this submit and take it at once.
-    late = client.submit({"command": "true"})
+    late = client.submit_body({"command": "true"})
     time.sleep(0.3)
     assert client.get_job(late["id"])["status"] == "pending"
     release.touch()
@@ -198,7 +200,9 @@ def test_sigterm_lets_the_running_job_finish_but_claims_nothing_new_then_exits_0
 
 def test_shutdown_timeout_stops_the_job_and_reports_it(server, client: Client, start_worker, tmp_path: Path):
     worker = start_worker(server.url, "w1", "--shutdown-timeout-s", "0.3")
-    job = client.submit({"command": f"echo up > {tmp_path}/up; echo working; sleep 30", "max_retries": 1})
+    job = client.submit_body(
+        {"command": f"echo up > {tmp_path}/up; echo working; sleep 30", "max_retries": 1}
+    )
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     worker.signal(signal.SIGTERM)
@@ -216,7 +220,7 @@ def test_shutdown_timeout_stops_the_job_and_reports_it(server, client: Client, s
 
 def test_second_signal_stops_jobs_at_once(server, client: Client, start_worker, tmp_path: Path):
     worker = start_worker(server.url, "w1", "--shutdown-timeout-s", "60")
-    job = client.submit({"command": f"echo up > {tmp_path}/up; sleep 30", "max_retries": 1})
+    job = client.submit_body({"command": f"echo up > {tmp_path}/up; sleep 30", "max_retries": 1})
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     worker.signal(signal.SIGINT)
@@ -238,7 +242,7 @@ def test_killed_worker_job_is_requeued_and_finished_by_another(
         f"echo ran > {tmp_path}/ran-$CORRAL_ATTEMPT"
     )
     with Client(server.url) as client:
-        job = client.submit({"command": command})
+        job = client.submit_body({"command": command})
         # The file exists a moment before the shell has written its pid into it.
         pid = wait_for(lambda: (tmp_path / "pid-1").exists() and (tmp_path / "pid-1").read_text().strip(), 10)
         reap_groups.append(int(pid))
@@ -267,7 +271,7 @@ def test_worker_that_lost_its_job_stops_it_and_reports_nothing(start_server, sta
         '[ "$CORRAL_ATTEMPT" = 1 ] && while true; do sleep 0.1; done; exit 0'
     )
     with Client(server.url) as client:
-        job = client.submit({"command": command})
+        job = client.submit_body({"command": command})
         wait_for(lambda: (tmp_path / "up-1").exists(), 10, "the first attempt to start")
 
         frozen.signal(signal.SIGSTOP)
@@ -298,7 +302,7 @@ def test_worker_waits_for_an_unreachable_server(start_server, start_worker, tmp_
 
     server: ServerProcess = start_server(port=port)
     with Client(server.url) as client:
-        job = client.submit({"command": "true"})
+        job = client.submit_body({"command": "true"})
         done = wait_status(client, job["id"], {"done", "failed"}, timeout_s=15)
     assert done["status"] == "done", done
     assert done["worker_id"] == "w-early"

@@ -19,7 +19,7 @@ def test_the_worker_heartbeat_renews_leases_and_answers_each_job(server, client:
     with WorkerClient(server.url) as worker:
         worker.register_worker(REGISTRATION)
         for _ in range(3):
-            client.submit({"command": "sleep 30", "resources": {"cpus": 1}})
+            client.submit_body({"command": "sleep 30", "resources": {"cpus": 1}})
         claimed = worker.claim_several("w1", 0, 3)
         if not claimed.understood:
             # A server without ``max``: one plain claim; the worker claims one at a time.
@@ -51,7 +51,7 @@ def test_a_worker_keeps_its_leases_in_the_worker_heartbeat(start_server, start_w
     server = start_server("--heartbeat-timeout-s", "1", "--reaper-tick-s", "0.2")
     worker = start_worker(server.url, "w1")
     with Client(server.url) as client:
-        jobs = [client.submit({"command": "sleep 3", "resources": {"cpus": 1}}) for _ in range(4)]
+        jobs = [client.submit_body({"command": "sleep 3", "resources": {"cpus": 1}}) for _ in range(4)]
         for job in jobs:
             ended = wait_status(client, job.id, {"done", "failed"}, timeout_s=20)
             assert ended["status"] == "done", ended
@@ -63,7 +63,7 @@ def test_a_worker_keeps_its_leases_in_the_worker_heartbeat(start_server, start_w
 def test_report_done_ends_the_job_and_a_second_report_is_refused(server, client: Client):
     with WorkerClient(server.url) as worker:
         worker.register_worker(REGISTRATION)
-        job = client.submit({"command": "true", "resources": {"cpus": 1}})
+        job = client.submit_body({"command": "true", "resources": {"cpus": 1}})
         claim = worker.claim("w1")
         assert claim is not None and claim.id == job["id"]
         assert worker.report_done(claim.id, "w1", claim.attempt) is None

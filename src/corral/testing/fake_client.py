@@ -1,10 +1,10 @@
-"""A scripted stand-in for ``corral.client.Client`` on the worker's side: the calls a worker makes,
-recorded in order, each answered as the test scripts it.
+"""A scripted stand-in for the worker's client (``corral.worker.calls.WorkerClient``): the calls a
+worker makes, recorded in order, each answered as the test scripts it.
 
 Why a fake and not a real server: a worker test asks "what did the worker send, in what order"
 (the upload before the report, nothing after a 409, a download that fails), which a recording
-answers directly and a server only through its state. The fake has the methods of ``Client`` that
-the worker uses, with the same signatures, so a test passes it where a ``Client`` goes.
+answers directly and a server only through its state. The fake has the methods of ``WorkerClient``
+that the worker uses, with the same signatures, so a test passes it where a ``WorkerClient`` goes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from corral.client import ApiError
+from corral.client_errors import ApiError
 from corral.protocol.answers import (
     ClaimAnswer,
     HeartbeatAnswer,
@@ -79,7 +79,7 @@ class FakeClient:
         self.log_error: Exception | None = None
         #: the batched worker heartbeat's answer, from its body (see ``worker_beat``)
         self.worker_beat_answer: Callable[[dict[str, Any]], Any] | None = None
-        #: when the last try of the last call went out (``Client.last_sent_at``); None: not said
+        #: when the last try of the last call went out (``WorkerClient.last_sent_at``); None: not said
         self.last_sent_at: float | None = None
         self.lock = threading.Lock()
 

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from corral.client import ApiError, ClientError, ServerUnreachable
+from corral.client_errors import ApiError, ClientError, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
 from corral.worker import cgroups, identity, leftovers, log_shipper

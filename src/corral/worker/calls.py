@@ -1,8 +1,13 @@
-"""The two worker calls whose newer forms the SDK does not speak yet: the batched worker heartbeat
-(its per-job answers) and the claim of several jobs at once.
+"""The worker's own client: the calls only a worker makes (API.md "Workers" and "The job protocol
+(workers)"), apart from the user-facing SDK (``corral.client.Client``), which has none of them.
 
-Both are additions to the wire contract a server may not know, so each says when it was not
-understood, and the agent falls back to the older form (``corral.worker.agent``):
+``WorkerClient`` shares the SDK's plumbing (``corral.connection.Connection``: the transport, the
+token, the busy retry, the answer models) and adds: register, the worker heartbeat and leave; the
+claim; the job heartbeat and the reports (done, fail, watchdog, preempted); checkpoint and log
+uploads, and the checkpoint download a claimed attempt resumes from.
+
+Two of them have newer forms a server may not know, so each says when it was not understood, and
+the agent falls back to the older form (``corral.worker.agent``):
 
 - ``worker_beat``: ``POST /workers/{id}/heartbeat`` with ``jobs`` in the body, answered
   ``{"jobs": {id: answer}}``. An older server either refuses the unknown field (400) or answers
@@ -19,8 +24,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from corral.client import ApiError, Client
-from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
+from corral.client_errors import ApiError
+from corral.connection import Connection, parse
+from corral.http_response import Response
+from corral.protocol.answers import (
+    CheckpointSaved,
+    ClaimAnswer,
+    ClaimsAnswer,
+    HeartbeatAnswer,
+    JobAnswer,
+    LogAppendedAnswer,
+    WorkerAnswer,
+    WorkerHeartbeatAnswer,
+)
 
 #: the most jobs one claim may ask for (the server's bound on ``max``)
 MAX_CLAIM = 64
@@ -47,8 +63,141 @@ def _claim_item(status: int, data: Any) -> ClaimAnswer | ApiError:
         )
 
 
-class WorkerClient(Client):
-    """The SDK, plus the batched forms of the worker's calls."""
+class WorkerClient(Connection):
+    """A worker's connection to its server (``Connection``'s settings; the worker's token must
+    have the ``worker`` role). Every job report carries ``worker_id`` and ``attempt``, the fence
+    the claim gave: a stale one is ``ApiError`` 409 ``stale_attempt`` and changes nothing."""
+
+    # --- the worker ------------------------------------------------------------------------
+
+    def register_worker(self, registration: dict[str, Any]) -> WorkerAnswer:
+        return self._answer(WorkerAnswer, "POST", "/workers/register", registration)
+
+    def worker_heartbeat(self, worker_id: str, body: dict[str, Any] | None = None) -> None:
+        self.request("POST", f"/workers/{worker_id}/heartbeat", body or {})
+
+    def leave_worker(self, worker_id: str) -> WorkerAnswer:
+        """Say the worker is stopping: the server shows it offline at once."""
+        return self._answer(WorkerAnswer, "POST", f"/workers/{worker_id}/leave")
+
+    # --- the job protocol -----------------------------------------------------------------
+
+    def claim(
+        self, worker_id: str, wait_s: float = 0.0, idempotency_key: str | None = None
+    ) -> ClaimAnswer | None:
+        """Claim work: the job with ``attempt``, ``gpu_indices`` and ``env``, or ``None``.
+
+        Retry a claim that got no answer (``ServerUnreachable``, a 5xx) with the same
+        ``idempotency_key``: if the first one started a run, the retry answers that run again
+        instead of leaving it to be lost with its lease."""
+        response = self._claim_request(worker_id, wait_s, idempotency_key, None)
+        data = self._decode(response)
+        return None if data is None else parse(ClaimAnswer, response, data)
+
+    def claim_many(
+        self, worker_id: str, limit: int, wait_s: float = 0.0, idempotency_key: str | None = None
+    ) -> list[ClaimAnswer]:
+        """Claim up to ``limit`` (1 to 64) jobs that fit the worker together, started in one
+        server transaction (``GET /jobs/next?max=``): each as ``claim`` answers it; empty when none.
+        ``idempotency_key`` as for ``claim``."""
+        response = self._claim_request(worker_id, wait_s, idempotency_key, limit)
+        data = self._decode(response)
+        return [] if data is None else list(parse(ClaimsAnswer, response, data).items)
+
+    def _claim_request(
+        self, worker_id: str, wait_s: float, idempotency_key: str | None, limit: int | None
+    ) -> Response:
+        params: dict[str, Any] = {"worker_id": worker_id}
+        if limit is not None:
+            params["max"] = limit
+        if wait_s > 0:
+            params["wait"] = wait_s
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self.request("GET", "/jobs/next", params=params, headers=headers, timeout_s=wait_s + 30.0)
+
+    def job_heartbeat(
+        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
+    ) -> HeartbeatAnswer:
+        params = {"worker_id": worker_id, "attempt": attempt}
+        return self._answer(HeartbeatAnswer, "POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
+
+    def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
+        params = {"worker_id": worker_id, "attempt": attempt}
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/done", {}, params=params)
+
+    def report_done(self, job_id: str, worker_id: str, attempt: int) -> None:
+        """``done``, without reading the answer (the job object) into its model: a worker does
+        nothing with it, and validating it was a twelfth of the worker's own CPU per short job
+        (py-spy, ``bench/e2e.py``). Refusals and retries are ``request``'s, as for ``done``."""
+        self.request("POST", f"/jobs/{job_id}/done", {}, params={"worker_id": worker_id, "attempt": attempt})
+
+    def fail(
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        exit_code: int | None,
+        error: str | None = None,
+        output_tail: str | None = None,
+        release: bool = False,
+        reason: str | None = None,
+    ) -> JobAnswer:
+        """Report a failed attempt; ``release`` hands the job back without spending the attempt
+        (the worker stopped it for its own reasons, e.g. a shutdown past its timeout); ``reason``
+        a failure code of API.md (``no_such_account``, ``workdir_unavailable``: not retried;
+        ``oom_killed``: retried like any failure)."""
+        params = {"worker_id": worker_id, "attempt": attempt}
+        body: dict[str, Any] = {"exit_code": exit_code, "error": error, "output_tail": output_tail}
+        if release:
+            body["release"] = True
+        if reason is not None:
+            body["reason"] = reason
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/fail", body, params=params)
+
+    def watchdog(
+        self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None
+    ) -> JobAnswer:
+        """Report a watchdog trip (``budget`` / ``stall`` / ``gpu_health``) after stopping the job.
+        Returns the job: re-queued at the front of the queue, or failed past the retry cap."""
+        params = {"worker_id": worker_id, "attempt": attempt}
+        body = {"kind": kind, "detail": detail}
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/watchdog", body, params=params)
+
+    def upload_checkpoint(
+        self, job_id: str, worker_id: str, attempt: int, epoch: int | None, data: bytes
+    ) -> CheckpointSaved:
+        """Store the checkpoint a job wrote (opaque bytes), for its next attempt. With ``epoch``:
+        from a stop the server asked for; without: from the attempt however it ended, before its
+        final report."""
+        params: dict[str, Any] = {"worker_id": worker_id, "attempt": attempt}
+        if epoch is not None:
+            params["epoch"] = epoch
+        headers = {"content-type": "application/octet-stream"}
+        return self._answer(
+            CheckpointSaved,
+            "POST",
+            f"/jobs/{job_id}/checkpoint",
+            data,
+            params=params,
+            headers=headers,
+        )
+
+    def append_log(
+        self, job_id: str, worker_id: str, attempt: int, offset: int, data: bytes
+    ) -> LogAppendedAnswer:
+        """Send output of the attempt starting at byte ``offset`` of its stream; a retry of a chunk
+        already stored is accepted once (``accepted`` 0)."""
+        params = {"worker_id": worker_id, "attempt": attempt, "offset": offset}
+        headers = {"content-type": "application/octet-stream"}
+        return self._answer(
+            LogAppendedAnswer, "POST", f"/jobs/{job_id}/logs", data, params=params, headers=headers
+        )
+
+    def preempted(self, job_id: str, worker_id: str, attempt: int, epoch: int) -> JobAnswer:
+        params = {"worker_id": worker_id, "attempt": attempt, "epoch": epoch}
+        return self._answer(JobAnswer, "POST", f"/jobs/{job_id}/preempted", params=params)
+
+    # --- newer forms ----------------------------------------------------------------------
 
     def worker_beat(self, worker_id: str, body: dict[str, Any]) -> WorkerHeartbeatAnswer | None:
         """The worker heartbeat; its per-job answers, or None when the server gave none (an older
@@ -71,7 +220,7 @@ class WorkerClient(Client):
         self, worker_id: str, wait_s: float, max_jobs: int, idempotency_key: str | None = None
     ) -> Claimed:
         """Claim up to ``max_jobs`` jobs (see the module doc); ``ApiError`` 400 from an older server.
-        ``idempotency_key``: as for ``Client.claim``."""
+        ``idempotency_key``: as for ``claim``."""
         response = self._claim_request(worker_id, wait_s, idempotency_key, max(1, min(MAX_CLAIM, max_jobs)))
         data = self._decode(response)
         if data is None:

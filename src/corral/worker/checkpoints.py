@@ -50,8 +50,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.client import Client
 from corral.worker import job_files
+from corral.worker.calls import WorkerClient
 from corral.worker.reporting import deliver
 
 logger = logging.getLogger("corral.worker.checkpoints")
@@ -93,7 +93,7 @@ def read_written(path: Path, fields: Mapping[str, Any], owner: int | None = None
 
 
 def upload(
-    client: Client,
+    client: WorkerClient,
     job_id: str,
     worker_id: str,
     attempt: int,
@@ -114,7 +114,7 @@ def upload(
 
 
 def _send(
-    client: Client,
+    client: WorkerClient,
     job_id: str,
     worker_id: str,
     attempt: int,
@@ -145,7 +145,7 @@ class AttemptUploads:
 
     def __init__(
         self,
-        client: Client,
+        client: WorkerClient,
         job_id: str,
         worker_id: str,
         attempt: int,
@@ -207,7 +207,7 @@ class AttemptUploads:
 
 
 def download(
-    client: Client,
+    client: WorkerClient,
     job_id: str,
     claim_env: Mapping[str, str],
     destination: Path,
@@ -240,7 +240,7 @@ def download(
 
 
 def download_gang(
-    client: Client,
+    client: WorkerClient,
     ranks: list[tuple[int, str]],
     directory: Path,
     own: tuple[str, Path] | None,

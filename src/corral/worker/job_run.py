@@ -70,10 +70,11 @@ from typing import Any
 
 import orjson
 
-from corral.client import ApiError, Client, ServerUnreachable
+from corral.client_errors import ApiError, ServerUnreachable
 from corral.config import WorkerSettings
 from corral.protocol.answers import ClaimAnswer, HeartbeatAnswer
 from corral.worker import checkpoints, identity, job_files, leftovers, log_shipper
+from corral.worker.calls import WorkerClient
 from corral.worker.cgroup_limits import attempt_limits
 from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import HINT_SIGNAL, CheckpointPhase, Deferral
@@ -150,7 +151,7 @@ class JobRun:
     def __init__(
         self,
         claim: ClaimAnswer,
-        client: Client,
+        client: WorkerClient,
         settings: WorkerSettings,
         worker_id: str,
         on_finished: Callable[[JobRun], None],

@@ -46,7 +46,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.client import ApiError, Client, ServerUnreachable
+from corral.client_errors import ApiError, ServerUnreachable
+from corral.worker.calls import WorkerClient
 
 logger = logging.getLogger("corral.worker.logs")
 
@@ -462,7 +463,7 @@ def clear_spills(directory: Path) -> int:
 
 
 def for_attempt(
-    client: Client,
+    client: WorkerClient,
     job_id: str,
     worker_id: str,
     attempt: int,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from corral.client import ApiError, ServerUnreachable
+from corral.client_errors import ApiError, ServerUnreachable
 
 logger = logging.getLogger("corral.worker.reporting")
 

@@ -30,14 +30,16 @@ DEFAULT_TASKS = 100
 
 
 def _array_or_404(state: ServerState, array_id: str, limit: int) -> tuple[dict[str, int], list[Job]]:
+    """The array's counts and its first ``limit`` tasks, at least one: the throttle is read from
+    a task, also for ``limit=0`` (counts only)."""
     counts = state.store.jobs.array_counts(array_id)
     if not counts:
         raise errors.NotFound(f"array {array_id} not found")
-    return counts, standing(state.store.jobs.array_tasks(array_id, limit), state.standing_verdicts)
+    return counts, standing(state.store.jobs.array_tasks(array_id, max(limit, 1)), state.standing_verdicts)
 
 
 def _array_to_wire(
-    request: Request, array_id: str, counts: dict[str, int], tasks: list[Job]
+    request: Request, array_id: str, counts: dict[str, int], tasks: list[Job], limit: int
 ) -> dict[str, Any]:
     first = tasks[0] if tasks else None
     return {
@@ -45,7 +47,7 @@ def _array_to_wire(
         "size": sum(counts.values()),
         "throttle": first.array_throttle if first else None,
         "counts": counts,
-        "tasks": [_job_wire(request, task) for task in tasks],
+        "tasks": [_job_wire(request, task) for task in tasks[:limit]],
     }
 
 
@@ -57,7 +59,7 @@ async def get_array(request: Request) -> Response:
     if not 0 <= limit <= MAX_ARRAY_TASKS:
         raise errors.InvalidRequest(f"limit must be between 0 and {MAX_ARRAY_TASKS}", field="limit")
     counts, tasks = await state.executor.run(Work.LONG, _array_or_404, state, array_id, limit)
-    return answer(ArrayAnswer, _array_to_wire(request, array_id, counts, tasks))
+    return answer(ArrayAnswer, _array_to_wire(request, array_id, counts, tasks, limit))
 
 
 async def cancel_array(request: Request) -> Response:
@@ -67,7 +69,7 @@ async def cancel_array(request: Request) -> Response:
         Work.STORE, _cancel_array, state, array_id, state.clock.now()
     )
     _record_cancel(state, changed)
-    return answer(ArrayAnswer, _array_to_wire(request, array_id, counts, tasks))
+    return answer(ArrayAnswer, _array_to_wire(request, array_id, counts, tasks, DEFAULT_TASKS))
 
 
 async def array_events(request: Request) -> Response:
