@@ -203,24 +203,21 @@ class _RoomBesideHolds:
     reservations) that start after it ends. Counted once per set of holds in the way: a poll may
     read thousands of candidates."""
 
-    __slots__ = ("_capacity", "_holds", "_kept", "_no_walltime", "_now")
+    __slots__ = ("_capacity", "_holders", "_holds", "_kept", "_no_walltime", "_now")
 
     def __init__(self, capacity: Capacity, holds: Sequence[Hold], now: float) -> None:
         self._capacity = capacity
         self._holds = holds
         self._now = now
         self._kept: dict[tuple[int, ...], Capacity] = {}
+        self._holders = {hold.gang_id for hold in holds}
         self._no_walltime = without_holds(capacity, holds) if holds else capacity
 
     def for_job(self, job: Job) -> Capacity:
         holds = self._holds
         if not holds:
             return self._capacity
-        if (
-            job.spec.walltime_s is None
-            and job.gang_id is None
-            and all(hold.gang_id != job.id for hold in holds)
-        ):
+        if job.spec.walltime_s is None and job.gang_id is None and job.id not in self._holders:
             return self._no_walltime
         in_way = holds_in_way(job, holds, self._now)
         key = tuple(id(hold) for hold in in_way)

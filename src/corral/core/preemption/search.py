@@ -13,7 +13,8 @@ dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import count
@@ -209,35 +210,43 @@ class Search:
         ones make room for more tasks. Unit by unit, the one that adds the most tasks (the lowest
         class first, then the comparator's order), as far as ``max_victims`` units; None when no
         set of them makes room for every task. Only a worker's largest units are tried (no more
-        of them can go in one preemption)."""
+        of them can go in one preemption).
+
+        The tasks a unit adds are counted on the workers it frees alone (``Room.tasks_with`` over
+        the chosen set, less what those workers held before), so each step costs what the offered
+        units free, not a recount of every worker per unit."""
         first = preemptor.first
         request, size = first.spec.resources, len(preemptor.tasks)
         most = self.settings.max_victims
-        workers = set(room)
-        offered: list[Unit] = []
+        offered: dict[int, Unit] = {}
         for worker_id in sorted(shape.eligible):
             if worker_id in self.units.backoff:
                 continue
             units = self.candidates(worker_id, first, trigger)
             units.sort(key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)))
-            offered.extend(unit for unit in units[:most] if unit not in offered)
+            for unit in units[:most]:
+                offered.setdefault(id(unit), unit)
+        counted = _Counted(self.room, room, request, shape.eligible)
+        order = {id(unit): (unit.preemption_class, victim_key(unit)) for unit in offered.values()}
         chosen: list[Unit] = []
-        have = self.room.tasks_with(chosen, workers, request, shape.eligible)
+        have = sum(room.values())
         while len(chosen) < most:
             best: tuple[tuple[object, ...], Unit, int] | None = None
-            for unit in offered:
-                if unit in chosen:
+            for unit in offered.values():
+                gained = counted.gain(unit)
+                if gained <= 0:
                     continue
-                tasks = self.room.tasks_with([*chosen, unit], workers, request, shape.eligible)
-                if tasks <= have:
-                    continue
-                rank = (unit.preemption_class, have - tasks, victim_key(unit))
+                preemption_class, key = order[id(unit)]
+                rank = (preemption_class, -gained, key)
                 if best is None or rank < best[0]:
-                    best = (rank, unit, tasks)
+                    best = (rank, unit, gained)
             if best is None:
                 return None
-            chosen.append(best[1])
-            have = best[2]
+            unit = best[1]
+            chosen.append(unit)
+            del offered[id(unit)]
+            counted.add(unit)
+            have += best[2]
             if have >= size:
                 return chosen
         return None
@@ -340,6 +349,41 @@ class Search:
             if self.room.tasks_with(trial, workers, request, workers) >= size:
                 kept = trial
         return kept
+
+
+class _Counted:
+    """The eligible workers' free capacity once the units added so far have gone, and the tasks of
+    ``request`` each holds: ``Room.tasks_with`` kept up to date one unit at a time. A worker
+    counts once it holds a task now (``room``) or a chosen unit frees it."""
+
+    def __init__(
+        self, room: Room, holding: Mapping[str, int], request: Resources, eligible: AbstractSet[str]
+    ) -> None:
+        self.room = room
+        self.request = request
+        self.eligible = eligible
+        self.capacity = {worker_id: room.free[worker_id].capacity.free for worker_id in holding}
+        self.tasks = dict(holding)
+
+    def gain(self, unit: Unit) -> int:
+        """Tasks more once ``unit`` has gone too."""
+        gained = 0
+        for worker_id, (resources, _) in unit.frees.items():
+            if worker_id not in self.eligible:
+                continue
+            have = self.capacity.get(worker_id)
+            base = self.room.free[worker_id].capacity.free if have is None else have
+            gained += tasks_fitting(plus(base, resources), self.request) - self.tasks.get(worker_id, 0)
+        return gained
+
+    def add(self, unit: Unit) -> None:
+        for worker_id, (resources, _) in unit.frees.items():
+            if worker_id not in self.eligible:
+                continue
+            have = self.capacity.get(worker_id)
+            base = self.room.free[worker_id].capacity.free if have is None else have
+            self.capacity[worker_id] = plus(base, resources)
+            self.tasks[worker_id] = tasks_fitting(self.capacity[worker_id], self.request)
 
 
 def search_cut(missing: int, examined: int) -> bool:

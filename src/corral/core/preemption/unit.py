@@ -12,8 +12,11 @@ from corral.domain.resources import ZERO, Resources
 __all__ = ["Unit"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Unit:
+    """Compared by identity: a unit is one running job or gang of one plan (its fields hold every
+    job of it, far too much to compare field by field where the search asks ``unit in chosen``)."""
+
     key: str
     jobs: tuple[Job, ...]
     preemption_class: int
