@@ -125,9 +125,12 @@ class Client:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        busy_retry_s: float | None = None,
     ) -> Response:
+        """One call; a 503 with ``Retry-After`` is sent again for ``busy_retry_s`` (by default the
+        client's), 0: never (a periodic call whose next try is its next period, a heartbeat)."""
         content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
-        give_up = time.monotonic() + self.busy_retry_s
+        give_up = time.monotonic() + (self.busy_retry_s if busy_retry_s is None else busy_retry_s)
         while True:
             self.last_sent_at = time.monotonic()
             try:
@@ -418,12 +421,25 @@ class Client:
         return self.request("GET", "/jobs/next", params=params, headers=headers, timeout_s=wait_s + 30.0)
 
     def job_heartbeat(
-        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        body: dict[str, Any] | None = None,
+        busy_retry_s: float | None = None,
     ) -> HeartbeatAnswer:
+        """``busy_retry_s``: as for ``request`` (the worker sends its heartbeats once)."""
         from corral.protocol.answers import HeartbeatAnswer
 
         params = {"worker_id": worker_id, "attempt": attempt}
-        return self._answer(HeartbeatAnswer, "POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
+        return self._answer(
+            HeartbeatAnswer,
+            "POST",
+            f"/jobs/{job_id}/heartbeat",
+            body or {},
+            params=params,
+            busy_retry_s=busy_retry_s,
+        )
 
     def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
         from corral.protocol.answers import JobAnswer

@@ -178,8 +178,9 @@ async def corral_error_handler(request: Request, error: Exception) -> Response:
         {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
     )
     if isinstance(error, errors.StoreUnavailable):
-        # the server's state (``state.state_of``; not imported: the state imports this module's users)
-        request.app.state.corral.store_health.failed(error)
+        if not isinstance(error, errors.StoreRefused):  # refused as the store was known to fail
+            # the server's state (``state.state_of``; not imported: the state imports this module's users)
+            request.app.state.corral.store_health.failed(error)
         if error.retry_after_s is not None:
             headers = {"Retry-After": str(error.retry_after_s)}
     return error_response(error.http_status, error.code, error.message, headers)

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from corral.client import ApiError, Client
 from corral.protocol.answers import ClaimAnswer, WorkerHeartbeatAnswer
+from corral.worker.fence import HEARTBEAT_BUSY_RETRY_S
 
 #: the most jobs one claim may ask for (the server's bound on ``max``)
 MAX_CLAIM = 64
@@ -53,7 +54,9 @@ class WorkerClient(Client):
     def worker_beat(self, worker_id: str, body: dict[str, Any]) -> WorkerHeartbeatAnswer | None:
         """The worker heartbeat; its per-job answers, or None when the server gave none (an older
         server that ignores ``jobs``, or a body without jobs)."""
-        response = self.request("POST", f"/workers/{worker_id}/heartbeat", body)
+        response = self.request(
+            "POST", f"/workers/{worker_id}/heartbeat", body, busy_retry_s=HEARTBEAT_BUSY_RETRY_S
+        )
         data = self._decode(response)
         if not isinstance(data, dict) or data.get("jobs") is None:
             return None
