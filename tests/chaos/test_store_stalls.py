@@ -5,10 +5,8 @@ cost healthy jobs their attempts. Real servers and workers; the history checker 
 from __future__ import annotations
 
 import contextlib
-import errno
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ import httpx
 import pytest
 
 from corral.client import Client
+from corral.testing.faults import fill_disk, sqlite_write_lock_held
 from tests.chaos.conftest import (
     FAST_SERVER,
     assert_history,
@@ -43,35 +42,6 @@ FENCED = "stopping the job (self-fence)"
 #: four jobs that run through the whole stall (two leases) and a lease after it
 JOBS = 4
 JOB_S = LEASE_S * 3 + 4
-
-
-@contextlib.contextmanager
-def write_lock_held_by_another_process(db_path: Path) -> Iterator[None]:
-    """A process of its own holding SQLite's write lock (``BEGIN IMMEDIATE``) on ``db_path`` until
-    the block ends (its stdin closes)."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sqlite3, sys\n"
-            f"connection = sqlite3.connect({str(db_path)!r}, isolation_level=None, timeout=30)\n"
-            "connection.execute('BEGIN IMMEDIATE')\n"
-            "print('locked', flush=True)\n"
-            "sys.stdin.read()\n"
-            "connection.execute('ROLLBACK')\n",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
-        yield
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=30)
-        if holder.stdout is not None:
-            holder.stdout.close()
 
 
 #: clients writing through the stall beside the workers: more than the server's store threads
@@ -149,7 +119,7 @@ def test_a_write_lock_held_past_the_lease_requeues_nothing(
     with Client(server.url) as client:
         job_ids = start_running(client, runs)
         with (
-            write_lock_held_by_another_process(Path(sqlite_url.removeprefix("sqlite:///"))),
+            sqlite_write_lock_held(Path(sqlite_url.removeprefix("sqlite:///"))),
             crowd_writing(server.url),
         ):
             wait_for(lambda: readyz(server.url).status_code == 503 or None, 10, "/readyz to say 503")
@@ -181,21 +151,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def fill(disk: Path) -> Path:
-    """A file that takes every free byte of ``disk``."""
-    filler = disk / "filler"
-    chunk = b"\0" * (1 << 20)
-    with filler.open("wb", buffering=0) as out:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    out.write(chunk[:size])
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
-    return filler
-
-
 @pytest.mark.timeout(150)
 def test_a_full_disk_is_a_503_and_requeues_nothing(
     small_disk: Path, start_server, start_worker, tmp_path: Path
@@ -214,7 +169,7 @@ def test_a_full_disk_is_a_503_and_requeues_nothing(
         # the write-ahead log back to nothing, so the very next write needs the disk
         with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as connection:
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        filler = fill(small_disk)
+        filler = fill_disk(small_disk)
         try:
 
             def refused_write() -> httpx.Response | None:
