@@ -156,15 +156,20 @@ async def test_a_failing_store_refuses_writes_at_once_with_the_failures_code(no_
         await gated.checks.ended.wait()
 
 
+async def refused_then_a_check_that_fails(gated: Gated) -> None:
+    """A write refused, and the check it started fails (the store still cannot write)."""
+    assert (await gated.client.post("/jobs")).status_code == 503
+    gated.checks.outcome.put_nowait(False)
+    await gated.checks.ended.wait()
+    await asyncio.sleep(0)  # the check's task ends after its call returns
+
+
 @run_async
 async def test_a_check_that_fails_leaves_the_gate_shut_and_the_next_refusal_checks_again(no_interval):
     gated = Gated()
     gated.health.failed(errors.StoreBusy("locked"))
     async with gated.client:
-        assert (await gated.client.post("/jobs")).status_code == 503
-        gated.checks.outcome.put_nowait(False)
-        await gated.checks.ended.wait()
-        await asyncio.sleep(0)  # the check's task ends after its call returns
+        await refused_then_a_check_that_fails(gated)
         assert gated.health.failing
         gated.checks.ended.clear()
         assert (await gated.client.post("/jobs")).status_code == 503
@@ -183,10 +188,7 @@ async def test_checks_started_by_refusals_are_spaced():
     gated = Gated()
     gated.health.failed(errors.StoreWriteFailed("database or disk is full"))
     async with gated.client:
-        assert (await gated.client.post("/jobs")).status_code == 503
-        gated.checks.outcome.put_nowait(False)
-        await gated.checks.ended.wait()
-        await asyncio.sleep(0)
+        await refused_then_a_check_that_fails(gated)
         # the next refusal comes well within CHECK_INTERVAL_S (0.2 s) of the first on this loop
         assert (await gated.client.post("/jobs")).status_code == 503
         await asyncio.sleep(0)
