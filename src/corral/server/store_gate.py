@@ -14,7 +14,8 @@ queued. The worker counts such an answer to its heartbeat as heard
 
 What writes (``writes``): every route but the reads (``GET``), and the one read that writes, the
 claim (``GET /jobs/next`` takes jobs). Reads go on: SQLite reads through a lock and a full disk
-(the write-ahead log); an unreachable PostgreSQL fails them on its own connect timeout. A request
+(the write-ahead log); an unreachable PostgreSQL fails them on its own connect timeout, and an
+operator's ``LOCK TABLE jobs`` holds them up to the busy timeout as before. A request
 for no route goes on too (the router answers its 404 or 405), and so does a request refused by
 authentication (this gate comes after it).
 
