@@ -15,8 +15,9 @@ worker frozen with SIGSTOP past its lease then thawed, and (issue 24) three more
 - full disk (SQLite only): the store lives on a small tmpfs the soak mounts, which a filler file
   fills past the lease, then frees (skipped, with a line saying so, on PostgreSQL or where the
   mount fails);
-- partition: the first worker talks to the server through a relay (``partition.py``) that is cut
-  past the lease, then healed; the worker self-fences before the server re-queues its jobs.
+- partition: the first worker talks to the server through a proxy (``corral.testing.proxy``'s
+  ``PartitionProxy``) that is cut past the lease, then healed; the worker self-fences before the
+  server re-queues its jobs.
 
 ``--faults`` picks some of them. During each store stall ``/readyz`` must answer 503 and no job
 may lose its lease in the stall or the lease after it (the server counts silence from the store's
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import itertools
 import json
 import random
@@ -54,7 +54,8 @@ import machine
 from corral.client import Client
 from corral.domain.status import NON_TERMINAL
 from corral.testing import history
-from partition import PartitionRelay
+from corral.testing.faults import fill_disk, sqlite_write_lock_held
+from corral.testing.proxy import PartitionProxy
 
 LEASE_S = 5.0
 SERVER_FLAGS = [
@@ -112,50 +113,6 @@ def probe_line(window: Window) -> str:
     return f"probe fenced {abs(window.probe_margin_s):.1f} s {when} the server re-queued it"
 
 
-def fill(disk: Path) -> Path:
-    """A file that takes every free byte of ``disk``."""
-    filler = disk / "filler"
-    chunk = b"\0" * (1 << 20)
-    with filler.open("wb", buffering=0) as out:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    out.write(chunk[:size])
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
-    return filler
-
-
-@contextlib.contextmanager
-def sqlite_write_lock(db_path: Path) -> Iterator[None]:
-    """A process of its own holding SQLite's write lock (``BEGIN IMMEDIATE``) on ``db_path`` until
-    the block ends (its stdin closes)."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sqlite3, sys\n"
-            f"connection = sqlite3.connect({str(db_path)!r}, isolation_level=None, timeout=30)\n"
-            "connection.execute('BEGIN IMMEDIATE')\n"
-            "print('locked', flush=True)\n"
-            "sys.stdin.read()\n"
-            "connection.execute('ROLLBACK')\n",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        if holder.stdout.readline().strip() != b"locked":
-            raise RuntimeError("the lock holder could not take the write lock")
-        yield
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
-        holder.stdout.close()
-
-
 @contextlib.contextmanager
 def small_disk(directory: Path, size_mib: int) -> Iterator[Path | None]:
     """A tmpfs of ``size_mib`` mounted in ``directory`` for the SQLite store, unmounted (lazily)
@@ -193,7 +150,7 @@ class Soak:
         self.keys: dict[str, set[str]] = {}
         self.keys_lock = threading.Lock()
         self.stop_load = threading.Event()
-        self.relay: PartitionRelay | None = None
+        self.relay: PartitionProxy | None = None
         self.rotation: list[tuple[str, Callable[[], None]]] = [
             ("server kill -9", self.kill_server),
             ("worker kill -9", self.kill_worker),
@@ -230,7 +187,7 @@ class Soak:
         if worker_id == PARTITIONED:
             extra += ["--label", "=".join(*RELAYED.items())]
             if self.relay is None:
-                self.relay = PartitionRelay(self.port)
+                self.relay = PartitionProxy(f"http://127.0.0.1:{self.port}")
         url = self.relay.url if worker_id == PARTITIONED and self.relay is not None else self.server.url
         self.workers[worker_id] = harness.start_worker(
             self.processes, url, worker_id, self.directory, cpus=self.args.cpus, extra_args=extra
@@ -317,7 +274,7 @@ class Soak:
         """Another process (SQLite) or session (PostgreSQL) holds the write lock for ``STALL_S``."""
         with self.window("store lock"):
             if self.args.backend == "sqlite":
-                with sqlite_write_lock(Path(self.db_url.removeprefix("sqlite:///"))):
+                with sqlite_write_lock_held(Path(self.db_url.removeprefix("sqlite:///"))):
                     time.sleep(STALL_S)
             else:
                 import psycopg
@@ -339,7 +296,7 @@ class Soak:
                     if not busy:
                         break
                     time.sleep(0.05)
-            filler = fill(self.disk)
+            filler = fill_disk(self.disk)
             try:
                 time.sleep(STALL_S)
             finally:

@@ -104,15 +104,18 @@ class Connection:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        busy_retry_s: float | None = None,
     ) -> Response:
         """Send one request (a ``bytes`` body as is, anything else as JSON); the raw answer.
-        ``ApiError`` for an error status, ``ServerUnreachable`` when no answer came.
+        ``ApiError`` for an error status, ``ServerUnreachable`` when no answer came. A 503 with
+        ``Retry-After`` (a busy store) is sent again for ``busy_retry_s`` (by default the
+        connection's), 0: never (a periodic call whose next try is its next period, a heartbeat).
 
         >>> corral.request("GET", "/healthz").status_code
         200
         """
         content = body if isinstance(body, bytes) else self._dumps(body) if body is not None else None
-        give_up = time.monotonic() + self.busy_retry_s
+        give_up = time.monotonic() + (self.busy_retry_s if busy_retry_s is None else busy_retry_s)
         while True:
             self.last_sent_at = time.monotonic()
             try:

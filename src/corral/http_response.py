@@ -1,12 +1,26 @@
-"""What both HTTP transports answer with (``corral.transport`` over ``http.client``, and
+"""What both HTTP transports share (``corral.transport`` over ``http.client``, and
 ``corral.oneshot`` on a plain socket): the ``Response``, the ``TransportError`` and the
-``TlsError``, apart from either so that the light one imports nothing of ``http.client``.
+``TlsError`` they answer with, and the request target they send; apart from either so that the
+light one imports nothing of ``http.client``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from urllib.parse import urlencode
+
 #: how long opening a connection may take
 CONNECT_TIMEOUT_S = 5.0
+
+
+def request_target(prefix: str, path: str, params: Mapping[str, object] | None = None) -> str:
+    """The target of a request line: the server URL's own path (``prefix``, no trailing slash:
+    a server behind a path of a proxy), the route's ``path``, and the query of ``params`` (a
+    parameter whose value is None is left out)."""
+    target = prefix + path
+    if params:
+        target += "?" + urlencode({key: value for key, value in params.items() if value is not None})
+    return target
 
 
 class TransportError(Exception):

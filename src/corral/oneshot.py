@@ -11,9 +11,9 @@ transport (TLS lives there); ``Client(light=True)`` picks this one for ``http://
 from __future__ import annotations
 
 import socket
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
-from corral.http_response import CONNECT_TIMEOUT_S, Response, TransportError
+from corral.http_response import CONNECT_TIMEOUT_S, Response, TransportError, request_target
 
 _READ_SIZE = 65536
 #: a TLS server hangs up on a request in clear without a word (as ``Transport`` says too)
@@ -43,9 +43,7 @@ class OneShotTransport:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Response:
-        target = self._prefix + path
-        if params:
-            target += "?" + urlencode({key: value for key, value in params.items() if value is not None})
+        target = request_target(self._prefix, path, params)
         sent = {**self._headers, **(headers or {}), "host": f"{self._host}:{self._port}"}
         if body is not None:
             sent["content-length"] = str(len(body))

@@ -22,9 +22,9 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
-from corral.http_response import CONNECT_TIMEOUT_S, Response, TlsError, TransportError
+from corral.http_response import CONNECT_TIMEOUT_S, Response, TlsError, TransportError, request_target
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -118,9 +118,7 @@ class Transport:
     ) -> Response:
         if self._unusable is not None:
             raise type(self._unusable)(str(self._unusable))  # a fresh one: no traceback piles up
-        target = self._prefix + path
-        if params:
-            target += "?" + urlencode({key: value for key, value in params.items() if value is not None})
+        target = request_target(self._prefix, path, params)
         send_headers = {**self._headers, **(headers or {})}
         for attempt in (1, 2):
             connection = self._take()

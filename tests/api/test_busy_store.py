@@ -164,6 +164,10 @@ def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server,
         with pytest.raises(ApiError) as refused:
             impatient.job_heartbeat(job.id, "w1", job.attempt)
         assert (refused.value.status, refused.value.code) == (503, "store_busy")
+    with Client(busy_server.url) as client, locked(store_url):  # patient, but not for this one call
+        with pytest.raises(ApiError) as refused:
+            client.job_heartbeat(job.id, "w1", job.attempt, busy_retry_s=0)
+        assert (refused.value.status, refused.value.code) == (503, "store_busy")
 
 
 def test_a_locked_store_raises_store_busy_not_a_driver_error(store_url):

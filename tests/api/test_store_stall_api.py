@@ -5,6 +5,7 @@ with it, until a write commits again."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from corral.store import open_store
 from corral.testing.server import ServerThread
 
 from .conftest import claim, error_code, register, submit
-from .test_busy_store import BUSY_S, locked
+from .test_busy_store import BUSY_S, PATIENT_S, locked
 
 LEASE_S = 30.0
 
@@ -28,6 +29,15 @@ def busy_server(store_url, clock) -> Iterator[ServerThread]:
     server_store = open_store(store_url, busy_timeout_s=BUSY_S)
     settings = ServerSettings(heartbeat_timeout_s=LEASE_S, worker_offline_s=60, dead_worker_after_s=LEASE_S)
     with ServerThread(server_store, settings, clock) as running:
+        yield running
+    server_store.close()
+
+
+@pytest.fixture
+def patient_server(store_url, clock) -> Iterator[ServerThread]:
+    """A live server whose store waits on a lock for longer than any test runs."""
+    server_store = open_store(store_url, busy_timeout_s=PATIENT_S)
+    with ServerThread(server_store, ServerSettings(heartbeat_timeout_s=LEASE_S), clock) as running:
         yield running
     server_store.close()
 
@@ -141,3 +151,47 @@ def test_a_store_that_cannot_write_is_a_503_and_not_ready_until_a_write_commits(
     assert api.get("/readyz").status_code == 200
     assert not server.state.store_health.failing
     assert api.post("/workers/w1/heartbeat", json={}).status_code == 200
+
+
+def test_while_the_store_fails_writes_are_refused_at_once_and_the_recovery_is_still_seen(
+    patient_server, store_url
+):
+    """Another session holds the store's lock, and the server knows its store is failing (a write
+    waited out the busy timeout): the writes, the claim included, are answered 503 ``store_busy``
+    with ``Retry-After`` at once, not queued behind the lock (the store is patient: a request that
+    reached it would wait a minute); reads still answer on SQLite. The refusals start a check of
+    the store: once the lock is gone it commits, and the writes go through again."""
+    health = patient_server.state.store_health
+    with httpx.Client(base_url=patient_server.url, timeout=PATIENT_S + 30) as api:
+        register(api)
+        job = submit(api)
+        claimed = claim(api)
+        fence = {"worker_id": "w1", "attempt": claimed["attempt"]}
+
+        def job_beat() -> httpx.Response:
+            return api.post(f"/jobs/{job['id']}/heartbeat", params=fence, json={})
+
+        with locked(store_url):
+            health.failed(errors.StoreBusy("a heartbeat waited out the busy timeout"))
+            refused = [
+                job_beat(),
+                api.post("/workers/w1/heartbeat", json={}),
+                api.get("/jobs/next", params={"worker_id": "w1"}),
+                api.post("/jobs", json={"command": "true"}),
+                api.post(f"/jobs/{job['id']}/cancel"),
+            ]
+            for answer in refused:
+                assert answer.status_code == 503, answer.text
+                assert error_code(answer) == "store_busy" and answer.headers["retry-after"] == "1"
+            assert api.post("/no/such/route").status_code == 404
+            if store_url.startswith("sqlite"):  # PostgreSQL's LOCK TABLE holds the reads too
+                assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"
+            assert health.failing
+        # the check the refusals started commits once the lock is gone (each refusal starts
+        # another, should that one have given up meanwhile)
+        deadline = time.monotonic() + 30
+        while (answer := job_beat()).status_code != 200 and time.monotonic() < deadline:
+            assert answer.status_code == 503 and error_code(answer) == "store_busy", answer.text
+            time.sleep(0.05)
+        assert answer.status_code == 200 and not health.failing, answer.text
+        assert job_status(api, job["id"]) == "running"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.client import Client
+from corral.testing.proxy import AnswerDroppingProxy
 from tests.chaos.conftest import FAST_SERVER, assert_history, describe_failures, wait_all_terminal
-from tests.chaos.proxy import AnswerDroppingProxy
 from tests.e2e.conftest import wait_for
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from corral.client import Client
+from corral.testing.proxy import PartitionProxy
 from corral.worker.fence import effective_margin_s
 from tests.chaos.conftest import FAST_SERVER, assert_history, kill9, port_of, wait_all_terminal
-from tests.chaos.proxy import PartitionProxy
 from tests.e2e.conftest import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]

@@ -5,10 +5,9 @@ cost healthy jobs their attempts. Real servers and workers; the history checker 
 from __future__ import annotations
 
 import contextlib
-import errno
 import sqlite3
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from corral.client import Client
+from corral.testing.faults import fill_disk, sqlite_write_lock_held
 from tests.chaos.conftest import (
     FAST_SERVER,
     assert_history,
@@ -24,7 +24,7 @@ from tests.chaos.conftest import (
     statuses,
     wait_all_terminal,
 )
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
@@ -33,44 +33,45 @@ LEASE_S = 6.0
 #: a request waiting for the store's lock is answered 503 after this: a sixth of the lease, as the
 #: defaults have it (5 s of 30 s), so that a worker hears the stall while its self-fence still waits
 STALL_SERVER = (*FAST_SERVER, "--store-busy-timeout-s", "1")
-#: the workers' self-fence off: these tests are about what the server does through a stall (it
-#: re-queues nothing). With the fence on, a worker whose heartbeats are answered later than its
-#: fence delay through a stall hands its jobs back (tests/unit/test_self_fence.py: a prompt 503
-#: ``store_busy`` counts as heard); measured here with the lease at 6 s, the queued answers of a
-#: locked SQLite store came too late (the issue's note says so)
-STALL_WORKER = ("--cpus", "2", "--no-self-fence")
+#: the workers' self-fence on (the default; its delay 4.5 s at this lease): through a stall the
+#: server answers their heartbeats 503 at once (``server.store_gate``), which they count as heard
+#: (``worker.fence``), so no healthy job is stopped and handed back however long the stall
+STALL_WORKER = ("--cpus", "2")
+#: what a worker logs when its self-fence stops a job (``worker.job_run``)
+FENCED = "stopping the job (self-fence)"
 #: four jobs that run through the whole stall (two leases) and a lease after it
 JOBS = 4
 JOB_S = LEASE_S * 3 + 4
 
 
+#: clients writing through the stall beside the workers: more than the server's store threads
+#: (8) can serve at once, each waiting out the busy timeout, so that a heartbeat queued behind them
+#: would be answered later than the fence's delay
+CROWD = 64
+
+
 @contextlib.contextmanager
-def write_lock_held_by_another_process(db_path: Path) -> Iterator[None]:
-    """A process of its own holding SQLite's write lock (``BEGIN IMMEDIATE``) on ``db_path`` until
-    the block ends (its stdin closes)."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sqlite3, sys\n"
-            f"connection = sqlite3.connect({str(db_path)!r}, isolation_level=None, timeout=30)\n"
-            "connection.execute('BEGIN IMMEDIATE')\n"
-            "print('locked', flush=True)\n"
-            "sys.stdin.read()\n"
-            "connection.execute('ROLLBACK')\n",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+def crowd_writing(url: str) -> Iterator[None]:
+    """``CROWD`` clients each sending a write (a heartbeat of a worker the server does not know: it
+    changes nothing) again and again until the block ends, after the ``Retry-After`` of a 503 as
+    the SDK does."""
+    done = threading.Event()
+
+    def write_again_and_again(index: int) -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while not done.is_set():
+                answer = client.post(f"/workers/crowd-{index}/heartbeat", json={})
+                done.wait(float(answer.headers.get("retry-after", "0.2")))
+
+    writers = [threading.Thread(target=write_again_and_again, args=(index,)) for index in range(CROWD)]
+    for writer in writers:
+        writer.start()
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
         yield
     finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=30)
-        if holder.stdout is not None:
-            holder.stdout.close()
+        done.set()
+        for writer in writers:
+            writer.join(timeout=90)
 
 
 def start_running(client: Client, runs: Path) -> list[str]:
@@ -87,7 +88,9 @@ def start_running(client: Client, runs: Path) -> list[str]:
     return job_ids
 
 
-def assert_nothing_requeued(client: Client, job_ids: list[str], runs: Path) -> None:
+def assert_nothing_requeued(
+    client: Client, job_ids: list[str], runs: Path, workers: list[WorkerProcess]
+) -> None:
     ended = wait_all_terminal(client, JOBS, JOB_S + 30)
     assert set(ended.values()) == {"done"}, describe_failures(client, ended)
     for job_id in job_ids:
@@ -97,26 +100,32 @@ def assert_nothing_requeued(client: Client, job_ids: list[str], runs: Path) -> N
         assert job.attempts == 1 and "lease_expired" not in reasons, requeued
     attempts = sorted(line.split()[1] for line in runs.read_text().splitlines())
     assert attempts == ["1"] * JOBS, "a job ran twice"
+    for worker in workers:
+        assert FENCED not in worker.log(), f"{worker.worker_id} fenced a job:\n{worker.log()[-4000:]}"
 
 
 @pytest.mark.timeout(150)
 def test_a_write_lock_held_past_the_lease_requeues_nothing(
     sqlite_url: str, start_server, start_worker, tmp_path: Path
 ):
-    """Another process holds SQLite's write lock for two leases while two workers run four jobs:
-    their heartbeats are answered 503 ``store_busy`` meanwhile, and once the lock is gone every job
-    gets a whole lease to renew before anything is reaped: none is re-queued."""
+    """Another process holds SQLite's write lock for two leases while two workers run four jobs and
+    a crowd of clients writes beside them: the workers' heartbeats are answered 503 ``store_busy``
+    meanwhile, at once (not behind the crowd's writes, each waiting out the busy timeout), so no
+    self-fence stops a job; once the lock is gone every job gets a whole lease to renew before
+    anything is reaped: none is re-queued, none runs twice."""
     server = start_server("--db", sqlite_url, *STALL_SERVER)
-    for index in range(2):
-        start_worker(server.url, f"w{index}", *STALL_WORKER)
+    workers = [start_worker(server.url, f"w{index}", *STALL_WORKER) for index in range(2)]
     runs = tmp_path / "runs.txt"
     with Client(server.url) as client:
         job_ids = start_running(client, runs)
-        with write_lock_held_by_another_process(Path(sqlite_url.removeprefix("sqlite:///"))):
+        with (
+            sqlite_write_lock_held(Path(sqlite_url.removeprefix("sqlite:///"))),
+            crowd_writing(server.url),
+        ):
             wait_for(lambda: readyz(server.url).status_code == 503 or None, 10, "/readyz to say 503")
             time.sleep(LEASE_S * 2)  # the stall itself: two leases without a write
         wait_for(lambda: readyz(server.url).status_code == 200 or None, 10, "/readyz to say 200 again")
-        assert_nothing_requeued(client, job_ids, runs)
+        assert_nothing_requeued(client, job_ids, runs, workers)
     assert_history(sqlite_url)
 
 
@@ -142,21 +151,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def fill(disk: Path) -> Path:
-    """A file that takes every free byte of ``disk``."""
-    filler = disk / "filler"
-    chunk = b"\0" * (1 << 20)
-    with filler.open("wb", buffering=0) as out:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    out.write(chunk[:size])
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
-    return filler
-
-
 @pytest.mark.timeout(150)
 def test_a_full_disk_is_a_503_and_requeues_nothing(
     small_disk: Path, start_server, start_worker, tmp_path: Path
@@ -168,15 +162,14 @@ def test_a_full_disk_is_a_503_and_requeues_nothing(
     db_path = small_disk / "chaos.db"
     db_url = f"sqlite:///{db_path}"
     server = start_server("--db", db_url, *STALL_SERVER)
-    for index in range(2):
-        start_worker(server.url, f"w{index}", *STALL_WORKER)
+    workers = [start_worker(server.url, f"w{index}", *STALL_WORKER) for index in range(2)]
     runs = tmp_path / "runs.txt"
     with Client(server.url) as client:
         job_ids = start_running(client, runs)
         # the write-ahead log back to nothing, so the very next write needs the disk
         with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as connection:
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        filler = fill(small_disk)
+        filler = fill_disk(small_disk)
         try:
 
             def refused_write() -> httpx.Response | None:
@@ -194,5 +187,5 @@ def test_a_full_disk_is_a_503_and_requeues_nothing(
         finally:
             filler.unlink()
         wait_for(lambda: readyz(server.url).status_code == 200 or None, 10, "/readyz to say 200 again")
-        assert_nothing_requeued(client, job_ids, runs)
+        assert_nothing_requeued(client, job_ids, runs, workers)
     assert_history(db_url)

@@ -214,7 +214,9 @@ class UnreachableOnce(FakeClient):
         super().__init__(heartbeat)
         self.failed = False
 
-    def job_heartbeat(self, job_id: str, worker_id: str, attempt: int, body: Any = None) -> Any:
+    def job_heartbeat(
+        self, job_id: str, worker_id: str, attempt: int, body: Any = None, busy_retry_s: float | None = None
+    ) -> Any:
         if body and "defer_s" in body and not self.failed:
             self.failed = True
             self._record("job_heartbeat", job_id)

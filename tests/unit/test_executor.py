@@ -234,3 +234,45 @@ def test_the_items_of_one_turn_are_one_group_placed_as_short_work() -> None:
 
     assert run(turn) == [10, 20, 30]
     assert seen == [("the context", [1, 2, 3], LOOP)] and store.inline_tries == 1
+
+
+# --- admission (``store_gate``) ------------------------------------------------------------------
+
+
+def test_work_handed_to_a_store_thread_runs_what_the_admission_said_first_there():
+    """The admission is asked on the event loop as the work is handed over (where the request's
+    context is), and what it returned runs on the store thread first: raising, it refuses the
+    work, which never runs. Inline work, which waits for nothing, is not asked about."""
+    ran: list[str] = []
+    pool = executor(FakeStore(would_wait=True))
+    refusing = {"now": False}
+    asked: list[str] = []
+
+    def admit() -> None:
+        ran.append(f"admit on {threading.current_thread().name}")
+        if refusing["now"]:
+            raise RuntimeError("refused when its turn came")
+
+    def admission() -> Callable[[], None] | None:
+        asked.append(threading.current_thread().name)
+        return admit
+
+    pool.admission = admission
+
+    def work() -> str:
+        ran.append(f"work on {threading.current_thread().name}")
+        return "done"
+
+    assert run(lambda: pool.run(Work.STORE, work)) == "done"
+    assert asked == [LOOP]
+    assert [line.split(" on ")[0] for line in ran] == ["admit", "work"]
+    assert all("corral-store" in line for line in ran)
+    refusing["now"] = True
+    ran.clear()
+    with pytest.raises(RuntimeError, match="refused"):
+        run(lambda: pool.run(Work.SHORT, work))  # would wait inline: on a store thread
+    assert [line.split(" on ")[0] for line in ran] == ["admit"]
+    inline = executor(FakeStore(would_wait=False))
+    inline.admission = admission
+    assert run(lambda: inline.run(Work.SHORT, work)) == "done"
+    assert len(asked) == 2  # the inline run was not asked about

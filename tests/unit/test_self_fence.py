@@ -150,6 +150,9 @@ def test_a_server_whose_store_stalls_still_hears_the_attempt_and_it_is_not_fence
     run.start()
     finish(run)
     assert client.names() == ["done"]
+    # each heartbeat went once: a call that sent it again through the stall would renew nothing
+    # until its retries ran out (``fence.HEARTBEAT_BUSY_RETRY_S``)
+    assert client.heartbeat_busy_retries and set(client.heartbeat_busy_retries) == {0.0}
 
 
 @pytest.mark.parametrize(

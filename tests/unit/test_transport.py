@@ -79,3 +79,14 @@ def test_an_unreadable_ca_file_is_a_tls_error_at_the_first_request(tmp_path):
     with pytest.raises(TransportError) as raised:
         Transport("http://127.0.0.1:9", 1, ca_file=str(tmp_path / "missing.pem")).request("GET", "/")
     assert not isinstance(raised.value, TlsError)
+
+
+def test_both_transports_send_the_same_request_target():
+    """``http_response.request_target``: the server URL's path, the route, the query without the
+    parameters that are None."""
+    from corral.http_response import request_target
+
+    assert request_target("", "/jobs") == "/jobs"
+    assert request_target("/corral", "/jobs/next", {"worker_id": "w 1", "max": None, "wait_s": 2}) == (
+        "/corral/jobs/next?worker_id=w+1&wait_s=2"
+    )

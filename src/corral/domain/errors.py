@@ -123,6 +123,21 @@ class StoreBusy(StoreUnavailable):
     retry_after_s = 1
 
 
+class StoreRefused(StoreUnavailable):
+    """The store is failing, so this request was refused before it reached the store: nothing was
+    changed; retry after a moment.
+
+    Answered 503 with the code of the store's failure (``store_busy`` or ``store_unavailable``) and
+    ``Retry-After``, at once rather than after waiting out the store's busy timeout in a queue
+    (``server.store_gate``). Not itself a failure of the store: it tells the server nothing new."""
+
+    retry_after_s = 1
+
+    def __init__(self, code: str, message: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class StoreWriteFailed(StoreUnavailable):
     """The store cannot write now (a full disk, an I/O error, a read-only database): nothing was
     changed; retry after a moment.

@@ -21,7 +21,7 @@ from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
 from corral.domain.status import Status
-from corral.server import auth, openapi
+from corral.server import auth, openapi, store_gate
 from corral.server.connections import RefusedConnections
 from corral.server.dashboard import routes as dashboard
 from corral.server.executor import Work
@@ -41,6 +41,7 @@ from corral.server.loops.runner import Loop, LoopGroup
 from corral.server.offload import StoreProcess, StoreProcessConfig
 from corral.server.routes import arrays, jobs, logs, operations, pools, protocol, usage, workers
 from corral.server.state import ServerState
+from corral.server.store_gate import StoreGate
 from corral.store import Store
 from corral.store.ports import Jobs
 
@@ -121,6 +122,9 @@ def create_app(
         store_failed=state.store_health.failed,
     )
     state.wake_loop = loops.wake
+    # a request that may write, queued for a store thread, is refused when its turn comes while
+    # the store is failing (``store_gate``)
+    state.executor.admission = store_gate.admission(state.store_health)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -168,6 +172,10 @@ def create_app(
         middleware.append(Middleware(auth.AuthMiddleware, tokens=tokens, routes=routes, owner_of=owner_of))
         # after authentication: a connection counts under the principal its request proved
         middleware.append(Middleware(RefusedConnections, book=state.connections, identify=True))
+    # innermost, after authentication: a caller without a token is told so, stall or not
+    middleware.append(
+        Middleware(StoreGate, health=state.store_health, check=partial(_check_store, state), routes=routes)
+    )
     app = Starlette(
         routes=routes,
         middleware=middleware,
@@ -186,6 +194,13 @@ def create_app(
 async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[bool, str | None]:
     """``_owner_of``, run by the executor as a short call (the access rules ask it before a route)."""
     return await state.executor.run(Work.SHORT, _owner_of, state.store.jobs, kind, object_id)
+
+
+async def _check_store(state: ServerState) -> None:
+    """One check of a failing store (``StoreHealth.check``: a write that commits is its recovery),
+    on a thread of its own as ``/readyz``'s, so that busy store threads cannot hold it up."""
+    ping = partial(state.store.ping, state.settings.store_busy_timeout_s, write=True)
+    await state.executor.run(Work.PROBE, state.store_health.check, ping)
 
 
 def _owner_of(store: Jobs, kind: str, object_id: str) -> tuple[bool, str | None]:

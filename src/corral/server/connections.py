@@ -44,7 +44,7 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from corral.server.http import error_response
+from corral.server.envelope import error_response
 
 logger = logging.getLogger("corral.server.connections")
 

@@ -163,6 +163,10 @@ class StoreExecutor(Generic[C]):
         self.lanes = Lanes(switch_interval_s)
         self._memory: dict[Work, dict[str, Any]] = {work: {} for work in STANDALONE}
         self._groups: dict[Batch[C, Any, Any], TurnGroup[Any, Any]] = {}
+        #: called on the event loop as work is handed to a store thread: what the thread runs
+        #: first (it may raise, refusing the work when its turn comes), or None (``store_gate``:
+        #: a request that may write is refused there while the store is failing); None: nothing
+        self.admission: Callable[[], Callable[[], None] | None] | None = None
         #: ``places`` of each kind for this server, from the event loop (True) or a thread (False)
         self._places = {
             (work, on_loop): places(
@@ -287,6 +291,9 @@ class StoreExecutor(Generic[C]):
             return await asyncio.to_thread(blocking)
         # on a store thread; a child's answer is waited for there too, where there are threads
         if place in (Place.STORE_THREAD, Place.PLANNER, Place.READER) and self._threads is not None:
+            admit = self.admission() if self.admission is not None else None
+            if admit is not None:
+                blocking = partial(_admitted, admit, blocking)
             return await asyncio.get_running_loop().run_in_executor(self._threads, blocking)
         return blocking()
 
@@ -315,6 +322,12 @@ class StoreExecutor(Generic[C]):
             # slices while the loop's calls queue behind it (``bench/protocol.py``)
             return partial(_with_short_interval, self._switch_interval_s, call)
         return call
+
+
+def _admitted(admit: Callable[[], None], call: Callable[[], T]) -> T:
+    """``call()`` once ``admit()`` lets it (on the store thread, when the work's turn has come)."""
+    admit()
+    return call()
 
 
 def _with_short_interval(switch_interval_s: float | None, call: Callable[[], T]) -> T:

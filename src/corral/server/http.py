@@ -23,8 +23,11 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.domain import errors
-from corral.protocol.answers import Answer, ErrorAnswer, ErrorDetail
+from corral.protocol.answers import Answer
 from corral.protocol.models import describe_error
+from corral.server.envelope import error_response as error_response
+from corral.server.envelope import json_response as json_response
+from corral.server.state import state_of
 
 logger = logging.getLogger("corral.server")
 
@@ -32,10 +35,6 @@ DEFAULT_BODY_LIMIT = 1024 * 1024
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request", 413: "too_large"}
-
-
-def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
 
 
 def answer(model: type[Answer], content: dict[str, Any], status: int = 200) -> Response:
@@ -46,11 +45,6 @@ def answer(model: type[Answer], content: dict[str, Any], status: int = 200) -> R
     """
     model.model_validate(content)
     return json_response(content, status)
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    envelope = ErrorAnswer(error=ErrorDetail(code=code, message=message))
-    return json_response(envelope.to_wire(), status, headers)
 
 
 async def read_body(request: Request, limit: int = DEFAULT_BODY_LIMIT) -> bytes:
@@ -178,8 +172,8 @@ async def corral_error_handler(request: Request, error: Exception) -> Response:
         {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
     )
     if isinstance(error, errors.StoreUnavailable):
-        # the server's state (``state.state_of``; not imported: the state imports this module's users)
-        request.app.state.corral.store_health.failed(error)
+        if not isinstance(error, errors.StoreRefused):  # refused as the store was known to fail
+            state_of(request).store_health.failed(error)
         if error.retry_after_s is not None:
             headers = {"Retry-After": str(error.retry_after_s)}
     return error_response(error.http_status, error.code, error.message, headers)

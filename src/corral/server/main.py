@@ -16,6 +16,7 @@ from corral.config import ServerSettings, add_flags, load
 from corral.domain import errors
 from corral.observability.logging import configure_logging
 from corral.server import connections, sqlite_lock, tls
+from corral.server.state import state_of_app
 
 logger = logging.getLogger("corral.server")
 
@@ -74,7 +75,7 @@ def run(arguments: argparse.Namespace) -> int:
     except OSError as error:
         print(f"corral server: cannot listen on {settings.host}:{settings.port}: {error}", file=sys.stderr)
         return 2
-    _fit_connections(app.state.corral.connections, settings)
+    _fit_connections(state_of_app(app).connections, settings)
     host, port = listener.getsockname()[:2]
     url = f"{tls.scheme(settings)}://{_url_host(host)}:{port}"
     print(f"corral server listening on {url} (store: {store.dialect})", flush=True)
@@ -88,7 +89,7 @@ def run(arguments: argparse.Namespace) -> int:
 def uvicorn_config(app: Starlette, settings: ServerSettings, **options: Any) -> uvicorn.Config:
     """uvicorn serving ``app`` with corral's protocol (``server.connections``: the header timeout,
     the connection limits) and idle timeout; ``options`` are uvicorn's own."""
-    protocol = connections.guarded_protocol(app.state.corral.connections, settings.header_timeout_s)
+    protocol = connections.guarded_protocol(state_of_app(app).connections, settings.header_timeout_s)
     return uvicorn.Config(
         app,
         http=protocol,

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Literal
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -201,5 +202,12 @@ def store_handler(
 
 
 def state_of(request: Request) -> ServerState:
-    state: ServerState = request.app.state.corral
+    """The state of the server answering ``request``."""
+    return state_of_app(request.app)
+
+
+def state_of_app(app: Starlette) -> ServerState:
+    """The state ``app.create_app`` gave ``app`` (the one place that reads it untyped)."""
+    state = app.state.corral
+    assert isinstance(state, ServerState)
     return state

@@ -8,7 +8,9 @@ error, a loop pass's), and from then on checks with a write of its own whether t
 a lock, even a transaction that writes nothing through, not a write): the first that commits is
 the store's recovery, and every lease counts from it. The reaper checks before each pass while the
 store is failing, ``/readyz`` at each call (it answers 503 until then), so the recovery is seen
-with no other traffic.
+with no other traffic; and while it is failing, the routes that write are answered 503 at once
+(``store_gate``) instead of waiting behind the store's lock, each such answer starting a check
+unless one is running already.
 
 Thread-safe: failures are noted from the event loop and from loop threads, checks run on the
 probe's and the reaper's threads.
@@ -37,6 +39,9 @@ class StoreHealth:
         self.recovered_at: float | None = None
         #: failures noted so far: a check only ends the failures it saw begin before it
         self._failures = 0
+        #: the error code of the last failure noted (``store_busy``, ``store_unavailable``): what
+        #: the requests refused at once meanwhile are answered with (``store_gate``)
+        self.failure_code = errors.StoreUnavailable.code
 
     @property
     def failing(self) -> bool:
@@ -46,6 +51,7 @@ class StoreHealth:
         """A store call failed as busy, unreachable or unable to write."""
         with self._lock:
             self._failures += 1
+            self.failure_code = error.code
             if self.failing_since is not None:
                 return
             self.failing_since = self._clock.now()

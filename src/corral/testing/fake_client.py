@@ -71,6 +71,8 @@ class FakeClient:
         self.download_answer: Answer = None
         self.downloads: dict[str, Answer] = {}
         self.heartbeat_bodies: list[dict[str, Any]] = []
+        #: each job heartbeat's ``busy_retry_s`` (the worker sends its heartbeats once: 0)
+        self.heartbeat_busy_retries: list[float | None] = []
         #: every watchdog report, whole (``calls`` keeps the job id and kind)
         self.trips: list[dict[str, Any]] = []
         #: each attempt's output as the log shipper sent it, by (job id, attempt); kept apart from
@@ -100,9 +102,15 @@ class FakeClient:
     # --- the job protocol ------------------------------------------------------------------
 
     def job_heartbeat(
-        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        body: dict[str, Any] | None = None,
+        busy_retry_s: float | None = None,
     ) -> Any:
         self._record("job_heartbeat", job_id)
+        self.heartbeat_busy_retries.append(busy_retry_s)
         self.heartbeat_bodies.append(body or {})
         if self.heartbeat_error is not None:
             raise self.heartbeat_error

@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
 
 import uvicorn
 
@@ -17,6 +16,7 @@ from corral.config import ServerSettings
 from corral.domain.clock import Clock
 from corral.server.app import create_app
 from corral.server.main import uvicorn_config
+from corral.server.state import ServerState, state_of_app
 from corral.store import Store
 
 
@@ -40,8 +40,8 @@ class ServerThread:
         )
 
     @property
-    def state(self) -> Any:
-        return self.app.state.corral
+    def state(self) -> ServerState:
+        return state_of_app(self.app)
 
     def reap(self) -> None:
         """Run one reaper pass now (the loops do not run on their own in tests)."""

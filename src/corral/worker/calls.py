@@ -37,6 +37,7 @@ from corral.protocol.answers import (
     WorkerAnswer,
     WorkerHeartbeatAnswer,
 )
+from corral.worker.fence import HEARTBEAT_BUSY_RETRY_S
 
 #: the most jobs one claim may ask for (the server's bound on ``max``)
 MAX_CLAIM = 64
@@ -116,10 +117,23 @@ class WorkerClient(Connection):
         return self.request("GET", "/jobs/next", params=params, headers=headers, timeout_s=wait_s + 30.0)
 
     def job_heartbeat(
-        self, job_id: str, worker_id: str, attempt: int, body: dict[str, Any] | None = None
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        body: dict[str, Any] | None = None,
+        busy_retry_s: float | None = None,
     ) -> HeartbeatAnswer:
+        """``busy_retry_s``: as for ``request`` (the worker sends its heartbeats once)."""
         params = {"worker_id": worker_id, "attempt": attempt}
-        return self._answer(HeartbeatAnswer, "POST", f"/jobs/{job_id}/heartbeat", body or {}, params=params)
+        return self._answer(
+            HeartbeatAnswer,
+            "POST",
+            f"/jobs/{job_id}/heartbeat",
+            body or {},
+            params=params,
+            busy_retry_s=busy_retry_s,
+        )
 
     def done(self, job_id: str, worker_id: str, attempt: int) -> JobAnswer:
         params = {"worker_id": worker_id, "attempt": attempt}
@@ -202,7 +216,9 @@ class WorkerClient(Connection):
     def worker_beat(self, worker_id: str, body: dict[str, Any]) -> WorkerHeartbeatAnswer | None:
         """The worker heartbeat; its per-job answers, or None when the server gave none (an older
         server that ignores ``jobs``, or a body without jobs)."""
-        response = self.request("POST", f"/workers/{worker_id}/heartbeat", body)
+        response = self.request(
+            "POST", f"/workers/{worker_id}/heartbeat", body, busy_retry_s=HEARTBEAT_BUSY_RETRY_S
+        )
         data = self._decode(response)
         if not isinstance(data, dict) or data.get("jobs") is None:
             return None

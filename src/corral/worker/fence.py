@@ -17,7 +17,12 @@ The decision is pure (``fence_after_s``, ``fence_due``) and takes the time as an
 - a heartbeat the server answered 503 ``store_busy`` / ``store_unavailable`` counts as a renewal
   (``heard_through_a_stall``): the server heard the worker, and a server whose store fails counts
   no silence until its store has recovered, a lease after that (``corral.core.hearing``), so the
-  lease cannot end before the fence. (With several replicas, one whose own store connection fails
+  lease cannot end before the fence. A heartbeat is sent once (``HEARTBEAT_BUSY_RETRY_S``), not
+  again and again inside one call as the SDK sends a 503 with ``Retry-After``: such a call is
+  answered only once the stall ends or the retries run out (20 s), and all that time the fence
+  would hear nothing (its renewal counts from the call's start); the next heartbeat is the retry.
+  The server answers such a 503 at once while its store fails (``server.store_gate``), not after
+  waiting behind the store's lock. (With several replicas, one whose own store connection fails
   while another's works: the balancer's ``/readyz`` check takes it out of rotation; until it does,
   the other replica may reap the job while this worker still runs it);
 - the fence is due ``lease_s - margin`` after the last renewal, the margin being at most a quarter
@@ -34,6 +39,10 @@ from collections.abc import Callable
 #: the largest share of the lease the margin may take
 MAX_MARGIN_FRACTION = 0.25
 
+
+#: how long a heartbeat answered 503 with ``Retry-After`` is sent again inside its call: never
+#: (the module docstring)
+HEARTBEAT_BUSY_RETRY_S = 0.0
 
 #: the error codes of a server that heard a heartbeat but could not write it (its store failing)
 STORE_STALL_CODES = frozenset({"store_busy", "store_unavailable"})

@@ -79,7 +79,7 @@ from corral.worker.cgroup_limits import attempt_limits
 from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import HINT_SIGNAL, CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
-from corral.worker.fence import LeaseFence, heard_through_a_stall
+from corral.worker.fence import HEARTBEAT_BUSY_RETRY_S, LeaseFence, heard_through_a_stall
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
 from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
@@ -655,7 +655,9 @@ class JobRun:
         if request is None:
             return
         try:
-            answer = self._client.job_heartbeat(self.job_id, self._worker_id, self.attempt, request.body)
+            answer = self._client.job_heartbeat(
+                self.job_id, self._worker_id, self.attempt, request.body, busy_retry_s=HEARTBEAT_BUSY_RETRY_S
+            )
         except ServerUnreachable as error:
             self.beat_unreachable(error)
         except ApiError as error:

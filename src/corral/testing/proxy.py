@@ -1,6 +1,7 @@
 """An HTTP proxy that loses answers: the request reaches the server and is applied there, and the
 client sees the connection close with no answer, as when the server is killed between its commit
-and its reply (or a load balancer drops the connection). Only for tests.
+and its reply (or a load balancer drops the connection). For the chaos tests and the bench scripts
+(``bench/soak.py``'s partition), never for production traffic.
 
 HTTP/1.1 is parsed only as far as framing needs: a head, then a ``Content-Length`` or chunked
 body. Each client connection gets its own upstream connection.
@@ -57,7 +58,12 @@ class AnswerDroppingProxy:
             threading.Thread(target=self._serve, args=(client,), name="proxy-conn", daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(self.upstream)
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=5)
+            upstream.settimeout(None)
+        except OSError:  # the server is down (killed, restarting): its client sees it as such
+            client.close()
+            return
         client_reader, upstream_reader = _Reader(client), _Reader(upstream)
         try:
             while True:
