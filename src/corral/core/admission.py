@@ -21,7 +21,12 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
    task in ``gang_index`` order, each on the best-fitting worker (see ``_Cluster.best``), a worker
    taking several tasks when they fit; the gang is committed only when all N tasks are placed,
    else every speculative take is given back. A gang asking for no resources at all is spread one
-   task per worker. GPU indices are the lowest free ones, as for single jobs.
+   task per worker. GPU indices are the lowest free ones, as for single jobs. Once any worker
+   carries a topology label (``CORRAL_TOPOLOGY_LEVELS``), a gang that fits by count is placed by
+   ``corral.core.topology.choose`` instead (``_Layout``): the narrowest domain that holds it whole,
+   best fit, ranks numbered so consecutive ones share the narrowest domain; a gang whose
+   ``topology`` is ``required`` and that no single domain of that level holds waits with
+   ``topology``.
 6. **Reservations and backfill** (``_Later``, ``corral.core.reservations``). The first
    ``backfill_depth`` candidates that do not fit now (and could on idle workers), then the pending
    single jobs that fit nowhere now, get a reservation at their earliest start on the workers'
@@ -47,7 +52,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
-from corral.core import borrowing, drain, pool_limits, preemption, reservations
+from corral.core import borrowing, drain, pool_limits, preemption, reservations, topology
 from corral.core.admission_reasons import (
     NO_WORKERS,
     backfill_refused,
@@ -55,6 +60,7 @@ from corral.core.admission_reasons import (
     held_reason,
     reserved_reason,
     short_reason,
+    topology_reason,
     unschedulable,
 )
 from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
@@ -72,7 +78,7 @@ from corral.core.preemption.memo import PlannerMemo
 from corral.core.preemption.rules import as_preemptor
 from corral.core.protection import unreclaimable
 from corral.core.snapshot import Gang, Snapshot
-from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
+from corral.domain.records import Allocation, Constraints, Job, Reason, TopologyRequest, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 
@@ -116,13 +122,19 @@ def decide(
     preemption_settings: PreemptionSettings | None = None,
     memo: CycleMemo | None = None,
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
+    topology_levels: Sequence[str] = topology.DEFAULT_LEVELS,
 ) -> AdmissionDecisions:
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
     ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
     the workers' free capacity from earlier cycles, for a caller that keeps its records between
-    cycles (``CycleMemo``; the decisions are the same without it)."""
+    cycles (``CycleMemo``; the decisions are the same without it). ``topology_levels``:
+    ``CORRAL_TOPOLOGY_LEVELS``, widest first (``corral.core.topology``)."""
     admitted = _admit_gangs(
-        snapshot, reservation_timeout_s, memo.admission if memo is not None else None, backfill_depth
+        snapshot,
+        reservation_timeout_s,
+        memo.admission if memo is not None else None,
+        backfill_depth,
+        tuple(topology_levels),
     )
     single_rollbacks = tuple(
         job.id
@@ -237,6 +249,7 @@ def _admit_gangs(
     reservation_timeout_s: float,
     memo: AdmissionMemo | None = None,
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
+    levels: tuple[str, ...] = topology.DEFAULT_LEVELS,
 ) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
     pending = snapshot.pending if backfill_depth > 0 else ()
@@ -262,6 +275,7 @@ def _admit_gangs(
     later = _Later(cluster, now, backfill_depth)
     guarantees = guarantees_of(snapshot)
     limits = limits_of(snapshot)
+    layout = _Layout(cluster, levels, topology.labelled(active, levels))
     for gang in candidates:
         spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
         request, constraints = spec.resources, spec.constraints
@@ -276,7 +290,13 @@ def _admit_gangs(
             continue
         eligible = shapes.eligible(request, constraints)
         backfill = later.may_backfill(spec.walltime_s)
-        placed, room = cluster.attempt(request, size, eligible, backfill)
+        if layout.applies(spec.topology, request):
+            placed, room, refused = layout.attempt(request, size, eligible, backfill, spec.topology)
+            if refused is not None:
+                waiting.append(Waiting(gang.gang_id, refused))
+                continue
+        else:
+            placed, room = cluster.attempt(request, size, eligible, backfill)
         if placed is not None:
             guarantees.take(spec.pool, request.gpus * size)
             limits.take(spec.pool, _times(request, size))
@@ -566,6 +586,24 @@ class _Index:
                     return total
         return total
 
+    def units(
+        self, request: Resources, eligible: list[bool] | None, passed: AbstractSet[int]
+    ) -> list[tuple[int, int]]:
+        """(order, tasks of ``request`` it holds) for every filed worker ``first`` may return."""
+        gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
+        probe = (cpus, _FLOOR, _FLOOR)
+        found = []
+        for have in range(gpus, len(self.buckets)):
+            bucket = self.buckets[have]
+            for at in range(bisect_left(bucket, probe), len(bucket)):
+                entry_cpus, entry_memory, order = bucket[at]
+                if entry_memory < memory or (eligible is not None and not eligible[order]):
+                    continue
+                if order in passed:
+                    continue
+                found.append((order, _tasks_within(have, entry_cpus, entry_memory, request)))
+        return found
+
 
 def _tasks_within(gpus: int, cpus: int, memory: int, request: Resources) -> int:
     """Tasks of a countable ``request`` that free (GPUs, CPUs, memory) holds, each at least
@@ -715,6 +753,88 @@ class _Cluster:
         if backfill and self.held_slots and found < enough:
             found += self.whole.count(request, eligible, _NOBODY, enough - found)
         return found
+
+    def units(self, request: Resources, eligible: list[bool] | None, backfill: bool) -> list[tuple[int, int]]:
+        """(order, tasks of a countable ``request`` it holds) for each worker ``count`` counts."""
+        found = self.view.units(request, eligible, self.held_orders if backfill else _NOBODY)
+        if backfill and self.held_slots:
+            found += self.whole.units(request, eligible, _NOBODY)
+        return found
+
+    def take(self, slot: _Slot, request: Resources) -> tuple[int, ...]:
+        """Take one task's room on ``slot`` (a placement chosen elsewhere: ``_Layout``)."""
+        return self._take(slot, request)
+
+    def give_back(self, placed: Sequence[Take], request: Resources) -> None:
+        for slot, taken in reversed(placed):
+            self._give_back(slot, request, taken)
+
+
+class _Layout:
+    """The topology-aware placement of gangs (``corral.core.topology``): used for every countable
+    gang once any worker carries a topology label, and for a gang that requires a domain even when
+    none does (each worker is then a domain of its own). Without labels and requirements the
+    cluster's id-order best fit (``_Cluster.attempt``) places every gang, exactly as before."""
+
+    def __init__(self, cluster: _Cluster, levels: tuple[str, ...], labelled: bool) -> None:
+        self.cluster = cluster
+        self.levels = levels
+        self.labelled = labelled
+        self._paths: list[topology.Path] | None = None
+
+    def applies(self, asked: TopologyRequest | None, request: Resources) -> bool:
+        if not _countable(request):
+            return False
+        return self.labelled or (asked is not None and asked.required)
+
+    def paths(self) -> list[topology.Path]:
+        paths = self._paths
+        if paths is None:
+            paths = self._paths = [topology.path_of(slot.worker, self.levels) for slot in self.cluster.slots]
+        return paths
+
+    def attempt(
+        self,
+        request: Resources,
+        size: int,
+        eligible: list[bool] | None,
+        backfill: bool,
+        asked: TopologyRequest | None,
+    ) -> tuple[list[Take] | None, _Room, Reason | None]:
+        """The takes for the gang (None when it does not fit), the room found, and the reason a
+        gang that fits the cluster but no single domain of its required level waits."""
+        cluster = self.cluster
+        bound = cluster.room_bound(request, backfill)
+        if bound is not None and bound < size:
+            return None, _Room(bound, exact=False), None
+        counted = cluster.count(request, eligible, backfill, size)
+        if counted < size:
+            return None, _Room(counted, exact=True), None
+        units = cluster.units(request, eligible, backfill)
+        required = None
+        if asked is not None and asked.required and asked.level in self.levels:
+            required = self.levels.index(asked.level)
+        plan = topology.choose(units, self.paths(), size, required)
+        if plan is None:
+            assert asked is not None and required is not None
+            return None, _Room(counted, exact=True), self._refusal(units, size, asked.level, required)
+        placed: list[Take] = []
+        for order, count in plan:
+            slot = cluster.slots[order]
+            placed.extend((slot, cluster.take(slot, request)) for _ in range(count))
+        return placed, _Room(size, exact=True), None
+
+    def _refusal(self, units: list[tuple[int, int]], size: int, level: str, required: int) -> Reason:
+        """Why a gang that fits the cluster now waits for one domain of its required level: the
+        domain that comes closest, its room, and the work that holds the rest of it."""
+        paths = self.paths()
+        found = topology.closest(units, paths, required)
+        if found is None:
+            return topology_reason(size, level, None, 0, ())
+        path, room = found
+        inside = [slot for slot in self.cluster.slots if paths[slot.order][: required + 1] == path]
+        in_way = sorted({job_id for slot in inside for _, _, job_id in slot.holding})
+        return topology_reason(size, level, topology.domain_name(self.levels, path, required), room, in_way)
 
 
 def _countable(request: Resources) -> bool:
