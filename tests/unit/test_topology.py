@@ -44,21 +44,21 @@ def test_levels_are_parsed_widest_first_and_a_repeated_name_is_refused() -> None
 def test_the_narrowest_domain_that_holds_the_gang_wins_over_worker_id_order() -> None:
     paths = [("b1", "r1"), ("b1", "r2"), ("b1", "r1"), ("b1", "r2")]
     units = [(0, 1), (1, 1), (2, 1), (3, 1)]
-    assert topology.choose(units, paths, 2) == [(0, 1), (2, 1)]
+    assert topology.Domains(paths).choose(units, 2) == [(0, 1), (2, 1)]
 
 
 def test_a_single_host_beats_a_rack_and_the_best_fitting_rack_is_taken() -> None:
     paths = [("b1", "r1"), ("b1", "r1"), ("b1", "r2"), ("b1", "r2"), ("b1", "r2"), ("b2", "r3")]
     # r1 has room for 2, r2 for 3: a gang of 2 takes the fuller rack r1, keeping r2 whole
-    assert topology.choose([(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)], paths, 2) == [(0, 1), (1, 1)]
+    assert topology.Domains(paths).choose([(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)], 2) == [(0, 1), (1, 1)]
     # a host with room for the whole gang wins over any rack
-    assert topology.choose([(0, 1), (1, 1), (5, 2)], paths, 2) == [(5, 2)]
+    assert topology.Domains(paths).choose([(0, 1), (1, 1), (5, 2)], 2) == [(5, 2)]
 
 
 def test_a_gang_too_large_for_one_rack_spans_the_fewest_and_ranks_follow_racks() -> None:
     paths = [("b1", f"r{index // 4}") for index in range(12)]  # three racks of four hosts
     units = [(index, 1) for index in range(12) if index not in (0, 5)]  # r0 and r1 have 3 free
-    plan = topology.choose(units, paths, 6)
+    plan = topology.Domains(paths).choose(units, 6)
     assert plan is not None
     racks = [paths[order][1] for order, _ in plan]
     assert len(set(racks)) == 2  # the whole r2 (4) and 2 more from one other rack, never three
@@ -68,15 +68,17 @@ def test_a_gang_too_large_for_one_rack_spans_the_fewest_and_ranks_follow_racks()
 def test_required_refuses_what_no_single_domain_holds_and_names_the_closest() -> None:
     paths = [("b1", "r1"), ("b1", "r2"), ("b1", "r3"), ("b1", "r3")]
     units = [(0, 1), (1, 1), (2, 1), (3, 1)]
-    assert topology.choose(units, paths, 3, required=1) is None
-    assert topology.choose(units, paths, 3, required=0) is not None  # one block holds it
-    assert topology.closest(units, paths, 1) == (("b1", "r3"), 2)
+    assert topology.Domains(paths).choose(units, 3, required=1) is None
+    assert topology.Domains(paths).choose(units, 3, required=0) is not None  # one block holds it
+    domains = topology.Domains(paths)
+    node, room = domains.closest(units, 1)  # type: ignore[misc]
+    assert (domains.path_name(node), room) == ("b1/r3", 2)
 
 
 def test_a_worker_without_the_label_is_a_domain_of_its_own() -> None:
     paths = [(None, None), (None, None)]
-    assert topology.choose([(0, 1), (1, 1)], paths, 2, required=1) is None
-    assert topology.choose([(0, 2), (1, 1)], paths, 2, required=1) == [(0, 2)]
+    assert topology.Domains(paths).choose([(0, 1), (1, 1)], 2, required=1) is None
+    assert topology.Domains(paths).choose([(0, 2), (1, 1)], 2, required=1) == [(0, 2)]
 
 
 # --- the admission cycle -------------------------------------------------------------------------

@@ -593,15 +593,21 @@ class _Index:
         gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
         probe = (cpus, _FLOOR, _FLOOR)
         found = []
+        append = found.append
         for have in range(gpus, len(self.buckets)):
             bucket = self.buckets[have]
-            for at in range(bisect_left(bucket, probe), len(bucket)):
-                entry_cpus, entry_memory, order = bucket[at]
+            by_gpus = have // gpus if gpus else None
+            for entry_cpus, entry_memory, order in bucket[bisect_left(bucket, probe) :]:
                 if entry_memory < memory or (eligible is not None and not eligible[order]):
                     continue
                 if order in passed:
                     continue
-                found.append((order, _tasks_within(have, entry_cpus, entry_memory, request)))
+                tasks = by_gpus
+                if cpus and (tasks is None or entry_cpus // cpus < tasks):
+                    tasks = entry_cpus // cpus
+                if memory and (tasks is None or entry_memory // memory < tasks):
+                    tasks = entry_memory // memory
+                append((order, tasks if tasks is not None else 0))
         return found
 
 
@@ -780,18 +786,20 @@ class _Layout:
         self.cluster = cluster
         self.levels = levels
         self.labelled = labelled
-        self._paths: list[topology.Path] | None = None
+        self._domains: topology.Domains | None = None
 
     def applies(self, asked: TopologyRequest | None, request: Resources) -> bool:
         if not _countable(request):
             return False
         return self.labelled or (asked is not None and asked.required)
 
-    def paths(self) -> list[topology.Path]:
-        paths = self._paths
-        if paths is None:
-            paths = self._paths = [topology.path_of(slot.worker, self.levels) for slot in self.cluster.slots]
-        return paths
+    def domains(self) -> topology.Domains:
+        """The workers' domains, built on first need (from the labels alone: once per cycle)."""
+        domains = self._domains
+        if domains is None:
+            paths = [topology.path_of(slot.worker, self.levels) for slot in self.cluster.slots]
+            domains = self._domains = topology.Domains(paths)
+        return domains
 
     def attempt(
         self,
@@ -814,7 +822,7 @@ class _Layout:
         required = None
         if asked is not None and asked.required and asked.level in self.levels:
             required = self.levels.index(asked.level)
-        plan = topology.choose(units, self.paths(), size, required)
+        plan = self.domains().choose(units, size, required)
         if plan is None:
             assert asked is not None and required is not None
             return None, _Room(counted, exact=True), self._refusal(units, size, asked.level, required)
@@ -827,14 +835,16 @@ class _Layout:
     def _refusal(self, units: list[tuple[int, int]], size: int, level: str, required: int) -> Reason:
         """Why a gang that fits the cluster now waits for one domain of its required level: the
         domain that comes closest, its room, and the work that holds the rest of it."""
-        paths = self.paths()
-        found = topology.closest(units, paths, required)
+        domains = self.domains()
+        found = domains.closest(units, required)
         if found is None:
             return topology_reason(size, level, None, 0, ())
-        path, room = found
-        inside = [slot for slot in self.cluster.slots if paths[slot.order][: required + 1] == path]
-        in_way = sorted({job_id for slot in inside for _, _, job_id in slot.holding})
-        return topology_reason(size, level, topology.domain_name(self.levels, path, required), room, in_way)
+        node, room = found
+        slots = self.cluster.slots
+        in_way = sorted(
+            {job_id for order in domains.workers_in(node) for _, _, job_id in slots[order].holding}
+        )
+        return topology_reason(size, level, f"{level}={domains.names[node]}", room, in_way)
 
 
 def _countable(request: Resources) -> bool:

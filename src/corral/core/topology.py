@@ -61,135 +61,190 @@ def labelled(workers: Iterable[Worker], levels: Sequence[str]) -> bool:
 
 def domain_name(levels: Sequence[str], path: Path, depth: int) -> str:
     """A domain as people read it: ``topology.rack=r07`` (its level's label and value)."""
-    value = path[depth]
-    return f"{levels[depth]}={value}"
+    return f"{levels[depth]}={path[depth]}"
 
 
-class _Node:
-    """A domain (or a host, a leaf) with the room its workers have for the gang's tasks."""
+class Domains:
+    """The domains of a cycle's workers (from their paths, built once per cycle), searched per gang
+    with the room each worker has for its tasks (``choose``, ``closest``).
 
-    __slots__ = ("children", "depth", "index", "name", "order", "parent", "room")
+    Nodes are numbered: 0 is the whole cluster, then the domains, then one leaf per worker (a
+    host, the narrowest level). A gang's rooms are summed up each worker's chain of nodes into a
+    flat list: the search then reads the rooms of the few domains it visits, never the tree whole.
+    """
 
-    def __init__(self, name: str, depth: int, parent: _Node | None, order: int = -1) -> None:
-        self.name = name
-        self.depth = depth  # 0: the whole cluster; 1..levels: the levels; levels + 1: a host
-        self.parent = parent
-        self.order = order  # the worker's order, for a leaf
-        self.room = 0
-        self.children: list[_Node] = []
-        self.index: dict[str, _Node] = {}
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.names: list[str] = [""]
+        self.depths: list[int] = [0]
+        self.parents: list[int] = [-1]
+        self.orders: list[int] = [-1]
+        self.children: list[list[int]] = [[]]
+        #: per worker order, its nodes from the widest domain down to its own leaf (root left out)
+        self.chains: list[tuple[int, ...]] = []
+        index: dict[tuple[object, ...], int] = {}
+        for order, path in enumerate(paths):
+            chain = []
+            parent = 0
+            for depth, value in enumerate(path, start=1):
+                name = value if value is not None else f"\0{order}"  # no label: a domain of its own
+                key = (parent, name)
+                node = index.get(key)
+                if node is None:
+                    node = index[key] = self._add(name, depth, parent, -1)
+                chain.append(node)
+                parent = node
+            chain.append(self._add("", len(path) + 1, parent, order))
+            self.chains.append(tuple(chain))
+        for child_list in self.children:
+            child_list.sort(key=lambda node: (self.names[node], self.orders[node]))
 
-    def fit_key(self) -> tuple[object, ...]:
-        """Best fit among domains of one level: least room, then the parents' least room, then
-        the name (a leaf: the worker's order, the id tie-break)."""
-        rooms: list[int] = []
-        node: _Node | None = self
-        while node is not None:
-            rooms.append(node.room)
-            node = node.parent
-        return (*rooms, self.name, self.order)
+    def _add(self, name: str, depth: int, parent: int, order: int) -> int:
+        node = len(self.names)
+        self.names.append(name)
+        self.depths.append(depth)
+        self.parents.append(parent)
+        self.orders.append(order)
+        self.children.append([])
+        self.children[parent].append(node)
+        return node
+
+    def rooms(self, units: Iterable[tuple[int, int]]) -> list[int]:
+        """Each node's room: the tasks its workers have room for."""
+        rooms = [0] * len(self.names)
+        chains = self.chains
+        total = 0
+        for order, room in units:
+            total += room
+            for node in chains[order]:
+                rooms[node] += room
+        rooms[0] = total
+        return rooms
+
+    def choose(
+        self, units: Iterable[tuple[int, int]], size: int, required: int | None = None
+    ) -> list[tuple[int, int]] | None:
+        """Where ``size`` tasks go (module docstring): (worker order, tasks) in rank order, or None
+        when the workers' room does not hold them (inside one domain of level index ``required``,
+        counted from the widest, when it is given)."""
+        rooms = self.rooms(units)
+        if rooms[0] < size:
+            return None
+        search = _Search(self, rooms)
+        fitting = search.narrowest_fitting(0, size)
+        if required is not None and (not fitting or self.depths[fitting[0]] < required + 1):
+            return None
+        if fitting:
+            search.fill(min(fitting, key=search.fit_key), size)
+        else:
+            search.spread(0, size)
+        return search.out
+
+    def closest(self, units: Iterable[tuple[int, int]], level: int) -> tuple[int, int] | None:
+        """The domain of level index ``level`` with the most room (its node, its room), the name
+        breaking ties; None when no worker has room at all. A worker without the level's label
+        is not a domain anyone else may join, so it is left out."""
+        rooms = self.rooms(units)
+        nodes = {chain[level] for chain in self.chains}
+        candidates = [
+            (-rooms[node], self.path_name(node), node)
+            for node in nodes
+            if rooms[node] > 0 and not self.names[node].startswith("\0")
+        ]
+        if not candidates:
+            return None
+        room, _, node = min(candidates)
+        return node, -room
+
+    def path_name(self, node: int) -> str:
+        """The node's path as people read it: ``b1/r07``."""
+        names = []
+        while node > 0:
+            names.append(self.names[node])
+            node = self.parents[node]
+        return "/".join(reversed(names))
+
+    def workers_in(self, node: int) -> list[int]:
+        """The worker orders below ``node``."""
+        found: list[int] = []
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if self.orders[current] >= 0:
+                found.append(self.orders[current])
+            stack.extend(self.children[current])
+        return sorted(found)
 
 
-def _tree(units: Iterable[tuple[int, int]], paths: Sequence[Path]) -> _Node:
-    """The domains of the workers in ``units`` ((order, tasks it has room for)), with their room."""
-    root = _Node("", 0, None)
-    for order, room in units:
-        node = root
-        node.room += room
-        for depth, value in enumerate(paths[order], start=1):
-            key = value if value is not None else f"\0{order}"  # no label: a domain of its own
-            child = node.index.get(key)
-            if child is None:
-                child = node.index[key] = _Node(key, depth, node)
-                node.children.append(child)
-            child.room += room
-            node = child
-        leaf = _Node("", node.depth + 1, node, order)
-        leaf.room = room
-        node.children.append(leaf)
-    return root
+class _Search:
+    """One gang's search over ``Domains`` with its rooms; the tasks given out gather in ``out``."""
 
+    def __init__(self, domains: Domains, rooms: list[int]) -> None:
+        self.domains = domains
+        self.rooms = rooms
+        self.out: list[tuple[int, int]] = []
 
-def choose(
-    units: Iterable[tuple[int, int]], paths: Sequence[Path], size: int, required: int | None = None
-) -> list[tuple[int, int]] | None:
-    """Where ``size`` tasks go (module docstring): (worker order, tasks) in rank order, or None
-    when the workers' room does not hold them (inside one domain of level index ``required``,
-    counted from the widest, when it is given)."""
-    root = _tree(units, paths)
-    if root.room < size:
-        return None
-    fitting = _narrowest_fitting(root, size)
-    if required is not None and (not fitting or fitting[0].depth < required + 1):
-        return None
-    out: list[tuple[int, int]] = []
-    if fitting:
-        _fill(min(fitting, key=_Node.fit_key), size, out)
-    else:
-        _spread(root, size, out)
-    return out
+    def fit_key(self, node: int) -> tuple[object, ...]:
+        """Best fit among domains of one level: least room, then the parents' least room (fill
+        the fullest rack of the fullest block), then the name (a leaf: the worker's order)."""
+        domains, rooms = self.domains, self.rooms
+        chain = []
+        current = node
+        while current >= 0:
+            chain.append(rooms[current])
+            current = domains.parents[current]
+        return (*chain, domains.names[node], domains.orders[node])
 
+    def narrowest_fitting(self, node: int, size: int) -> list[int]:
+        """The nodes below ``node`` of the narrowest level at which any one holds ``size`` tasks
+        (a domain holds them only if its parent does: the search goes down the fitting ones)."""
+        rooms, children = self.rooms, self.domains.children
+        found: list[int] = []
+        level = [child for child in children[node] if rooms[child] >= size]
+        while level:
+            found = level
+            level = [
+                grandchild for child in level for grandchild in children[child] if rooms[grandchild] >= size
+            ]
+        return found
 
-def closest(units: Iterable[tuple[int, int]], paths: Sequence[Path], level: int) -> tuple[Path, int] | None:
-    """The domain of level index ``level`` with the most room (a path down to it, its room), the
-    name breaking ties; None when no worker has room at all."""
-    rooms: dict[Path, int] = {}
-    for order, room in units:
-        path = paths[order]
-        if path[level] is None:
-            continue
-        key = path[: level + 1]
-        rooms[key] = rooms.get(key, 0) + room
-    if not rooms:
-        return None
-    best = min(rooms, key=lambda key: (-rooms[key], tuple(value or "" for value in key)))
-    return best, rooms[best]
-
-
-def _narrowest_fitting(node: _Node, size: int) -> list[_Node]:
-    """The domains below ``node`` of the narrowest level at which any one holds ``size`` tasks
-    (a domain holds them only if its parent does: the search goes down the fitting ones alone)."""
-    found: list[_Node] = []
-    level = [child for child in node.children if child.room >= size]
-    while level:
-        found = level
-        level = [grandchild for child in level for grandchild in child.children if grandchild.room >= size]
-    return found
-
-
-def _fill(node: _Node, size: int, out: list[tuple[int, int]]) -> None:
-    if not node.children:
-        out.append((node.order, size))
-        return
-    fitting = _narrowest_fitting(node, size)
-    if fitting:
-        _fill(min(fitting, key=_Node.fit_key), size, out)
-    else:
-        _spread(node, size, out)
-
-
-def _spread(node: _Node, size: int, out: list[tuple[int, int]]) -> None:
-    """``size`` tasks over the fewest children of ``node`` (none of which holds them all): the
-    roomiest whole, then the remainder into the child that best fits it."""
-    rest = sorted(node.children, key=lambda child: (-child.room, child.name, child.order))
-    left = size
-    while left > 0:
-        fits = [child for child in rest if child.room >= left]
-        if fits:
-            _fill(min(fits, key=_Node.fit_key), left, out)
+    def fill(self, node: int, size: int) -> None:
+        domains = self.domains
+        if not domains.children[node]:
+            self.out.append((domains.orders[node], size))
             return
-        child = rest.pop(0)
-        _take_all(child, out)
-        left -= child.room
+        fitting = self.narrowest_fitting(node, size)
+        if fitting:
+            self.fill(min(fitting, key=self.fit_key), size)
+        else:
+            self.spread(node, size)
 
+    def spread(self, node: int, size: int) -> None:
+        """``size`` tasks over the fewest children of ``node`` (none of which holds them all): the
+        roomiest whole, then the remainder into the child that best fits it."""
+        rooms, domains = self.rooms, self.domains
+        rest = sorted(
+            (child for child in domains.children[node] if rooms[child] > 0),
+            key=lambda child: (-rooms[child], domains.names[child], domains.orders[child]),
+        )
+        left = size
+        while left > 0:
+            fits = [child for child in rest if rooms[child] >= left]
+            if fits:
+                self.fill(min(fits, key=self.fit_key), left)
+                return
+            child = rest.pop(0)
+            self.take_all(child)
+            left -= rooms[child]
 
-def _take_all(node: _Node, out: list[tuple[int, int]]) -> None:
-    if not node.children:
-        if node.room > 0:
-            out.append((node.order, node.room))
-        return
-    for child in sorted(node.children, key=lambda child: (child.name, child.order)):
-        _take_all(child, out)
+    def take_all(self, node: int) -> None:
+        domains, rooms = self.domains, self.rooms
+        if rooms[node] <= 0:
+            return
+        if not domains.children[node]:
+            self.out.append((domains.orders[node], rooms[node]))
+            return
+        for child in domains.children[node]:
+            self.take_all(child)
 
 
 def level_index(levels: Sequence[str], level: str) -> int:
