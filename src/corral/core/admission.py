@@ -592,7 +592,7 @@ class _Index:
         """(order, tasks of ``request`` it holds) for every filed worker ``first`` may return."""
         gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
         probe = (cpus, _FLOOR, _FLOOR)
-        found = []
+        found: list[tuple[int, int]] = []
         append = found.append
         for have in range(gpus, len(self.buckets)):
             bucket = self.buckets[have]
