@@ -21,8 +21,14 @@ pytestmark = pytest.mark.e2e
 RACK_OF = {f"w{index}": f"r{(index - 1) % 3 + 1}" for index in range(1, 7)}
 
 
+WRITE_RANK = (
+    "import os, sys; "
+    "open(sys.argv[1] + '/rank-' + os.environ['CORRAL_JOB_ID'], 'w').write(os.environ['RANK'])"
+)
+
+
 def write_rank(directory: Path) -> str:
-    return f'{sys.executable} -c "import os; open(\\"{directory}/rank-\\" + os.environ[\\"CORRAL_JOB_ID\\"], \\"w\\").write(os.environ[\\"RANK\\"])"'
+    return f'{sys.executable} -c "{WRITE_RANK}" {directory}'
 
 
 def ranks_by_worker(client: Client, gang: dict, directory: Path) -> list[tuple[int, str]]:

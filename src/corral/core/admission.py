@@ -63,7 +63,15 @@ from corral.core.admission_reasons import (
     topology_reason,
     unschedulable,
 )
-from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
+from corral.core.decisions import (
+    AdmissionDecisions,
+    Hold,
+    Preemption,
+    Reservation,
+    Rollback,
+    TaskPlacement,
+    Waiting,
+)
 from corral.core.ordering import in_gang_order
 from corral.core.placement import (
     Capacity,
@@ -143,7 +151,10 @@ def decide(
     )
     if preemption_settings is None:
         return replace(admitted, single_rollbacks=single_rollbacks)
-    return _preempt(snapshot, admitted, single_rollbacks, preemption_settings, memo)
+    planned = _preempt(snapshot, admitted, single_rollbacks, preemption_settings, memo)
+    if not planned.preemptions:
+        return planned
+    return _preemptions_by_topology(snapshot, planned, tuple(topology_levels))
 
 
 def _preempt(
@@ -208,6 +219,71 @@ def _preempt(
         preemptions=planned.preemptions,
         single_rollbacks=single_rollbacks,
         single_waiting=tuple((key, reason) for key, reason in planned.waiting if key not in tasks_of),
+    )
+
+
+def _preemptions_by_topology(
+    snapshot: Snapshot, decisions: AdmissionDecisions, levels: tuple[str, ...]
+) -> AdmissionDecisions:
+    """The planner's preemptions for gangs, held to their topology (``corral.core.topology``): a
+    gang that requires a level and whose placement spans more than one domain of it is not
+    preempted for (it waits, reason ``topology``); the others' ranks are renumbered so that
+    consecutive ranks share the narrowest domain (placements sorted by the workers' paths)."""
+    workers = {worker.id: worker for worker in snapshot.workers}
+    tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
+    labelled = topology.labelled(snapshot.workers, levels)
+    kept: list[Preemption] = []
+    refused: list[Waiting] = []
+    for found in decisions.preemptions:
+        tasks = tasks_of.get(found.preemptor)
+        if tasks is None or len(found.placements) < 2:
+            kept.append(found)
+            continue
+        paths = {
+            place.worker_id: topology.path_of(workers[place.worker_id], levels)
+            if place.worker_id in workers
+            else ()
+            for place in found.placements
+        }
+        asked = tasks[0].spec.topology
+        if asked is not None and asked.required and asked.level in levels:
+            depth = levels.index(asked.level)
+            spanned = {
+                paths[place.worker_id][: depth + 1]
+                if all(value is not None for value in paths[place.worker_id][: depth + 1])
+                else (place.worker_id,)
+                for place in found.placements
+            }
+            if len(spanned) > 1:
+                message = (
+                    f"needs its {len(tasks)} tasks inside one {asked.level}; a preemption would"
+                    f" place them across {len(spanned)}"
+                )
+                refused.append(Waiting(found.preemptor, Reason("topology", message)))
+                continue
+        if not labelled:  # no domains to group the ranks by: the planner's order, as before
+            kept.append(found)
+            continue
+        ordered = sorted(
+            found.placements,
+            key=lambda place: (tuple(value or "" for value in paths[place.worker_id]), place.worker_id),
+        )
+        index_of = {task.id: (task.gang_index or 0, task.id) for task in tasks}
+        by_index = sorted(
+            (place.job_id for place in found.placements), key=lambda job_id: index_of.get(job_id, (0, job_id))
+        )
+        placements = tuple(
+            TaskPlacement(job_id, place.worker_id, place.gpu_indices)
+            for job_id, place in zip(by_index, ordered, strict=True)
+        )
+        kept.append(replace(found, placements=placements))
+    if not refused and kept == list(decisions.preemptions):
+        return decisions
+    refused_ids = {entry.gang_id for entry in refused}
+    return replace(
+        decisions,
+        preemptions=tuple(kept),
+        waiting=(*(entry for entry in decisions.waiting if entry.gang_id not in refused_ids), *refused),
     )
 
 
@@ -791,7 +867,7 @@ class _Layout:
     def applies(self, asked: TopologyRequest | None, request: Resources) -> bool:
         if not _countable(request):
             return False
-        return self.labelled or (asked is not None and asked.required)
+        return self.labelled or (asked is not None and asked.required and asked.level in self.levels)
 
     def domains(self) -> topology.Domains:
         """The workers' domains, built on first need (from the labels alone: once per cycle)."""
