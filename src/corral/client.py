@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         UsagePage,
         WhyAnswer,
         WorkerAnswer,
+        WorkerPage,
     )
     from corral.transport import Transport
 
@@ -317,9 +318,13 @@ class Client:
         self.request("POST", f"/workers/{worker_id}/heartbeat", body or {})
 
     def workers(self) -> list[WorkerAnswer]:
+        return self.worker_page().items
+
+    def worker_page(self) -> WorkerPage:
+        """Every worker, and the server's topology levels (widest first)."""
         from corral.protocol.answers import WorkerPage
 
-        return self._answer(WorkerPage, "GET", "/workers").items
+        return self._answer(WorkerPage, "GET", "/workers")
 
     def worker(self, worker_id: str) -> WorkerAnswer:
         from corral.protocol.answers import WorkerAnswer

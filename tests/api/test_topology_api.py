@@ -62,3 +62,28 @@ def test_the_cli_flags_send_the_topology_and_an_unknown_level_exits_1(server, ap
     code, out, err = corral(server, capsys, "submit", "--topology-required", "row", "--", "true")
     assert (code, out) == (1, "")
     assert err.startswith("corral: invalid_request: ") and "topology" in err
+
+
+def test_corral_workers_groups_by_topology(server, api, capsys):
+    for worker_id, rack in (("w1", "r2"), ("w2", "r1"), ("w3", "r2")):
+        body = {
+            "id": worker_id,
+            "address": "127.0.0.1",
+            "resources": {"gpus": 8, "cpus": 8, "memory_mb": 8192},
+            "labels": {"topology.block": "b1", "topology.rack": rack},
+        }
+        assert api.post("/workers/register", json=body).status_code == 201
+    assert api.get("/workers").json()["topology_levels"] == ["topology.block", "topology.rack"]
+    code, out, err = corral(server, capsys, "workers")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["TOPOLOGY", "ID"]
+    assert [line.split()[:2] for line in lines[1:]] == [["b1/r1", "w2"], ["b1/r2", "w1"], ["b1/r2", "w3"]]
+
+
+def test_corral_workers_without_topology_labels_has_no_topology_column(server, api, capsys):
+    body = {"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 8, "memory_mb": 8192}}
+    assert api.post("/workers/register", json=body).status_code == 201
+    code, out, err = corral(server, capsys, "workers")
+    assert code == 0, err
+    assert out.splitlines()[0].split()[0] == "ID"

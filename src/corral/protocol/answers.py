@@ -261,6 +261,8 @@ class JobPage(Answer):
 class WorkerPage(Answer):
     items: list[WorkerAnswer]
     next: str | None = None
+    #: the server's ``CORRAL_TOPOLOGY_LEVELS``, widest first (API.md "Topology")
+    topology_levels: list[str] = Field(default_factory=list)
 
 
 class LimitsAnswer(Answer):
