@@ -335,6 +335,9 @@ def _admit_gangs(
     if not candidates and not pending:
         return AdmissionDecisions(rollbacks=rollbacks)
     active = sorted((worker for worker in snapshot.workers if usable(worker)), key=lambda w: w.id)
+    labelled = topology.labelled(active, levels)
+    if labelled:  # the id tie-break everywhere below becomes a topology one: racks stay together
+        active.sort(key=lambda worker: (topology.sort_key(worker, levels), worker.id))
     if not active:
         return AdmissionDecisions(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
@@ -351,7 +354,7 @@ def _admit_gangs(
     later = _Later(cluster, now, backfill_depth)
     guarantees = guarantees_of(snapshot)
     limits = limits_of(snapshot)
-    layout = _Layout(cluster, levels, topology.labelled(active, levels))
+    layout = _Layout(cluster, levels, labelled)
     for gang in candidates:
         spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
         request, constraints = spec.resources, spec.constraints
@@ -493,7 +496,8 @@ class _Slot:
         empty: Resources,
         source: tuple[list[Allocation], float, Mapping[str, float]] | None = None,
     ) -> None:
-        self.order = order  # rank of the worker id among the active workers: the id tie-break
+        self.order = order  # rank of the worker among the active ones (id order; topology, then id,
+        # once workers carry topology labels): the tie-break
         self.worker = worker
         self.empty = empty  # free capacity when idle (unhealthy GPUs left out)
         self.gpus = free.free.gpus

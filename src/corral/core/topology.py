@@ -54,6 +54,14 @@ def path_of(worker: Worker, levels: Sequence[str]) -> Path:
     return tuple(labels.get(level) for level in levels)
 
 
+def sort_key(worker: Worker, levels: Sequence[str]) -> tuple[str, ...]:
+    """The worker's place in topology order (widest level first; '' for a label it lacks): the
+    admission orders workers so, then by id, wherever it breaks ties by worker order (best fit,
+    the head of the queue's hold, reservations), so that what it keeps together shares racks."""
+    labels = worker.labels
+    return tuple(labels.get(level, "") for level in levels)
+
+
 def labelled(workers: Iterable[Worker], levels: Sequence[str]) -> bool:
     """Whether any worker carries a topology label (else the placement ignores topology)."""
     return any(level in worker.labels for worker in workers for level in levels)
