@@ -76,3 +76,10 @@ def test_the_gang_spread_with_the_topology_off_and_on() -> None:
     by_hosts = {hosts: row["mean_racks"] for hosts, row in on["by_hosts"].items()}
     assert by_hosts == {"2": 1.0, "4": 2.0}
     assert on["multi_host"]["ratio"] == 1.0 and off["multi_host"]["ratio"] > 1.0
+
+
+def test_the_levels_are_set_like_the_servers_and_empty_turns_the_topology_off() -> None:
+    from corral.cli.sim import settings_from
+
+    assert settings_from(["CORRAL_TOPOLOGY_LEVELS=topology.rack"]).topology_levels == ("topology.rack",)
+    assert settings_from(["CORRAL_TOPOLOGY_LEVELS="]).topology_levels == ()
