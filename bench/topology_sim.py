@@ -92,7 +92,7 @@ def main() -> int:
         f"  {len(scenario.workload.jobs)} jobs ({gangs} gangs, {required} requiring one rack) on {workers}"
         f" workers ({args.blocks} blocks x {args.racks} racks x {args.hosts} hosts x 8 GPUs)"
     )
-    runs = {"topology off": (), "topology on": scenario.settings.topology_levels}
+    runs = {"topology off": "", "topology on": scenario.settings.topology_levels}
     summaries, records = [], {}
     for name, levels in runs.items():
         run = replace(scenario, settings=replace(scenario.settings, topology_levels=levels))

@@ -62,16 +62,16 @@ def scenario() -> Scenario:
     return Scenario(Workload(jobs, name="two gangs"), cluster)
 
 
-def run(levels: tuple[str, ...]) -> dict:
+def run(levels: str) -> dict:
     base = scenario()
     chosen = replace(base, settings=replace(base.settings, topology_levels=levels))
     return summarize(chosen, engine.Engine(chosen, POLICIES["corral"]).run(), "corral")["gang_spread"]
 
 
 def test_the_gang_spread_with_the_topology_off_and_on() -> None:
-    off = run(())
+    off = run("")
     assert (off["required_rack_gangs"], off["required_rack_split"]) == (1, 1)
-    on = run(("topology.block", "topology.rack"))
+    on = run("topology.block,topology.rack")
     assert (on["required_rack_gangs"], on["required_rack_split"]) == (1, 0)
     by_hosts = {hosts: row["mean_racks"] for hosts, row in on["by_hosts"].items()}
     assert by_hosts == {"2": 1.0, "4": 2.0}
@@ -81,5 +81,5 @@ def test_the_gang_spread_with_the_topology_off_and_on() -> None:
 def test_the_levels_are_set_like_the_servers_and_empty_turns_the_topology_off() -> None:
     from corral.cli.sim import settings_from
 
-    assert settings_from(["CORRAL_TOPOLOGY_LEVELS=topology.rack"]).topology_levels == ("topology.rack",)
-    assert settings_from(["CORRAL_TOPOLOGY_LEVELS="]).topology_levels == ()
+    assert settings_from(["CORRAL_TOPOLOGY_LEVELS=topology.rack"]).topology_levels == "topology.rack"
+    assert settings_from(["CORRAL_TOPOLOGY_LEVELS="]).topology_levels == ""

@@ -178,10 +178,6 @@ def settings_from(assignments: list[str]) -> SimSettings:
             key = str(first["loc"][0])
             raise UsageError(f"--set CORRAL_{key.upper()}={values[key]}: {first['msg']}") from None
         checked.update({key: getattr(validated, key) for key in own})
-    if "topology_levels" in checked:  # the server's comma-separated text; empty: the topology off
-        checked["topology_levels"] = tuple(
-            part.strip() for part in checked["topology_levels"].split(",") if part.strip()
-        )
     for key, value in values.items():
         if key in checked:
             continue

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-from corral.core import admission, cycle, dependencies, drain, lifecycle, walltime
+from corral.core import admission, cycle, dependencies, drain, lifecycle, topology, walltime
 from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
@@ -148,6 +148,7 @@ class Engine:
         self.scenario = scenario
         self.policy = policy
         self.settings = scenario.settings
+        self.topology_levels = topology.parse_levels(scenario.settings.topology_levels)
         self.progress = progress
         self.record_decisions = record_decisions
         #: run the planner even where ``corral.sim.shortcuts`` skips it, and fail on a difference
@@ -696,7 +697,7 @@ class Engine:
         planner = self.preemption_settings
         memo = self.memo
         depth = self.settings.backfill_depth
-        levels = self.settings.topology_levels
+        levels = self.topology_levels
         if planner is None or shortcuts.planner_may_preempt(snapshot):
             return admission.decide(snapshot, timeout, planner, memo, depth, levels)
         self.record.plans_skipped += 1

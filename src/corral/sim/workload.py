@@ -127,8 +127,9 @@ class SimSettings:
     stop_s: float = 1.0
     #: a gang waiting longer than this is starved (summary ``starved_gangs``)
     starvation_bound_s: float = 6 * 3600.0
-    #: ``CORRAL_TOPOLOGY_LEVELS``, widest first; () turns topology off (labels and asks ignored)
-    topology_levels: tuple[str, ...] = ("topology.block", "topology.rack")
+    #: ``CORRAL_TOPOLOGY_LEVELS``, widest first, comma-separated; empty turns the topology off
+    #: (labels and asks ignored: the id-order best fit)
+    topology_levels: str = "topology.block,topology.rack"
 
 
 @dataclass(frozen=True, slots=True)
