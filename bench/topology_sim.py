@@ -70,6 +70,7 @@ def main() -> int:
     parser.add_argument("--gang-fraction", type=float, default=0.1)
     parser.add_argument("--required", type=float, default=0.5, help="share of one-rack gangs requiring it")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--policy", default="corral", help="corral or fifo (fifo never preempts)")
     parser.add_argument("--traces", default="/work/shared/traces")
     parser.add_argument("--out", help="write the simulator's report (both runs) to this directory")
     args = parser.parse_args()
@@ -97,7 +98,7 @@ def main() -> int:
     for name, levels in runs.items():
         run = replace(scenario, settings=replace(scenario.settings, topology_levels=levels))
         started = time.perf_counter()
-        record = engine.Engine(run, POLICIES["corral"]).run()
+        record = engine.Engine(run, POLICIES[args.policy]).run()
         wall = time.perf_counter() - started
         summary = summarize(run, record, name, wall)
         summaries.append(summary)
