@@ -7,7 +7,11 @@ import random
 
 from corral.core import topology
 from corral.core.admission import decide
-from corral.domain.records import TopologyRequest, Worker
+from corral.core.preemption import PreemptionSettings
+from corral.core.snapshot import Snapshot
+from corral.domain.records import Allocation, Job, JobSpec, TopologyRequest, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import Status
 from corral.testing.factories import admission_snapshot, allocation_on, gang, gpu_worker, gpu_workers
 
 LEVELS = topology.DEFAULT_LEVELS
@@ -139,3 +143,39 @@ def test_without_labels_the_decisions_do_not_depend_on_the_levels() -> None:
         ]
         snapshot = admission_snapshot(workers, gangs, busy)
         assert decide(snapshot, 30.0) == decide(snapshot, 30.0, topology_levels=())
+
+
+def test_the_planner_never_preempts_for_a_rack_required_gang_across_racks() -> None:
+    """Four busy workers, racks alternating by id; the cheapest victims (the newest jobs) sit on
+    w1 (r1) and w2 (r2): a rack-required gang of two waits with topology instead."""
+    workers = [labelled(f"w{index}", "b1", f"r{(index - 1) % 2 + 1}") for index in range(1, 5)]
+    holding = [
+        Job(
+            id=f"j-run-{worker.id}",
+            spec=JobSpec(command="true", resources=Resources(gpus=8), preemption_class=2),
+            status=Status.RUNNING,
+            submitted_at=0.0,
+            worker_id=worker.id,
+            gpu_indices=tuple(range(8)),
+            started_at=1_000.0 - (60 if worker.id in ("w1", "w2") else 6_000),
+            attempts=1,
+        )
+        for worker in workers
+    ]
+    allocations = tuple(
+        Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+        for job in holding
+    )
+
+    def decided(asked: TopologyRequest | None):  # type: ignore[no-untyped-def]
+        wanted = gang(size=2, gpus=8, gang_id="g-hi", preemption_class=7, topology=asked)
+        snapshot = Snapshot(1_000.0, tuple(workers), allocations, (wanted,), holding=tuple(holding))
+        return decide(snapshot, 30.0, PreemptionSettings())
+
+    free = decided(None)
+    (found,) = free.preemptions
+    assert {place.worker_id for place in found.placements} == {"w1", "w2"}
+    confined = decided(RACK)
+    assert confined.preemptions == ()
+    (waiting,) = confined.waiting
+    assert waiting.reason.code == "topology" and "across 2" in waiting.reason.message
