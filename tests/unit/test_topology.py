@@ -69,6 +69,13 @@ def test_a_gang_too_large_for_one_rack_spans_the_fewest_and_ranks_follow_racks()
     assert racks == sorted(racks, key=racks.index)  # consecutive ranks share a rack
 
 
+def test_inside_a_rack_the_fullest_hosts_fill_first_keeping_roomy_hosts_for_larger_tasks() -> None:
+    paths = [("b1", "r1")] * 3
+    # no host holds 5 tasks: a host with room for 1 fills first, then the remainder (4) goes to
+    # the host that best fits it; the other host with room for 1 is left alone
+    assert topology.Domains(paths).choose([(0, 4), (1, 1), (2, 1)], 5) == [(1, 1), (0, 4)]
+
+
 def test_required_refuses_what_no_single_domain_holds_and_names_the_closest() -> None:
     paths = [("b1", "r1"), ("b1", "r2"), ("b1", "r3"), ("b1", "r3")]
     units = [(0, 1), (1, 1), (2, 1), (3, 1)]

@@ -14,7 +14,8 @@ which workers take how many tasks, in rank order:
    domains whole for the next), then the domain's name;
 2. inside the domain it picked (or the whole cluster, when no single domain holds it), the gang
    spreads over the fewest children: the roomiest ones whole, the remainder into the child that
-   best fits it, recursively by the same rule;
+   best fits it, recursively by the same rule; over hosts the fullest go first instead (the best
+   fit per task of before: a host left whole stays whole for a gang of whole-host tasks);
 3. the ranks are numbered in the order the tasks were given out, so consecutive ranks share the
    narrowest domain (a ring all-reduce's neighbours sit together).
 
@@ -227,12 +228,17 @@ class _Search:
             self.spread(node, size)
 
     def spread(self, node: int, size: int) -> None:
-        """``size`` tasks over the fewest children of ``node`` (none of which holds them all): the
-        roomiest whole, then the remainder into the child that best fits it."""
+        """``size`` tasks over the children of ``node`` (none of which holds them all): domains the
+        roomiest first (the fewest of them), hosts the fullest first, each taken whole until the
+        remainder fits one child, which is then the one that best fits it."""
         rooms, domains = self.rooms, self.domains
+        children = [child for child in domains.children[node] if rooms[child] > 0]
+        # hosts: the fullest first (the best fit per task of before), so whole hosts stay whole
+        # for the gangs that need them; domains: the roomiest first (the fewest of them)
+        hosts = bool(children) and not domains.children[children[0]]
+        sign = 1 if hosts else -1
         rest = sorted(
-            (child for child in domains.children[node] if rooms[child] > 0),
-            key=lambda child: (-rooms[child], domains.names[child], domains.orders[child]),
+            children, key=lambda child: (sign * rooms[child], domains.names[child], domains.orders[child])
         )
         left = size
         while left > 0:
