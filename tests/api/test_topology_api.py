@@ -87,3 +87,17 @@ def test_corral_workers_without_topology_labels_has_no_topology_column(server, a
     code, out, err = corral(server, capsys, "workers")
     assert code == 0, err
     assert out.splitlines()[0].split()[0] == "ID"
+
+
+def test_the_dashboard_groups_workers_by_topology(api):
+    for worker_id, rack in (("w1", "r2"), ("w2", "r1")):
+        body = {
+            "id": worker_id,
+            "address": "127.0.0.1",
+            "resources": {"gpus": 1, "cpus": 8, "memory_mb": 8192},
+            "labels": {"topology.block": "b1", "topology.rack": rack},
+        }
+        assert api.post("/workers/register", json=body).status_code == 201
+    page = api.get("/ui/workers").text
+    assert "topology b1/r1" in page and "topology b1/r2" in page
+    assert page.index("topology b1/r1") < page.index("topology b1/r2")  # w2 (r1) before w1 (r2)
