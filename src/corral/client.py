@@ -67,6 +67,7 @@ if TYPE_CHECKING:
         UsagePage,
         WhyAnswer,
         WorkerAnswer,
+        WorkerPage,
     )
 
 
@@ -412,9 +413,17 @@ class Client(Connection):
         >>> sorted((worker.id, worker.status) for worker in corral.workers())
         [('w1', 'active'), ('w2', 'active')]
         """
+        return self.worker_page().items
+
+    def worker_page(self) -> WorkerPage:
+        """Every worker, and the server's topology levels (``CORRAL_TOPOLOGY_LEVELS``, widest first).
+
+        >>> corral.worker_page().topology_levels
+        ['topology.block', 'topology.rack']
+        """
         from corral.protocol.answers import WorkerPage
 
-        return self._answer(WorkerPage, "GET", "/workers").items
+        return self._answer(WorkerPage, "GET", "/workers")
 
     def worker(self, worker_id: str) -> WorkerAnswer:
         """One worker; ``ApiError`` 404 for an unknown id.

@@ -64,6 +64,11 @@ class ServerSettings(BaseSettings):
         description="waiting gangs and jobs, in queue order, that get a reservation each admission cycle"
         " (0: only the head of the queue's hold)",
     )
+    topology_levels: str = Field(
+        "topology.block,topology.rack",
+        description="worker labels naming the topology levels, widest first, comma-separated"
+        " (a host is its own narrowest level)",
+    )
     checkpoint_timeout_s: float = Field(
         600.0, gt=0, description="a preemption victim's checkpoint phase (extended by half, once)"
     )
@@ -109,6 +114,14 @@ class ServerSettings(BaseSettings):
     def _aggressive_after_starvation(cls, value: float, info: ValidationInfo) -> float:
         if value < info.data.get("starvation_timeout_s", 0):
             raise ValueError("must be at least starvation_timeout_s")
+        return value
+
+    @field_validator("topology_levels")
+    @classmethod
+    def _levels_named_once(cls, value: str) -> str:
+        names = [part.strip() for part in value.split(",") if part.strip()]
+        if len(set(names)) != len(names):
+            raise ValueError("names a level twice")
         return value
 
     @field_validator("max_walltime_s")

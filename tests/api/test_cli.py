@@ -17,7 +17,7 @@ import pytest
 from corral.cli import jobs, pools
 from corral.cli.main import main
 from corral.client import Client
-from corral.protocol.answers import WorkerAnswer
+from corral.protocol.answers import WorkerAnswer, WorkerPage
 from corral.worker.calls import WorkerClient
 from tests.helpers import corral
 
@@ -449,7 +449,9 @@ def test_workers_dead_lists_only_flagged_workers(capsys, monkeypatch):
         _worker("gone", flagged_dead_at="2024-01-01T00:00:00.000Z"),
     ]
     monkeypatch.setattr(
-        Client, "workers", lambda self: [WorkerAnswer.model_validate(each) for each in workers]
+        Client,
+        "worker_page",
+        lambda self: WorkerPage(items=[WorkerAnswer.model_validate(each) for each in workers]),
     )
     assert main(["workers", "--dead"]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]

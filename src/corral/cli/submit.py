@@ -108,6 +108,17 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         help="start only once each job, gang or array ID ended as WHEN says: ok (every task done), "
         "notok, any; e.g. ok:a-1f2e,any:j-9c3d",
     )
+    topology = parser.add_mutually_exclusive_group()
+    topology.add_argument(
+        "--topology-required",
+        metavar="LEVEL",
+        help="keep every rank inside one domain of this topology level (e.g. topology.rack), else wait",
+    )
+    topology.add_argument(
+        "--topology-preferred",
+        metavar="LEVEL",
+        help="prefer one domain of this topology level, but do not wait for one",
+    )
     parser.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
     parser.add_argument(
         "--wait",
@@ -161,6 +172,10 @@ def build_body(arguments: argparse.Namespace) -> dict[str, Any]:
         body["array"] = arguments.array
     if getattr(arguments, "after", None):
         body["after"] = [parse_after(part) for part in arguments.after.split(",") if part.strip()]
+    if getattr(arguments, "topology_required", None):
+        body["topology"] = {"required": arguments.topology_required}
+    elif getattr(arguments, "topology_preferred", None):
+        body["topology"] = {"preferred": arguments.topology_preferred}
     return body
 
 

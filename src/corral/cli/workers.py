@@ -25,7 +25,9 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         help="list workers; drain, undrain or remove one",
         description=(
             "List workers. GPUS, CPUS and MEM (MB) are used/total; GPU-UTIL is the utilisation of each "
-            "GPU as the worker's last heartbeat read it (- without a GPU sampler)."
+            "GPU as the worker's last heartbeat read it (- without a GPU sampler). When workers carry "
+            "topology labels (CORRAL_TOPOLOGY_LEVELS), they are grouped by them: TOPOLOGY is "
+            "block/rack (- for a level the worker lacks)."
         ),
     )
     parser.add_argument("--dead", action="store_true", help="only workers flagged dead (flagged_dead_at set)")
@@ -68,14 +70,31 @@ def run_drain(arguments: argparse.Namespace) -> int:
 
 def run(arguments: argparse.Namespace) -> int:
     with connect(arguments) as client:
-        items = client.workers()
+        page = client.worker_page()
+    items, levels = page.items, page.topology_levels
     if arguments.dead:
         items = [worker for worker in items if worker.flagged_dead_at]
     if arguments.json:
         output.print_json({"items": items})
         return exit_codes.OK
-    output.print_table(HEADERS, [_row(worker) for worker in items])
+    if not any(level in worker.labels for worker in items for level in levels):
+        output.print_table(HEADERS, [_row(worker) for worker in items])
+        return exit_codes.OK
+    # grouped by topology (API.md "Topology"): the widest level first, then the worker's id
+    items = sorted(items, key=lambda worker: (_path(worker, levels), worker.id))
+    output.print_table(
+        ("TOPOLOGY", *HEADERS), [[_topology(worker, levels), *_row(worker)] for worker in items]
+    )
     return exit_codes.OK
+
+
+def _path(worker: WorkerAnswer, levels: list[str]) -> tuple[str, ...]:
+    return tuple(worker.labels.get(level, "") for level in levels)
+
+
+def _topology(worker: WorkerAnswer, levels: list[str]) -> str:
+    """``b1/r07``: the worker's label at each topology level, widest first (``-`` for one it lacks)."""
+    return "/".join(value or output.MISSING for value in _path(worker, levels))
 
 
 def _row(worker: WorkerAnswer) -> list[str]:

@@ -21,7 +21,12 @@ of its tuples. The loop applies them in the order given: rollbacks, then reserva
    task in ``gang_index`` order, each on the best-fitting worker (see ``_Cluster.best``), a worker
    taking several tasks when they fit; the gang is committed only when all N tasks are placed,
    else every speculative take is given back. A gang asking for no resources at all is spread one
-   task per worker. GPU indices are the lowest free ones, as for single jobs.
+   task per worker. GPU indices are the lowest free ones, as for single jobs. Once any worker
+   carries a topology label (``CORRAL_TOPOLOGY_LEVELS``), a gang that fits by count is placed by
+   ``corral.core.topology.choose`` instead (``_Layout``): the narrowest domain that holds it whole,
+   best fit, ranks numbered so consecutive ones share the narrowest domain; a gang whose
+   ``topology`` is ``required`` and that no single domain of that level holds waits with
+   ``topology``.
 6. **Reservations and backfill** (``_Later``, ``corral.core.reservations``). The first
    ``backfill_depth`` candidates that do not fit now (and could on idle workers), then the pending
    single jobs that fit nowhere now, get a reservation at their earliest start on the workers'
@@ -47,7 +52,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
-from corral.core import borrowing, drain, pool_limits, preemption, reservations
+from corral.core import borrowing, drain, pool_limits, preemption, reservations, topology
 from corral.core.admission_reasons import (
     NO_WORKERS,
     backfill_refused,
@@ -55,9 +60,18 @@ from corral.core.admission_reasons import (
     held_reason,
     reserved_reason,
     short_reason,
+    topology_reason,
     unschedulable,
 )
-from corral.core.decisions import AdmissionDecisions, Hold, Reservation, Rollback, TaskPlacement, Waiting
+from corral.core.decisions import (
+    AdmissionDecisions,
+    Hold,
+    Preemption,
+    Reservation,
+    Rollback,
+    TaskPlacement,
+    Waiting,
+)
 from corral.core.ordering import in_gang_order
 from corral.core.placement import (
     Capacity,
@@ -73,7 +87,7 @@ from corral.core.preemption.rules import as_preemptor
 from corral.core.protection import unreclaimable
 from corral.core.schedulable import tasks_on
 from corral.core.snapshot import Gang, Snapshot
-from corral.domain.records import Allocation, Constraints, Job, Reason, Worker
+from corral.domain.records import Allocation, Constraints, Job, Reason, TopologyRequest, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status
 
@@ -117,13 +131,19 @@ def decide(
     preemption_settings: PreemptionSettings | None = None,
     memo: CycleMemo | None = None,
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
+    topology_levels: Sequence[str] = topology.DEFAULT_LEVELS,
 ) -> AdmissionDecisions:
     """One admission cycle over ``snapshot`` (the steps are in the module docstring), then, with
     ``preemption_settings``, the preemption planner (step 7) over what it left waiting. ``memo``:
     the workers' free capacity from earlier cycles, for a caller that keeps its records between
-    cycles (``CycleMemo``; the decisions are the same without it)."""
+    cycles (``CycleMemo``; the decisions are the same without it). ``topology_levels``:
+    ``CORRAL_TOPOLOGY_LEVELS``, widest first (``corral.core.topology``)."""
     admitted = _admit_gangs(
-        snapshot, reservation_timeout_s, memo.admission if memo is not None else None, backfill_depth
+        snapshot,
+        reservation_timeout_s,
+        memo.admission if memo is not None else None,
+        backfill_depth,
+        tuple(topology_levels),
     )
     stale_singles = [
         job
@@ -137,7 +157,10 @@ def decide(
     )
     if preemption_settings is None:
         return admitted
-    return _preempt(snapshot, admitted, preemption_settings, memo)
+    planned = _preempt(snapshot, admitted, preemption_settings, memo)
+    if not planned.preemptions:
+        return planned
+    return _preemptions_by_topology(snapshot, planned, tuple(topology_levels))
 
 
 def _preempt(
@@ -203,6 +226,71 @@ def _preempt(
     )
 
 
+def _preemptions_by_topology(
+    snapshot: Snapshot, decisions: AdmissionDecisions, levels: tuple[str, ...]
+) -> AdmissionDecisions:
+    """The planner's preemptions for gangs, held to their topology (``corral.core.topology``): a
+    gang that requires a level and whose placement spans more than one domain of it is not
+    preempted for (it waits, reason ``topology``); the others' ranks are renumbered so that
+    consecutive ranks share the narrowest domain (placements sorted by the workers' paths)."""
+    workers = {worker.id: worker for worker in snapshot.workers}
+    tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
+    labelled = topology.labelled(snapshot.workers, levels)
+    kept: list[Preemption] = []
+    refused: list[Waiting] = []
+    for found in decisions.preemptions:
+        tasks = tasks_of.get(found.preemptor)
+        if tasks is None or len(found.placements) < 2:
+            kept.append(found)
+            continue
+        paths = {
+            place.worker_id: topology.path_of(workers[place.worker_id], levels)
+            if place.worker_id in workers
+            else ()
+            for place in found.placements
+        }
+        asked = tasks[0].spec.topology
+        if asked is not None and asked.required and asked.level in levels:
+            depth = levels.index(asked.level)
+            spanned = {
+                paths[place.worker_id][: depth + 1]
+                if all(value is not None for value in paths[place.worker_id][: depth + 1])
+                else (place.worker_id,)
+                for place in found.placements
+            }
+            if len(spanned) > 1:
+                message = (
+                    f"needs its {len(tasks)} tasks inside one {asked.level}; a preemption would"
+                    f" place them across {len(spanned)}"
+                )
+                refused.append(Waiting(found.preemptor, Reason("topology", message)))
+                continue
+        if not labelled:  # no domains to group the ranks by: the planner's order, as before
+            kept.append(found)
+            continue
+        ordered = sorted(
+            found.placements,
+            key=lambda place: (tuple(value or "" for value in paths[place.worker_id]), place.worker_id),
+        )
+        index_of = {task.id: (task.gang_index or 0, task.id) for task in tasks}
+        by_index = sorted(
+            (place.job_id for place in found.placements), key=lambda job_id: index_of.get(job_id, (0, job_id))
+        )
+        placements = tuple(
+            TaskPlacement(job_id, place.worker_id, place.gpu_indices)
+            for job_id, place in zip(by_index, ordered, strict=True)
+        )
+        kept.append(replace(found, placements=placements))
+    if not refused and kept == list(decisions.preemptions):
+        return decisions
+    refused_ids = {entry.gang_id for entry in refused}
+    return replace(
+        decisions,
+        preemptions=tuple(kept),
+        waiting=(*(entry for entry in decisions.waiting if entry.gang_id not in refused_ids), *refused),
+    )
+
+
 def _preemptor(snapshot: Snapshot, key: str, tasks: tuple[Job, ...]) -> preemption.Preemptor:
     """A waiting job or gang as the planner's preemptor, a sensitive pool's work preempting as
     class 10 (``rules.as_preemptor``)."""
@@ -241,6 +329,7 @@ def _admit_gangs(
     reservation_timeout_s: float,
     memo: AdmissionMemo | None = None,
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
+    levels: tuple[str, ...] = topology.DEFAULT_LEVELS,
 ) -> AdmissionDecisions:
     """Steps 1 to 6 of the module docstring."""
     pending = snapshot.pending if backfill_depth > 0 else ()
@@ -250,6 +339,9 @@ def _admit_gangs(
     if not candidates and not pending:
         return AdmissionDecisions(rollbacks=rollbacks)
     active = sorted((worker for worker in snapshot.workers if usable(worker)), key=lambda w: w.id)
+    labelled = topology.labelled(active, levels)
+    if labelled:  # the id tie-break everywhere below becomes a topology one: racks stay together
+        active.sort(key=lambda worker: (topology.sort_key(worker, levels), worker.id))
     if not active:
         return AdmissionDecisions(
             rollbacks=rollbacks, waiting=tuple(Waiting(gang.gang_id, NO_WORKERS) for gang in candidates)
@@ -266,6 +358,7 @@ def _admit_gangs(
     later = _Later(cluster, now, backfill_depth)
     guarantees = guarantees_of(snapshot)
     limits = limits_of(snapshot)
+    layout = _Layout(cluster, levels, labelled)
     for gang in candidates:
         spec, size = gang.tasks[0].spec, len(gang.tasks)  # every task shares the spec
         request, constraints = spec.resources, spec.constraints
@@ -280,7 +373,13 @@ def _admit_gangs(
             continue
         eligible = shapes.eligible(request, constraints)
         backfill = later.may_backfill(spec.walltime_s)
-        placed, room = cluster.attempt(request, size, eligible, backfill)
+        if layout.applies(spec.topology, request):
+            placed, room, refused = layout.attempt(request, size, eligible, backfill, spec.topology)
+            if refused is not None:
+                waiting.append(Waiting(gang.gang_id, refused))
+                continue
+        else:
+            placed, room = cluster.attempt(request, size, eligible, backfill)
         if placed is not None:
             guarantees.take(spec.pool, request.gpus * size)
             limits.take(spec.pool, _times(request, size))
@@ -404,7 +503,8 @@ class _Slot:
         empty: Resources,
         source: tuple[list[Allocation], float, Mapping[str, float]] | None = None,
     ) -> None:
-        self.order = order  # rank of the worker id among the active workers: the id tie-break
+        self.order = order  # rank of the worker among the active ones (id order; topology, then id,
+        # once workers carry topology labels): the tie-break
         self.worker = worker
         self.empty = empty  # free capacity when idle (unhealthy GPUs left out)
         self.gpus = free.free.gpus
@@ -573,6 +673,30 @@ class _Index:
                     return total
         return total
 
+    def units(
+        self, request: Resources, eligible: list[bool] | None, passed: AbstractSet[int]
+    ) -> list[tuple[int, int]]:
+        """(order, tasks of ``request`` it holds) for every filed worker ``first`` may return."""
+        gpus, cpus, memory = request.gpus, request.cpus, request.memory_mb
+        probe = (cpus, _FLOOR, _FLOOR)
+        found: list[tuple[int, int]] = []
+        append = found.append
+        for have in range(gpus, len(self.buckets)):
+            bucket = self.buckets[have]
+            by_gpus = have // gpus if gpus else None
+            for entry_cpus, entry_memory, order in bucket[bisect_left(bucket, probe) :]:
+                if entry_memory < memory or (eligible is not None and not eligible[order]):
+                    continue
+                if order in passed:
+                    continue
+                tasks = by_gpus
+                if cpus and (tasks is None or entry_cpus // cpus < tasks):
+                    tasks = entry_cpus // cpus
+                if memory and (tasks is None or entry_memory // memory < tasks):
+                    tasks = entry_memory // memory
+                append((order, tasks if tasks is not None else 0))
+        return found
+
 
 def _tasks_within(gpus: int, cpus: int, memory: int, request: Resources) -> int:
     """Tasks of a countable ``request`` that free (GPUs, CPUs, memory) holds, each at least
@@ -722,6 +846,92 @@ class _Cluster:
         if backfill and self.held_slots and found < enough:
             found += self.whole.count(request, eligible, _NOBODY, enough - found)
         return found
+
+    def units(self, request: Resources, eligible: list[bool] | None, backfill: bool) -> list[tuple[int, int]]:
+        """(order, tasks of a countable ``request`` it holds) for each worker ``count`` counts."""
+        found = self.view.units(request, eligible, self.held_orders if backfill else _NOBODY)
+        if backfill and self.held_slots:
+            found += self.whole.units(request, eligible, _NOBODY)
+        return found
+
+    def take(self, slot: _Slot, request: Resources) -> tuple[int, ...]:
+        """Take one task's room on ``slot`` (a placement chosen elsewhere: ``_Layout``)."""
+        return self._take(slot, request)
+
+    def give_back(self, placed: Sequence[Take], request: Resources) -> None:
+        for slot, taken in reversed(placed):
+            self._give_back(slot, request, taken)
+
+
+class _Layout:
+    """The topology-aware placement of gangs (``corral.core.topology``): used for every countable
+    gang once any worker carries a topology label, and for a gang that requires a domain even when
+    none does (each worker is then a domain of its own). Without labels and requirements the
+    cluster's id-order best fit (``_Cluster.attempt``) places every gang, exactly as before."""
+
+    def __init__(self, cluster: _Cluster, levels: tuple[str, ...], labelled: bool) -> None:
+        self.cluster = cluster
+        self.levels = levels
+        self.labelled = labelled
+        self._domains: topology.Domains | None = None
+
+    def applies(self, asked: TopologyRequest | None, request: Resources) -> bool:
+        if not _countable(request):
+            return False
+        return self.labelled or (asked is not None and asked.required and asked.level in self.levels)
+
+    def domains(self) -> topology.Domains:
+        """The workers' domains, built on first need (from the labels alone: once per cycle)."""
+        domains = self._domains
+        if domains is None:
+            paths = [topology.path_of(slot.worker, self.levels) for slot in self.cluster.slots]
+            domains = self._domains = topology.Domains(paths)
+        return domains
+
+    def attempt(
+        self,
+        request: Resources,
+        size: int,
+        eligible: list[bool] | None,
+        backfill: bool,
+        asked: TopologyRequest | None,
+    ) -> tuple[list[Take] | None, _Room, Reason | None]:
+        """The takes for the gang (None when it does not fit), the room found, and the reason a
+        gang that fits the cluster but no single domain of its required level waits."""
+        cluster = self.cluster
+        bound = cluster.room_bound(request, backfill)
+        if bound is not None and bound < size:
+            return None, _Room(bound, exact=False), None
+        counted = cluster.count(request, eligible, backfill, size)
+        if counted < size:
+            return None, _Room(counted, exact=True), None
+        units = cluster.units(request, eligible, backfill)
+        required = None
+        if asked is not None and asked.required and asked.level in self.levels:
+            required = self.levels.index(asked.level)
+        plan = self.domains().choose(units, size, required)
+        if plan is None:
+            assert asked is not None and required is not None
+            return None, _Room(counted, exact=True), self._refusal(units, size, asked.level, required)
+        placed: list[Take] = []
+        for order, count in plan:
+            slot = cluster.slots[order]
+            placed.extend((slot, cluster.take(slot, request)) for _ in range(count))
+        return placed, _Room(size, exact=True), None
+
+    def _refusal(self, units: list[tuple[int, int]], size: int, level: str, required: int) -> Reason:
+        """Why a gang that fits the cluster now waits for one domain of its required level: the
+        domain that comes closest, its room, and the work that holds the rest of it."""
+        domains = self.domains()
+        found = domains.closest(units, required)
+        if found is None:
+            return topology_reason(size, level, None, 0, ())
+        node, room = found
+        slots = self.cluster.slots
+        in_way = sorted(
+            {job_id for order in domains.workers_in(node) for _, _, job_id in slots[order].holding}
+        )
+        return topology_reason(size, level, f"{level}={domains.names[node]}", room, in_way)
 
 
 def _countable(request: Resources) -> bool:

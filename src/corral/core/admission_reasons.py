@@ -146,3 +146,16 @@ __all__ = [
     "short_reason",
     "unschedulable",
 ]
+
+
+def topology_reason(size: int, level: str, closest: str | None, room: int, in_way: Sequence[str]) -> Reason:
+    """A gang whose ``required`` topology level has no single domain with room for all its tasks
+    now (API.md "Topology"), though the cluster as a whole has: the domain that comes closest,
+    and the work in the way there (the first few ids)."""
+    if closest is None:
+        return Reason("topology", f"needs its {size} tasks inside one {level}; no {level} has room now")
+    text = f"needs its {size} tasks inside one {level}; the closest, {closest}, has room for {room} now"
+    if in_way:
+        shown = ", ".join(in_way[:5]) + (f" and {len(in_way) - 5} more" if len(in_way) > 5 else "")
+        text += f" (in the way: {shown})"
+    return Reason("topology", text)

@@ -58,6 +58,26 @@ class Dependency:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """Where a gang's ranks may sit (API.md "Topology"): inside one domain of ``level`` (one of
+    ``CORRAL_TOPOLOGY_LEVELS``), either ``required`` (else it waits, reason ``topology``) or only
+    preferred (placed across domains when no single one has room)."""
+
+    level: str
+    required: bool
+
+    def to_dict(self) -> dict[str, str]:
+        return {"required" if self.required else "preferred": self.level}
+
+    @classmethod
+    def from_dict(cls, value: dict[str, str]) -> TopologyRequest:
+        """The inverse of ``to_dict``: ``{"required": LEVEL}`` or ``{"preferred": LEVEL}``."""
+        if "required" in value:
+            return cls(value["required"], True)
+        return cls(value["preferred"], False)
+
+
+@dataclass(frozen=True, slots=True)
 class ArraySpec:
     """An array a submit asks for: the task indices, in order, and the most tasks that may hold
     resources at once (None: no throttle). Only a submit carries it: each task is then a job of
@@ -92,6 +112,8 @@ class JobSpec:
     after: tuple[Dependency, ...] = ()
     #: a submit of an array (``lifecycle.submitted`` makes one job per index; a task's spec has None)
     array: ArraySpec | None = None
+    #: where a gang's ranks may sit (API.md "Topology"); None: anywhere, the placement's own choice
+    topology: TopologyRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)

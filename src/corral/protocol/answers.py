@@ -133,6 +133,8 @@ class JobAnswer(Answer):
     array_size: int | None = None
     #: what must end, and how, before it starts
     after: list[AfterAnswer] = Field(default_factory=list)
+    #: where a gang's ranks may sit (API.md "Topology"): {"required": LEVEL} or {"preferred": LEVEL}
+    topology: dict[str, str] | None = None
 
 
 class GangCheckpoint(Answer):
@@ -259,6 +261,8 @@ class JobPage(Answer):
 class WorkerPage(Answer):
     items: list[WorkerAnswer]
     next: str | None = None
+    #: the server's ``CORRAL_TOPOLOGY_LEVELS``, widest first (API.md "Topology")
+    topology_levels: list[str] = Field(default_factory=list)
 
 
 class LimitsAnswer(Answer):

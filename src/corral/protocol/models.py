@@ -23,7 +23,7 @@ from pydantic import (
 from corral.domain import errors as domain_errors
 from corral.domain import pools
 from corral.domain.arrays import parse_array
-from corral.domain.records import Constraints, Dependency, JobSpec
+from corral.domain.records import Constraints, Dependency, JobSpec, TopologyRequest
 from corral.domain.resources import Resources
 
 MAX_BATCH = 10_000
@@ -128,6 +128,27 @@ class AfterBody(_Strict):
     when: Literal["ok", "notok", "any"] = "ok"
 
 
+class TopologyBody(_Strict):
+    """Where a gang's ranks may sit (API.md "Topology"): exactly one of ``required`` (every rank
+    inside one domain of that level, else it waits) and ``preferred``. The level must be one of
+    the server's ``CORRAL_TOPOLOGY_LEVELS`` (checked by the server, which knows them)."""
+
+    required: Text | None = Field(None, min_length=1, max_length=256)
+    preferred: Text | None = Field(None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TopologyBody:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("topology takes exactly one of required and preferred")
+        return self
+
+    def to_domain(self) -> TopologyRequest:
+        if self.required is not None:
+            return TopologyRequest(self.required, True)
+        assert self.preferred is not None
+        return TopologyRequest(self.preferred, False)
+
+
 class SubmitBody(_Strict):
     command: Text = Field(min_length=1, max_length=65536)
     name: Text | None = Field(None, max_length=256)
@@ -149,6 +170,8 @@ class SubmitBody(_Strict):
     #: an array of tasks (API.md "Arrays and dependencies"): "0-99", "0-99:4", "1,5,7", with "%N"
     array: Text | None = Field(None, min_length=1, max_length=4096)
     after: list[AfterBody] = Field(default_factory=list, max_length=1000)
+    #: where a gang's ranks may sit (API.md "Topology")
+    topology: TopologyBody | None = None
 
     @field_validator("array")
     @classmethod
@@ -213,6 +236,7 @@ class SubmitBody(_Strict):
             workdir=self.workdir,
             after=tuple(Dependency(item.id, item.when) for item in self.after),
             array=parse_array(self.array) if self.array is not None else None,
+            topology=self.topology.to_domain() if self.topology is not None else None,
         )
 
     @property

@@ -77,6 +77,7 @@ def job_to_wire(job: Job, holds: Sequence[Hold] = ()) -> dict[str, Any]:
         "array_index": job.array_index,
         "array_size": job.array_size,
         "after": [item.to_dict() for item in spec.after],
+        "topology": spec.topology.to_dict() if spec.topology is not None else None,
         **reservation_to_wire(job, holds),
     }
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from corral.config import ServerSettings
-from corral.core import cycle
+from corral.core import cycle, topology
 from corral.core.claim import Claim
 from corral.core.hearing import Hearing
 from corral.core.preemption import PreemptionSettings
@@ -115,6 +115,11 @@ class ServerState:
         """Since when this server has been able to hear its workers: its start, the store's last
         recovery, or not now (the store is failing): the liveness rules count silence from it."""
         return self.store_health.hearing(self.started_at)
+
+    @property
+    def topology_levels(self) -> tuple[str, ...]:
+        """``CORRAL_TOPOLOGY_LEVELS``, widest first (``corral.core.topology``)."""
+        return topology.parse_levels(self.settings.topology_levels)
 
     def preemption_settings(self) -> PreemptionSettings:
         return cycle.preemption_settings(self.settings)

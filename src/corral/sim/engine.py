@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
-from corral.core import admission, cycle, dependencies, drain, lifecycle, walltime
+from corral.core import admission, cycle, dependencies, drain, lifecycle, topology, walltime
 from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
@@ -43,7 +43,17 @@ from corral.domain import pools as pool_rules
 from corral.domain.arrays import parse_array
 from corral.domain.pools import BorrowingView
 from corral.domain.queue_order import PREEMPTOR_CANDIDATES, preemptor_floor
-from corral.domain.records import Allocation, Constraints, Dependency, Hold, Job, JobSpec, Reason, Worker
+from corral.domain.records import (
+    Allocation,
+    Constraints,
+    Dependency,
+    Hold,
+    Job,
+    JobSpec,
+    Reason,
+    TopologyRequest,
+    Worker,
+)
 from corral.domain.resources import ZERO, Resources
 from corral.domain.status import HOLDING, TERMINAL, Status
 from corral.domain.transitions import Plan, Transition
@@ -115,6 +125,8 @@ class Record:
     #: ended at their walltime
     refused: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
+    #: workload gang id -> the workers its tasks first started on (the summary's gang spread)
+    gang_workers: dict[str, list[str]] = field(default_factory=dict)
     cycles: int = 0
     cycles_skipped: int = 0
     #: cycles run without the preemption planner (``corral.sim.shortcuts``)
@@ -136,6 +148,7 @@ class Engine:
         self.scenario = scenario
         self.policy = policy
         self.settings = scenario.settings
+        self.topology_levels = topology.parse_levels(scenario.settings.topology_levels)
         self.progress = progress
         self.record_decisions = record_decisions
         #: run the planner even where ``corral.sim.shortcuts`` skips it, and fail on a difference
@@ -415,6 +428,11 @@ class Engine:
             walltime_s=work.walltime,
             after=tuple(Dependency(named, when) for when, named in work.after),
             array=parse_array(work.array) if work.array is not None else None,
+            topology=(
+                TopologyRequest(work.topology[1], work.topology[0] == "required")
+                if work.topology is not None
+                else None
+            ),
         )
 
     def _victim_beat(self, job: Job, attempt: int) -> None:
@@ -679,12 +697,13 @@ class Engine:
         planner = self.preemption_settings
         memo = self.memo
         depth = self.settings.backfill_depth
+        levels = self.topology_levels
         if planner is None or shortcuts.planner_may_preempt(snapshot):
-            return admission.decide(snapshot, timeout, planner, memo, depth)
+            return admission.decide(snapshot, timeout, planner, memo, depth, levels)
         self.record.plans_skipped += 1
-        decisions = admission.decide(snapshot, timeout, None, memo, depth)
+        decisions = admission.decide(snapshot, timeout, None, memo, depth, levels)
         if self.verify_shortcuts:
-            full = admission.decide(snapshot, timeout, planner, memo, depth)
+            full = admission.decide(snapshot, timeout, planner, memo, depth, levels)
             if _applied(full) != _applied(decisions):
                 raise AssertionError(f"the planner shortcut changed a decision at {self.now}")
         return decisions
@@ -901,6 +920,8 @@ class Engine:
                 task.first_start = now
                 key = task.work.job_id
                 self.record.starts[key] = max(self.record.starts.get(key, now), now)
+                if after.gang_id is not None and after.worker_id is not None:
+                    self.record.gang_workers.setdefault(key, []).append(after.worker_id)
             self._work_starts(after)
         elif after.status == Status.PREEMPTING:
             self._schedule(now + self.settings.heartbeat_s, BEAT, (after.id, after.attempts))

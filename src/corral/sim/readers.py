@@ -7,13 +7,15 @@ Formats (shared/API.md "The simulator's input"):
   pool, user, preemption_class, checkpoint, checkpoint_every_s, cpus, memory_mb, vram_mb, walltime``
   (seconds: the job's ``walltime_s``), ``array`` (``0-99%8``: one task per index, ``<job_id>.<index>``)
   and ``after`` (``ok:JOB any:JOB``, space- or semicolon-separated workload job ids) optional
+  and ``topology`` (``required:topology.rack``, ``preferred:topology.block``) optional
   (a missing column or an empty cell takes the submit default);
 - the **Alibaba GPU trace** (``shared/traces/alibaba-gpu-v2023/jobs.csv``, recognised by its
   header) as it is: ``num_gpu`` whole GPUs (a fractional ``gpu_milli`` share counts as one whole
   GPU: corral allocates whole GPUs), ``cpu_milli`` rounded up to whole CPUs, ``memory_mib`` as MB,
   ``qos`` as the preemption class (``QOS_CLASS``), no checkpoints (production pods have none);
   pods never scheduled in production have no duration and are reported apart;
-- a **cluster** CSV: ``worker_id, gpus`` required; ``cpus, memory_mb, vram_mb, gpu_model`` and
+- a **cluster** CSV: ``worker_id, gpus`` required; ``cpus, memory_mb, vram_mb, gpu_model``,
+  ``rack`` and ``block`` (the worker's ``topology.rack`` and ``topology.block`` labels) and
   ``count`` (the row repeated as ``<worker_id>-0`` .. ``<worker_id>-<count-1>``) optional; or the
   Alibaba node list (``sn, cpu_milli, memory_mib, gpu, model``) as it is, one worker per node;
 - a **pools** file: JSON ``{"pools": {"<path>": {<the PUT /pools body>}, ...}}``;
@@ -50,12 +52,14 @@ T = TypeVar("T")
 WORKLOAD_REQUIRED = ("job_id", "submit_time", "duration", "gpus")
 WORKLOAD_OPTIONAL = (
     "gang_size", "pool", "user", "preemption_class", "checkpoint", "checkpoint_every_s",
-    "cpus", "memory_mb", "vram_mb", "walltime", "array", "after",
+    "cpus", "memory_mb", "vram_mb", "walltime", "array", "after", "topology",
 )  # fmt: skip
 ALIBABA_COLUMNS = ("job_id", "submit_time", "start_time", "duration", "num_gpu", "gpu_milli", "qos")
 ALIBABA_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 CLUSTER_REQUIRED = ("worker_id", "gpus")
-CLUSTER_OPTIONAL = ("cpus", "memory_mb", "vram_mb", "gpu_model", "count")
+CLUSTER_OPTIONAL = ("cpus", "memory_mb", "vram_mb", "gpu_model", "count", "rack", "block")
+#: the cluster CSV's topology columns as the worker labels they become (API.md "Topology")
+TOPOLOGY_COLUMNS = (("block", "topology.block"), ("rack", "topology.rack"))
 #: the Alibaba trace's QoS as corral's preemption class: latency-sensitive work at 7 (never
 #: preempted without a checkpoint), guaranteed 6, burstable 4, best-effort 2 (preempted first)
 QOS_CLASS = {"LS": 7, "Guaranteed": 6, "Burstable": 4, "BE": 2}
@@ -208,6 +212,14 @@ def _after(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(conditions)
 
 
+def _topology(text: str) -> tuple[str, str]:
+    """``required:LEVEL`` or ``preferred:LEVEL`` (a gang's ``topology``)."""
+    kind, _, level = text.strip().partition(":")
+    if kind not in ("required", "preferred") or not level:
+        raise ValueError(f"{text!r} is not required:LEVEL or preferred:LEVEL")
+    return kind, level
+
+
 def _pool_path(text: str) -> str:
     return pool_rules.check_path(text)
 
@@ -254,6 +266,7 @@ def read_workload(path: str | Path) -> Workload:
                 walltime=rows.cell(line, row, "walltime", _seconds(0, strict=True)) if walltime else None,
                 array=rows.cell(line, row, "array", _array) if rows.raw(row, "array") else None,
                 after=rows.cell(line, row, "after", _after) if rows.raw(row, "after") else (),
+                topology=rows.cell(line, row, "topology", _topology) if rows.raw(row, "topology") else None,
             )
         )
     return Workload(tuple(jobs), name=file.stem)
@@ -328,20 +341,24 @@ def read_cluster(path: str | Path) -> Cluster:
             cpus=rows.cell(line, row, "cpus", _whole(0), 0),
         )
         model = rows.raw(row, "gpu_model") or None
+        labels = {label: rows.raw(row, column) for column, label in TOPOLOGY_COLUMNS if rows.raw(row, column)}
         count = rows.cell(line, row, "count", _whole(1), 0)
         if count == 0:
-            add(line, rows._column("worker_id"), _worker(name, resources, model))
+            add(line, rows._column("worker_id"), _worker(name, resources, model, labels))
         else:
             width = len(str(count - 1))
             for index in range(count):
-                add(line, rows._column("worker_id"), _worker(f"{name}-{index:0{width}d}", resources, model))
+                worker = _worker(f"{name}-{index:0{width}d}", resources, model, labels)
+                add(line, rows._column("worker_id"), worker)
     if not workers:
         raise InputError(file, None, None, "no workers")
     return Cluster(tuple(workers), name=file.stem)
 
 
-def _worker(worker_id: str, resources: Resources, model: str | None) -> Worker:
-    return Worker(worker_id, "sim", resources, model, {}, WorkerStatus.ACTIVE, 0.0, 0.0)
+def _worker(
+    worker_id: str, resources: Resources, model: str | None, labels: dict[str, str] | None = None
+) -> Worker:
+    return Worker(worker_id, "sim", resources, model, dict(labels or {}), WorkerStatus.ACTIVE, 0.0, 0.0)
 
 
 def uniform_cluster(workers: int, gpus: int, cpus: int = 0, memory_mb: int = 0) -> Cluster:

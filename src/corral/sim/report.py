@@ -130,6 +130,27 @@ def write(
         axes.legend()
     figures.append(_save(pyplot, figure, out, "preemptions.png", "Preemptions over time", ""))
 
+    # 5. racks spanned per gang, by its host count (clusters with rack labels: issue 25)
+    spreads = {s["policy"]: s["gang_spread"] for s in summaries if s.get("gang_spread", {}).get("by_hosts")}
+    if spreads:
+        figure, axes = pyplot.subplots(figsize=(7, 4))
+        for name, spread in spreads.items():
+            hosts = [int(key) for key in spread["by_hosts"]]
+            axes.plot(
+                hosts, [row["mean_racks"] for row in spread["by_hosts"].values()], marker="o", label=name
+            )
+        first_spread = next(iter(spreads.values()))
+        hosts = [int(key) for key in first_spread["by_hosts"]]
+        fewest = [row["mean_fewest_racks"] for row in first_spread["by_hosts"].values()]
+        axes.plot(hosts, fewest, linestyle="--", color="grey", label="fewest possible")
+        axes.set_xlabel("hosts of the gang")
+        axes.set_ylabel("racks spanned (mean)")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        figures.append(
+            _save(pyplot, figure, out, "gang_spread.png", "Racks spanned per gang", "each gang's first start")
+        )
+
     page = out / "report.html"
     page.write_text(_page(out, scenario, summaries, figures), encoding="utf-8")
     return page
@@ -215,6 +236,7 @@ or never started, and starved when it waited that long while its pool held less 
 tolerance times its fair share (the time the scheduler owed its pool capacity).</p>
 {_html_table(pool_headers, pool_rows)}
 {_gangs_section(summaries)}
+{_spread_section(summaries)}
 <h2>Settings</h2>
 <p><code>{settings}</code></p>
 </body></html>
@@ -255,6 +277,40 @@ def _gangs_section(summaries: Sequence[Mapping[str, Any]]) -> str:
     ]
     table = _html_table(headers, rows) if rows else "<p>No gang waited past the bound.</p>"
     return f"<h2>Gangs over the bound</h2>\n{words}\n{table}"
+
+
+def _spread_section(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """The "gang spread" table (issue 25): per run, the racks and blocks its gangs spanned against
+    the fewest racks their hosts fit in; empty on a cluster without rack labels."""
+    rows = []
+    for summary in summaries:
+        spread = summary.get("gang_spread")
+        if not spread or not spread.get("gangs"):
+            continue
+        multi = spread.get("multi_host") or {}
+        rows.append(
+            [
+                str(summary["policy"]),
+                str(spread["gangs"]),
+                _cell(spread["mean_racks"]),
+                _cell(spread["mean_fewest_racks"]),
+                _cell(multi.get("ratio")),
+                _cell(spread["mean_blocks"]),
+                f"{spread['required_rack_split']} of {spread['required_rack_gangs']}",
+            ]
+        )
+    if not rows:
+        return ""
+    headers = [
+        "run",
+        "gangs",
+        "mean racks",
+        "fewest racks",
+        "racks / fewest (2+ hosts)",
+        "mean blocks",
+        "rack-required gangs split",
+    ]
+    return f"<h2>Gang spread</h2>\n{_html_table(headers, rows)}"
 
 
 def _cell(value: Any) -> str:

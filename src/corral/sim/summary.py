@@ -299,6 +299,9 @@ def summarize(
     }
     if elapsed_s is not None:
         summary["engine"]["wall_s"] = round(elapsed_s, 3)
+    spread = gang_spread(scenario, record)
+    if spread is not None:
+        summary["gang_spread"] = spread
     production = production_figures(scenario)
     if production is not None:
         summary["production"] = production
@@ -362,3 +365,60 @@ def delays_of(scenario: Scenario, record: Record, pools: Mapping[str, bool] | No
         for job in scenario.workload.jobs
         if job.job_id in record.starts and (pools is None or job.pool in pools)
     ]
+
+
+def gang_spread(scenario: Scenario, record: Record) -> dict[str, Any] | None:
+    """How many racks and blocks each gang's first start spanned (issue 25), against the fewest
+    racks its hosts could fit in (its host count over the largest rack's hosts, rounded up); None
+    on a cluster without rack labels. ``ratio``: the mean racks spanned over the mean fewest."""
+    racks = {worker.id: worker.labels.get("topology.rack") for worker in scenario.cluster.workers}
+    if not any(racks.values()):
+        return None
+    blocks = {worker.id: worker.labels.get("topology.block") for worker in scenario.cluster.workers}
+    per_rack: dict[str, int] = {}
+    for rack in racks.values():
+        if rack is not None:
+            per_rack[rack] = per_rack.get(rack, 0) + 1
+    hosts_per_rack = max(per_rack.values())
+    asks = {job.job_id: job.topology for job in scenario.workload.jobs}
+    gangs: list[dict[str, Any]] = []
+    for job_id, workers in sorted(record.gang_workers.items()):
+        hosts = set(workers)
+        gangs.append(
+            {
+                "job_id": job_id,
+                "tasks": len(workers),
+                "hosts": len(hosts),
+                "racks": len({racks[worker] or worker for worker in hosts}),
+                "blocks": len({blocks[worker] or worker for worker in hosts}),
+                "fewest_racks": math.ceil(len(hosts) / hosts_per_rack),
+                "required_rack": asks.get(job_id) == ("required", "topology.rack"),
+            }
+        )
+    if not gangs:
+        return {"gangs": 0}
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for gang in gangs:
+        by_size.setdefault(gang["hosts"], []).append(gang)
+
+    def means(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        racks_mean = sum(gang["racks"] for gang in members) / len(members)
+        fewest = sum(gang["fewest_racks"] for gang in members) / len(members)
+        return {
+            "gangs": len(members),
+            "mean_racks": round(racks_mean, 3),
+            "mean_fewest_racks": round(fewest, 3),
+            "ratio": round(racks_mean / fewest, 3) if fewest else None,
+            "mean_blocks": round(sum(gang["blocks"] for gang in members) / len(members), 3),
+        }
+
+    multi_host = [gang for gang in gangs if gang["hosts"] >= 2]
+    required = [gang for gang in gangs if gang["required_rack"]]
+    return {
+        **means(gangs),
+        "multi_host": means(multi_host) if multi_host else None,
+        "by_hosts": {str(hosts): means(members) for hosts, members in sorted(by_size.items())},
+        "required_rack_gangs": len(required),
+        "required_rack_split": sum(1 for gang in required if gang["racks"] > 1),
+        "per_gang": [[gang["hosts"], gang["racks"], gang["blocks"]] for gang in gangs],
+    }

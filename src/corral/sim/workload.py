@@ -42,6 +42,8 @@ class WorkloadJob:
     array: str | None = None
     #: (when, workload job id) conditions: it starts once each named job, gang or array ended so
     after: tuple[tuple[str, str], ...] = ()
+    #: where a gang's ranks may sit (API.md "Topology"): ("required" or "preferred", level)
+    topology: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,9 @@ class SimSettings:
     stop_s: float = 1.0
     #: a gang waiting longer than this is starved (summary ``starved_gangs``)
     starvation_bound_s: float = 6 * 3600.0
+    #: ``CORRAL_TOPOLOGY_LEVELS``, widest first, comma-separated; empty turns the topology off
+    #: (labels and asks ignored: the id-order best fit)
+    topology_levels: str = "topology.block,topology.rack"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from corral.domain.records import (
     Job,
     JobSpec,
     Reason,
+    TopologyRequest,
     Worker,
 )
 from corral.domain.resources import Resources
@@ -106,6 +107,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         checkpoint_requested_at, checkpoint_deadline, checkpoint_extended, checkpoint_deferred_s,
         checkpoint_durations, last_checkpoint_at, checkpoint_failures, claim_key, workdir,
         array_id, array_index, array_size, array_throttle, depends_on, awaiting_dependencies,
+        topology,
     ) = row  # fmt: skip
     spec = JobSpec(
         command=command,
@@ -125,6 +127,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         stall_timeout_s=stall_timeout_s,
         workdir=workdir,
         after=parse_dependencies(depends_on),
+        topology=parse_topology(topology),
     )
     return Job(
         id=job_id,
@@ -183,6 +186,15 @@ def dependencies_text(after: Sequence[Dependency]) -> str:
 
 def parse_dependencies(text: str) -> tuple[Dependency, ...]:
     return tuple(Dependency(item["id"], item["when"]) for item in orjson.loads(text)) if text else ()
+
+
+def topology_text(topology: TopologyRequest | None) -> str:
+    """A job's ``topology`` as stored: JSON, or '' for none (most jobs)."""
+    return to_json(topology.to_dict()) if topology is not None else ""
+
+
+def parse_topology(text: str) -> TopologyRequest | None:
+    return TopologyRequest.from_dict(orjson.loads(text)) if text else None
 
 
 def _parse_durations(text: str) -> tuple[float, ...]:
@@ -284,7 +296,7 @@ JOB_SPEC_COLUMNS = frozenset({
     "name", "command", "env", "gang_id", "gang_size", "gang_index", "gpus", "vram_mb", "memory_mb",
     "cpus", "gpu_model", "labels", "pool", "username", "priority", "preemption_class",
     "checkpoint_mode", "max_retries", "submitted_at", "budget_s", "walltime_s", "stall_timeout_s",
-    "workdir", "array_id", "array_index", "array_size", "array_throttle", "depends_on",
+    "workdir", "array_id", "array_index", "array_size", "array_throttle", "depends_on", "topology",
 })  # fmt: skip
 
 
@@ -300,7 +312,7 @@ def insert_row(job: Job) -> tuple[Any, ...]:
         job.submitted_at, spec.budget_s, spec.walltime_s, spec.stall_timeout_s,
         reason.code if reason else None, reason.message if reason else None, spec.workdir,
         job.array_id, job.array_index, job.array_size, job.array_throttle,
-        dependencies_text(spec.after), int(job.awaiting_dependencies),
+        dependencies_text(spec.after), int(job.awaiting_dependencies), topology_text(spec.topology),
     )  # fmt: skip
 
 
@@ -309,9 +321,9 @@ INSERT_JOB = (
     " memory_mb, cpus, gpu_model, labels, pool, username, priority, preemption_class, checkpoint_mode,"
     " max_retries, submitted_at, budget_s, walltime_s, stall_timeout_s, reason_code, reason_message,"
     " workdir, array_id, array_index, array_size, array_throttle, depends_on, awaiting_dependencies,"
-    " event_count)"
+    " topology, event_count)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-    " ?, ?, ?, ?, ?, ?, 1)"
+    " ?, ?, ?, ?, ?, ?, ?, 1)"
 )
 INSERT_EVENT = f"INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 #: an attempt's usage row (``SqlStore.usage_values``); a row already there (none should be: an

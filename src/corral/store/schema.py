@@ -150,6 +150,7 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "array_throttle INTEGER",  # migration 17
         "depends_on TEXT NOT NULL DEFAULT ''",  # migration 17
         "awaiting_dependencies INTEGER NOT NULL DEFAULT 0",  # migration 17
+        "topology TEXT NOT NULL DEFAULT ''",  # migration 18
     ),
     "workers": columns(
         "id TEXT NOT NULL",
@@ -724,6 +725,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE jobs ADD COLUMN depends_on TEXT NOT NULL DEFAULT ''",
             "ALTER TABLE jobs ADD COLUMN awaiting_dependencies INTEGER NOT NULL DEFAULT 0",
             "CREATE INDEX jobs_awaiting ON jobs (submitted_at, id) WHERE awaiting_dependencies = 1",
+        ),
+    ),
+    Migration(
+        18,
+        "topology",
+        (
+            # API.md "Topology": where a gang's ranks may sit, as JSON ({"required": LEVEL} or
+            # {"preferred": LEVEL}), '' for anywhere. Written at submit, read by the admission.
+            "ALTER TABLE jobs ADD COLUMN topology TEXT NOT NULL DEFAULT ''",
         ),
     ),
 )

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from corral.core.snapshot import Gang, Snapshot
-from corral.domain.records import Allocation, Constraints, Job, JobSpec, Worker
+from corral.domain.records import Allocation, Constraints, Job, JobSpec, TopologyRequest, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import Status, WorkerStatus
 
@@ -104,6 +104,7 @@ def gang(
     walltime_s: float | None = None,
     reserved_at: float | None = None,
     started_at: float | None = None,
+    topology: TopologyRequest | None = None,
 ) -> Gang:
     """A gang of ``size`` tasks, each asking for the given resources, all ``status`` (or one status
     per task with ``statuses``). With ``workers``, task i sits on ``workers[i]`` with GPU indices
@@ -117,6 +118,7 @@ def gang(
         priority=priority,
         preemption_class=preemption_class,
         walltime_s=walltime_s,
+        topology=topology,
     )
     task_statuses = list(statuses) if statuses is not None else [status] * size
     tasks = []

@@ -142,7 +142,8 @@ def gang_page(request: Request) -> Response:
 
 
 def workers_page(request: Request) -> Response:
-    rows = views.workers(state_of(request).store.workers)
+    state = state_of(request)
+    rows = views.workers(state.store.workers, state.topology_levels)
     return _render(request, "workers.html", title="Workers", workers=rows, gpus=views.gpu_totals(rows))
 
 

@@ -7,9 +7,11 @@ fast on 10,000 jobs (``tests/browser`` and ``tests/api/test_dashboard.py`` check
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.core import topology
 from corral.core.explain import explain
 from corral.core.fairshare import FairShareState
 from corral.domain.clock import to_rfc3339
@@ -41,6 +43,8 @@ class WorkerRow:
     cpus_used: int
     memory_used_mb: int
     last_heartbeat: str | None
+    #: the worker's place, ``b1/r07`` (its topology labels, widest first); '' without any
+    topology: str = ""
 
 
 @dataclass
@@ -90,8 +94,9 @@ def gpu_cells(worker: Worker, holders: dict[int, tuple[str, Status]]) -> list[Gp
     return cells
 
 
-def workers(store: Workers) -> list[WorkerRow]:
-    """Every worker with one cell per GPU (who holds it, its last utilisation reading)."""
+def workers(store: Workers, levels: Sequence[str] = ()) -> list[WorkerRow]:
+    """Every worker with one cell per GPU (who holds it, its last utilisation reading); grouped by
+    topology (``levels``, widest first) when any worker carries a topology label, else by id."""
     holders: dict[str, dict[int, tuple[str, Status]]] = {}
     used: dict[str, tuple[int, int, list[str]]] = {}
     for allocation in store.allocations():
@@ -104,7 +109,10 @@ def workers(store: Workers) -> list[WorkerRow]:
             [*running, allocation.job_id],
         )
     rows = []
-    for worker in sorted(store.workers(), key=lambda worker: worker.id):
+    listed = sorted(store.workers(), key=lambda worker: worker.id)
+    if topology.labelled(listed, levels):
+        listed.sort(key=lambda worker: topology.sort_key(worker, levels))
+    for worker in listed:
         cpus, memory, running = used.get(worker.id, (0, 0, []))
         rows.append(
             WorkerRow(
@@ -114,6 +122,9 @@ def workers(store: Workers) -> list[WorkerRow]:
                 cpus,
                 memory,
                 to_rfc3339(worker.last_heartbeat_at),
+                "/".join(value or "-" for value in topology.sort_key(worker, levels))
+                if any(level in worker.labels for level in levels)
+                else "",
             )
         )
     return rows

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core import admission, cycle
+from corral.core import admission, cycle, topology
 from corral.core.admission import CycleMemo
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.preemption import Preemption, PreemptionSettings
@@ -53,6 +53,7 @@ class PlanSettings:
     preemption: PreemptionSettings
     pool_defaults: pools.PoolDefaults
     backfill_depth: int = admission.DEFAULT_BACKFILL_DEPTH
+    topology_levels: tuple[str, ...] = topology.DEFAULT_LEVELS
 
     @classmethod
     def of(cls, state: ServerState) -> PlanSettings:
@@ -61,6 +62,7 @@ class PlanSettings:
             state.preemption_settings(),
             state.pool_defaults,
             state.settings.backfill_depth,
+            state.topology_levels,
         )
 
 
@@ -127,7 +129,12 @@ def plan_pass(
     if snapshot.fair is not None and snapshot.fair.starvation != previous:
         store.pools.put_pool_starvation(snapshot.fair.starvation)
     decisions = admission.decide(
-        snapshot, settings.reservation_timeout_s, settings.preemption, memo, settings.backfill_depth
+        snapshot,
+        settings.reservation_timeout_s,
+        settings.preemption,
+        memo,
+        settings.backfill_depth,
+        settings.topology_levels,
     )
     noted = {job_id for job_id, _ in decisions.single_waiting}
     waiting_gangs = {waiting.gang_id for waiting in decisions.waiting}

@@ -122,6 +122,7 @@ def _store_submission(
     if owner is not None:
         specs = [dataclasses.replace(spec, user=owner) for spec in specs]
     specs = walltime.limited_all(specs, state.resolved_pools(), state.pool_defaults, batch)
+    _check_topology(state.topology_levels, specs)
     _check_dependencies(state.store, specs)
     # An Idempotency-Key is its submitter's own (the token's name; everyone's alike without auth)
     key_owner = owner or ""
@@ -129,6 +130,17 @@ def _store_submission(
     return specs, state.store.jobs.submit(
         lifecycle.submitted(specs, now, state.standing_verdicts()), now, key, fingerprint, key_owner
     )
+
+
+def _check_topology(levels: tuple[str, ...], specs: list[JobSpec]) -> None:
+    """400 when a ``topology`` names a level ``CORRAL_TOPOLOGY_LEVELS`` does not list."""
+    for spec in specs:
+        if spec.topology is not None and spec.topology.level not in levels:
+            known = ", ".join(levels) or "none"
+            raise errors.InvalidRequest(
+                f"topology names unknown level {spec.topology.level!r} (this server's levels: {known})",
+                field="topology",
+            )
 
 
 def _check_dependencies(store: Store, specs: list[JobSpec]) -> None:

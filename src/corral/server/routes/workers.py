@@ -164,18 +164,25 @@ def _beat(
 
 
 async def list_workers(request: Request) -> Response:
-    body = await state_of(request).executor.run(Work.READ, worker_page)
+    state = state_of(request)
+    body = await state.executor.run(Work.READ, worker_page, state.topology_levels)
     return Response(body, media_type="application/json")
 
 
-def worker_page(store: Store, memory: dict[str, Any]) -> bytes:
+def worker_page(store: Store, memory: dict[str, Any], topology_levels: tuple[str, ...] = ()) -> bytes:
     """Every worker, read and encoded (by the reader process, or a store thread: thousands of them
-    take a while)."""
+    take a while), with the server's topology levels (``corral workers`` groups by them)."""
     views = store.workers.list_workers()
     # Not checked against WorkerPage: for 2,000 workers with their GPU readings the check cost more
     # than the rest of the answer; the items are the same worker_to_wire as every single-worker
     # answer, which is checked.
-    return orjson.dumps({"items": [worker_to_wire(view) for view in views], "next": None})
+    return orjson.dumps(
+        {
+            "items": [worker_to_wire(view) for view in views],
+            "next": None,
+            "topology_levels": list(topology_levels),
+        }
+    )
 
 
 async def get_worker(request: Request) -> Response:
