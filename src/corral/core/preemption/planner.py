@@ -53,7 +53,9 @@ class Planner:
     def enforce_limits(self, budget: int) -> tuple[Preemption, ...]:
         """The pools over their limits preempted back under them (``limits.over_limits``): their
         victims are this plan's, no preemptor takes them again."""
-        return over_limits(self.inputs, self.units.built().units, self.units.used, budget)
+        enforced = over_limits(self.inputs, self.units.built().units, self.units.used, budget)
+        self.search.changed()
+        return enforced
 
     @property
     def books(self) -> fairshare.Books | None:
@@ -171,6 +173,7 @@ class Planner:
 
     def _take(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
         """The room these placements use is ``pool``'s, and no one else's this cycle."""
+        self.search.changed()
         self.triggers.take(placements, request, pool)
         self.room.take(placements, request)
         if self.limits.limits:
@@ -206,6 +209,7 @@ class Planner:
         )
         worker_ids = tuple(sorted({worker_id for unit in chosen for worker_id in unit.frees}))
         self.units.used.update(unit.key for unit in chosen)
+        self.search.changed()
         self.room.release(chosen)
         self.triggers.release(chosen)
         self._take(placements, first.spec.resources, first.spec.pool)

@@ -116,6 +116,12 @@ class Search:
         self.sequence = count()  # heap tie-break
         self._shapes: dict[tuple[object, ...], Shape] = {}
         self._bounds: dict[int, list[SetKey]] = {}
+        #: ``candidates`` answers until the plan next takes room or victims (``changed``)
+        self._candidates: dict[tuple[str, int, str, Trigger], list[Unit]] = {}
+
+    def changed(self) -> None:
+        """The plan took room or victims: what may be taken, and from whom, may differ now."""
+        self._candidates.clear()
 
     def shape(self, first: Job, eligible: Sequence[str], trigger: Trigger) -> Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
@@ -222,8 +228,10 @@ class Search:
         for worker_id in sorted(shape.eligible):
             if worker_id in self.units.backoff:
                 continue
-            units = self.candidates(worker_id, first, trigger)
-            units.sort(key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)))
+            units = sorted(
+                self.candidates(worker_id, first, trigger),
+                key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)),
+            )
             for unit in units[:most]:
                 offered.setdefault(id(unit), unit)
         counted = _Counted(self.room, room, request, shape.eligible)
@@ -302,12 +310,19 @@ class Search:
         return self.worker_set(worker_id, units, first.spec.resources, freed)
 
     def candidates(self, worker_id: str, first: Job, trigger: Trigger) -> list[Unit]:
-        """The units on ``worker_id`` that ``first`` may take now, in comparator order."""
-        return [
-            unit
-            for unit in self.units.on.get(worker_id, ())
-            if self.units.free_to_take(unit) and self.triggers.reason(unit, first, trigger)
-        ]
+        """The units on ``worker_id`` that ``first`` may take now, in comparator order (never
+        change the list: it is kept). Which may be taken depends on the preemptor's class and pool
+        and its trigger alone (``Triggers.reason``), and changes only when the plan takes
+        something, so the answer is kept until then: a cycle's preemptors ask again and again."""
+        key = (worker_id, first.spec.preemption_class, first.spec.pool, trigger)
+        found = self._candidates.get(key)
+        if found is None:
+            found = self._candidates[key] = [
+                unit
+                for unit in self.units.on.get(worker_id, ())
+                if self.units.free_to_take(unit) and self.triggers.reason(unit, first, trigger)
+            ]
+        return found
 
     def worker_set(
         self, worker_id: str, units: Sequence[Unit], request: Resources, freed_already: Resources = ZERO
