@@ -111,6 +111,9 @@ class Search:
         self.sequence = count()  # heap tie-break
         self._shapes: dict[tuple[object, ...], Shape] = {}
         self._bounds: dict[int, list[SetKey]] = {}
+        #: per worker, its units largest there first (``fewest_victims``); the units do not move
+        #: during a plan, only whether each may be taken
+        self._largest_first: dict[str, list[Unit]] = {}
 
     def shape(self, first: Job, eligible: Sequence[str], trigger: Trigger) -> Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
@@ -202,34 +205,98 @@ class Search:
         ones make room for more tasks. Unit by unit, the one that adds the most tasks (the lowest
         class first, then the comparator's order), as far as ``max_victims`` units; None when no
         set of them makes room for every task. Only a worker's largest units are tried (no more
-        of them can go in one preemption)."""
+        of them can go in one preemption).
+
+        A unit changes the count only on the workers it frees, so each is weighed by what it adds
+        there (``Room.tasks_with`` counts the same sum whole), and the offers are read a class at a
+        time: the lowest class where some unit adds a task holds the choice (a cluster offers
+        thousands of units; membership is by key, never by comparing the units' fields)."""
         first = preemptor.first
         request, size = first.spec.resources, len(preemptor.tasks)
         most = self.settings.max_victims
         workers = set(room)
         offered: list[Unit] = []
+        seen: set[str] = set()
+        on = self.units.on
+        may_take, reason = self.units.free_to_take, self.triggers.reason
         for worker_id in sorted(shape.eligible):
-            if worker_id in self.units.backoff:
+            if worker_id in self.units.backoff or worker_id not in on:
                 continue
-            units = self.candidates(worker_id, first, trigger)
-            units.sort(key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)))
-            offered.extend(unit for unit in units[:most] if unit not in offered)
+            largest = self._largest_first.get(worker_id)
+            if largest is None:
+                largest = self._largest_first[worker_id] = sorted(
+                    on[worker_id], key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit))
+                )
+            taken = 0  # the worker's ``most`` largest units it may take (``candidates``' filter)
+            for unit in largest:
+                if not (may_take(unit) and reason(unit, first, trigger)):
+                    continue
+                if unit.key not in seen:
+                    seen.add(unit.key)
+                    offered.append(unit)
+                taken += 1
+                if taken == most:
+                    break
+        offered.sort(key=lambda unit: unit.preemption_class)  # stable: the offers' order within a class
+        eligible = shape.eligible
+        counted = set(workers)  # the workers ``tasks_with`` counts: ``workers`` and the eligible freed
+        freed: dict[str, Resources] = {}  # what the chosen units free on each counted worker
+        free = self.room.free
         chosen: list[Unit] = []
-        have = self.room.tasks_with(chosen, workers, request, shape.eligible)
+        chosen_keys: set[str] = set()
+        have = self.room.tasks_with(chosen, workers, request, eligible)
+        #: each offer's gain, kept until a unit chosen frees one of the same workers
+        gains: dict[str, int] = {}
+        sharing: dict[str, list[Unit]] = {}
+        for unit in offered:
+            for worker_id in unit.frees:
+                sharing.setdefault(worker_id, []).append(unit)
+
+        def gain(unit: Unit) -> int:
+            added = gains.get(unit.key)
+            if added is not None:
+                return added
+            added = 0
+            for worker_id, (resources, _) in unit.frees.items():
+                known = worker_id in counted
+                if not known and worker_id not in eligible:
+                    continue
+                base = free[worker_id].capacity.free
+                if worker_id in freed:
+                    base = plus(base, freed[worker_id])
+                added += tasks_fitting(plus(base, resources), request)
+                if known:
+                    added -= tasks_fitting(base, request)
+            gains[unit.key] = added
+            return added
+
         while len(chosen) < most:
             best: tuple[tuple[object, ...], Unit, int] | None = None
-            for unit in offered:
-                if unit in chosen:
-                    continue
-                tasks = self.room.tasks_with([*chosen, unit], workers, request, shape.eligible)
-                if tasks <= have:
-                    continue
-                rank = (unit.preemption_class, have - tasks, victim_key(unit))
-                if best is None or rank < best[0]:
-                    best = (rank, unit, tasks)
+            at = 0
+            while at < len(offered) and best is None:  # one class at a time, lowest first
+                klass = offered[at].preemption_class
+                while at < len(offered) and offered[at].preemption_class == klass:
+                    unit = offered[at]
+                    at += 1
+                    if unit.key in chosen_keys:
+                        continue
+                    added = gain(unit)
+                    if added <= 0:
+                        continue
+                    rank = (unit.preemption_class, -added, victim_key(unit))
+                    if best is None or rank < best[0]:
+                        best = (rank, unit, have + added)
             if best is None:
                 return None
-            chosen.append(best[1])
+            unit = best[1]
+            chosen.append(unit)
+            chosen_keys.add(unit.key)
+            for worker_id, (resources, _) in unit.frees.items():
+                if worker_id in counted or worker_id in eligible:
+                    counted.add(worker_id)
+                    freed[worker_id] = plus(freed[worker_id], resources) if worker_id in freed else resources
+                for other in sharing.get(worker_id, ()):
+                    gains.pop(other.key, None)
             have = best[2]
             if have >= size:
                 return chosen
