@@ -101,7 +101,7 @@ def test_estimated_start_accuracy_reads_each_first_estimate_against_the_start() 
     assert figures["error_s"]["p50"] == pytest.approx(50.0)
     assert figures["error_of_wait"]["p90"] == pytest.approx(0.9)
     assert (figures["early"], figures["late"], figures["lost"]) == (1, 1, 1)
-    assert figures["gang_error_s"]["p50"] == 0.0
+    assert figures["gang_error_s"]["p50"] == 0.0 and figures["gang_error_of_wait"]["p50"] == 0.0
 
 
 def test_a_gang_over_the_bound_lists_its_reservation_history() -> None:

@@ -134,6 +134,7 @@ def estimate_accuracy(record: Record, jobs: Sequence[WorkloadJob], tick_s: float
     errors: list[float] = []
     fractions: list[float] = []
     gang_errors: list[float] = []
+    gang_fractions: list[float] = []
     early = late = lost = 0
     for job_id, history in record.estimates.items():
         if any(start is None for _, start in history):
@@ -149,6 +150,7 @@ def estimate_accuracy(record: Record, jobs: Sequence[WorkloadJob], tick_s: float
         fractions.append(error / wait if wait > 0 else 0.0)
         if job.gang_size > 1:
             gang_errors.append(error)
+            gang_fractions.append(fractions[-1])
         if start < first - tick_s:
             early += 1
         elif start > first + tick_s:
@@ -159,6 +161,7 @@ def estimate_accuracy(record: Record, jobs: Sequence[WorkloadJob], tick_s: float
         "error_of_wait": percentiles(fractions),
         "gangs": len(gang_errors),
         "gang_error_s": percentiles(gang_errors),
+        "gang_error_of_wait": percentiles(gang_fractions),
         "early": early,
         "late": late,
         "lost": lost,
