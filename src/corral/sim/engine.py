@@ -57,6 +57,10 @@ RESERVED = frozenset({Status.RESERVED})
 
 # event kinds, in the order they are handled within one instant
 END, BEAT, SAVED, STOPPED, SUBMIT, TIMEOUT = range(6)
+#: a change of a waiting job's estimated start recorded (``Record.estimates``): smaller moves are
+#: no news to a user, and one behind work reserved and not started yet (whose deadline counts from
+#: now, ``cycle.expected_ends``) moves a tick at every tick
+ESTIMATE_STEP_S = 60.0
 #: what the worker reports for an attempt it ended at its walltime (``corral.worker.walltime``)
 WALLTIME_ERROR = "walltime exceeded"
 
@@ -116,9 +120,10 @@ class Record:
     refused: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
     #: workload job id -> (time, estimated start) each time a waiting gang or job's estimated start
-    #: (its reservation's start, ``Hold.expected_at``) changed before it started: None when it
-    #: lost its estimate (its room came to depend on work without a deadline, or fell past the
-    #: depth). Arrays' tasks are left out (their ids are not workload ids).
+    #: (its reservation's start, ``Hold.expected_at``) moved by ``ESTIMATE_STEP_S`` or more before
+    #: it started: None when it lost its estimate (its room came to depend on work without a
+    #: deadline, or fell past the depth). Arrays' tasks are left out (their ids are not workload
+    #: ids).
     estimates: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
     cycles: int = 0
     cycles_skipped: int = 0
@@ -841,7 +846,8 @@ class Engine:
             if work_id is None:
                 continue
             history = estimates.setdefault(work_id, [])
-            if not history or history[-1][1] != at:
+            last = history[-1][1] if history else None
+            if last is None or abs(at - last) >= ESTIMATE_STEP_S:
                 history.append((self.now, at))
         for key in self.estimated - found.keys():
             work_id = self._work_id(key)
