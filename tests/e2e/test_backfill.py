@@ -5,7 +5,6 @@ and the gang starts within a cycle of the limit."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
 import pytest
@@ -51,7 +50,11 @@ def test_a_big_gang_is_planned_at_the_limit_and_short_work_backfills_its_room(
         assert backfilled["worker_id"] == "w2", "it ends before the gang starts"
         endless = client.submit_body({"command": "sleep 1", "resources": {"gpus": 1}})["id"]
         wait_status(client, short, {"done"}, 10)
-        time.sleep(1)  # several claims of w2, whose room is free now, are refused it
+        # A claim of w2 after ``endless`` was queued: the probe, queued behind it, starts there; the
+        # claim takes the first job that fits in queue order, so it passed over ``endless``.
+        probe = client.submit({"command": "sleep 1", "resources": {"gpus": 1}, "walltime_s": 2})["id"]
+        probed = wait_status(client, probe, {"running", "done"}, 10)
+        assert probed["worker_id"] == "w2"
         assert client.get_job(endless)["status"] == "pending"
         assert client.why(endless)["reasons"][0]["code"] == "backfill_refused"
 

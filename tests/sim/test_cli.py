@@ -11,6 +11,7 @@ import pytest
 
 from corral.cli.main import main
 from corral.config import ServerSettings, WorkerSettings
+from corral.sim import readers
 from corral.sim.workload import SimSettings
 
 WORKLOAD = """job_id,submit_time,duration,gpus,gang_size,pool,preemption_class,checkpoint
@@ -144,6 +145,36 @@ def test_generate_writes_a_multi_tenant_workload_the_simulator_reads(tmp_path, c
     )
     assert summary["jobs"] == 200 and summary["cluster"]["gpus"] == 64
     assert len(summary["pools"]) > 10 and summary["light_pools"]["pools"]
+
+
+@pytest.mark.skipif(not TRACES.exists(), reason="the shared traces are not on this machine")
+def test_generate_with_a_walltime_factor_writes_the_walltimes_the_run_plans_with(tmp_path, capsys) -> None:
+    out = tmp_path / "generated"
+    trace = str(TRACES / "alibaba-gpu-v2023" / "jobs.csv")
+    quotas = str(TRACES / "helios-venus" / "cluster_gpu_number.csv")
+    arguments = ["sim", "generate", str(out), "--trace", trace, "--quotas", quotas]
+    assert main([*arguments, "--jobs", "150", "--workers", "8", "--walltime-factor", "2"]) == 0
+    capsys.readouterr()
+    jobs = readers.read_workload(out / "workload.csv").jobs
+    assert all(job.walltime == readers.derived_walltime(job.duration, 2) for job in jobs)
+    summary = simulate(
+        capsys,
+        str(out / "workload.csv"),
+        "--cluster",
+        str(out / "cluster.csv"),
+        "--pools",
+        str(out / "pools.json"),
+    )
+    assert summary["estimated_start"]["jobs"] > 0, "the waiting work got estimated starts"
+    assert summary["estimated_start"]["error_s"]["p50"] is not None
+
+
+@pytest.mark.parametrize("factor", ["0", "-2", "x", "nan"])
+def test_a_walltime_factor_not_above_zero_is_a_usage_error(tmp_path, capsys, factor) -> None:
+    workload = tmp_path / "w.csv"
+    workload.write_text("job_id,submit_time,duration,gpus\na,0,10,1\n")
+    assert main(["sim", str(workload), "--walltime-factor", factor]) == 2
+    assert "expected a number > 0" in capsys.readouterr().err
 
 
 class Captured(io.StringIO):

@@ -115,3 +115,31 @@ def test_a_pools_default_walltime_applies_and_a_walltime_above_its_maximum_is_re
     record = engine.run(Scenario(Workload(jobs), uniform_cluster(1, 2), pools, SETTINGS), CORRAL)
     assert record.refused == ["x"]
     assert record.timed_out == ["d"] and record.ends == {"d": 11.0}
+
+
+def test_a_blocked_gang_is_estimated_at_the_running_jobs_limit_and_starts_there() -> None:
+    """Two workers of 2 GPUs, a 2-GPU job with a 100 s limit on one: the 2 x 2 gang submitted
+    beside it gets an estimated start at that limit (the history the report shows), keeps it, and
+    starts at the first tick after the job ends; the summary counts one estimate, right to the tick."""
+    case = scenario(
+        WorkloadJob("running", 0, 100, 2, walltime=100),
+        WorkloadJob("gang", 1, 50, 2, gang_size=2, walltime=60),
+        workers=2,
+    )
+    record = engine.run(case, CORRAL)
+    assert record.estimates["gang"] == [(5.0, 100.0)], "estimated once, at the first tick"
+    assert record.starts["gang"] == 100.0, "the job ends at 100, the tick at 100 reserves the gang"
+    estimated = summarize(case, record, "corral")["estimated_start"]
+    assert estimated["jobs"] == estimated["gangs"] == 1
+    assert estimated["error_s"]["p50"] == 0.0 and (estimated["early"], estimated["late"]) == (0, 0)
+
+
+def test_a_gang_whose_room_depends_on_work_without_a_limit_gets_no_estimate() -> None:
+    case = scenario(
+        WorkloadJob("unlimited", 0, 100, 2),
+        WorkloadJob("gang", 1, 50, 2, gang_size=2, walltime=60),
+        workers=2,
+    )
+    record = engine.run(case, CORRAL)
+    assert "gang" not in record.estimates
+    assert summarize(case, record, "corral")["estimated_start"]["jobs"] == 0

@@ -161,3 +161,38 @@ def test_pools_are_assigned_from_the_venus_quotas_in_proportion_with_a_seed() ->
     share = sum(job.pool == f"venus/{largest}" for job in assigned.jobs) / 4000
     assert abs(share - quotas[largest] / sum(quotas.values())) < 0.03
     assert sum(settings.guarantee.gpus for settings in pools.values() if settings.guarantee) <= 80
+
+
+@pytest.mark.parametrize(
+    ("duration", "factor", "expected"),
+    [
+        (0, 2, 900),  # at least one step of 15 minutes
+        (100, 2, 900),
+        (450, 2, 900),  # exactly one step
+        (451, 2, 1800),  # just over: the next step
+        (3600, 1.5, 5400),
+        (7000, 0.5, 3600),  # a factor below 1: the job outlasts its limit
+    ],
+)
+def test_a_derived_walltime_is_the_runtime_times_the_factor_rounded_up_to_15_minutes(
+    duration, factor, expected
+) -> None:
+    assert readers.derived_walltime(duration, factor) == expected
+
+
+def test_with_walltimes_keeps_a_declared_walltime_and_refuses_a_factor_not_above_zero(tmp_path) -> None:
+    path = write(tmp_path, "w.csv", "job_id,submit_time,duration,gpus,walltime\na,0,1000,1,\nb,0,1000,1,60\n")
+    workload = readers.with_walltimes(readers.read_workload(path), 2)
+    assert [job.walltime for job in workload.jobs] == [2700, 60]
+    for factor in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="walltime factor"):
+            readers.with_walltimes(workload, factor)
+
+
+@pytest.mark.skipif(not TRACES.exists(), reason="the shared traces are not on this machine")
+def test_the_alibaba_trace_gets_walltimes_from_its_runtimes() -> None:
+    trace = readers.read_workload(TRACES / "alibaba-gpu-v2023" / "jobs.csv")
+    assert all(job.walltime is None for job in trace.jobs)
+    limited = readers.with_walltimes(trace, 2)
+    assert all(job.walltime is not None and job.walltime >= 2 * job.duration for job in limited.jobs)
+    assert all(job.walltime is not None and job.walltime % 900 == 0 for job in limited.jobs)

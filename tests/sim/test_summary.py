@@ -73,3 +73,52 @@ def test_peak_gang_load_is_the_busiest_window_over_the_clusters_capacity() -> No
     assert peak_gang_load(gangs, 16, 2 * HOUR) == pytest.approx(1.0)
     assert peak_gang_load(gangs, 16, HOUR / 2) == pytest.approx(16 / 8)
     assert peak_gang_load([], 16, HOUR) == 0.0
+
+
+def test_estimated_start_accuracy_reads_each_first_estimate_against_the_start() -> None:
+    """The first estimate counts (what a user saw first); a job that lost its estimate is counted
+    as lost; early and late beyond one tick (5 s)."""
+    jobs = (
+        WorkloadJob("on_time", 0.0, 10, 1),
+        WorkloadJob("late", 0.0, 10, 1),
+        WorkloadJob("early", 0.0, 10, 1),
+        WorkloadJob("never", 0.0, 10, 1),
+        gang("g", 0.0, "a"),
+    )
+    case = scenario(*jobs)
+    record = Record()
+    record.estimates = {
+        "on_time": [(5.0, 100.0)],
+        "late": [(5.0, 100.0), (50.0, None), (60.0, 300.0)],  # lost it, then a later one
+        "early": [(5.0, 200.0)],
+        "never": [(5.0, 100.0)],  # never started: not counted
+        "g": [(5.0, 400.0), (10.0, 380.0)],
+    }
+    record.starts.update({"on_time": 100.0, "late": 300.0, "early": 100.0, "g": 400.0})
+    figures = summarize(case, record, "corral")["estimated_start"]
+    assert figures["jobs"] == 4 and figures["gangs"] == 1
+    # errors: 0, 200, 100, 0 seconds; of the waits (100, 300, 100, 400): 0, 2/3, 1, 0
+    assert figures["error_s"]["p50"] == pytest.approx(50.0)
+    assert figures["error_of_wait"]["p90"] == pytest.approx(0.9)
+    assert (figures["early"], figures["late"], figures["lost"]) == (1, 1, 1)
+    assert figures["gang_error_s"]["p50"] == 0.0 and figures["gang_error_of_wait"]["p50"] == 0.0
+
+
+def test_a_gang_over_the_bound_lists_its_reservation_history() -> None:
+    waiting = gang("g", 0.0, "a")
+    case = scenario(waiting, bound=10.0)
+    record = Record()
+    record.estimates = {"g": [(5.0, 50.0), (20.0, None), (25.0, 60.0)]}
+    record.starts["g"] = 60.0
+    record.ends["g"] = 160.0
+    (listed,) = summarize(case, record, "corral")["gangs"]
+    assert listed["reservations"] == [[5.0, 50.0], [20.0, None], [25.0, 60.0]]
+    assert listed["reservation_changes"] == 3
+
+
+def test_the_report_writes_a_gangs_reservation_history_in_hours() -> None:
+    from corral.sim.report import reservation_history
+
+    listed = {"reservations": [[1800.0, 7200.0], [3600.0, None]], "reservation_changes": 5}
+    assert reservation_history(listed) == "... 0.5: 2.0; 1.0: none"
+    assert reservation_history({"reservations": []}) == "never reserved"

@@ -1,7 +1,8 @@
 """``corral sim``: replay a workload through corral's own core on a simulated clock (no server).
 
 ``corral sim WORKLOAD [--cluster CLUSTER] [--pools POOLS | --assign-pools QUOTAS --seed N]
-[--policy corral|fifo|corral,fifo] [--set CORRAL_NAME=VALUE ...] [--out DIR] [--json]`` and
+[--walltime-factor F] [--policy corral|fifo|corral,fifo] [--set CORRAL_NAME=VALUE ...] [--out DIR]
+[--json]``, ``corral sim generate DIR --trace JOBS.csv --quotas QUOTAS.csv [--walltime-factor F]`` and
 ``corral sim compare A.json B.json``. Bad input stops the command before anything runs, with the
 file, line and column (exit 2).
 """
@@ -62,6 +63,14 @@ def add_parser(subcommands: Any, parent: argparse.ArgumentParser) -> None:
         help="assign jobs to pools in proportion to the Helios Venus quotas (cluster_gpu_number.csv)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of --assign-pools (default 1)")
+    parser.add_argument(
+        "--walltime-factor",
+        type=_factor,
+        metavar="F",
+        help="give every job without a walltime one of its runtime x F, rounded up to the next 15"
+        " minutes (the traces have none; users over-ask in round steps); with generate: written"
+        " into workload.csv",
+    )
     parser.add_argument(
         "--policy", default="corral", help="corral, fifo, or several joined by commas (default corral)"
     )
@@ -149,6 +158,8 @@ def scenario_from(arguments: argparse.Namespace) -> Scenario:
         quotas = readers.venus_quotas(arguments.assign_pools)
         workload, assigned = readers.assign_pools(workload, cluster, quotas, arguments.seed)
         pools = {**assigned, **pools}
+    if arguments.walltime_factor is not None:
+        workload = readers.with_walltimes(workload, arguments.walltime_factor)
     return Scenario(workload, cluster, pools, settings_from(arguments.settings))
 
 
@@ -199,6 +210,8 @@ def _generate(arguments: argparse.Namespace) -> int:
     quotas = readers.venus_quotas(arguments.quotas)
     shape = synthetic.Shape(jobs=arguments.jobs, workers=arguments.workers)
     workload, cluster, pools = synthetic.multi_tenant(trace, quotas, shape, arguments.seed)
+    if arguments.walltime_factor is not None:
+        workload = readers.with_walltimes(workload, arguments.walltime_factor)
     out.mkdir(parents=True, exist_ok=True)
     synthetic.write_csv(workload, str(out / "workload.csv"))
     (out / "cluster.csv").write_text(f"worker_id,gpus,count\nw,{shape.gpus_per_worker},{shape.workers}\n")
@@ -213,6 +226,17 @@ def _generate(arguments: argparse.Namespace) -> int:
     heavy = ", ".join(synthetic.heavy_pools(pools, shape.heavy))
     print(f"{out}: {len(workload.jobs)} jobs, {cluster.gpus} GPUs, {len(pools)} pools (overloaded: {heavy})")
     return exit_codes.OK
+
+
+def _factor(text: str) -> float:
+    """``--walltime-factor``: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 def _compare(paths: list[str]) -> int:

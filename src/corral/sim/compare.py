@@ -24,6 +24,11 @@ ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gangs over the bound", ("gangs_over_bound",)),
     ("light pools: p99 delay (s)", ("light_pools", "queue_delay_s", "p99")),
     ("heavy pools: p99 delay (s)", ("heavy_pools", "queue_delay_s", "p99")),
+    ("estimated starts", ("estimated_start", "jobs")),
+    ("estimate error p50 (s)", ("estimated_start", "error_s", "p50")),
+    ("estimate error p90 (s)", ("estimated_start", "error_s", "p90")),
+    ("estimate error p50 / wait", ("estimated_start", "error_of_wait", "p50")),
+    ("estimate error p90 / wait", ("estimated_start", "error_of_wait", "p90")),
 )
 
 
@@ -41,7 +46,7 @@ def _format(label: str, value: Any) -> str:
         return "-"
     if label.startswith("makespan"):
         return f"{value / 3600:.1f}"
-    if label in ("GPU allocation", "GPU reserved"):
+    if label in ("GPU allocation", "GPU reserved") or label.endswith("/ wait"):
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:.1f}" if abs(value) < 1e6 else f"{value:.3g}"

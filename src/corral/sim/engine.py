@@ -67,6 +67,10 @@ RESERVED = frozenset({Status.RESERVED})
 
 # event kinds, in the order they are handled within one instant
 END, BEAT, SAVED, STOPPED, SUBMIT, TIMEOUT = range(6)
+#: a change of a waiting job's estimated start recorded (``Record.estimates``): smaller moves are
+#: no news to a user, and one behind work reserved and not started yet (whose deadline counts from
+#: now, ``cycle.expected_ends``) moves a tick at every tick
+ESTIMATE_STEP_S = 60.0
 #: what the worker reports for an attempt it ended at its walltime (``corral.worker.walltime``)
 WALLTIME_ERROR = "walltime exceeded"
 
@@ -127,6 +131,12 @@ class Record:
     timed_out: list[str] = field(default_factory=list)
     #: workload gang id -> the workers its tasks first started on (the summary's gang spread)
     gang_workers: dict[str, list[str]] = field(default_factory=dict)
+    #: workload job id -> (time, estimated start) each time a waiting gang or job's estimated start
+    #: (its reservation's start, ``Hold.expected_at``) moved by ``ESTIMATE_STEP_S`` or more before
+    #: it started: None when it lost its estimate (its room came to depend on work without a
+    #: deadline, or fell past the depth). Arrays' tasks are left out (their ids are not workload
+    #: ids).
+    estimates: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
     cycles: int = 0
     cycles_skipped: int = 0
     #: cycles run without the preemption planner (``corral.sim.shortcuts``)
@@ -199,6 +209,8 @@ class Engine:
         self.walltimed: set[str] = set()
         self.capacity: dict[str, Capacity] = {}
         self.holds: dict[str, list[Hold]] = {}
+        #: the keys (gang or job ids) the last cycle's holds gave an estimated start
+        self.estimated: set[str] = set()
         self.last_preemptive: dict[str, float] = {}
         self.pending: list[tuple[Any, str]] = []  # (queue key, job id), sorted
         self.queue_keys: dict[str, Any] = {}
@@ -839,6 +851,46 @@ class Engine:
                 worker_id for worker_id, held in self.holds.items() if by_worker.get(worker_id) != held
             )
             self.holds = by_worker
+        self._note_estimates(holds)
+
+    def _note_estimates(self, holds: Sequence[Hold]) -> None:
+        """Each waiting gang or job's estimated start as this cycle's holds give it
+        (``Record.estimates``): a new entry when it changed, and one of None when an estimate
+        went while the work still waits (it started, or was placed now: no entry)."""
+        found: dict[str, float] = {}
+        for hold in holds:
+            if hold.expected_at is not None:
+                found[hold.gang_id] = hold.expected_at  # every hold of a reservation has its start
+        estimates = self.record.estimates
+        for key, at in found.items():
+            work_id = self._work_id(key)
+            if work_id is None:
+                continue
+            history = estimates.setdefault(work_id, [])
+            last = history[-1][1] if history else None
+            if last is None or abs(at - last) >= ESTIMATE_STEP_S:
+                history.append((self.now, at))
+        for key in self.estimated - found.keys():
+            work_id = self._work_id(key)
+            if work_id is not None and self._still_waiting(key):
+                history = estimates.setdefault(work_id, [])
+                if history and history[-1][1] is not None:
+                    history.append((self.now, None))
+        self.estimated = set(found)
+
+    def _work_id(self, key: str) -> str | None:
+        """The workload job id of a gang or job id, None for an array's task (or a started job)."""
+        task_id = self.gang_tasks[key][0] if key in self.gang_tasks else key
+        task = self.tasks.get(task_id)
+        if task is None or task.work.array is not None or task.work.job_id in self.record.starts:
+            return None
+        return task.work.job_id
+
+    def _still_waiting(self, key: str) -> bool:
+        """Whether the gang's tasks are all blocked, or the job pending."""
+        if key in self.gang_tasks:
+            return all(task.status == Status.BLOCKED for task in self._gang_by_id(key))
+        return self.jobs[key].status == Status.PENDING
 
     # --- applying plans ---------------------------------------------------------------------------
 

@@ -45,7 +45,16 @@ from corral.domain.resources import Resources
 from corral.domain.status import WorkerStatus
 from corral.sim.workload import CHECKPOINT_MODES, Cluster, Unscheduled, Workload, WorkloadJob
 
-__all__ = ["InputError", "Workload", "WorkloadJob", "read_cluster", "read_pools", "read_workload"]
+__all__ = [
+    "InputError",
+    "Workload",
+    "WorkloadJob",
+    "derived_walltime",
+    "read_cluster",
+    "read_pools",
+    "read_workload",
+    "with_walltimes",
+]
 
 T = TypeVar("T")
 
@@ -296,6 +305,33 @@ def _alibaba(rows: _Rows) -> Workload:
             )
         )
     return Workload(tuple(jobs), name=rows.path.parent.name or rows.path.stem, unscheduled=tuple(unscheduled))
+
+
+#: a derived walltime is a whole number of these (users ask for round limits: 15 min, 1 h, 4 h)
+WALLTIME_STEP_S = 900.0
+
+
+def derived_walltime(duration: float, factor: float) -> float:
+    """The ``walltime_s`` a user would have asked for a job that ran ``duration`` seconds: its
+    runtime times ``factor``, rounded up to the next 15 minutes (at least 15 minutes).
+
+    Why this shape: a trace records how long jobs ran, not what their owners asked for, and a
+    scheduler that plans with limits needs the asks. Users over-ask (Slurm sites report requested
+    limits several times the runtime) and ask in round steps; a factor above 1 keeps every job
+    within its limit (none is ended by it), a factor below 1 ends the longest ones at it."""
+    return max(1, math.ceil(duration * factor / WALLTIME_STEP_S)) * WALLTIME_STEP_S
+
+
+def with_walltimes(workload: Workload, factor: float) -> Workload:
+    """``workload`` with a ``derived_walltime`` for every job that declares none (the Alibaba
+    trace has no limits; a workload CSV keeps the ones its ``walltime`` column gives)."""
+    if not math.isfinite(factor) or factor <= 0:
+        raise ValueError("the walltime factor must be a number > 0")
+    jobs = tuple(
+        job if job.walltime is not None else replace(job, walltime=derived_walltime(job.duration, factor))
+        for job in workload.jobs
+    )
+    return replace(workload, jobs=jobs)
 
 
 def alibaba_nodes_beside(workload_path: str | Path) -> Path | None:

@@ -260,7 +260,10 @@ def _gangs_section(summaries: Sequence[Mapping[str, Any]]) -> str:
         )
         + "</p>"
     )
-    headers = ["policy", "gang", "pool", "tasks x GPUs", "submitted (h)", "waited (h)", "owed (h)", "starved"]
+    headers = [
+        "policy", "gang", "pool", "tasks x GPUs", "submitted (h)", "waited (h)", "owed (h)", "starved",
+        "reservations (h: estimated start)",
+    ]  # fmt: skip
     rows = [
         [
             str(summary["policy"]),
@@ -271,12 +274,33 @@ def _gangs_section(summaries: Sequence[Mapping[str, Any]]) -> str:
             "never started" if gang["queue_delay_s"] is None else f"{gang['queue_delay_s'] / 3600:.1f}",
             f"{gang['below_fair_share_s'] / 3600:.1f}",
             "yes" if gang["starved"] else "no",
+            reservation_history(gang),
         ]
         for summary in summaries
         for gang in summary.get("gangs", ())
     ]
     table = _html_table(headers, rows) if rows else "<p>No gang waited past the bound.</p>"
-    return f"<h2>Gangs over the bound</h2>\n{words}\n{table}"
+    history = (
+        "<p>Reservations: each time the gang's estimated start changed while it waited, the hour"
+        " of the change and the estimated start (h) it got then; <em>none</em>: it lost its estimate"
+        " (its room came to depend on work without a walltime, or other work came before it within"
+        " the backfill depth).</p>"
+    )
+    return f"<h2>Gangs over the bound</h2>\n{words}\n{history}\n{table}"
+
+
+def reservation_history(gang: Mapping[str, Any]) -> str:
+    """A gang's reservation history: at each change, the hour and the estimated start it got
+    then (none: it lost its estimate), the earlier ones counted when the summary kept only the
+    last."""
+    history = gang.get("reservations") or []
+    if not history:
+        return "never reserved"
+    entries = [
+        f"{at / 3600:.1f}: {'none' if start is None else f'{start / 3600:.1f}'}" for at, start in history
+    ]
+    earlier = gang.get("reservation_changes", len(history)) - len(history)
+    return ("... " if earlier > 0 else "") + "; ".join(entries)
 
 
 def _spread_section(summaries: Sequence[Mapping[str, Any]]) -> str:

@@ -33,6 +33,12 @@ Definitions (the README's "Simulating a cluster" says the same):
 - **light pools**: those whose demand (GPU-hours asked) is at most their fair share of the
   cluster's GPU-hours over the arrival window (first to last submission); **heavy pools** the
   others (``light_pools``/``heavy_pools``: their jobs' queueing delay together);
+- **estimated-start accuracy** (``estimated_start``): each gang or job that got an estimated
+  start while it waited (its reservation's start, what ``corral jobs --start`` shows) and then
+  started, its first estimate against its actual start: the error in seconds
+  (|actual - estimated|), and the error as a fraction of its wait (submission to start), p50/p90;
+  ``early``/``late``: how many started before/after their first estimate (by more than one
+  admission tick); ``lost``: how many lost their estimate at some point while they waited;
 - **finish-time fairness** (Themis's rho) per pool: its mean completion time under sharing over its
   mean completion time alone on its fair share, estimated as each job running at once, for its
   duration, stretched by ``gpus / fair share GPUs`` when it asks for more than the share; so rho
@@ -115,6 +121,51 @@ def fair_shares(scenario: Scenario, pools: Iterable[str]) -> dict[str, float]:
 
 #: gangs over the bound the summary lists, at most (the longest waits)
 MAX_LISTED_GANGS = 100
+
+
+#: entries of a gang's reservation history the summary keeps (the last ones)
+MAX_HISTORY = 12
+
+
+def estimate_accuracy(record: Record, jobs: Sequence[WorkloadJob], tick_s: float) -> dict[str, Any]:
+    """How close the first estimated start of each gang and job came to its actual start (module
+    docstring); the gangs' figures apart too."""
+    submitted = {job.job_id: job for job in jobs}
+    errors: list[float] = []
+    fractions: list[float] = []
+    gang_errors: list[float] = []
+    gang_fractions: list[float] = []
+    early = late = lost = 0
+    for job_id, history in record.estimates.items():
+        if any(start is None for _, start in history):
+            lost += 1
+        start = record.starts.get(job_id)
+        job = submitted.get(job_id)
+        first = next((estimate for _, estimate in history if estimate is not None), None)
+        if start is None or job is None or first is None:
+            continue
+        error = abs(start - first)
+        errors.append(error)
+        wait = start - job.submit_time
+        fractions.append(error / wait if wait > 0 else 0.0)
+        if job.gang_size > 1:
+            gang_errors.append(error)
+            gang_fractions.append(fractions[-1])
+        if start < first - tick_s:
+            early += 1
+        elif start > first + tick_s:
+            late += 1
+    return {
+        "jobs": len(errors),
+        "error_s": percentiles(errors),
+        "error_of_wait": percentiles(fractions),
+        "gangs": len(gang_errors),
+        "gang_error_s": percentiles(gang_errors),
+        "gang_error_of_wait": percentiles(gang_fractions),
+        "early": early,
+        "late": late,
+        "lost": lost,
+    }
 
 
 def peak_gang_load(gangs: Sequence[WorkloadJob], cluster_gpus: int, window_s: float) -> float:
@@ -281,12 +332,19 @@ def summarize(
                 "queue_delay_s": delays.get(job.job_id),
                 "below_fair_share_s": round(owed[job.job_id], 3),
                 "starved": job.job_id in starved_set,
+                # (time, estimated start or None), as the cycles changed it, at most the last few
+                "reservations": [
+                    [round(at, 3), None if start is None else round(start, 3)]
+                    for at, start in record.estimates.get(job.job_id, [])[-MAX_HISTORY:]
+                ],
+                "reservation_changes": len(record.estimates.get(job.job_id, [])),
             }
             for job in sorted(
                 (job for job in gangs if job.job_id in over_set),
                 key=lambda job: (-delays.get(job.job_id, math.inf), job.job_id),
             )[:MAX_LISTED_GANGS]
         ],
+        "estimated_start": estimate_accuracy(record, jobs, scenario.settings.admission_tick_s),
         "pools": pools,
         # pools that asked for no more than their fair share over the makespan, and the others
         "light_pools": _group(light, by_pool, delays),

@@ -153,12 +153,14 @@ def write_csv(workload: Workload, path: str) -> None:
         "pool",
         "checkpoint",
         "checkpoint_every_s",
+        "walltime",
     )
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(",".join(columns) + "\n")
         for job in workload.jobs:
             every = "" if job.checkpoint_every_s is None else f"{job.checkpoint_every_s:g}"
+            limit = "" if job.walltime is None else f"{job.walltime:.10g}"
             handle.write(
                 f"{job.job_id},{job.submit_time:g},{job.duration:g},{job.gpus},{job.gang_size},"
-                f"{job.pool},{job.checkpoint},{every}\n"
+                f"{job.pool},{job.checkpoint},{every},{limit}\n"
             )

@@ -13,8 +13,7 @@ dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import count
@@ -118,6 +117,9 @@ class Search:
         self._bounds: dict[int, list[SetKey]] = {}
         #: ``candidates`` answers until the plan next takes room or victims (``changed``)
         self._candidates: dict[tuple[str, int, str, Trigger], list[Unit]] = {}
+        #: per worker, its units largest there first (``fewest_victims``); the units do not move
+        #: during a plan, only whether each may be taken
+        self._largest_first: dict[str, list[Unit]] = {}
 
     def changed(self) -> None:
         """The plan took room or victims: what may be taken, and from whom, may differ now."""
@@ -218,43 +220,97 @@ class Search:
         set of them makes room for every task. Only a worker's largest units are tried (no more
         of them can go in one preemption).
 
-        The tasks a unit adds are counted on the workers it frees alone (``Room.tasks_with`` over
-        the chosen set, less what those workers held before), so each step costs what the offered
-        units free, not a recount of every worker per unit."""
+        A unit changes the count only on the workers it frees, so each is weighed by what it adds
+        there (``Room.tasks_with`` counts the same sum whole), and the offers are read a class at a
+        time: the lowest class where some unit adds a task holds the choice (a cluster offers
+        thousands of units; membership is by key, never by comparing the units' fields)."""
         first = preemptor.first
         request, size = first.spec.resources, len(preemptor.tasks)
         most = self.settings.max_victims
-        offered: dict[int, Unit] = {}
+        workers = set(room)
+        offered: list[Unit] = []
+        seen: set[str] = set()
+        on = self.units.on
+        may_take, reason = self.units.free_to_take, self.triggers.reason
         for worker_id in sorted(shape.eligible):
-            if worker_id in self.units.backoff:
+            if worker_id in self.units.backoff or worker_id not in on:
                 continue
-            units = sorted(
-                self.candidates(worker_id, first, trigger),
-                key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)),
-            )
-            for unit in units[:most]:
-                offered.setdefault(id(unit), unit)
-        counted = _Counted(self.room, room, request, shape.eligible)
-        order = {id(unit): (unit.preemption_class, victim_key(unit)) for unit in offered.values()}
+            largest = self._largest_first.get(worker_id)
+            if largest is None:
+                largest = self._largest_first[worker_id] = sorted(
+                    on[worker_id], key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit))
+                )
+            taken = 0  # the worker's ``most`` largest units it may take (``candidates``' filter)
+            for unit in largest:
+                if not (may_take(unit) and reason(unit, first, trigger)):
+                    continue
+                if unit.key not in seen:
+                    seen.add(unit.key)
+                    offered.append(unit)
+                taken += 1
+                if taken == most:
+                    break
+        offered.sort(key=lambda unit: unit.preemption_class)  # stable: the offers' order within a class
+        eligible = shape.eligible
+        counted = set(workers)  # the workers ``tasks_with`` counts: ``workers`` and the eligible freed
+        freed: dict[str, Resources] = {}  # what the chosen units free on each counted worker
+        free = self.room.free
         chosen: list[Unit] = []
-        have = sum(room.values())
+        chosen_keys: set[str] = set()
+        have = self.room.tasks_with(chosen, workers, request, eligible)
+        #: each offer's gain, kept until a unit chosen frees one of the same workers
+        gains: dict[str, int] = {}
+        sharing: dict[str, list[Unit]] = {}
+        for unit in offered:
+            for worker_id in unit.frees:
+                sharing.setdefault(worker_id, []).append(unit)
+
+        def gain(unit: Unit) -> int:
+            added = gains.get(unit.key)
+            if added is not None:
+                return added
+            added = 0
+            for worker_id, (resources, _) in unit.frees.items():
+                known = worker_id in counted
+                if not known and worker_id not in eligible:
+                    continue
+                base = free[worker_id].capacity.free
+                if worker_id in freed:
+                    base = plus(base, freed[worker_id])
+                added += tasks_fitting(plus(base, resources), request)
+                if known:
+                    added -= tasks_fitting(base, request)
+            gains[unit.key] = added
+            return added
+
         while len(chosen) < most:
             best: tuple[tuple[object, ...], Unit, int] | None = None
-            for unit in offered.values():
-                gained = counted.gain(unit)
-                if gained <= 0:
-                    continue
-                preemption_class, key = order[id(unit)]
-                rank = (preemption_class, -gained, key)
-                if best is None or rank < best[0]:
-                    best = (rank, unit, gained)
+            at = 0
+            while at < len(offered) and best is None:  # one class at a time, lowest first
+                klass = offered[at].preemption_class
+                while at < len(offered) and offered[at].preemption_class == klass:
+                    unit = offered[at]
+                    at += 1
+                    if unit.key in chosen_keys:
+                        continue
+                    added = gain(unit)
+                    if added <= 0:
+                        continue
+                    rank = (unit.preemption_class, -added, victim_key(unit))
+                    if best is None or rank < best[0]:
+                        best = (rank, unit, have + added)
             if best is None:
                 return None
             unit = best[1]
             chosen.append(unit)
-            del offered[id(unit)]
-            counted.add(unit)
-            have += best[2]
+            chosen_keys.add(unit.key)
+            for worker_id, (resources, _) in unit.frees.items():
+                if worker_id in counted or worker_id in eligible:
+                    counted.add(worker_id)
+                    freed[worker_id] = plus(freed[worker_id], resources) if worker_id in freed else resources
+                for other in sharing.get(worker_id, ()):
+                    gains.pop(other.key, None)
+            have = best[2]
             if have >= size:
                 return chosen
         return None
@@ -364,41 +420,6 @@ class Search:
             if self.room.tasks_with(trial, workers, request, workers) >= size:
                 kept = trial
         return kept
-
-
-class _Counted:
-    """The eligible workers' free capacity once the units added so far have gone, and the tasks of
-    ``request`` each holds: ``Room.tasks_with`` kept up to date one unit at a time. A worker
-    counts once it holds a task now (``room``) or a chosen unit frees it."""
-
-    def __init__(
-        self, room: Room, holding: Mapping[str, int], request: Resources, eligible: AbstractSet[str]
-    ) -> None:
-        self.room = room
-        self.request = request
-        self.eligible = eligible
-        self.capacity = {worker_id: room.free[worker_id].capacity.free for worker_id in holding}
-        self.tasks = dict(holding)
-
-    def gain(self, unit: Unit) -> int:
-        """Tasks more once ``unit`` has gone too."""
-        gained = 0
-        for worker_id, (resources, _) in unit.frees.items():
-            if worker_id not in self.eligible:
-                continue
-            have = self.capacity.get(worker_id)
-            base = self.room.free[worker_id].capacity.free if have is None else have
-            gained += tasks_fitting(plus(base, resources), self.request) - self.tasks.get(worker_id, 0)
-        return gained
-
-    def add(self, unit: Unit) -> None:
-        for worker_id, (resources, _) in unit.frees.items():
-            if worker_id not in self.eligible:
-                continue
-            have = self.capacity.get(worker_id)
-            base = self.room.free[worker_id].capacity.free if have is None else have
-            self.capacity[worker_id] = plus(base, resources)
-            self.tasks[worker_id] = tasks_fitting(self.capacity[worker_id], self.request)
 
 
 def search_cut(missing: int, examined: int) -> bool:

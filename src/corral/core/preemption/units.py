@@ -24,7 +24,7 @@ class Victims:
     """The plan's victim units by worker (in comparator order) and each worker's ``reach``: built
     from the inputs alone (and the free GPUs at the start of the plan), once per plan."""
 
-    __slots__ = ("_allocations", "_grouped", "reach", "units", "units_on")
+    __slots__ = ("_allocations", "_by_pool", "_grouped", "reach", "units", "units_on")
 
     def __init__(
         self, inputs: PlanInputs, free: Mapping[str, Free], free_gpus_at_start: Mapping[str, int]
@@ -34,6 +34,8 @@ class Victims:
         #: (``allocations_by_pool``), read on the first group asked
         self._grouped: set[str] = set()
         self._allocations: dict[str, dict[str, tuple[float, Resources]]] | None = None
+        #: the units of each pool, listed on the first group asked (not one scan of every unit a pool)
+        self._by_pool: dict[str, list[Unit]] | None = None
         self.units_on: dict[str, list[Unit]] = {}
         for unit in units:
             for worker_id in unit.frees:
@@ -53,12 +55,11 @@ class Victims:
             self._grouped.add(unit.pool)
             if self._allocations is None:
                 self._allocations = allocations_by_pool(inputs)
-            group_pool(
-                unit.pool,
-                [other for other in self.units if other.pool == unit.pool],
-                self._allocations,
-                inputs,
-            )
+            if self._by_pool is None:
+                self._by_pool = {}
+                for other in self.units:
+                    self._by_pool.setdefault(other.pool, []).append(other)
+            group_pool(unit.pool, self._by_pool[unit.pool], self._allocations, inputs)
         return unit.group
 
 
