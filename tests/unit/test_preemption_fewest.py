@@ -32,8 +32,10 @@ def plain_fewest_victims(search, preemptor, room, shape, trigger) -> list[Unit] 
     for worker_id in sorted(shape.eligible):
         if worker_id in search.units.backoff:
             continue
-        units = search.candidates(worker_id, first, trigger)
-        units.sort(key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)))
+        units = sorted(
+            search.candidates(worker_id, first, trigger),
+            key=lambda unit: (-unit.frees[worker_id][0].gpus, victim_key(unit)),
+        )
         offered.extend(unit for unit in units[:most] if all(unit is not other for other in offered))
     chosen: list[Unit] = []
     have = search.room.tasks_with(chosen, workers, request, shape.eligible)

@@ -116,7 +116,7 @@ class Search:
         self._shapes: dict[tuple[object, ...], Shape] = {}
         self._bounds: dict[int, list[SetKey]] = {}
         #: ``candidates`` answers until the plan next takes room or victims (``changed``)
-        self._candidates: dict[tuple[str, int, str, Trigger], list[Unit]] = {}
+        self._candidates: dict[tuple[str, int, str, Trigger], tuple[Unit, ...]] = {}
         #: per worker, its units largest there first (``fewest_victims``); the units do not move
         #: during a plan, only whether each may be taken
         self._largest_first: dict[str, list[Unit]] = {}
@@ -365,19 +365,18 @@ class Search:
                 freed = plus(freed, unit.frees[worker_id][0])
         return self.worker_set(worker_id, units, first.spec.resources, freed)
 
-    def candidates(self, worker_id: str, first: Job, trigger: Trigger) -> list[Unit]:
-        """The units on ``worker_id`` that ``first`` may take now, in comparator order (never
-        change the list: it is kept). Which may be taken depends on the preemptor's class and pool
+    def candidates(self, worker_id: str, first: Job, trigger: Trigger) -> tuple[Unit, ...]:
+        """The units on ``worker_id`` that ``first`` may take now, in comparator order. Which may be taken depends on the preemptor's class and pool
         and its trigger alone (``Triggers.reason``), and changes only when the plan takes
         something, so the answer is kept until then: a cycle's preemptors ask again and again."""
         key = (worker_id, first.spec.preemption_class, first.spec.pool, trigger)
         found = self._candidates.get(key)
         if found is None:
-            found = self._candidates[key] = [
+            found = self._candidates[key] = tuple(
                 unit
                 for unit in self.units.on.get(worker_id, ())
                 if self.units.free_to_take(unit) and self.triggers.reason(unit, first, trigger)
-            ]
+            )
         return found
 
     def worker_set(
