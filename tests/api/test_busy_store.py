@@ -164,9 +164,9 @@ def test_the_sdk_sends_a_busy_request_again_until_the_store_answers(busy_server,
         with pytest.raises(ApiError) as refused:
             impatient.job_heartbeat(job.id, "w1", job.attempt)
         assert (refused.value.status, refused.value.code) == (503, "store_busy")
-    with Client(busy_server.url) as client, locked(store_url):  # patient, but not for this one call
+    with WorkerClient(busy_server.url) as patient, locked(store_url):  # patient, but not for this one call
         with pytest.raises(ApiError) as refused:
-            client.job_heartbeat(job.id, "w1", job.attempt, busy_retry_s=0)
+            patient.job_heartbeat(job.id, "w1", job.attempt, busy_retry_s=0)
         assert (refused.value.status, refused.value.code) == (503, "store_busy")
 
 

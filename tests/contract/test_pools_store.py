@@ -183,6 +183,7 @@ LATER_JOB_COLUMNS = {
     "array_throttle",
     "depends_on",
     "awaiting_dependencies",
+    "topology",
 }
 
 
@@ -196,7 +197,7 @@ def test_migration_6_gives_the_pools_of_existing_jobs_a_row(store_url, monkeypat
             [JobSpec(command="true", pool=pool) for pool in ("old/a", "default", "old/a")], NOW
         )
         # A submit of the time: no pools table yet, and none of the columns later migrations add
-        # (workdir: 12; the arrays' and dependencies': 17).
+        # (workdir: 12; the arrays' and dependencies': 17; topology: 18).
         columns = INSERT_JOB.split("(", 1)[1].split(")", 1)[0].replace(" ", "").split(",")
         kept = [index for index, column in enumerate(columns) if column not in LATER_JOB_COLUMNS]
         statement = (

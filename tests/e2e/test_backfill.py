@@ -52,7 +52,7 @@ def test_a_big_gang_is_planned_at_the_limit_and_short_work_backfills_its_room(
         wait_status(client, short, {"done"}, 10)
         # A claim of w2 after ``endless`` was queued: the probe, queued behind it, starts there; the
         # claim takes the first job that fits in queue order, so it passed over ``endless``.
-        probe = client.submit({"command": "sleep 1", "resources": {"gpus": 1}, "walltime_s": 2})["id"]
+        probe = client.submit_body({"command": "sleep 1", "resources": {"gpus": 1}, "walltime_s": 2})["id"]
         probed = wait_status(client, probe, {"running", "done"}, 10)
         assert probed["worker_id"] == "w2"
         assert client.get_job(endless)["status"] == "pending"

@@ -366,9 +366,10 @@ class Search:
         return self.worker_set(worker_id, units, first.spec.resources, freed)
 
     def candidates(self, worker_id: str, first: Job, trigger: Trigger) -> tuple[Unit, ...]:
-        """The units on ``worker_id`` that ``first`` may take now, in comparator order. Which may be taken depends on the preemptor's class and pool
-        and its trigger alone (``Triggers.reason``), and changes only when the plan takes
-        something, so the answer is kept until then: a cycle's preemptors ask again and again."""
+        """The units on ``worker_id`` that ``first`` may take now, in comparator order. Which may be
+        taken depends on the preemptor's class and pool and its trigger alone (``Triggers.reason``),
+        and changes only when the plan takes something, so the answer is kept until then: a cycle's
+        preemptors ask again and again."""
         key = (worker_id, first.spec.preemption_class, first.spec.pool, trigger)
         found = self._candidates.get(key)
         if found is None:
