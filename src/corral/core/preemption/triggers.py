@@ -42,12 +42,22 @@ class Triggers:
             for job in inputs.holding:  # being stopped: counted by their pools, and leaving them
                 if job.status == Status.PREEMPTING:
                     self.books.add(job.spec.pool, job.spec.resources, sign=-1)
+        #: answers that read only the books, by pool and GPUs in all, until the books next move
+        #: (``take``, ``release``): a cycle asks them for hundreds of preemptors of a few shapes
+        self._triggers: dict[tuple[str, int, bool], Trigger] = {}
+        self._may_borrow_alone: dict[tuple[str, int], bool] = {}
 
     def of(self, preemptor: Preemptor, aggressive: bool) -> Trigger:
         """What ``preemptor`` may take beyond lower classes (in the aggressive stage or not)."""
-        pool = preemptor.first.spec.pool
-        beneficiary = self.books.beneficiary(pool, aggressive) if self.books is not None else None
-        return Trigger(self.reclaims(preemptor.first, len(preemptor.tasks)), beneficiary, aggressive)
+        first = preemptor.first
+        pool = first.spec.pool
+        key = (pool, first.spec.resources.gpus * len(preemptor.tasks), aggressive)
+        trigger = self._triggers.get(key)
+        if trigger is None:
+            beneficiary = self.books.beneficiary(pool, aggressive) if self.books is not None else None
+            trigger = Trigger(self.reclaims(first, len(preemptor.tasks)), beneficiary, aggressive)
+            self._triggers[key] = trigger
+        return trigger
 
     def reclaims(self, first: Job, size: int) -> bool:
         """P's pool is below its guarantee even with P running: it may reclaim borrowed capacity.
@@ -129,18 +139,24 @@ class Triggers:
         have left: their GPUs free again and out of their pools' usage."""
         gpus = preemptor.first.spec.resources.gpus * len(preemptor.tasks)
         view = self.guarantees
-        if victims:
-            held = dict(view.held)
-            freed = 0
-            for unit in victims:
-                for job in unit.jobs:
-                    held[job.spec.pool] = held.get(job.spec.pool, 0) - job.spec.resources.gpus
-                    freed += job.spec.resources.gpus
-            view = borrowing.Guarantees(view.free_gpus + freed, view.guaranteed, held)
+        if not victims:
+            key = (preemptor.first.spec.pool, gpus)
+            alone = self._may_borrow_alone.get(key)
+            if alone is None:
+                alone = self._may_borrow_alone[key] = borrowing.may_place(preemptor.first, gpus, view)
+            return alone
+        held = dict(view.held)
+        freed = 0
+        for unit in victims:
+            for job in unit.jobs:
+                held[job.spec.pool] = held.get(job.spec.pool, 0) - job.spec.resources.gpus
+                freed += job.spec.resources.gpus
+        view = borrowing.Guarantees(view.free_gpus + freed, view.guaranteed, held)
         return borrowing.may_place(preemptor.first, gpus, view)
 
     def take(self, placements: Sequence[TaskPlacement], request: Resources, pool: str) -> None:
         """Book the room ``placements`` use to ``pool``."""
+        self._moved()
         self.guarantees.take(pool, request.gpus * len(placements))
         if self.books is not None:
             for _ in placements:
@@ -149,6 +165,7 @@ class Triggers:
     def release(self, chosen: Sequence[Unit]) -> None:
         """The victims' GPUs come free (they still count for their pools' guarantees until they have
         left) and leave their pools' fair-share usage."""
+        self._moved()
         self.guarantees.free_gpus += sum(
             resources.gpus for unit in chosen for resources, _ in unit.frees.values()
         )
@@ -156,3 +173,8 @@ class Triggers:
             for unit in chosen:
                 for job in unit.jobs:
                     self.books.add(job.spec.pool, job.spec.resources, sign=-1)
+
+    def _moved(self) -> None:
+        """The books move: what was kept from them no longer holds."""
+        self._triggers.clear()
+        self._may_borrow_alone.clear()
