@@ -35,7 +35,7 @@ from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.ordering import queue_key
-from corral.core.placement import Capacity
+from corral.core.placement import Capacity, without_holds
 from corral.core.preemption import Preemption, PreemptionSettings, start_preemption
 from corral.core.snapshot import Snapshot
 from corral.domain import errors
@@ -594,7 +594,8 @@ class Engine:
         holds = self.holds.get(worker.id, [])
         view = self._borrowing_view if self.guaranteed else None
         held = self._pool_held if self.claim.limits else None
-        chosen = self.claim.choose(worker, capacity, self._fitting(free), holds, self.now, view, held)
+        candidates = self._fitting(free, *self._beside_holds(capacity, holds))
+        chosen = self.claim.choose(worker, capacity, candidates, holds, self.now, view, held)
         if chosen is None:
             return False
         job, indices = chosen
@@ -626,8 +627,18 @@ class Engine:
             self.held_view = {pool: held for pool, held in self.held_resources.items() if held != ZERO}
         return self.held_view
 
-    def _fitting(self, free: Resources) -> Iterable[Job]:
-        """Pending single jobs that fit ``free`` (the claim query's filter), in queue order."""
+    @staticmethod
+    def _beside_holds(capacity: Capacity, holds: Sequence[Hold]) -> tuple[Resources, frozenset[str]]:
+        """What a job without a walltime may use on a worker with ``holds`` (never the held room:
+        ``claim.choose``), and the jobs that hold room there themselves (they may use their own)."""
+        if not holds:
+            return capacity.free, frozenset()
+        return without_holds(capacity, holds).free, frozenset(hold.gang_id for hold in holds)
+
+    def _fitting(self, free: Resources, beside: Resources, holders: frozenset[str]) -> Iterable[Job]:
+        """Pending single jobs that fit ``free`` (the claim query's filter), in queue order; those
+        without a walltime only if they fit ``beside`` the holds, as the claim's choice would
+        refuse them anyway (a worker whose room is reserved reads thousands a poll otherwise)."""
         jobs = self.jobs
         for _, job_id in self.pending:
             job = jobs[job_id]
@@ -637,6 +648,12 @@ class Engine:
                 and request.memory_mb <= free.memory_mb
                 and request.cpus <= free.cpus
                 and (request.gpus == 0 or request.vram_mb <= free.vram_mb)
+                and (
+                    job.spec.walltime_s is not None
+                    or job.gang_id is not None
+                    or job.id in holders
+                    or beside.covers(request)
+                )
                 and (job.array_throttle is None or self._runnable(job))
             ):
                 yield job
