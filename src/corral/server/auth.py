@@ -364,8 +364,8 @@ _SIGN_IN_PAGE = """<!doctype html>
   <input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
   <button type="submit">Sign in</button>
 </form>
-<p class="muted">The token is kept in a cookie for this site's dashboard only; scripts and the CLI
-send it as <code>Authorization: Bearer TOKEN</code>.</p>
+<p class="muted">The token is kept in a cookie of this site, which the dashboard's pages and the
+API's reads accept (a change through the API takes <code>Authorization: Bearer TOKEN</code> only).</p>
 <script src="/ui/static/login.js"></script>
 </main>
 </body></html>
