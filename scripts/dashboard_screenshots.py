@@ -1,6 +1,10 @@
 """Take the README's dashboard screenshots: a real server and two real workers (4 fake GPUs each),
-a few jobs, a gang and a failure, then Chromium (through Playwright) on the overview, a job page and
-the workers page.
+a pools tree, a few jobs, a gang and a failure, then Chromium (through Playwright) on the overview,
+the jobs, a job page, the workers, the pools and (a second server, with auth on) the sign-in page.
+
+The overview's last 24 hours are drawn from the store's samples, which the server takes once a
+minute: a fresh server has none, so the script writes a day of made-up samples (a queue that builds
+up in the morning and drains, the GPUs allocated following it) before it starts the server.
 
     .venv/bin/python scripts/dashboard_screenshots.py [--out docs/screenshots] [--chromium /usr/bin/chromium]
 """
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -18,6 +23,8 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from corral.client import Client
+from corral.domain.history import ClusterSample, sample_minute
+from corral.store import open_store
 
 TRAIN = 'for i in $(seq 1 400); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
 
@@ -38,6 +45,23 @@ def wait(check, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
     raise RuntimeError("timed out")
 
 
+def seed_history(url: str, now: float) -> None:
+    """A made-up day of samples (see the module docstring): 8 GPUs, a queue peaking mid-day."""
+    store = open_store(url)
+    try:
+        minute = sample_minute(now)
+        for ago in range(24 * 60, 0, -1):
+            hour = (24 * 60 - ago) / 60
+            wave = max(0.0, math.sin(math.pi * (hour - 6) / 14)) if 6 <= hour <= 20 else 0.0
+            queued = round(14 * wave + 2 * math.sin(ago / 17) ** 2)
+            allocated = min(8, round(2 + 6 * min(1.0, wave * 1.6)))
+            store.history.record_sample(
+                ClusterSample(minute - 60 * ago, queued, allocated // 2, 8, allocated)
+            )
+    finally:
+        store.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -49,11 +73,22 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="corral-shots-"))
     gpu_file = directory / "gpu.json"
     gpu_file.write_text(json.dumps({"util_pct": 87, "mem_used_mb": 30000}))
-    server = start(["server", "--db", f"sqlite:///{directory}/c.db", "--port", "0"], directory / "server.log")
-    children = [server]
+    database = f"sqlite:///{directory}/c.db"
+    seed_history(database, time.time())
+    server = start(["server", "--db", database, "--port", "0"], directory / "server.log")
+    tokens = directory / "tokens"
+    tokens.write_text("screenshot-token admin root\n")
+    tokens.chmod(0o600)
+    secured = start(
+        ["server", "--db", f"sqlite:///{directory}/auth.db", "--port", "0", "--auth-tokens", str(tokens)],
+        directory / "secured.log",
+    )
+    children = [server, secured]
     try:
         assert server.stdout is not None
         url = server.stdout.readline().decode().split("listening on ")[1].split()[0]
+        assert secured.stdout is not None
+        secured_url = secured.stdout.readline().decode().split("listening on ")[1].split()[0]
         for name in ("node-a", "node-b"):
             children.append(  # noqa: PERF401
                 start(
@@ -67,6 +102,12 @@ def main() -> int:
             )  # fmt: skip
         with Client(url) as client:
             wait(lambda: len(client.workers()) == 2)
+            for path, settings in (
+                ("team-a", {"weight": 2}),
+                ("team-b", {}),
+                ("team-b/vision", {"weight": 2}),
+            ):
+                client.put_pool(path, settings)
             client.submit_body({"command": "echo preparing data; exit 0", "name": "prep", "pool": "team-a"})
             client.submit_body({"command": "echo oops >&2; exit 3", "name": "broken", "max_retries": 1})
             train = client.submit_body(
@@ -79,6 +120,7 @@ def main() -> int:
             )
             team_b = {"command": "sleep 600", "pool": "team-b"}
             client.submit_body({**team_b, "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}})
+            client.submit_body({"command": "sleep 600", "pool": "team-b/vision", "resources": {"gpus": 1}})
             for index in range(3):
                 client.submit_body({**team_b, "name": f"sweep-{index}", "resources": {"gpus": 4}})
             wait(lambda: client.get_job(train["id"])["status"] == "running")
@@ -86,14 +128,18 @@ def main() -> int:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
                 page = browser.new_page(viewport={"width": 1366, "height": 860})
-                for name, path in (
-                    ("overview", "/"),
-                    ("job", f"/ui/jobs/{train['id']}"),
-                    ("workers", "/ui/workers"),
+                for name, address in (
+                    ("overview", url + "/"),
+                    ("jobs", url + "/ui/jobs"),
+                    ("job", f"{url}/ui/jobs/{train['id']}"),
+                    ("workers", url + "/ui/workers"),
+                    ("pools", url + "/ui/pools"),
+                    ("sign-in", secured_url + "/"),
                 ):
-                    page.goto(url + path)
+                    page.goto(address)
                     time.sleep(2.5)  # the live part and the logs have refreshed
-                    page.screenshot(path=str(args.out / f"{name}.png"))
+                    # the job page whole: its field groups are below the logs
+                    page.screenshot(path=str(args.out / f"{name}.png"), full_page=name == "job")
                     print(f"wrote {args.out / f'{name}.png'}")
                 browser.close()
     finally:

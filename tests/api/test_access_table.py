@@ -194,6 +194,8 @@ def test_every_route_and_role(http: httpx.Client):
             status = response.status_code
             if allowed == OPEN:
                 ok = status not in (401, 403)
+            elif (caller is None or caller == "bad") and method == "GET" and auth.dashboard_path(path):
+                ok = status == 401 and 'id="token-form"' in response.text  # a page: the sign-in page
             elif caller is None or caller == "bad":
                 ok = status == 401 and response.json()["error"]["code"] == "unauthenticated"
             elif caller in allowed:
@@ -390,7 +392,14 @@ def test_the_dashboard_asks_a_browser_for_a_token_and_acts_with_its_role(http: h
     script = http.get("/ui/static/login.js")
     assert script.headers["content-type"].startswith("text/javascript") and "corral_token" in script.text
     assert "Secure" not in page.text, "a Secure cookie is never sent back over plain HTTP"
-    assert http.get("/ui/jobs").json()["error"]["code"] == "unauthenticated", "the API answers JSON"
+    for accept in ({}, {"Accept": "*/*"}):  # curl's, or none: still the page, never a JSON 401
+        plain = http.get("/", headers=accept)
+        assert plain.status_code == 401 and 'id="token-form"' in plain.text, accept
+    json_only = http.get("/ui/jobs", headers={"Accept": "application/json"})
+    assert json_only.json()["error"]["code"] == "unauthenticated", "a script asking for JSON gets JSON"
+    assert "not accepted" not in page.text
+    refused = http.get("/ui/jobs", headers={"Cookie": "corral_token=mistyped", "Accept": "text/html"})
+    assert refused.status_code == 401 and "not accepted" in refused.text, "a bad cookie is said so"
     cookie = {"Cookie": f"corral_token={TOKENS['user']}", "Accept": "text/html"}
     assert http.get("/ui/jobs", headers=cookie).status_code == 200
     job = http.post("/jobs", json={"command": "true"}, headers=headers_for("owner")).json()

@@ -86,3 +86,48 @@ def test_pages_render_on_ten_thousand_jobs(server, api):
     for page in PAGES:
         assert api.get(page).status_code == 200, page
     assert 'data-testid="jobs-pending">10000<' in api.get("/").text
+
+
+def test_jobs_newest_first_by_name_or_command(server, api, clock):
+    first = submit(api, name="prep-data")
+    clock.advance(1)
+    second = submit(api, command="python train.py --epochs 3")
+    page = api.get("/ui/jobs").text
+    assert page.index(second["id"]) < page.index(first["id"]), "what was just submitted comes first"
+    assert "prep-data" in page and "python train.py --epochs 3" in page, "a name, else the command"
+
+
+def test_pools_are_a_tree_with_fair_share_bars(server, api):
+    register(api, "w1", gpus=4)
+    api.put("/pools/research", json={"weight": 3}).raise_for_status()
+    api.put("/pools/research/vision", json={}).raise_for_status()
+    submit(api, pool="research/vision", resources={"gpus": 2})
+    claim(api, "w1")
+    submit(api, pool="ops", resources={"gpus": 1})
+    page = api.get("/ui/pools").text
+    rows = re.findall(r'<tr class="pool-(\w+)" data-pool="([^"]+)" data-depth="(\d)"', page)
+    tree = [(path, int(depth)) for _, path, depth in rows]
+    assert tree == [("default", 0), ("ops", 0), ("research", 0), ("research/vision", 1)]
+    assert page.count('class="share-bar"') == 4
+    vision = page[page.index('data-pool="research/vision"') :]
+    assert ">vision</a>" in vision and "padding-left: 2.0em" in vision, "indented under its parent"
+
+
+def test_the_job_page_groups_its_fields_and_draws_a_timeline_with_an_axis(server, api, clock):
+    register(api, "w1", gpus=1)
+    job = submit(api, name="train", resources={"gpus": 1})
+    clock.advance(30)
+    claim(api, "w1")
+    clock.advance(90)
+    page = api.get(f"/ui/jobs/{job['id']}").text
+    groups = re.findall(r'<h3 id="group-\d+">(\w+)</h3>', page)
+    assert groups[:4] == ["Identity", "Resources", "Scheduling", "Timing"]
+    identity = page[page.index(">Identity<") : page.index(">Resources<")]
+    assert "command" in identity and "train" in identity and "submitted at" not in identity
+    timing = page[page.index(">Timing<") :]
+    assert "submitted at" in timing and "started at" in timing
+    timeline = page[page.index('data-testid="timeline"') : page.index("</svg>")]
+    assert timeline.count('<rect class="bar') == 2, "pending, then running up to now"
+    assert re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', timeline) == [
+        "0", "+15 s", "+30 s", "+45 s", "+60 s", "+75 s", "+90 s", "+105 s", "+120 s",  # one unit
+    ]  # fmt: skip

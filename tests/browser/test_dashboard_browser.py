@@ -40,7 +40,7 @@ def test_every_page_loads(page, server, client: Client, start_worker):
     expect(page.get_by_role("link", name=job["id"])).to_be_visible()
     page.get_by_role("link", name=job["id"]).click()
     expect(page.get_by_role("heading", name=re.compile(f"Job {job['id']}"))).to_be_visible()
-    expect(page.locator(".timeline .bar").first).to_be_visible()
+    expect(page.locator("svg.timeline rect.bar").first).to_be_visible()
     page.goto(f"{server.url}/ui/gangs/{gang['gang_id']}")
     expect(page.get_by_role("heading", name=f"Gang {gang['gang_id']}")).to_be_visible()
     expect(page.get_by_role("heading", name="The drain story")).to_be_visible()
@@ -114,7 +114,7 @@ def test_the_token_form_signs_in_under_the_pages_policy(page, start_server, tmp_
     assert response is not None and response.status == 401
     assert "script-src 'self'" in response.headers["content-security-policy"]
     page.get_by_label("Token").fill("tok-browser-1")
-    page.get_by_role("button", name="Use it").click()
+    page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
     # the first load's 401 (the form) is the one error the console may show
     assert page.console_errors == [

@@ -39,7 +39,7 @@ def test_the_dashboard_over_https_keeps_the_token_in_a_secure_cookie(
         page.set_default_timeout(15_000)
         page.goto(f"{server.url}/ui/jobs/{job['id']}")
         page.get_by_label("Token").fill(TOKEN)
-        page.get_by_role("button", name="Use it").click()
+        page.get_by_role("button", name="Sign in").click()
         expect(page.get_by_role("heading", name=re.compile(f"Job {job['id']}"))).to_be_visible()
         cookie = next(cookie for cookie in context.cookies() if cookie["name"] == "corral_token")
         assert cookie["secure"] is True and cookie["value"] == TOKEN

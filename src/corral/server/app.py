@@ -20,6 +20,7 @@ from starlette.middleware import Middleware
 from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
+from corral.domain.history import SAMPLE_EVERY_S
 from corral.domain.status import Status
 from corral.server import auth, openapi, store_gate
 from corral.server.connections import RefusedConnections
@@ -35,6 +36,7 @@ from corral.server.limits import ClientLimitsMiddleware
 from corral.server.log_watch import LogWatches
 from corral.server.loops.admission import admission_tick
 from corral.server.loops.dependencies import dependencies_tick
+from corral.server.loops.history import history_tick
 from corral.server.loops.reaper import dead_worker_sweep_interval, dead_worker_sweep_tick, reaper_tick
 from corral.server.loops.retention import retention_tick
 from corral.server.loops.runner import Loop, LoopGroup
@@ -115,6 +117,7 @@ def create_app(
                 ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
                 ("retention", settings.retention_tick_s, retention_tick),
                 ("dependencies", settings.dependency_tick_s, dependencies_tick),
+                ("history", SAMPLE_EVERY_S / 2, history_tick),  # each minute sampled, at least once
             )
         ],
         state.metrics,

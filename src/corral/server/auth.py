@@ -344,34 +344,51 @@ def cross_site(scope: Scope) -> bool:
 
 # --- the middleware ----------------------------------------------------------------------------
 
-#: what a browser gets for a dashboard page without a valid token: a form whose script
-#: (``dashboard/static/login.js``: no inline script, the pages' policy forbids it) keeps the token in
-#: the ``corral_token`` cookie (this site only; ``Secure`` when the page came over HTTPS: the browser
-#: never sends the token over plain HTTP, even to a link that drops the ``s``) and loads the page
-#: again with it
-LOGIN_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>corral: token</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"></head>
-<body style="font-family: system-ui, sans-serif; max-width: 32rem; margin: 4rem auto">
-<h1>corral</h1>
+#: what a browser gets for a dashboard page without a valid token: the dashboard's sign-in page,
+#: whose form's script (``dashboard/static/login.js``: no inline script, the pages' policy forbids it)
+#: keeps the token in the ``corral_token`` cookie (this site only; ``Secure`` when the page came over
+#: HTTPS: the browser never sends the token over plain HTTP, even to a link that drops the ``s``) and
+#: loads the page again with it. The cookie's scope, the routes that accept it and this page live
+#: here together, so the rules a browser's token follows are read in one place.
+_SIGN_IN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Sign in · corral</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">
+<link rel="stylesheet" href="/ui/static/corral.css"></head>
+<body>
+<header><nav aria-label="Main"><a class="brand" href="/">corral</a></nav></header>
+<main id="content" class="sign-in">
+<h1>Sign in</h1>
 <p>This server needs a token (ask its admin). The dashboard acts with that token's role.</p>
-<form id="token-form">
-  <label>Token <input id="token" type="password" autocomplete="current-password" required autofocus></label>
-  <button type="submit">Use it</button>
+{rejected}<form id="token-form" class="token-form">
+  <label for="token">Token</label>
+  <input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
+  <button type="submit">Sign in</button>
 </form>
+<p class="muted">The token is kept in a cookie of this site, which the dashboard's pages and the
+API's reads accept (a change through the API takes <code>Authorization: Bearer TOKEN</code> only).</p>
 <script src="/ui/static/login.js"></script>
+</main>
 </body></html>
 """
+_REJECTED = '<p class="error" role="alert">That token was not accepted: it is unknown or revoked.</p>\n'
+
+
+def sign_in_page(rejected: bool) -> str:
+    """The sign-in page; ``rejected``: the browser's cookie held a token that stands for no one
+    (mistyped, or revoked since), which the page says rather than asking again in silence."""
+    return _SIGN_IN_PAGE.format(rejected=_REJECTED if rejected else "")
 
 
 def wants_page(scope: Scope) -> bool:
-    """A browser asking for a dashboard page (not the API, which answers JSON)."""
+    """A dashboard page asked for (``/``, ``/ui/...``, read with GET): it answers the sign-in page,
+    never a JSON 401, unless the caller asks for JSON alone (``Accept: application/json`` without
+    ``text/html``: a script, which gets the API's error)."""
     if scope["method"] != "GET" or not dashboard_path(scope["path"]):
         return False
     for name, value in scope.get("headers", ()):
         if name == b"accept":
-            return b"text/html" in value
-    return False
+            return b"text/html" in value or b"application/json" not in value
+    return True
 
 
 def still_authorized(request: Request) -> Callable[[], bool]:
@@ -474,7 +491,9 @@ class AuthMiddleware:
             )
             return
         if principal is None and wants_page(scope):
-            await HTMLResponse(LOGIN_PAGE, status_code=401)(scope, receive, send)
+            await HTMLResponse(sign_in_page(rejected=token is not None and from_cookie), status_code=401)(
+                scope, receive, send
+            )
             return
         if principal is None:
             response = error_response(

@@ -3,15 +3,16 @@ transactions, the one compare-and-set per transition, leadership) and, as attrib
 composed over the backend's ``Database`` and ``Dialect`` (the jobs, the claim and the gangs over the
 store's ``Applier`` too): ``jobs`` (``SqlJobs``), ``claims`` (``SqlClaims``), ``gangs``
 (``SqlGangs``), ``workers`` (``SqlWorkers``), ``pools`` (``SqlPools``), ``logs`` (``SqlLogs``),
-``retention`` (``SqlRetention``) and ``usage`` (``SqlUsage``). ``store.ports`` names what each one
-offers; a caller types against the one it uses. A backend whose SQL differs for a part hands a part of its own
-(``workers_part``, ``_jobs_part``).
+``retention`` (``SqlRetention``), ``usage`` (``SqlUsage``) and ``history`` (``SqlHistory``).
+``store.ports`` names what each one offers; a caller types against the one it uses. A backend whose
+SQL differs for a part hands a part of its own (``workers_part``, ``_jobs_part``).
 """
 
 from __future__ import annotations
 
 from corral.store.claims import SqlClaims
 from corral.store.gangs import SqlGangs
+from corral.store.history import SqlHistory
 from corral.store.jobs import SqlJobs
 from corral.store.logs import SqlLogs
 from corral.store.operations import SqlWorkers
@@ -36,6 +37,7 @@ class ComposedStore(SqlStore):
     logs: SqlLogs
     retention: SqlRetention
     usage: SqlUsage
+    history: SqlHistory
 
     def _compose(self) -> None:
         self.jobs = self._jobs_part()
@@ -46,6 +48,7 @@ class ComposedStore(SqlStore):
         self.logs = SqlLogs(self, self.sql_dialect)
         self.retention = SqlRetention(self, self.sql_dialect, self.size_bytes)
         self.usage = SqlUsage(self, self.sql_dialect)
+        self.history = SqlHistory(self, self.sql_dialect)
 
     def _jobs_part(self) -> SqlJobs:
         """The jobs' part (PostgreSQL settles a report in one statement: its own)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from corral.domain.history import ClusterSample
 from corral.domain.pools import PoolSettings, PoolUsage, StarvationState
 from corral.domain.records import Allocation, Hold, Job, JobEvent, Worker, WorkerContact
 from corral.domain.status import Status
@@ -232,6 +233,15 @@ class Usage(Protocol):
     def purge_usage(self, cutoff: float, batch: int) -> int: ...
 
 
+class History(Protocol):
+    """The cluster's history (``store.history``, ``domain.history``): a sample a minute, written
+    once per minute whoever writes it, read for a window, removed past its retention."""
+
+    def record_sample(self, sample: ClusterSample) -> bool: ...
+    def samples(self, since: float, until: float) -> list[ClusterSample]: ...
+    def purge_samples(self, cutoff: float, batch: int) -> int: ...
+
+
 class Store(Backend, Protocol):
     """What the server holds: the database, with every port as an attribute (``store.jobs.change``,
     ``store.claims.claim_many``). Type a caller against the ports it uses, not this, unless it
@@ -253,3 +263,5 @@ class Store(Backend, Protocol):
     def retention(self) -> Retention: ...
     @property
     def usage(self) -> Usage: ...
+    @property
+    def history(self) -> History: ...

@@ -262,6 +262,13 @@ DECLARED_COLUMNS: dict[str, tuple[Column, ...]] = {
         "wait_s DOUBLE PRECISION",
         "status TEXT NOT NULL",
     ),
+    "cluster_samples": columns(  # migration 19
+        "at DOUBLE PRECISION NOT NULL",
+        "queued_jobs INTEGER NOT NULL",
+        "running_jobs INTEGER NOT NULL",
+        "gpus_total INTEGER NOT NULL",
+        "gpus_allocated INTEGER NOT NULL",
+    ),
 }
 
 DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -277,6 +284,7 @@ DECLARED_PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "job_log_chunks": ("job_id", "attempt", "start_offset"),
     "pool_starvation": ("path",),
     "attempt_usage": ("job_id", "attempt"),
+    "cluster_samples": ("at",),
 }
 
 DECLARED_INDEXES: dict[str, Index] = {
@@ -734,6 +742,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             # API.md "Topology": where a gang's ranks may sit, as JSON ({"required": LEVEL} or
             # {"preferred": LEVEL}), '' for anywhere. Written at submit, read by the admission.
             "ALTER TABLE jobs ADD COLUMN topology TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
+    Migration(
+        19,
+        "cluster history",
+        (
+            # The dashboard overview's last 24 hours (``domain.history``): one row a minute, the
+            # minute's start its key, so replicas and a new leader sampling the same minute write
+            # it once. The samples loop removes rows past eight days by the key.
+            """
+            CREATE TABLE cluster_samples (
+                at DOUBLE PRECISION NOT NULL,
+                queued_jobs INTEGER NOT NULL,
+                running_jobs INTEGER NOT NULL,
+                gpus_total INTEGER NOT NULL,
+                gpus_allocated INTEGER NOT NULL,
+                PRIMARY KEY (at)
+            )
+            """,
         ),
     ),
 )

@@ -1,11 +1,14 @@
 """The dashboard: server-rendered pages (Jinja2), a small script of our own for live updates, no
 build step and no external request (the CSS and the script are served from the package).
 
-Pages: ``/`` the cluster overview, ``/ui/jobs`` the job list (filters, cursor pages), ``/ui/jobs/{id}``
-a job (every field, its timeline, why, live logs, cancel), ``/ui/gangs/{id}`` a gang (ranks, workers,
-the drain story), ``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools. Each page answers
-``?partial=1`` with its live part alone, which the script fetches every few seconds; cancel is a
-plain form post (it works without the script too).
+Pages: ``/`` the cluster overview (with the last 24 hours of the queue and the GPUs allocated, from
+the samples the ``history`` loop stores each minute), ``/ui/jobs`` the job list (newest first,
+filters, cursor pages), ``/ui/jobs/{id}`` a job (its fields by group, its timeline on a time axis,
+why, live logs, cancel), ``/ui/gangs/{id}`` a gang (ranks, workers, the drain story),
+``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools as a tree, each with its fair share
+against its usage. Each page answers ``?partial=1`` with its live part alone, which the script
+fetches every few seconds; cancel is a plain form post (it works without the script too). With
+auth on, a page asked for without a valid token answers the sign-in page (``auth.sign_in_page``).
 
 Every page reads the store: its handler is a plain function, run by the server's executor as long work
 (``state.store_handler``, ``Work.LONG``: a store thread with the short switch interval).
@@ -76,6 +79,8 @@ def overview(request: Request) -> Response:
     rows = views.workers(state.store.workers)
     totals = views.gpu_totals(rows)
     jobs = state.store.jobs.count_jobs_by_status()
+    now = state.clock.now()
+    samples = state.store.history.samples(now - views.HISTORY_WINDOW_S, now)
     return _render(
         request,
         "overview.html",
@@ -84,10 +89,11 @@ def overview(request: Request) -> Response:
         jobs=jobs,
         jobs_total=sum(jobs.values()),
         workers=rows,
-        pools=views.pools(state.store.jobs, fair_share_now(state)),
-        gpu_hours=views.gpu_hours_by_pool(state.store.usage, state.clock.now(), own_user),
+        pools=views.pool_tree(state.store.jobs, fair_share_now(state)),
+        gpu_hours=views.gpu_hours_by_pool(state.store.usage, now, own_user),
         own_usage=own_user is not None,
-        now=to_rfc3339(state.clock.now()),
+        history=views.cluster_history(samples, now),
+        now=to_rfc3339(now),
     )
 
 
@@ -102,6 +108,7 @@ def job_list(request: Request) -> Response:
         pool=params.get("pool") or None,
         worker_id=params.get("worker_id") or None,
         gang_id=params.get("gang_id") or None,
+        newest=True,  # what was just submitted comes first (issue 23), as `corral jobs` lists it
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
     jobs = standing(views.job_list(state.store.jobs, filters, PAGE_SIZE, after), state.standing_verdicts)
@@ -154,7 +161,7 @@ def pools_page(request: Request) -> Response:
         request,
         "pools.html",
         title="Pools",
-        pools=views.pools(state.store.jobs, fair_share_now(state)),
+        pools=views.pool_tree(state.store.jobs, fair_share_now(state)),
         gpus=totals,
     )
 

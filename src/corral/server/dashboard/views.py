@@ -1,7 +1,8 @@
 """What each dashboard page shows, read from the store: plain values for the templates.
 
 Every page reads a bounded amount whatever the cluster's size: counts come from ``GROUP BY``
-queries, the job list is one cursor page, a job page is one job and its events. So the pages stay
+queries, the job list is one cursor page, a job page is one job and its events, the overview's
+last 24 hours at most 1,440 samples read by their key. So the pages stay
 fast on 10,000 jobs (``tests/browser`` and ``tests/api/test_dashboard.py`` check it).
 """
 
@@ -13,8 +14,10 @@ from typing import Any
 
 from corral.core import topology
 from corral.core.explain import explain
-from corral.core.fairshare import FairShareState
+from corral.core.fairshare import FairShareState, dominant
 from corral.domain.clock import to_rfc3339
+from corral.domain.history import ClusterSample
+from corral.domain.pools import Starvation, ancestors, tree_order
 from corral.domain.records import Job, JobEvent, Worker
 from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus
 from corral.protocol.wire import gang_status, job_to_wire
@@ -54,8 +57,10 @@ class Segment:
     status: str
     start: str | None
     seconds: float
-    percent: float
     reason: str = ""
+    #: its place on the job page's chart (``CHART_WIDTH`` wide)
+    x: float = 0.0
+    width: float = 0.0
 
 
 @dataclass
@@ -145,31 +150,168 @@ def gpu_totals(rows: list[WorkerRow]) -> GpuTotals:
     return totals
 
 
-def pools(store: Jobs, fair: FairShareState) -> list[dict[str, Any]]:
-    """Each pool with jobs: GPUs used and waited for, its fair share of the GPUs (the part of its
-    own jobs, ``corral.core.fairshare``), used over share, and its starvation."""
+@dataclass
+class PoolNode:
+    """One row of the pools tree: a pool with its whole subtree's place in the fair share (dominant
+    shares of the cluster, 0..1: what the scheduler compares) and its own jobs' GPUs."""
+
+    path: str
+    name: str
+    depth: int
+    weight: float
+    #: the subtree's fair share and usage (dominant shares, 0..1)
+    fair_share: float
+    usage: float
+    #: GPUs the pool's own jobs hold and wait for
+    gpus_used: int
+    gpus_waiting: int
+    starvation: str
+    jobs: dict[str, int]
+
+    @property
+    def ratio(self) -> float:
+        """Usage over fair share (0 when the pool is entitled to nothing)."""
+        return self.usage / self.fair_share if self.fair_share > 0 else 0.0
+
+    @property
+    def state(self) -> str:
+        """over / under / at its share, by the starvation tolerance's 0.8 and its mirror 1.2."""
+        if self.fair_share <= 0:
+            return "idle" if self.usage <= 0 else "over"
+        return "under" if self.ratio < 0.8 else "over" if self.ratio > 1.2 else "at"
+
+
+def pool_tree(store: Jobs, fair: FairShareState) -> list[PoolNode]:
+    """Every pool (declared, implied by a descendant, or named by a job), each right before its
+    subtree, indented by its depth: a subtree's fair share against its usage, as the scheduler
+    weighs siblings against each other."""
     counts = store.count_jobs_by_pool()
-    total = fair.shares.total
-    rows = []
-    for pool in sorted(counts):
-        by_status = counts[pool]
-        holding = sum(by_status.get(status.value, (0, 0))[1] for status in HOLDING)
-        waiting = sum(by_status.get(status, (0, 0))[1] for status in ("pending", "blocked"))
-        share = fair.shares.own.get(pool)
-        fair_gpus = share.fair[0] * total.gpus if share is not None else 0.0
-        starving = fair.starvation.get(pool)
-        rows.append(
-            {
-                "pool": pool,
-                "jobs": {status: by_status[status][0] for status in STATUS_ORDER if status in by_status},
-                "gpus_used": holding,
-                "gpus_waiting": waiting,
-                "share": fair_gpus,
-                "ratio": (holding / fair_gpus) if fair_gpus else 0.0,
-                "starvation": starving.status.value.replace("_", " ") if starving is not None else "",
-            }
+    paths = set(fair.pools) | set(counts)
+    paths |= {ancestor for path in list(paths) for ancestor in ancestors(path)}
+    nodes = []
+    for path in sorted(paths, key=tree_order):
+        by_status = counts.get(path, {})
+        share = fair.shares.pools.get(path)
+        starving = fair.starvation.get(path)
+        pool = fair.pools.get(path)
+        nodes.append(
+            PoolNode(
+                path=path,
+                name=path.rsplit("/", 1)[-1],
+                depth=path.count("/"),
+                weight=pool.weight if pool is not None else 1.0,
+                fair_share=share.fair_share if share is not None else 0.0,
+                usage=dominant(share.usage) if share is not None else 0.0,
+                gpus_used=sum(by_status.get(status.value, (0, 0))[1] for status in HOLDING),
+                gpus_waiting=sum(by_status.get(status, (0, 0))[1] for status in ("pending", "blocked")),
+                starvation=""
+                if starving is None or starving.status == Starvation.NON_STARVING
+                else starving.status.value.replace("_", " "),
+                jobs={status: by_status[status][0] for status in STATUS_ORDER if status in by_status},
+            )
         )
-    return rows
+    return nodes
+
+
+#: the overview's history charts: the last 24 hours, a tick every 3 hours (UTC), a line broken
+#: where samples are missing for longer than ``_GAP_S`` (the servers were down: nothing is known)
+HISTORY_WINDOW_S = 86400.0
+_HISTORY_TICK_S = 3 * 3600.0
+_GAP_S = 3 * 60.0
+#: a history chart's plot area in its own units (the SVG scales to the page)
+PLOT_WIDTH = 560.0
+PLOT_HEIGHT = 120.0
+
+
+@dataclass
+class HistoryChart:
+    """One series of the cluster's history over the window, as an SVG draws it: polylines (one per
+    run of samples without a gap), an optional ceiling line (the GPUs there were), axis ticks."""
+
+    title: str
+    unit: str
+    lines: list[str]
+    ceiling: list[str]
+    x_ticks: list[Tick]
+    y_ticks: list[tuple[float, str]]
+    latest: int | None
+    peak: int
+    samples: int
+
+
+def _nice_ceiling(value: float) -> float:
+    """The axis top for ``value``: 1, 2 or 5 times a power of ten, at least ``value``."""
+    top = 1.0
+    while top < value:
+        for factor in (2.0, 2.5, 2.0):
+            top *= factor
+            if top >= value:
+                break
+    return top
+
+
+def history_chart(
+    samples: Sequence[ClusterSample],
+    now: float,
+    title: str,
+    unit: str,
+    value: str,
+    ceiling: str | None = None,
+) -> HistoryChart:
+    """The ``value`` attribute of ``samples`` (and ``ceiling``'s, drawn as a dashed limit) over the
+    24 hours before ``now``, scaled to the plot: time to x, the value to y from a round top."""
+    start = now - HISTORY_WINDOW_S
+    shown = [sample for sample in samples if start <= sample.at <= now]
+    values = [int(getattr(sample, value)) for sample in shown]
+    ceilings = [int(getattr(sample, ceiling)) for sample in shown] if ceiling else []
+    top = _nice_ceiling(max([*values, *ceilings, 1]))
+
+    def point(sample: ClusterSample, amount: int) -> str:
+        x = PLOT_WIDTH * (sample.at - start) / HISTORY_WINDOW_S
+        return f"{x:.1f},{PLOT_HEIGHT - PLOT_HEIGHT * amount / top:.1f}"
+
+    def lines(amounts: list[int]) -> list[str]:
+        runs: list[list[str]] = []
+        previous: float | None = None
+        for sample, amount in zip(shown, amounts, strict=True):
+            if previous is None or sample.at - previous > _GAP_S:
+                runs.append([])
+            runs[-1].append(point(sample, amount))
+            previous = sample.at
+        # a run of one sample is drawn as a short flat stroke, so that it shows
+        return [" ".join(run) if len(run) > 1 else f"{run[0]} {_nudged(run[0])}" for run in runs]
+
+    first_tick = start - start % _HISTORY_TICK_S + _HISTORY_TICK_S
+    x_ticks = []
+    at = first_tick
+    while at <= now:
+        x_ticks.append(Tick(PLOT_WIDTH * (at - start) / HISTORY_WINDOW_S, (to_rfc3339(at) or "")[11:16]))
+        at += _HISTORY_TICK_S
+    y_ticks = [(PLOT_HEIGHT - PLOT_HEIGHT * part, f"{top * part:g}") for part in (0.0, 0.5, 1.0)]
+    return HistoryChart(
+        title,
+        unit,
+        lines(values),
+        lines(ceilings) if ceiling else [],
+        x_ticks,
+        y_ticks,
+        values[-1] if values else None,
+        max(values, default=0),
+        len(shown),
+    )
+
+
+def _nudged(point: str) -> str:
+    x, y = point.split(",")
+    return f"{float(x) + 2:.1f},{y}"
+
+
+def cluster_history(samples: Sequence[ClusterSample], now: float) -> list[HistoryChart]:
+    """The overview's two charts: the queue's length, and the GPUs allocated under the GPUs there were."""
+    return [
+        history_chart(samples, now, "Queue length", "jobs waiting", "queued_jobs"),
+        history_chart(samples, now, "GPUs allocated", "GPUs held", "gpus_allocated", ceiling="gpus_total"),
+    ]
 
 
 #: the overview's usage window: the last seven days
@@ -183,28 +325,143 @@ def gpu_hours_by_pool(store: Usage, now: float, user: str | None) -> list[tuple[
     return sorted(rows, key=lambda row: (-row[1], row[0]))
 
 
-def timeline(events: list[JobEvent], now: float) -> list[Segment]:
-    """The job's history as consecutive bars, one per status, sized by time spent in it (the last
-    one, unless terminal, up to ``now``)."""
+#: the width of the dashboard's SVG charts in their own units (they scale to the page's width)
+CHART_WIDTH = 1000.0
+#: tick steps a time axis picks from (seconds): the smallest that keeps it to eight ticks or fewer
+_TICK_STEPS = (
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+)
+
+
+@dataclass
+class Tick:
+    x: float
+    label: str
+
+
+@dataclass
+class TimelineChart:
+    """A job's history drawn on a time axis: one bar per status, from its event to the next."""
+
+    segments: list[Segment]
+    ticks: list[Tick]
+    start: str
+    span_s: float
+
+
+def axis_label(seconds: float, step: float) -> str:
+    """``45 s``, ``12 min``, ``1.5 h``, ``2 d``: a tick's time in its axis's unit (the step's: one
+    axis never mixes seconds and minutes)."""
+    if step < 60:
+        return f"{seconds:g} s"
+    if step < 3600:
+        return f"{seconds / 60:g} min"
+    if step < 86400:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 86400:g} d"
+
+
+def axis_ticks(span_s: float) -> list[tuple[float, float, float]]:
+    """Ticks for an axis of ``span_s`` seconds: ``(seconds from its start, x, step)`` at a round
+    step (the smallest that keeps eight ticks or fewer)."""
+    step = next((step for step in _TICK_STEPS if span_s / step <= 8), _TICK_STEPS[-1])
+    count = int(span_s // step)
+    return [(index * step, CHART_WIDTH * index * step / span_s, step) for index in range(count + 1)]
+
+
+def timeline(events: list[JobEvent], now: float) -> TimelineChart:
+    """The job's history on a time axis: one bar per status, from its event to the next (the last
+    one, unless terminal, up to ``now``), and round ticks counted from its submission."""
     if not events:
-        return []
+        return TimelineChart([], [], "", 0.0)
     spans = []
     for index, event in enumerate(events):
         end = events[index + 1].at if index + 1 < len(events) else None
         if end is None:
             end = event.at if event.to_status in TERMINAL else max(now, event.at)
         spans.append((event, max(0.0, end - event.at)))
-    total = sum(seconds for _, seconds in spans) or 1.0
-    return [
+    first = events[0].at
+    span = max(1.0, sum(seconds for _, seconds in spans))
+    segments = [
         Segment(
             event.to_status.value,
             to_rfc3339(event.at),
             seconds,
-            max(0.5, 100.0 * seconds / total),
             f"{event.reason.code}: {event.reason.message}" if event.reason else "",
+            x=CHART_WIDTH * (event.at - first) / span,
+            width=max(2.0, CHART_WIDTH * seconds / span),
         )
         for event, seconds in spans
     ]
+    ticks = [
+        Tick(x, "0" if seconds == 0 else "+" + axis_label(seconds, step))
+        for seconds, x, step in axis_ticks(span)
+    ]
+    return TimelineChart(segments, ticks, to_rfc3339(first) or "", span)
+
+
+#: the job page's field groups: wire keys in the order they read best; a key no group names
+#: (a field added later) shows under "more", so the page never hides one
+FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "Identity",
+        ("id", "name", "command", "user", "pool", "workdir", "env", "gang_id", "gang_size", "gang_index",
+         "array_id", "array_index", "array_size", "after"),
+    ),
+    (
+        "Resources",
+        ("resources", "constraints", "topology", "worker_id", "gpu_indices", "gpu_util_pct", "rss_mb",
+         "progress"),
+    ),
+    (
+        "Scheduling",
+        ("status", "reason", "priority", "preemption_class", "max_retries", "attempts", "attempt",
+         "watchdog_retries", "preempted_count", "reservation_epoch", "preemption_epoch", "cancel_requested",
+         "preempted_for", "estimated_start_at", "planned_workers", "checkpoint_mode", "has_checkpoint",
+         "checkpoint_failures"),
+    ),
+    (
+        "Timing",
+        ("submitted_at", "reserved_at", "started_at", "drain_started_at", "last_heartbeat_at",
+         "last_checkpoint_at", "checkpoint_deadline", "finished_at", "deadline_at", "walltime_s", "budget_s",
+         "stall_timeout_s"),
+    ),
+    ("Outcome", ("exit_code", "error", "output_tail")),
+)  # fmt: skip
+
+
+def field_groups(wire: dict[str, Any]) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """The job's wire fields in ``FIELD_GROUPS``, each group's empty fields left out (a job that
+    never ran has no exit code to show), the fields no group names under "More"."""
+    named = {key for _, keys in FIELD_GROUPS for key in keys}
+    groups = [
+        (title, [(key, wire[key]) for key in keys if key in wire and wire[key] not in (None, [], {}, "")])
+        for title, keys in FIELD_GROUPS
+    ]
+    groups.append(
+        ("More", [(key, value) for key, value in wire.items() if key not in named and value is not None])
+    )
+    return [(title, fields) for title, fields in groups if fields]
 
 
 def job_page(store: Store, job: Job, now: float, principal: Principal | None) -> dict[str, Any]:
@@ -217,11 +474,13 @@ def job_page(store: Store, job: Job, now: float, principal: Principal | None) ->
         allocations = store.workers.allocations()
         holds = store.gangs.list_holds()
     reasons = explain(job, workers_list, allocations, holds, now)
+    wire = redact_job(job_to_wire(job), principal)
     return {
         "job": job,
-        "wire": redact_job(job_to_wire(job), principal),
+        "wire": wire,
         "events": events,
         "timeline": timeline(events, now),
+        "field_groups": field_groups(wire),
         "why": reasons,
         "logs": store.logs.log_sizes(job.id),
         "terminal": job.status in TERMINAL,

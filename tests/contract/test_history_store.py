@@ -1,0 +1,54 @@
+"""The cluster's history in the store (``store.history``, migration 19) on SQLite and PostgreSQL:
+one sample a minute whoever writes it (the first stays: replicas and a new leader do not write a
+minute twice), a window read oldest first, the oldest removed in batches; and the samples loop's
+pass over a real store (``core.history``: what a sample counts)."""
+
+from __future__ import annotations
+
+from corral.core import history
+from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.resources import Resources
+from tests.contract import protocol
+from tests.helpers import NOW, POLICY, register, spec
+
+MINUTE = sample_minute(NOW)
+
+
+def test_a_minute_is_sampled_once_whoever_writes_it(store):
+    first = ClusterSample(MINUTE, 3, 1, 8, 2)
+    assert store.history.record_sample(first) is True
+    assert store.history.record_sample(ClusterSample(MINUTE, 9, 9, 9, 9)) is False, "a replica's same minute"
+    assert store.history.samples(MINUTE - 60, MINUTE + 60) == [first]
+
+
+def test_a_window_is_read_oldest_first_and_bounded(store):
+    for minute in (3, 1, 2, 0):
+        store.history.record_sample(ClusterSample(MINUTE + 60 * minute, minute, 0, 4, minute))
+    window = store.history.samples(MINUTE + 60, MINUTE + 120)
+    assert [sample.at for sample in window] == [MINUTE + 60, MINUTE + 120]
+    assert [sample.queued_jobs for sample in store.history.samples(MINUTE, MINUTE + 600)] == [0, 1, 2, 3]
+    assert store.history.samples(MINUTE + 600, MINUTE + 900) == []
+
+
+def test_the_oldest_samples_are_removed_in_batches(store):
+    for minute in range(5):
+        store.history.record_sample(ClusterSample(MINUTE + 60 * minute, 0, 0, 0, 0))
+    cutoff = MINUTE + 60 * 3
+    assert store.history.purge_samples(cutoff, 2) == 2
+    assert store.history.purge_samples(cutoff, 2) == 1
+    assert store.history.purge_samples(cutoff, 2) == 0
+    assert [sample.at for sample in store.history.samples(0, MINUTE * 2)] == [cutoff, cutoff + 60]
+
+
+def test_a_sample_counts_the_queue_and_the_gpus_held(store):
+    register(store, "w1", gpus=4)
+    register(store, "w2", gpus=2)
+    protocol.submit(store, [spec(resources=Resources(gpus=3)), spec(resources=Resources(gpus=1))], NOW)
+    protocol.submit(store, [spec(resources=Resources(gpus=8))], NOW)  # never fits: queued still
+    store.claims.claim("w1", NOW + 1, POLICY)
+    taken = history.sample(
+        NOW + 75, store.jobs.count_jobs_by_status(), store.workers.workers(), store.workers.allocations()
+    )
+    assert taken.at == sample_minute(NOW + 75)
+    assert (taken.queued_jobs, taken.gpus_total) == (2, 6)
+    assert taken.gpus_allocated == 3, "the 3-GPU job claimed on w1; the 1-GPU one waits its turn"

@@ -1,0 +1,52 @@
+"""The cluster's history, pure parts: what a sample counts (``core.history``) and how the overview
+draws a day of samples (``dashboard.views.history_chart``: time to x, a round top, a line broken
+where no server sampled)."""
+
+from __future__ import annotations
+
+from corral.core import history
+from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.records import Allocation, Worker
+from corral.domain.resources import Resources
+from corral.domain.status import WorkerStatus
+from corral.server.dashboard import views
+
+NOW = 1_800_000_000.0
+
+
+def worker(worker_id: str, gpus: int, status: str = WorkerStatus.ACTIVE) -> Worker:
+    return Worker(worker_id, "127.0.0.1", Resources(gpus=gpus), None, {}, status, NOW, NOW)
+
+
+def test_a_sample_counts_active_workers_gpus_and_the_queue_with_blocked_gangs():
+    workers = [worker("a", 4), worker("b", 4, WorkerStatus.DRAINING), worker("c", 2, WorkerStatus.OFFLINE)]
+    allocations = [
+        Allocation("j1", "a", Resources(gpus=2), (0, 1)),
+        Allocation("j2", "b", Resources(gpus=1), (0,)),  # on a draining worker: not placeable capacity
+    ]
+    taken = history.sample(
+        NOW + 59, {"pending": 3, "blocked": 2, "running": 4, "done": 9}, workers, allocations
+    )
+    assert taken == ClusterSample(sample_minute(NOW + 59), 5, 4, 4, 2)
+    assert taken.at % 60 == 0 and NOW + 59 - taken.at < 60
+
+
+def test_a_day_is_drawn_left_to_right_with_a_gap_where_nothing_was_sampled():
+    now = sample_minute(NOW)
+    minutes = [*range(600, 590, -1), *range(100, 0, -1)]  # ten minutes ten hours ago, then the last 100
+    samples = [ClusterSample(now - 60 * ago, 7, 0, 8, 3) for ago in minutes]
+    samples.append(ClusterSample(now - 2 * 86400, 99, 0, 8, 8))  # outside the window: not drawn
+    queue, gpus = views.cluster_history(samples, now)
+    assert len(queue.lines) == 2, "the gap between the runs is not bridged"
+    assert queue.peak == 7 and queue.latest == 7 and queue.samples == 110
+    first_x = float(queue.lines[0].split()[0].split(",")[0])
+    last_x = float(queue.lines[1].split()[-1].split(",")[0])
+    assert 0 < first_x < last_x <= views.PLOT_WIDTH
+    assert [label for _, label in queue.y_ticks] == ["0", "5", "10"], "a round top above the peak"
+    assert len(gpus.ceiling) == 2 and gpus.y_ticks[-1][1] == "10"
+    assert len(queue.x_ticks) in (7, 8) and all(len(tick.label) == 5 for tick in queue.x_ticks), "HH:MM"
+
+
+def test_an_empty_history_draws_nothing():
+    queue, gpus = views.cluster_history([], NOW)
+    assert queue.lines == [] and gpus.ceiling == [] and queue.latest is None
