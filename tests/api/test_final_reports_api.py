@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from corral.client_errors import ApiError
 from corral.protocol.answers import FinalReportsAnswer
 from corral.protocol.models import MAX_FINAL_REPORTS
+from corral.worker.calls import WorkerClient
 from tests.api.conftest import assert_store_history_is_legal, error_code, register, submit
 
 
@@ -184,3 +186,26 @@ def test_a_malformed_item_is_its_own_400(api, item):
     assert (answers[0]["status"], answers[0]["error"]["code"]) == (400, "invalid_request")
     assert answers[1]["status"] == 200
     assert api.get(f"/jobs/{job['id']}").json()["status"] == "done"
+
+
+def test_the_worker_client_reads_each_outcome_and_an_older_server(server, api):
+    """``WorkerClient.final_reports`` on a real server: None for a report taken, its route's
+    ``ApiError`` for one refused; and None for the whole call where the route is unknown (404),
+    as on a server from before it, which the worker then reports to by the single routes."""
+    register(api)
+    job = submit(api)
+    claim_many(api, 1)
+    with WorkerClient(server.url) as client:
+        taken, refused = client.final_reports(
+            "w1",
+            [
+                {"job_id": job["id"], "attempt": 1, "outcome": "done"},
+                {"job_id": job["id"], "attempt": 1, "outcome": "done"},
+            ],
+        )
+    assert taken is None
+    # the same report twice in one batch: applied in order, the second refused as already applied
+    assert isinstance(refused, ApiError)
+    assert (refused.status, refused.code) == (409, "not_running")
+    with WorkerClient(f"{server.url}/a-server-without-the-route") as older:
+        assert older.final_reports("w1", [{"job_id": job["id"], "attempt": 1, "outcome": "done"}]) is None
