@@ -178,3 +178,13 @@ def test_an_attempt_falls_back_to_its_own_route_on_an_older_server():
     assert len(client.batches) == 1
     assert client.names() == ["done"]
     assert not batcher.batching
+
+
+def test_a_refused_request_sends_its_reports_by_their_own_routes_this_time(full_at_three):
+    """A batch refused as a whole (its body over a limit, say) loses none of its reports."""
+    sender = Sender(lambda reports: ApiError(413, "too_large", "the body is over its limit"))
+    batcher = FinalReports("w1", LONG_WINDOW_S)
+    outcomes = send_together(batcher, sender, ["j-1", "j-2", "j-3"])
+    assert sorted(outcomes["singles"]) == ["j-1", "j-2", "j-3"]
+    assert [outcomes[job_id] for job_id in ("j-1", "j-2", "j-3")] == [None] * 3
+    assert batcher.batching, "the route is there: later reports still go in batches"

@@ -43,8 +43,8 @@ class _Waiting:
     answered: threading.Event = field(default_factory=threading.Event)
     #: the report's own refusal, or the whole request's failure
     error: BaseException | None = None
-    #: the server has no batch route: the report goes by its own
-    unsupported: bool = False
+    #: the report goes by its own route (the server has no batch route, or refused the request)
+    alone: bool = False
 
 
 class FinalReports:
@@ -101,7 +101,7 @@ class FinalReports:
             for start in range(0, len(gathered), MAX_BATCH):
                 self._send(client, gathered[start : start + MAX_BATCH])
         waiting.answered.wait()
-        if waiting.unsupported:
+        if waiting.alone:
             single()
         elif waiting.error is not None:
             raise waiting.error
@@ -110,6 +110,15 @@ class FinalReports:
         """One request for ``batch``; every waiting report answered, whatever happens."""
         try:
             outcomes = client.final_reports(self._worker_id, [waiting.report for waiting in batch])
+        except ApiError as error:
+            if error.status in (400, 413):
+                # The request as a whole was refused (its body over a limit, say), not its
+                # reports: each goes by its own route, and gets its own answer there.
+                for waiting in batch:
+                    waiting.alone = True
+            else:  # every report of it fails alike, and is sent again (a 5xx), or dropped
+                for waiting in batch:
+                    waiting.error = error
         except BaseException as error:  # every report of it fails alike, and is sent again
             for waiting in batch:
                 waiting.error = error
@@ -119,7 +128,7 @@ class FinalReports:
                     logger.info("the server has no batched final reports; each goes by its own route")
                 self._supported = False
                 for waiting in batch:
-                    waiting.unsupported = True
+                    waiting.alone = True
             else:
                 for waiting, outcome in zip(batch, outcomes, strict=True):
                     waiting.error = outcome
