@@ -131,14 +131,17 @@ def test_a_lone_report_goes_when_its_window_ends():
     assert sender.batches == [[{"job_id": "j-1", "attempt": 1, "outcome": "done"}]]
 
 
-def test_more_reports_than_a_batch_holds_go_in_several(monkeypatch: pytest.MonkeyPatch):
-    """A window that gathered more than a request carries sends them all, a batch at a time."""
+def test_no_request_carries_more_reports_than_a_batch_holds(monkeypatch: pytest.MonkeyPatch):
+    """However the reports of a window arrive (more than a request carries may be gathered before
+    the first of them wakes), each request carries at most ``MAX_BATCH``, and every report goes."""
     monkeypatch.setattr(final_reports, "MAX_BATCH", 2)
     sender = Sender()
-    batcher = FinalReports("w1", LONG_WINDOW_S)
-    outcomes = send_together(batcher, sender, ["j-1", "j-2", "j-3", "j-4"])
-    assert sorted(len(batch) for batch in sender.batches) == [2, 2]
-    assert [outcomes[job_id] for job_id in ("j-1", "j-2", "j-3", "j-4")] == [None] * 4
+    batcher = FinalReports("w1", 0.05)
+    job_ids = [f"j-{index}" for index in range(9)]
+    outcomes = send_together(batcher, sender, job_ids)
+    assert all(len(batch) <= 2 for batch in sender.batches), sender.batches
+    assert sorted(report["job_id"] for batch in sender.batches for report in batch) == sorted(job_ids)
+    assert [outcomes[job_id] for job_id in job_ids] == [None] * 9
 
 
 def test_an_attempt_reports_done_and_fail_through_the_batch():
