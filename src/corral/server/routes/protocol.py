@@ -398,7 +398,8 @@ async def report_fail(
 #: reads one item of a batch of final reports (``FinalReport``: done or fail, by ``outcome``)
 _FINAL_REPORT: TypeAdapter[DoneReport | FailReport] = TypeAdapter(FinalReport)
 
-#: a batch's body: each report's fail body (a 64 KiB output tail and error at most) for 64 reports
+#: a batch's body: 160 KiB a report, for 64 reports (a worker's tail is 4 KiB by default; a batch
+#: over it is refused 413, and the worker then sends its reports by their own routes)
 FINAL_REPORTS_BODY_LIMIT = MAX_FINAL_REPORTS * 160 * 1024
 
 
