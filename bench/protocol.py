@@ -14,6 +14,7 @@ After the run every job must be ``done`` (counted with ``GET /jobs?status=done``
 
     .venv/bin/python bench/protocol.py [--db sqlite,postgres] [--jobs 10000] [--batch 1000] [--workers 8]
         [--claim-max N]   # claims of up to N jobs (GET /jobs/next?max=N)
+        [--batched-reports]   # the dones of a claim in one POST /workers/{id}/reports
         [--profile]   # run the server under cProfile and print where its time goes
 
 Targets (2-core machine): >= 1,000 jobs/s on SQLite; ratio >= 40%.
@@ -47,6 +48,8 @@ class Run:
     claims: int
     empty_claims: int
     dones: int
+    #: requests that carried the dones: one per job, or one per claim with batched reports
+    report_requests: int
 
     @property
     def jobs_per_s(self) -> float:
@@ -59,10 +62,19 @@ async def register(conn: harness.HttpConn, worker_id: str, cpus: int) -> None:
 
 
 async def run_protocol(
-    host: str, port: int, jobs: int, batch: int, workers: int, cpus: int, timeout_s: float, claim_max: int = 0
+    host: str,
+    port: int,
+    jobs: int,
+    batch: int,
+    workers: int,
+    cpus: int,
+    timeout_s: float,
+    claim_max: int = 0,
+    batched_reports: bool = False,
 ) -> Run:
     """Submit ``jobs`` in batches while ``workers`` coroutines claim and complete them (with
-    ``claim_max``, each claim asks for up to that many jobs: ``GET /jobs/next?max=N``)."""
+    ``claim_max``, each claim asks for up to that many jobs: ``GET /jobs/next?max=N``; with
+    ``batched_reports``, the dones of one claim go in one ``POST /workers/{id}/reports``)."""
     setup = await harness.HttpConn(host, port).connect()
     worker_ids = [f"bench-w{index}" for index in range(workers)]
     for worker_id in worker_ids:
@@ -81,6 +93,7 @@ async def run_protocol(
         "done": 0,
         "claims": 0,
         "claimed_jobs": 0,
+        "report_requests": 0,
         "empty": 0,
         "submitted": 0,
         "last_done": 0.0,
@@ -98,6 +111,7 @@ async def run_protocol(
         request = conn.request
         claim_path = f"/jobs/next?worker_id={worker_id}" + (f"&max={claim_max}" if claim_max else "")
         done_suffix = f"/done?worker_id={worker_id}&attempt="
+        reports_path = f"/workers/{worker_id}/reports"
         while not finished.is_set():
             status, content = await request(b"GET", claim_path)
             if status == 204:
@@ -109,13 +123,30 @@ async def run_protocol(
                 raise harness.HttpError(f"claim by {worker_id}: {status} {content[:300]!r}")
             state["claims"] += 1
             answer = orjson.loads(content)
-            for job in answer["items"] if claim_max else [answer]:
+            if batched_reports:
+                started = answer["items"] if claim_max else [answer]
+                body = orjson.dumps(
+                    {
+                        "reports": [
+                            {"job_id": job["id"], "attempt": job["attempt"], "outcome": "done"}
+                            for job in started
+                        ]
+                    }
+                )
+                status, content = await request(b"POST", reports_path, body)
+                state["report_requests"] += 1
+                if status != 200 or any(item["status"] != 200 for item in orjson.loads(content)["items"]):
+                    raise harness.HttpError(f"reports by {worker_id}: {status} {content[:300]!r}")
+                state["done"] += len(started)
+                state["claimed_jobs"] += len(started)
+            for job in [] if batched_reports else answer["items"] if claim_max else [answer]:
                 path = f"/jobs/{job['id']}{done_suffix}{job['attempt']}"
                 status, content = await request(b"POST", path, b"")
                 if status != 200:
                     raise harness.HttpError(f"done of {job['id']} by {worker_id}: {status} {content[:300]!r}")
                 state["done"] += 1
                 state["claimed_jobs"] += 1
+                state["report_requests"] += 1
             if state["done"] >= jobs:
                 state["last_done"] = time.perf_counter()
                 finished.set()
@@ -140,6 +171,7 @@ async def run_protocol(
         claims=int(state["claims"]),
         empty_claims=int(state["empty"]),
         dones=int(state["done"]),
+        report_requests=int(state["report_requests"]),
     )
 
 
@@ -189,6 +221,7 @@ async def bench_backend(
             args.cpus,
             args.timeout,
             args.claim_max,
+            args.batched_reports,
         )
     finally:
         server_cpu = harness.cpu_seconds(server.child.process.pid, children=True) - server_cpu
@@ -199,7 +232,7 @@ async def bench_backend(
     done, completed = await verify(server.host, server.port, args.jobs)
     # a claim answered 200 per job, or with --claim-max the claims actually answered 200 (each
     # starting up to that many jobs)
-    per_job = 1 + run.claims / args.jobs + 1 / args.batch
+    per_job = run.report_requests / args.jobs + run.claims / args.jobs + 1 / args.batch
     return {
         "ceiling": ceiling,
         "jobs_s": run.jobs_per_s,
@@ -223,6 +256,7 @@ def report(backend: str, args: argparse.Namespace, result: dict[str, float]) -> 
         f"protocol on {backend}: {args.jobs} no-op jobs, batches of {args.batch},"
         f" {args.workers} simulated workers"
         + (f", claims with max={args.claim_max}" if args.claim_max else "")
+        + (", a claim's dones in one POST /workers/{id}/reports" if args.batched_reports else "")
     )
     print(
         harness.figure(
@@ -234,7 +268,9 @@ def report(backend: str, args: argparse.Namespace, result: dict[str, float]) -> 
     print(harness.figure("no-op ceiling, same server (GET /healthz)", result["ceiling"], "req/s"))
     claims = "claim" if not args.claim_max else f"claims with max={args.claim_max} per job"
     print(
-        f"  {'requests per job':<48} {result['per_job']:>10.3f}          ({claims} + done + 1/batch submit)"
+        f"  {'requests per job':<48} {result['per_job']:>10.3f}          ({claims} + "
+        + ("reports per job" if args.batched_reports else "done")
+        + " + 1/batch submit)"
     )
     print(harness.figure("ceiling / requests per job", result["ceiling"] / result["per_job"], "jobs/s"))
     print(harness.figure("ratio jobs/s / (ceiling / requests per job)", result["ratio"], "%", TARGET_RATIO))
@@ -281,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="claim up to this many jobs per claim (GET /jobs/next?max=N, 1..64); 0: single claims",
+    )
+    parser.add_argument(
+        "--batched-reports",
+        action="store_true",
+        help="the dones of each claim in one POST /workers/{id}/reports (best with --claim-max)",
     )
     parser.add_argument("--noop-seconds", type=float, default=3.0, help="window of the no-op ceiling")
     parser.add_argument(

@@ -281,6 +281,13 @@ class WorkerSettings(BaseSettings):
         " kept in a spill file of the attempt in the state directory, up to this much (and half the"
         " disk's free space); past it the oldest unsent output is dropped with a note. 0: no spill",
     )
+    report_window_s: float = Field(
+        0.005,
+        ge=0,
+        le=1,
+        description="final reports (done, fail) of jobs ending within this long of each other go to the"
+        " server in one request (POST /workers/{id}/reports); 0: each by its own request",
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
     # Watchdogs (seed 004): a job's own budget_s / stall_timeout_s win over these.
     budget_s: float | None = Field(

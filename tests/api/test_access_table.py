@@ -87,6 +87,7 @@ EXPECTED: dict[tuple[str, str], frozenset[str] | str] = {
     ("POST", "/workers/{worker_id}/undrain"): ADMINS,
     ("DELETE", "/workers/{worker_id}"): ADMINS,
     ("POST", "/workers/{worker_id}/leave"): WORKERS,
+    ("POST", "/workers/{worker_id}/reports"): WORKERS,
     ("GET", "/jobs/next"): WORKERS,
     ("POST", "/jobs/{job_id}/heartbeat"): WORKERS,
     ("POST", "/jobs/{job_id}/done"): WORKERS,
@@ -108,6 +109,9 @@ BODIES: dict[tuple[str, str], object] = {
     ("POST", "/jobs/batch"): {"jobs": [{"command": "true"}]},
     ("POST", "/workers/register"): {"id": "w1", "resources": {"cpus": 8}},
     ("POST", "/jobs/{job_id}/fail"): {"exit_code": 1},
+    ("POST", "/workers/{worker_id}/reports"): {
+        "reports": [{"job_id": "j-x", "attempt": 1, "outcome": "done"}]
+    },
     ("POST", "/jobs/{job_id}/watchdog"): {"kind": "stall"},
     ("PUT", "/pools/{path:path}"): {"weight": 1},
 }

@@ -312,3 +312,26 @@ def test_store_threads_zero_runs_the_store_on_the_event_loop(store_url, clock):
             assert api.get("/jobs", params={"limit": 1000}).json()["items"][0]["status"] == "done"
     finally:
         server_store.close()
+
+
+def test_a_batch_of_final_reports_on_a_locked_store_answers_each_report_busy(busy_server, store_url):
+    """Each report of the batch is answered 503 ``store_busy`` as its own route would be (the worker
+    sends those again), nothing of it applied; once the lock is gone the same batch goes through."""
+    with httpx.Client(base_url=busy_server.url, timeout=30) as api:
+        register(api)
+        jobs = [submit(api) for _ in range(2)]
+        for _ in jobs:
+            claim(api)
+        items = [{"job_id": job["id"], "attempt": 1, "outcome": "done"} for job in jobs]
+        with locked(store_url):
+            busy = api.post("/workers/w1/reports", json={"reports": items})
+        assert busy.status_code == 200, busy.text
+        answers = busy.json()["items"]
+        assert [(answer["status"], answer["error"]["code"]) for answer in answers] == [
+            (503, "store_busy")
+        ] * 2
+        assert {api.get(f"/jobs/{job['id']}").json()["status"] for job in jobs} == {"running"}
+    # the store is known to have failed until a write commits again: the worker's client sends the
+    # request again while the server refuses it (503 with Retry-After), until it goes through
+    with WorkerClient(busy_server.url) as worker:
+        assert worker.final_reports("w1", items) == [None, None]

@@ -17,6 +17,11 @@ def fenced(worker_id="w1", attempt=1, **extra):
     return {"worker_id": worker_id, "attempt": attempt, **extra}
 
 
+def refusal(reported) -> tuple[int, str]:
+    """A refused report's status and error code (from its own route or its item of a batch)."""
+    return reported.status_code, reported.json()["error"]["code"]
+
+
 def test_claim_answers_job_attempt_gpus_and_env(api, server):
     register(api, gpus=2, vram_mb=80000)
     job = submit(api, env={"SEED": "7"}, resources={"gpus": 1})
@@ -82,7 +87,7 @@ def test_long_poll_answers_204_at_its_deadline(api):
     assert response.status_code == 204
 
 
-def test_heartbeat_done_and_their_conflicts(api):
+def test_heartbeat_done_and_their_conflicts(api, reporter):
     register(api)
     job = submit(api)
     claim(api)
@@ -91,14 +96,11 @@ def test_heartbeat_done_and_their_conflicts(api):
     assert (beat.status_code, beat.json()) == (200, {})
     assert api.get(path).json()["progress"] == {"step": 3}
     assert api.post(f"{path}/heartbeat", params=fenced()).status_code == 200  # empty body is fine
-    stale = api.post(f"{path}/done", params=fenced(attempt=2))
-    assert (stale.status_code, error_code(stale)) == (409, "stale_attempt")
-    other_worker = api.post(f"{path}/done", params=fenced(worker_id="w9"))
-    assert (other_worker.status_code, error_code(other_worker)) == (409, "stale_attempt")
-    done = api.post(f"{path}/done", params=fenced())
+    assert refusal(reporter.done(job["id"], attempt=2)) == (409, "stale_attempt")
+    assert refusal(reporter.done(job["id"], worker_id="w9")) == (409, "stale_attempt")
+    done = reporter.done(job["id"])
     assert (done.status_code, done.json()["status"]) == (200, "done")
-    again = api.post(f"{path}/done", params=fenced())
-    assert (again.status_code, error_code(again)) == (409, "not_running")
+    assert refusal(reporter.done(job["id"])) == (409, "not_running")
     late_beat = api.post(f"{path}/heartbeat", params=fenced())
     assert (late_beat.status_code, error_code(late_beat)) == (409, "not_running")
 
@@ -115,30 +117,40 @@ def test_reports_without_a_valid_fence_are_400(api, params):
         assert error_code(response) == "invalid_request"
 
 
-def test_reports_for_an_unknown_job_are_404(api):
-    for route in ("heartbeat", "done", "fail"):
-        response = api.post(f"/jobs/j-missing/{route}", params=fenced())
-        assert (response.status_code, error_code(response)) == (404, "not_found")
+def test_reports_for_an_unknown_job_are_404(api, reporter):
+    response = api.post("/jobs/j-missing/heartbeat", params=fenced())
+    assert (response.status_code, error_code(response)) == (404, "not_found")
+    assert refusal(reporter.done("j-missing")) == (404, "not_found")
+    assert refusal(reporter.fail("j-missing")) == (404, "not_found")
 
 
-def test_fail_retries_then_fails_with_exit_code_and_tail(api):
+@pytest.mark.parametrize("attempt", [None, "one", True])
+def test_final_reports_without_a_valid_attempt_are_400(api, reporter, attempt):
+    """The fence's attempt, in the query of a single route or in the item of a batch."""
+    register(api)
+    job = submit(api)
+    claim(api)
+    assert refusal(reporter.done(job["id"], attempt=attempt)) == (400, "invalid_request")
+    assert refusal(reporter.fail(job["id"], attempt=attempt)) == (400, "invalid_request")
+    assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"
+
+
+def test_fail_retries_then_fails_with_exit_code_and_tail(api, reporter):
     register(api)
     job = submit(api, max_retries=2)
     path = f"/jobs/{job['id']}"
     claim(api)
-    first = api.post(
-        f"{path}/fail", params=fenced(), json={"exit_code": 3, "error": "exit 3", "output_tail": "boom"}
-    )
+    first = reporter.fail(job["id"], body={"exit_code": 3, "error": "exit 3", "output_tail": "boom"})
     assert first.json()["status"] == "pending"
     assert first.json()["reason"]["code"] == "retrying"
     assert claim(api)["attempt"] == 2
-    stale = api.post(f"{path}/fail", params=fenced(attempt=1), json={"exit_code": 3})
-    assert (stale.status_code, error_code(stale)) == (409, "stale_attempt")
-    second = api.post(f"{path}/fail", params=fenced(attempt=2), json={"exit_code": 3, "output_tail": "boom"})
+    assert refusal(reporter.fail(job["id"], attempt=1, body={"exit_code": 3})) == (409, "stale_attempt")
+    second = reporter.fail(job["id"], attempt=2, body={"exit_code": 3, "output_tail": "boom"})
     failed = second.json()
     assert (failed["status"], failed["exit_code"], failed["output_tail"]) == ("failed", 3, "boom")
-    bad = api.post(f"{path}/fail", params=fenced(attempt=2), json={"exit_code": "three"})
-    assert bad.status_code == 400
+    bad = reporter.fail(job["id"], attempt=2, body={"exit_code": "three"})
+    assert refusal(bad) == (400, "invalid_request")
+    assert api.get(path).json()["attempts"] == 2
 
 
 def test_cancel_running_goes_through_the_worker(api):
@@ -162,7 +174,7 @@ def test_cancel_running_goes_through_the_worker(api):
     assert events == ["pending", "running", "preempting", "cancelled"]
 
 
-def test_reaper_requeues_an_expired_lease_and_fences_the_old_worker(api, server, clock):
+def test_reaper_requeues_an_expired_lease_and_fences_the_old_worker(api, server, clock, reporter):
     register(api)
     register(api, "w2")
     job = submit(api)
@@ -172,18 +184,17 @@ def test_reaper_requeues_an_expired_lease_and_fences_the_old_worker(api, server,
     requeued = api.get(f"/jobs/{job['id']}").json()
     assert (requeued["status"], requeued["reason"]["code"]) == ("pending", "lease_expired")
     assert claim(api, "w2")["attempt"] == 2
-    zombie = api.post(f"/jobs/{job['id']}/done", params=fenced("w1", 1))
-    assert (zombie.status_code, error_code(zombie)) == (409, "stale_attempt")
+    assert refusal(reporter.done(job["id"], "w1", 1)) == (409, "stale_attempt")
+    assert refusal(reporter.fail(job["id"], "w1", 1, {"exit_code": 1})) == (409, "stale_attempt")
     assert api.get(f"/jobs/{job['id']}").json()["status"] == "running"
 
 
-def test_release_hands_a_job_back_and_malformed_release_is_400(api):
+def test_release_hands_a_job_back_and_malformed_release_is_400(api, reporter):
     register(api)
     job = submit(api, max_retries=1)
     claim(api)
-    bad = api.post(f"/jobs/{job['id']}/fail", params=fenced(), json={"release": "maybe"})
-    assert bad.status_code == 400
-    released = api.post(f"/jobs/{job['id']}/fail", params=fenced(), json={"exit_code": 143, "release": True})
+    assert refusal(reporter.fail(job["id"], body={"release": "maybe"})) == (400, "invalid_request")
+    released = reporter.fail(job["id"], body={"exit_code": 143, "release": True})
     assert (released.json()["status"], released.json()["attempts"]) == ("pending", 0)
 
 

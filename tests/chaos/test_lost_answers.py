@@ -65,3 +65,31 @@ def test_a_lost_claim_answer_costs_a_single_job_no_attempt(db_url: str, start_se
             assert ended == {job.id: "done"}, describe_failures(client, ended)
             assert client.get_job(job.id).attempts == 1
     assert_history(db_url)
+
+
+def test_a_lost_answer_to_a_batch_of_final_reports_reports_nothing_twice(
+    db_url: str, start_server, start_worker
+):
+    """The worker's batched final reports (``POST /workers/{id}/reports``): the server applies a
+    batch, its answer is lost (twice), the worker sends each report again. The retries are refused
+    as already applied (the fence), so the done job ends once at attempt 1 and the failing job
+    spends exactly its two attempts, each re-queue once."""
+    server = start_server("--db", db_url, *FAST_SERVER)
+
+    def drop(head: bytes, status: int) -> bool:
+        return head.startswith(b"POST /workers/w1/reports") and status == 200 and len(proxy.dropped) < 2
+
+    with AnswerDroppingProxy(server.url, drop) as proxy:
+        start_worker(proxy.url, "w1", "--cpus", "2", "--report-window-s", "0.05")
+        with Client(server.url) as client:
+            finished = client.submit_body({"command": "true", "resources": {"cpus": 1}})
+            failing = client.submit_body({"command": "exit 3", "resources": {"cpus": 1}, "max_retries": 2})
+            ended = wait_all_terminal(client, 2, 40)
+            assert ended == {finished.id: "done", failing.id: "failed"}, describe_failures(client, ended)
+            assert len(proxy.dropped) == 2, "the proxy lost no batch's answer: the test proved nothing"
+            assert client.get_job(finished.id).attempts == 1
+            failed = client.get_job(failing.id)
+            assert (failed.attempts, failed.exit_code) == (2, 3)
+            moves = [event.to for event in client.events(failing.id)]
+            assert moves == ["pending", "running", "pending", "running", "failed"], moves
+    assert_history(db_url)

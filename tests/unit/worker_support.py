@@ -25,16 +25,25 @@ def make_run(
     client: Any, command: str, env: dict[str, str] | None = None, **claim_and_settings: Any
 ) -> JobRun:
     """An attempt (``j-1``, attempt 1, worker ``w1``) of ``command``, not started. Keyword arguments
-    that are ``WorkerSettings`` fields tune the worker (fast heartbeats and grace by default); the
-    others go into the claim."""
+    that are ``WorkerSettings`` fields tune the worker (fast heartbeats and grace by default);
+    ``final_reports`` is the attempt's batches of final reports (none by default: its own routes);
+    the others go into the claim."""
     settings = {"heartbeat_s": 0.05, "preempt_grace_s": 0.5}
     claim: dict[str, Any] = {"job_id": "j-1", "attempt": 1, "command": command, "env": env or {}}
+    final_reports = claim_and_settings.pop("final_reports", None)
     for name, value in claim_and_settings.items():
         if name in WorkerSettings.model_fields:
             settings[name] = value
         else:
             claim[name] = value
-    return JobRun(claim_answer(**claim), client, WorkerSettings(**settings), "w1", lambda run: None)
+    return JobRun(
+        claim_answer(**claim),
+        client,
+        WorkerSettings(**settings),
+        "w1",
+        lambda run: None,
+        final_reports=final_reports,
+    )
 
 
 def finish(run: JobRun) -> None:

@@ -432,6 +432,22 @@ class WorkerHeartbeatAnswer(Answer):
     jobs: dict[str, JobBeatAnswer] | None = None
 
 
+class FinalReportAnswer(Answer):
+    """One item of ``POST /workers/{id}/reports``: the status and answer its own route would have
+    given: ``status`` 200 with the job, or the error status with the error (``stale_attempt``,
+    ``not_running``, ``not_found``, ``invalid_request``, ``store_busy``...)."""
+
+    status: int
+    job: JobAnswer | None = None
+    error: ErrorDetail | None = None
+
+
+class FinalReportsAnswer(Answer):
+    """``POST /workers/{id}/reports``: one answer per report, in the order of the reports."""
+
+    items: list[FinalReportAnswer]
+
+
 class ErrorAnswer(Answer):
     """Every error: the status code plus this envelope with a stable ``code``."""
 

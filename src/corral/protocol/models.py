@@ -429,6 +429,37 @@ class FailBody(_Strict):
     reason: FailReason | None = None
 
 
+class DoneReport(_Strict):
+    """One attempt's ``done`` inside its worker's batch (``POST /workers/{id}/reports``): the job and
+    the attempt its fence names, as ``POST /jobs/{id}/done?worker_id=&attempt=`` takes them."""
+
+    job_id: Text = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=0, lt=2**63)
+    outcome: Literal["done"]
+
+
+class FailReport(FailBody):
+    """One attempt's ``fail`` inside its worker's batch: its fence and the single route's body."""
+
+    job_id: Text = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=0, lt=2**63)
+    outcome: Literal["fail"]
+
+
+#: one item of a batch of final reports, told apart by ``outcome``
+FinalReport = Annotated[DoneReport | FailReport, Field(discriminator="outcome")]
+
+#: the most final reports one batch carries: the group commit's bound (one transaction)
+MAX_FINAL_REPORTS = 64
+
+
+class FinalReportsBody(_Strict):
+    """``POST /workers/{id}/reports``: a worker's final reports of several attempts. The items are
+    checked one by one (``FinalReport``), so that a malformed one is that item's 400 alone."""
+
+    reports: list[Any] = Field(min_length=1, max_length=MAX_FINAL_REPORTS)
+
+
 class WatchdogBody(_Strict):
     kind: Literal["budget", "stall", "gpu_health"]
     #: what the watchdog saw (readings, deadlines), kept in the job's event history

@@ -156,6 +156,7 @@ ACCESS: dict[tuple[str, str], Rule] = {
     ("POST", "/workers/{worker_id}/undrain"): ADMIN,
     ("DELETE", "/workers/{worker_id}"): ADMIN,
     ("POST", "/workers/{worker_id}/leave"): WORKER_PATH,
+    ("POST", "/workers/{worker_id}/reports"): WORKER_PATH,
     # the job protocol: every call names its worker in the query (and is fenced by the store)
     ("GET", "/jobs/next"): WORKER_QUERY,
     ("POST", "/jobs/{job_id}/heartbeat"): WORKER_QUERY,

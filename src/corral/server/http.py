@@ -27,7 +27,7 @@ from corral.protocol.answers import Answer
 from corral.protocol.models import describe_error
 from corral.server.envelope import error_response as error_response
 from corral.server.envelope import json_response as json_response
-from corral.server.state import state_of
+from corral.server.state import ServerState, state_of
 
 logger = logging.getLogger("corral.server")
 
@@ -161,6 +161,13 @@ def fence(request: Request) -> tuple[str, int]:
     return worker_id, attempt
 
 
+def note_store_failure(state: ServerState, error: errors.StoreUnavailable) -> None:
+    """A store that failed a request is noted in the server's ``StoreHealth`` (the reaper does not
+    count a silence the store caused), unless it was refused as the store was known to fail."""
+    if not isinstance(error, errors.StoreRefused):
+        state.store_health.failed(error)
+
+
 async def corral_error_handler(request: Request, error: Exception) -> Response:
     """A fault as its envelope; a busy store's 503, or one that could not write, carries
     ``Retry-After`` (nothing was changed, so the worker and the SDK send the same request again
@@ -172,8 +179,7 @@ async def corral_error_handler(request: Request, error: Exception) -> Response:
         {"Connection": "close"} if isinstance(error, errors.RequestTimeout) else None
     )
     if isinstance(error, errors.StoreUnavailable):
-        if not isinstance(error, errors.StoreRefused):  # refused as the store was known to fail
-            state_of(request).store_health.failed(error)
+        note_store_failure(state_of(request), error)
         if error.retry_after_s is not None:
             headers = {"Retry-After": str(error.retry_after_s)}
     return error_response(error.http_status, error.code, error.message, headers)

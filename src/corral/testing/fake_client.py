@@ -81,6 +81,9 @@ class FakeClient:
         self.log_error: Exception | None = None
         #: the batched worker heartbeat's answer, from its body (see ``worker_beat``)
         self.worker_beat_answer: Callable[[dict[str, Any]], Any] | None = None
+        #: each batch of final reports sent (``final_reports``), whole; and its scripted answer
+        self.batches: list[list[dict[str, Any]]] = []
+        self.final_reports_answer: Callable[[list[dict[str, Any]]], Any] | None = None
         #: when the last try of the last call went out (``WorkerClient.last_sent_at``); None: not said
         self.last_sent_at: float | None = None
         self.lock = threading.Lock()
@@ -167,6 +170,27 @@ class FakeClient:
     def fail(self, job_id: str, worker_id: str, attempt: int, *rest: Any, **options: Any) -> JobAnswer:
         self._record("fail", job_id, *rest, *sorted(options.items()))
         return job_answer(job_id, "failed")
+
+    def final_reports(self, worker_id: str, reports: list[dict[str, Any]]) -> list[ApiError | None] | None:
+        """``WorkerClient.final_reports``: the batch kept whole in ``batches``; answered by
+        ``final_reports_answer(reports)`` when scripted (a list of outcomes, None as an older
+        server answers, or an exception to raise), else as a current server: each report taken,
+        and recorded in ``calls`` as its own route's call would be (``done``, ``fail``)."""
+        with self.lock:
+            self.batches.append([dict(report) for report in reports])
+        if self.final_reports_answer is not None:
+            answer = self.final_reports_answer(reports)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer  # type: ignore[no-any-return]
+        for report in reports:
+            if report["outcome"] == "done":
+                self.done(report["job_id"], worker_id, report["attempt"])
+            else:
+                options = {name: report[name] for name in ("release", "reason") if name in report}
+                fields = (report["exit_code"], report["error"], report["output_tail"])
+                self.fail(report["job_id"], worker_id, report["attempt"], *fields, **options)
+        return [None] * len(reports)
 
     def watchdog(
         self, job_id: str, worker_id: str, attempt: int, kind: str, detail: dict[str, Any] | str | None = None

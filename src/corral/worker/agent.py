@@ -43,6 +43,7 @@ from corral.worker import cgroups, identity, leftovers, log_shipper
 from corral.worker.calls import MAX_CLAIM, WorkerClient
 from corral.worker.cgroup_limits import gpu_device_numbers
 from corral.worker.fence import heard_through_a_stall
+from corral.worker.final_reports import FinalReports
 from corral.worker.job_run import SHUTDOWN_ERROR, BeatRequest, JobRun, StopReason
 from corral.worker.reporting import deliver
 from corral.worker.resources import Offer
@@ -85,6 +86,8 @@ class Agent:
         self.fields = {"worker_id": worker_id}
         self._claims = WorkerClient(settings.server, ca_file=settings.ca_file)
         self._api = WorkerClient(settings.server, timeout_s=API_TIMEOUT_S, ca_file=settings.ca_file)
+        # the done and fail reports of jobs ending together, in one request
+        self._final_reports = FinalReports(self.worker_id, settings.report_window_s)
         #: whether the server takes ``max`` on a claim / ``jobs`` in the worker heartbeat; None
         #: until its first answer says
         self.multi_claim: bool | None = None
@@ -385,6 +388,7 @@ class Agent:
             containment=self.containment,
             gpu_devices=self._gpu_devices,
             lease_from=claim_sent_at,
+            final_reports=self._final_reports,
         )
         if run.fence is None and self.settings.self_fence and claim.lease_s is None:
             self._no_lease_said()

@@ -12,6 +12,9 @@ the agent falls back to the older form (``corral.worker.agent``):
 - ``worker_beat``: ``POST /workers/{id}/heartbeat`` with ``jobs`` in the body, answered
   ``{"jobs": {id: answer}}``. An older server either refuses the unknown field (400) or answers
   ``{}``: the answer is then ``None`` and the jobs' leases were not renewed.
+- ``final_reports``: ``POST /workers/{id}/reports``, the final reports (done, fail) of several
+  attempts in one request, answered per report. An older server answers 404 (no such route): the
+  answer is then ``None`` and nothing was reported.
 - ``claim_several``: ``GET /jobs/next?worker_id=W&max=N``, answered 200 ``{"items": [claim, ...]}``
   or 204. An older server refuses ``max`` (400, raised as ``ApiError``), or ignores it and
   answers one plain claim (returned as a list of one, with ``understood`` False).
@@ -62,6 +65,18 @@ def _claim_item(status: int, data: Any) -> ClaimAnswer | ApiError:
         return ApiError(
             status, "bad_response", f"answer breaks the ClaimAnswer schema at {where}: {first['msg']}", data
         )
+
+
+def _report_outcome(status: int, item: Any) -> ApiError | None:
+    """One report's outcome in a batch's answer: None when taken (200), else its error."""
+    if not isinstance(item, dict) or not isinstance(item.get("status"), int):
+        return ApiError(status, "bad_response", "a report's answer has no status", item)
+    if item["status"] == 200:
+        return None
+    error = item.get("error")
+    if not isinstance(error, dict):
+        return ApiError(status, "bad_response", "a refused report's answer has no error", item)
+    return ApiError(item["status"], str(error.get("code", "")), str(error.get("message", "")), item)
 
 
 class WorkerClient(Connection):
@@ -231,6 +246,28 @@ class WorkerClient(Connection):
                 f"answer breaks the WorkerHeartbeatAnswer schema: {error}",
                 data,
             ) from error
+
+    def final_reports(self, worker_id: str, reports: list[dict[str, Any]]) -> list[ApiError | None] | None:
+        """Send several final reports (``{job_id, attempt, outcome: "done"}`` or ``{job_id,
+        attempt, outcome: "fail", exit_code, error, output_tail, release, reason}``) in one
+        request: for each, None when the server took it, or the ``ApiError`` its own route would
+        have raised (a 409 refusal, a 503 busy store: each handled as that route's would be).
+        None when the server has no such route (an older one: 404 or 405), nothing reported. A
+        failure of the whole request (``ServerUnreachable``, a 5xx) is raised, for every report.
+        The jobs in the answers are not read into their model (see ``report_done``)."""
+        try:
+            response = self.request("POST", f"/workers/{worker_id}/reports", {"reports": reports})
+        except ApiError as error:
+            if error.status in (404, 405) and error.code in ("not_found", "method_not_allowed"):
+                return None
+            raise
+        data = self._decode(response)
+        items = data.get("items") if isinstance(data, dict) else None
+        if not isinstance(items, list) or len(items) != len(reports):
+            raise ApiError(
+                response.status_code, "bad_response", "answer has no item per report (items)", data
+            )
+        return [_report_outcome(response.status_code, item) for item in items]
 
     def claim_several(
         self, worker_id: str, wait_s: float, max_jobs: int, idempotency_key: str | None = None

@@ -80,6 +80,7 @@ from corral.worker.cgroups import AttemptGroup, Containment, JoinError
 from corral.worker.checkpoint_phase import HINT_SIGNAL, CheckpointPhase, Deferral
 from corral.worker.executor import JobProcess
 from corral.worker.fence import HEARTBEAT_BUSY_RETRY_S, LeaseFence, heard_through_a_stall
+from corral.worker.final_reports import FinalReports
 from corral.worker.job_watch import ERROR_PAUSE_S, MIN_WAIT_S, JobProbe, JobWatch, build_watch
 from corral.worker.leftovers import ProcessRecords
 from corral.worker.reporting import deliver_outcome
@@ -165,9 +166,11 @@ class JobRun:
         containment: Containment | None = None,
         gpu_devices: dict[int, tuple[int, int]] | None = None,
         lease_from: float | None = None,
+        final_reports: FinalReports | None = None,
     ) -> None:
         """``lease_from``: when the claim that started this attempt was sent (monotonic), the
-        fence's first renewal; by default, now."""
+        fence's first renewal; by default, now. ``final_reports``: the worker's batches of final
+        reports, which the done or fail report joins (None: sent by its own route)."""
         self.claim = claim
         self.job_id, self.attempt, self.command = claim.id, claim.attempt, claim.command
         self.gpu_indices, self.claim_env = list(claim.gpu_indices), dict(claim.env)
@@ -176,6 +179,7 @@ class JobRun:
         self._settings = settings
         self._worker_id = worker_id
         self._on_finished = on_finished
+        self._final_reports = final_reports
         self._samplers = samplers
         self._on_tripped = on_tripped
         self._on_gpus_unhealthy = on_gpus_unhealthy
@@ -870,11 +874,7 @@ class JobRun:
             return
         if exit_code == 0:
             logger.info("job exited 0; reporting done", extra=fields)
-            deliver_outcome(
-                lambda: self._client.report_done(self.job_id, self._worker_id, self.attempt),
-                "done report",
-                fields,
-            )
+            deliver_outcome(self._send_done, "done report", fields)
             return
         self._report_failure(exit_code, describe_exit(exit_code), tail)
 
@@ -906,10 +906,28 @@ class JobRun:
         options: dict[str, Any] = {"release": True} if release else {}
         if reason is not None:
             options["reason"] = reason
-        deliver_outcome(
-            lambda: self._client.fail(
-                self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options
-            ),
-            "fail report",
-            fields,
-        )
+
+        def send() -> None:
+            def single() -> None:
+                self._client.fail(
+                    self.job_id, self._worker_id, self.attempt, exit_code, error, tail, **options
+                )
+
+            if self._final_reports is None:
+                single()
+                return
+            body = {"exit_code": exit_code, "error": error, "output_tail": tail, **options}
+            self._final_reports.fail(self._client, self.job_id, self.attempt, body, single)
+
+        deliver_outcome(send, "fail report", fields)
+
+    def _send_done(self) -> None:
+        """One try of the done report: in the worker's batch, or by its own route."""
+
+        def single() -> None:
+            self._client.report_done(self.job_id, self._worker_id, self.attempt)
+
+        if self._final_reports is None:
+            single()
+        else:
+            self._final_reports.done(self._client, self.job_id, self.attempt, single)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -35,10 +36,21 @@ from corral.protocol.answers import (
     CheckpointSaved,
     ClaimAnswer,
     ClaimsAnswer,
+    FinalReportsAnswer,
     HeartbeatAnswer,
     JobAnswer,
 )
-from corral.protocol.models import FailBody, JobHeartbeatBody, WatchdogBody
+from corral.protocol.models import (
+    MAX_FINAL_REPORTS,
+    DoneReport,
+    FailBody,
+    FailReport,
+    FinalReport,
+    FinalReportsBody,
+    JobHeartbeatBody,
+    WatchdogBody,
+    describe_error,
+)
 from corral.protocol.wire import job_to_wire
 from corral.server import changes
 from corral.server.executor import Work
@@ -47,6 +59,7 @@ from corral.server.http import (
     fence,
     idempotency_key,
     json_response,
+    note_store_failure,
     parse_body,
     query_float,
     query_int,
@@ -335,9 +348,15 @@ def heartbeat_answer(state: ServerState, action: HeartbeatAction, worker_id: str
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
+    return json_response(await report_done(state, request.path_params["job_id"], worker_id, attempt))
+
+
+async def report_done(state: ServerState, job_id: str, worker_id: str, attempt: int) -> dict[str, Any]:
+    """``done`` of one attempt, fenced by ``worker_id`` and ``attempt``: the job's answer, or the
+    refusal raised. Its own route and each item of a batch (``final_reports``) make it."""
     # applied with the other reports of this event-loop turn, in one transaction (group commit)
     decide = changes.done_decision(worker_id, attempt, state.clock.now())
-    reported = await state.executor.grouped(REPORTS, (request.path_params["job_id"], decide))
+    reported = await state.executor.grouped(REPORTS, (job_id, decide))
     job = reported.job
     state.metrics.jobs_completed.inc()
     if job.started_at is not None and job.finished_at is not None:
@@ -345,13 +364,20 @@ async def done(request: Request) -> Response:
     logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
     record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(job))
+    return job_to_wire(job)
 
 
 async def fail(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
     body = await parse_body(request, FailBody, optional=True)
+    return json_response(await report_fail(state, request.path_params["job_id"], worker_id, attempt, body))
+
+
+async def report_fail(
+    state: ServerState, job_id: str, worker_id: str, attempt: int, body: FailBody
+) -> dict[str, Any]:
+    """``fail`` of one attempt (re-queued while attempts remain), fenced like ``report_done``."""
     decide = changes.failure_decision(
         worker_id,
         attempt,
@@ -362,11 +388,61 @@ async def fail(request: Request) -> Response:
         body.release,
         body.reason,
     )
-    reported = await state.executor.grouped(REPORTS, (request.path_params["job_id"], decide))
+    reported = await state.executor.grouped(REPORTS, (job_id, decide))
     _record_fail(state, reported.job, worker_id, attempt, body.exit_code)
     record_reported(state, reported)
     state.released()
-    return json_response(job_to_wire(reported.job))
+    return job_to_wire(reported.job)
+
+
+#: reads one item of a batch of final reports (``FinalReport``: done or fail, by ``outcome``)
+_FINAL_REPORT: TypeAdapter[DoneReport | FailReport] = TypeAdapter(FinalReport)
+
+#: a batch's body: 160 KiB a report, for 64 reports (a worker's tail is 4 KiB by default; a batch
+#: over it is refused 413, and the worker then sends its reports by their own routes)
+FINAL_REPORTS_BODY_LIMIT = MAX_FINAL_REPORTS * 160 * 1024
+
+
+async def final_reports(request: Request) -> Response:
+    """A worker's final reports (done, fail) of several attempts in one request, answered per item
+    in order (``FinalReportsAnswer``), each as its own route would answer it: its status and the
+    job, or its error. The items go through the single routes' ``report_done`` and ``report_fail``
+    together, so they join one group commit (one transaction), every fence, refusal and idempotency
+    rule holds per item, and one item's refusal (or malformed item) never fails the others."""
+    state = state_of(request)
+    worker_id = request.path_params["worker_id"]
+    body = await parse_body(request, FinalReportsBody, limit=FINAL_REPORTS_BODY_LIMIT)
+    outcomes = await asyncio.gather(
+        *(_final_report(state, worker_id, item) for item in body.reports), return_exceptions=True
+    )
+    items: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        if isinstance(outcome, errors.CorralError):
+            if isinstance(outcome, errors.StoreUnavailable):
+                note_store_failure(state, outcome)
+            error = {"code": outcome.code, "message": outcome.message}
+            items.append({"status": outcome.http_status, "error": error})
+        elif isinstance(outcome, Exception):
+            logger.error("a batched final report failed", exc_info=outcome, extra={"worker_id": worker_id})
+            items.append({"status": 500, "error": {"code": "internal", "message": "internal error"}})
+        elif isinstance(outcome, BaseException):  # cancelled with its request: not answered
+            raise outcome
+        else:
+            items.append({"status": 200, "job": outcome})
+    return json_response({"items": items})
+
+
+async def _final_report(state: ServerState, worker_id: str, item: Any) -> dict[str, Any]:
+    """One item of a batch: checked as its own route checks its fence and body, then reported."""
+    try:
+        report = _FINAL_REPORT.validate_python(item)
+    except ValidationError as error:
+        field, message = describe_error(error)
+        raise errors.InvalidRequest(message, field=field) from None
+    if isinstance(report, DoneReport):
+        return await report_done(state, report.job_id, worker_id, report.attempt)
+    # a fail report is the single route's body with its fence (``FailReport`` extends ``FailBody``)
+    return await report_fail(state, report.job_id, worker_id, report.attempt, report)
 
 
 def _record_fail(state: ServerState, job: Job, worker_id: str, attempt: int, exit_code: int | None) -> None:
@@ -558,6 +634,19 @@ described = [
     ),
     Operation(
         "POST",
+        "/workers/{worker_id}/reports",
+        "final reports (done, fail) of several attempts of the worker, answered per report",
+        _PROTOCOL,
+        {200: FinalReportsAnswer},
+        body=FinalReportsBody,
+        errors=(400, 413),
+        description="Each item is `{job_id, attempt, outcome: done}` or `{job_id, attempt, outcome: fail,"
+        " exit_code, error, output_tail, release, reason}`, fenced by the path's worker id and its"
+        " attempt, and answered as `POST /jobs/{id}/done` or `/fail` would: `{status: 200, job}` or"
+        " `{status, error}`; one refused or malformed item never fails the others.",
+    ),
+    Operation(
+        "POST",
         "/jobs/{job_id}/preempted",
         "the stop asked at the epoch is done",
         _PROTOCOL,
@@ -601,6 +690,7 @@ routes = [
     Route("/jobs/{job_id}/done", done, methods=["POST"]),
     Route("/jobs/{job_id}/fail", fail, methods=["POST"]),
     Route("/jobs/{job_id}/preempted", preempted, methods=["POST"]),
+    Route("/workers/{worker_id}/reports", final_reports, methods=["POST"]),
     Route("/jobs/{job_id}/watchdog", watchdog, methods=["POST"]),
     Route("/jobs/{job_id}/checkpoint", upload_checkpoint, methods=["POST"]),
     Route("/jobs/{job_id}/checkpoint", download_checkpoint, methods=["GET"]),
