@@ -70,9 +70,13 @@ def may_place(job: Job, gpus: int, guarantees: Guarantees) -> bool:
     return guarantees.free_gpus - gpus >= others_unused
 
 
+REFUSED = "borrowing_refused"
+"""The reason code of ``refusal``."""
+
+
 def refusal(job: Job, gpus: int) -> Reason:
     return Reason(
-        "borrowing_refused",
+        REFUSED,
         f"it cannot be preempted (class {job.spec.preemption_class}, checkpoint"
         f" {job.spec.checkpoint_mode}) and its {gpus} GPU(s) would be borrowed: beyond its pool's"
         " guarantee, on capacity other pools are guaranteed and not using; it waits until its pool"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from corral.core import fairshare, pool_limits
+from corral.core import borrowing, fairshare, pool_limits
 from corral.core.decisions import Preemption, TaskPlacement, Victim
 from corral.core.preemption import rules
 from corral.core.preemption.inputs import PlanInputs, Preemptor
@@ -111,6 +111,22 @@ class Planner:
         if cut is not None and size >= cut:
             # and what the search cap cut short is cut short again: not known to have no set
             return _search_limited(preemptor)
+        # A set found and then refused by the borrowing rule is found and refused again for every
+        # preemptor alike (same shape, trigger, size, pool, protection and worth) until the plan
+        # takes something: a cycle may hold hundreds of them (protected work of a pool past its
+        # guarantee).
+        alike = (
+            id(shape),
+            trigger,
+            size,
+            spec.pool,
+            spec.preemption_class,
+            spec.checkpoint_mode,
+            spec.walltime_s,
+        )
+        refused = self.search.refused.get(alike)
+        if refused is not None:
+            return refused
         found = self.search.find(preemptor, room, shape, trigger)
         if found.limited:
             decided: Preemption | Reason = _search_limited(preemptor)
@@ -118,6 +134,8 @@ class Planner:
             decided = self._finish(
                 preemptor, found.chosen, room, found.missing, eligible, trigger, found.examined
             )
+            if isinstance(decided, Reason) and decided.code == borrowing.REFUSED:
+                self.search.refused[alike] = decided
         self.search.restore(shape, found.popped)
         return decided
 

@@ -24,7 +24,7 @@ from corral.core.preemption.room import Room
 from corral.core.preemption.rules import SEARCH_LIMIT, Trigger, victim_key
 from corral.core.preemption.triggers import Triggers
 from corral.core.preemption.units import Unit, Units
-from corral.domain.records import Job
+from corral.domain.records import Job, Reason
 from corral.domain.resources import ZERO, Resources
 
 __all__ = ["Found", "Search", "Shape", "WorkerSet"]
@@ -117,6 +117,9 @@ class Search:
         self._bounds: dict[int, list[SetKey]] = {}
         #: ``candidates`` answers until the plan next takes room or victims (``changed``)
         self._candidates: dict[tuple[str, int, str, Trigger], tuple[Unit, ...]] = {}
+        #: the borrowing rule's refusals of a set found, by the preemptors alike
+        #: (``Planner.place``), until the plan next takes room or victims
+        self.refused: dict[tuple[object, ...], Reason] = {}
         #: per worker, its units largest there first (``fewest_victims``); the units do not move
         #: during a plan, only whether each may be taken
         self._largest_first: dict[str, list[Unit]] = {}
@@ -124,6 +127,7 @@ class Search:
     def changed(self) -> None:
         """The plan took room or victims: what may be taken, and from whom, may differ now."""
         self._candidates.clear()
+        self.refused.clear()
 
     def shape(self, first: Job, eligible: Sequence[str], trigger: Trigger) -> Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
