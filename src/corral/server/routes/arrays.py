@@ -18,11 +18,10 @@ from corral.domain.arrays import MAX_ARRAY_TASKS
 from corral.domain.records import Job
 from corral.domain.status import LEASED, TERMINAL, Status
 from corral.protocol.answers import ArrayAnswer, EventsAnswer, WhyAnswer
-from corral.protocol.wire import event_to_wire
 from corral.server.executor import Work
 from corral.server.http import answer, query_int
 from corral.server.openapi import Operation, integer
-from corral.server.routes.jobs import _job_wire, _reasons, _record_cancel, standing
+from corral.server.routes.jobs import _job_wire, _reasons, _record_cancel, standing, tasks_story
 from corral.server.state import ServerState, state_of
 
 #: tasks ``GET /arrays/{id}`` lists unless ``limit`` says otherwise
@@ -81,14 +80,7 @@ def _array_events(state: ServerState, array_id: str) -> Response:
     """Every task's events in one story, in time order, each naming its task (``job_id``,
     ``array_index``): what ``corral events A`` prints (as a gang's, ``GET /gangs/{id}/events``)."""
     _, tasks = _array_or_404(state, array_id, MAX_ARRAY_TASKS)
-    told: list[tuple[float, int, int, dict[str, Any]]] = []
-    for task in tasks:
-        index = task.array_index or 0
-        for seq, event in enumerate(state.store.jobs.job_events(task.id)):
-            wire = {**event_to_wire(event), "job_id": task.id, "array_index": task.array_index}
-            told.append((event.at, seq, index, wire))
-    told.sort(key=lambda item: item[:3])
-    return answer(EventsAnswer, {"items": [wire for *_, wire in told]})
+    return answer(EventsAnswer, {"items": tasks_story(state, tasks, "array_index")})
 
 
 async def array_why(request: Request) -> Response:

@@ -454,14 +454,22 @@ def _gang_events(state: ServerState, gang_id: str) -> Response:
     ``gang_index``): what ``corral events G`` prints. Events at the same time (a gang's tasks move
     together) go by their place in each task's story, then by rank: every task's ``blocked``
     before any task's ``cancelled``."""
+    tasks = _gang_or_404(state, gang_id)
+    return answer(EventsAnswer, {"items": tasks_story(state, tasks, "gang_index")})
+
+
+def tasks_story(state: ServerState, tasks: Sequence[Job], place: str) -> list[dict[str, Any]]:
+    """The events of ``tasks`` (a gang's or an array's) as one story in time order, each naming its
+    task (``job_id`` and ``place``: ``gang_index`` or ``array_index``); events at the same time go
+    by their place in each task's story, then by the task's index."""
     told: list[tuple[float, int, int, dict[str, Any]]] = []
-    for task in _gang_or_404(state, gang_id):
-        rank = task.gang_index or 0
+    for task in tasks:
+        index = getattr(task, place)
         for seq, event in enumerate(state.store.jobs.job_events(task.id)):
-            wire = {**event_to_wire(event), "job_id": task.id, "gang_index": task.gang_index}
-            told.append((event.at, seq, rank, wire))
+            wire = {**event_to_wire(event), "job_id": task.id, place: index}
+            told.append((event.at, seq, index or 0, wire))
     told.sort(key=lambda item: item[:3])
-    return answer(EventsAnswer, {"items": [wire for *_, wire in told]})
+    return [wire for *_, wire in told]
 
 
 async def gang_why(request: Request) -> Response:
