@@ -374,8 +374,8 @@ def running_gang(
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    """1-8 workers of 2, 4 or 8 H100 or A100 GPUs; three pools (a plain one, one guaranteeing 0, 4
-    or 8 GPUs, a sensitive one); with two workers or more, up to two running gangs of 2-3 tasks of
+    """1-8 workers of 2, 4 or 8 H100 or A100 GPUs; three pools (a plain one, one guaranteeing 0, 4,
+    8 or 16 GPUs, a sensitive one); with two workers or more, up to two running gangs of 2-3 tasks of
     1-2 GPUs each on distinct workers, of low classes; then the GPUs left held by single jobs of
     every class, some free; 1-6 preemptors, singles (some asking for a GPU model) and gangs."""
     workers = [
@@ -388,7 +388,7 @@ def cases(draw: st.DrawFn) -> Case:
     ]
     pools = {
         "p0": Pool(),
-        "p1": Pool(guarantee=Resources(gpus=draw(st.sampled_from([0, 4, 8])))),
+        "p1": Pool(guarantee=Resources(gpus=draw(st.sampled_from([0, 4, 8, 16])))),
         "p2": Pool(kind="sensitive"),
     }
     free = {worker.id: list(range(worker.resources.gpus)) for worker in workers}
@@ -425,7 +425,9 @@ def cases(draw: st.DrawFn) -> Case:
                     left[:gpus],
                     cls=draw(st.integers(0, 10)),
                     started=NOW - draw(st.floats(1, 5000)),
-                    pool=draw(st.sampled_from(list(pools))),
+                    # p1 holds less than the others: a preemptor of p1 below its guarantee then
+                    # finds borrowed work to reclaim (seed 002's reclaim)
+                    pool=draw(st.sampled_from(["p0", "p0", "p1", "p2", "p2"])),
                     checkpoint_mode=draw(st.sampled_from(["none", "auto", "manual"])),
                     walltime_s=draw(st.sampled_from([None, 2000.0, 6000.0])),
                 )
