@@ -326,9 +326,10 @@ class Client(Connection):
                 if offset < chunk.size:
                     continue
             job = self.get_job(job_id)
-            # ``attempt`` is the run number (``attempts`` counts only the runs not refunded)
-            if job.attempt == 0 and job.status not in ("done", "failed", "cancelled"):
-                attempt = None  # not started yet: wait for its first attempt
+            # ``attempt`` is the run number (``attempts`` counts only the runs not refunded); 0: the
+            # output was read before the first attempt started, which it may have since
+            if not attempt and job.status not in ("done", "failed", "cancelled"):
+                attempt = None  # not started when read: follow the attempt it has by the next read
             elif job.attempt != attempt or job.status not in ("running", "preempting"):
                 last = self.logs(job_id, attempt, offset)  # bytes stored before it ended
                 if last.data:
