@@ -27,6 +27,7 @@ for a candidate of a limited pool (step 4).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from corral.core import borrowing, lifecycle, pool_limits, protection
@@ -217,7 +218,7 @@ class _RoomBesideHolds:
         holds = self._holds
         if not holds:
             return self._capacity
-        if job.spec.walltime_s is None and job.gang_id is None and job.id not in self._holders:
+        if not may_use_held_room(job, self._holders):
             return self._no_walltime
         in_way = holds_in_way(job, holds, self._now)
         key = tuple(id(hold) for hold in in_way)
@@ -225,6 +226,13 @@ class _RoomBesideHolds:
         if found is None:
             found = self._kept[key] = without_holds(self._capacity, in_way) if in_way else self._capacity
         return found
+
+
+def may_use_held_room(job: Job, holders: AbstractSet[str]) -> bool:
+    """Whether ``job`` may use a worker's held room at all (``holders``: the ids the holds are for):
+    work with a walltime (where a reservation starts after it ends), a gang's task, or the holder
+    itself. Work without a walltime never does."""
+    return job.spec.walltime_s is not None or job.gang_id is not None or job.id in holders
 
 
 def reserved_task(worker: Worker, allocations: Sequence[Allocation]) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from corral.core import admission, cycle, dependencies, drain, lifecycle, topology, walltime
 from corral.core.admission import CycleMemo
-from corral.core.claim import Claim
+from corral.core.claim import Claim, may_use_held_room
 from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Waiting
 from corral.core.ordering import queue_key
 from corral.core.placement import Capacity, without_holds
@@ -648,12 +648,7 @@ class Engine:
                 and request.memory_mb <= free.memory_mb
                 and request.cpus <= free.cpus
                 and (request.gpus == 0 or request.vram_mb <= free.vram_mb)
-                and (
-                    job.spec.walltime_s is not None
-                    or job.gang_id is not None
-                    or job.id in holders
-                    or beside.covers(request)
-                )
+                and (may_use_held_room(job, holders) or beside.covers(request))
                 and (job.array_throttle is None or self._runnable(job))
             ):
                 yield job
