@@ -10,7 +10,7 @@ from corral.core.admission import decide
 from corral.core.claim import Claim
 from corral.core.explain import explain_pending
 from corral.core.placement import free_capacity
-from corral.core.reservations import Ask, Booking, WorkerLine, book
+from corral.core.reservations import Ask, Booking, Timelines, WorkerLine, book
 from corral.domain.records import Allocation, Hold, Job, Worker
 from corral.domain.resources import Resources
 from corral.protocol.wire import job_to_wire
@@ -183,3 +183,21 @@ def test_a_booking_that_starts_later_shrinks_the_room_of_work_that_would_outlast
     line = WorkerLine("w", 0, (2, 0, 0), (2, 0, 0), [], [Booking("g-later", NOW + 50, NOW + 80, (2, 0, 0))])
     planned = book([line], Ask("g-long", Resources(gpus=2), 1, 60.0), NOW)
     assert planned is not None and planned.start == NOW + 80
+
+
+def test_asks_with_other_constraints_never_read_offers_kept_for_an_earlier_asks_constraints() -> None:
+    """The offers are kept per constraints object; an earlier ask's list, once freed, may leave its
+    address (its ``id``) to the next ask's list: each ask still lands on a worker it may use."""
+    lines = [
+        WorkerLine(worker_id=f"w{order}", order=order, empty=(2, 8, 1024), free=(2, 8, 1024), releases=[])
+        for order in range(4)
+    ]
+    timelines = Timelines(lines)
+    for wanted in (3, 2, 1, 0):
+        eligible = [order == wanted for order in range(4)]
+        ask = Ask(f"j{wanted}", Resources(gpus=1, cpus=1, memory_mb=1), 1, 60.0, eligible)
+        del eligible  # the ask holds the only reference: freed with it below
+        planned = timelines.book(ask, NOW)
+        del ask
+        assert planned is not None, f"j{wanted} found no room"
+        assert planned.tasks == ((wanted, 1),)

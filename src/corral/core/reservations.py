@@ -183,7 +183,9 @@ class Timelines:
         self.lines = lines
         self._touched: list[int] = []  # worker orders in the order they changed
         self._booked: set[int] = set()
-        self._kept: dict[tuple[Need, int], tuple[list[Offer], int]] = {}
+        # Keyed by the constraints' identity; each entry keeps its ``eligible`` alive, so an id is
+        # never reused by another list while its offers are kept.
+        self._kept: dict[tuple[Need, int], tuple[list[Offer], int, Sequence[bool] | None]] = {}
 
     def changed(self, order: int) -> None:
         """The worker's free room or releases changed (a placement now)."""
@@ -209,7 +211,7 @@ class Timelines:
             offer = _first_offer(self.lines[order], request, now)
             if offer is not None:
                 base.append(offer)
-        self._kept[key] = (base, len(self._touched))
+        self._kept[key] = (base, len(self._touched), eligible)
         offers = list(base)
         for order in sorted(self._booked):
             if eligible is None or eligible[order]:
