@@ -12,10 +12,12 @@ Cases (``--case``):
   six times their share; gangs up to 16 x 8; a tenth of the single jobs class 8 without
   checkpoints (kept off borrowed capacity by the claim); target < 3 minutes per policy.
 
-Prints per policy: wall time, simulated jobs per second, events, admission cycles run and skipped
+Prints per policy: wall time and this process's CPU time (what to compare on a loaded machine),
+simulated jobs per second, events, admission cycles run and skipped
 (and those run without the preemption planner, ``corral.sim.shortcuts``), where the time goes
 (timed around the core's gang admission and preemption planner and the engine's snapshot and
-claims: cheap, always on), and, with ``--profile``, the top functions by cumulative time. Then the
+claims: cheap, always on), with ``--decisions PATH`` a fingerprint of the decisions (equal
+fingerprints: the same decisions), and, with ``--profile``, the top functions by cumulative time. Then the
 machine block.
 
     .venv/bin/python bench/sim.py --case alibaba
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import io
 import json
 import pstats
@@ -80,7 +83,8 @@ def main() -> int:
         "--decisions",
         metavar="PATH",
         help="record each run's decisions and write them with its summary (less the wall time) as JSON to"
-        " PATH.<policy>.json: two runs made the same decisions when their files are equal",
+        " PATH.<policy>.json, and print the file's sha256: two runs made the same decisions when their"
+        " files (and fingerprints) are equal",
     )
     parser.add_argument(
         "--tick", type=float, default=None, help="CORRAL_ADMISSION_TICK_S for the run (default 5)"
@@ -106,6 +110,7 @@ def main() -> int:
         spent = _timed()
         profiler = cProfile.Profile() if args.profile else None
         started = time.perf_counter()
+        cpu_started = time.process_time()
         if profiler is not None:
             profiler.enable()
         run = engine.Engine(
@@ -134,10 +139,14 @@ def main() -> int:
             if profiler is not None:
                 profiler.disable()
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         summary = summarize(scenario, record, name, wall)
+        fingerprint = ""
         if args.decisions is not None:
             kept = {"summary": summarize(scenario, record, name), "decisions": record.decisions}
-            Path(f"{args.decisions}.{name}.json").write_text(json.dumps(kept, sort_keys=True, default=str))
+            written = json.dumps(kept, sort_keys=True, default=str)
+            Path(f"{args.decisions}.{name}.json").write_text(written)
+            fingerprint = f", decisions {hashlib.sha256(written.encode()).hexdigest()[:12]}"
         jobs = len(scenario.workload.jobs)
         verdict = "meets" if wall < target else "MISSES"
         print(
@@ -145,6 +154,7 @@ def main() -> int:
             f" {record.cycles} cycles run{_planner_skips(record, name)},"
             f" {record.cycles_skipped} skipped  ({verdict} the {target:.0f} s target)"
         )
+        print(f"         CPU {cpu:.1f} s (this process: on a loaded machine, compare this){fingerprint}")
         print("         time: " + _breakdown(spent, wall))
         delay = summary["queue_delay_s"]
         print(
