@@ -23,7 +23,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from corral.client import Client
-from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.history import ClusterSample, sample_slot
 from corral.store import open_store
 
 TRAIN = 'for i in $(seq 1 400); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
@@ -49,7 +49,7 @@ def seed_history(url: str, now: float) -> None:
     """A made-up day of samples (see the module docstring): 8 GPUs, a queue peaking mid-day."""
     store = open_store(url)
     try:
-        minute = sample_minute(now)
+        minute = sample_slot(now)
         for ago in range(24 * 60, 0, -1):
             hour = (24 * 60 - ago) / 60
             wave = max(0.0, math.sin(math.pi * (hour - 6) / 14)) if 6 <= hour <= 20 else 0.0

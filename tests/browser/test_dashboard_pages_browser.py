@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from corral.client import Client
-from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.history import ClusterSample, sample_slot
 from corral.store import open_store
 from tests.browser.test_dashboard_browser import assert_clean
 from tests.e2e.conftest import wait_status
@@ -92,7 +92,7 @@ def test_the_overview_draws_the_last_24_hours(page, server, tmp_path: Path):
     a minute: a test does not wait for it), drawn by the server's overview."""
     store = open_store(f"sqlite:///{tmp_path}/c0.db")
     try:
-        minute = sample_minute(time.time())
+        minute = sample_slot(time.time())
         for ago in range(360, 0, -1):
             queued = 10 if ago > 120 else 3
             store.history.record_sample(ClusterSample(minute - 60 * ago, queued, 2, 8, 6))

@@ -2,8 +2,8 @@
 build step and no external request (the CSS and the script are served from the package).
 
 Pages: ``/`` the cluster overview (with the last 24 hours of the queue and the GPUs allocated, from
-the samples the ``history`` loop stores each minute), ``/ui/jobs`` the job list (newest first,
-filters, cursor pages), ``/ui/jobs/{id}`` a job (its fields by group, its timeline on a time axis,
+the samples the ``history`` loop stores once per ``CORRAL_HISTORY_INTERVAL_S``), ``/ui/jobs`` the
+job list (newest first, filters, cursor pages), ``/ui/jobs/{id}`` a job (its fields by group, its timeline on a time axis,
 why, live logs, cancel), ``/ui/gangs/{id}`` a gang (ranks, workers, the drain story),
 ``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools as a tree, each with its fair share
 against its usage. Each page answers ``?partial=1`` with its live part alone, which the script
@@ -92,7 +92,8 @@ def overview(request: Request) -> Response:
         pools=views.pool_tree(state.store.jobs, fair_share_now(state)),
         gpu_hours=views.gpu_hours_by_pool(state.store.usage, now, own_user),
         own_usage=own_user is not None,
-        history=views.cluster_history(samples, now),
+        history=views.cluster_history(samples, now, state.settings.history_interval_s),
+        history_every=views.interval_words(state.settings.history_interval_s),
         now=to_rfc3339(now),
     )
 
