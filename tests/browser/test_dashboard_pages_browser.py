@@ -66,6 +66,20 @@ def test_jobs_newest_first_by_name_and_the_job_page_readable(page, server, clien
     assert_clean(page)
 
 
+def test_an_arrays_tasks_and_each_jobs_reason_on_the_jobs_page(page, server, client: Client):
+    sweep = client.submit("echo x", array="0-1", name="sweep")
+    lone = client.submit("echo y", name="lone")
+    page.goto(server.url + "/ui/jobs")
+    expect(page.locator("table.jobs tbody tr").first.locator(".job-reason")).to_contain_text("queued: ")
+    page.get_by_role("link", name=sweep.id).first.click()
+    expect(page).to_have_url(re.compile(r"array_id=" + sweep.id))
+    rows = page.locator("table.jobs tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.filter(has_text=lone.id)).to_have_count(0)
+    expect(page.get_by_label("Array")).to_have_value(sweep.id)
+    assert_clean(page)
+
+
 def test_the_pools_tree_with_fair_share_bars(page, server, client: Client, start_worker):
     start_worker(server.url, "w1", "--gpus", "4", "--gpu-sampler", "none")
     with httpx.Client(base_url=server.url) as http:
