@@ -1,6 +1,7 @@
 """Take the README's dashboard screenshots: a real server and two real workers (4 fake GPUs each),
-a pools tree, a few jobs, a gang and a failure, then Chromium (through Playwright) on the overview,
-the jobs, a job page, the workers, the pools and (a second server, with auth on) the sign-in page.
+a pools tree, a few jobs, a gang, an array, dependencies, a job no worker can hold and a failure,
+then Chromium (through Playwright) on the overview, the jobs, a job page, the workers, the pools
+and (a second server, with auth on) the sign-in page.
 
 The overview's last 24 hours are drawn from the store's samples, which the server takes once a
 minute: a fresh server has none, so the script writes a day of made-up samples (a queue that builds
@@ -108,7 +109,9 @@ def main() -> int:
                 ("team-b/vision", {"weight": 2}),
             ):
                 client.put_pool(path, settings)
-            client.submit_body({"command": "echo preparing data; exit 0", "name": "prep", "pool": "team-a"})
+            prep = client.submit_body(
+                {"command": "echo preparing data; sleep 3", "name": "prep", "pool": "team-a"}
+            )
             client.submit_body({"command": "echo oops >&2; exit 3", "name": "broken", "max_retries": 1})
             train = client.submit_body(
                 {
@@ -116,14 +119,23 @@ def main() -> int:
                     "name": "train-llm",
                     "resources": {"gpus": 2, "vram_mb": 40000},
                     "pool": "team-a",
+                    "after": [{"id": prep["id"], "when": "ok"}],  # its timeline: waiting, then running
                 }
             )
+            # the rest once it runs: team-b's work would otherwise take its GPUs while it waits
+            wait(lambda: client.get_job(train["id"])["status"] == "running")
             team_b = {"command": "sleep 600", "pool": "team-b"}
             client.submit_body({**team_b, "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}})
             client.submit_body({"command": "sleep 600", "pool": "team-b/vision", "resources": {"gpus": 1}})
-            for index in range(3):
-                client.submit_body({**team_b, "name": f"sweep-{index}", "resources": {"gpus": 4}})
-            wait(lambda: client.get_job(train["id"])["status"] == "running")
+            sweep = client.submit_body({**team_b, "name": "sweep", "array": "0-2", "resources": {"gpus": 4}})
+            client.submit_body(
+                {
+                    "command": "echo best",
+                    "name": "pick-best",
+                    "after": [{"id": sweep["array_id"], "when": "ok"}],
+                }
+            )
+            client.submit_body({"command": "true", "name": "huge", "resources": {"gpus": 16}})
             time.sleep(4)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])

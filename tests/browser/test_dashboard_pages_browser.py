@@ -51,8 +51,8 @@ def test_jobs_newest_first_by_name_and_the_job_page_readable(page, server, clien
     page.goto(server.url + "/ui/jobs")
     rows = page.locator("table.jobs tbody tr")
     expect(rows.nth(0)).to_contain_text(second["id"])
-    expect(rows.nth(0).locator(".job-name")).to_have_text("echo two; sleep 1")
-    expect(rows.nth(1).locator(".job-name")).to_have_text("prep-data")
+    expect(rows.nth(0).locator(".job-name .name")).to_have_text("echo two; sleep 1")
+    expect(rows.nth(1).locator(".job-name .name")).to_have_text("prep-data")
     rows.nth(0).get_by_role("link", name=second["id"]).click()
     for group in ("Identity", "Resources", "Scheduling", "Timing"):
         expect(page.get_by_role("heading", name=group, exact=True)).to_be_visible()
@@ -71,6 +71,7 @@ def test_an_arrays_tasks_and_each_jobs_reason_on_the_jobs_page(page, server, cli
     lone = client.submit("echo y", name="lone")
     page.goto(server.url + "/ui/jobs")
     expect(page.locator("table.jobs tbody tr").first.locator(".job-reason")).to_contain_text("queued: ")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "no sideways scroll"
     page.get_by_role("link", name=sweep.id).first.click()
     expect(page).to_have_url(re.compile(r"array_id=" + sweep.id))
     rows = page.locator("table.jobs tbody tr")
