@@ -15,19 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from playwright.sync_api import sync_playwright
 
 from corral.client import Client
 from corral.domain.history import ClusterSample, sample_slot
 from corral.store import open_store
 
-TRAIN = 'for i in $(seq 1 400); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
+TRAIN = 'for i in $(seq 1 3000); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
 
 
 def start(arguments: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -136,6 +138,10 @@ def main() -> int:
                 }
             )
             client.submit_body({"command": "true", "name": "huge", "resources": {"gpus": 16}})
+            # the made-up day ends with 2 GPUs held, and the server's first sample may be of the
+            # cluster before these jobs: wait for a minute's sample of them (they hold 7 of the 8
+            # GPUs), so that the charts end where the rest of the page is
+            wait(lambda: re.search(r"now [3-8] GPUs held", httpx.get(url + "/").text), 150.0)
             time.sleep(4)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])

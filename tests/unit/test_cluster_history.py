@@ -70,3 +70,9 @@ def test_a_sample_is_stored_under_its_intervals_start():
         "30 s",
         "90 s",
     ]
+
+
+def test_the_latest_value_reads_in_the_singular_or_the_plural():
+    now = sample_slot(NOW)
+    queue, gpus = views.cluster_history([ClusterSample(now, 1, 0, 8, 2)], now)
+    assert (queue.latest, queue.unit, gpus.latest, gpus.unit) == (1, "job waiting", 2, "GPUs held")

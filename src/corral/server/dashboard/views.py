@@ -229,7 +229,7 @@ class HistoryChart:
     run of samples without a gap), an optional ceiling line (the GPUs there were), axis ticks."""
 
     title: str
-    unit: str
+    unit: str  # of the latest value: "1 job waiting", "2 jobs waiting"
     lines: list[str]
     ceiling: list[str]
     x_ticks: list[Tick]
@@ -260,7 +260,7 @@ def history_chart(
     every_s: float = SAMPLE_EVERY_S,
 ) -> HistoryChart:
     """The ``value`` attribute of ``samples`` (and ``ceiling``'s, drawn as a dashed limit) over the
-    24 hours before ``now``, scaled to the plot: time to x, the value to y from a round top; the
+    24 hours before ``now`` (``unit``: ``one|many``, as the latest value reads), scaled to the plot: time to x, the value to y from a round top; the
     line broken where more than ``GAP_INTERVALS`` intervals of ``every_s`` have no sample."""
     start = now - HISTORY_WINDOW_S
     gap_s = GAP_INTERVALS * every_s
@@ -291,14 +291,15 @@ def history_chart(
         x_ticks.append(Tick(PLOT_WIDTH * (at - start) / HISTORY_WINDOW_S, (to_rfc3339(at) or "")[11:16]))
         at += _HISTORY_TICK_S
     y_ticks = [(PLOT_HEIGHT - PLOT_HEIGHT * part, f"{top * part:g}") for part in (0.0, 0.5, 1.0)]
+    latest = values[-1] if values else None
     return HistoryChart(
         title,
-        unit,
+        unit.split("|")[0 if latest == 1 else -1],
         lines(values),
         lines(ceilings) if ceiling else [],
         x_ticks,
         y_ticks,
-        values[-1] if values else None,
+        latest,
         max(values, default=0),
         len(shown),
     )
@@ -323,8 +324,12 @@ def cluster_history(
     """The overview's two charts: the queue's length, and the GPUs allocated under the GPUs there
     were (samples taken once per ``every_s``: ``CORRAL_HISTORY_INTERVAL_S``)."""
     return [
-        history_chart(samples, now, "Queue length", "jobs waiting", "queued_jobs", every_s=every_s),
-        history_chart(samples, now, "GPUs allocated", "GPUs held", "gpus_allocated", "gpus_total", every_s),
+        history_chart(
+            samples, now, "Queue length", "job waiting|jobs waiting", "queued_jobs", every_s=every_s
+        ),
+        history_chart(
+            samples, now, "GPUs allocated", "GPU held|GPUs held", "gpus_allocated", "gpus_total", every_s
+        ),
     ]
 
 
