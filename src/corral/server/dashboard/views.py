@@ -260,8 +260,9 @@ def history_chart(
     every_s: float = SAMPLE_EVERY_S,
 ) -> HistoryChart:
     """The ``value`` attribute of ``samples`` (and ``ceiling``'s, drawn as a dashed limit) over the
-    24 hours before ``now`` (``unit``: ``one|many``, as the latest value reads), scaled to the plot: time to x, the value to y from a round top; the
-    line broken where more than ``GAP_INTERVALS`` intervals of ``every_s`` have no sample."""
+    24 hours before ``now`` (``unit``: ``one|many``, as the latest value reads), scaled to the
+    plot: time to x, the value to y from a round top; the line broken where more than
+    ``GAP_INTERVALS`` intervals of ``every_s`` have no sample."""
     start = now - HISTORY_WINDOW_S
     gap_s = GAP_INTERVALS * every_s
     shown = [sample for sample in samples if start <= sample.at <= now]
