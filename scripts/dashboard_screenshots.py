@@ -1,6 +1,7 @@
 """Take the README's dashboard screenshots: a real server and two real workers (4 fake GPUs each),
-a pools tree, a few jobs, a gang and a failure, then Chromium (through Playwright) on the overview,
-the jobs, a job page, the workers, the pools and (a second server, with auth on) the sign-in page.
+a pools tree, a few jobs, a gang, an array, dependencies, a job no worker can hold and a failure,
+then Chromium (through Playwright) on the overview, the jobs, a job page, the workers, the pools
+and (a second server, with auth on) the sign-in page.
 
 The overview's last 24 hours are drawn from the store's samples, which the server takes once a
 minute: a fresh server has none, so the script writes a day of made-up samples (a queue that builds
@@ -14,19 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from playwright.sync_api import sync_playwright
 
 from corral.client import Client
-from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.history import ClusterSample, sample_slot
 from corral.store import open_store
 
-TRAIN = 'for i in $(seq 1 400); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
+TRAIN = 'for i in $(seq 1 3000); do echo "step $i loss $(( 1000 / i ))"; sleep 0.05; done'
 
 
 def start(arguments: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -49,7 +52,7 @@ def seed_history(url: str, now: float) -> None:
     """A made-up day of samples (see the module docstring): 8 GPUs, a queue peaking mid-day."""
     store = open_store(url)
     try:
-        minute = sample_minute(now)
+        minute = sample_slot(now)
         for ago in range(24 * 60, 0, -1):
             hour = (24 * 60 - ago) / 60
             wave = max(0.0, math.sin(math.pi * (hour - 6) / 14)) if 6 <= hour <= 20 else 0.0
@@ -108,7 +111,9 @@ def main() -> int:
                 ("team-b/vision", {"weight": 2}),
             ):
                 client.put_pool(path, settings)
-            client.submit_body({"command": "echo preparing data; exit 0", "name": "prep", "pool": "team-a"})
+            prep = client.submit_body(
+                {"command": "echo preparing data; sleep 3", "name": "prep", "pool": "team-a"}
+            )
             client.submit_body({"command": "echo oops >&2; exit 3", "name": "broken", "max_retries": 1})
             train = client.submit_body(
                 {
@@ -116,14 +121,27 @@ def main() -> int:
                     "name": "train-llm",
                     "resources": {"gpus": 2, "vram_mb": 40000},
                     "pool": "team-a",
+                    "after": [{"id": prep["id"], "when": "ok"}],  # its timeline: waiting, then running
                 }
             )
+            # the rest once it runs: team-b's work would otherwise take its GPUs while it waits
+            wait(lambda: client.get_job(train["id"])["status"] == "running")
             team_b = {"command": "sleep 600", "pool": "team-b"}
             client.submit_body({**team_b, "name": "ddp", "gang_size": 2, "resources": {"gpus": 2}})
             client.submit_body({"command": "sleep 600", "pool": "team-b/vision", "resources": {"gpus": 1}})
-            for index in range(3):
-                client.submit_body({**team_b, "name": f"sweep-{index}", "resources": {"gpus": 4}})
-            wait(lambda: client.get_job(train["id"])["status"] == "running")
+            sweep = client.submit_body({**team_b, "name": "sweep", "array": "0-2", "resources": {"gpus": 4}})
+            client.submit_body(
+                {
+                    "command": "echo best",
+                    "name": "pick-best",
+                    "after": [{"id": sweep["array_id"], "when": "ok"}],
+                }
+            )
+            client.submit_body({"command": "true", "name": "huge", "resources": {"gpus": 16}})
+            # the made-up day ends with 2 GPUs held, and the server's first sample may be of the
+            # cluster before these jobs: wait for a minute's sample of them (they hold 7 of the 8
+            # GPUs), so that the charts end where the rest of the page is
+            wait(lambda: re.search(r"now [3-8] GPUs held", httpx.get(url + "/").text), 150.0)
             time.sleep(4)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])

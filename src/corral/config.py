@@ -83,6 +83,35 @@ class ServerSettings(BaseSettings):
     usage_retention_days: float = Field(
         400.0, gt=0, description="usage accounting rows are kept this long, whatever job retention removes"
     )
+    history_interval_s: float = Field(
+        60.0,
+        description="the dashboard overview's last 24 hours: the queue's length and the GPUs allocated"
+        " are sampled into the store once per this many seconds (replicas of one store: give them the"
+        " same value)",
+    )
+    history_retention_days: float = Field(
+        8.0, description="those samples are kept this long (the overview shows the last day)"
+    )
+
+    @field_validator("history_interval_s")
+    @classmethod
+    def _history_interval_charts_a_day(cls, value: float) -> float:
+        """Between 10 s (the overview reads every sample of its day: 8,640 at most) and an hour
+        (a day of fewer than 24 points is no chart)."""
+        if not 10 <= value <= 3600:
+            raise ValueError(
+                "must be between 10 and 3600 seconds (the overview draws a day of samples: at most"
+                " 8,640 of them, at least 24)"
+            )
+        return value
+
+    @field_validator("history_retention_days")
+    @classmethod
+    def _history_kept_a_day(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("must be at least 1 day (the overview shows the last 24 hours)")
+        return value
+
     dependency_tick_s: float = Field(
         5.0, gt=0, description="dependency loop interval (a job's end wakes it sooner)"
     )

@@ -131,3 +131,26 @@ def test_the_job_page_groups_its_fields_and_draws_a_timeline_with_an_axis(server
     assert re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', timeline) == [
         "0", "+15 s", "+30 s", "+45 s", "+60 s", "+75 s", "+90 s", "+105 s", "+120 s",  # one unit
     ]  # fmt: skip
+
+
+def test_the_jobs_page_shows_arrays_and_each_jobs_reason_as_the_api_words_it(server, api):
+    register(api, "w1", gpus=2)
+    array = submit(api, name="sweep", array="0-2")
+    other = submit(api, name="lone")
+    too_big = submit(api, name="too-big", resources={"gpus": 64})
+    waiting = submit(api, name="then", after=[{"id": array["array_id"], "when": "ok"}])
+    page = api.get("/ui/jobs").text
+    assert page.count(f'<a href="/ui/jobs?array_id={array["array_id"]}">') == 3
+    assert f"{array['array_id']}</a> [2]" in page, "each task with its index"
+    reason = api.get(f"/jobs/{too_big['id']}").json()["reason"]
+    assert reason["code"] == "unschedulable"
+    assert f'title="unschedulable: {reason["message"]}"' in page, "the words `corral jobs --wide` prints"
+    assert "dependency: waiting for the jobs it runs after" in page
+    tasks = api.get("/ui/jobs", params={"array_id": array["array_id"]}).text
+    assert all(task in tasks for task in array["tasks"]) and other["id"] not in tasks
+    assert f'name="array_id" value="{array["array_id"]}"' in tasks, "the filter kept in its field"
+    job_page = api.get(f"/ui/jobs/{waiting['id']}").text
+    assert f'<a href="/ui/jobs?array_id={array["array_id"]}">' in job_page, "the array's tasks, not its JSON"
+    assert f"ok {array['array_id']}" in job_page and "{&#39;id&#39;" not in job_page, "after, as words"
+    task_page = api.get(f"/ui/jobs/{array['tasks'][0]}").text
+    assert f'of array <a href="/ui/jobs?array_id={array["array_id"]}">' in task_page

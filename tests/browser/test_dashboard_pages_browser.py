@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from corral.client import Client
-from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.history import ClusterSample, sample_slot
 from corral.store import open_store
 from tests.browser.test_dashboard_browser import assert_clean
 from tests.e2e.conftest import wait_status
@@ -51,8 +51,8 @@ def test_jobs_newest_first_by_name_and_the_job_page_readable(page, server, clien
     page.goto(server.url + "/ui/jobs")
     rows = page.locator("table.jobs tbody tr")
     expect(rows.nth(0)).to_contain_text(second["id"])
-    expect(rows.nth(0).locator(".job-name")).to_have_text("echo two; sleep 1")
-    expect(rows.nth(1).locator(".job-name")).to_have_text("prep-data")
+    expect(rows.nth(0).locator(".job-name .name")).to_have_text("echo two; sleep 1")
+    expect(rows.nth(1).locator(".job-name .name")).to_have_text("prep-data")
     rows.nth(0).get_by_role("link", name=second["id"]).click()
     for group in ("Identity", "Resources", "Scheduling", "Timing"):
         expect(page.get_by_role("heading", name=group, exact=True)).to_be_visible()
@@ -63,6 +63,21 @@ def test_jobs_newest_first_by_name_and_the_job_page_readable(page, server, clien
     assert timeline.locator("text.tick").count() >= 3, "a time axis, with round ticks"
     box = timeline.bounding_box()
     assert box is not None and box["width"] > 1000, "the timeline spans the page"
+    assert_clean(page)
+
+
+def test_an_arrays_tasks_and_each_jobs_reason_on_the_jobs_page(page, server, client: Client):
+    sweep = client.submit("echo x", array="0-1", name="sweep")
+    lone = client.submit("echo y", name="lone")
+    page.goto(server.url + "/ui/jobs")
+    expect(page.locator("table.jobs tbody tr").first.locator(".job-reason")).to_contain_text("queued: ")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "no sideways scroll"
+    page.get_by_role("link", name=sweep.id).first.click()
+    expect(page).to_have_url(re.compile(r"array_id=" + sweep.id))
+    rows = page.locator("table.jobs tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.filter(has_text=lone.id)).to_have_count(0)
+    expect(page.get_by_label("Array")).to_have_value(sweep.id)
     assert_clean(page)
 
 
@@ -92,7 +107,7 @@ def test_the_overview_draws_the_last_24_hours(page, server, tmp_path: Path):
     a minute: a test does not wait for it), drawn by the server's overview."""
     store = open_store(f"sqlite:///{tmp_path}/c0.db")
     try:
-        minute = sample_minute(time.time())
+        minute = sample_slot(time.time())
         for ago in range(360, 0, -1):
             queued = 10 if ago > 120 else 3
             store.history.record_sample(ClusterSample(minute - 60 * ago, queued, 2, 8, 6))

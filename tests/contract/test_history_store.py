@@ -6,12 +6,12 @@ pass over a real store (``core.history``: what a sample counts)."""
 from __future__ import annotations
 
 from corral.core import history
-from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.history import ClusterSample, sample_slot
 from corral.domain.resources import Resources
 from tests.contract import protocol
 from tests.helpers import NOW, POLICY, register, spec
 
-MINUTE = sample_minute(NOW)
+MINUTE = sample_slot(NOW)
 
 
 def test_a_minute_is_sampled_once_whoever_writes_it(store):
@@ -49,6 +49,6 @@ def test_a_sample_counts_the_queue_and_the_gpus_held(store):
     taken = history.sample(
         NOW + 75, store.jobs.count_jobs_by_status(), store.workers.workers(), store.workers.allocations()
     )
-    assert taken.at == sample_minute(NOW + 75)
+    assert taken.at == sample_slot(NOW + 75)
     assert (taken.queued_jobs, taken.gpus_total) == (2, 6)
     assert taken.gpus_allocated == 3, "the 3-GPU job claimed on w1; the 1-GPU one waits its turn"

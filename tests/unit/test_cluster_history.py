@@ -5,7 +5,7 @@ where no server sampled)."""
 from __future__ import annotations
 
 from corral.core import history
-from corral.domain.history import ClusterSample, sample_minute
+from corral.domain.history import ClusterSample, sample_slot
 from corral.domain.records import Allocation, Worker
 from corral.domain.resources import Resources
 from corral.domain.status import WorkerStatus
@@ -27,12 +27,12 @@ def test_a_sample_counts_active_workers_gpus_and_the_queue_with_blocked_gangs():
     taken = history.sample(
         NOW + 59, {"pending": 3, "blocked": 2, "running": 4, "done": 9}, workers, allocations
     )
-    assert taken == ClusterSample(sample_minute(NOW + 59), 5, 4, 4, 2)
+    assert taken == ClusterSample(sample_slot(NOW + 59), 5, 4, 4, 2)
     assert taken.at % 60 == 0 and NOW + 59 - taken.at < 60
 
 
 def test_a_day_is_drawn_left_to_right_with_a_gap_where_nothing_was_sampled():
-    now = sample_minute(NOW)
+    now = sample_slot(NOW)
     minutes = [*range(600, 590, -1), *range(100, 0, -1)]  # ten minutes ten hours ago, then the last 100
     samples = [ClusterSample(now - 60 * ago, 7, 0, 8, 3) for ago in minutes]
     samples.append(ClusterSample(now - 2 * 86400, 99, 0, 8, 8))  # outside the window: not drawn
@@ -50,3 +50,29 @@ def test_a_day_is_drawn_left_to_right_with_a_gap_where_nothing_was_sampled():
 def test_an_empty_history_draws_nothing():
     queue, gpus = views.cluster_history([], NOW)
     assert queue.lines == [] and gpus.ceiling == [] and queue.latest is None
+
+
+def test_a_gap_is_measured_in_sampling_intervals():
+    now = sample_slot(NOW, 300)
+    samples = [ClusterSample(now - 300 * ago, 1, 0, 8, 3) for ago in range(20, -1, -1)]
+    assert len(views.cluster_history(samples, now, every_s=300)[0].lines) == 1, "no gap: one each interval"
+    assert len(views.cluster_history(samples, now)[0].lines) == 21, "five minutes apart are gaps at a minute"
+    missing = [sample for sample in samples if not 5 <= (now - sample.at) / 300 <= 8]
+    assert len(views.cluster_history(missing, now, every_s=300)[0].lines) == 2, "four intervals missing"
+
+
+def test_a_sample_is_stored_under_its_intervals_start():
+    taken = history.sample(NOW + 299, {"pending": 1}, [worker("a", 2)], [], every_s=300)
+    assert taken.at == sample_slot(NOW + 299, 300) and taken.at % 300 == 0 and NOW + 299 - taken.at < 300
+    assert [views.interval_words(seconds) for seconds in (60, 300, 30, 90)] == [
+        "minute",
+        "5 minutes",
+        "30 s",
+        "90 s",
+    ]
+
+
+def test_the_latest_value_reads_in_the_singular_or_the_plural():
+    now = sample_slot(NOW)
+    queue, gpus = views.cluster_history([ClusterSample(now, 1, 0, 8, 2)], now)
+    assert (queue.latest, queue.unit, gpus.latest, gpus.unit) == (1, "job waiting", 2, "GPUs held")

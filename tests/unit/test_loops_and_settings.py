@@ -98,3 +98,33 @@ def test_a_bad_setting_stops_with_a_message_naming_it(monkeypatch):
         parse(ServerSettings, [])
     assert "heartbeat_timeout_s" in str(stopped.value)
     assert "CORRAL_HEARTBEAT_TIMEOUT_S" in str(stopped.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "why"),
+    [
+        ("CORRAL_HISTORY_INTERVAL_S", "5", "between 10 and 3600 seconds"),
+        ("CORRAL_HISTORY_INTERVAL_S", "7200", "between 10 and 3600 seconds"),
+        ("CORRAL_HISTORY_RETENTION_DAYS", "0.5", "at least 1 day"),
+    ],
+)
+def test_the_history_settings_say_what_they_allow(monkeypatch, variable, value, why):
+    assert (
+        parse(ServerSettings, []).history_interval_s,
+        parse(ServerSettings, []).history_retention_days,
+    ) == (
+        60,
+        8,
+    )
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        parse(ServerSettings, [])
+    assert variable in str(stopped.value) and why in str(stopped.value)
+    monkeypatch.delenv(variable)
+    flag = "--" + variable.removeprefix("CORRAL_").lower().replace("_", "-")
+    assert getattr(
+        parse(ServerSettings, [flag, "30" if "INTERVAL" in variable else "3"]), flag[2:].replace("-", "_")
+    ) in (
+        30,
+        3,
+    )

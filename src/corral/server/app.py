@@ -20,7 +20,6 @@ from starlette.middleware import Middleware
 from corral.config import ServerSettings
 from corral.domain import errors
 from corral.domain.clock import Clock, SystemClock
-from corral.domain.history import SAMPLE_EVERY_S
 from corral.domain.status import Status
 from corral.server import auth, openapi, store_gate
 from corral.server.connections import RefusedConnections
@@ -117,7 +116,7 @@ def create_app(
                 ("dead_worker_sweep", dead_worker_sweep_interval(settings), dead_worker_sweep_tick),
                 ("retention", settings.retention_tick_s, retention_tick),
                 ("dependencies", settings.dependency_tick_s, dependencies_tick),
-                ("history", SAMPLE_EVERY_S / 2, history_tick),  # each minute sampled, at least once
+                ("history", settings.history_interval_s / 2, history_tick),  # each interval sampled
             )
         ],
         state.metrics,

@@ -2,9 +2,10 @@
 build step and no external request (the CSS and the script are served from the package).
 
 Pages: ``/`` the cluster overview (with the last 24 hours of the queue and the GPUs allocated, from
-the samples the ``history`` loop stores each minute), ``/ui/jobs`` the job list (newest first,
-filters, cursor pages), ``/ui/jobs/{id}`` a job (its fields by group, its timeline on a time axis,
-why, live logs, cancel), ``/ui/gangs/{id}`` a gang (ranks, workers, the drain story),
+the samples the ``history`` loop stores once per ``CORRAL_HISTORY_INTERVAL_S``), ``/ui/jobs`` the
+job list (newest first, each job's reason, filters: an array's tasks are ``?array_id=``, cursor
+pages), ``/ui/jobs/{id}`` a job (its fields by group, its timeline on a time axis, why, live logs,
+cancel), ``/ui/gangs/{id}`` a gang (ranks, workers, the drain story),
 ``/ui/workers`` one cell per GPU, ``/ui/pools`` the pools as a tree, each with its fair share
 against its usage. Each page answers ``?partial=1`` with its live part alone, which the script
 fetches every few seconds; cancel is a plain form post (it works without the script too). With
@@ -92,7 +93,8 @@ def overview(request: Request) -> Response:
         pools=views.pool_tree(state.store.jobs, fair_share_now(state)),
         gpu_hours=views.gpu_hours_by_pool(state.store.usage, now, own_user),
         own_usage=own_user is not None,
-        history=views.cluster_history(samples, now),
+        history=views.cluster_history(samples, now, state.settings.history_interval_s),
+        history_every=views.interval_words(state.settings.history_interval_s),
         now=to_rfc3339(now),
     )
 
@@ -108,11 +110,14 @@ def job_list(request: Request) -> Response:
         pool=params.get("pool") or None,
         worker_id=params.get("worker_id") or None,
         gang_id=params.get("gang_id") or None,
+        array_id=params.get("array_id") or None,
         newest=True,  # what was just submitted comes first (issue 23), as `corral jobs` lists it
     )
     after = _decode_cursor(params["after"]) if params.get("after") else None
     jobs = standing(views.job_list(state.store.jobs, filters, PAGE_SIZE, after), state.standing_verdicts)
-    kept = {key: params[key] for key in ("status", "pool", "worker_id", "gang_id") if params.get(key)}
+    kept = {
+        key: params[key] for key in ("status", "pool", "worker_id", "gang_id", "array_id") if params.get(key)
+    }
     next_link = None
     if len(jobs) == PAGE_SIZE:
         next_link = "/ui/jobs?" + urlencode({**kept, "after": _encode_cursor(jobs[-1])})
@@ -216,6 +221,7 @@ described = [
             string("pool"),
             string("worker_id"),
             string("gang_id"),
+            string("array_id", "an array's tasks"),
             string("after", "the cursor of the next page"),
         ),
         errors=(400,),

@@ -16,7 +16,7 @@ from corral.core import topology
 from corral.core.explain import explain
 from corral.core.fairshare import FairShareState, dominant
 from corral.domain.clock import to_rfc3339
-from corral.domain.history import ClusterSample
+from corral.domain.history import GAP_INTERVALS, SAMPLE_EVERY_S, ClusterSample
 from corral.domain.pools import Starvation, ancestors, tree_order
 from corral.domain.records import Job, JobEvent, Worker
 from corral.domain.status import HOLDING, TERMINAL, Status, WorkerStatus
@@ -214,10 +214,10 @@ def pool_tree(store: Jobs, fair: FairShareState) -> list[PoolNode]:
 
 
 #: the overview's history charts: the last 24 hours, a tick every 3 hours (UTC), a line broken
-#: where samples are missing for longer than ``_GAP_S`` (the servers were down: nothing is known)
+#: where samples are missing for longer than ``GAP_INTERVALS`` sampling intervals (the servers
+#: were down: nothing is known)
 HISTORY_WINDOW_S = 86400.0
 _HISTORY_TICK_S = 3 * 3600.0
-_GAP_S = 3 * 60.0
 #: a history chart's plot area in its own units (the SVG scales to the page)
 PLOT_WIDTH = 560.0
 PLOT_HEIGHT = 120.0
@@ -229,7 +229,7 @@ class HistoryChart:
     run of samples without a gap), an optional ceiling line (the GPUs there were), axis ticks."""
 
     title: str
-    unit: str
+    unit: str  # of the latest value: "1 job waiting", "2 jobs waiting"
     lines: list[str]
     ceiling: list[str]
     x_ticks: list[Tick]
@@ -257,10 +257,14 @@ def history_chart(
     unit: str,
     value: str,
     ceiling: str | None = None,
+    every_s: float = SAMPLE_EVERY_S,
 ) -> HistoryChart:
     """The ``value`` attribute of ``samples`` (and ``ceiling``'s, drawn as a dashed limit) over the
-    24 hours before ``now``, scaled to the plot: time to x, the value to y from a round top."""
+    24 hours before ``now`` (``unit``: ``one|many``, as the latest value reads), scaled to the
+    plot: time to x, the value to y from a round top; the line broken where more than
+    ``GAP_INTERVALS`` intervals of ``every_s`` have no sample."""
     start = now - HISTORY_WINDOW_S
+    gap_s = GAP_INTERVALS * every_s
     shown = [sample for sample in samples if start <= sample.at <= now]
     values = [int(getattr(sample, value)) for sample in shown]
     ceilings = [int(getattr(sample, ceiling)) for sample in shown] if ceiling else []
@@ -274,7 +278,7 @@ def history_chart(
         runs: list[list[str]] = []
         previous: float | None = None
         for sample, amount in zip(shown, amounts, strict=True):
-            if previous is None or sample.at - previous > _GAP_S:
+            if previous is None or sample.at - previous > gap_s:
                 runs.append([])
             runs[-1].append(point(sample, amount))
             previous = sample.at
@@ -288,14 +292,15 @@ def history_chart(
         x_ticks.append(Tick(PLOT_WIDTH * (at - start) / HISTORY_WINDOW_S, (to_rfc3339(at) or "")[11:16]))
         at += _HISTORY_TICK_S
     y_ticks = [(PLOT_HEIGHT - PLOT_HEIGHT * part, f"{top * part:g}") for part in (0.0, 0.5, 1.0)]
+    latest = values[-1] if values else None
     return HistoryChart(
         title,
-        unit,
+        unit.split("|")[0 if latest == 1 else -1],
         lines(values),
         lines(ceilings) if ceiling else [],
         x_ticks,
         y_ticks,
-        values[-1] if values else None,
+        latest,
         max(values, default=0),
         len(shown),
     )
@@ -306,11 +311,26 @@ def _nudged(point: str) -> str:
     return f"{float(x) + 2:.1f},{y}"
 
 
-def cluster_history(samples: Sequence[ClusterSample], now: float) -> list[HistoryChart]:
-    """The overview's two charts: the queue's length, and the GPUs allocated under the GPUs there were."""
+def interval_words(seconds: float) -> str:
+    """The sampling interval as the overview says it: ``minute``, ``5 minutes``, ``30 s``."""
+    if seconds % 60:
+        return f"{seconds:g} s"
+    minutes = seconds / 60
+    return "minute" if minutes == 1 else f"{minutes:g} minutes"
+
+
+def cluster_history(
+    samples: Sequence[ClusterSample], now: float, every_s: float = SAMPLE_EVERY_S
+) -> list[HistoryChart]:
+    """The overview's two charts: the queue's length, and the GPUs allocated under the GPUs there
+    were (samples taken once per ``every_s``: ``CORRAL_HISTORY_INTERVAL_S``)."""
     return [
-        history_chart(samples, now, "Queue length", "jobs waiting", "queued_jobs"),
-        history_chart(samples, now, "GPUs allocated", "GPUs held", "gpus_allocated", ceiling="gpus_total"),
+        history_chart(
+            samples, now, "Queue length", "job waiting|jobs waiting", "queued_jobs", every_s=every_s
+        ),
+        history_chart(
+            samples, now, "GPUs allocated", "GPU held|GPUs held", "gpus_allocated", "gpus_total", every_s
+        ),
     ]
 
 
