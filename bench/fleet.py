@@ -25,10 +25,13 @@ within 3x of idle.
 
 With ``--replicas R`` (PostgreSQL), R servers share the store and host i talks to replica i mod R
 (what a load balancer in front of them would do); the CPU column is their sum, each one's share
-below it, and the admission passes are the leader's.
+below it, and the admission passes are the leader's. Below each window too: each replica's main
+process alone (without its planner and reader processes), PostgreSQL's CPU and the share of it
+spent by the backends serving this bench, the load process's own CPU and the load average.
+``--json FILE`` appends each size's windows as a JSON line, which ``bench/fleet_fit.py`` fits.
 
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
-        [--batched --jobs-per-worker 8] [--replicas 2]
+        [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl]
 """
 
 from __future__ import annotations
