@@ -93,12 +93,13 @@ class Cell:
 
     @property
     def mains(self) -> float:
-        """The main processes' total (results from before they were recorded: the servers')."""
-        return sum(self.main) if self.main else self.total
+        """The main processes' total (NaN in results from before they were recorded: such a
+        cell counts in the servers' fit, not in the main processes')."""
+        return sum(self.main) if self.main else float("nan")
 
     @property
     def busiest_main(self) -> float:
-        return max(self.main or self.replica)
+        return max(self.main) if self.main else float("nan")
 
 
 def _number(value: object) -> float:
@@ -228,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             ("postgres own", [cell.postgres_own for cell in these]),
             ("load process", [cell.driver for cell in these]),
         ):
-            lines[(name, replicas)] = fit(xs, values)
+            try:
+                lines[(name, replicas)] = fit(xs, values)
+            except ValueError:  # fewer than two sizes recorded it
+                continue
             print_line(f"{name}, {replicas} replica(s)", lines[(name, replicas)], hosts)
     pooled = fit([cell.served for cell in kept], [cell.postgres_own for cell in kept])
     print_line("postgres own, every replica count", pooled, hosts)
@@ -239,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     heartbeat_s = kept[0].heartbeat_s
     servers = lines[("servers", target)]
-    mains = lines[("main processes", target)]
-    busiest = lines[("busiest main process", target)]
+    # (results without the main processes apart: the servers' lines stand in for them)
+    mains = lines.get(("main processes", target), servers)
+    busiest = lines.get(("busiest main process", target), servers)
     # what a heartbeat costs the interpreter that answers it: the main processes' slope, without
     # the admission planning and the lists (the planner and reader processes)
     per_beat_ms = 1e3 * mains.slope * heartbeat_s
