@@ -25,10 +25,13 @@ within 3x of idle.
 
 With ``--replicas R`` (PostgreSQL), R servers share the store and host i talks to replica i mod R
 (what a load balancer in front of them would do); the CPU column is their sum, each one's share
-below it, and the admission passes are the leader's.
+below it, and the admission passes are the leader's. Below each window too: each replica's main
+process alone (without its planner and reader processes), PostgreSQL's CPU and the share of it
+spent by the backends serving this bench, the load process's own CPU and the load average.
+``--json FILE`` appends each size's windows as a JSON line, which ``bench/fleet_fit.py`` fits.
 
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
-        [--batched --jobs-per-worker 8] [--replicas 2]
+        [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import resource
 import sys
@@ -67,7 +71,17 @@ class Window:
     server_cpu: float = 0.0
     #: each replica's share of ``server_cpu`` (one entry with one server)
     replica_cpu: list[float] = field(default_factory=list)
+    #: each replica's own process alone, without its planner and reader processes (the admission pass's
+    #: planning): the interpreter the heartbeats queue for
+    replica_main_cpu: list[float] = field(default_factory=list)
     postgres_cpu: float = float("nan")
+    #: the share of ``postgres_cpu`` spent by the backends serving this bench's servers (the rest:
+    #: PostgreSQL's background processes and whoever else shares the database server)
+    postgres_own_cpu: float = float("nan")
+    #: the load process's own CPU (all N simulated hosts): near a core, the client is the bottleneck
+    driver_cpu: float = 0.0
+    #: the machine's 1-minute load average as the window started
+    load_average: float = 0.0
     admission_passes: float = 0.0
     admission_seconds: float = 0.0
     reaped: float = 0.0
@@ -309,18 +323,30 @@ async def measure(
     passes, cycle_s, reaped = await scrape_all(servers)
     pids = [server.child.process.pid for server in servers]
     cpu = [harness.cpu_seconds(pid, children=True) for pid in pids]  # with the planner process
+    main_cpu = [harness.cpu_seconds(pid) for pid in pids]
     pg_before = harness.postgres_cpu_seconds() if postgres else {}
+    backends = harness.postgres_backends_of(pids) if postgres else []
+    driver = harness.self_cpu_seconds()
+    window.load_average = os.getloadavg()[0]
     window.started = time.monotonic()
     fleet.window = window
     await asyncio.sleep(seconds)
     fleet.window = None
     window.seconds = time.monotonic() - window.started
+    window.driver_cpu = harness.self_cpu_seconds() - driver
     window.replica_cpu = [
         harness.cpu_seconds(pid, children=True) - before for pid, before in zip(pids, cpu, strict=True)
+    ]
+    window.replica_main_cpu = [
+        harness.cpu_seconds(pid) - before for pid, before in zip(pids, main_cpu, strict=True)
     ]
     window.server_cpu = sum(window.replica_cpu)
     if postgres:
         window.postgres_cpu = harness.postgres_cpu_delta(pg_before)
+        after = {pid: harness.cpu_seconds(pid) for pid in backends if pid in pg_before}
+        window.postgres_own_cpu = sum(
+            value - pg_before[pid] for pid, value in after.items() if value == value
+        )
     passes_after, cycle_after, reaped_after = await scrape_all(servers)
     window.admission_passes = passes_after - passes
     window.admission_seconds = cycle_after - cycle_s
@@ -449,17 +475,63 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
             f" {1e3 * max(window.lag, default=float('nan')):>8.0f}"
         )
         failures = {status: count for status, count in window.statuses.items() if status != 200}
-        if failures or window.postgres_cpu == window.postgres_cpu or len(window.replica_cpu) > 1:
-            extra = f"answers other than 200: {failures}" if failures else ""
-            if len(window.replica_cpu) > 1:
-                shares = " + ".join(f"{100 * cpu / window.seconds:.0f}%" for cpu in window.replica_cpu)
-                extra += f"  replicas' CPU {shares}"
-            if window.postgres_cpu == window.postgres_cpu:
-                extra += f"  PostgreSQL CPU {100 * window.postgres_cpu / window.seconds:.0f}%"
-            print(f"         {extra.strip()}")
+        extra = f"answers other than 200: {failures}" if failures else ""
+        if len(window.replica_cpu) > 1:
+            shares = " + ".join(f"{100 * cpu / window.seconds:.0f}%" for cpu in window.replica_cpu)
+            extra += f"  replicas' CPU {shares}"
+        mains = " + ".join(f"{100 * cpu / window.seconds:.0f}%" for cpu in window.replica_main_cpu)
+        extra += f"  (their main processes alone, no planner or reader: {mains})"
+        if window.postgres_cpu == window.postgres_cpu:
+            extra += (
+                f"  PostgreSQL CPU {100 * window.postgres_cpu / window.seconds:.0f}%"
+                f" (this bench's backends {100 * window.postgres_own_cpu / window.seconds:.0f}%)"
+            )
+        extra += f"  load process CPU {100 * window.driver_cpu / window.seconds:.0f}%"
+        extra += f"  load average {window.load_average:.1f}"
+        print(f"         {extra.strip()}")
     idle, load = windows
     ratio = _ms(load.heartbeats, 99) / _ms(idle.heartbeats, 99)
     print(harness.figure("heartbeat p99 load / idle", ratio, "x", TARGET_P99_RATIO, at_least=False))
+
+
+def record(workers: int, args: argparse.Namespace, windows: list[Window]) -> dict[str, object]:
+    """One size's windows as JSON for ``--json`` (what ``bench/fleet_fit.py`` reads): CPU in
+    seconds over each window's ``seconds``, latencies in ms."""
+
+    def one(window: Window) -> dict[str, object]:
+        beats = window.heartbeats
+        return {
+            "name": window.name,
+            "seconds": window.seconds,
+            "beats": len(beats),
+            "p50_ms": _ms(beats, 50),
+            "p99_ms": _ms(beats, 99),
+            "max_ms": 1e3 * max(beats, default=float("nan")),
+            "lag_max_ms": 1e3 * max(window.lag, default=float("nan")),
+            "missed": window.stale + int(window.reaped),
+            "failures": {str(status): count for status, count in window.statuses.items() if status != 200},
+            "server_cpu_s": window.server_cpu,
+            "replica_cpu_s": window.replica_cpu,
+            "replica_main_cpu_s": window.replica_main_cpu,
+            "postgres_cpu_s": window.postgres_cpu,
+            "postgres_own_cpu_s": window.postgres_own_cpu,
+            "driver_cpu_s": window.driver_cpu,
+            "load_average": window.load_average,
+            "admission_passes": window.admission_passes,
+            "admission_seconds": window.admission_seconds,
+        }
+
+    return {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "db": args.db,
+        "replicas": args.replicas,
+        "workers": workers,
+        "jobs_per_worker": args.jobs_per_worker,
+        "batched": args.batched,
+        "heartbeat_s": args.heartbeat_s,
+        "cores": os.cpu_count(),
+        "windows": [one(window) for window in windows],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
         help="server processes on the one store (PostgreSQL only); host i talks to replica i mod R",
     )
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--json", type=Path, help="append one JSON line per size to this file (bench/fleet_fit.py reads it)"
+    )
     parser.add_argument(
         "--profile", action="store_true", help="py-spy the server's GIL holder during the load window"
     )
@@ -543,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
                         for server in servers:
                             processes.stop(server.child)
                     report(workers, args, windows)
+                    if args.json is not None:
+                        with args.json.open("ab") as out:
+                            out.write(orjson.dumps(record(workers, args, windows)) + b"\n")
     except KeyboardInterrupt:
         print("interrupted; processes stopped", file=sys.stderr)
         return 130

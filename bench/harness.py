@@ -374,6 +374,38 @@ def postgres_cpu_delta(before: dict[int, float]) -> float:
     return sum(value - before.get(pid, 0.0) for pid, value in after.items() if value == value)
 
 
+def postgres_backends_of(pids: Sequence[int], port: int = 5432) -> list[int]:
+    """The PostgreSQL backend processes serving connections that ``pids`` (and their descendants)
+    hold to ``port``: a backend's title names its client's address, ``127.0.0.1(PORT)``, so the
+    client's local TCP ports pick out this bench's backends from those of others sharing the
+    database server (other benches, other test runs)."""
+    owners = [pid for top in pids for pid in (top, *_live_descendants(top))]
+    inodes: set[str] = set()
+    for pid in owners:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    client_ports: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        for pid in owners[:1]:  # one network namespace: any process's view lists every socket
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                    fields = line.split()
+                    local, remote, inode = fields[1], fields[2], fields[9]
+                    if inode in inodes and int(remote.rsplit(":", 1)[1], 16) == port:
+                        client_ports.add(int(local.rsplit(":", 1)[1], 16))
+    backends = []
+    for pid in postgres_cpu_seconds():
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            if any(f"({client})" in title for client in client_ports):
+                backends.append(pid)
+    return backends
+
+
 def self_cpu_seconds() -> float:
     import resource
 
