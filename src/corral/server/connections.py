@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from corral.server.envelope import error_response
+from corral.server.one_write import HeldHead
 
 logger = logging.getLogger("corral.server.connections")
 
@@ -179,7 +180,8 @@ class RefusedConnections:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's ``httptools`` protocol with the header timeout and the connection book.
+    """uvicorn's ``httptools`` protocol with the header timeout and the connection book, each
+    answer written in one write (``one_write``).
 
     ``guarded_protocol`` makes a subclass bound to one book and timeout (uvicorn makes one
     protocol per connection from the class it is given)."""
@@ -217,6 +219,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._request_begun = False
         self.scope[CONNECTION_KEY] = self._record  # type: ignore[literal-required]
         super().on_headers_complete()
+        # the request's cycle writes its answer's head and body in one write (``one_write``)
+        self.cycle.transport = HeldHead(self.transport, self.loop)  # type: ignore[assignment]
 
     def _arm_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)

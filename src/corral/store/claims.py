@@ -101,7 +101,18 @@ class SqlClaims:
         """``claim_many``'s work inside the transaction ``tx``."""
         # The worker, locked; whether any capacity is held on it (holds exist only while a gang
         # waits, so the common claim skips reading them); whether this claim is a retry.
-        rows = tx.execute(self.claiming_worker_sql(), (claim_key, worker_id))
+        # Where the dialect reads the first candidates with the allocations, that read goes in the
+        # same round trip as the worker's lock (it needs nothing from the worker's row; PostgreSQL
+        # runs it once the lock is taken, so it sees every allocation committed before): a
+        # round trip fewer per claim. Its rows are unused when the claim is a retry, the worker
+        # drains or is not found.
+        first_page_read = self._first_page_read(worker_id, limit)
+        if first_page_read is None:
+            rows, page_rows = tx.execute(self.claiming_worker_sql(), (claim_key, worker_id)), None
+        else:
+            rows, page_rows = tx.execute_each(
+                [(self.claiming_worker_sql(), (claim_key, worker_id)), first_page_read]
+            )
         if not rows:
             raise errors.NotFound(f"worker {worker_id} not found")
         worker, held, retried = worker_from_row(rows[0][:-2]), bool(rows[0][-2]), bool(rows[0][-1])
@@ -109,7 +120,7 @@ class SqlClaims:
             return self._claimed_again(tx, worker_id, claim_key, stamp_of(now))
         if worker.status == WorkerStatus.DRAINING:
             return []
-        allocations, first_page = self._allocations_and_first_page(tx, worker_id, limit)
+        allocations, first_page = self._allocations_and_first_page(tx, worker_id, page_rows)
         at = stamp_of(now)
         claimed = self._start_reserved(tx, worker, allocations, policy, at, limit, claim_key)
         if len(claimed) < limit:
@@ -142,16 +153,23 @@ class SqlClaims:
         jobs = map(job_from_row, rows)
         return sorted(jobs, key=lambda job: (job.gang_id is None, job.submitted_at, job.id))
 
+    def _first_page_read(self, worker_id: str, limit: int) -> tuple[str, Sequence[Any]] | None:
+        """The statement reading the worker's allocations and the first page of candidates
+        together (``Dialect.first_page_sql``), or None where the dialect has none."""
+        if self.dialect.first_page_sql is None:
+            return None
+        return self.dialect.first_page_sql, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit))
+
     def _allocations_and_first_page(
-        self, tx: Transaction, worker_id: str, limit: int
+        self, tx: Transaction, worker_id: str, rows: list[tuple[Any, ...]] | None
     ) -> tuple[list[Allocation], list[Job] | None]:
         """The worker's allocations, read once its row is locked; and, where the dialect reads them
-        in the same round trip (``Dialect.first_page_sql``), the first page of pending candidates
-        in queue order, filtered by a free capacity that is never less than the policy's. None:
-        the candidates are read after, filtered by the policy's free capacity."""
-        if self.dialect.first_page_sql is None:
+        in the same round trip (``Dialect.first_page_sql``: ``rows``, that read's rows), the first
+        page of pending candidates in queue order, filtered by a free capacity that is never less
+        than the policy's. None: the candidates are read after, filtered by the policy's free
+        capacity."""
+        if rows is None:
             return worker_allocations(tx, worker_id), None
-        rows = tx.execute(self.dialect.first_page_sql, (worker_id, worker_id, max(CLAIM_FIRST_PAGE, limit)))
         held = [job_from_row(row[1:]) for row in rows if not row[0]]
         allocations = [
             Allocation(

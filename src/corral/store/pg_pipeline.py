@@ -42,7 +42,8 @@ class OpenTransaction:
     its first statement, and the compare-and-sets whose only answer is "matched, else roll back"
     (``defer``) travel with the statement after them or with the ``COMMIT``, in one pipeline
     (``Pipeline``: one round trip, every value a bound parameter). Each is a round trip the server
-    no longer waits for (a claim: five round trips become three)."""
+    no longer waits for (a claim: five round trips become three; two once its first two reads go
+    together, ``_PostgresTransaction.execute_each``)."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline

@@ -104,6 +104,18 @@ class _PostgresTransaction:
             result = cursor.pgresult
             return cursor.fetchall() if result is not None and result.status == TUPLES_OK else []
 
+    def execute_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """Each statement's rows, all sent in one round trip through ``Pipeline`` (with the open
+        transaction's ``BEGIN`` and deferred writes, if they wait): PostgreSQL still runs them one
+        after another, each with its own snapshot, as separate ``execute`` calls would. Every
+        statement must be one ``Pipeline`` may prepare (its parameters' types inferred)."""
+        with unavailable_on_connection_loss():
+            open_transaction = self._open()
+            if open_transaction is None:
+                return self._store.pipeline().run(statements)
+            prefix = open_transaction.prefix()
+            return open_transaction.pipeline.run([*prefix, *statements])[len(prefix) :]
+
     def defer(self, sql: str, params: Sequence[Any]) -> None:
         """Run ``sql`` (a statement that raises when its write matched no row) with the next
         statement of the open transaction, or its ``COMMIT``; at once outside a transaction."""

@@ -81,6 +81,11 @@ CLAIM_MAX_PAGE = 512
 class Transaction(Protocol):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+    def execute_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """Each statement's rows, run in order as ``execute`` would run them one after another
+        (PostgreSQL sends them in one round trip; no statement's values may depend on an earlier
+        one's rows)."""
+        ...
 
 
 def to_json(value: Any) -> str:

@@ -125,6 +125,9 @@ class _SqliteTransaction:
         with _busy_is_503():
             self._connection.executemany(sql, rows)
 
+    def execute_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        return [self.execute(sql, params) for sql, params in statements]
+
 
 class SqliteStore(ComposedStore):
     dialect = "sqlite"
