@@ -36,7 +36,9 @@ def test_submit_wait_exits_4_once_unschedulable_for_the_time_given(server, api, 
         )
         assert code == exit_codes.UNSCHEDULABLE == 4, err
         handle = err.splitlines()[0]
-        assert out == "" and "unschedulable" in err and f"corral cancel {handle}" in err
+        (line,) = out.splitlines()  # the id on standard output as a finished wait prints it
+        assert line.startswith(f"{handle}: "), out
+        assert "unschedulable" in err and f"corral cancel {handle}" in err
     # the work stays queued: the wait gave up, nothing was cancelled
     assert {job["status"] for job in api.get("/jobs").json()["items"]} == {"pending", "blocked"}
 

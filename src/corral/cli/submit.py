@@ -242,9 +242,14 @@ class Unschedulable:
         return now - self._since >= self.after_s
 
     def give_up(self, handle: str, final: dict[str, Any], as_json: bool) -> int:
-        """Say why the wait ends (the work itself stays queued) and exit 4."""
+        """Say why the wait ends (the work itself stays queued) and exit 4. Standard output names
+        the work and its status as a finished wait does (``ID: STATUS``), so a script that reads
+        the id from it has one either way."""
         if as_json:
             output.print_json(final)
+        else:
+            status = final.get("status") or output.counts_text(final.get("counts", {}))
+            print(f"{handle}: {status}")
         print(
             f"corral: {handle} has been {output.reason_text(self.reason)} for {self.after_s:g} s or more; "
             f"not waiting for ever (it stays queued: `corral cancel {handle}` removes it)",
