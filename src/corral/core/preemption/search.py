@@ -129,13 +129,16 @@ class Search:
         self._candidates.clear()
         self.refused.clear()
 
-    def shape(self, first: Job, eligible: Sequence[str], trigger: Trigger) -> Shape:
+    def shape(
+        self, first: Job, eligible: Sequence[str], trigger: Trigger, domain: tuple[int, ...] | None = None
+    ) -> Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
         reclaims, whether it may take for fair share), shared by every preemptor of the shape in
         the cycle and computed lazily. Preemptors of different starving pools share one shape:
         which pools' allocations each may take differs a little (never from inside its own
         subtree), so a set is checked against the preemptor's own trigger when it is taken, and
-        computed again for it when it does not pass."""
+        computed again for it when it does not pass. ``domain``: the search confined to one
+        topology domain's workers (``locality``), ``eligible`` then being those workers."""
         spec = first.spec
         key = (
             spec.preemption_class,
@@ -145,6 +148,7 @@ class Search:
             spec.pool if trigger.reclaiming else None,
             trigger.beneficiary is not None,
             trigger.aggressive,
+            domain,
         )
         shape = self._shapes.get(key)
         if shape is None:
