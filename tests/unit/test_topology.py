@@ -153,10 +153,13 @@ def test_without_labels_the_decisions_do_not_depend_on_the_levels() -> None:
         assert decide(snapshot, 30.0) == decide(snapshot, 30.0, topology_levels=())
 
 
-def busy_racks(classes: dict[str, int] | None = None) -> tuple[list[Worker], list[Job]]:
+def busy_racks(
+    classes: dict[str, int] | None = None, checkpoint: str = "auto"
+) -> tuple[list[Worker], list[Job]]:
     """w1..w4, racks alternating by id (w1, w3 in r1; w2, w4 in r2), each running one 8-GPU job;
     the cheapest victims (the newest jobs) sit on w1 (r1) and w2 (r2). ``classes``: a job's class
-    by worker id (else 2)."""
+    by worker id (else 2). With ``checkpoint`` auto every job costs the same (its expected
+    checkpoint); with none, the time it has run (w3's and w4's 100 times w1's and w2's)."""
     workers = [labelled(f"w{index}", "b1", f"r{(index - 1) % 2 + 1}") for index in range(1, 5)]
     holding = [
         Job(
@@ -165,7 +168,7 @@ def busy_racks(classes: dict[str, int] | None = None) -> tuple[list[Worker], lis
                 command="true",
                 resources=Resources(gpus=8),
                 preemption_class=(classes or {}).get(worker.id, 2),
-                checkpoint_mode="auto",
+                checkpoint_mode=checkpoint,
             ),
             status=Status.RUNNING,
             submitted_at=0.0,
@@ -216,6 +219,15 @@ def test_locality_never_stops_a_higher_class_than_the_cluster_wide_set_needs() -
     class than the cluster-wide w1 + w2 (class 2), so the gang spans the two racks; a rack-required
     gang pays for its rack instead (r1: its worst class is the lower)."""
     workers, holding = busy_racks({"w3": 5, "w4": 6})
+    assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w2"}
+    assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
+
+
+def test_locality_is_bought_with_a_bounded_price_in_lost_work() -> None:
+    """Without checkpoints, r1's set (w1 + w3) loses 100 times more work than w1 + w2: more than
+    ``COST_FACTOR`` times the cluster-wide set's cost plus ``COST_SLACK``, so the gang spans two
+    racks; a rack-required gang still takes r1's set (nothing else may place it)."""
+    workers, holding = busy_racks(checkpoint="none")
     assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w2"}
     assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
 

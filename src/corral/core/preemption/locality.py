@@ -15,9 +15,10 @@ then blocks):
    could hold the gang together (a gang larger than a rack: a block's fewest racks), then to the
    domain whole. Of the sets found, the one spanning the fewest domains, then with the lowest
    worst class, then cost, then size wins, and only when it spans
-   fewer domains (racks, then blocks) and its worst class is no higher than the cluster-wide
-   set's (locality never stops work of a higher class than the preemptor needed anyway; the cost
-   may be higher, within the worth rule every set meets);
+   fewer domains (racks, then blocks), its worst class is no higher than the cluster-wide set's
+   (locality never stops work of a higher class than the preemptor needed anyway) and the work
+   it loses is at most ``COST_FACTOR`` times the cluster-wide set's plus ``COST_SLACK`` (locality
+   is worth some lost work, not any);
 3. a gang that ``requires`` a level is never placed across two of its domains: only domains of
    that level or narrower are tried, and a cluster-wide set that spans the level is not offered
    (nor is the class bound of 2 held against a confined set: there is nothing else to take); with
@@ -31,6 +32,7 @@ without labels (the planner's decisions are then exactly what they were).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 from corral.core import topology
 from corral.core.decisions import TaskPlacement
@@ -44,6 +46,11 @@ __all__ = ["DOMAINS_TRIED", "Locality", "Option"]
 
 #: the domains of one level a gang preemptor's confined search tries, at most (the roomiest first)
 DOMAINS_TRIED = 4
+
+#: a confined set may cost (GPU-seconds of work lost) at most this many times the cluster-wide
+#: set's, plus ``COST_SLACK``: locality is worth some lost work, not any
+COST_FACTOR = 2.0
+COST_SLACK = 3_600.0
 
 #: a victim set and where it places the preemptor's tasks
 Option = tuple[list[Unit], list[TaskPlacement]]
@@ -102,7 +109,12 @@ class Locality:
         if request.gpus <= 0:
             return [found] if base_ok else []
         worst = max((unit.preemption_class for unit in chosen), default=-1)
+        base_cost = sum(unit.cost for unit in chosen)
+        domains = self.domains
+        allowed = frozenset(eligible)
         potential = self._potential(room, eligible, request.gpus)
+        could = domains.rooms(potential)
+        now = domains.rooms((self.order[worker_id], tasks) for worker_id, tasks in room.items())
         size = len(preemptor.tasks)
         for level in reversed(range(len(self.levels))):
             if required is not None and level < required:
@@ -110,15 +122,16 @@ class Locality:
             if base_ok and base_span[narrowest - level] == 1:
                 break  # the cluster-wide set is inside one domain of this level already
             best: tuple[tuple[object, ...], Option] | None = None
-            for region in self._regions(level + 1, potential, room, size):
-                option = self._confined(preemptor, region, room, eligible, trigger, placed)
+            for region in self._regions(level + 1, potential, could, now, size):
+                option = self._confined(preemptor, region, room, allowed, trigger, placed)
                 if option is None:
                     continue
                 units = option[0]
                 klass = max((unit.preemption_class for unit in units), default=-1)
-                if base_ok and klass > worst:
-                    continue  # the cluster-wide set may be taken: no higher class for locality
-                key = (self.span(option[1]), klass, sum(unit.cost for unit in units), len(units), region)
+                cost = sum(unit.cost for unit in units)
+                if base_ok and (klass > worst or cost > COST_FACTOR * base_cost + COST_SLACK):
+                    continue  # the cluster-wide set may be taken: locality at a bounded price
+                key = (self.span(option[1]), klass, cost, len(units), region)
                 if best is None or key < best[0]:
                     best = (key, option)
             if best is not None and self.span(best[1][1]) < base_span:
@@ -151,15 +164,14 @@ class Locality:
         return found
 
     def _regions(
-        self, depth: int, potential: list[tuple[int, int]], room: Mapping[str, int], size: int
+        self, depth: int, potential: list[tuple[int, int]], could: list[int], now: list[int], size: int
     ) -> list[tuple[int, ...]]:
         """Where to confine the search at ``depth`` (1: the widest level): of the domains there
         that could hold ``size`` tasks, the roomiest now first (then by name), at most
         ``DOMAINS_TRIED``, first each one's fewest children that could hold them together (a gang
-        larger than a rack confined to a block's fewest racks), then each domain whole."""
+        larger than a rack confined to a block's fewest racks), then each domain whole. ``could``
+        and ``now``: each node's tasks once its preemptible work is gone, and now."""
         domains = self.domains
-        could = domains.rooms(potential)
-        now = domains.rooms((self.order[worker_id], tasks) for worker_id, tasks in room.items())
         nodes = {domains.chains[order][depth - 1] for order, _ in potential}
         fitting = [node for node in nodes if could[node] >= size]
         fitting.sort(key=lambda node: (-now[node], domains.path_name(node)))
@@ -198,15 +210,15 @@ class Locality:
         preemptor: Preemptor,
         region: tuple[int, ...],
         room: Mapping[str, int],
-        eligible: Sequence[str],
+        eligible: AbstractSet[str],
         trigger: Trigger,
         placed: _Placer,
     ) -> Option | None:
         """The search confined to the workers of ``region`` (domain nodes): its set and
         placements, or None."""
         members = self._members(region)
-        inside = [worker_id for worker_id in eligible if worker_id in members]
-        room_inside = {worker_id: tasks for worker_id, tasks in room.items() if worker_id in members}
+        inside = sorted(worker_id for worker_id in members if worker_id in eligible)
+        room_inside = {worker_id: room[worker_id] for worker_id in inside if worker_id in room}
         shape = self.search.shape(preemptor.first, inside, trigger, domain=region)
         size = len(preemptor.tasks)
         failed = shape.failed_sizes.get(trigger.beneficiary)
