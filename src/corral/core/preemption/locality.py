@@ -13,8 +13,8 @@ then blocks):
    ``Units.reach``) are tried, the roomiest now first (the fewest victims), at most
    ``DOMAINS_TRIED`` of a level: the same search confined to the domain's fewest children that
    could hold the gang together (a gang larger than a rack: a block's fewest racks), then to the
-   domain whole. Of the sets found, the one spanning the fewest domains, then with the lowest
-   worst class, then cost, then size wins, and only when it spans
+   domain whole. The first set found is taken (the roomiest domain first: the fewest victims;
+   the first, not the cheapest of all, keeps a cycle's searches few), and only when it spans
    fewer domains (racks, then blocks), its worst class is no higher than the cluster-wide set's
    (locality never stops work of a higher class than the preemptor needed anyway) and the work
    it loses is at most ``COST_FACTOR`` times the cluster-wide set's plus ``COST_SLACK`` (locality
@@ -121,21 +121,16 @@ class Locality:
                 break  # wider than the required level: never
             if base_ok and base_span[narrowest - level] == 1:
                 break  # the cluster-wide set is inside one domain of this level already
-            best: tuple[tuple[object, ...], Option] | None = None
             for region in self._regions(level + 1, potential, could, now, size):
                 option = self._confined(preemptor, region, room, allowed, trigger, placed)
-                if option is None:
+                if option is None or not self.span(option[1]) < base_span:
                     continue
                 units = option[0]
                 klass = max((unit.preemption_class for unit in units), default=-1)
                 cost = sum(unit.cost for unit in units)
                 if base_ok and (klass > worst or cost > COST_FACTOR * base_cost + COST_SLACK):
                     continue  # the cluster-wide set may be taken: locality at a bounded price
-                key = (self.span(option[1]), klass, cost, len(units), region)
-                if best is None or key < best[0]:
-                    best = (key, option)
-            if best is not None and self.span(best[1][1]) < base_span:
-                return [best[1], found] if base_ok else [best[1]]
+                return [option, found] if base_ok else [option]
         return [found] if base_ok else []
 
     def nearby(self, room: Mapping[str, int], size: int, required: int | None) -> set[str] | None:
