@@ -214,20 +214,19 @@ def test_the_planner_takes_a_gangs_victims_inside_one_rack_not_the_cheapest_acro
     assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
 
 
+def test_locality_may_lose_more_work_but_never_stops_a_higher_class() -> None:
+    """Without checkpoints r1's set (w1 + w3) loses 100 times the work of w1 + w2, same class:
+    the gang still takes its rack (the worth rule is the only bound on cost)."""
+    workers, holding = busy_racks(checkpoint="none")
+    assert preempted_workers(preempted_for(workers, holding, None, levels=())) == {"w1", "w2"}
+    assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w3"}
+
+
 def test_locality_never_stops_a_higher_class_than_the_cluster_wide_set_needs() -> None:
     """Rack r1's second job (w3) is class 5 and r2's (w4) class 6: either rack's set stops a higher
     class than the cluster-wide w1 + w2 (class 2), so the gang spans the two racks; a rack-required
     gang pays for its rack instead (r1: its worst class is the lower)."""
     workers, holding = busy_racks({"w3": 5, "w4": 6})
-    assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w2"}
-    assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
-
-
-def test_locality_is_bought_with_a_bounded_price_in_lost_work() -> None:
-    """Without checkpoints, r1's set (w1 + w3) loses 100 times more work than w1 + w2: more than
-    ``COST_FACTOR`` times the cluster-wide set's cost plus ``COST_SLACK``, so the gang spans two
-    racks; a rack-required gang still takes r1's set (nothing else may place it)."""
-    workers, holding = busy_racks(checkpoint="none")
     assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w2"}
     assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
 
