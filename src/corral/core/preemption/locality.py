@@ -25,6 +25,9 @@ then blocks):
    (nor is the class bound of 2 held against a confined set: there is nothing else to take); with
    no confined set the gang waits, reason ``topology``, nobody stopped.
 
+A gang that fits on room victims of earlier preemptions are still freeing takes it by the gang
+placement (``nearby``: ``topology.Domains.choose``), not in worker-id order.
+
 Pure and bounded: a few confined searches per gang preemptor that reached a victim set (each over
 one domain's workers, with the search's own cap and per-cycle caches), none for a single job, none
 without labels (the planner's decisions are then exactly what they were).
