@@ -190,13 +190,17 @@ def build_busy_snapshot(args: argparse.Namespace) -> Snapshot:
             address=f"10.1.{index // 250}.{index % 250}",
             resources=Resources(args.gpus, 81_920, 2_048_000, 12 * args.gpus),
             gpu_model="H100",
-            labels={"zone": "a" if index % 2 == 0 else "b"},
+            labels={
+                "zone": "a" if index % 2 == 0 else "b",
+                **(topology_labels(index) if args.topology else {}),
+            },
             status=WorkerStatus.ACTIVE.value,
             registered_at=NOW - 86_400,
             last_heartbeat_at=NOW - 1,
         )
         for index in range(args.workers)
     ]
+    asks = random.Random(args.seed + 3)  # the gangs' topology asks: the rest of the draw stays the same
     holding: list[Job] = []
     job_number = 0
 
@@ -262,6 +266,7 @@ def build_busy_snapshot(args: argparse.Namespace) -> Snapshot:
             gang_size=size,
             resources=Resources(gpus, 40_000, 64_000 * gpus, 8 * gpus),
             preemption_class=rng.randint(6, 10),
+            topology=gang_topology(asks) if args.topology else None,
         )
         gang_id = f"g-want-{number:04d}"
         submitted = NOW - rng.uniform(0, 600)
@@ -480,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         "--topology",
         action="store_true",
         help="label the workers into blocks of 8 racks of 16 hosts (topology.block, topology.rack);"
-        " a fifth of the gangs require one rack, a fifth prefer one block",
+        " a fifth of the gangs require one rack, a fifth prefer one block (the plain and the"
+        " preemption cases)",
     )
     parser.add_argument("--plain-only", action="store_true", help="time the plain admission cycle only")
     parser.add_argument(

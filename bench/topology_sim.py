@@ -124,6 +124,10 @@ def main() -> int:
             f" p99 {delay['p99']:.0f} s; GPU allocation {summary['gpu_allocation']:.4f};"
             f" finished {summary['finished']} of {summary['jobs']}"
         )
+        print(
+            f"    makespan {summary['makespan_s']:.0f} s, preemptions {summary['preemptions']},"
+            f" GPU-hours lost {summary['gpu_hours_lost']:.0f}"
+        )
     off, on = summaries
     ratio = on["gang_spread"]["multi_host"]["ratio"]
     print("\n  checks (topology on):")

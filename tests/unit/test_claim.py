@@ -73,3 +73,16 @@ def test_a_reserved_task_goes_first_once_its_victims_have_left() -> None:
     victim = Allocation("j-v", "w1", Resources(gpus=1), (1,), Status.PREEMPTING)
     assert policy.reserved_task(WORKER, [reserved, victim]) is None
     assert policy.reserved_task(WORKER, [reserved]) == "j-r"
+
+
+def test_a_claim_is_topology_blind_the_first_fitting_job_starts_whatever_the_rack() -> None:
+    """Issue 25's fragmentation rule, as decided (``corral.core.claim``'s docstring): a worker of an
+    empty rack does not pass over a single job that would fit better in a fuller rack; its claim
+    starts the first fitting job in queue order, as a worker without labels would."""
+    roomy = gpu_worker(gpus=8, worker_id="w-roomy", labels={"topology.block": "b1", "topology.rack": "r1"})
+    plain = gpu_worker(gpus=8, worker_id="w-roomy")
+    policy = claim_with()
+    candidates = [job("j-small", gpus=1), job("j-next", gpus=1)]
+    for worker in (roomy, plain):
+        chosen = policy.choose(worker, policy.capacity(worker, []), candidates, [], 0.0, None)
+        assert chosen is not None and chosen[0].id == "j-small"

@@ -4,6 +4,7 @@ workers labelled into blocks and racks."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from corral.core import topology
 from corral.core.admission import decide
@@ -152,14 +153,23 @@ def test_without_labels_the_decisions_do_not_depend_on_the_levels() -> None:
         assert decide(snapshot, 30.0) == decide(snapshot, 30.0, topology_levels=())
 
 
-def test_the_planner_never_preempts_for_a_rack_required_gang_across_racks() -> None:
-    """Four busy workers, racks alternating by id; the cheapest victims (the newest jobs) sit on
-    w1 (r1) and w2 (r2): a rack-required gang of two waits with topology instead."""
+def busy_racks(
+    classes: dict[str, int] | None = None, checkpoint: str = "auto"
+) -> tuple[list[Worker], list[Job]]:
+    """w1..w4, racks alternating by id (w1, w3 in r1; w2, w4 in r2), each running one 8-GPU job;
+    the cheapest victims (the newest jobs) sit on w1 (r1) and w2 (r2). ``classes``: a job's class
+    by worker id (else 2). With ``checkpoint`` auto every job costs the same (its expected
+    checkpoint); with none, the time it has run (w3's and w4's 100 times w1's and w2's)."""
     workers = [labelled(f"w{index}", "b1", f"r{(index - 1) % 2 + 1}") for index in range(1, 5)]
     holding = [
         Job(
             id=f"j-run-{worker.id}",
-            spec=JobSpec(command="true", resources=Resources(gpus=8), preemption_class=2),
+            spec=JobSpec(
+                command="true",
+                resources=Resources(gpus=8),
+                preemption_class=(classes or {}).get(worker.id, 2),
+                checkpoint_mode=checkpoint,
+            ),
             status=Status.RUNNING,
             submitted_at=0.0,
             worker_id=worker.id,
@@ -169,20 +179,85 @@ def test_the_planner_never_preempts_for_a_rack_required_gang_across_racks() -> N
         )
         for worker in workers
     ]
+    return workers, holding
+
+
+def preempted_for(  # type: ignore[no-untyped-def]
+    workers: list[Worker],
+    holding: list[Job],
+    asked: TopologyRequest | None,
+    levels: tuple[str, ...] = LEVELS,
+):
     allocations = tuple(
         Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
         for job in holding
     )
+    wanted = gang(size=2, gpus=8, gang_id="g-hi", preemption_class=7, topology=asked)
+    snapshot = Snapshot(1_000.0, tuple(workers), allocations, (wanted,), holding=tuple(holding))
+    return decide(snapshot, 30.0, PreemptionSettings(), topology_levels=levels)
 
-    def decided(asked: TopologyRequest | None):  # type: ignore[no-untyped-def]
-        wanted = gang(size=2, gpus=8, gang_id="g-hi", preemption_class=7, topology=asked)
-        snapshot = Snapshot(1_000.0, tuple(workers), allocations, (wanted,), holding=tuple(holding))
-        return decide(snapshot, 30.0, PreemptionSettings())
 
-    free = decided(None)
-    (found,) = free.preemptions
-    assert {place.worker_id for place in found.placements} == {"w1", "w2"}
-    confined = decided(RACK)
+def preempted_workers(decisions) -> set[str]:  # type: ignore[no-untyped-def]
+    (found,) = decisions.preemptions
+    return {place.worker_id for place in found.placements}
+
+
+def test_the_planner_takes_a_gangs_victims_inside_one_rack_not_the_cheapest_across_racks() -> None:
+    """The cheapest victims across the cluster (w1 in r1, w2 in r2) would split the gang over two
+    racks, as they do with the topology off; with it on the planner takes both victims in r1."""
+    workers, holding = busy_racks()
+    assert preempted_workers(preempted_for(workers, holding, None, levels=())) == {"w1", "w2"}
+    on = preempted_for(workers, holding, None)
+    assert preempted_workers(on) == {"w1", "w3"}
+    (found,) = on.preemptions
+    assert {victim.key for victim in found.victims} == {"j-run-w1", "j-run-w3"}
+    assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
+
+
+def test_locality_may_lose_more_work_but_never_stops_a_higher_class() -> None:
+    """Without checkpoints r1's set (w1 + w3) loses 100 times the work of w1 + w2, same class:
+    the gang still takes its rack (the worth rule is the only bound on cost)."""
+    workers, holding = busy_racks(checkpoint="none")
+    assert preempted_workers(preempted_for(workers, holding, None, levels=())) == {"w1", "w2"}
+    assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w3"}
+
+
+def test_locality_never_stops_a_higher_class_than_the_cluster_wide_set_needs() -> None:
+    """Rack r1's second job (w3) is class 5 and r2's (w4) class 6: either rack's set stops a higher
+    class than the cluster-wide w1 + w2 (class 2), so the gang spans the two racks; a rack-required
+    gang pays for its rack instead (r1: its worst class is the lower)."""
+    workers, holding = busy_racks({"w3": 5, "w4": 6})
+    assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w2"}
+    assert preempted_workers(preempted_for(workers, holding, RACK)) == {"w1", "w3"}
+
+
+def test_a_rack_required_gang_waits_with_topology_when_no_rack_has_a_victim_set() -> None:
+    """w3 and w4 run class 8 work a class 7 gang may not take: every rack holds one victim, not
+    two. Unconstrained the gang spans r1 and r2; rack-required it waits, nobody stopped."""
+    workers, holding = busy_racks({"w3": 8, "w4": 8})
+    assert preempted_workers(preempted_for(workers, holding, None)) == {"w1", "w2"}
+    confined = preempted_for(workers, holding, RACK)
     assert confined.preemptions == ()
     (waiting,) = confined.waiting
-    assert waiting.reason.code == "topology" and "across 2" in waiting.reason.message
+    assert waiting.reason.code == "topology" and "inside one topology.rack" in waiting.reason.message
+
+
+def test_a_gang_placed_on_room_victims_are_freeing_takes_it_inside_one_rack() -> None:
+    """w1 (r1) is free; w2 (r2) and w3 (r1) hold victims of an earlier preemption still stopping.
+    The gang fits once they have left: in id order it would take w1 and w2 (two racks), with the
+    topology on it takes w1 and w3 (r1), stopping nobody more."""
+    workers, holding = busy_racks()
+    stopping = {"w2", "w3"}
+    holding = [
+        replace(job, status=Status.PREEMPTING, preempted_for="g-earlier")
+        if job.worker_id in stopping
+        else job
+        for job in holding
+        if job.worker_id != "w1"
+    ]
+    off = preempted_for(workers, holding, None, levels=())
+    assert preempted_workers(off) == {"w1", "w2"}
+    on = preempted_for(workers, holding, None)
+    assert preempted_workers(on) == {"w1", "w3"}
+    (found,) = on.preemptions
+    assert found.victims == ()

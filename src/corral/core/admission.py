@@ -157,7 +157,7 @@ def decide(
     )
     if preemption_settings is None:
         return admitted
-    planned = _preempt(snapshot, admitted, preemption_settings, memo)
+    planned = _preempt(snapshot, admitted, preemption_settings, memo, tuple(topology_levels))
     if not planned.preemptions:
         return planned
     return _preemptions_by_topology(snapshot, planned, tuple(topology_levels))
@@ -168,10 +168,13 @@ def _preempt(
     admitted: AdmissionDecisions,
     settings: PreemptionSettings,
     memo: CycleMemo | None = None,
+    levels: tuple[str, ...] = (),
 ) -> AdmissionDecisions:
     """Step 7: the gangs the regular placement left waiting (those that could ever fit) and the
     pending single jobs are the preemption planner's preemptors; a gang it makes room for is
-    reserved by the preemption instead, so its waiting reason and holds go."""
+    reserved by the preemption instead, so its waiting reason and holds go. ``levels``: the
+    topology levels, by which a gang's victims are taken inside the best domain
+    (``corral.core.preemption.locality``)."""
     never = {"no_workers", "unschedulable"}
     tasks_of = {gang.gang_id: gang.tasks for gang in snapshot.gangs}
     preemptors = [
@@ -208,6 +211,7 @@ def _preempt(
                 for place in reservation.placements
             },
             memo=memo.planner if memo is not None else None,
+            topology_levels=levels,
         )
     )
     served = {found.preemptor for found in planned.preemptions}

@@ -17,6 +17,13 @@ and the simulator.
    (``corral.core.pool_limits``) is passed over too (``_LimitsOn``: the answers are kept per pool
    and request for one reading of what the pools hold).
 
+Topology (issue 25, "fragmentation"): the claim is topology-blind on purpose. Best fit by domain
+(keep large racks whole) is applied where corral chooses a worker, the gang placement
+(``corral.core.topology``) and the planner's victims (``corral.core.preemption.locality``); a claim
+is pulled by the worker that polls, which sees only its own allocations, and passing over a fitting
+job for a worker of a fuller rack that may poll next would idle GPUs and delay the job with no bound
+(that worker's holds, limits or borrowing rule may refuse it). The first fitting job starts.
+
 Pure: the caller hands in the worker, its allocations, the candidates and a function that reads the
 cluster's borrowing figures, which is called at most once per choice and only for a candidate that
 step 3 concerns (the store reads them inside its transaction; the common claim never does), and a

@@ -63,9 +63,9 @@ The modules, by concern: ``corral.core.protection`` (which work is never a victi
 admission cycle and the claim), ``rules`` (cost, the victim comparator, the preemptors' order, the
 triggers a preemptor carries), ``inputs`` (the snapshot and settings), ``units`` (victim units and
 their fair-share groups), ``room`` (the workers' free capacity during a plan), ``triggers`` (which
-unit may be taken for whom; the pools' books), ``search`` (the victim-set search), ``planner`` (one
-preemptor), ``limits`` (pools over their limits), ``plan`` (the cycle and its stages), ``apply``
-(``start_preemption``).
+unit may be taken for whom; the pools' books), ``search`` (the victim-set search), ``locality``
+(a gang's victims inside the best topology domain), ``planner`` (one preemptor), ``limits`` (pools
+over their limits), ``plan`` (the cycle and its stages), ``apply`` (``start_preemption``).
 """
 
 from __future__ import annotations

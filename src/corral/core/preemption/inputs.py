@@ -71,6 +71,9 @@ class PlanInputs:
     extra_pools: Mapping[str, str] = field(default_factory=dict)
     #: what earlier plans counted and built (None: counted and built anew)
     memo: PlannerMemo | None = None
+    #: ``CORRAL_TOPOLOGY_LEVELS``, widest first: once a worker carries one of these labels, a gang
+    #: preemptor's victims are taken inside the best domain (``locality``); () never
+    topology_levels: tuple[str, ...] = ()
 
 
 def pool_kind(inputs: PlanInputs, path: str) -> str | None:

@@ -11,6 +11,7 @@ from corral.core.decisions import Preemption, TaskPlacement, Victim
 from corral.core.preemption import rules
 from corral.core.preemption.inputs import PlanInputs, Preemptor
 from corral.core.preemption.limits import over_limits
+from corral.core.preemption.locality import Locality, Option
 from corral.core.preemption.room import Room
 from corral.core.preemption.rules import NEVER_PREEMPTED_CLASS, PLANNER_CODES, Trigger
 from corral.core.preemption.search import Search
@@ -49,6 +50,10 @@ class Planner:
         self.fitting: list[tuple[str, tuple[TaskPlacement, ...]]] = []
         #: the preemptors given room, in the order the plan gave it
         self.order: list[str] = []
+        #: the workers' topology domains (``locality``), built for the first gang that reaches a
+        #: victim set; None without topology labels
+        self._locality: Locality | None = None
+        self._locality_known = False
 
     def enforce_limits(self, budget: int) -> tuple[Preemption, ...]:
         """The pools over their limits preempted back under them (``limits.over_limits``): their
@@ -88,7 +93,8 @@ class Planner:
                 return None
             # It fits once victims of earlier preemptions have left: reserved there, nobody else
             # takes that room, and nobody more is stopped for it.
-            waiting_room = self.room.placements(preemptor, [], set(room), request)
+            nearby = self._nearby(preemptor, room)
+            waiting_room = self.room.placements(preemptor, [], nearby, request) if nearby else None
             if waiting_room is not None:
                 return self._commit(preemptor, [], waiting_room, Trigger())
         trigger = self.triggers.of(preemptor, aggressive)
@@ -149,18 +155,57 @@ class Planner:
         trigger: Trigger,
         examined: int,
     ) -> Preemption | Reason:
-        """The set found, made minimal and placed, if the fair-share and borrowing rules allow it."""
-        request, size = preemptor.first.spec.resources, len(preemptor.tasks)
+        """The set found, made minimal and placed, if the fair-share and borrowing rules allow it.
+        With topology labels, a gang's set may give way to one inside a single domain
+        (``locality``): each set offered is checked in turn, the first that passes is committed."""
         if missing > 0:
             return self._no_set(preemptor, eligible, trigger, examined)
-        # A gang victim frees workers the preemptor may not use (its constraints): only the
-        # eligible ones count, and only they are placed on.
+        found = self._placed(preemptor, chosen, room, eligible)
+        if found is None:  # the put-back left less than it counted: cannot happen
+            return self._no_set(preemptor, eligible, trigger, examined)
+        options = [found]
+        locality = self.locality()
+        if locality is not None and len(preemptor.tasks) > 1:
+            required = self._required_level(preemptor, locality)
+            options = locality.options(preemptor, found, room, eligible, trigger, required, self._placed)
+            if not options:
+                asked = preemptor.first.spec.topology
+                level = asked.level if asked is not None else ""
+                return Reason(
+                    "topology",
+                    f"needs its {len(preemptor.tasks)} tasks inside one {level}; no set of preemptible"
+                    f" work inside one {level} would make room",
+                )
+        for units, placements in options[:-1]:
+            decided = self._checked(preemptor, units, placements, eligible, trigger, examined)
+            if isinstance(decided, Preemption):
+                return decided
+        units, placements = options[-1]
+        return self._checked(preemptor, units, placements, eligible, trigger, examined)
+
+    def _placed(
+        self, preemptor: Preemptor, chosen: list[Unit], room: Mapping[str, int], eligible: Sequence[str]
+    ) -> Option | None:
+        """``chosen`` made minimal and the tasks placed: on ``room``'s workers and the eligible
+        ones the set frees (a gang victim frees workers the preemptor may not use: its
+        constraints)."""
+        request, size = preemptor.first.spec.resources, len(preemptor.tasks)
         freed = {worker_id for unit in chosen for worker_id in unit.frees}
         workers = (set(room) | freed) & set(eligible)
         chosen = self.search.minimal(chosen, workers, request, size)
         placements = self.room.placements(preemptor, chosen, workers, request)
-        if placements is None:  # the put-back left less than it counted: cannot happen
-            return self._no_set(preemptor, eligible, trigger, examined)
+        return None if placements is None else (chosen, placements)
+
+    def _checked(
+        self,
+        preemptor: Preemptor,
+        chosen: list[Unit],
+        placements: list[TaskPlacement],
+        eligible: Sequence[str],
+        trigger: Trigger,
+        examined: int,
+    ) -> Preemption | Reason:
+        """The fair-share, worth and borrowing rules on a placed set; committed when they allow it."""
         if not self.triggers.fair_set_holds(chosen, preemptor.first, trigger):
             return self._no_set(preemptor, eligible, trigger, examined)
         too_dear = self._too_dear(preemptor, chosen, trigger)
@@ -170,6 +215,34 @@ class Planner:
         if refused is not None:
             return refused
         return self._commit(preemptor, chosen, placements, trigger)
+
+    def locality(self) -> Locality | None:
+        """The plan's topology domains, built on first use; None when no usable worker carries a
+        topology label."""
+        if not self._locality_known:
+            self._locality_known = True
+            levels = self.inputs.topology_levels
+            if Locality.applies(levels, self.room):
+                self._locality = Locality(levels, self.room, self.units, self.search)
+        return self._locality
+
+    def _nearby(self, preemptor: Preemptor, room: Mapping[str, int]) -> set[str] | None:
+        """The workers of ``room`` a gang's tasks go to: with topology labels, those the gang
+        placement picks on that room (``Locality.nearby``: the narrowest domain, else the fewest),
+        else every one of them (placed in id order). None: no domain of the level the gang
+        requires holds it there (it looks for victims inside one instead)."""
+        locality = self.locality()
+        if locality is None or len(preemptor.tasks) < 2:
+            return set(room)
+        required = self._required_level(preemptor, locality)
+        return locality.nearby(room, len(preemptor.tasks), required)
+
+    def _required_level(self, preemptor: Preemptor, locality: Locality) -> int | None:
+        """The index (widest first) of the level ``preemptor`` requires, None when it requires none."""
+        asked = preemptor.first.spec.topology
+        if asked is None or not asked.required or asked.level not in locality.levels:
+            return None
+        return locality.levels.index(asked.level)
 
     def _too_dear(self, preemptor: Preemptor, chosen: Sequence[Unit], trigger: Trigger) -> Reason | None:
         """``no_victim_set`` when the priority and fair-share victims of ``chosen`` cost, together,

@@ -64,10 +64,15 @@ class Shape:
     is computed only once the search's lower bound for it (``Search.bounds``) is below every set
     computed so far, so most workers of a large cluster are never looked at."""
 
-    def __init__(self, first: Job, trigger: Trigger, eligible: frozenset[str]) -> None:
+    def __init__(
+        self, first: Job, trigger: Trigger, eligible: frozenset[str], domain: tuple[int, ...] | None = None
+    ) -> None:
         self.first = first
         self.trigger = trigger
         self.eligible = eligible
+        #: the topology domain the search is confined to (``locality``): its workers' bounds only
+        self.domain = domain
+        self._bounds: list[SetKey] | None = None  # a confined shape's own bounds, once read
         self.next_bound = 0
         self.ready: list[Entry] = []
         #: the smallest preemptor of this shape (in tasks) no victim set was found for
@@ -80,7 +85,13 @@ class Shape:
 
     def best(self, search: Search) -> Entry | None:
         """The best set there is, left at the top of ``ready`` (None when there is none)."""
-        bounds = search.bounds(self.first.spec.resources.gpus)
+        gpus = self.first.spec.resources.gpus
+        if self.domain is None:
+            bounds = search.bounds(gpus)
+        else:
+            if self._bounds is None:
+                self._bounds = search.bounds_in(gpus, self.eligible)
+            bounds = self._bounds
         # at or past this class no set can be taken (never within a class, but for a reclaim or
         # for fair share)
         ceiling = self.first.spec.preemption_class + (1 if self.trigger else 0)
@@ -115,6 +126,7 @@ class Search:
         self.sequence = count()  # heap tie-break
         self._shapes: dict[tuple[object, ...], Shape] = {}
         self._bounds: dict[int, list[SetKey]] = {}
+        self._bound_of: dict[int, dict[str, SetKey]] = {}  # ``bounds`` by worker (``bounds_in``)
         #: ``candidates`` answers until the plan next takes room or victims (``changed``)
         self._candidates: dict[tuple[str, int, str, Trigger], tuple[Unit, ...]] = {}
         #: the borrowing rule's refusals of a set found, by the preemptors alike
@@ -129,13 +141,16 @@ class Search:
         self._candidates.clear()
         self.refused.clear()
 
-    def shape(self, first: Job, eligible: Sequence[str], trigger: Trigger) -> Shape:
+    def shape(
+        self, first: Job, eligible: Sequence[str], trigger: Trigger, domain: tuple[int, ...] | None = None
+    ) -> Shape:
         """The victim sets of a preemptor shape (class, request, constraints, pool when it
         reclaims, whether it may take for fair share), shared by every preemptor of the shape in
         the cycle and computed lazily. Preemptors of different starving pools share one shape:
         which pools' allocations each may take differs a little (never from inside its own
         subtree), so a set is checked against the preemptor's own trigger when it is taken, and
-        computed again for it when it does not pass."""
+        computed again for it when it does not pass. ``domain``: the search confined to one
+        topology domain's workers (``locality``), ``eligible`` then being those workers."""
         spec = first.spec
         key = (
             spec.preemption_class,
@@ -145,10 +160,11 @@ class Search:
             spec.pool if trigger.reclaiming else None,
             trigger.beneficiary is not None,
             trigger.aggressive,
+            domain,
         )
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = Shape(first, trigger, frozenset(eligible))
+            shape = self._shapes[key] = Shape(first, trigger, frozenset(eligible), domain)
         return shape
 
     def find(self, preemptor: Preemptor, room: dict[str, int], shape: Shape, trigger: Trigger) -> Found:
@@ -355,6 +371,14 @@ class Search:
             found.sort()
             self._bounds[gpus] = found
         return found
+
+    def bounds_in(self, gpus: int, workers: frozenset[str]) -> list[SetKey]:
+        """``bounds`` of ``workers`` alone (a search confined to a topology domain): looked up per
+        worker, not filtered out of every worker's."""
+        index = self._bound_of.get(gpus)
+        if index is None:
+            index = self._bound_of[gpus] = {bound[3]: bound for bound in self.bounds(gpus)}
+        return sorted(index[worker_id] for worker_id in workers if worker_id in index)
 
     def next_set(
         self, worker_id: str, first: Job, trigger: Trigger, chosen: Sequence[Unit]
