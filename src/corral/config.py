@@ -50,7 +50,7 @@ class ServerSettings(BaseSettings):
         300.0, ge=0, description="a job this close to its walltime limit is never preempted"
     )
     gang_preempt_exempt_s: float = Field(
-        600.0,
+        0.0,
         ge=0,
         description="a gang that started less than this long ago is not preempted (0: no exemption)",
     )

@@ -18,9 +18,8 @@ __all__ = ["PlanInputs", "PreemptionSettings", "Preemptor", "pool_kind"]
 class PreemptionSettings:
     max_victims: int = 3
     near_completion_s: float = 300.0
-    #: a gang that started less than this long ago is not a victim (``protection.why_protected``);
-    #: the server and the simulator pass ``CORRAL_GANG_PREEMPT_EXEMPT_S`` (600 s by default); 0 here,
-    #: no exemption, for a plan built by hand
+    #: a gang that started less than this long ago is not a victim (``protection.why_protected``;
+    #: ``CORRAL_GANG_PREEMPT_EXEMPT_S``, 0 by default: no exemption)
     gang_exempt_s: float = 0.0
     backoff_s: float = 5.0
     #: how long the victims may take to leave: a checkpoint phase (its timeout, the 50% extension,
