@@ -49,6 +49,11 @@ class ServerSettings(BaseSettings):
     near_completion_s: float = Field(
         300.0, ge=0, description="a job this close to its walltime limit is never preempted"
     )
+    gang_preempt_exempt_s: float = Field(
+        0.0,
+        ge=0,
+        description="a gang that started less than this long ago is not preempted (0: no exemption)",
+    )
     default_walltime_s: float | None = Field(
         None, gt=0, description="walltime_s of a job that sets none (pool default; none: no limit)"
     )

@@ -29,7 +29,13 @@ from corral.testing.clock import FakeClock
 from corral.testing.server import ServerThread
 
 BASE = 1_800_000_000.0
-SETTINGS = SimSettings(heartbeat_s=5.0, checkpoint_save_s=12.0, stop_s=1.0)
+#: a gang's preemption exemption (off by default): both sides must keep it alike, and wake up when
+#: it runs out (the simulator skips ticks that cannot act: "backfill-reservations" preempts its
+#: gang at the first tick past the exemption, with nothing else happening then)
+GANG_EXEMPT_S = 30.0
+SETTINGS = SimSettings(
+    heartbeat_s=5.0, checkpoint_save_s=12.0, stop_s=1.0, gang_preempt_exempt_s=GANG_EXEMPT_S
+)
 
 WORKLOAD = (
     WorkloadJob("a", 0, 300, 2, preemption_class=2, checkpoint="auto"),
@@ -138,7 +144,7 @@ WALLTIME = (
     WorkloadJob("t2", 1, 100, 1, walltime=150),
     WorkloadJob("s1", 2, 120, 1, pool="short"),
     WorkloadJob("p1", 3, 400, 1, preemption_class=2, walltime=350),
-    WorkloadJob("g", 5, 30, 1, gang_size=2),
+    WorkloadJob("g", 5, 60, 1, gang_size=2),  # runs past its exemption: x takes it then
     WorkloadJob("p2", 56, 400, 1, preemption_class=2),
     WorkloadJob("q1", 64, 500, 1, preemption_class=3),
     WorkloadJob("x", 70, 50, 1, preemption_class=8),
@@ -413,7 +419,12 @@ def _seconds(stamp: str) -> float:
 def live(tmp_path) -> Iterator[tuple[httpx.Client, ServerThread, FakeClock]]:
     clock = FakeClock(BASE)
     store = open_store(f"sqlite:///{tmp_path / 'corral.db'}")
-    settings = ServerSettings(heartbeat_timeout_s=3600, worker_offline_s=3600, dead_worker_after_s=3600)
+    settings = ServerSettings(
+        heartbeat_timeout_s=3600,
+        worker_offline_s=3600,
+        dead_worker_after_s=3600,
+        gang_preempt_exempt_s=GANG_EXEMPT_S,
+    )
     with ServerThread(store, settings, clock) as server, httpx.Client(base_url=server.url, timeout=10) as api:
         yield api, server, clock
     store.close()

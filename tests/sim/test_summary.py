@@ -63,6 +63,38 @@ def test_a_gang_waiting_behind_its_own_pools_work_is_over_the_bound_but_not_star
     assert summary["pools"]["b"]["starved_gangs"] == 1 and summary["pools"]["a"]["gangs_over_bound"] == 1
 
 
+def test_a_gang_larger_than_its_pools_share_is_starved_but_not_within_share() -> None:
+    # fair shares of 8 GPUs: a 2 x 4 gang fits its pool's share, a 4 x 4 gang (16 GPUs) never does
+    fits = gang("fits", 0.0, "a", size=2)
+    too_big = gang("too-big", 0.0, "b", size=4)
+    case = scenario(fits, too_big, bound=10.0)
+    record = Record()
+    record.starts.update({"fits": 50.0, "too-big": 60.0})
+    record.ends.update({"fits": 150.0, "too-big": 160.0})
+    summary = summarize(case, record, "corral")
+    assert summary["starved_gangs"] == 2
+    assert summary["starved_gangs_within_share"] == 1
+    listed = {entry["job_id"]: entry for entry in summary["gangs"]}
+    assert listed["fits"]["starved_within_share"] and listed["fits"]["owed_start_s"] == pytest.approx(50.0)
+    assert listed["too-big"]["starved"] and not listed["too-big"]["starved_within_share"]
+    assert listed["too-big"]["owed_start_s"] == 0.0
+    assert summary["pools"]["a"]["starved_gangs_within_share"] == 1
+    assert summary["pools"]["b"]["starved_gangs_within_share"] == 0
+
+
+def test_within_share_counts_only_while_the_pool_has_room_in_its_share_for_the_gang() -> None:
+    waiting = gang("g", 0.0, "a", size=1)  # 4 GPUs, a share of 8 (6.4 under the tolerance)
+    case = scenario(waiting)
+    record = Record()
+    # pool a holds 6 GPUs from 0 to 20 (below the tolerance, but 6 + 4 > 8), then 2 until 45
+    record.allocation = [(0.0, "a", 6), (20.0, "a", -4), (45.0, "a", -2)]
+    record.starts["g"] = 45.0
+    shares = {"a": 8.0, "b": 8.0}
+    assert time_below_fair_share([waiting], record, shares, case, end=100.0) == {"g": pytest.approx(45.0)}
+    within = time_below_fair_share([waiting], record, shares, case, end=100.0, within_share=True)
+    assert within == {"g": pytest.approx(25.0)}
+
+
 def test_peak_gang_load_is_the_busiest_window_over_the_clusters_capacity() -> None:
     gangs = [
         gang("early", 0.0, "a", size=2, duration=HOUR),  # 8 GPU-hours

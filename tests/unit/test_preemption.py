@@ -213,6 +213,17 @@ def test_a_gang_victim_is_taken_whole_never_sliced() -> None:
     assert found.worker_ids == ("w0", "w1"), "both of the gang's workers had a preemptive placement"
 
 
+def test_a_gang_that_started_within_its_exemption_is_no_victim() -> None:
+    """By cost a gang that just started is the cheapest victim (it has done no work to lose); with
+    ``gang_exempt_s`` it is not taken until it has run that long (it started 300 s ago here)."""
+    workers = [gpu_worker(gpus=8, worker_id=f"w{index}") for index in range(2)]
+    victim = gang_tasks("g-low", 2, 8, cls=1, workers=workers)
+    preemptor = single(waiting(gpus=8, cls=6))
+    assert planned(workers, victim, [preemptor], PreemptionSettings(gang_exempt_s=600.0)).preemptions == ()
+    (found,) = planned(workers, victim, [preemptor], PreemptionSettings(gang_exempt_s=300.0)).preemptions
+    assert found.victims[0].key == "g-low"
+
+
 def test_constraints_are_honoured_victims_only_where_the_preemptor_may_run() -> None:
     h100 = gpu_worker(gpus=1, worker_id="w-h100", gpu_model="H100")
     a100 = gpu_worker(gpus=1, worker_id="w-a100", gpu_model="A100")
@@ -597,7 +608,11 @@ def test_properties_over_random_clusters(case: Case) -> None:
                 assert pools.get(job.spec.pool, Pool()).kind != "sensitive"
                 assert (
                     preemption.why_protected(
-                        job, pools.get(job.spec.pool, Pool()).kind, NOW, settings.near_completion_s
+                        job,
+                        pools.get(job.spec.pool, Pool()).kind,
+                        NOW,
+                        settings.near_completion_s,
+                        settings.gang_exempt_s,
                     )
                     is None
                 )

@@ -78,3 +78,22 @@ def test_deadline_at_only_while_the_attempt_runs(status: Status) -> None:
     assert job(walltime_s=100.0, started_at=NOW).deadline_at == NOW + 100.0
     preempting = dataclasses.replace(job(walltime_s=100.0, started_at=NOW), status=Status.PREEMPTING)
     assert preempting.deadline_at == NOW + 100.0
+
+
+def test_a_gang_that_just_started_is_exempt_for_gang_exempt_s() -> None:
+    """A gang that just started has lost no work (the cheapest victim by cost), but stopping it gives
+    away room it waited hours to gather: its tasks are exempt for ``gang_exempt_s`` after they
+    start, and while a task has not started yet (its gang is starting)."""
+    task = dataclasses.replace(job(cls=3, checkpoint="auto", started_at=NOW - 100.0), gang_id="g-1")
+    assert why_protected(task, None, NOW, 300.0, 600.0) == "its gang started less than 600 s ago"
+    assert why_protected(task, None, NOW, 300.0, 100.0) is None  # exactly its exemption: a victim again
+    assert why_protected(task, None, NOW, 300.0, 0.0) is None  # 0: no exemption
+    starting = dataclasses.replace(task, status=Status.RESERVED, started_at=None)
+    assert why_protected(starting, None, NOW, 300.0, 600.0) == "its gang started less than 600 s ago"
+    assert not unreclaimable(task, None)  # a time rule: the gang may still be placed on borrowed room
+
+
+def test_a_single_job_that_just_started_is_not_exempt() -> None:
+    """A single job re-queued finds room on any one worker again: no exemption."""
+    single = job(cls=3, checkpoint="auto", started_at=NOW - 1.0)
+    assert why_protected(single, None, NOW, 300.0, 600.0) is None

@@ -52,6 +52,8 @@ class CycleSettings(Protocol):
     @property
     def near_completion_s(self) -> float: ...
     @property
+    def gang_preempt_exempt_s(self) -> float: ...
+    @property
     def preemptive_backoff_s(self) -> float: ...
     @property
     def checkpoint_timeout_s(self) -> float: ...
@@ -85,6 +87,7 @@ def preemption_settings(settings: CycleSettings) -> PreemptionSettings:
     return PreemptionSettings(
         max_victims=settings.max_victims,
         near_completion_s=settings.near_completion_s,
+        gang_exempt_s=settings.gang_preempt_exempt_s,
         backoff_s=settings.preemptive_backoff_s,
         checkpoint_timeout_s=settings.checkpoint_timeout_s,
         max_deferral_s=settings.max_deferral_s,

@@ -21,6 +21,7 @@ ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("preemptions", ("preemptions",)),
     ("GPU-hours lost", ("gpu_hours_lost",)),
     ("starved gangs", ("starved_gangs",)),
+    ("starved gangs within share", ("starved_gangs_within_share",)),
     ("gangs over the bound", ("gangs_over_bound",)),
     ("light pools: p99 delay (s)", ("light_pools", "queue_delay_s", "p99")),
     ("heavy pools: p99 delay (s)", ("heavy_pools", "queue_delay_s", "p99")),

@@ -212,6 +212,10 @@ class Engine:
         #: the keys (gang or job ids) the last cycle's holds gave an estimated start
         self.estimated: set[str] = set()
         self.last_preemptive: dict[str, float] = {}
+        #: when running gangs' preemption exemptions run out (``gang_preempt_exempt_s`` after a
+        #: task started), soonest first, those no cycle has run since: time alone can then make a
+        #: gang a victim, so the tick there is not skipped
+        self.exemption_ends: list[float] = []
         self.pending: list[tuple[Any, str]] = []  # (queue key, job id), sorted
         self.queue_keys: dict[str, Any] = {}
         self.pending_added = 0  # bumped whenever a job enters the queue
@@ -301,6 +305,8 @@ class Engine:
         wake = [self.events[0][0]] if self.events else []
         backoff = self.settings.preemptive_backoff_s
         wake.extend(at + backoff for at in self.last_preemptive.values())
+        if self.exemption_ends:
+            wake.append(self.exemption_ends[0])
         if self.preemption_settings is not None and self.starvation:
             due = self._starvation_due()
             if due < math.inf:
@@ -694,6 +700,8 @@ class Engine:
             return True
         if self.preemption_settings is not None and self._starvation_due() <= now:
             return True
+        if self.exemption_ends and self.exemption_ends[0] <= now:
+            return True
         cutoff = now - self.settings.preemptive_backoff_s
         return any(at <= cutoff for at in self.last_preemptive.values())
 
@@ -705,6 +713,8 @@ class Engine:
             return
         self.record.cycles += 1
         self.changed = False
+        while self.exemption_ends and self.exemption_ends[0] <= self.now:
+            heapq.heappop(self.exemption_ends)  # this cycle sees those gangs as victims
         snapshot = self._snapshot()
         decisions = self._decide(snapshot)
         applied = cycle.apply_cycle(
@@ -980,6 +990,10 @@ class Engine:
             if deadline is not None and before.status in (Status.PENDING, Status.RESERVED):
                 # its worker stops it at the deadline; the failure is reported once it has exited
                 self._schedule(deadline + self.settings.stop_s, TIMEOUT, (after.id, after.attempts))
+            exempt = self.settings.gang_preempt_exempt_s
+            if after.gang_id is not None and exempt > 0 and self.preemption_settings is not None:
+                started = after.started_at if after.started_at is not None else now
+                heapq.heappush(self.exemption_ends, started + exempt)
             if task.first_start is None:
                 task.first_start = now
                 key = task.work.job_id

@@ -185,6 +185,7 @@ def _page(
     pool_headers = ["pool", "fair share", "jobs", *(f"{s['policy']} p99 delay (s)" for s in summaries)]
     pool_headers += [f"{s['policy']} GPU-h" for s in summaries] + [f"{s['policy']} rho" for s in summaries]
     pool_headers += [f"{s['policy']} starved gangs" for s in summaries]
+    pool_headers += [f"{s['policy']} starved within share" for s in summaries]
     pool_headers += [f"{s['policy']} gangs over the bound" for s in summaries]
     pool_rows = []
     for path, first in summaries[0]["pools"].items():
@@ -193,6 +194,7 @@ def _page(
         row += [_cell(s["pools"].get(path, {}).get("gpu_hours")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("rho")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("starved_gangs")) for s in summaries]
+        row += [_cell(s["pools"].get(path, {}).get("starved_gangs_within_share")) for s in summaries]
         row += [_cell(s["pools"].get(path, {}).get("gangs_over_bound")) for s in summaries]
         pool_rows.append(row)
     images = "\n".join(
@@ -233,7 +235,9 @@ policies: {", ".join(html.escape(str(s["policy"])) for s in summaries)}.</p>
 Heavy pools: {html.escape(", ".join(summaries[0]["heavy_pools"]["pools"]) or "none")}.
 A gang is over the bound when it waited longer than {summaries[0]["starvation_bound_s"] / 3600:g} h
 or never started, and starved when it waited that long while its pool held less than its starvation
-tolerance times its fair share (the time the scheduler owed its pool capacity).</p>
+tolerance times its fair share (the time the scheduler owed its pool capacity), and starved within
+share when, for that long, the gang itself also fitted in its pool's share (the pool's GPUs plus the
+gang's at most the share: the capacity fair share owed the gang itself).</p>
 {_html_table(pool_headers, pool_rows)}
 {_gangs_section(summaries)}
 {_spread_section(summaries)}
@@ -262,6 +266,7 @@ def _gangs_section(summaries: Sequence[Mapping[str, Any]]) -> str:
     )
     headers = [
         "policy", "gang", "pool", "tasks x GPUs", "submitted (h)", "waited (h)", "owed (h)", "starved",
+        "owed a start (h)",
         "reservations (h: estimated start)",
     ]  # fmt: skip
     rows = [
@@ -274,6 +279,7 @@ def _gangs_section(summaries: Sequence[Mapping[str, Any]]) -> str:
             "never started" if gang["queue_delay_s"] is None else f"{gang['queue_delay_s'] / 3600:.1f}",
             f"{gang['below_fair_share_s'] / 3600:.1f}",
             "yes" if gang["starved"] else "no",
+            f"{gang.get('owed_start_s', 0.0) / 3600:.1f}",
             reservation_history(gang),
         ]
         for summary in summaries

@@ -23,6 +23,14 @@ Definitions (the README's "Simulating a cluster" says the same):
   for the gang). A gang of a pool at its fair share waits behind its own pool's work: that is
   fair share at work, not starvation. The fair share is the one below (not the server's
   demand-capped one), the same for every policy, so the figure compares policies;
+- **starved gangs within share** (``starved_gangs_within_share``): those starved gangs whose
+  owed wait (over the bound) fell while the gang itself fitted in its pool's share: the pool held
+  less than its tolerance times its fair share *and* its GPUs plus the gang's were at most that
+  share. Fair share entitles a starving pool to capacity up to its share (DESIGN.md: a starving
+  pool "may take resources from allocations that its pool's share entitles it to"), so this is
+  the capacity owed to the gang itself; a gang larger than its pool's whole share (a 16 x 8 gang
+  of a pool with a 24-GPU share) starts only on room its pool borrows, which nothing owes it.
+  Reported beside ``starved_gangs`` and ``gangs_over_bound``, not instead of them;
 - **peak gang load**: the most GPU-time that gangs asked for within one window of the bound's
   length, as a multiple of what the cluster can run in that window: above 1, the gangs of that
   window alone ask for more GPU-time than the whole cluster has in it, so some of them wait long
@@ -192,10 +200,13 @@ def time_below_fair_share(
     fair_gpus: Mapping[str, float],
     scenario: Scenario,
     end: float,
+    within_share: bool = False,
 ) -> dict[str, float]:
     """For each gang, the seconds it waited (submission to start, or to ``end`` when it never
     started) while its pool held less than its tolerance times its fair share of the GPUs: the
-    time the scheduler owed its pool capacity and did not give it (module docstring)."""
+    time the scheduler owed its pool capacity and did not give it (module docstring).
+    ``within_share``: only the time when the pool's GPUs plus the gang's were also at most the
+    fair share (the gang itself was owed: ``starved_gangs_within_share``)."""
     timelines: dict[str, list[tuple[float, int]]] = {}
     for at, pool, delta in sorted([*record.allocation, *record.reserved], key=lambda entry: entry[0]):
         timeline = timelines.setdefault(pool, [])
@@ -207,7 +218,10 @@ def time_below_fair_share(
     owed: dict[str, float] = {}
     for job in gangs:
         tolerance = _tolerance(scenario, job.pool)
-        bound = tolerance * fair_gpus.get(job.pool, 0.0)
+        share = fair_gpus.get(job.pool, 0.0)
+        bound = tolerance * share
+        # past this many GPUs held, starting the gang would take its pool beyond its share
+        ceiling = share - job.gpus * job.gang_size if within_share else math.inf
         start = record.starts.get(job.job_id, end)
         timeline = timelines.get(job.pool, [])
         index = bisect_right(timeline, (job.submit_time, math.inf)) - 1
@@ -216,10 +230,10 @@ def time_below_fair_share(
         for next_at, next_held in timeline[index + 1 :]:
             if next_at >= start:
                 break
-            if held < bound:
+            if held < bound and held <= ceiling:
                 total += next_at - at
             at, held = next_at, next_held
-        if held < bound:
+        if held < bound and held <= ceiling:
             total += max(0.0, start - at)
         owed[job.job_id] = total
     return owed
@@ -260,10 +274,11 @@ def summarize(
     shares = fair_shares(scenario, by_pool)
     gangs = [job for job in jobs if job.gang_size > 1]
     over_bound = [job.job_id for job in gangs if job.job_id not in delays or delays[job.job_id] > bound]
-    owed = time_below_fair_share(
-        gangs, record, {path: share * cluster_gpus for path, share in shares.items()}, scenario, last
-    )
+    share_gpus_of = {path: share * cluster_gpus for path, share in shares.items()}
+    owed = time_below_fair_share(gangs, record, share_gpus_of, scenario, last)
+    owed_start = time_below_fair_share(gangs, record, share_gpus_of, scenario, last, within_share=True)
     starved = [job.job_id for job in gangs if owed[job.job_id] > bound]
+    within = {job.job_id for job in gangs if owed_start[job.job_id] > bound}
     starved_set, over_set = set(starved), set(over_bound)
     makespan = last - first
     pools: dict[str, Any] = {}
@@ -288,6 +303,7 @@ def summarize(
             "preemptions": sum(1 for entry in record.preemptions if entry[2] == path),
             "rho": None if rho is None else round(rho, 3),
             "starved_gangs": sum(1 for job in members if job.job_id in starved_set),
+            "starved_gangs_within_share": sum(1 for job in members if job.job_id in within),
             "gangs_over_bound": sum(1 for job in members if job.job_id in over_set),
             "unfinished": sum(1 for job in members if job.job_id not in jcts),
         }
@@ -318,6 +334,7 @@ def summarize(
         "preemptions": len(record.preemptions),
         "gpu_hours_lost": round(lost, 3),
         "starved_gangs": len(starved),
+        "starved_gangs_within_share": len(within),
         "gangs_over_bound": len(over_bound),
         "starvation_bound_s": bound,
         "peak_gang_load": round(peak_gang_load(gangs, cluster_gpus, bound), 3),
@@ -332,6 +349,8 @@ def summarize(
                 "queue_delay_s": delays.get(job.job_id),
                 "below_fair_share_s": round(owed[job.job_id], 3),
                 "starved": job.job_id in starved_set,
+                "owed_start_s": round(owed_start[job.job_id], 3),
+                "starved_within_share": job.job_id in within,
                 # (time, estimated start or None), as the cycles changed it, at most the last few
                 "reservations": [
                     [round(at, 3), None if start is None else round(start, 3)]

@@ -107,6 +107,7 @@ class SimSettings:
     preempt_timeout_s: float = 45.0
     max_victims: int = 3
     near_completion_s: float = 300.0
+    gang_preempt_exempt_s: float = 0.0
     preemptive_backoff_s: float = 5.0
     checkpoint_timeout_s: float = 600.0
     max_deferral_s: float = 300.0

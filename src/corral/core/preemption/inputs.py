@@ -18,6 +18,9 @@ __all__ = ["PlanInputs", "PreemptionSettings", "Preemptor", "pool_kind"]
 class PreemptionSettings:
     max_victims: int = 3
     near_completion_s: float = 300.0
+    #: a gang that started less than this long ago is not a victim (``protection.why_protected``;
+    #: ``CORRAL_GANG_PREEMPT_EXEMPT_S``, 0 by default: no exemption)
+    gang_exempt_s: float = 0.0
     backoff_s: float = 5.0
     #: how long the victims may take to leave: a checkpoint phase (its timeout, the 50% extension,
     #: the deferrals) and then the stop, which is force-drained after ``preempt_timeout_s``

@@ -191,8 +191,8 @@ def _gang_unit(
         job.worker_id not in free for job in jobs
     ):
         return None
-    now, near = inputs.now, inputs.settings.near_completion_s
-    if any(why_protected(job, pool_kind(inputs, job.spec.pool), now, near) for job in jobs):
+    now, near, exempt = inputs.now, inputs.settings.near_completion_s, inputs.settings.gang_exempt_s
+    if any(why_protected(job, pool_kind(inputs, job.spec.pool), now, near, exempt) for job in jobs):
         return None
     if (
         kept is not None
