@@ -261,3 +261,51 @@ def test_a_gang_placed_on_room_victims_are_freeing_takes_it_inside_one_rack() ->
     assert preempted_workers(on) == {"w1", "w3"}
     (found,) = on.preemptions
     assert found.victims == ()
+
+
+def test_a_block_required_gang_takes_victims_in_one_block_though_they_span_more_racks() -> None:
+    """b1 holds w1, w2, w3 in three racks; b2 holds w4 and w5 in one rack. The cheapest victims
+    (w1, w4, w5: the newest, no checkpoints) span two blocks, which a block-required gang may not;
+    b1's set spans three racks, more than the cluster-wide set's two, yet it is the one set inside
+    one block: the gang takes it rather than waiting."""
+    workers = [
+        labelled("w1", "b1", "r1"),
+        labelled("w2", "b1", "r2"),
+        labelled("w3", "b1", "r3"),
+        labelled("w4", "b2", "r4"),
+        labelled("w5", "b2", "r4"),
+    ]
+    holding = [
+        Job(
+            id=f"j-run-{worker.id}",
+            spec=JobSpec(
+                command="true", resources=Resources(gpus=8), preemption_class=2, checkpoint_mode="none"
+            ),
+            status=Status.RUNNING,
+            submitted_at=0.0,
+            worker_id=worker.id,
+            gpu_indices=tuple(range(8)),
+            started_at=1_000.0 - (60 if worker.id in ("w1", "w4", "w5") else 6_000),
+            attempts=1,
+        )
+        for worker in workers
+    ]
+    allocations = tuple(
+        Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+        for job in holding
+    )
+    block = TopologyRequest("topology.block", required=True)
+    wanted = gang(size=3, gpus=8, gang_id="g-hi", preemption_class=7, topology=block)
+    snapshot = Snapshot(1_000.0, tuple(workers), allocations, (wanted,), holding=tuple(holding))
+    unconstrained = gang(size=3, gpus=8, gang_id="g-hi", preemption_class=7)
+    free_choice = Snapshot(1_000.0, tuple(workers), allocations, (unconstrained,), holding=tuple(holding))
+    assert preempted_workers(decide(free_choice, 30.0, PreemptionSettings(), topology_levels=())) == {
+        "w1",
+        "w4",
+        "w5",
+    }
+    assert preempted_workers(decide(snapshot, 30.0, PreemptionSettings(), topology_levels=LEVELS)) == {
+        "w1",
+        "w2",
+        "w3",
+    }

@@ -121,8 +121,8 @@ class Locality:
                 break  # the cluster-wide set is inside one domain of this level already
             for region in self._regions(level + 1, potential, could, now, size):
                 option = self._confined(preemptor, region, room, allowed, trigger, placed)
-                if option is None or not self.span(option[1]) < base_span:
-                    continue
+                if option is None or (base_ok and not self.span(option[1]) < base_span):
+                    continue  # (a set confined to the required level beats one that breaks it)
                 units = option[0]
                 klass = max((unit.preemption_class for unit in units), default=-1)
                 if base_ok and klass > worst:
