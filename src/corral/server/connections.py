@@ -218,9 +218,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm_header_timer()
         self._request_begun = False
         self.scope[CONNECTION_KEY] = self._record  # type: ignore[literal-required]
+        before = getattr(self, "cycle", None)
         super().on_headers_complete()
-        # the request's cycle writes its answer's head and body in one write (``one_write``)
-        self.cycle.transport = HeldHead(self.transport, self.loop)  # type: ignore[assignment]
+        cycle = getattr(self, "cycle", None)
+        # The request's cycle writes its answer's head and body in one write (``one_write``). An
+        # upgrade (a WebSocket) makes no cycle; a HEAD answer has no body to wait for, and uvicorn
+        # may close the connection before the end of the turn would send a held head.
+        if cycle is not None and cycle is not before and self.scope["method"] != "HEAD":
+            cycle.transport = HeldHead(self.transport, self.loop)
 
     def _arm_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
