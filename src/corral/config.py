@@ -8,6 +8,7 @@ with a message that names the setting, never a stack trace.
 from __future__ import annotations
 
 import argparse
+import math
 import ssl
 from typing import Any
 
@@ -113,8 +114,8 @@ class ServerSettings(BaseSettings):
     @field_validator("history_retention_days")
     @classmethod
     def _history_kept_a_day(cls, value: float) -> float:
-        if value < 1:
-            raise ValueError("must be at least 1 day (the overview shows the last 24 hours)")
+        if not 1 <= value < math.inf:  # NaN compares false both ways: it would delete every sample
+            raise ValueError("must be at least 1 day (the overview shows the last 24 hours) and finite")
         return value
 
     dependency_tick_s: float = Field(

@@ -106,6 +106,9 @@ def test_a_bad_setting_stops_with_a_message_naming_it(monkeypatch):
         ("CORRAL_HISTORY_INTERVAL_S", "5", "between 10 and 3600 seconds"),
         ("CORRAL_HISTORY_INTERVAL_S", "7200", "between 10 and 3600 seconds"),
         ("CORRAL_HISTORY_RETENTION_DAYS", "0.5", "at least 1 day"),
+        ("CORRAL_HISTORY_RETENTION_DAYS", "nan", "at least 1 day"),
+        ("CORRAL_HISTORY_RETENTION_DAYS", "inf", "finite"),
+        ("CORRAL_HISTORY_INTERVAL_S", "nan", "between 10 and 3600 seconds"),
     ],
 )
 def test_the_history_settings_say_what_they_allow(monkeypatch, variable, value, why):
