@@ -143,3 +143,17 @@ def test_a_gang_whose_room_depends_on_work_without_a_limit_gets_no_estimate() ->
     record = engine.run(case, CORRAL)
     assert "gang" not in record.estimates
     assert summarize(case, record, "corral")["estimated_start"]["jobs"] == 0
+
+
+def test_a_gangs_exemption_running_out_while_nothing_waits_does_not_wake_every_tick() -> None:
+    """The gang starts at the first tick and runs 10,000 s with nothing behind it: its exemption's
+    end (60 s in) may decide nothing, so the engine jumps to the gang's end instead of visiting
+    each of the 2,000 ticks between."""
+    case = Scenario(
+        Workload((WorkloadJob("g", 1, 10_000, 1, gang_size=2),)),
+        uniform_cluster(1, 2),
+        settings=SimSettings(heartbeat_s=5.0, checkpoint_save_s=10.0, stop_s=1.0, gang_preempt_exempt_s=60.0),
+    )
+    record = engine.run(case, CORRAL)
+    assert record.ends["g"] == 10_005.0
+    assert record.cycles_skipped < 10, record.cycles_skipped

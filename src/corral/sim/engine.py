@@ -303,6 +303,14 @@ class Engine:
         if self._tick_may_act(following):
             return following
         wake = [self.events[0][0]] if self.events else []
+        if not self._has_waiting():
+            # Only an event (an arrival, an end) can give a cycle something to decide: timers
+            # (starvation, backoffs, an exemption running out) wake nobody, or each would be a
+            # tick visited in vain until the next event. The cycle at ``current`` has already
+            # dropped the holds of the work that no longer waits.
+            while self.exemption_ends and self.exemption_ends[0] <= current:
+                heapq.heappop(self.exemption_ends)
+            return max(following, math.ceil(wake[0] / tick) * tick) if wake else math.inf
         backoff = self.settings.preemptive_backoff_s
         wake.extend(at + backoff for at in self.last_preemptive.values())
         if self.exemption_ends:

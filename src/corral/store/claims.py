@@ -105,7 +105,8 @@ class SqlClaims:
         # same round trip as the worker's lock (it needs nothing from the worker's row; PostgreSQL
         # runs it once the lock is taken, so it sees every allocation committed before): a
         # round trip fewer per claim. Its rows are unused when the claim is a retry, the worker
-        # drains or is not found.
+        # drains or is not found; they stay locked until this short transaction ends, so a claim
+        # beside it passes over them (SKIP LOCKED) as it does beside any claim.
         first_page_read = self._first_page_read(worker_id, limit)
         if first_page_read is None:
             rows, page_rows = tx.execute(self.claiming_worker_sql(), (claim_key, worker_id)), None
