@@ -83,8 +83,8 @@ def main() -> int:
         "--decisions",
         metavar="PATH",
         help="record each run's decisions and write them with its summary (less the wall time) as JSON to"
-        " PATH.<policy>.json, and print the file's sha256: two runs made the same decisions when their"
-        " files (and fingerprints) are equal",
+        " PATH.<policy>.json, and print the decision log's sha256: two runs made the same decisions when"
+        " their fingerprints are equal (the files also hold the engine's counts: cycles skipped...)",
     )
     parser.add_argument(
         "--tick", type=float, default=None, help="CORRAL_ADMISSION_TICK_S for the run (default 5)"
@@ -146,7 +146,8 @@ def main() -> int:
             kept = {"summary": summarize(scenario, record, name), "decisions": record.decisions}
             written = json.dumps(kept, sort_keys=True, default=str)
             Path(f"{args.decisions}.{name}.json").write_text(written)
-            fingerprint = f", decisions {hashlib.sha256(written.encode()).hexdigest()[:12]}"
+            decided = json.dumps(record.decisions, default=str).encode()  # not the engine's counts
+            fingerprint = f", decisions {hashlib.sha256(decided).hexdigest()[:12]}"
         jobs = len(scenario.workload.jobs)
         verdict = "meets" if wall < target else "MISSES"
         print(
