@@ -137,11 +137,11 @@ def test_the_job_page_and_why_show_the_array_and_the_conditions(api):
     array = submit(api, array="0-1%1")
     after = submit(api, after=[{"id": array["array_id"], "when": "ok"}])
     task_page = api.get(f"/ui/jobs/{array['tasks'][1]}").text
-    assert f'Task 1 of array <a href="/arrays/{array["array_id"]}">' in task_page
+    assert f'Task 1 of array <a href="/ui/jobs?array_id={array["array_id"]}">' in task_page
     assert "2 tasks, at most 1 at once" in task_page
     after_page = api.get(f"/ui/jobs/{after['id']}").text
     assert (
-        f'<code>ok</code> <a href="/arrays/{array["array_id"]}">{array["array_id"]}</a> (waiting)'
+        f'<code>ok</code> <a href="/ui/jobs?array_id={array["array_id"]}">{array["array_id"]}</a> (waiting)'
         in after_page
     )
     why = api.get(f"/jobs/{after['id']}/why").json()
