@@ -308,8 +308,7 @@ class Engine:
             # (starvation, backoffs, an exemption running out) wake nobody, or each would be a
             # tick visited in vain until the next event. The cycle at ``current`` has already
             # dropped the holds of the work that no longer waits.
-            while self.exemption_ends and self.exemption_ends[0] <= current:
-                heapq.heappop(self.exemption_ends)
+            self._drop_exemptions_ended(current)
             return max(following, math.ceil(wake[0] / tick) * tick) if wake else math.inf
         backoff = self.settings.preemptive_backoff_s
         wake.extend(at + backoff for at in self.last_preemptive.values())
@@ -322,6 +321,11 @@ class Engine:
         if not wake:
             return math.inf
         return max(following, math.ceil(min(wake) / tick) * tick)
+
+    def _drop_exemptions_ended(self, by: float) -> None:
+        """Forget the exemptions that ran out by ``by``: a cycle then has seen them, or nothing waited."""
+        while self.exemption_ends and self.exemption_ends[0] <= by:
+            heapq.heappop(self.exemption_ends)
 
     def _has_waiting(self) -> bool:
         return bool(self.waiting_gangs or self.reserved_singles or self.pending)
@@ -721,8 +725,7 @@ class Engine:
             return
         self.record.cycles += 1
         self.changed = False
-        while self.exemption_ends and self.exemption_ends[0] <= self.now:
-            heapq.heappop(self.exemption_ends)  # this cycle sees those gangs as victims
+        self._drop_exemptions_ended(self.now)  # this cycle sees those gangs as victims
         snapshot = self._snapshot()
         decisions = self._decide(snapshot)
         applied = cycle.apply_cycle(
