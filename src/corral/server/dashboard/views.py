@@ -254,13 +254,13 @@ def history_chart(
     samples: Sequence[ClusterSample],
     now: float,
     title: str,
-    unit: str,
+    unit: tuple[str, str],
     value: str,
     ceiling: str | None = None,
     every_s: float = SAMPLE_EVERY_S,
 ) -> HistoryChart:
     """The ``value`` attribute of ``samples`` (and ``ceiling``'s, drawn as a dashed limit) over the
-    24 hours before ``now`` (``unit``: ``one|many``, as the latest value reads), scaled to the
+    24 hours before ``now`` (``unit``: singular and plural, as the latest value reads), scaled to the
     plot: time to x, the value to y from a round top; the line broken where more than
     ``GAP_INTERVALS`` intervals of ``every_s`` have no sample."""
     start = now - HISTORY_WINDOW_S
@@ -295,7 +295,7 @@ def history_chart(
     latest = values[-1] if values else None
     return HistoryChart(
         title,
-        unit.split("|")[0 if latest == 1 else -1],
+        unit[0] if latest == 1 else unit[1],
         lines(values),
         lines(ceilings) if ceiling else [],
         x_ticks,
@@ -326,10 +326,10 @@ def cluster_history(
     were (samples taken once per ``every_s``: ``CORRAL_HISTORY_INTERVAL_S``)."""
     return [
         history_chart(
-            samples, now, "Queue length", "job waiting|jobs waiting", "queued_jobs", every_s=every_s
+            samples, now, "Queue length", ("job waiting", "jobs waiting"), "queued_jobs", every_s=every_s
         ),
         history_chart(
-            samples, now, "GPUs allocated", "GPU held|GPUs held", "gpus_allocated", "gpus_total", every_s
+            samples, now, "GPUs allocated", ("GPU held", "GPUs held"), "gpus_allocated", "gpus_total", every_s
         ),
     ]
 
