@@ -84,6 +84,10 @@ class Window:
     load_average: float = 0.0
     admission_passes: float = 0.0
     admission_seconds: float = 0.0
+    #: each replica's heartbeat latencies (host i talks to replica i mod R) and admission passes: a
+    #: tail on the leader alone is its passes', a tail on every replica the store's
+    replica_latency: dict[int, list[float]] = field(default_factory=dict)
+    replica_passes: list[float] = field(default_factory=list)
     reaped: float = 0.0
     started: float = 0.0
 
@@ -170,14 +174,20 @@ async def setup_fleet(
                 raise harness.HttpError(f"worker {ids[index]}: claim answered {status} {content[:200]!r}")
             for item in orjson.loads(content)["items"]:
                 jobs[index].append(SimJob(item["id"], item["attempt"]))
-        hosts.append(asyncio.create_task(simulate_host(fleet, conn, ids[index], jobs[index], args)))
+        replica = index % len(servers)
+        hosts.append(asyncio.create_task(simulate_host(fleet, conn, ids[index], jobs[index], args, replica)))
 
     await _parallel(workers, bring_up)
     return conns, ids, jobs, hosts
 
 
 async def simulate_host(
-    fleet: Fleet, conn: harness.HttpConn, worker_id: str, jobs: list[SimJob], args: argparse.Namespace
+    fleet: Fleet,
+    conn: harness.HttpConn,
+    worker_id: str,
+    jobs: list[SimJob],
+    args: argparse.Namespace,
+    replica: int = 0,
 ) -> None:
     """One host: its job heartbeats every ``heartbeat_s`` and its own every ``worker_heartbeat_s``,
     in due order, one request at a time on its connection."""
@@ -224,6 +234,7 @@ async def simulate_host(
             continue
         window.lag.append(sent - at)
         window.statuses[status] = window.statuses.get(status, 0) + 1
+        window.replica_latency.setdefault(replica, []).append(latency)
         if which < 0:
             window.worker_latency.append(latency)
             if which == -2 and status == 200:
@@ -311,16 +322,20 @@ async def scrape(server: harness.Server) -> tuple[float, float, float]:
     )
 
 
-async def scrape_all(servers: list[harness.Server]) -> tuple[float, float, float]:
-    """``scrape`` summed over the replicas (only the admission leader runs passes)."""
-    totals = [await scrape(server) for server in servers]
+async def scrape_each(servers: list[harness.Server]) -> list[tuple[float, float, float]]:
+    """``scrape`` of each replica (only the admission leader runs passes)."""
+    return [await scrape(server) for server in servers]
+
+
+def _summed(totals: list[tuple[float, float, float]]) -> tuple[float, float, float]:
     return sum(t[0] for t in totals), sum(t[1] for t in totals), sum(t[2] for t in totals)
 
 
 async def measure(
     fleet: Fleet, window: Window, servers: list[harness.Server], seconds: float, postgres: bool
 ) -> Window:
-    passes, cycle_s, reaped = await scrape_all(servers)
+    each_before = await scrape_each(servers)
+    passes, cycle_s, reaped = _summed(each_before)
     pids = [server.child.process.pid for server in servers]
     cpu = [harness.cpu_seconds(pid, children=True) for pid in pids]  # with the planner process
     main_cpu = [harness.cpu_seconds(pid) for pid in pids]
@@ -347,7 +362,11 @@ async def measure(
         window.postgres_own_cpu = sum(
             value - pg_before[pid] for pid, value in after.items() if value == value
         )
-    passes_after, cycle_after, reaped_after = await scrape_all(servers)
+    each_after = await scrape_each(servers)
+    passes_after, cycle_after, reaped_after = _summed(each_after)
+    window.replica_passes = [
+        after[0] - before[0] for before, after in zip(each_before, each_after, strict=True)
+    ]
     window.admission_passes = passes_after - passes
     window.admission_seconds = cycle_after - cycle_s
     window.reaped = reaped_after - reaped
@@ -489,9 +508,22 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
         extra += f"  load process CPU {100 * window.driver_cpu / window.seconds:.0f}%"
         extra += f"  load average {window.load_average:.1f}"
         print(f"         {extra.strip()}")
+        if len(window.replica_cpu) > 1:
+            print(f"         heartbeat p99 / max by replica: {_by_replica(window)}")
     idle, load = windows
     ratio = _ms(load.heartbeats, 99) / _ms(idle.heartbeats, 99)
     print(harness.figure("heartbeat p99 load / idle", ratio, "x", TARGET_P99_RATIO, at_least=False))
+
+
+def _by_replica(window: Window) -> str:
+    """Each replica's heartbeat p99 / max in ms, the one that ran admission passes marked."""
+    parts = []
+    for replica in sorted(window.replica_latency):
+        latencies = window.replica_latency[replica]
+        passes = window.replica_passes[replica] if replica < len(window.replica_passes) else 0
+        leader = f" ({passes:.0f} passes)" if passes else ""
+        parts.append(f"{_ms(latencies, 99):.1f} / {1e3 * max(latencies):.1f}{leader}")
+    return " | ".join(parts)
 
 
 def record(workers: int, args: argparse.Namespace, windows: list[Window]) -> dict[str, object]:
@@ -519,6 +551,10 @@ def record(workers: int, args: argparse.Namespace, windows: list[Window]) -> dic
             "load_average": window.load_average,
             "admission_passes": window.admission_passes,
             "admission_seconds": window.admission_seconds,
+            "replica_p99_ms": [
+                _ms(window.replica_latency.get(i, []), 99) for i in range(len(window.replica_cpu))
+            ],
+            "replica_passes": window.replica_passes,
         }
 
     return {
