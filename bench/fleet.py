@@ -29,9 +29,13 @@ below it, and the admission passes are the leader's. Below each window too: each
 process alone (without its planner and reader processes), PostgreSQL's CPU and the share of it
 spent by the backends serving this bench, the load process's own CPU and the load average.
 ``--json FILE`` appends each size's windows as a JSON line, which ``bench/fleet_fit.py`` fits.
+With several replicas each one's heartbeat p99 and max is printed, the admission leader marked.
+``--timeline`` polls each replica's ``/metrics`` every 0.25 s for its loops' passes and sets them
+beside the heartbeats slower than 50 ms (and the lister's lists): which pass, on which replica,
+was running while the tail happened.
 
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
-        [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl]
+        [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl] [--timeline]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import resource
 import sys
 import time
@@ -54,6 +59,11 @@ import harness
 import machine
 
 TARGET_P99_RATIO = 3.0
+#: ``--timeline``: a heartbeat slower than this is recorded with its send time
+SLOW_BEAT_S = 0.05
+#: ``--timeline``: how often each replica's ``/metrics`` is read for its loops' passes
+TIMELINE_POLL_S = 0.25
+LOOP_COUNT = re.compile(r'corral_scheduling_cycle_seconds_(count|sum)\{loop="([a-z_]+)"\} ([0-9.e+-]+)')
 
 
 @dataclass
@@ -88,6 +98,11 @@ class Window:
     #: tail on the leader alone is its passes', a tail on every replica the store's
     replica_latency: dict[int, list[float]] = field(default_factory=dict)
     replica_passes: list[float] = field(default_factory=list)
+    #: with ``--timeline``: (sent, latency, replica) of each heartbeat slower than SLOW_BEAT_S, and
+    #: (from, to, replica, what) of each background loop pass seen by polling ``/metrics`` (it
+    #: ended in the poll interval before it was seen) and of each list the lister made
+    slow_beats: list[tuple[float, float, int]] = field(default_factory=list)
+    passes_seen: list[tuple[float, float, int, str]] = field(default_factory=list)
     reaped: float = 0.0
     started: float = 0.0
 
@@ -235,6 +250,8 @@ async def simulate_host(
         window.lag.append(sent - at)
         window.statuses[status] = window.statuses.get(status, 0) + 1
         window.replica_latency.setdefault(replica, []).append(latency)
+        if latency > SLOW_BEAT_S:
+            window.slow_beats.append((sent, latency, replica))
         if which < 0:
             window.worker_latency.append(latency)
             if which == -2 and status == 200:
@@ -299,6 +316,7 @@ def lister_latencies(child: harness.Child, window: Window) -> None:
         at, took, status = float(parts[0]), float(parts[1]), int(parts[2])
         if started_at <= at <= started_at + window.seconds and status == 200:
             window.list_latency.append(took)
+            window.passes_seen.append((at, at + took, 0, "GET list"))
 
 
 async def scrape(server: harness.Server) -> tuple[float, float, float]:
@@ -331,8 +349,69 @@ def _summed(totals: list[tuple[float, float, float]]) -> tuple[float, float, flo
     return sum(t[0] for t in totals), sum(t[1] for t in totals), sum(t[2] for t in totals)
 
 
+async def watch_loops(servers: list[harness.Server], window: Window) -> None:
+    """Poll each replica's ``/metrics`` every TIMELINE_POLL_S for its loops' pass counts and
+    seconds: each pass seen is noted with when it was seen (it ended in the poll interval before)
+    and how long it took, to set beside the slow heartbeats."""
+    conns = [await harness.HttpConn(server.host, server.port).connect() for server in servers]
+    last: list[dict[str, tuple[float, float]]] = [{} for _ in servers]
+    try:
+        while True:
+            for replica, conn in enumerate(conns):
+                _, text = await conn.request(b"GET", "/metrics")
+                seen = time.monotonic()
+                now: dict[str, list[float]] = {}
+                for kind, loop, value in LOOP_COUNT.findall(text.decode()):
+                    now.setdefault(loop, [0.0, 0.0])[0 if kind == "count" else 1] = float(value)
+                for loop, (count, total) in now.items():
+                    before = last[replica].get(loop)
+                    if before is not None and count > before[0]:
+                        start = seen - (total - before[1]) - TIMELINE_POLL_S
+                        window.passes_seen.append((start, seen, replica, loop))
+                    last[replica][loop] = (count, total)
+            await asyncio.sleep(TIMELINE_POLL_S)
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+def print_timeline(window: Window) -> None:
+    """The slow heartbeats beside the loop passes: for each loop, how many slow beats were in
+    flight while one of its passes ran (on the same replica, or on another)."""
+    if not window.slow_beats:
+        print(f"         timeline ({window.name}): no heartbeat over {1e3 * SLOW_BEAT_S:.0f} ms")
+        return
+    overlap: dict[str, list[int]] = {}
+    for start, end, replica, what in window.passes_seen:
+        counts = overlap.setdefault(what, [0, 0, 0])
+        counts[2] += 1
+        for sent, latency, beat_replica in window.slow_beats:
+            if sent < end and sent + latency > start:
+                counts[0 if beat_replica == replica else 1] += 1
+    alone = sum(
+        1
+        for sent, latency, _ in window.slow_beats
+        if not any(sent < end and sent + latency > start for start, end, _, _ in window.passes_seen)
+    )
+    print(
+        f"         timeline ({window.name}): {len(window.slow_beats)} heartbeats over"
+        f" {1e3 * SLOW_BEAT_S:.0f} ms, {alone} of them during no pass or list"
+    )
+    for what, (same, other, passes) in sorted(overlap.items()):
+        print(
+            f"           {what:<18} {passes:>3} passes; slow beats in flight during one:"
+            f" {same} on its replica, {other} on another"
+        )
+
+
 async def measure(
-    fleet: Fleet, window: Window, servers: list[harness.Server], seconds: float, postgres: bool
+    fleet: Fleet,
+    window: Window,
+    servers: list[harness.Server],
+    seconds: float,
+    postgres: bool,
+    timeline: bool = False,
 ) -> Window:
     each_before = await scrape_each(servers)
     passes, cycle_s, reaped = _summed(each_before)
@@ -345,8 +424,13 @@ async def measure(
     window.load_average = os.getloadavg()[0]
     window.started = time.monotonic()
     fleet.window = window
+    watcher = asyncio.create_task(watch_loops(servers, window)) if timeline else None
     await asyncio.sleep(seconds)
     fleet.window = None
+    if watcher is not None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
     window.seconds = time.monotonic() - window.started
     window.driver_cpu = harness.self_cpu_seconds() - driver
     window.replica_cpu = [
@@ -421,7 +505,7 @@ async def bench_fleet(
     postgres = args.db == "postgres"
     try:
         await asyncio.sleep(args.settle_s)
-        idle = await measure(fleet, Window("idle"), servers, args.window_s, postgres)
+        idle = await measure(fleet, Window("idle"), servers, args.window_s, postgres, args.timeline)
         loaded = await submit_load(server, args.pending, args.gangs, args.gpus)
         print(f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s", flush=True)
         if args.list_every_s > 0:
@@ -431,7 +515,7 @@ async def bench_fleet(
         if args.profile:
             out = directory / f"pyspy-{server.port}.txt"
             spy = harness.start_pyspy(processes, server.child.process.pid, out, gil=True)
-        load = await measure(fleet, Window("load"), servers, args.window_s, postgres)
+        load = await measure(fleet, Window("load"), servers, args.window_s, postgres, args.timeline)
         if spy is not None:
             harness.stop_pyspy(processes, spy)
             harness.print_collapsed(out, title="server (GIL holder)")
@@ -510,6 +594,8 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
         print(f"         {extra.strip()}")
         if len(window.replica_cpu) > 1:
             print(f"         heartbeat p99 / max by replica: {_by_replica(window)}")
+        if args.timeline:
+            print_timeline(window)
     idle, load = windows
     ratio = _ms(load.heartbeats, 99) / _ms(idle.heartbeats, 99)
     print(harness.figure("heartbeat p99 load / idle", ratio, "x", TARGET_P99_RATIO, at_least=False))
@@ -602,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
         help="server processes on the one store (PostgreSQL only); host i talks to replica i mod R",
     )
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="poll each replica's loop passes and set them beside the heartbeats over 50 ms",
+    )
     parser.add_argument(
         "--json", type=Path, help="append one JSON line per size to this file (bench/fleet_fit.py reads it)"
     )
