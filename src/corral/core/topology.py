@@ -272,3 +272,46 @@ def group(workers: Iterable[Worker], levels: Sequence[str]) -> Mapping[Path, lis
     for worker in sorted(workers, key=lambda worker: worker.id):
         grouped.setdefault(path_of(worker, levels), []).append(worker)
     return dict(sorted(grouped.items(), key=lambda item: tuple(value or "" for value in item[0])))
+
+
+def fullest_first(
+    group: Iterable[Worker], cluster: Iterable[Worker], held_gpus: Mapping[str, int], levels: Sequence[str]
+) -> list[str]:
+    """The order in which claims that arrive together are served (issue 25, "fragmentation"): the
+    workers whose narrowest domain has the least free room first, then the wider domains' least,
+    then worker id. Single jobs are placed by whichever worker claims them; among workers polling
+    at once (the server's group of claims of one event-loop turn, the simulator's claim round),
+    this is the one place corral chooses, and best fit by domain there fills racks already in use
+    and leaves whole racks to gangs. It only orders claims that arrive together: nobody passes a
+    job over, so no GPU idles for it.
+
+    Free room: each worker's GPUs less the GPUs its allocations hold (``held_gpus``), summed over
+    the domain's workers in ``cluster``; a worker without a level's label is a domain of its own
+    there. Without a topology label in ``group``: id order, the order claims were served in
+    before."""
+    members = sorted(group, key=lambda worker: worker.id)
+    if not levels or not labelled(members, levels):
+        return [worker.id for worker in members]
+    room: dict[tuple[str | None, ...], int] = {}
+    for worker in cluster:
+        free = max(0, worker.resources.gpus - held_gpus.get(worker.id, 0))
+        for domain in _domains_of(worker, levels):
+            room[domain] = room.get(domain, 0) + free
+
+    def fullness(worker: Worker) -> tuple[tuple[int, ...], str]:
+        return tuple(room.get(domain, 0) for domain in _domains_of(worker, levels)), worker.id
+
+    return [worker.id for worker in sorted(members, key=fullness)]
+
+
+def _domains_of(worker: Worker, levels: Sequence[str]) -> list[tuple[str | None, ...]]:
+    """The worker's domains, the narrowest level first: each its path down to that level (a
+    level's label it lacks: a domain of its own, named by its id)."""
+    path = path_of(worker, levels)
+    found: list[tuple[str | None, ...]] = []
+    for depth in reversed(range(len(levels))):
+        if path[depth] is None:
+            found.append((None, worker.id, str(depth)))
+        else:
+            found.append(path[: depth + 1])
+    return found
