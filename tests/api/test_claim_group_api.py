@@ -12,7 +12,6 @@ import httpx
 
 from corral.config import ServerSettings
 from corral.domain import errors
-from corral.domain.resources import Resources
 from corral.server.routes.protocol import CLAIMS, ClaimRequest
 from corral.server.state import ServerState
 from corral.testing.clock import FakeClock
@@ -122,17 +121,3 @@ def test_concurrent_claims_over_http_each_start_their_own_jobs(api, server, stor
             stored = api.get(f"/jobs/{job_id}").json()
             assert (stored["status"], stored["worker_id"]) == ("running", worker_id)
     assert_store_history_is_legal(store_url)
-
-
-def test_with_topology_labels_the_turns_claims_serve_the_fullest_racks_worker_first(store):
-    """Issue 25: w1 shares rack r1 with w4, both free; w2 shares r2 with w3, which runs an 8-GPU
-    job. Claims of w1 and w2 in one turn: the 1-GPU job goes to w2, keeping r1 whole (the
-    server's default CORRAL_TOPOLOGY_LEVELS, once a worker carries a label)."""
-    for worker_id, rack in (("w1", "r1"), ("w2", "r2"), ("w3", "r2"), ("w4", "r1")):
-        register_in_store(store, worker_id, gpus=8, labels={"topology.block": "b1", "topology.rack": rack})
-    busy = submit_one(store, resources=Resources(gpus=8))
-    (on_w3,) = _claims(_CountedStore(store), [_ask("w3")])
-    assert [job.id for job, _ in on_w3] == [busy.id]
-    job = submit_one(store, resources=Resources(gpus=1))
-    first, second = _claims(_CountedStore(store), [_ask("w1"), _ask("w2")])
-    assert first == [] and [started.id for started, _ in second] == [job.id]
