@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from corral.core.claim import Claim
-from corral.core.topology import DEFAULT_LEVELS
 from corral.domain import errors
 from corral.domain.resources import Resources
 from corral.domain.status import Status
@@ -68,27 +66,3 @@ def test_a_group_with_an_unknown_worker_writes_nothing(store):
         store.claims.claim_group([ClaimAsk("w1"), ClaimAsk("w9-unknown")], NOW, POLICY)
     assert store.jobs.get_job(job.id).status == Status.PENDING, "the group rolled back whole"
     assert [started.id for started in store.claims.claim_many("w1", NOW, POLICY, 1)] == [job.id]
-
-
-def test_with_topology_labels_a_group_serves_the_fullest_racks_workers_first(store):
-    """w1 shares rack r1 with w4, both free (16 GPUs); w2 shares rack r2 with w3, which runs an
-    8-GPU job (8 GPUs free). A 1-GPU job asked for by w1 and w2 together goes to w2 (issue 25:
-    whole racks kept for gangs); without topology levels the group goes in id order: w1 takes it."""
-
-    def labelled(worker_id: str, rack: str) -> None:
-        register(store, worker_id, gpus=8, labels={"topology.block": "b1", "topology.rack": rack})
-
-    labelled("w1", "r1")
-    labelled("w2", "r2")
-    labelled("w3", "r2")
-    labelled("w4", "r1")
-    busy = submit_one(store, resources=Resources(gpus=8))
-    assert [job.id for job in store.claims.claim_many("w3", NOW, POLICY, 1)] == [busy.id]
-    job = submit_one(store, resources=Resources(gpus=1))
-    by_rack = Claim(topology_levels=DEFAULT_LEVELS)
-    first, second = store.claims.claim_group([ClaimAsk("w1"), ClaimAsk("w2")], NOW, by_rack)
-    assert first == [] and [started.id for started in second] == [job.id]
-
-    other = submit_one(store, resources=Resources(gpus=1))
-    first, second = store.claims.claim_group([ClaimAsk("w1"), ClaimAsk("w2")], NOW, POLICY)
-    assert [started.id for started in first] == [other.id] and second == []

@@ -83,26 +83,3 @@ def test_the_levels_are_set_like_the_servers_and_empty_turns_the_topology_off() 
 
     assert settings_from(["CORRAL_TOPOLOGY_LEVELS=topology.rack"]).topology_levels == "topology.rack"
     assert settings_from(["CORRAL_TOPOLOGY_LEVELS="]).topology_levels == ""
-
-
-def test_a_claim_round_serves_the_fullest_racks_workers_first() -> None:
-    """w0 and w3 share rack r1, w1 and w2 rack r2. An 8-GPU job fills w0 (the racks tie: id
-    order); a 1-GPU job a second later goes to w3, beside it in r1, keeping r2 whole, where the
-    id order without topology levels takes w1 (as the server serves a group of claims)."""
-    racks = ["r1", "r2", "r2", "r1"]
-    cluster = Cluster(
-        tuple(
-            replace(worker, labels={"topology.block": "b1", "topology.rack": rack})
-            for worker, rack in zip(readers.uniform_cluster(4, 8).workers, racks, strict=True)
-        ),
-        name="2 racks of 2",
-    )
-    jobs = (WorkloadJob("big", 0.0, 600.0, 8), WorkloadJob("small", 1.0, 600.0, 1))
-    base = Scenario(Workload(jobs, name="one of each"), cluster)
-    started = {}
-    for levels in ("topology.block,topology.rack", ""):
-        chosen = replace(base, settings=replace(base.settings, topology_levels=levels))
-        record = engine.Engine(chosen, POLICIES["corral"], record_decisions=True).run()
-        started[levels] = {job: worker for _, kind, job, worker, _ in record.decisions if kind == "running"}
-    assert started["topology.block,topology.rack"] == {"big": "w0", "small": "w3"}
-    assert started[""] == {"big": "w0", "small": "w1"}

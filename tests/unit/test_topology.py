@@ -329,34 +329,3 @@ def test_when_the_first_racks_set_fails_the_worth_rule_the_next_racks_set_is_tak
         snapshot = Snapshot(1_000.0, tuple(workers), allocations, (wanted,), holding=tuple(holding))
         decisions = decide(snapshot, 30.0, PreemptionSettings(), topology_levels=LEVELS)
         assert preempted_workers(decisions) == {"w2", "w4"}, asked
-
-
-# --- claims served together (fragmentation) --------------------------------------------------------
-
-
-def test_claims_arriving_together_are_served_the_fullest_racks_workers_first() -> None:
-    """r1 (w1, w4) has 16 GPUs free, r2 (w2, w3) 8 (w3 is busy): w2 is served before w1. r5 (w5
-    alone) ties with r2 at 8: the fuller block goes first, b2 (8 free) before b1 (24)."""
-    workers = [
-        labelled("w1", "b1", "r1"),
-        labelled("w2", "b1", "r2"),
-        labelled("w3", "b1", "r2"),
-        labelled("w4", "b1", "r1"),
-        labelled("w5", "b2", "r5"),
-    ]
-    held = {"w3": 8}
-    group = [workers[0], workers[1], workers[4]]
-    assert topology.fullest_first(group, workers, held, LEVELS) == ["w5", "w2", "w1"]
-    assert topology.fullest_first(group, workers, held, ()) == ["w1", "w2", "w5"]
-
-
-def test_claims_are_served_in_id_order_without_levels_or_labels_and_nothing_is_read_then() -> None:
-    from corral.core.claim import Claim
-
-    def unread() -> tuple[list[Worker], list[Worker], dict[str, int]]:
-        raise AssertionError("read without topology levels")
-
-    assert Claim().serving_order(["w2", "w1"], unread) == ["w1", "w2"]
-    plain = [gpu_worker(gpus=8, worker_id="w2"), gpu_worker(gpus=8, worker_id="w1")]
-    by_rack = Claim(topology_levels=LEVELS)
-    assert by_rack.serving_order(["w2", "w1"], lambda: (plain, plain, {"w1": 8})) == ["w1", "w2"]

@@ -17,16 +17,12 @@ and the simulator.
    (``corral.core.pool_limits``) is passed over too (``_LimitsOn``: the answers are kept per pool
    and request for one reading of what the pools hold).
 
-Topology (issue 25, "fragmentation"): a worker's choice is topology-blind on purpose. Best fit by
-domain (keep large racks whole) is applied where corral chooses a worker, the gang placement
+Topology (issue 25, "fragmentation"): the claim is topology-blind on purpose. Best fit by domain
+(keep large racks whole) is applied where corral chooses a worker, the gang placement
 (``corral.core.topology``) and the planner's victims (``corral.core.preemption.locality``); a claim
 is pulled by the worker that polls, which sees only its own allocations, and passing over a fitting
 job for a worker of a fuller rack that may poll next would idle GPUs and delay the job with no bound
-(that worker's holds, limits or borrowing rule may refuse it). The first fitting job starts. Where
-corral does choose, among claims that arrive together (the server's group of one event-loop turn,
-the simulator's round), ``serving_order`` serves the workers of the fullest racks first
-(``topology.fullest_first``): single jobs fill racks already in use before whole ones, and no job
-is passed over.
+(that worker's holds, limits or borrowing rule may refuse it). The first fitting job starts.
 
 Pure: the caller hands in the worker, its allocations, the candidates and a function that reads the
 cluster's borrowing figures, which is called at most once per choice and only for a candidate that
@@ -41,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from corral.core import borrowing, lifecycle, pool_limits, protection, topology
+from corral.core import borrowing, lifecycle, pool_limits, protection
 from corral.core.placement import Capacity, Placement, free_capacity, holds_in_way, place, without_holds
 from corral.core.snapshot import PoolView
 from corral.domain import pools as pool_rules
@@ -61,34 +57,14 @@ class Claim:
     claim reads a job's pool kind from them, a path without an entry taking its nearest ancestor's
     kind (the default kind when none has one)."""
 
-    def __init__(
-        self, pools: Mapping[str, PoolView] | None = None, topology_levels: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, pools: Mapping[str, PoolView] | None = None) -> None:
         self.pools: Mapping[str, PoolView] = pools if pools is not None else {}
-        #: ``CORRAL_TOPOLOGY_LEVELS`` (widest first): the order claims arriving together are served
-        self.topology_levels = tuple(topology_levels)
         self._unreclaimable: dict[tuple[str, int, str], bool] = {}
         self._kept: _RuleOn | None = None
         #: the pools with limits (step 4), and the answers on the last usage read
         self.limits = pool_limits.limits_of(self.pools)
         self._paths = pool_limits.Limits(self.limits)  # which limits a pool's jobs count against
         self._kept_limits: _LimitsOn | None = None
-
-    def serving_order(
-        self,
-        worker_ids: Sequence[str],
-        read: Callable[[], tuple[Sequence[Worker], Sequence[Worker], Mapping[str, int]]],
-    ) -> list[str]:
-        """The order the claims of workers polling together are served in (module docstring,
-        "Topology"): id order, unless topology levels are set (the server sets them once a worker
-        carries a label) and the group's workers carry labels; then the fullest domain's first
-        (``topology.fullest_first``). ``read`` gives the group's workers, the usable workers and
-        the GPUs each one's allocations hold; it is called only when levels are set."""
-        levels = self.topology_levels
-        if len(worker_ids) < 2 or not levels:
-            return sorted(worker_ids)
-        group, workers, held_gpus = read()
-        return topology.fullest_first(group, workers, held_gpus, levels)
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> Capacity:
         return free_capacity(worker, allocations)

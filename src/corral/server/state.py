@@ -148,19 +148,10 @@ class ServerState:
         if kept is None or now - kept[0] >= self.settings.admission_tick_s:
             generation = self._pools_generation
             resolved = pools.resolve(self.store.pools.pools(), self.pool_defaults)
-            kept = (now, resolved, Claim(resolved, self._claim_levels()))
+            kept = (now, resolved, Claim(resolved))
             if generation == self._pools_generation:
                 self._claim = kept
         return kept
-
-    def _claim_levels(self) -> tuple[str, ...]:
-        """The topology levels the claim serves a group's workers by (``Claim.serving_order``):
-        none while no worker carries a topology label, so that a claim group then reads nothing
-        more than it did (read again with the pools, once an admission tick old)."""
-        levels = self.topology_levels
-        if levels and topology.labelled(self.store.workers.workers(), levels):
-            return levels
-        return ()
 
     def pools_changed(self) -> None:
         """A pool was stored or deleted here: the next claim reads the pools again."""

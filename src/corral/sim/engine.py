@@ -185,10 +185,7 @@ class Engine:
         self.held_resources: dict[str, Resources] = {}
         self.held_view: dict[str, Resources] | None = None
         #: the claim's policy, reading the pools' kinds from ``pools`` as they grow
-        #: (with topology levels, once a worker carries a label: the claim round serves the
-        #: fullest racks' workers first, as the server serves a group of claims)
-        claim_levels = self.topology_levels if topology.labelled(self.workers, self.topology_levels) else ()
-        self.claim = Claim(self.pools, claim_levels)
+        self.claim = Claim(self.pools)
         self.now = 0.0
         self.jobs: dict[str, Job] = {}
         self.tasks: dict[str, Task] = {}
@@ -519,10 +516,8 @@ class Engine:
     # --- claims ------------------------------------------------------------------------------
 
     def _claims(self) -> None:
-        """Workers whose claim may now find something poll, in worker id order (with topology
-        labels, the fullest racks' first: ``Claim.serving_order``, as the server serves a group of
-        claims), each until it finds nothing (the store's ``claim``: its reserved task first, else
-        the first fit in queue order).
+        """Workers whose claim may now find something poll, in worker id order, each until it finds
+        nothing (the store's ``claim``: its reserved task first, else the first fit in queue order).
 
         Who may find something: a worker whose capacity, holds or reservations changed (``dirty``),
         and, once a job entered the queue, every worker with a free GPU (every worker at all when
@@ -545,9 +540,6 @@ class Engine:
         if fresh:
             others = self.worker_ids if self._smallest_pending() == 0 else list(self.roomy)
             order = heapq.merge(dirty, others)
-        if self.claim.topology_levels:
-            polling = list(dict.fromkeys(order))
-            order = self.claim.serving_order(polling, lambda: self._round_cluster(polling))
         left = set(dirty)
         previous = None
         for worker_id in order:
@@ -567,16 +559,6 @@ class Engine:
             self.claimer = None
         self.round_version = self.pending_added
         self.released_since_round = False
-
-    def _round_cluster(
-        self, polling: Sequence[str]
-    ) -> tuple[list[Worker], tuple[Worker, ...], dict[str, int]]:
-        """What the store's claim group reads for its serving order (``Claim.serving_order``): the
-        polling workers, the cluster's workers and the GPUs each one's allocations hold."""
-        held = {
-            worker.id: worker.resources.gpus - self._capacity(worker).free.gpus for worker in self.workers
-        }
-        return [self.worker_by_id[worker_id] for worker_id in polling], self.workers, held
 
     def _protected_may_start(self) -> bool:
         """Whether a pending job no preemption could take back may now start somewhere as far as

@@ -77,16 +77,6 @@ class ClaimPolicy(Protocol[CapacityT]):
 
     def capacity(self, worker: Worker, allocations: Sequence[Allocation]) -> CapacityT: ...
 
-    def serving_order(
-        self,
-        worker_ids: Sequence[str],
-        read: Callable[[], tuple[Sequence[Worker], Sequence[Worker], Mapping[str, int]]],
-    ) -> list[str]:
-        """The order a group's claims are served in (``corral.core.claim``), by worker id. ``read``
-        (called only when the order depends on it) locks the group's workers in id order and
-        reads them, the usable workers and the GPUs each one's allocations hold."""
-        ...
-
     def reserved_task(self, worker: Worker, allocations: Sequence[Allocation]) -> str | None:
         """The task reserved for this worker that its claim starts before any pending job."""
         ...

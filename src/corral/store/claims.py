@@ -84,50 +84,10 @@ class SqlClaims:
         one, each for its own answer."""
         claimed: dict[int, list[Job]] = {}
         with self.db.transaction() as tx:
-            served = self._serving_order(tx, asks, policy)
-            for index in sorted(range(len(asks)), key=lambda index: served[asks[index].worker_id]):
+            for index in sorted(range(len(asks)), key=lambda index: asks[index].worker_id):
                 ask = asks[index]
                 claimed[index] = self._claim_in(tx, ask.worker_id, now, policy, ask.limit, ask.claim_key)
         return [claimed[index] for index in range(len(asks))]
-
-    def _serving_order(
-        self, tx: Transaction, asks: Sequence[ClaimAsk], policy: ClaimPolicy[Any]
-    ) -> dict[str, int]:
-        """Each asking worker's turn in the group (``policy.serving_order``: id order, or with
-        topology labels the fullest racks' workers first, issue 25). For the latter the group's
-        workers are locked first, in id order (the order every writer of several worker rows
-        takes them in), and the cluster's workers and the GPUs their jobs hold are read."""
-        worker_ids = sorted({ask.worker_id for ask in asks})
-
-        def read() -> tuple[list[Worker], list[Worker], dict[str, int]]:
-            marks = ", ".join("?" for _ in worker_ids)
-            group = [
-                worker_from_row(row)
-                for row in tx.execute(
-                    f"SELECT {WORKER_SELECT} FROM workers WHERE id IN ({marks}) ORDER BY id"
-                    f"{self.dialect.lock_clause_plain}",
-                    tuple(worker_ids),
-                )
-            ]
-            workers = [
-                worker_from_row(row)
-                for row in tx.execute(
-                    f"SELECT {WORKER_SELECT} FROM workers WHERE status = 'active' AND flagged_dead_at IS NULL"
-                )
-            ]
-            held = {
-                str(row[0]): int(row[1] or 0)
-                for row in tx.execute(
-                    f"SELECT worker_id, SUM(gpus) FROM jobs WHERE status IN {HOLDING_SQL}"
-                    " AND worker_id IS NOT NULL GROUP BY worker_id"
-                )
-            }
-            return group, workers, held
-
-        turns = {worker_id: index for index, worker_id in enumerate(policy.serving_order(worker_ids, read))}
-        for worker_id in worker_ids:  # one not found: its claim raises NotFound in its turn
-            turns.setdefault(worker_id, len(turns))
-        return turns
 
     def _claim_in(
         self,
