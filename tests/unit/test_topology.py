@@ -309,3 +309,23 @@ def test_a_block_required_gang_takes_victims_in_one_block_though_they_span_more_
         "w2",
         "w3",
     }
+
+
+def test_when_the_first_racks_set_fails_the_worth_rule_the_next_racks_set_is_taken() -> None:
+    """No checkpoints: w1 (r1) and w2 (r2) ran 60 s, w4 (r2) 600 s, w3 (r1) 6,000 s. The gang (2 x 8
+    GPUs, walltime 1,000 s) is worth 16,000 GPU-seconds: r1's set (w1 + w3, 48,480) is too dear,
+    r2's (w2 + w4, 5,280) is not. r1 is tried first (the racks tie on room, then go by name); its
+    failing the worth rule sends the search to r2, for a rack-required gang and an unconstrained one
+    alike (the cluster-wide w1 + w2 spans two racks)."""
+    workers, holding = busy_racks(checkpoint="none")
+    ran = {"w1": 60.0, "w2": 60.0, "w3": 6_000.0, "w4": 600.0}
+    holding = [replace(job, started_at=1_000.0 - ran[job.worker_id or ""]) for job in holding]
+    allocations = tuple(
+        Allocation(job.id, job.worker_id or "", job.spec.resources, job.gpu_indices, job.status)
+        for job in holding
+    )
+    for asked in (RACK, None):
+        wanted = gang(size=2, gpus=8, gang_id="g-hi", preemption_class=7, topology=asked, walltime_s=1_000.0)
+        snapshot = Snapshot(1_000.0, tuple(workers), allocations, (wanted,), holding=tuple(holding))
+        decisions = decide(snapshot, 30.0, PreemptionSettings(), topology_levels=LEVELS)
+        assert preempted_workers(decisions) == {"w2", "w4"}, asked

@@ -13,10 +13,13 @@ then blocks):
    ``Units.reach``) are tried, the roomiest now first (the fewest victims), at most
    ``DOMAINS_TRIED`` of a level: the same search confined to the domain's fewest children that
    could hold the gang together (a gang larger than a rack: a block's fewest racks), then to the
-   domain whole. The first set found is taken (the roomiest domain first: the fewest victims;
-   the first, not the cheapest of all, keeps a cycle's searches few), and only when it spans
-   fewer domains (racks, then blocks) and its worst class is no higher than the cluster-wide
-   set's (locality never stops work of a higher class than the preemptor needed anyway). Its cost
+   domain whole. The sets found are offered in that order (the roomiest domain first: the
+   fewest victims; the first that passes, not the cheapest of all, keeps a cycle's searches
+   few), each only when it spans fewer domains (racks, then blocks) and its worst class is no
+   higher than the cluster-wide set's (locality never stops work of a higher class than the
+   preemptor needed anyway). The next domain is searched only when the set before it fails the
+   fair-share, worth or borrowing rules (``Planner._checked``): a required gang does not wait
+   while another domain holds a set that passes them. Its cost
    (the work its victims lose) may be higher, within the worth rule every set meets: a bound of
    twice the cluster-wide set's cost plus a GPU-hour was tried in the simulator and lost on every
    figure of the issue (bench/README.md, ``topology_sim.py``);
@@ -35,7 +38,7 @@ without labels (the planner's decisions are then exactly what they were).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 from corral.core import topology
@@ -93,20 +96,21 @@ class Locality:
         trigger: Trigger,
         required: int | None,
         placed: _Placer,
-    ) -> list[Option]:
-        """The victim sets to try, in order (module docstring): the best confined one first when it
-        spans fewer domains, then the cluster-wide ``found`` unless it breaks ``required`` (the
-        index of the required level, widest first). Empty: nothing may be offered."""
+    ) -> Iterator[Option]:
+        """The victim sets to try, in order (module docstring): the confined ones that span fewer
+        domains, each searched only once the one before has failed the rules, then the
+        cluster-wide ``found`` unless it breaks ``required`` (the index of the required level,
+        widest first). None at all: nothing may be offered."""
         chosen, placements = found
         narrowest = len(self.levels) - 1
         base_span = self.span(placements)
         # ``span`` counts the narrowest level first: level index i sits at narrowest - i
         base_ok = required is None or base_span[narrowest - required] == 1
-        if base_span[0] == 1 and base_ok:
-            return [found]
         request = preemptor.first.spec.resources
-        if request.gpus <= 0:
-            return [found] if base_ok else []
+        if (base_span[0] == 1 and base_ok) or request.gpus <= 0:
+            if base_ok:
+                yield found
+            return
         worst = max((unit.preemption_class for unit in chosen), default=-1)
         domains = self.domains
         allowed = frozenset(eligible)
@@ -114,6 +118,7 @@ class Locality:
         could = domains.rooms(potential)
         now = domains.rooms((self.order[worker_id], tasks) for worker_id, tasks in room.items())
         size = len(preemptor.tasks)
+        offered: set[frozenset[str]] = set()  # the victim sets offered already (by unit key)
         for level in reversed(range(len(self.levels))):
             if required is not None and level < required:
                 break  # wider than the required level: never
@@ -127,8 +132,13 @@ class Locality:
                 klass = max((unit.preemption_class for unit in units), default=-1)
                 if base_ok and klass > worst:
                     continue  # the cluster-wide set may be taken: no higher class for locality
-                return [option, found] if base_ok else [option]
-        return [found] if base_ok else []
+                keys = frozenset(unit.key for unit in units)
+                if keys in offered:
+                    continue  # a domain's fewest children found the set the domain whole finds
+                offered.add(keys)
+                yield option
+        if base_ok:
+            yield found
 
     def nearby(self, room: Mapping[str, int], size: int, required: int | None) -> set[str] | None:
         """The workers of ``room`` (tasks each holds) that ``size`` tasks go to by the gang

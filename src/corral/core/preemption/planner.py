@@ -163,25 +163,26 @@ class Planner:
         found = self._placed(preemptor, chosen, room, eligible)
         if found is None:  # the put-back left less than it counted: cannot happen
             return self._no_set(preemptor, eligible, trigger, examined)
-        options = [found]
         locality = self.locality()
-        if locality is not None and len(preemptor.tasks) > 1:
-            required = self._required_level(preemptor, locality)
-            options = locality.options(preemptor, found, room, eligible, trigger, required, self._placed)
-            if not options:
-                asked = preemptor.first.spec.topology
-                level = asked.level if asked is not None else ""
-                return Reason(
-                    "topology",
-                    f"needs its {len(preemptor.tasks)} tasks inside one {level}; no set of preemptible"
-                    f" work inside one {level} would make room",
-                )
-        for units, placements in options[:-1]:
+        if locality is None or len(preemptor.tasks) < 2:
+            return self._checked(preemptor, found[0], found[1], eligible, trigger, examined)
+        required = self._required_level(preemptor, locality)
+        decided: Preemption | Reason | None = None
+        for units, placements in locality.options(
+            preemptor, found, room, eligible, trigger, required, self._placed
+        ):
             decided = self._checked(preemptor, units, placements, eligible, trigger, examined)
             if isinstance(decided, Preemption):
                 return decided
-        units, placements = options[-1]
-        return self._checked(preemptor, units, placements, eligible, trigger, examined)
+        if decided is not None:
+            return decided  # the last set offered failed the rules too: its reason
+        asked = preemptor.first.spec.topology
+        level = asked.level if asked is not None else ""
+        return Reason(
+            "topology",
+            f"needs its {len(preemptor.tasks)} tasks inside one {level}; no set of preemptible"
+            f" work inside one {level} would make room",
+        )
 
     def _placed(
         self, preemptor: Preemptor, chosen: list[Unit], room: Mapping[str, int], eligible: Sequence[str]
