@@ -298,13 +298,18 @@ described = [
     ),
 ]
 
+#: the worker heartbeat: a fleet's most frequent request (every host every 5 s, its jobs' leases
+#: with it). The app tries it before every other route: Starlette matches its routes in order, a
+#: regular expression each, and from 33rd place the matching cost 7% of the heartbeat's time in the
+#: application. No other route's path matches this one's (``app.routed_first`` checks it).
+heartbeat_route = Route("/workers/{worker_id}/heartbeat", heartbeat, methods=["POST"])
+
 routes = [
     Route("/workers/register", register, methods=["POST"]),
     Route("/workers", list_workers, methods=["GET"]),
     Route("/workers/{worker_id}", get_worker, methods=["GET"]),
     Route("/workers/{worker_id}", remove, methods=["DELETE"]),
     Route("/workers/{worker_id}/leave", leave, methods=["POST"]),
-    Route("/workers/{worker_id}/heartbeat", heartbeat, methods=["POST"]),
     Route("/workers/{worker_id}/drain", drain, methods=["POST"]),
     Route("/workers/{worker_id}/undrain", undrain, methods=["POST"]),
 ]
