@@ -363,7 +363,7 @@ class PostgresJobs(SqlJobs):
         one ``UPDATE ... FROM`` would apply only one of the two."""
         job_ids = [job_id for job_id, _, _ in beats]
         if len(set(job_ids)) != len(job_ids):
-            return super().heartbeat_jobs(worker_id, now, beats)
+            return self._heartbeat_each(worker_id, now, beats)
         reports = [report for _, _, report in beats]
         tx = self._store.autocommit
         rows = tx.execute(
