@@ -15,7 +15,7 @@ from corral.core.lifecycle import HeartbeatAction
 from corral.domain import errors
 from corral.domain.clock import to_rfc3339
 from corral.protocol.answers import WorkerAnswer, WorkerHeartbeatAnswer, WorkerPage
-from corral.protocol.models import WorkerHeartbeatBody, WorkerRegisterBody
+from corral.protocol.models import GpuReading, WorkerHeartbeatBody, WorkerRegisterBody
 from corral.server import changes
 from corral.server.auth import principal_of, require_worker_id
 from corral.server.executor import Work
@@ -105,7 +105,7 @@ async def register(request: Request) -> Response:
 async def heartbeat(request: Request) -> Response:
     state = state_of(request)
     body = await parse_body(request, WorkerHeartbeatBody, optional=True)
-    readings = [reading.model_dump() for reading in body.gpus] if body.gpus is not None else None
+    readings = readings_of(body.gpus) if body.gpus is not None else None
     worker_id = request.path_params["worker_id"]
     now = state.clock.now()
     beats = [
@@ -140,6 +140,15 @@ async def heartbeat(request: Request) -> Response:
         else:
             answers[job_id] = protocol.heartbeat_answer(state, action, worker_id)
     return json_response({"jobs": answers})
+
+
+def readings_of(gpus: list[GpuReading]) -> list[dict[str, object]]:
+    """Each reading as ``model_dump`` gives it, written out: a serializer call per GPU, 8 in
+    every heartbeat, cost more than the dictionaries."""
+    return [
+        {"index": reading.index, "util_pct": reading.util_pct, "mem_used_mb": reading.mem_used_mb}
+        for reading in gpus
+    ]
 
 
 def _beat(
