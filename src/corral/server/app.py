@@ -17,7 +17,7 @@ from functools import partial
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 
 from corral.config import ServerSettings
 from corral.domain import errors
@@ -140,18 +140,20 @@ def create_app(
         await loops.stop()
         await state.executor.close()
 
-    routes = [
-        *protocol.routes,
-        *logs.routes,
-        *jobs.routes,
-        *arrays.routes,
-        *workers.routes,
-        *pools.routes,
-        *usage.routes,
-        *operations.routes,
-        *dashboard.routes,
-    ]
-    routes = routed_first(workers.heartbeat_route, routes)
+    routes = routed_first(
+        workers.heartbeat_route,
+        [
+            *protocol.routes,
+            *logs.routes,
+            *jobs.routes,
+            *arrays.routes,
+            *workers.routes,
+            *pools.routes,
+            *usage.routes,
+            *operations.routes,
+            *dashboard.routes,
+        ],
+    )
     auth.check_every_route_has_a_rule(routes)
     middleware = [
         Middleware(RequestIdMiddleware),
@@ -196,13 +198,13 @@ def create_app(
     return app
 
 
-def routed_first(first: Route, routes: Sequence[BaseRoute]) -> list[BaseRoute]:
+def routed_first(first: Route, routes: Sequence[Route]) -> list[Route]:
     """``first``, then ``routes``: Starlette tries its routes in order, so the most frequent
     request is matched at the first try. Refused (at start-up) when another route would match one
     of ``first``'s paths: that route, not ``first``, answered it before."""
     sample = re.sub(r"{[^}]*}", "x", first.path)
     for route in routes:
-        if isinstance(route, Route) and route.path_regex.match(sample):
+        if route.path_regex.match(sample):
             raise ValueError(f"route {route.path} matches {sample}: {first.path} cannot go first")
     return [first, *routes]
 
