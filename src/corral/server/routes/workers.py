@@ -159,17 +159,38 @@ def _beat(
     body: WorkerHeartbeatBody,
     beats: list[changes.JobBeat],
 ) -> tuple[changes.WorkerHeartbeat, dict[str, HeartbeatAction | errors.CorralError | None]]:
-    """The worker's own heartbeat, then its jobs' leases (one transaction for all of them)."""
+    """The worker's own heartbeat, then its jobs' leases: renewed with it (one transaction, one
+    round trip on PostgreSQL) when each job is named once and ``running`` lists it, else after it
+    in a transaction of their own (a job ``running`` leaves out is judged first: ``unlisted``)."""
     settings = state.settings
+    together = may_renew_with(beats, body.running)
     applied = changes.worker_heartbeat(
-        state.store, worker_id, now, settings.heartbeat_timeout_s, readings, body.unhealthy_gpus, body.running
+        state.store,
+        worker_id,
+        now,
+        settings.heartbeat_timeout_s,
+        readings,
+        body.unhealthy_gpus,
+        body.running,
+        beats if together else (),
     )
-    jobs = {}
-    if beats:
-        jobs = changes.heartbeat_jobs(
-            state.store.jobs, worker_id, now, beats, settings.checkpoint_timeout_s, settings.max_deferral_s
+    if not beats:
+        return applied, {}
+    timeouts = settings.checkpoint_timeout_s, settings.max_deferral_s
+    if together:
+        return applied, changes.beat_answers(
+            state.store.jobs, worker_id, now, beats, applied.beat.renewed, *timeouts
         )
-    return applied, jobs
+    return applied, changes.heartbeat_jobs(state.store.jobs, worker_id, now, beats, *timeouts)
+
+
+def may_renew_with(beats: list[changes.JobBeat], running: list[str] | None) -> bool:
+    """Whether the leases ``beats`` may be renewed with the worker's heartbeat
+    (``Workers.worker_heartbeat``'s ``jobs``): each job named once, each in ``running`` if given."""
+    job_ids = {beat.job_id for beat in beats}
+    if len(job_ids) != len(beats):
+        return False
+    return running is None or job_ids.issubset(running)
 
 
 async def list_workers(request: Request) -> Response:
