@@ -89,3 +89,32 @@ def test_a_job_being_stopped_is_answered_in_the_batch_as_by_its_own_heartbeat(ap
     assert batch() == {"action": "preempt", "preemption_epoch": 1}
     assert api.get(f"/jobs/{low['id']}").json()["reason"]["code"] == "checkpoint_timed_out"
     assert "corral_preemption_failed_checkpoint_total 1.0" in api.get("/metrics").text
+
+
+def test_a_lease_for_a_job_the_running_list_leaves_out_comes_after_its_judgement(api, clock, settings):
+    """A heartbeat whose ``running`` leaves a silent job out, yet carries its lease: the job is
+    judged gone first (its lease is not renewed with the worker's heartbeat), then its lease is
+    refused, while a listed job's lease is renewed."""
+    register(api, gpus=2, vram_mb=1000)
+    left_out = submit(api, resources={"gpus": 1})
+    listed = submit(api, resources={"gpus": 1})
+    first, second = claim(api), claim(api)
+    assert {first["id"], second["id"]} == {left_out["id"], listed["id"]}
+    clock.advance(1)
+    api.post("/workers/w1/heartbeat", json={"running": [left_out["id"], listed["id"]]}).raise_for_status()
+    clock.advance(settings.heartbeat_timeout_s / 2)
+    attempts = {first["id"]: first["attempt"], second["id"]: second["attempt"]}
+
+    response = api.post(
+        "/workers/w1/heartbeat",
+        json={
+            "running": [listed["id"]],
+            "jobs": [{"id": job_id, "attempt": attempt} for job_id, attempt in attempts.items()],
+        },
+    )
+
+    answers = response.json()["jobs"]
+    assert answers[listed["id"]] == {}
+    assert "error" in answers[left_out["id"]]
+    job = api.get(f"/jobs/{left_out['id']}").json()
+    assert (job["status"], job["reason"]["code"]) == ("pending", "lease_expired")

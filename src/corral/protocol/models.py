@@ -59,22 +59,34 @@ def _plain_json(value: Any) -> Any:
     string, as in every other string of a body, and at most ``MAX_JSON_DEPTH`` arrays and objects
     deep. The rest of a body has the depth of its schema; here a thousand-deep ``progress`` was
     taken, then failed to be stored (issue 24)."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, str):
-            _no_nul(item)
-            continue
-        if not isinstance(item, (dict, list)):
-            continue
-        if depth > MAX_JSON_DEPTH:
-            raise ValueError(f"must not nest arrays and objects more than {MAX_JSON_DEPTH} deep")
-        if isinstance(item, dict):
-            for key in item:
-                _no_nul(key)
-            item = item.values()
-        pending.extend((child, depth + 1) for child in item)
+    _check_json(value, 1)
     return value
+
+
+def _check_json(item: Any, depth: int) -> None:
+    """``_plain_json`` of one value at ``depth``: its keys, then its items from the last to the
+    first (the order of the explicit stack this replaced, so a value with two faults names the same
+    one). Recursive: every batched heartbeat checks one ``progress`` per job, and the stack's
+    tuples cost more than the calls; the depth limit stops the recursion at ``MAX_JSON_DEPTH``."""
+    if isinstance(item, str):
+        if "\0" in item:
+            _no_nul(item)
+        return
+    if not isinstance(item, (dict, list)):
+        return
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"must not nest arrays and objects more than {MAX_JSON_DEPTH} deep")
+    if isinstance(item, dict):
+        for key in item:
+            if "\0" in key:
+                _no_nul(key)
+        item = item.values()
+    for child in reversed(item):
+        if isinstance(child, str):
+            if "\0" in child:
+                _no_nul(child)
+        elif isinstance(child, (dict, list)):
+            _check_json(child, depth + 1)
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.routing import Route
 
 from corral.config import ServerSettings
 from corral.domain import errors
@@ -138,17 +140,20 @@ def create_app(
         await loops.stop()
         await state.executor.close()
 
-    routes = [
-        *protocol.routes,
-        *logs.routes,
-        *jobs.routes,
-        *arrays.routes,
-        *workers.routes,
-        *pools.routes,
-        *usage.routes,
-        *operations.routes,
-        *dashboard.routes,
-    ]
+    routes = routed_first(
+        workers.heartbeat_route,
+        [
+            *protocol.routes,
+            *logs.routes,
+            *jobs.routes,
+            *arrays.routes,
+            *workers.routes,
+            *pools.routes,
+            *usage.routes,
+            *operations.routes,
+            *dashboard.routes,
+        ],
+    )
     auth.check_every_route_has_a_rule(routes)
     middleware = [
         Middleware(RequestIdMiddleware),
@@ -191,6 +196,17 @@ def create_app(
     app.state.openapi = openapi.build(DESCRIBED)
     app.state.loops = loops
     return app
+
+
+def routed_first(first: Route, routes: Sequence[Route]) -> list[Route]:
+    """``first``, then ``routes``: Starlette tries its routes in order, so the most frequent
+    request is matched at the first try. Refused (at start-up) when another route would match one
+    of ``first``'s paths: that route, not ``first``, answered it before."""
+    sample = re.sub(r"{[^}]*}", "x", first.path)
+    for route in routes:
+        if route.path_regex.match(sample):
+            raise ValueError(f"route {route.path} matches {sample}: {first.path} cannot go first")
+    return [first, *routes]
 
 
 async def _owner_lookup(state: ServerState, kind: str, object_id: str) -> tuple[bool, str | None]:

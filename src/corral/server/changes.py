@@ -189,9 +189,26 @@ def heartbeat_jobs(
     None for a lease renewed on a running job: nothing to do, which is what its own heartbeat would
     answer too (the store did not read its row back to say so). A checkpoint phase that moves is
     decided again on its locked row, as there."""
-    renewed = store.heartbeat_jobs(
-        worker_id, now, [(beat.job_id, beat.attempt, beat.report) for beat in beats]
-    )
+    renewed = store.heartbeat_jobs(worker_id, now, leases(beats))
+    return beat_answers(store, worker_id, now, beats, renewed, checkpoint_timeout_s, max_deferral_s)
+
+
+def leases(beats: Sequence[JobBeat]) -> list[tuple[str, int, JobReport]]:
+    """The beats as the store renews them."""
+    return [(beat.job_id, beat.attempt, beat.report) for beat in beats]
+
+
+def beat_answers(
+    store: Jobs,
+    worker_id: str,
+    now: float,
+    beats: Sequence[JobBeat],
+    renewed: Sequence[Job | LeaseRenewed | None],
+    checkpoint_timeout_s: float,
+    max_deferral_s: float,
+) -> dict[str, HeartbeatAction | errors.CorralError | None]:
+    """``heartbeat_jobs``' answers from what the store renewed (``renewed``, in the order of
+    ``beats``), by itself or with the worker's heartbeat (``worker_heartbeat``'s ``jobs``)."""
     answers: dict[str, HeartbeatAction | errors.CorralError | None] = {}
     for beat, job in zip(beats, renewed, strict=True):
         if isinstance(job, LeaseRenewed):
@@ -387,8 +404,12 @@ def worker_heartbeat(
     gpu_stats: list[dict[str, object]] | None = None,
     unhealthy_gpus: Sequence[int] | None = None,
     running: Sequence[str] | None = None,
+    jobs: Sequence[JobBeat] = (),
 ) -> WorkerHeartbeat:
-    beat = store.workers.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+    """The worker's heartbeat; ``jobs``: the leases renewed with it (``Workers.worker_heartbeat``:
+    each job named once, and listed in ``running`` when that is given), answered in
+    ``beat.renewed``."""
+    beat = store.workers.worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running, leases(jobs))
     result = WorkerHeartbeat(beat)
     cutoff = lifecycle.ghost_cutoff(beat.previous_contact, now, lease_s)
     if cutoff is None:

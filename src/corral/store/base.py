@@ -146,6 +146,9 @@ class WorkerBeat:
     #: the GPUs it had reported unhealthy before this heartbeat
     previous_unhealthy: tuple[int, ...] = ()
     unlisted: tuple[Job, ...] = ()
+    #: the leases of its jobs renewed with it (``Workers.worker_heartbeat``'s ``jobs``), each
+    #: answered as ``Jobs.heartbeat_jobs`` answers it
+    renewed: tuple[Job | LeaseRenewed | None, ...] = ()
 
 
 @dataclass(frozen=True)

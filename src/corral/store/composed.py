@@ -43,7 +43,7 @@ class ComposedStore(SqlStore):
         self.jobs = self._jobs_part()
         self.claims = SqlClaims(self, self.sql_dialect, self)
         self.gangs = SqlGangs(self, self.sql_dialect, self)
-        self.workers = self.workers_part(self, self.sql_dialect)
+        self.workers = self.workers_part(self, self.sql_dialect, self.jobs)
         self.pools = SqlPools(self, self.sql_dialect)
         self.logs = SqlLogs(self, self.sql_dialect)
         self.retention = SqlRetention(self, self.sql_dialect, self.size_bytes)

@@ -49,6 +49,13 @@ from corral.store.schema import EVENT_COLUMNS
 __all__ = ["SqlJobs"]
 
 
+def may_renew_together(beats: Sequence[tuple[str, int, JobReport]]) -> bool:
+    """Whether one statement may renew the batch's leases: at least one, each job named once
+    (one ``UPDATE ... FROM`` would apply only one of a job's two beats)."""
+    job_ids = {job_id for job_id, _, _ in beats}
+    return 0 < len(job_ids) == len(beats)
+
+
 class SqlJobs:
     """``ports.Jobs`` in SQL, for both backends (``PostgresJobs`` replaces the hot writes)."""
 
@@ -299,6 +306,55 @@ class SqlJobs:
         back its status alone: its answer is "carry on"); any other job as it is now, for the
         answer that needs the row: renewed while being stopped (its checkpoint phase), or untouched
         (the core says why its heartbeat is refused); None for an unknown job."""
+        if not may_renew_together(beats):
+            return self._heartbeat_each(worker_id, now, beats)
+        with self._db.transaction() as tx:
+            return self.renew_leases(tx, worker_id, now, beats)
+
+    def renew_leases(
+        self, tx: Transaction, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | LeaseRenewed | None]:
+        """``heartbeat_jobs`` in the transaction ``tx`` (the worker heartbeat's, which carries
+        them): one statement for the batch, then a read of each job whose answer needs its row.
+        The beats must name each job once and be at least one (``may_renew_together``)."""
+        params: list[Any] = []
+        for job_id, attempt, report in beats:
+            progress = to_json(report.progress) if report.progress is not None else None
+            params += (job_id, attempt, progress, report.gpu_util_pct, report.rss_mb, report.checkpoint_at)
+        values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(beats))
+        rows = tx.execute(
+            "WITH beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at)"
+            f" AS (VALUES {values}) {self._RENEW_FROM_BEAT}",
+            [*params, now, worker_id],
+        )
+        return self.lease_answers(tx, beats, rows)
+
+    def lease_answers(
+        self, tx: Transaction, beats: Sequence[tuple[str, int, JobReport]], rows: Sequence[tuple[Any, ...]]
+    ) -> list[Job | LeaseRenewed | None]:
+        """Each beat's answer from its renewal's rows (``id`` and ``status`` of each lease renewed)."""
+        running = {job_id for job_id, status in rows if status == Status.RUNNING}
+        return [self._lease_answer(tx, job_id, job_id in running) for job_id, _, _ in beats]
+
+    #: every lease of a batch renewed by one statement, from the ``beat`` rows (one per job: id,
+    #: attempt and what its heartbeat reports); a value not reported (NULL) keeps the column as it
+    #: is, as ``_renew`` does (eight jobs took eight statements: a sixth of a batched heartbeat's
+    #: time in the application, by cProfile on SQLite).
+    _RENEW_FROM_BEAT = (
+        "UPDATE jobs SET last_heartbeat_at = ?,"
+        " progress = COALESCE(beat.progress, jobs.progress),"
+        " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
+        " rss_mb = COALESCE(beat.rss_mb, jobs.rss_mb),"
+        " last_checkpoint_at = COALESCE(beat.checkpoint_at, jobs.last_checkpoint_at)"
+        " FROM beat WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
+        f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
+    )
+
+    def _heartbeat_each(
+        self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | LeaseRenewed | None]:
+        """``heartbeat_jobs`` one statement per job, in order: a batch naming a job twice renews
+        it twice (one ``UPDATE ... FROM`` would apply only one of the two)."""
         found: list[Job | LeaseRenewed | None] = []
         with self._db.transaction() as tx:
             for job_id, attempt, report in beats:

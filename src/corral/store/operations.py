@@ -17,8 +17,9 @@ from corral.domain.records import (
     unregistered_gpus,
 )
 from corral.domain.resources import Resources
-from corral.store.base import WorkerBeat, WorkerDecision, WorkerRegistration, WorkerView
+from corral.store.base import JobReport, WorkerBeat, WorkerDecision, WorkerRegistration, WorkerView
 from corral.store.dialect import Database, Dialect, load_worker, worker_allocations
+from corral.store.jobs import SqlJobs
 from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
@@ -57,9 +58,11 @@ class SqlWorkers:
     """The ``Workers`` port over a ``Database``, with the reaper's reads of jobs (its candidates)
     and the cluster's counts."""
 
-    def __init__(self, db: Database, dialect: Dialect) -> None:
+    def __init__(self, db: Database, dialect: Dialect, jobs: SqlJobs) -> None:
         self.db = db
         self.dialect = dialect
+        #: the jobs' part: the leases a worker heartbeat carries are renewed in its transaction
+        self.jobs = jobs
 
     # --- workers -------------------------------------------------------------------------
 
@@ -110,11 +113,13 @@ class SqlWorkers:
         gpu_stats: list[dict[str, Any]] | None,
         unhealthy_gpus: Sequence[int] | None = None,
         running: Sequence[str] | None = None,
+        jobs: Sequence[tuple[str, int, JobReport]] = (),
     ) -> WorkerBeat:
         """Renew a worker's liveness: revives an offline worker, clears a dead flag, keeps its GPU
         readings, and records the GPUs it reports unhealthy (a report only adds: a GPU comes back by
         re-registering). With ``running`` (the jobs the worker says it runs), also returns the jobs
-        the store holds running or preempting on it that the list leaves out."""
+        the store holds running or preempting on it that the list leaves out. ``jobs``: the leases
+        renewed in the same transaction (``Workers.worker_heartbeat``)."""
         with self.db.transaction() as tx:
             previous = load_worker(tx, self.dialect, worker_id, lock=True)
             for field, indices in (
@@ -141,8 +146,13 @@ class SqlWorkers:
             unlisted: tuple[Job, ...] = ()
             if running is not None:
                 unlisted = self._unlisted_jobs(tx, worker_id, set(running))
+            renewed = tuple(self.jobs.renew_leases(tx, worker_id, now, jobs)) if jobs else ()
             return WorkerBeat(
-                worker_from_row(rows[0]), previous.last_heartbeat_at, previous.unhealthy_gpus, unlisted
+                worker_from_row(rows[0]),
+                previous.last_heartbeat_at,
+                previous.unhealthy_gpus,
+                unlisted,
+                renewed,
             )
 
     def _unlisted_jobs(self, tx: Transaction, worker_id: str, listed: set[str]) -> tuple[Job, ...]:

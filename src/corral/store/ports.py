@@ -196,7 +196,15 @@ class Workers(Protocol):
         gpu_stats: list[dict[str, Any]] | None,
         unhealthy_gpus: Sequence[int] | None = None,
         running: Sequence[str] | None = None,
-    ) -> WorkerBeat: ...
+        jobs: Sequence[tuple[str, int, JobReport]] = (),
+    ) -> WorkerBeat:
+        """The worker's heartbeat, and with it (one transaction, or on PostgreSQL one round trip)
+        the leases ``jobs`` it carries, renewed only if the heartbeat is taken and answered in
+        ``WorkerBeat.renewed``. ``jobs`` must name each job once, and only jobs that ``running``
+        lists when it is given: a job it leaves out is judged (``WorkerBeat.unlisted``) before its
+        lease may be renewed (``Jobs.heartbeat_jobs``, after)."""
+        ...
+
     def dead_candidates(self, cutoff: float) -> list[str]: ...
     def offline_candidates(self, cutoff: float) -> list[str]: ...
     def change_worker(

@@ -18,12 +18,11 @@ from typing import Any
 
 from corral.domain import errors
 from corral.domain.records import Job
-from corral.domain.status import Status
 from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
-from corral.store.jobs import SqlJobs
+from corral.store.jobs import SqlJobs, may_renew_together
 from corral.store.operations import SqlWorkers
 from corral.store.pg_pipeline import (
     CHECKED_ANSWER,
@@ -39,6 +38,7 @@ from corral.store.rows import (
     HOLDING_SQL,
     JOB_SELECT,
     LEASED_SQL,
+    Transaction,
     job_from_row,
     to_json,
     worker_from_row,
@@ -159,23 +159,32 @@ class PostgresWorkers(SqlWorkers):
         gpu_stats: list[dict[str, Any]] | None,
         unhealthy_gpus: Sequence[int] | None = None,
         running: Sequence[str] | None = None,
+        jobs: Sequence[tuple[str, int, JobReport]] = (),
     ) -> WorkerBeat:
         """``SqlWorkers.worker_heartbeat`` in one statement where the heartbeat reports no
-        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
+        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five. The
+        leases of ``jobs`` travel in the same round trip (``PostgresJobs._RENEW_AFTER_BEAT``: each
+        statement atomic alone, as each was in its own round trip).
 
         The statement locks the worker's row, updates it, and returns it with its contact before
         this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
         reports unhealthy GPUs merges them with the row's in Python, the locked way."""
         if unhealthy_gpus:
-            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running, jobs)
         statement = self._BEAT_LISTING if running is not None else self._BEAT
         highest = max((int(reading["index"]) for reading in gpu_stats or ()), default=-1)
-        rows = self.db.read().execute(
-            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest)
-        )
+        tx = self.db.read()
+        beat = (statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest))
+        renewal: list[tuple[Any, ...]] = []
+        if jobs:
+            leases = PostgresJobs.renewal_parameters(worker_id, now, jobs)
+            rows, renewal = tx.execute_each([beat, (PostgresJobs._RENEW_AFTER_BEAT, [*leases, highest])])
+        else:
+            rows = tx.execute(*beat)
         if not rows:
-            # no such worker, or a reading of a GPU it did not register: the locked way says which
-            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running)
+            # no such worker, or a reading of a GPU it did not register (no lease was renewed):
+            # the locked way says which
+            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running, jobs)
         row = rows[0]
         worker = worker_from_row(row[: len(WORKER_COLUMNS)])
         unlisted: tuple[Job, ...] = ()
@@ -184,7 +193,8 @@ class PostgresWorkers(SqlWorkers):
             unlisted = self._leased_jobs(
                 worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
             )
-        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
+        renewed = tuple(self.jobs.lease_answers(tx, jobs, renewal)) if jobs else ()
+        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted, renewed)
 
     #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
     #: contact before this heartbeat comes from the row as locked, the newest version), then
@@ -338,7 +348,7 @@ class PostgresJobs(SqlJobs):
 
     #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job;
     #: a value the heartbeat did not report (NULL) keeps the column as it is, as ``_renew`` does
-    _RENEW_BATCH = (
+    _RENEW_BATCH_UPDATE = (
         "UPDATE jobs SET last_heartbeat_at = ?,"
         " progress = COALESCE(beat.progress, jobs.progress),"
         " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
@@ -348,7 +358,16 @@ class PostgresJobs(SqlJobs):
         " ?::double precision[], ?::double precision[])"
         " AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at)"
         " WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
-        f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
+        f" AND jobs.status IN {LEASED_SQL}"
+    )
+    _RENEW_BATCH = f"{_RENEW_BATCH_UPDATE} RETURNING jobs.id, jobs.status"
+    #: ``_RENEW_BATCH`` sent in one round trip after its worker's heartbeat (``PostgresWorkers``):
+    #: it renews nothing unless that heartbeat was taken, a worker of that id having a GPU of
+    #: every index read (the last parameter: the highest index, -1 for none), as it renewed nothing
+    #: when it came after a heartbeat refused
+    _RENEW_AFTER_BEAT = (
+        f"{_RENEW_BATCH_UPDATE} AND EXISTS (SELECT 1 FROM workers"
+        " WHERE workers.id = jobs.worker_id AND workers.gpus > ?) RETURNING jobs.id, jobs.status"
     )
 
     def heartbeat_jobs(
@@ -361,28 +380,35 @@ class PostgresJobs(SqlJobs):
 
         A batch naming a job twice renews it in order, one statement per job, as ``SqlJobs`` does:
         one ``UPDATE ... FROM`` would apply only one of the two."""
-        job_ids = [job_id for job_id, _, _ in beats]
-        if len(set(job_ids)) != len(job_ids):
-            return super().heartbeat_jobs(worker_id, now, beats)
+        if not may_renew_together(beats):
+            return self._heartbeat_each(worker_id, now, beats)
+        return self.renew_leases(self._store.autocommit, worker_id, now, beats)
+
+    def renew_leases(
+        self, tx: Transaction, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Job | LeaseRenewed | None]:
+        """``SqlJobs.renew_leases`` by ``_RENEW_BATCH``."""
+        rows = tx.execute(self._RENEW_BATCH, self.renewal_parameters(worker_id, now, beats))
+        return self.lease_answers(tx, beats, rows)
+
+    @staticmethod
+    def renewal_parameters(
+        worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]
+    ) -> list[Any]:
+        """``_RENEW_BATCH``'s parameters: the batch as arrays."""
         reports = [report for _, _, report in beats]
-        tx = self._store.autocommit
-        rows = tx.execute(
-            self._RENEW_BATCH,
-            (
-                now,
-                text_array(job_ids),
-                number_array([attempt for _, attempt, _ in beats]),
-                text_array(
-                    [to_json(report.progress) if report.progress is not None else None for report in reports]
-                ),
-                number_array([report.gpu_util_pct for report in reports]),
-                number_array([report.rss_mb for report in reports]),
-                number_array([report.checkpoint_at for report in reports]),
-                worker_id,
+        return [
+            now,
+            text_array([job_id for job_id, _, _ in beats]),
+            number_array([attempt for _, attempt, _ in beats]),
+            text_array(
+                [to_json(report.progress) if report.progress is not None else None for report in reports]
             ),
-        )
-        running = {job_id for job_id, status in rows if status == Status.RUNNING}
-        return [self._lease_answer(tx, job_id, job_id in running) for job_id in job_ids]
+            number_array([report.gpu_util_pct for report in reports]),
+            number_array([report.rss_mb for report in reports]),
+            number_array([report.checkpoint_at for report in reports]),
+            worker_id,
+        ]
 
 
 class PostgresStore(ComposedStore):

@@ -1,0 +1,77 @@
+"""A worker heartbeat that carries its jobs' leases (``Workers.worker_heartbeat``'s ``jobs``):
+renewed with it and answered as ``Jobs.heartbeat_jobs`` answers them, or not at all when the
+heartbeat itself is refused. On SQLite and PostgreSQL (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.domain import errors
+from corral.domain.status import Status
+from corral.store.base import JobReport, LeaseRenewed
+from tests.contract import protocol
+from tests.helpers import NOW, POLICY, register, submit_one
+
+
+def _three_jobs(store):
+    """w1 runs ``running`` and is stopping ``stopping``; w2 runs ``elsewhere``."""
+    register(store, gpus=2)
+    register(store, "w2")
+    running, stopping, elsewhere = (submit_one(store) for _ in range(3))
+    store.claims.claim("w1", NOW, POLICY)
+    store.claims.claim("w1", NOW, POLICY)
+    store.claims.claim("w2", NOW, POLICY)
+    protocol.cancel(store, stopping.id, NOW + 1)
+    return running, stopping, elsewhere
+
+
+@pytest.mark.parametrize("unhealthy", [None, [1]], ids=["one-statement", "locked"])
+def test_leases_renewed_with_the_heartbeat_are_answered_as_alone(store, unhealthy):
+    running, stopping, elsewhere = _three_jobs(store)
+    untouched = store.jobs.get_job(elsewhere.id)
+    jobs = [
+        (running.id, 1, JobReport(progress={"step": 3}, gpu_util_pct=50.0)),
+        (stopping.id, 1, JobReport()),
+        (elsewhere.id, 1, JobReport(progress={"step": 9})),
+        ("j-missing", 1, JobReport()),
+    ]
+    readings = [{"index": 0, "util_pct": 90.0, "mem_used_mb": 1.0}]
+
+    beat = store.workers.worker_heartbeat(
+        "w1", NOW + 5, readings, unhealthy, running=[job_id for job_id, _, _ in jobs], jobs=jobs
+    )
+
+    assert beat.worker.last_heartbeat_at == NOW + 5
+    assert beat.renewed[0] == LeaseRenewed(running.id)
+    renewed = store.jobs.get_job(running.id)
+    assert (renewed.last_heartbeat_at, renewed.progress, renewed.gpu_util_pct) == (NOW + 5, {"step": 3}, 50.0)
+    assert beat.renewed[1] == store.jobs.get_job(stopping.id)
+    assert (beat.renewed[1].status, beat.renewed[1].last_heartbeat_at) == (Status.PREEMPTING, NOW + 5)
+    assert beat.renewed[2] == untouched == store.jobs.get_job(elsewhere.id)
+    assert beat.renewed[3] is None
+    assert len(beat.renewed) == 4
+
+
+def test_a_heartbeat_without_leases_renews_none(store):
+    running, _, _ = _three_jobs(store)
+
+    assert store.workers.worker_heartbeat("w1", NOW + 5, None).renewed == ()
+    assert store.jobs.get_job(running.id).last_heartbeat_at != NOW + 5
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "reading_index", "refusal"),
+    [("w1", 2, errors.InvalidRequest), ("w-unknown", 0, errors.NotFound)],
+    ids=["unregistered-gpu", "unknown-worker"],
+)
+def test_a_refused_heartbeat_renews_no_lease(store, worker_id, reading_index, refusal):
+    running, _, _ = _three_jobs(store)
+    before = store.jobs.get_job(running.id)
+    readings = [{"index": reading_index, "util_pct": 90.0, "mem_used_mb": 1.0}]
+
+    with pytest.raises(refusal):
+        store.workers.worker_heartbeat(
+            worker_id, NOW + 5, readings, running=[running.id], jobs=[(running.id, 1, JobReport())]
+        )
+
+    assert store.jobs.get_job(running.id) == before
