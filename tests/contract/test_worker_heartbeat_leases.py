@@ -4,11 +4,15 @@ heartbeat itself is refused. On SQLite and PostgreSQL (the ``store`` fixture).""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from corral.domain import errors
 from corral.domain.status import Status
-from corral.store.base import JobReport, LeaseRenewed
+from corral.store import open_store
+from corral.store.base import JobReport, LeaseRenewed, WorkerBeat
+from tests.conftest import postgres_schema_url
 from tests.contract import protocol
 from tests.helpers import NOW, POLICY, register, submit_one
 
@@ -75,3 +79,58 @@ def test_a_refused_heartbeat_renews_no_lease(store, worker_id, reading_index, re
         )
 
     assert store.jobs.get_job(running.id) == before
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh PostgreSQL schema's URL (a second connection of the test's own takes locks in it)."""
+    yield from postgres_schema_url()
+
+
+@pytest.mark.postgres
+def test_a_heartbeat_renewing_a_victims_lease_does_not_deadlock_with_its_preemption(postgres_url):
+    """A preemption locks its victims' job rows, then their worker's row (``SqlGangs.preempt``).
+    A heartbeat of that worker carrying those leases must not hold the worker's row while it
+    waits for them: the two would deadlock, and PostgreSQL would abort one of them."""
+    import psycopg
+
+    store = open_store(postgres_url)
+    beats: list[WorkerBeat] = []
+
+    def heartbeat(job_id: str) -> None:
+        lease = (job_id, 1, JobReport())
+        beats.append(store.workers.worker_heartbeat("w1", NOW + 5, None, running=[job_id], jobs=[lease]))
+
+    try:
+        register(store, gpus=1)
+        job = submit_one(store)
+        store.claims.claim("w1", NOW, POLICY)
+        with psycopg.connect(postgres_url) as preemption:
+            preemption.execute("SET deadlock_timeout = '100ms'")
+            preemption.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
+            beating = threading.Thread(target=heartbeat, args=(job.id,))
+            beating.start()
+            _wait_for_a_lock_wait(preemption, beating)
+            # the worker's row: free (the heartbeat committed it before renewing), not a deadlock
+            preemption.execute("SELECT id FROM workers WHERE id = 'w1' FOR UPDATE")
+            preemption.commit()
+            beating.join(timeout=30)
+        assert beats, "the heartbeat did not finish"
+        assert beats[0].renewed == (LeaseRenewed(job.id),)
+    finally:
+        store.close()
+
+
+def _wait_for_a_lock_wait(connection, thread: threading.Thread) -> None:
+    """Until another session of this database waits on a lock (the heartbeat, on the job's row),
+    or the heartbeat has finished (it then never waited: the assertions after say whether it
+    renewed)."""
+    for _ in range(3000):
+        waiting = connection.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+        ).fetchone()
+        if (waiting and waiting[0]) or not thread.is_alive():
+            return
+        thread.join(timeout=0.01)
+    raise AssertionError("the heartbeat neither waited on a lock nor finished")

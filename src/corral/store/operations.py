@@ -119,7 +119,8 @@ class SqlWorkers:
         readings, and records the GPUs it reports unhealthy (a report only adds: a GPU comes back by
         re-registering). With ``running`` (the jobs the worker says it runs), also returns the jobs
         the store holds running or preempting on it that the list leaves out. ``jobs``: the leases
-        renewed in the same transaction (``Workers.worker_heartbeat``)."""
+        renewed in the same transaction (SQLite locks the whole database, not rows: no lock order
+        to keep; ``PostgresWorkers`` renews them after its transaction, ``Workers.worker_heartbeat``)."""
         with self.db.transaction() as tx:
             previous = load_worker(tx, self.dialect, worker_id, lock=True)
             for field, indices in (

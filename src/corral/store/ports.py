@@ -198,9 +198,10 @@ class Workers(Protocol):
         running: Sequence[str] | None = None,
         jobs: Sequence[tuple[str, int, JobReport]] = (),
     ) -> WorkerBeat:
-        """The worker's heartbeat, and with it (one transaction, or on PostgreSQL one round trip)
-        the leases ``jobs`` it carries, renewed only if the heartbeat is taken and answered in
-        ``WorkerBeat.renewed``. ``jobs`` must name each job once, and only jobs that ``running``
+        """The worker's heartbeat, and with it the leases ``jobs`` it carries (SQLite: in its
+        transaction; PostgreSQL: right after it commits, never under the worker's row lock, which
+        a preemption takes after its victims' rows), renewed only if the heartbeat is taken and
+        answered in ``WorkerBeat.renewed``. ``jobs`` must name each job once, and only jobs that ``running``
         lists when it is given: a job it leaves out is judged (``WorkerBeat.unlisted``) before its
         lease may be renewed (``Jobs.heartbeat_jobs``, after)."""
         ...

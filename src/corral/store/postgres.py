@@ -8,6 +8,7 @@ an explicit transaction for every change.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import threading
@@ -162,29 +163,30 @@ class PostgresWorkers(SqlWorkers):
         jobs: Sequence[tuple[str, int, JobReport]] = (),
     ) -> WorkerBeat:
         """``SqlWorkers.worker_heartbeat`` in one statement where the heartbeat reports no
-        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five. The
-        leases of ``jobs`` travel in the same round trip (``PostgresJobs._RENEW_AFTER_BEAT``: each
-        statement atomic alone, as each was in its own round trip).
+        unhealthy GPU (every heartbeat but the rare one that does): one round trip, not five.
 
         The statement locks the worker's row, updates it, and returns it with its contact before
         this heartbeat and the ids of the jobs held running or preempting on it. A heartbeat that
-        reports unhealthy GPUs merges them with the row's in Python, the locked way."""
+        reports unhealthy GPUs merges them with the row's in Python, the locked way.
+
+        The leases of ``jobs`` are renewed after the worker's row is committed, never while it is
+        locked: a preemption locks its victims' job rows and then their workers' rows
+        (``SqlGangs.preempt``), so a heartbeat holding its worker's row while it renewed those jobs
+        would deadlock with it (PostgreSQL aborts one after ``deadlock_timeout``)."""
         if unhealthy_gpus:
-            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running, jobs)
+            return self._renewed_after(
+                super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running), now, jobs
+            )
         statement = self._BEAT_LISTING if running is not None else self._BEAT
         highest = max((int(reading["index"]) for reading in gpu_stats or ()), default=-1)
-        tx = self.db.read()
-        beat = (statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest))
-        renewal: list[tuple[Any, ...]] = []
-        if jobs:
-            leases = PostgresJobs.renewal_parameters(worker_id, now, jobs)
-            rows, renewal = tx.execute_each([beat, (PostgresJobs._RENEW_AFTER_BEAT, [*leases, highest])])
-        else:
-            rows = tx.execute(*beat)
+        rows = self.db.read().execute(
+            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest)
+        )
         if not rows:
-            # no such worker, or a reading of a GPU it did not register (no lease was renewed):
-            # the locked way says which
-            return super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running, jobs)
+            # no such worker, or a reading of a GPU it did not register: the locked way says which
+            return self._renewed_after(
+                super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running), now, jobs
+            )
         row = rows[0]
         worker = worker_from_row(row[: len(WORKER_COLUMNS)])
         unlisted: tuple[Job, ...] = ()
@@ -193,8 +195,18 @@ class PostgresWorkers(SqlWorkers):
             unlisted = self._leased_jobs(
                 worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
             )
-        renewed = tuple(self.jobs.lease_answers(tx, jobs, renewal)) if jobs else ()
-        return WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted, renewed)
+        beat = WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
+        return self._renewed_after(beat, now, jobs)
+
+    def _renewed_after(
+        self, beat: WorkerBeat, now: float, jobs: Sequence[tuple[str, int, JobReport]]
+    ) -> WorkerBeat:
+        """``beat`` (taken and committed) with the leases of ``jobs`` renewed after it, in a
+        statement of their own (``worker_heartbeat`` says why not with the worker's row)."""
+        if not jobs:
+            return beat
+        renewed = tuple(self.jobs.heartbeat_jobs(beat.worker.id, now, jobs))
+        return dataclasses.replace(beat, renewed=renewed)
 
     #: a worker heartbeat's update: the row is locked first by the ``previous`` subquery (the
     #: contact before this heartbeat comes from the row as locked, the newest version), then
@@ -348,7 +360,7 @@ class PostgresJobs(SqlJobs):
 
     #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job;
     #: a value the heartbeat did not report (NULL) keeps the column as it is, as ``_renew`` does
-    _RENEW_BATCH_UPDATE = (
+    _RENEW_BATCH = (
         "UPDATE jobs SET last_heartbeat_at = ?,"
         " progress = COALESCE(beat.progress, jobs.progress),"
         " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
@@ -358,16 +370,7 @@ class PostgresJobs(SqlJobs):
         " ?::double precision[], ?::double precision[])"
         " AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at)"
         " WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
-        f" AND jobs.status IN {LEASED_SQL}"
-    )
-    _RENEW_BATCH = f"{_RENEW_BATCH_UPDATE} RETURNING jobs.id, jobs.status"
-    #: ``_RENEW_BATCH`` sent in one round trip after its worker's heartbeat (``PostgresWorkers``):
-    #: it renews nothing unless that heartbeat was taken, a worker of that id having a GPU of
-    #: every index read (the last parameter: the highest index, -1 for none), as it renewed nothing
-    #: when it came after a heartbeat refused
-    _RENEW_AFTER_BEAT = (
-        f"{_RENEW_BATCH_UPDATE} AND EXISTS (SELECT 1 FROM workers"
-        " WHERE workers.id = jobs.worker_id AND workers.gpus > ?) RETURNING jobs.id, jobs.status"
+        f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
     )
 
     def heartbeat_jobs(
