@@ -209,21 +209,3 @@ def test_the_worker_client_reads_each_outcome_and_an_older_server(server, api):
     assert (refused.status, refused.code) == (409, "not_running")
     with WorkerClient(f"{server.url}/a-server-without-the-route") as older:
         assert older.final_reports("w1", [{"job_id": job["id"], "attempt": 1, "outcome": "done"}]) is None
-
-
-def test_a_claim_of_several_and_a_batch_of_dones_log_one_line_each(api, caplog):
-    """A log line costs about what a job's store work does: a claim of ``max`` jobs and a batch of
-    reports each write one, naming every job with its attempt, not one per job."""
-    register(api, cpus=8)
-    submitted = [submit(api)["id"] for _ in range(3)]
-    caplog.set_level("INFO", logger="corral.server.protocol")
-    claimed = claim_many(api, 3)
-    answers = reports(api, [{"job_id": job["id"], "attempt": 1, "outcome": "done"} for job in claimed])
-    assert [answer["status"] for answer in answers] == [200, 200, 200]
-
-    lines = [record for record in caplog.records if record.name == "corral.server.protocol"]
-    assert [record.getMessage() for record in lines] == ["jobs claimed", "jobs done"]
-    for record in lines:
-        assert sorted(record.job_ids) == sorted(submitted)
-        assert record.attempts == [1, 1, 1]
-        assert record.worker_id == "w1"

@@ -181,20 +181,10 @@ async def claim(request: Request) -> Response:
         if job.started_at is not None and job.attempts == 1:
             # A retry's wait would count its earlier runs too: only first starts measure the queue.
             state.metrics.queue_wait.observe(max(0.0, job.started_at - job.submitted_at))
-    if limit is None:
-        job = made[0][0]
         logger.info("job claimed", extra={"job_id": job.id, "worker_id": worker_id, "attempt": job.attempts})
+    if limit is None:
         return json_response(made[0][1])
-    log_jobs("jobs claimed", worker_id, [(job.id, job.attempts) for job, _ in made])
     return json_response({"items": [body for _, body in made]})
-
-
-def log_jobs(message: str, worker_id: str, jobs: Sequence[tuple[str, int]]) -> None:
-    """One log line for the jobs of one request (``job_ids`` and their ``attempts``, in order): a
-    line costs the server ~25 us, as much as a claim's store work per job, and a claim of ``max``
-    jobs or a batch of reports would otherwise write one per job."""
-    extra = {"job_ids": [job_id for job_id, _ in jobs], "attempts": [attempt for _, attempt in jobs]}
-    logger.info(message, extra={**extra, "worker_id": worker_id})
 
 
 def backfilled(job: Job, reservations: Sequence[Hold]) -> bool:
@@ -358,16 +348,12 @@ def heartbeat_answer(state: ServerState, action: HeartbeatAction, worker_id: str
 async def done(request: Request) -> Response:
     state = state_of(request)
     worker_id, attempt = fence(request)
-    job_id = request.path_params["job_id"]
-    answer = await report_done(state, job_id, worker_id, attempt)
-    logger.info("job done", extra={"job_id": job_id, "worker_id": worker_id, "attempt": attempt})
-    return json_response(answer)
+    return json_response(await report_done(state, request.path_params["job_id"], worker_id, attempt))
 
 
 async def report_done(state: ServerState, job_id: str, worker_id: str, attempt: int) -> dict[str, Any]:
     """``done`` of one attempt, fenced by ``worker_id`` and ``attempt``: the job's answer, or the
-    refusal raised. Its own route and each item of a batch (``final_reports``) make it; each logs
-    its dones (the batch in one line)."""
+    refusal raised. Its own route and each item of a batch (``final_reports``) make it."""
     # applied with the other reports of this event-loop turn, in one transaction (group commit)
     decide = changes.done_decision(worker_id, attempt, state.clock.now())
     reported = await state.executor.grouped(REPORTS, (job_id, decide))
@@ -375,6 +361,7 @@ async def report_done(state: ServerState, job_id: str, worker_id: str, attempt: 
     state.metrics.jobs_completed.inc()
     if job.started_at is not None and job.finished_at is not None:
         state.metrics.execution_duration.observe(max(0.0, job.finished_at - job.started_at))
+    logger.info("job done", extra={"job_id": job.id, "worker_id": worker_id, "attempt": attempt})
     record_reported(state, reported)
     state.released()
     return job_to_wire(job)
@@ -425,12 +412,9 @@ async def final_reports(request: Request) -> Response:
     state = state_of(request)
     worker_id = request.path_params["worker_id"]
     body = await parse_body(request, FinalReportsBody, limit=FINAL_REPORTS_BODY_LIMIT)
-    done_jobs: list[tuple[str, int]] = []
     outcomes = await asyncio.gather(
-        *(_final_report(state, worker_id, item, done_jobs) for item in body.reports), return_exceptions=True
+        *(_final_report(state, worker_id, item) for item in body.reports), return_exceptions=True
     )
-    if done_jobs:
-        log_jobs("jobs done", worker_id, done_jobs)
     items: list[dict[str, Any]] = []
     for outcome in outcomes:
         if isinstance(outcome, errors.CorralError):
@@ -448,20 +432,15 @@ async def final_reports(request: Request) -> Response:
     return json_response({"items": items})
 
 
-async def _final_report(
-    state: ServerState, worker_id: str, item: Any, done_jobs: list[tuple[str, int]]
-) -> dict[str, Any]:
-    """One item of a batch: checked as its own route checks its fence and body, then reported (a
-    done accepted is added to ``done_jobs``, the batch's log line)."""
+async def _final_report(state: ServerState, worker_id: str, item: Any) -> dict[str, Any]:
+    """One item of a batch: checked as its own route checks its fence and body, then reported."""
     try:
         report = _FINAL_REPORT.validate_python(item)
     except ValidationError as error:
         field, message = describe_error(error)
         raise errors.InvalidRequest(message, field=field) from None
     if isinstance(report, DoneReport):
-        answer = await report_done(state, report.job_id, worker_id, report.attempt)
-        done_jobs.append((report.job_id, report.attempt))
-        return answer
+        return await report_done(state, report.job_id, worker_id, report.attempt)
     # a fail report is the single route's body with its fence (``FailReport`` extends ``FailBody``)
     return await report_fail(state, report.job_id, worker_id, report.attempt, report)
 
