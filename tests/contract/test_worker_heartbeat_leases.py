@@ -122,13 +122,14 @@ def test_a_heartbeat_renewing_a_victims_lease_does_not_deadlock_with_its_preempt
 
 
 def _wait_for_a_lock_wait(connection, thread: threading.Thread) -> None:
-    """Until another session of this database waits on a lock (the heartbeat, on the job's row),
-    or the heartbeat has finished (it then never waited: the assertions after say whether it
+    """Until a session waits on a lock ``connection`` holds (the heartbeat, on the job's row; read
+    from ``pg_locks``, which is live, where ``pg_stat_activity`` would be this transaction's
+    snapshot), or the heartbeat has finished (it then never waited: the assertions say whether it
     renewed)."""
     for _ in range(3000):
         waiting = connection.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+            "SELECT count(*) FROM pg_locks"
+            " WHERE NOT granted AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
         ).fetchone()
         if (waiting and waiting[0]) or not thread.is_alive():
             return
