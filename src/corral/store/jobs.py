@@ -49,6 +49,22 @@ from corral.store.schema import EVENT_COLUMNS
 __all__ = ["SqlJobs"]
 
 
+#: a batch of leases renewed by one ``UPDATE ... FROM`` its ``beat`` rows (one per job: id, attempt
+#: and what its heartbeat reports; SQLite a ``VALUES`` list, PostgreSQL ``unnest`` of arrays): a
+#: value not reported (NULL) keeps the column as it is, as ``_renew`` does
+RENEW_SET = (
+    "UPDATE jobs SET last_heartbeat_at = ?,"
+    " progress = COALESCE(beat.progress, jobs.progress),"
+    " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
+    " rss_mb = COALESCE(beat.rss_mb, jobs.rss_mb),"
+    " last_checkpoint_at = COALESCE(beat.checkpoint_at, jobs.last_checkpoint_at)"
+)
+RENEW_WHERE = (
+    "WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
+    f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
+)
+
+
 def may_renew_together(beats: Sequence[tuple[str, int, JobReport]]) -> bool:
     """Whether one statement may renew the batch's leases: at least one, each job named once
     (one ``UPDATE ... FROM`` would apply only one of a job's two beats)."""
@@ -336,19 +352,9 @@ class SqlJobs:
         running = {job_id for job_id, status in rows if status == Status.RUNNING}
         return [self._lease_answer(tx, job_id, job_id in running) for job_id, _, _ in beats]
 
-    #: every lease of a batch renewed by one statement, from the ``beat`` rows (one per job: id,
-    #: attempt and what its heartbeat reports); a value not reported (NULL) keeps the column as it
-    #: is, as ``_renew`` does (eight jobs took eight statements: a sixth of a batched heartbeat's
-    #: time in the application, by cProfile on SQLite).
-    _RENEW_FROM_BEAT = (
-        "UPDATE jobs SET last_heartbeat_at = ?,"
-        " progress = COALESCE(beat.progress, jobs.progress),"
-        " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
-        " rss_mb = COALESCE(beat.rss_mb, jobs.rss_mb),"
-        " last_checkpoint_at = COALESCE(beat.checkpoint_at, jobs.last_checkpoint_at)"
-        " FROM beat WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
-        f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
-    )
+    #: every lease of a batch renewed by one statement (eight jobs took eight statements: a sixth of
+    #: a batched heartbeat's time in the application, by cProfile on SQLite)
+    _RENEW_FROM_BEAT = f"{RENEW_SET} FROM beat {RENEW_WHERE}"
 
     def _heartbeat_each(
         self, worker_id: str, now: float, beats: Sequence[tuple[str, int, JobReport]]

@@ -23,7 +23,7 @@ from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
-from corral.store.jobs import SqlJobs, may_renew_together
+from corral.store.jobs import RENEW_SET, RENEW_WHERE, SqlJobs, may_renew_together
 from corral.store.operations import SqlWorkers
 from corral.store.pg_pipeline import (
     CHECKED_ANSWER,
@@ -358,19 +358,11 @@ class PostgresJobs(SqlJobs):
         trip, not three)."""
         return self._renew(self._store.autocommit, job_id, worker_id, attempt, now, report)
 
-    #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job;
-    #: a value the heartbeat did not report (NULL) keeps the column as it is, as ``_renew`` does
+    #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job
     _RENEW_BATCH = (
-        "UPDATE jobs SET last_heartbeat_at = ?,"
-        " progress = COALESCE(beat.progress, jobs.progress),"
-        " gpu_util_pct = COALESCE(beat.gpu_util_pct, jobs.gpu_util_pct),"
-        " rss_mb = COALESCE(beat.rss_mb, jobs.rss_mb),"
-        " last_checkpoint_at = COALESCE(beat.checkpoint_at, jobs.last_checkpoint_at)"
-        " FROM unnest(?::text[], ?::bigint[], ?::text[], ?::double precision[],"
+        f"{RENEW_SET} FROM unnest(?::text[], ?::bigint[], ?::text[], ?::double precision[],"
         " ?::double precision[], ?::double precision[])"
-        " AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at)"
-        " WHERE jobs.id = beat.id AND jobs.worker_id = ? AND jobs.attempts = beat.attempt"
-        f" AND jobs.status IN {LEASED_SQL} RETURNING jobs.id, jobs.status"
+        f" AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at) {RENEW_WHERE}"
     )
 
     def heartbeat_jobs(
