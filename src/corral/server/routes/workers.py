@@ -159,9 +159,10 @@ def _beat(
     body: WorkerHeartbeatBody,
     beats: list[changes.JobBeat],
 ) -> tuple[changes.WorkerHeartbeat, dict[str, HeartbeatAction | errors.CorralError | None]]:
-    """The worker's own heartbeat, then its jobs' leases: renewed with it (one transaction, one
-    round trip on PostgreSQL) when each job is named once and ``running`` lists it, else after it
-    in a transaction of their own (a job ``running`` leaves out is judged first: ``unlisted``)."""
+    """The worker's own heartbeat, then its jobs' leases: renewed with it (SQLite: in its
+    transaction; PostgreSQL: right after it commits) when each job is named once and ``running``
+    lists it, else after it on their own (a job ``running`` leaves out is judged first:
+    ``unlisted``)."""
     settings = state.settings
     together = may_renew_with(beats, body.running)
     applied = changes.worker_heartbeat(
