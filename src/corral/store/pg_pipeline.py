@@ -116,9 +116,15 @@ class Pipeline:
         self.dumper = Transformer(connection)
         self.loader = Transformer(connection)
 
-    def run(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
-        """Each statement's rows, in order. The first that fails raises (as ``_answer_to`` says),
-        and PostgreSQL skips every one after it."""
+    def run(
+        self, statements: Sequence[tuple[str, Sequence[Any]]], apart: bool = False
+    ) -> list[list[tuple[Any, ...]]]:
+        """Each statement's rows, in order. The first that fails raises (as ``_answer_to`` says).
+
+        Outside a transaction the statements are one implicit transaction (one sync at the end):
+        a lock the first takes is held until the last has run, and PostgreSQL skips every one
+        after a failure. ``apart``: a sync after each, so each commits (and lets go of its locks)
+        before the next begins, still one round trip; one that fails does not stop the rest."""
         pgconn = self.pgconn
         prepared: dict[str, bytes] = {}
         #: per message: the name it prepares the statement under (else None: it runs it), the
@@ -142,10 +148,13 @@ class Pipeline:
                     pgconn.send_query_params(to_numbered(sql).encode(self.encoding), None)
                 else:
                     pgconn.send_query_prepared(name, values)
-            pgconn.pipeline_sync()
+                if apart and preparing is None:
+                    pgconn.pipeline_sync()
+            if not apart:
+                pgconn.pipeline_sync()
             self._flush()
             sent = [(preparing is not None, sql) for preparing, sql, _, _ in messages]
-            rows, failure = self._results(sent, prepared)
+            rows, failure = self._results(sent, prepared, apart)
             pgconn.exit_pipeline_mode()
         except BaseException:
             self.connection.close()  # a pipeline left half-read cannot be used again
@@ -159,9 +168,10 @@ class Pipeline:
         return self.run(statements)[-1]
 
     def _results(
-        self, sent: list[tuple[bool, str]], prepared: dict[str, bytes]
+        self, sent: list[tuple[bool, str]], prepared: dict[str, bytes], apart: bool = False
     ) -> tuple[list[list[tuple[Any, ...]]], Exception | None]:
-        """Every result up to the pipeline's sync: the rows of each statement, the first failure."""
+        """Every result up to the pipeline's sync (``apart``: each statement's own sync after it):
+        the rows of each statement, the first failure."""
         rows: list[list[tuple[Any, ...]]] = []
         failure: Exception | None = None
         for preparing, sql in sent:
@@ -182,10 +192,17 @@ class Pipeline:
                 rows.append(self.loader.load_rows(0, result.ntuples, tuple))
             else:
                 rows.append([])
+            if apart and not preparing:
+                self._synced()
+        if not apart:
+            self._synced()
+        return rows, failure
+
+    def _synced(self) -> None:
+        """The next result is a sync's, else the connection is lost."""
         synced = self._next()
         if synced is None or synced.status != _PIPELINE_SYNC:
             raise psycopg.OperationalError("the pipeline's sync did not come back: connection lost")
-        return rows, failure
 
     def _next(self) -> Any:
         """The next result, waiting for it without holding the interpreter."""

@@ -23,7 +23,7 @@ from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
-from corral.store.jobs import RENEW_SET, RENEW_WHERE, SqlJobs, may_renew_together
+from corral.store.jobs import RENEW_SET, RENEW_WHERE, RENEWED, SqlJobs, may_renew_together
 from corral.store.operations import SqlWorkers
 from corral.store.pg_pipeline import (
     CHECKED_ANSWER,
@@ -108,7 +108,8 @@ class _PostgresTransaction:
     def execute_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
         """Each statement's rows, all sent in one round trip through ``Pipeline`` (with the open
         transaction's ``BEGIN`` and deferred writes, if they wait): PostgreSQL still runs them one
-        after another, each with its own snapshot, as separate ``execute`` calls would. Every
+        after another, each with its own snapshot. Outside a transaction they are one implicit
+        transaction, every lock held to the last (``execute_apart`` for separate ones). Every
         statement must be one ``Pipeline`` may prepare (its parameters' types inferred)."""
         with unavailable_on_connection_loss():
             open_transaction = self._open()
@@ -116,6 +117,14 @@ class _PostgresTransaction:
                 return self._store.pipeline().run(statements)
             prefix = open_transaction.prefix()
             return open_transaction.pipeline.run([*prefix, *statements])[len(prefix) :]
+
+    def execute_apart(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """``execute_each`` outside any transaction, each statement committed before the next
+        runs (a sync after each, ``Pipeline.run``'s ``apart``): one round trip, and no statement
+        holds the locks of the one before it. One that fails does not stop those after it."""
+        assert self._open() is None, "execute_apart runs outside a transaction"
+        with unavailable_on_connection_loss():
+            return self._store.pipeline().run(statements, apart=True)
 
     def defer(self, sql: str, params: Sequence[Any]) -> None:
         """Run ``sql`` (a statement that raises when its write matched no row) with the next
@@ -172,16 +181,23 @@ class PostgresWorkers(SqlWorkers):
         The leases of ``jobs`` are renewed after the worker's row is committed, never while it is
         locked: a preemption locks its victims' job rows and then their workers' rows
         (``SqlGangs.preempt``), so a heartbeat holding its worker's row while it renewed those jobs
-        would deadlock with it (PostgreSQL aborts one after ``deadlock_timeout``)."""
+        would deadlock with it (PostgreSQL aborts one after ``deadlock_timeout``). In the same
+        round trip (``execute_apart``: a sync between the two) where each job is named once."""
         if unhealthy_gpus:
             return self._renewed_after(
                 super().worker_heartbeat(worker_id, now, gpu_stats, unhealthy_gpus, running), now, jobs
             )
         statement = self._BEAT_LISTING if running is not None else self._BEAT
         highest = max((int(reading["index"]) for reading in gpu_stats or ()), default=-1)
-        rows = self.db.read().execute(
-            statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest)
-        )
+        tx = self.db.read()
+        assert isinstance(tx, _PostgresTransaction)
+        beat = (statement, (now, to_json(gpu_stats) if gpu_stats is not None else None, worker_id, highest))
+        renewal: list[tuple[Any, ...]] | None = None
+        if jobs and may_renew_together(jobs):
+            leases = [*PostgresJobs.renewal_parameters(worker_id, now, jobs), highest]
+            rows, renewal = tx.execute_apart([beat, (PostgresJobs._RENEW_AFTER_BEAT, leases)])
+        else:
+            rows = tx.execute(*beat)
         if not rows:
             # no such worker, or a reading of a GPU it did not register: the locked way says which
             return self._renewed_after(
@@ -195,8 +211,10 @@ class PostgresWorkers(SqlWorkers):
             unlisted = self._leased_jobs(
                 worker_id, sorted(job_id for job_id in row[-1] if job_id not in listed)
             )
-        beat = WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
-        return self._renewed_after(beat, now, jobs)
+        taken = WorkerBeat(worker, row[len(WORKER_COLUMNS)], worker.unhealthy_gpus, unlisted)
+        if renewal is None:
+            return self._renewed_after(taken, now, jobs)
+        return dataclasses.replace(taken, renewed=tuple(self.jobs.lease_answers(tx, jobs, renewal)))
 
     def _renewed_after(
         self, beat: WorkerBeat, now: float, jobs: Sequence[tuple[str, int, JobReport]]
@@ -359,10 +377,19 @@ class PostgresJobs(SqlJobs):
         return self._renew(self._store.autocommit, job_id, worker_id, attempt, now, report)
 
     #: every lease of a worker heartbeat in one statement: the batch as arrays, one row per job
-    _RENEW_BATCH = (
+    _RENEW_BATCH_FROM = (
         f"{RENEW_SET} FROM unnest(?::text[], ?::bigint[], ?::text[], ?::double precision[],"
         " ?::double precision[], ?::double precision[])"
         f" AS beat(id, attempt, progress, gpu_util_pct, rss_mb, checkpoint_at) {RENEW_WHERE}"
+    )
+    _RENEW_BATCH = f"{_RENEW_BATCH_FROM} {RENEWED}"
+    #: ``_RENEW_BATCH`` sent in the round trip of its worker's heartbeat, just after that commits
+    #: (``PostgresWorkers.worker_heartbeat``): it renews nothing unless the heartbeat was taken, a
+    #: worker of that id having a GPU of every index read (the last parameter: the highest index,
+    #: -1 for none), as it renewed nothing when it came after a heartbeat refused
+    _RENEW_AFTER_BEAT = (
+        f"{_RENEW_BATCH_FROM} AND EXISTS (SELECT 1 FROM workers"
+        f" WHERE workers.id = jobs.worker_id AND workers.gpus > ?) {RENEWED}"
     )
 
     def heartbeat_jobs(
