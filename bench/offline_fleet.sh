@@ -11,7 +11,8 @@
 # (the versions of .venv: `.venv/bin/python -m pip list`). Then, on the host, from the checkout:
 #   SIZES=2000,5000 REPLICAS=3 WINDOW=10 bash bench/offline_fleet.sh
 # Settings: PY (python3), SITE (/tmp/site), PGPORT (5432: bench/fleet.py counts the backends of this
-# port), OUT (where fleet.log and fleet.jsonl go), SIZES, REPLICAS, WINDOW, FLEET_TIMEOUT (480 s).
+# port), OUT (where fleet.log and fleet.jsonl go), SIZES, REPLICAS, WINDOW, FLEET_TIMEOUT (480 s),
+# EXTRA (more flags for bench/fleet.py, e.g. "--timeline"), TAG (a suffix for the log's name).
 set -u
 PY=${PY:-python3}
 SITE=${SITE:-/tmp/site}
@@ -32,5 +33,5 @@ trap 'su pgrun -c "$PGBIN/pg_ctl -D $DATA -m fast stop" >/dev/null 2>&1' EXIT
 echo "open files: $(ulimit -n) (hard $(ulimit -Hn)); $(nproc) cores"
 timeout "${FLEET_TIMEOUT:-480}" $PY bench/fleet.py --db postgres --pg-url "postgresql://postgres@127.0.0.1:$PORT/test" \
   --replicas "${REPLICAS:-3}" --workers "${SIZES:-10000}" --batched --jobs-per-worker 8 --window-s "${WINDOW:-15}" \
-  --settle-s 5 --timeout "${FLEET_TIMEOUT:-480}" --json "$OUTDIR/fleet.jsonl" 2>&1 | tee "$OUTDIR/fleet.log"
+  --settle-s 5 --timeout "${FLEET_TIMEOUT:-480}" --json "$OUTDIR/fleet.jsonl" ${EXTRA:-} 2>&1 | tee "$OUTDIR/fleet${TAG:-}.log"
 exit "${PIPESTATUS[0]}"
