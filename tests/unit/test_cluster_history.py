@@ -6,29 +6,19 @@ from __future__ import annotations
 
 from corral.core import history
 from corral.domain.history import ClusterSample, sample_slot
-from corral.domain.records import Allocation, Worker
-from corral.domain.resources import Resources
-from corral.domain.status import WorkerStatus
 from corral.server.dashboard import views
 
 NOW = 1_800_000_000.0
 
 
-def worker(worker_id: str, gpus: int, status: str = WorkerStatus.ACTIVE) -> Worker:
-    return Worker(worker_id, "127.0.0.1", Resources(gpus=gpus), None, {}, status, NOW, NOW)
-
-
 def test_a_sample_counts_active_workers_gpus_and_the_queue_with_blocked_gangs():
-    workers = [worker("a", 4), worker("b", 4, WorkerStatus.DRAINING), worker("c", 2, WorkerStatus.OFFLINE)]
-    allocations = [
-        Allocation("j1", "a", Resources(gpus=2), (0, 1)),
-        Allocation("j2", "b", Resources(gpus=1), (0,)),  # on a draining worker: not placeable capacity
-    ]
+    gpus_by_worker_status = {"active": (4, 2), "draining": (4, 1), "offline": (2, 0)}  # not placeable
     taken = history.sample(
-        NOW + 59, {"pending": 3, "blocked": 2, "running": 4, "done": 9}, workers, allocations
+        NOW + 59, {"pending": 3, "blocked": 2, "running": 4, "done": 9}, gpus_by_worker_status
     )
     assert taken == ClusterSample(sample_slot(NOW + 59), 5, 4, 4, 2)
     assert taken.at % 60 == 0 and NOW + 59 - taken.at < 60
+    assert history.sample(NOW, {}, {"draining": (8, 8)}) == ClusterSample(sample_slot(NOW), 0, 0, 0, 0)
 
 
 def test_a_day_is_drawn_left_to_right_with_a_gap_where_nothing_was_sampled():
@@ -62,7 +52,7 @@ def test_a_gap_is_measured_in_sampling_intervals():
 
 
 def test_a_sample_is_stored_under_its_intervals_start():
-    taken = history.sample(NOW + 299, {"pending": 1}, [worker("a", 2)], [], every_s=300)
+    taken = history.sample(NOW + 299, {"pending": 1}, {"active": (2, 0)}, every_s=300)
     assert taken.at == sample_slot(NOW + 299, 300) and taken.at % 300 == 0 and NOW + 299 - taken.at < 300
     assert [views.interval_words(seconds) for seconds in (60, 300, 30, 90)] == [
         "minute",

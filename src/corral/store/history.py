@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from corral.domain.history import ClusterSample
 from corral.store.dialect import Database, Dialect
+from corral.store.rows import HOLDING_SQL
 
 _COLUMNS = "at, queued_jobs, running_jobs, gpus_total, gpus_allocated"
 
@@ -43,6 +44,22 @@ class SqlHistory:
             ClusterSample(float(at), int(queued), int(running), int(total), int(allocated))
             for at, queued, running, total, allocated in rows
         ]
+
+    def gpus_by_worker_status(self) -> dict[str, tuple[int, int]]:
+        """Worker status -> (its workers' GPUs, the GPUs that jobs holding resources there have
+        been given): a sample's GPU figures summed by the database, two scans and no row
+        converted (``core.history.sample`` picks the statuses it counts)."""
+        read = self.db.read()
+        totals = read.execute("SELECT status, SUM(gpus) FROM workers GROUP BY status")
+        # a holding job's GPUs are its ``gpu_indices`` ("0,3": commas + 1; "" for none)
+        held = read.execute(
+            "SELECT workers.status, SUM(CASE WHEN jobs.gpu_indices = '' THEN 0 ELSE"
+            " LENGTH(jobs.gpu_indices) - LENGTH(REPLACE(jobs.gpu_indices, ',', '')) + 1 END)"
+            " FROM jobs JOIN workers ON workers.id = jobs.worker_id"
+            f" WHERE jobs.status IN {HOLDING_SQL} GROUP BY workers.status"
+        )
+        allocated = {status: int(gpus or 0) for status, gpus in held}
+        return {status: (int(gpus or 0), allocated.get(status, 0)) for status, gpus in totals}
 
     def purge_samples(self, cutoff: float, batch: int) -> int:
         """Remove at most ``batch`` samples taken before ``cutoff``, oldest first; how many."""

@@ -23,8 +23,7 @@ def history_tick(state: ServerState) -> None:
     taken = history.sample(
         now,
         store.jobs.count_jobs_by_status(),
-        store.workers.workers(),
-        store.workers.allocations(),
+        store.history.gpus_by_worker_status(),
         settings.history_interval_s,
     )
     store.history.record_sample(taken)
