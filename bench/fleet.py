@@ -457,15 +457,26 @@ async def measure(
     return window
 
 
-async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: int) -> float:
+async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: int) -> tuple[float, float]:
+    """Submit the load window's jobs in batches to the first replica; the seconds it took and
+    those of the slowest batch."""
     conn = await harness.HttpConn(server.host, server.port).connect()
     started = time.monotonic()
+    slowest = 0.0
+
+    async def post(body: bytes) -> None:
+        nonlocal slowest
+        sent = time.monotonic()
+        await conn.json(b"POST", "/jobs/batch", body, expect=201)
+        slowest = max(slowest, time.monotonic() - sent)
+
     try:
         single = {"command": "true", "resources": {"gpus": 1, "cpus": 1}, "preemption_class": 10}
         for start in range(0, pending, 1000):
             count = min(1000, pending - start)
-            body = orjson.dumps({"jobs": [{**single, "name": f"pending-{start + i}"} for i in range(count)]})
-            await conn.json(b"POST", "/jobs/batch", body, expect=201)
+            await post(
+                orjson.dumps({"jobs": [{**single, "name": f"pending-{start + i}"} for i in range(count)]})
+            )
         gang = {
             "command": "true",
             "gang_size": 4,
@@ -474,11 +485,10 @@ async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: in
         }
         for start in range(0, gangs, 250):
             count = min(250, gangs - start)
-            body = orjson.dumps({"jobs": [{**gang, "name": f"gang-{start + i}"} for i in range(count)]})
-            await conn.json(b"POST", "/jobs/batch", body, expect=201)
+            await post(orjson.dumps({"jobs": [{**gang, "name": f"gang-{start + i}"} for i in range(count)]}))
     finally:
         await conn.close()
-    return time.monotonic() - started
+    return time.monotonic() - started, slowest
 
 
 async def bench_fleet(
@@ -506,8 +516,13 @@ async def bench_fleet(
     try:
         await asyncio.sleep(args.settle_s)
         idle = await measure(fleet, Window("idle"), servers, args.window_s, postgres, args.timeline)
-        loaded = await submit_load(server, args.pending, args.gangs, args.gpus)
-        print(f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s", flush=True)
+        print(f"  {glance(idle)}", flush=True)
+        loaded, slowest = await submit_load(server, args.pending, args.gangs, args.gpus)
+        print(
+            f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s"
+            f" (slowest request {slowest:.1f}s)",
+            flush=True,
+        )
         if args.list_every_s > 0:
             listing = start_lister(processes, server, args.list_every_s, directory)
         await asyncio.sleep(min(args.settle_s, 5.0))
@@ -599,6 +614,19 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
     idle, load = windows
     ratio = _ms(load.heartbeats, 99) / _ms(idle.heartbeats, 99)
     print(harness.figure("heartbeat p99 load / idle", ratio, "x", TARGET_P99_RATIO, at_least=False))
+
+
+def glance(window: Window) -> str:
+    """A window's figures in one line, printed as soon as it is measured: a run that passes its
+    bound later (a fleet too large for its replicas) still leaves them."""
+    beats = window.heartbeats
+    mains = " + ".join(f"{100 * cpu / window.seconds:.0f}%" for cpu in window.replica_main_cpu)
+    return (
+        f"{window.name} window: {len(beats)} heartbeats, p50 / p99 / max {_ms(beats, 50):.1f} /"
+        f" {_ms(beats, 99):.1f} / {1e3 * max(beats, default=float('nan')):.1f} ms, missed"
+        f" {window.stale + int(window.reaped)}, main processes {mains},"
+        f" lag max {1e3 * max(window.lag, default=float('nan')):.0f} ms"
+    )
 
 
 def _by_replica(window: Window) -> str:
