@@ -168,3 +168,26 @@ def test_a_batch_may_hold_an_array_and_a_job_after_an_earlier_one(api):
         "/jobs/batch", json={"jobs": [{"command": "true", "array": "0-9999"}, {"command": "true"}]}
     )
     assert (too_many.status_code, error_code(too_many)) == (400, "invalid_request")
+
+
+def test_a_jobs_end_wakes_the_dependency_loop_only_while_a_dependent_may_wait(api, server):
+    """With nobody waiting on conditions a job's end does not wake the dependency loop (a pass
+    and, on PostgreSQL, a lock round trip per job in a storm); a submit with conditions does,
+    and so do the ends after it until a pass finds nobody waiting again."""
+    woken: list[str] = []
+    server.state.wake_loop = woken.append
+    register(api, "w1", cpus=64)
+    submit(api)
+    server.run_loop("dependencies")  # nobody waits: the flag the server starts with is cleared
+    woken.clear()
+    _finish(api, claim(api))
+    assert "dependencies" not in woken, "nobody waits on conditions: no wake"
+    first = submit(api)
+    dependent = submit(api, after=[{"id": first["id"], "when": "ok"}])
+    assert woken.count("dependencies") == 1, "the dependent's submit wakes the loop"
+    _finish(api, claim(api))
+    assert woken.count("dependencies") == 2, "while it waits, a job's end wakes the loop"
+    server.run_loop("dependencies")
+    assert api.get(f"/jobs/{dependent['id']}").json()["reason"]["code"] == "queued"
+    _finish(api, claim(api))
+    assert woken.count("dependencies") == 2, "settled: nobody waits, an end wakes nothing"

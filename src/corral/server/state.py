@@ -62,6 +62,12 @@ class ServerState:
     #: whether the last admission pass saw a gang waiting (blocked or reserved tasks); while none
     #: waits, a released slot has nothing for the admission cycle to do before its next tick
     gangs_waiting: bool = True
+    #: whether a job may be waiting on its ``after`` conditions: set by a submit that has one,
+    #: cleared by a dependency pass that found none. While none waits, a job's end has nobody to
+    #: settle and does not wake the dependency loop (on PostgreSQL a pass is a lock round trip and
+    #: a read: 9-17% of the server's CPU per job in a claim-and-done storm, ``bench/protocol.py``).
+    #: A dependent submitted on another replica is settled by this one's next tick.
+    dependents_waiting: bool = True
     #: when this replica last removed logs past their retention (``loops.reaper.purge_logs``)
     logs_purged_at: float = float("-inf")
 
@@ -180,13 +186,17 @@ class ServerState:
         self._workers_generation += 1
         self._workers = None
 
-    def released(self, gang_waiting: bool = False) -> None:
-        """Capacity may have come free: wake long-polling claims, and the admission cycle when a
-        gang waits (or ``gang_waiting`` says one has just started to: a gang submit, a drain that
-        put one back in the queue)."""
+    def released(self, gang_waiting: bool = False, dependent_waiting: bool = False) -> None:
+        """Capacity may have come free: wake long-polling claims, the dependency loop when a job
+        may wait on its ``after`` conditions (or ``dependent_waiting`` says one has just been
+        submitted), and the admission cycle when a gang waits (or ``gang_waiting`` says one has
+        just started to: a gang submit, a drain that put one back in the queue)."""
         self.signal.notify()
-        # a job that ended may settle the jobs that run after it (one indexed read, usually empty)
-        self.wake_loop("dependencies")
+        if dependent_waiting:
+            self.dependents_waiting = True
+        if self.dependents_waiting:
+            # a job that ended may settle the jobs that run after it
+            self.wake_loop("dependencies")
         if gang_waiting:
             self.gangs_waiting = True
         if self.gangs_waiting:

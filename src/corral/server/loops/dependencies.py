@@ -2,7 +2,9 @@
 dependencies"). Each pass reads the waiting jobs (``jobs_awaiting``), the statuses of what they
 name, and applies ``core.dependencies``: a job whose conditions all hold is released to the queue,
 one whose condition can no longer hold is cancelled with ``dependency_never_satisfied``. A job's end
-wakes the loop (``ServerState.released``), so a dependent starts soon after."""
+wakes the loop (``ServerState.released``) while a job waits on its conditions, so a dependent
+starts soon after; a pass that finds none waiting lets job ends pass without a wake until the
+next submit with conditions (``ServerState.dependents_waiting``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ BATCH = 1000
 
 
 def dependencies_tick(state: ServerState) -> None:
+    # Cleared before the read: a submit with conditions during it sets the flag again after this,
+    # so a dependent this read misses still wakes the next pass.
+    state.dependents_waiting = False
     waiting = state.store.jobs.awaiting_dependencies(BATCH)
     if not waiting:
         return
@@ -32,9 +37,7 @@ def dependencies_tick(state: ServerState) -> None:
         found = dependencies.verdict(job.spec.after, statuses)
         if found != dependencies.Verdict.WAITING:
             settled.append((job.id, partial(_settle, found=found, now=now)))
-    if not settled:
-        return
-    results = state.store.jobs.change_many(settled)
+    results = state.store.jobs.change_many(settled) if settled else []
     released = cancelled = 0
     for result in results:
         if isinstance(result, Job):
@@ -45,6 +48,8 @@ def dependencies_tick(state: ServerState) -> None:
                 released += 1
         elif isinstance(result, Exception):
             logger.warning("a dependency settlement was refused", extra={"error": str(result)})
+    if released + cancelled < len(waiting) or len(waiting) >= BATCH:
+        state.dependents_waiting = True  # some still wait (or more than a pass reads)
     if released or cancelled:
         logger.info("dependencies settled", extra={"released": released, "cancelled": cancelled})
         state.released()

@@ -91,7 +91,10 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     if not result.replayed:
         tasks = sum(len(spec.array.indices) if spec.array else spec.gang_size for spec in specs)
         state.metrics.jobs_submitted.inc(tasks)
-        state.released(gang_waiting=any(spec.gang_size > 1 for spec in specs))
+        state.released(
+            gang_waiting=any(spec.gang_size > 1 for spec in specs),
+            dependent_waiting=any(spec.after for spec in specs),
+        )
         if batch:
             # One line per request: a 10,000-job batch must not write 10,000 log lines.
             logger.info("batch submitted", extra={"items": len(result.items), "tasks": tasks})
