@@ -177,9 +177,10 @@ def test_a_done_file_that_is_no_file_still_ends_the_phase(case: str, tmp_path: P
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_checkpoint_never_hangs_the_report(case: str, tmp_path: Path):
     client = FakeClient()
-    run = _watched_run(
-        client, f'F="$CORRAL_CHECKPOINT_OUT"; {HOSTILE[case]}; touch -h -d 1960-01-01 "$F"; true'
-    )
+    # Laid out beside the path and dated before it is moved in: a heartbeat between the write and
+    # the ``touch`` would rightly report the file's real time.
+    laid_out = f'F="$CORRAL_CHECKPOINT_OUT.part"; {HOSTILE[case]}; touch -h -d 1960-01-01 "$F"'
+    run = _watched_run(client, f'{laid_out}; mv "$F" "$CORRAL_CHECKPOINT_OUT"; true')
     run.start()
     finish(run)
     assert client.names()[-1] == "done"
