@@ -11,7 +11,11 @@ pass. Where it runs follows from that and from what this server has configured (
 - ``SHORT``, a protocol call of a few statements (a claim, a report, a heartbeat): on the event loop
   through ``Backend.run_inline`` where the store can take it without waiting (SQLite, no lock in the
   way): crossing to a thread would cost as much again (``bench/protocol.py``); else on a store
-  thread, with the short switch interval so that it finishes without queueing the next calls.
+  thread, with the short switch interval so that it finishes without queueing the next calls. On a
+  store whose waits the loop can make (PostgreSQL, ``waits_on_loop``; ``store_on_loop`` on): on
+  the event loop too, in a session of its own (``store.on_loop``: a greenlet and a connection,
+  as many as there are store threads), each wait on the database the loop's, bounded by
+  ``on_loop_wait_s``; no thread crossing per call (``bench/heartbeat_app.py``).
 - ``STORE``, a route's store work (a submit, a cancel, a worker's registration): a store thread.
 - ``LONG``, store work long in Python (a page of jobs, ``why``, a dashboard page, the metrics'
   gauges): a store thread with the short switch interval (``switching``), so that the event loop
@@ -46,6 +50,7 @@ from typing import Any, Concatenate, Final, Generic, Literal, ParamSpec, Protoco
 from corral.server import switching
 from corral.server.grouped import Batch, TurnGroup
 from corral.server.offload import OffloadGone, StoreProcess
+from corral.store import on_loop
 from corral.store.base import WouldWait
 
 P = ParamSpec("P")
@@ -152,8 +157,17 @@ class StoreExecutor(Generic[C]):
         switch_interval_s: float | None,
         planner: StoreProcess | None = None,
         reader: StoreProcess | None = None,
+        on_loop_wait_s: float | None = None,
     ) -> None:
         self._store = store
+        #: a store whose waits the event loop can make (PostgreSQL): the sessions ``SHORT`` work
+        #: takes there, one connection each, as many as there are store threads
+        self._sessions = (
+            on_loop.Sessions(threads)
+            if threads and on_loop_wait_s is not None and getattr(store, "waits_on_loop", False)
+            else None
+        )
+        self._on_loop_wait_s = on_loop_wait_s or 0.0
         self._context = context
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="corral-store") if threads else None
         self._switch_interval_s = switch_interval_s
@@ -210,6 +224,8 @@ class StoreExecutor(Generic[C]):
         """``function(*args, **kwargs)`` (for ``READ`` and ``PLAN``: ``function(store, memory,
         *args, **kwargs)``), awaited from the event loop, where ``work`` runs."""
         if work is _SHORT and self._threads is not None:
+            if self._sessions is not None:
+                return await self._run_on_loop(partial(function, *args, **kwargs))
             # ``places``' first choice for the protocol's hot path (a claim, a report, a heartbeat),
             # written out: enum lookups cost as much as the rest of the crossing on CPython 3.11
             try:
@@ -223,6 +239,20 @@ class StoreExecutor(Generic[C]):
             except _FALLBACK[place]:
                 continue
         return await self._run_at(chosen[-1], work, function, args, kwargs)
+
+    async def _run_on_loop(self, call: Callable[[], T]) -> T:
+        """``SHORT`` work on a store whose waits the loop makes (PostgreSQL): on the event loop in a
+        session of its own (``on_loop``: no thread crossing), once one is free. What the admission
+        says runs first, as on a store thread when the work's turn comes."""
+        assert self._sessions is not None
+        taken = await self._sessions.take()
+        try:
+            admit = self.admission() if self.admission is not None else None
+            if admit is not None:
+                admit()
+            return await on_loop.run(call, taken, self._threads, self._on_loop_wait_s)
+        finally:
+            self._sessions.give_back(taken)
 
     @overload
     def call(
