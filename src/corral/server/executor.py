@@ -15,7 +15,11 @@ pass. Where it runs follows from that and from what this server has configured (
   store whose waits the loop can make (PostgreSQL, ``waits_on_loop``; ``store_on_loop`` on): on
   the event loop too, in a session of its own (``store.on_loop``: a greenlet and a connection,
   as many as there are store threads), each wait on the database the loop's, bounded by
-  ``on_loop_wait_s``; no thread crossing per call (``bench/heartbeat_app.py``).
+  ``on_loop_wait_s``; no thread crossing per call (``bench/heartbeat_app.py``). Except while long
+  work runs beside the loop (``switching.long_work_beside``: a loop pass, a list): a thread in
+  Python then takes the interpreter for a switch interval at each of the loop's waits, and the
+  loop alone would pay every one in turn (``bench/fleet.py``'s load window: heartbeat p99 250 ms
+  to 3.5 s against 45-80 ms); on the store threads, as before, the waits overlap.
 - ``STORE``, a route's store work (a submit, a cancel, a worker's registration): a store thread.
 - ``LONG``, store work long in Python (a page of jobs, ``why``, a dashboard page, the metrics'
   gauges): a store thread with the short switch interval (``switching``), so that the event loop
@@ -224,7 +228,7 @@ class StoreExecutor(Generic[C]):
         """``function(*args, **kwargs)`` (for ``READ`` and ``PLAN``: ``function(store, memory,
         *args, **kwargs)``), awaited from the event loop, where ``work`` runs."""
         if work is _SHORT and self._threads is not None:
-            if self._sessions is not None:
+            if self._sessions is not None and not switching.long_work_beside():
                 return await self._run_on_loop(partial(function, *args, **kwargs))
             # ``places``' first choice for the protocol's hot path (a claim, a report, a heartbeat),
             # written out: enum lookups cost as much as the rest of the crossing on CPython 3.11
@@ -347,10 +351,12 @@ class StoreExecutor(Generic[C]):
             call = partial(function, *args, **kwargs)
         if place is Place.INLINE_UNLESS_WAIT:
             return partial(self._store.run_inline, call)
-        if work in LONG or (work is Work.SHORT and place is Place.STORE_THREAD):
+        if work in LONG:
+            return partial(_with_short_interval, self._switch_interval_s, call)
+        if work is Work.SHORT and place is Place.STORE_THREAD:
             # a short call on a thread holds SQLite's write lock: it must not keep it for 5 ms
             # slices while the loop's calls queue behind it (``bench/protocol.py``)
-            return partial(_with_short_interval, self._switch_interval_s, call)
+            return partial(_with_short_interval, self._switch_interval_s, call, True)
         return call
 
 
@@ -360,6 +366,8 @@ def _admitted(admit: Callable[[], None], call: Callable[[], T]) -> T:
     return call()
 
 
-def _with_short_interval(switch_interval_s: float | None, call: Callable[[], T]) -> T:
-    with switching.long_work(switch_interval_s):
+def _with_short_interval(
+    switch_interval_s: float | None, call: Callable[[], T], short_call: bool = False
+) -> T:
+    with switching.long_work(switch_interval_s, short_call):
         return call()

@@ -11,6 +11,10 @@ the greenlet hands the wait to ``run``, which awaits the socket on the loop and 
 is ready; a blocking call that has no socket to wait on (a connect) is handed to a store thread
 (``off_loop``). Meanwhile the loop serves every other request.
 
+The executor sends short work here only while no long work runs beside the loop (a loop pass, a
+list: ``server.switching``); then it goes to the store threads as before, where the waits for the
+interpreter that such a thread imposes overlap instead of queueing on the loop.
+
 A wait is bounded (``run``'s ``wait_s``): a database that stops answering fails that piece of work
 with ``StoreUnavailable`` (its connection closed, the next work on the session reconnects), and
 never holds the loop. Outside such a greenlet (a store thread, a loop pass, a test) every function
