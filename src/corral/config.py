@@ -249,7 +249,8 @@ class ServerSettings(BaseSettings):
         True,
         description="PostgreSQL: run a claim, report or heartbeat on the event loop (its waits on the"
         " database are the loop's, a connection of its own each, as many as store_threads) rather"
-        " than handing each to a store thread; false: on the store threads",
+        " than handing each to a store thread; false: on the store threads. On: up to store_threads"
+        " more connections per replica (the loop's sessions' beside the threads')",
     )
     store_busy_timeout_s: float = Field(
         5.0, gt=0, description="a change waiting longer than this for a store lock is answered 503 store_busy"

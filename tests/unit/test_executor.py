@@ -288,7 +288,7 @@ class LoopWaitingStore(FakeStore):
 
 
 def on_loop_executor(store: FakeStore) -> StoreExecutor[str]:
-    return StoreExecutor(store, "the context", threads=2, switch_interval_s=SHORT_S, on_loop_wait_s=60.0)
+    return StoreExecutor(store, "the context", threads=2, switch_interval_s=SHORT_S, store_on_loop=True)
 
 
 def test_short_work_of_a_store_whose_waits_the_loop_makes_runs_on_the_loop_in_a_session() -> None:

@@ -1,7 +1,9 @@
 """Synchronous store work run on the event loop (``corral.store.on_loop``), its socket waits the
 loop's: proved with a socket pair standing in for the database's connection. The work's waits let
-the loop go on; a socket that never answers fails the work, not the loop; a blocking call goes to a
-thread; a caller that goes away ends the work where it waits; sessions are handed out in turn."""
+the loop go on; a socket that never answers holds up its work alone, as on a store thread (no bound
+of its own that could give up on work the database still commits); a blocking call goes to a
+thread; a caller that goes away ends the work where it waits; a request the loop cannot take fails
+the work, not its session; sessions are handed out in turn."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import asyncio
 import select
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 
@@ -19,8 +22,7 @@ from corral.store import on_loop
 
 pytestmark = pytest.mark.skipif(not on_loop.available(), reason="greenlet is not installed")
 
-#: a wait bound no test runs into, except the one about a socket that never answers
-PATIENT_S = 60.0
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def test_a_wait_lets_the_loop_serve_others_and_the_work_goes_on_when_the_socket_
         theirs.send(b"answer")
 
     async def main() -> tuple[bytes, str, bool]:
-        running = asyncio.ensure_future(on_loop.run(work, on_loop.Session(), threads, PATIENT_S))
+        running = asyncio.ensure_future(on_loop.run(work, on_loop.Session(), threads))
         await asyncio.sleep(0)  # the work starts and waits
         await other()
         return await running
@@ -66,29 +68,31 @@ def test_a_wait_lets_the_loop_serve_others_and_the_work_goes_on_when_the_socket_
     assert seen == ["work sent", "other ran"]
 
 
-def test_a_socket_that_never_answers_fails_the_work_with_store_unavailable(pair, threads) -> None:
+def test_a_socket_that_never_answers_holds_up_its_work_alone_until_its_caller_goes(pair, threads) -> None:
     ours, _ = pair
-    cleaned: list[str] = []
+    ended: list[str] = []
 
     def work() -> None:
         try:
             on_loop.wait_socket(ours.fileno(), select.POLLIN, ours)
-        except errors.StoreUnavailable:
-            cleaned.append("the work saw the failure where it waited")  # its connection is closed there
+        except asyncio.CancelledError:
+            ended.append("cancelled where it waited")
             raise
 
     async def main() -> int:
         served = 0
-        running = asyncio.ensure_future(on_loop.run(work, on_loop.Session(), threads, 0.2))
-        while not running.done():  # the loop goes on meanwhile
+        running = asyncio.ensure_future(on_loop.run(work, on_loop.Session(), threads))
+        while served < 50:  # the loop goes on meanwhile, and the work still waits: no bound of its own
             served += 1
             await asyncio.sleep(0.01)
-        with pytest.raises(errors.StoreUnavailable):
+        assert not running.done()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
             await running
         return served
 
-    assert asyncio.run(main()) > 1
-    assert cleaned == ["the work saw the failure where it waited"]
+    assert asyncio.run(main()) == 50
+    assert ended == ["cancelled where it waited"]
 
 
 def test_a_blocking_call_runs_on_a_store_thread_and_its_result_comes_back(threads) -> None:
@@ -96,7 +100,7 @@ def test_a_blocking_call_runs_on_a_store_thread_and_its_result_comes_back(thread
         elsewhere = on_loop.off_loop(lambda: threading.current_thread().name)
         return elsewhere, threading.current_thread().name
 
-    elsewhere, here = asyncio.run(on_loop.run(work, on_loop.Session(), threads, PATIENT_S))
+    elsewhere, here = asyncio.run(on_loop.run(work, on_loop.Session(), threads))
     assert elsewhere.startswith("test-store")
     assert here == threading.main_thread().name
 
@@ -112,7 +116,7 @@ def test_an_exception_of_a_blocking_call_is_raised_in_the_work(threads) -> None:
             return f"caught: {error}"
         return "not raised"
 
-    assert asyncio.run(on_loop.run(work, on_loop.Session(), threads, PATIENT_S)) == "caught: cannot connect"
+    assert asyncio.run(on_loop.run(work, on_loop.Session(), threads)) == "caught: cannot connect"
 
 
 def test_a_caller_cancelled_ends_the_work_where_it_waits_and_the_session_serves_the_next(
@@ -130,12 +134,12 @@ def test_a_caller_cancelled_ends_the_work_where_it_waits_and_the_session_serves_
             raise
 
     async def main() -> str:
-        running = asyncio.ensure_future(on_loop.run(waits_forever, session, threads, PATIENT_S))
+        running = asyncio.ensure_future(on_loop.run(waits_forever, session, threads))
         await asyncio.sleep(0)
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
-        return await on_loop.run(lambda: "next work", session, threads, PATIENT_S)
+        return await on_loop.run(lambda: "next work", session, threads)
 
     assert asyncio.run(main()) == "next work"
     assert ended == ["cancelled where it waited"]
@@ -144,7 +148,7 @@ def test_a_caller_cancelled_ends_the_work_where_it_waits_and_the_session_serves_
 def test_the_session_is_the_works_own_and_none_outside_work_on_the_loop(threads) -> None:
     session = on_loop.Session()
     assert on_loop.session() is None
-    assert asyncio.run(on_loop.run(on_loop.session, session, threads, PATIENT_S)) is session
+    assert asyncio.run(on_loop.run(on_loop.session, session, threads)) is session
 
 
 def test_outside_work_on_the_loop_a_wait_blocks_here_as_before(pair) -> None:
@@ -174,3 +178,106 @@ def test_work_that_finds_every_session_taken_waits_for_the_first_given_back() ->
         return order
 
     assert asyncio.run(main()) == ["first gives it back", "second took it"]
+
+
+def run_on(loop_kind: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``main()`` on asyncio's own loop or uvloop's (the server's, where installed)."""
+    if loop_kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        with runner:
+            return runner.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_socket_closed_in_work_that_goes_on_leaves_no_reader_for_the_next_socket_of_its_number(
+    loop_kind: str, threads: ThreadPoolExecutor
+) -> None:
+    """A work that closed the connection it read (a statement failed with the connection lost)
+    and goes on (a reconnect on a store thread): another session's socket given the same number
+    is woken when its answer comes, not left to the first work's stale reader."""
+    first_ours, first_theirs = socket.socketpair()
+    go_on = threading.Event()
+    freed: list[int] = []
+
+    async def main() -> bytes:
+        closed = asyncio.Event()
+
+        def closes_and_reconnects() -> str:
+            first_theirs.send(b"x")
+            on_loop.wait_socket(first_ours.fileno(), select.POLLIN, first_ours)  # reading it, kept
+            first_ours.recv(1)
+            freed.append(first_ours.fileno())
+            first_ours.close()
+            closed.set()  # on the loop's thread: the work runs there
+            on_loop.off_loop(lambda: go_on.wait(30))  # the reconnect
+            return "first"
+
+        first = asyncio.ensure_future(on_loop.run(closes_and_reconnects, on_loop.Session(), threads))
+        await closed.wait()
+        pair = socket.socketpair()
+        (mine,) = [end for end in pair if end.fileno() == freed[0]]
+        (peer,) = [end for end in pair if end is not mine]
+
+        def reads() -> bytes:
+            on_loop.wait_socket(mine.fileno(), select.POLLIN, mine)
+            return mine.recv(16)
+
+        try:
+            second = asyncio.ensure_future(on_loop.run(reads, on_loop.Session(), threads))
+            await asyncio.sleep(0)  # it waits to read
+            peer.send(b"answer")
+            done, _ = await asyncio.wait([second], timeout=10)
+            assert done, "the second session was never woken"
+            return await second
+        finally:
+            go_on.set()
+            assert await first == "first"
+            first_theirs.close()
+            for end in pair:
+                end.close()
+
+    assert run_on(loop_kind, main) == b"answer"
+
+
+def test_a_blocking_call_the_loop_cannot_hand_on_fails_the_work_and_its_session_serves_the_next() -> None:
+    """The store threads shut down (the server stopping): the work's call raises where it was
+    made, and the session's greenlet is back where the next work starts, not in the old frame."""
+    session = on_loop.Session()
+    gone = ThreadPoolExecutor(1)
+    gone.shutdown()
+    resumed: list[object] = []
+
+    def connects() -> str:
+        resumed.append(on_loop.off_loop(lambda: "a connection"))
+        return "connected"
+
+    async def main() -> str:
+        with pytest.raises(RuntimeError, match="shutdown"):
+            await on_loop.run(connects, session, gone)
+        with ThreadPoolExecutor(1) as live:
+            return await on_loop.run(lambda: "next work", session, live)
+
+    assert asyncio.run(main()) == "next work"
+    assert resumed == []
+
+
+def test_a_socket_the_loop_refuses_to_watch_fails_the_work_where_it_waits(threads) -> None:
+    session = on_loop.Session()
+    seen: list[str] = []
+
+    def waits_on_no_socket() -> None:
+        try:
+            on_loop.wait_socket(-1, select.POLLIN)
+        except ValueError:
+            seen.append("raised where it waited")
+            raise
+
+    async def main() -> str:
+        with pytest.raises(ValueError):
+            await on_loop.run(waits_on_no_socket, session, threads)
+        return await on_loop.run(lambda: "next work", session, threads)
+
+    assert asyncio.run(main()) == "next work"
+    assert seen == ["raised where it waited"]

@@ -14,8 +14,8 @@ pass. Where it runs follows from that and from what this server has configured (
   thread, with the short switch interval so that it finishes without queueing the next calls. On a
   store whose waits the loop can make (PostgreSQL, ``waits_on_loop``; ``store_on_loop`` on): on
   the event loop too, in a session of its own (``store.on_loop``: a greenlet and a connection,
-  as many as there are store threads), each wait on the database the loop's, bounded by
-  ``on_loop_wait_s``; no thread crossing per call (``bench/heartbeat_app.py``). Except while long
+  as many as there are store threads), each wait on the database the loop's, as long as it would
+  be on a thread; no thread crossing per call (``bench/heartbeat_app.py``). Except while long
   work runs beside the loop (``switching.long_work_beside``: a loop pass, a list): a thread in
   Python then takes the interpreter for a switch interval at each of the loop's waits, and the
   loop alone would pay every one in turn (``bench/fleet.py``'s load window: heartbeat p99 250 ms
@@ -161,17 +161,16 @@ class StoreExecutor(Generic[C]):
         switch_interval_s: float | None,
         planner: StoreProcess | None = None,
         reader: StoreProcess | None = None,
-        on_loop_wait_s: float | None = None,
+        store_on_loop: bool = False,
     ) -> None:
         self._store = store
         #: a store whose waits the event loop can make (PostgreSQL): the sessions ``SHORT`` work
         #: takes there, one connection each, as many as there are store threads
         self._sessions = (
             on_loop.Sessions(threads)
-            if threads and on_loop_wait_s is not None and getattr(store, "waits_on_loop", False)
+            if threads and store_on_loop and getattr(store, "waits_on_loop", False)
             else None
         )
-        self._on_loop_wait_s = on_loop_wait_s or 0.0
         self._context = context
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="corral-store") if threads else None
         self._switch_interval_s = switch_interval_s
@@ -254,7 +253,7 @@ class StoreExecutor(Generic[C]):
             admit = self.admission() if self.admission is not None else None
             if admit is not None:
                 admit()
-            return await on_loop.run(call, taken, self._threads, self._on_loop_wait_s)
+            return await on_loop.run(call, taken, self._threads)
         finally:
             self._sessions.give_back(taken)
 

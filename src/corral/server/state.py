@@ -108,7 +108,7 @@ class ServerState:
             switch_interval_s=settings.switch_interval_s,
             planner=planner,
             reader=reader,
-            on_loop_wait_s=_on_loop_wait_s(settings),
+            store_on_loop=settings.store_on_loop,
         )
         self.store_health = StoreHealth(self.clock)
 
@@ -192,14 +192,6 @@ class ServerState:
             self.gangs_waiting = True
         if self.gangs_waiting:
             self.wake_loop("admission")
-
-
-def _on_loop_wait_s(settings: ServerSettings) -> float | None:
-    """How long PostgreSQL's short work on the event loop waits for the database's socket at most
-    (``executor``'s ``on_loop_wait_s``; None: such work runs on the store threads): longer than a
-    statement waits for a lock (``store_busy_timeout_s``, then PostgreSQL answers ``store_busy``),
-    so that only a database that stopped answering runs into it."""
-    return 2 * settings.store_busy_timeout_s + 1 if settings.store_on_loop else None
 
 
 def store_handler(

@@ -15,10 +15,13 @@ The executor sends short work here only while no long work runs beside the loop 
 list: ``server.switching``); then it goes to the store threads as before, where the waits for the
 interpreter that such a thread imposes overlap instead of queueing on the loop.
 
-A wait is bounded (``run``'s ``wait_s``): a database that stops answering fails that piece of work
-with ``StoreUnavailable`` (its connection closed, the next work on the session reconnects), and
-never holds the loop. Outside such a greenlet (a store thread, a loop pass, a test) every function
-here blocks as the store always did.
+A wait here has no bound of its own, as a wait on a store thread has none: PostgreSQL answers a
+pipeline only at its sync, so one wait may cover every statement's lock waits, each bounded by the
+session's ``lock_timeout`` (then ``store_busy``); a database that stops answering is found by the
+connection's keepalives (then ``StoreUnavailable``). A bound here would have to give up on work the
+server may still commit, and answer "nothing written" for it. A wait never holds the loop, and a
+caller that goes away ends its work where it waits (its connection closed). Outside such a
+greenlet (a store thread, a loop pass, a test) every function here blocks as the store always did.
 """
 
 from __future__ import annotations
@@ -32,8 +35,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
-
-from corral.domain import errors
 
 try:  # the PostgreSQL extra brings it (corral[postgres]); without it work is never run on the loop
     import greenlet
@@ -185,12 +186,11 @@ class Sessions:
         self._idle.append(taken)
 
 
-async def run(work: Callable[[], T], taken: Session, threads: Executor | None, wait_s: float) -> T:
-    """``work()`` on the event loop in the session ``taken``, every wait it makes the loop's (at
-    most ``wait_s`` each: then ``StoreUnavailable`` is raised in the work, which closes its
-    connection on the way out). Called from the loop thread."""
+async def run(work: Callable[[], T], taken: Session, threads: Executor | None) -> T:
+    """``work()`` on the event loop in the session ``taken``, every wait it makes the loop's, each
+    as long as the database takes (as on a store thread). Called from the loop thread."""
     assert greenlet is not None, "work on the loop needs greenlet (corral[postgres])"
-    driver = _Driver(asyncio.get_running_loop(), work, taken, threads, wait_s)
+    driver = _Driver(asyncio.get_running_loop(), work, taken, threads)
     driver.start()
     try:
         result: T = await driver.done
@@ -212,11 +212,9 @@ class _Driver:
         work: Callable[[], Any],
         taken: Session,
         threads: Executor | None,
-        wait_s: float,
     ) -> None:
         self.loop = loop
         self.threads = threads
-        self.wait_s = wait_s
         self.done: asyncio.Future[Any] = loop.create_future()
         self.work = work
         self.task = taken.greenlet()
@@ -225,9 +223,8 @@ class _Driver:
         self.reading: tuple[int, object] | None = None
         #: the socket registered to write (only while a wait asks for it)
         self.writing: int | None = None
-        #: the wait in progress: the events it waits for, and the timer that ends it
+        #: the events the wait in progress waits for
         self.wanted = 0
-        self.timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """Run the work until it first waits, or ends."""
@@ -238,24 +235,41 @@ class _Driver:
         self._went_on(partial(self.task.switch, value) if error is None else partial(self.task.throw, error))
 
     def _went_on(self, resume: Callable[[], Any]) -> None:
-        """``resume()`` the work, then do what it asks next: wait, call, or nothing (it ended)."""
-        try:
-            request = resume()
-        except BaseException as failure:  # the greenlet itself ended (killed): a new one next time
-            request = _Finished(None, failure)
-        if type(request) is _Finished:
-            self._ended()
-            if self.done.done():
-                pass
-            elif request.error is not None:
-                self.done.set_exception(request.error)
-            else:
-                self.done.set_result(request.result)
-        elif type(request) is _Wait:
+        """``resume()`` the work, then do what it asks next: wait, call, or nothing (it ended).
+        Where the loop cannot take the request (a store pool shut down, a socket the loop refuses)
+        the failure is raised in the work where it asked, as a blocking call would raise it there:
+        the work ends (or goes on) and its greenlet is ready for the session's next work."""
+        while True:
+            try:
+                request = resume()
+            except BaseException as failure:  # the greenlet itself ended (killed): a new one next time
+                request = _Finished(None, failure)
+            if type(request) is _Finished:
+                self._ended()
+                if self.done.done():
+                    pass
+                elif request.error is not None:
+                    self.done.set_exception(request.error)
+                else:
+                    self.done.set_result(request.result)
+                return
+            try:
+                self._hand_on(request)
+                return
+            except Exception as failure:
+                self._ended()
+                resume = partial(self.task.throw, failure)
+
+    def _hand_on(self, request: _Wait | _Call) -> None:
+        """The loop to wake the work once ``request`` is answered."""
+        if isinstance(request, _Wait):
             self._wait_for(request)
-        else:
-            called = self.loop.run_in_executor(self.threads, request.function)
-            called.add_done_callback(self._called)
+            return
+        # the socket it reads may be closed while the call runs (a reconnect) and its number
+        # given to another session's connection: the loop must not wake this work for that one
+        self._stop_reading()
+        called = self.loop.run_in_executor(self.threads, request.function)
+        called.add_done_callback(self._called)
 
     def _wait_for(self, wait: _Wait) -> None:
         if wait.events & select.POLLIN and self.reading != (wait.fileno, wait.owner):
@@ -266,7 +280,6 @@ class _Driver:
             self.loop.add_writer(wait.fileno, self._writable)
             self.writing = wait.fileno
         self.wanted = wait.events
-        self.timer = self.loop.call_later(self.wait_s, self._timed_out)
 
     def _readable(self) -> None:
         if self.wanted & select.POLLIN:
@@ -281,17 +294,8 @@ class _Driver:
         self._stop_waiting()
         self.step(ready, None)
 
-    def _timed_out(self) -> None:
-        self.timer = None
-        self._stop_waiting()
-        self._stop_reading()  # the work closes the connection on its way out
-        self.step(None, errors.StoreUnavailable(f"PostgreSQL did not answer within {self.wait_s:g}s"))
-
     def _stop_waiting(self) -> None:
         self.wanted = 0
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         if self.writing is not None:
             self.loop.remove_writer(self.writing)
             self.writing = None

@@ -29,6 +29,8 @@ try:  # the driver is an optional extra: corral[postgres]
     _TEXT = PyFormat.TEXT
     _COMMAND_OK = pq.ExecStatus.COMMAND_OK
     _CONNECTION_BAD = pq.ConnStatus.BAD
+    #: a connection's transaction status while a statement is in flight, or once it is lost
+    _MID_STATEMENT = (pq.TransactionStatus.ACTIVE, pq.TransactionStatus.UNKNOWN)
     #: psycopg's waits as poll's events, and the readiness each answers with
     _POLL = {WAIT_R: select.POLLIN, WAIT_W: select.POLLOUT, WAIT_RW: select.POLLIN | select.POLLOUT}
     _READY = {select.POLLIN: READY_R, select.POLLOUT: READY_W, select.POLLIN | select.POLLOUT: READY_RW}
@@ -55,9 +57,20 @@ class LoopConnection(_Connection):  # type: ignore[misc]
                 waiting = gen.send(_READY[ready & (select.POLLIN | select.POLLOUT)])
         except StopIteration as finished:
             return finished.value
-        except BaseException:
-            self.close()  # a statement left half-answered: the session's next work reconnects
+        except BaseException as error:
+            if _left_mid_statement(self.pgconn, error):
+                self.close()  # a statement left half-answered: the session's next work reconnects
             raise
+
+
+def _left_mid_statement(pgconn: Any, error: BaseException) -> bool:
+    """Whether ``error``, raised from psycopg's wait on ``pgconn``, leaves the connection unusable:
+    anything but the database's own answer to a statement (a lock timeout, a deadlock, ``1/0``:
+    read whole, the session fine, as a store thread keeps it), or a connection lost, or one left
+    in the middle of a statement (the work's caller went away while it waited)."""
+    if not isinstance(error, psycopg.Error) or getattr(error, "sqlstate", None) is None:
+        return True
+    return bool(pgconn.status == _CONNECTION_BAD or pgconn.transaction_status in _MID_STATEMENT)
 
 
 #: the answer of a compare-and-set sent without waiting for it (``checked``): one divided by the
