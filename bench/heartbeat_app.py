@@ -9,6 +9,7 @@ validation, store, answer) on a fresh store. Printed per round: this process's C
 own code costs, steady enough on a shared machine to compare two checkouts round by round.
 
     .venv/bin/python bench/heartbeat_app.py [--db sqlite|postgres] [--beats 2000] [--rounds 3]
+        [--loop uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -127,7 +128,17 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the worker, one job on each")
     parser.add_argument("--beats", type=int, default=2000, help="heartbeats per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="the event loop: uvloop, as `corral server` runs (default), or asyncio's own",
+    )
     args = parser.parse_args()
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
     with harness.workdir(False) as directory, harness.store_url(args.db, directory, args.pg_url) as url:
         asyncio.run(bench(url, args.gpus, args.beats, args.rounds, args.db))
 

@@ -245,6 +245,13 @@ class ServerSettings(BaseSettings):
         " way, and on a thread when one is); 0: everything on the event loop, as before (a slow or"
         " locked store then stalls every request)",
     )
+    store_on_loop: bool = Field(
+        True,
+        description="PostgreSQL: run a claim, report or heartbeat on the event loop (its waits on the"
+        " database are the loop's, a connection of its own each, as many as store_threads) rather"
+        " than handing each to a store thread; false: on the store threads. On: up to store_threads"
+        " more connections per replica (the loop's sessions' beside the threads')",
+    )
     store_busy_timeout_s: float = Field(
         5.0, gt=0, description="a change waiting longer than this for a store lock is answered 503 store_busy"
     )

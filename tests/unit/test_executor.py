@@ -276,3 +276,47 @@ def test_work_handed_to_a_store_thread_runs_what_the_admission_said_first_there(
     inline.admission = admission
     assert run(lambda: inline.run(Work.SHORT, work)) == "done"
     assert len(asked) == 2  # the inline run was not asked about
+
+
+# --- a store whose waits the loop makes (PostgreSQL: ``store.on_loop``) ------------------------
+
+
+class LoopWaitingStore(FakeStore):
+    """A store whose short work runs on the event loop in a session (``waits_on_loop``)."""
+
+    waits_on_loop = True
+
+
+def on_loop_executor(store: FakeStore) -> StoreExecutor[str]:
+    return StoreExecutor(store, "the context", threads=2, switch_interval_s=SHORT_S, store_on_loop=True)
+
+
+def test_short_work_of_a_store_whose_waits_the_loop_makes_runs_on_the_loop_in_a_session() -> None:
+    from corral.store import on_loop
+
+    store = LoopWaitingStore(would_wait=True)  # never tried inline: no ``run_inline`` round
+
+    def in_session() -> tuple[str, bool]:
+        return threading.current_thread().name, on_loop.session() is not None
+
+    assert run(lambda: on_loop_executor(store).run(Work.SHORT, in_session)) == (LOOP, True)
+    assert store.inline_tries == 0
+
+
+def test_while_long_work_runs_beside_the_loop_short_work_goes_to_a_store_thread() -> None:
+    from corral.server import switching
+
+    store = LoopWaitingStore(would_wait=True)
+    with switching.long_work(SHORT_S):  # a loop pass on its lane, a list on a store thread
+        thread, interval, _ = run(lambda: on_loop_executor(store).run(Work.SHORT, where))
+    assert thread.startswith("corral-store") and interval == SHORT
+
+
+def test_a_short_call_on_a_store_thread_is_not_long_work_beside_the_loop() -> None:
+    from corral.server import switching
+
+    with switching.long_work(SHORT_S, short_call=True):
+        assert not switching.long_work_beside()
+        with switching.long_work(SHORT_S):
+            assert switching.long_work_beside()
+    assert not switching.long_work_beside()

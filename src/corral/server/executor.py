@@ -11,7 +11,15 @@ pass. Where it runs follows from that and from what this server has configured (
 - ``SHORT``, a protocol call of a few statements (a claim, a report, a heartbeat): on the event loop
   through ``Backend.run_inline`` where the store can take it without waiting (SQLite, no lock in the
   way): crossing to a thread would cost as much again (``bench/protocol.py``); else on a store
-  thread, with the short switch interval so that it finishes without queueing the next calls.
+  thread, with the short switch interval so that it finishes without queueing the next calls. On a
+  store whose waits the loop can make (PostgreSQL, ``waits_on_loop``; ``store_on_loop`` on): on
+  the event loop too, in a session of its own (``store.on_loop``: a greenlet and a connection,
+  as many as there are store threads), each wait on the database the loop's, as long as it would
+  be on a thread; no thread crossing per call (``bench/heartbeat_app.py``). Except while long
+  work runs beside the loop (``switching.long_work_beside``: a loop pass, a list): a thread in
+  Python then takes the interpreter for a switch interval at each of the loop's waits, and the
+  loop alone would pay every one in turn (``bench/fleet.py``'s load window: heartbeat p99 250 ms
+  to 3.5 s against 45-80 ms); on the store threads, as before, the waits overlap.
 - ``STORE``, a route's store work (a submit, a cancel, a worker's registration): a store thread.
 - ``LONG``, store work long in Python (a page of jobs, ``why``, a dashboard page, the metrics'
   gauges): a store thread with the short switch interval (``switching``), so that the event loop
@@ -46,6 +54,7 @@ from typing import Any, Concatenate, Final, Generic, Literal, ParamSpec, Protoco
 from corral.server import switching
 from corral.server.grouped import Batch, TurnGroup
 from corral.server.offload import OffloadGone, StoreProcess
+from corral.store import on_loop
 from corral.store.base import WouldWait
 
 P = ParamSpec("P")
@@ -152,8 +161,16 @@ class StoreExecutor(Generic[C]):
         switch_interval_s: float | None,
         planner: StoreProcess | None = None,
         reader: StoreProcess | None = None,
+        store_on_loop: bool = False,
     ) -> None:
         self._store = store
+        #: a store whose waits the event loop can make (PostgreSQL): the sessions ``SHORT`` work
+        #: takes there, one connection each, as many as there are store threads
+        self._sessions = (
+            on_loop.Sessions(threads)
+            if threads and store_on_loop and getattr(store, "waits_on_loop", False)
+            else None
+        )
         self._context = context
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="corral-store") if threads else None
         self._switch_interval_s = switch_interval_s
@@ -210,6 +227,8 @@ class StoreExecutor(Generic[C]):
         """``function(*args, **kwargs)`` (for ``READ`` and ``PLAN``: ``function(store, memory,
         *args, **kwargs)``), awaited from the event loop, where ``work`` runs."""
         if work is _SHORT and self._threads is not None:
+            if self._sessions is not None and not switching.long_work_beside():
+                return await self._run_on_loop(partial(function, *args, **kwargs))
             # ``places``' first choice for the protocol's hot path (a claim, a report, a heartbeat),
             # written out: enum lookups cost as much as the rest of the crossing on CPython 3.11
             try:
@@ -223,6 +242,20 @@ class StoreExecutor(Generic[C]):
             except _FALLBACK[place]:
                 continue
         return await self._run_at(chosen[-1], work, function, args, kwargs)
+
+    async def _run_on_loop(self, call: Callable[[], T]) -> T:
+        """``SHORT`` work on a store whose waits the loop makes (PostgreSQL): on the event loop in a
+        session of its own (``on_loop``: no thread crossing), once one is free. What the admission
+        says runs first, as on a store thread when the work's turn comes."""
+        assert self._sessions is not None
+        taken = await self._sessions.take()
+        try:
+            admit = self.admission() if self.admission is not None else None
+            if admit is not None:
+                admit()
+            return await on_loop.run(call, taken, self._threads)
+        finally:
+            self._sessions.give_back(taken)
 
     @overload
     def call(
@@ -317,10 +350,12 @@ class StoreExecutor(Generic[C]):
             call = partial(function, *args, **kwargs)
         if place is Place.INLINE_UNLESS_WAIT:
             return partial(self._store.run_inline, call)
-        if work in LONG or (work is Work.SHORT and place is Place.STORE_THREAD):
+        if work in LONG:
+            return partial(_with_short_interval, self._switch_interval_s, call)
+        if work is Work.SHORT and place is Place.STORE_THREAD:
             # a short call on a thread holds SQLite's write lock: it must not keep it for 5 ms
             # slices while the loop's calls queue behind it (``bench/protocol.py``)
-            return partial(_with_short_interval, self._switch_interval_s, call)
+            return partial(_with_short_interval, self._switch_interval_s, call, True)
         return call
 
 
@@ -330,6 +365,8 @@ def _admitted(admit: Callable[[], None], call: Callable[[], T]) -> T:
     return call()
 
 
-def _with_short_interval(switch_interval_s: float | None, call: Callable[[], T]) -> T:
-    with switching.long_work(switch_interval_s):
+def _with_short_interval(
+    switch_interval_s: float | None, call: Callable[[], T], short_call: bool = False
+) -> T:
+    with switching.long_work(switch_interval_s, short_call):
         return call()

@@ -114,6 +114,7 @@ class ServerState:
             switch_interval_s=settings.switch_interval_s,
             planner=planner,
             reader=reader,
+            store_on_loop=settings.store_on_loop,
         )
         self.store_health = StoreHealth(self.clock)
 

@@ -25,15 +25,18 @@ from contextlib import contextmanager
 
 _lock = threading.Lock()
 _running = 0
+#: of ``_running``, the long work proper: not a short call sent to a store thread
+_long = 0
 _normal_s = sys.getswitchinterval()
 
 
 @contextmanager
-def long_work(short_s: float | None) -> Iterator[None]:
+def long_work(short_s: float | None, short_call: bool = False) -> Iterator[None]:
     """The short switch interval (``short_s``, at most) while this and any other long work runs;
     the interpreter's own interval again once the last one ends. ``short_s`` None: the interval is
-    left as it is (a loop group made without an executor, in a test)."""
-    global _running, _normal_s
+    left as it is (a loop group made without an executor, in a test). ``short_call``: a short call
+    on a store thread, not long work beside the loop (``long_work_beside``)."""
+    global _running, _long, _normal_s
     if short_s is None:
         yield
         return
@@ -42,10 +45,19 @@ def long_work(short_s: float | None) -> Iterator[None]:
             _normal_s = sys.getswitchinterval()
             sys.setswitchinterval(min(short_s, _normal_s))
         _running += 1
+        _long += not short_call
     try:
         yield
     finally:
         with _lock:
             _running -= 1
+            _long -= not short_call
             if _running == 0:
                 sys.setswitchinterval(_normal_s)
+
+
+def long_work_beside() -> bool:
+    """Whether long work (a list, a loop pass; not a short call) runs beside the event loop now:
+    a thread that may hold the interpreter for a switch interval each time the loop lets go of it
+    (read without the lock: a glance, for a choice of where to run)."""
+    return _long > 0

@@ -15,11 +15,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.domain import errors
+from corral.store import on_loop
 
 try:  # the driver is an optional extra: corral[postgres]
     import psycopg
     from psycopg import pq
     from psycopg.adapt import PyFormat, Transformer
+    from psycopg.waiting import READY_R, READY_RW, READY_W, WAIT_R, WAIT_RW, WAIT_W
 
     TUPLES_OK = pq.ExecStatus.TUPLES_OK
     _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
@@ -27,8 +29,48 @@ try:  # the driver is an optional extra: corral[postgres]
     _TEXT = PyFormat.TEXT
     _COMMAND_OK = pq.ExecStatus.COMMAND_OK
     _CONNECTION_BAD = pq.ConnStatus.BAD
+    #: a connection's transaction status while a statement is in flight, or once it is lost
+    _MID_STATEMENT = (pq.TransactionStatus.ACTIVE, pq.TransactionStatus.UNKNOWN)
+    #: psycopg's waits as poll's events, and the readiness each answers with
+    _POLL = {WAIT_R: select.POLLIN, WAIT_W: select.POLLOUT, WAIT_RW: select.POLLIN | select.POLLOUT}
+    _READY = {select.POLLIN: READY_R, select.POLLOUT: READY_W, select.POLLIN | select.POLLOUT: READY_RW}
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
+
+_Connection: Any = psycopg.Connection if psycopg is not None else object
+
+
+class LoopConnection(_Connection):  # type: ignore[misc]
+    """A psycopg connection whose waits, in work running on the event loop (``on_loop``), are the
+    loop's: the statements psycopg sends itself (a transaction's, ``executemany``) then wait as the
+    pipeline's do. Anywhere else it waits as psycopg does."""
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        if on_loop.session() is None:
+            return super().wait(gen, interval, timeout)
+        pgconn = self.pgconn
+        fileno = pgconn.socket
+        try:
+            waiting = next(gen)
+            while True:
+                ready = on_loop.wait_socket(fileno, _POLL[waiting], pgconn)
+                waiting = gen.send(_READY[ready & (select.POLLIN | select.POLLOUT)])
+        except StopIteration as finished:
+            return finished.value
+        except BaseException as error:
+            if _left_mid_statement(self.pgconn, error):
+                self.close()  # a statement left half-answered: the session's next work reconnects
+            raise
+
+
+def _left_mid_statement(pgconn: Any, error: BaseException) -> bool:
+    """Whether ``error``, raised from psycopg's wait on ``pgconn``, leaves the connection unusable:
+    anything but the database's own answer to a statement (a lock timeout, a deadlock, ``1/0``:
+    read whole, the session fine, as a store thread keeps it), or a connection lost, or one left
+    in the middle of a statement (the work's caller went away while it waited)."""
+    if not isinstance(error, psycopg.Error) or getattr(error, "sqlstate", None) is None:
+        return True
+    return bool(pgconn.status == _CONNECTION_BAD or pgconn.transaction_status in _MID_STATEMENT)
 
 
 #: the answer of a compare-and-set sent without waiting for it (``checked``): one divided by the
@@ -80,18 +122,36 @@ class OpenTransaction:
 
 
 def roll_back(connection: Any) -> None:
-    """``ROLLBACK`` sent past psycopg (``PGconn.exec_``): psycopg answers a ``ROLLBACK`` it sees by
-    dropping every prepared statement of the session (``DEALLOCATE ALL``, its own and the
-    pipeline's), though PostgreSQL keeps a session's prepared statements through a rollback. A
-    connection that cannot roll back is closed (the next call reconnects)."""
+    """``ROLLBACK`` sent past psycopg (libpq's own calls, waited for as ``Pipeline`` waits, so on
+    the event loop too): psycopg answers a ``ROLLBACK`` it sees by dropping every prepared
+    statement of the session (``DEALLOCATE ALL``, its own and the pipeline's), though PostgreSQL
+    keeps a session's prepared statements through a rollback. A connection that cannot roll back
+    is closed (the next call reconnects)."""
     if connection.closed:
         return
+    pgconn = connection.pgconn
     try:
-        result = connection.pgconn.exec_(b"ROLLBACK")
+        pgconn.send_query(b"ROLLBACK")
+        while pgconn.flush():
+            on_loop.wait_socket(pgconn.socket, select.POLLIN | select.POLLOUT, pgconn)
+            pgconn.consume_input()
+        status = None
+        while True:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                on_loop.wait_socket(pgconn.socket, select.POLLIN, pgconn)
+                continue
+            result = pgconn.get_result()
+            if result is None:
+                break
+            status = result.status if status is None else status
     except psycopg.Error:
         connection.close()
         return
-    if result.status != _COMMAND_OK:
+    except BaseException:
+        connection.close()
+        raise
+    if status != _COMMAND_OK:
         connection.close()
 
 
@@ -221,9 +281,7 @@ class Pipeline:
     def _wait(self, events: int) -> None:
         if self.pgconn.status == _CONNECTION_BAD:
             raise psycopg.OperationalError("lost the connection")
-        poller = select.poll()
-        poller.register(self.pgconn.socket, events)
-        poller.poll()
+        on_loop.wait_socket(self.pgconn.socket, events, self.pgconn)
 
     def _answer_to(self, error: psycopg.Error, checked: bool) -> Exception:
         """The error a failed statement raises: ``Conflict`` for a checked compare-and-set that

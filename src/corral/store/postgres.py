@@ -14,12 +14,13 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.transitions import Outcome, Plan, Transition
+from corral.store import on_loop
 from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
@@ -28,6 +29,7 @@ from corral.store.operations import SqlWorkers
 from corral.store.pg_pipeline import (
     CHECKED_ANSWER,
     TUPLES_OK,
+    LoopConnection,
     OpenTransaction,
     Pipeline,
     number_array,
@@ -513,7 +515,7 @@ class PostgresStore(ComposedStore):
         self.busy_timeout_s = busy_timeout_s
         #: leadership (the advisory locks' connection) and migration
         self.lock = threading.RLock()
-        self._local = threading.local()
+        self._thread_local = threading.local()
         self._connections: list[Any] = []
         self._connections_lock = threading.Lock()
         self._leader: Any = None
@@ -541,7 +543,8 @@ class PostgresStore(ComposedStore):
         """This thread's open connection, (re)connecting when there is none or it was lost."""
         connection = getattr(self._local, "connection", None)
         if connection is None or connection.closed:
-            connection = self._connect(self.busy_timeout_s)
+            # from work on the event loop the connect is a store thread's (it waits on no socket of ours)
+            connection = on_loop.off_loop(partial(self._connect, self.busy_timeout_s))
             self._local.connection = connection
             with self._connections_lock:
                 self._connections = [known for known in self._connections if not known.closed]
@@ -553,7 +556,7 @@ class PostgresStore(ComposedStore):
             # Client and server keepalives: a replica that vanishes (host crash, partition)
             # loses its session, and the advisory locks of the loops it led, within ~25 s
             # instead of the kernel's two hours.
-            connection = psycopg.connect(
+            connection = LoopConnection.connect(
                 self.url,
                 autocommit=True,
                 keepalives=1,
@@ -667,7 +670,16 @@ class PostgresStore(ComposedStore):
         for connection in (self._leader, self._probe):
             if connection is not None:
                 connection.close()
-        self._local = threading.local()
+        self._thread_local = threading.local()
+
+    #: short work may run on the event loop (``on_loop``), its waits the loop's
+    waits_on_loop = on_loop.available()
+
+    @property
+    def _local(self) -> Any:
+        """The session of the calling work: its thread's, or its own when it runs on the event
+        loop (``on_loop.Session``): the connection, its pipeline, the transaction open on it."""
+        return on_loop.session() or self._thread_local
 
     def ping(self, timeout_s: float, write: bool = False) -> None:
         """Ready when a writer could take the jobs table within ``timeout_s`` (on the probe's own
