@@ -156,10 +156,11 @@ def connections_of(server: ServerThread) -> list[Any]:
 
 
 #: the lock timeout of the tests whose statements wait on locks that are let go in time
-BUSY_S = 1.5
-#: rows locked, each let go ``0.6 * BUSY_S`` after the one before: every wait under the lock
-#: timeout, their sum (in one pipeline: one wait for its answer) well past twice it
-HELD_ROWS = 6
+BUSY_S = 3.0
+#: rows locked, each let go ``0.3 * BUSY_S`` after the one before: every wait well under the lock
+#: timeout (a loaded machine may be late by two seconds), their sum (in one pipeline: one wait
+#: for its answer) past twice it and a second (the bound a wait on the loop once had)
+HELD_ROWS = 10
 
 
 def hold_rows_in_turn(url: str, holding: threading.Event) -> None:
@@ -170,7 +171,7 @@ def hold_rows_in_turn(url: str, holding: threading.Event) -> None:
             holder.execute("SELECT id FROM scratch WHERE id = %s FOR UPDATE", (row,))
         holding.set()
         for holder in holders:
-            time.sleep(0.6 * BUSY_S)
+            time.sleep(0.3 * BUSY_S)
             holder.rollback()
     finally:
         for holder in holders:
