@@ -121,6 +121,29 @@ class OpenTransaction:
             roll_back(self.connection)
 
 
+def _next_result(pgconn: Any) -> Any:
+    """The next result on ``pgconn``, waiting for it without holding the interpreter (on the event
+    loop, the loop's wait: ``on_loop.wait_socket``)."""
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            return pgconn.get_result()
+        _wait(pgconn, select.POLLIN)
+
+
+def _flush(pgconn: Any) -> None:
+    """Everything queued on ``pgconn`` sent, waiting as ``_next_result`` does."""
+    while pgconn.flush():
+        _wait(pgconn, select.POLLIN | select.POLLOUT)
+        pgconn.consume_input()
+
+
+def _wait(pgconn: Any, events: int) -> None:
+    if pgconn.status == _CONNECTION_BAD:
+        raise psycopg.OperationalError("lost the connection")
+    on_loop.wait_socket(pgconn.socket, events, pgconn)
+
+
 def roll_back(connection: Any) -> None:
     """``ROLLBACK`` sent past psycopg (libpq's own calls, waited for as ``Pipeline`` waits, so on
     the event loop too): psycopg answers a ``ROLLBACK`` it sees by dropping every prepared
@@ -132,18 +155,9 @@ def roll_back(connection: Any) -> None:
     pgconn = connection.pgconn
     try:
         pgconn.send_query(b"ROLLBACK")
-        while pgconn.flush():
-            on_loop.wait_socket(pgconn.socket, select.POLLIN | select.POLLOUT, pgconn)
-            pgconn.consume_input()
+        _flush(pgconn)
         status = None
-        while True:
-            pgconn.consume_input()
-            if pgconn.is_busy():
-                on_loop.wait_socket(pgconn.socket, select.POLLIN, pgconn)
-                continue
-            result = pgconn.get_result()
-            if result is None:
-                break
+        while (result := _next_result(pgconn)) is not None:
             status = result.status if status is None else status
     except psycopg.Error:
         connection.close()
@@ -212,7 +226,7 @@ class Pipeline:
                     pgconn.pipeline_sync()
             if not apart:
                 pgconn.pipeline_sync()
-            self._flush()
+            _flush(self.pgconn)
             sent = [(preparing is not None, sql) for preparing, sql, _, _ in messages]
             rows, failure = self._results(sent, prepared, apart)
             pgconn.exit_pipeline_mode()
@@ -235,10 +249,10 @@ class Pipeline:
         rows: list[list[tuple[Any, ...]]] = []
         failure: Exception | None = None
         for preparing, sql in sent:
-            result = self._next()
+            result = _next_result(self.pgconn)
             if result is None:
                 raise psycopg.OperationalError("the pipeline ended early: connection lost")
-            while self._next() is not None:  # each result is followed by a None
+            while _next_result(self.pgconn) is not None:  # each result is followed by a None
                 pass
             status = result.status
             if status == _FATAL_ERROR and failure is None:
@@ -260,28 +274,9 @@ class Pipeline:
 
     def _synced(self) -> None:
         """The next result is a sync's, else the connection is lost."""
-        synced = self._next()
+        synced = _next_result(self.pgconn)
         if synced is None or synced.status != _PIPELINE_SYNC:
             raise psycopg.OperationalError("the pipeline's sync did not come back: connection lost")
-
-    def _next(self) -> Any:
-        """The next result, waiting for it without holding the interpreter."""
-        pgconn = self.pgconn
-        while True:
-            pgconn.consume_input()
-            if not pgconn.is_busy():
-                return pgconn.get_result()
-            self._wait(select.POLLIN)
-
-    def _flush(self) -> None:
-        while self.pgconn.flush():
-            self._wait(select.POLLIN | select.POLLOUT)
-            self.pgconn.consume_input()
-
-    def _wait(self, events: int) -> None:
-        if self.pgconn.status == _CONNECTION_BAD:
-            raise psycopg.OperationalError("lost the connection")
-        on_loop.wait_socket(self.pgconn.socket, events, self.pgconn)
 
     def _answer_to(self, error: psycopg.Error, checked: bool) -> Exception:
         """The error a failed statement raises: ``Conflict`` for a checked compare-and-set that
