@@ -9,6 +9,7 @@ import httpx
 
 from corral.testing.server import ServerThread
 from tests.api.conftest import register, submit
+from tests.helpers import POLICY
 
 
 def fenced(job: dict, **extra: object) -> dict:
@@ -132,6 +133,40 @@ def test_the_force_drain_never_cuts_a_checkpoint_phase_short(
     requeued = job_of(api, low["id"])
     assert (requeued["status"], requeued["preempted_count"]) == ("pending", 1)
     assert "corral_preemption_failed_checkpoint_total 1.0" in api.get("/metrics").text
+
+
+def test_work_claimed_while_a_pass_waits_to_read_is_weighed_from_its_start(
+    api: httpx.Client, server: ServerThread, clock
+) -> None:
+    """A pass on a busy server waits for the planner and reads for a while; the three jobs here
+    are claimed in that time (as they were in a loaded end-to-end run). The pass decides at a time
+    read after its snapshot, so the newest two are still the cheapest victims: decided at a time
+    read before, all three had started "later" and looked free alike, and the oldest was taken."""
+    for index in range(4):
+        register(api, f"w{index}", gpus=1, vram_mb=1000)
+    lows = [submit(api, resources={"gpus": 1}, preemption_class=2) for _ in range(3)]
+    submit(api, gang_size=3, resources={"gpus": 1}, preemption_class=7)
+    store = server.state.store
+    read_inputs = store.gangs.admission_inputs
+
+    claimed: list[str] = []  # oldest first
+
+    def claimed_meanwhile():
+        for index in range(3):
+            clock.advance(60)
+            (started,) = store.claims.claim_many(f"w{index}", clock.now(), POLICY, 1)
+            claimed.append(started.id)
+        clock.advance(1)
+        return read_inputs()
+
+    store.gangs.admission_inputs = claimed_meanwhile
+    try:
+        server.run_loop("admission")
+    finally:
+        store.gangs.admission_inputs = read_inputs
+    stopping = [job_id for job_id in claimed if job_of(api, job_id)["status"] == "preempting"]
+    assert sorted(claimed) == sorted(low["id"] for low in lows)
+    assert stopping == claimed[1:], "the newest (cheapest) two"
 
 
 def test_a_gang_of_three_is_made_room_for_by_exactly_the_minimal_set(

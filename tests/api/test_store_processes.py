@@ -51,18 +51,20 @@ def planner(store_url):
 
 
 def _plan(planner: StoreProcess, store, now, last_preemptive=None):
-    return planner.call(plan_in_process, _settings(store), last_preemptive or {}, now)
+    return planner.call(plan_in_process, _settings(store), last_preemptive or {}, FakeClock(now))
 
 
 def test_the_planner_process_plans_what_the_server_thread_would(store, planner):
     fits = _cluster(store)
-    here = plan_pass(store, _settings(store), CycleMemo(), {}, NOW + 10)
+    here = plan_pass(store, _settings(store), CycleMemo(), {}, FakeClock(NOW + 10))
     there = _plan(planner, store, NOW + 10)
     assert there == here
     assert [reservation.gang_id for reservation in there.decisions.reservations] == [fits]
     assert there.gangs_waiting
     # the child keeps its records and memo between passes: the same plan again
-    assert _plan(planner, store, NOW + 11) == plan_pass(store, _settings(store), CycleMemo(), {}, NOW + 11)
+    assert _plan(planner, store, NOW + 11) == plan_pass(
+        store, _settings(store), CycleMemo(), {}, FakeClock(NOW + 11)
+    )
 
 
 class _EndsTheChild:
@@ -94,12 +96,19 @@ def test_a_planner_killed_between_passes_is_replaced_before_the_next(store, plan
     assert planner._process is not None and planner._process.pid != process.pid
 
 
+class _NotAnInstant:
+    """A clock whose time is not a number: the pass fails inside the child."""
+
+    def now(self) -> str:
+        return "not an instant"
+
+
 def test_an_error_in_the_pass_is_the_pass_error_and_the_child_stays(store, planner):
     _cluster(store)
     _plan(planner, store, NOW + 10)
     process = planner._process
     with pytest.raises(TypeError):
-        planner.call(plan_in_process, _settings(store), {}, "not an instant")
+        planner.call(plan_in_process, _settings(store), {}, _NotAnInstant())
     assert planner._process is process and process.poll() is None
     assert _plan(planner, store, NOW + 12).decisions.reservations
 
@@ -166,7 +175,7 @@ def test_the_executor_plans_in_the_planner_process_what_it_plans_without_one(sto
     _cluster(store)
     with_child = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW), planner_process=planner)
     without = ServerState(store, ServerSettings(store_threads=0), FakeClock(NOW))
-    there = with_child.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
+    there = with_child.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, FakeClock(NOW + 10))
     assert planner._process is not None, "planned by the planner process"
-    here = without.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, NOW + 10)
+    here = without.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, FakeClock(NOW + 10))
     assert there == here and here.decisions.reservations

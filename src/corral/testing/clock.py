@@ -10,6 +10,15 @@ class FakeClock:
         self._now = start
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> float:
+        """A copy at this instant (the lock stays behind): a server hands its clock to the
+        planner process, which reads it once a pass."""
+        return self.now()
+
+    def __setstate__(self, now: float) -> None:
+        self._now = now
+        self._lock = threading.Lock()
+
     def now(self) -> float:
         with self._lock:
             return self._now

@@ -19,6 +19,7 @@ from corral.core.decisions import AdmissionDecisions, Reservation, Rollback, Wai
 from corral.core.preemption import Preemption, PreemptionSettings
 from corral.core.preemption.limits import limited_pool
 from corral.domain import pools
+from corral.domain.clock import Clock
 from corral.domain.records import Hold, Job, Reason
 from corral.server import changes
 from corral.server.executor import Work
@@ -43,6 +44,8 @@ class PassPlan:
     gang_reasons: dict[str, tuple[Reason | None, ...]]
     #: the records of the jobs the preemptions name (which of them are gangs)
     jobs: dict[str, Job]
+    #: the instant the pass decided at: read after its snapshot (``plan_pass``)
+    now: float
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,10 @@ def admission_tick(state: ServerState) -> None:
     """One admission pass: planned in the planner process where the server runs one
     (``offload.StoreProcess``: the pass's Python then never competes with the requests for the
     interpreter), else here; applied here."""
-    now = state.clock.now()
     plan = state.executor.call(
-        Work.PLAN, plan_in_process, PlanSettings.of(state), dict(state.last_preemptive), now
+        Work.PLAN, plan_in_process, PlanSettings.of(state), dict(state.last_preemptive), state.clock
     )
-    apply_pass(state, plan, now)
+    apply_pass(state, plan, plan.now)
 
 
 def plan_in_process(
@@ -93,11 +95,11 @@ def plan_in_process(
     memory: dict[str, Any],
     settings: PlanSettings,
     last_preemptive: Mapping[str, float],
-    now: float,
+    clock: Clock,
 ) -> PassPlan:
     """``plan_pass`` in the planner process, with the ``CycleMemo`` it keeps there."""
     memo: CycleMemo = memory.setdefault("admission_memo", CycleMemo())
-    return plan_pass(store, settings, memo, last_preemptive, now)
+    return plan_pass(store, settings, memo, last_preemptive, clock)
 
 
 def plan_pass(
@@ -105,11 +107,17 @@ def plan_pass(
     settings: PlanSettings,
     memo: CycleMemo,
     last_preemptive: Mapping[str, float],
-    now: float,
+    clock: Clock,
 ) -> PassPlan:
     """Read the snapshot (``cycle.snapshot_of``) and let the core decide. Writes only the
     fair-share timers (when they change: kept in the store, so a new leader and every replica's
-    ``GET /pools`` see them): the decisions are applied by ``apply_pass``."""
+    ``GET /pools`` see them): the decisions are applied by ``apply_pass``.
+
+    The pass decides at ``clock``'s time read *after* its snapshot: a pass waits for the
+    planner and reads for a while, and work claimed meanwhile is in what it read. Decided at a
+    time taken before, such work started "in the future": its lost work, clamped at zero, made
+    every victim look equally free, and a preemption stopped the oldest jobs instead of the
+    newest."""
     inputs = store.gangs.admission_inputs()
     reading = cycle.CycleReading(
         workers=inputs.workers,
@@ -125,6 +133,7 @@ def plan_pass(
         starvation=previous,
         defaults=settings.pool_defaults,
     )
+    now = clock.now()
     snapshot = cycle.snapshot_of(reading, now, pools_reading, store.gangs.pending_in_pools, last_preemptive)
     if snapshot.fair is not None and snapshot.fair.starvation != previous:
         store.pools.put_pool_starvation(snapshot.fair.starvation)
@@ -160,6 +169,7 @@ def plan_pass(
             if gang.gang_id in waiting_gangs
         },
         jobs=jobs,
+        now=now,
     )
 
 
