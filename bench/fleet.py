@@ -334,6 +334,7 @@ class ProcessLoad:
         self.count = count
         self.directory = directory
         self.children: list[asyncio.subprocess.Process] = []
+        self.logs: list[Path] = []
         self.failures: list[str] = []
 
     async def start(self) -> None:
@@ -346,7 +347,8 @@ class ProcessLoad:
                 "indices": [share, self.workers, self.count],
                 "concurrency": concurrency,
             }
-            log = (self.directory / f"load-{share}.log").open("wb")
+            self.logs.append(self.directory / f"load-{share}.log")
+            log = self.logs[-1].open("wb")
             try:
                 child = await asyncio.create_subprocess_exec(
                     harness.PYTHON,
@@ -361,16 +363,19 @@ class ProcessLoad:
             finally:
                 log.close()
             self.children.append(child)
-        for share, answer in enumerate(await asyncio.gather(*(self._read(child) for child in self.children))):
+        answers = await asyncio.gather(*(self._read(share) for share in range(self.count)))
+        for share, answer in enumerate(answers):
             if "error" in answer:
                 raise harness.HttpError(f"load process {share}: {answer['error']}")
 
-    async def _read(self, child: asyncio.subprocess.Process) -> dict[str, Any]:
+    async def _read(self, share: int) -> dict[str, Any]:
+        child = self.children[share]
         assert child.stdout is not None
         line = await child.stdout.readline()
         if not line:
             code = await child.wait()
-            return {"error": f"exited ({code}) without answering; see load-*.log"}
+            tail = self.logs[share].read_text(errors="replace")[-1500:]
+            return {"error": f"exited ({code}) without answering; its stderr ends:\n{tail}"}
         answer: dict[str, Any] = orjson.loads(line)
         return answer
 
@@ -386,7 +391,7 @@ class ProcessLoad:
     async def close_window(self, window: Window) -> None:
         await self._tell(b"close")
         window.seconds = time.monotonic() - window.started
-        answers = await asyncio.gather(*(self._read(child) for child in self.children))
+        answers = await asyncio.gather(*(self._read(share) for share in range(self.count)))
         window.driver_each_cpu = []
         for share, answer in enumerate(answers):
             if "share" not in answer:
