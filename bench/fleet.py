@@ -1,10 +1,11 @@
 """A fleet on one server: heartbeat latency of N simulated workers, idle and under load.
 
-One load process simulates ``--workers`` (N) GPU hosts against the real ``corral server``, each on
-its own keep-alive connection, at the default intervals: a worker heartbeat every
-``--worker-heartbeat-s`` (15 s, with its GPU readings and its running list) and a job heartbeat per
-running job every ``--heartbeat-s`` (5 s, with progress), each host at a random phase. Per N, on a
-fresh server and store:
+``--load-processes`` (P) processes simulate ``--workers`` (N) GPU hosts against the real ``corral
+server``, host i in process i mod P (default: a quarter of the cores, 1 to 8; P = 1: all of them on
+the bench's own event loop, as it first ran), each on its own keep-alive connection, at the default
+intervals: a worker heartbeat every ``--worker-heartbeat-s`` (15 s, with its GPU readings and its
+running list) and a job heartbeat per running job every ``--heartbeat-s`` (5 s, with progress),
+each host at a random phase. Per N, on a fresh server and store:
 
 1. register N workers with ``--gpus`` (8) GPUs; submit ``--jobs-per-worker`` (k) jobs per worker of
    ``gpus / k`` GPUs each, class 10 (never preempted), and let each worker claim its k: every GPU
@@ -19,23 +20,27 @@ fresh server and store:
 Printed per window: heartbeat latency p50 / p99 / max (job and worker heartbeats together, then
 apart), the server's CPU in % of one core, the admission passes and their mean time, missed leases
 (a job heartbeat answered 409, plus ``corral_jobs_reaped_total``), other failures (5xx, by status),
-and the load process's own lag (how late it sent a heartbeat: when it is large, the client, not
-the server, is the bottleneck). The figure with the target (issue 13): heartbeat p99 under load
+and the load processes' own lag (how late one sent a heartbeat: when it is large, the client, not
+the server, is the bottleneck); each process's recordings are merged, so every figure is the whole
+fleet's whatever P. The figure with the target (issue 13): heartbeat p99 under load
 within 3x of idle.
 
 With ``--replicas R`` (PostgreSQL), R servers share the store and host i talks to replica i mod R
 (what a load balancer in front of them would do); the CPU column is their sum, each one's share
-below it, and the admission passes are the leader's. Below each window too: each replica's main
-process alone (without its planner and reader processes), PostgreSQL's CPU and the share of it
-spent by the backends serving this bench, the load process's own CPU and the load average.
-``--json FILE`` appends each size's windows as a JSON line, which ``bench/fleet_fit.py`` fits.
-With several replicas each one's heartbeat p99 and max is printed, the admission leader marked.
-``--timeline`` polls each replica's ``/metrics`` every 0.25 s for its loops' passes and sets them
-beside the heartbeats slower than 50 ms (and the lister's lists): which pass, on which replica,
-was running while the tail happened.
+below it, and the admission passes are the leader's. The bench's own submits and lists go to a
+replica that leads no loop (read from ``corral_loop_leader``; printed), as an operator's CLI and
+dashboards behind a load balancer reach any replica, not always the admission leader. Below each
+window too: each replica's main process alone (without its planner and reader processes),
+PostgreSQL's CPU and the share of it spent by the backends serving this bench, the load processes'
+CPU (all, and the busiest one) and the load average. ``--json FILE`` appends each size's windows as
+a JSON line, which ``bench/fleet_fit.py`` fits. With several replicas each one's heartbeat p99 and
+max is printed, the admission leader marked. ``--timeline`` polls each replica's ``/metrics`` every
+0.25 s for its loops' passes and sets them beside the heartbeats slower than 50 ms (and the
+lister's lists): which pass, on which replica, was running while the tail happened.
 
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
         [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl] [--timeline]
+        [--load-processes 4]
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -88,8 +94,10 @@ class Window:
     #: the share of ``postgres_cpu`` spent by the backends serving this bench's servers (the rest:
     #: PostgreSQL's background processes and whoever else shares the database server)
     postgres_own_cpu: float = float("nan")
-    #: the load process's own CPU (all N simulated hosts): near a core, the client is the bottleneck
+    #: the load processes' own CPU, together (all N simulated hosts): the client's cost
     driver_cpu: float = 0.0
+    #: each load process's share of ``driver_cpu``: one near a core, the client is the bottleneck
+    driver_each_cpu: list[float] = field(default_factory=list)
     #: the machine's 1-minute load average as the window started
     load_average: float = 0.0
     admission_passes: float = 0.0
@@ -137,63 +145,342 @@ async def _parallel(count: int, make: object, concurrency: int = 32) -> None:
     await asyncio.gather(*(runner() for _ in range(concurrency)))
 
 
-async def setup_fleet(
-    servers: list[harness.Server], args: argparse.Namespace, workers: int, fleet: Fleet
-) -> tuple[list[harness.HttpConn], list[str], list[list[SimJob]], list[asyncio.Task[None]]]:
-    """Submit the fleet's jobs, then bring each host up as a real worker comes up: register, claim
-    its jobs (``max``: one request; a 503 is retried after a second, as the worker does), and start
-    heartbeating at once, so no host sits silent while the rest of the fleet is set up (the reaper
-    would flag it dead and reap its leases). Host i talks to replica i mod R, as a load balancer
-    would spread them."""
-    server = servers[0]
-    conns = [
-        harness.HttpConn(servers[index % len(servers)].host, servers[index % len(servers)].port)
-        for index in range(workers)
-    ]
-    ids = [f"fleet-w{index:05d}" for index in range(workers)]
-    resources = {"gpus": args.gpus, "vram_mb": 81920, "memory_mb": 2_000_000, "cpus": 96}
+def worker_name(index: int) -> str:
+    return f"fleet-w{index:05d}"
+
+
+async def submit_fleet_jobs(server: harness.Server, args: argparse.Namespace, workers: int) -> None:
+    """The fleet's running jobs, k per worker of ``gpus / k`` GPUs each, submitted before any host
+    comes up (each host then claims its k)."""
     per_job = max(1, args.gpus // args.jobs_per_worker)
     total = workers * args.jobs_per_worker
     submit = await harness.HttpConn(server.host, server.port).connect()
-    for start in range(0, total, 1000):
-        count = min(1000, total - start)
-        body = {
-            "jobs": [
-                {
-                    "command": "sleep 3600",
-                    "name": f"running-{start + i}",
-                    "resources": {"gpus": per_job, "cpus": 1},
-                    "preemption_class": 10,
-                }
-                for i in range(count)
-            ]
-        }
-        await submit.json(b"POST", "/jobs/batch", orjson.dumps(body), expect=201)
-    await submit.close()
-    jobs: list[list[SimJob]] = [[] for _ in range(workers)]
-    hosts: list[asyncio.Task[None]] = []
+    try:
+        for start in range(0, total, 1000):
+            count = min(1000, total - start)
+            body = {
+                "jobs": [
+                    {
+                        "command": "sleep 3600",
+                        "name": f"running-{start + i}",
+                        "resources": {"gpus": per_job, "cpus": 1},
+                        "preemption_class": 10,
+                    }
+                    for i in range(count)
+                ]
+            }
+            await submit.json(b"POST", "/jobs/batch", orjson.dumps(body), expect=201)
+    finally:
+        await submit.close()
 
-    async def bring_up(index: int) -> None:
-        conn = await conns[index].connect()
-        body = orjson.dumps(
-            {"id": ids[index], "address": f"10.0.{index // 250}.{index % 250}", "resources": resources}
-        )
-        await conn.json(b"POST", "/workers/register", body, expect=201)
-        while len(jobs[index]) < args.jobs_per_worker:
-            wanted = args.jobs_per_worker - len(jobs[index])
-            status, content = await conn.request(b"GET", f"/jobs/next?worker_id={ids[index]}&max={wanted}")
-            if status == 503:
-                await asyncio.sleep(1.0)
-                continue
-            if status != 200:
-                raise harness.HttpError(f"worker {ids[index]}: claim answered {status} {content[:200]!r}")
-            for item in orjson.loads(content)["items"]:
-                jobs[index].append(SimJob(item["id"], item["attempt"]))
-        replica = index % len(servers)
-        hosts.append(asyncio.create_task(simulate_host(fleet, conn, ids[index], jobs[index], args, replica)))
 
-    await _parallel(workers, bring_up)
-    return conns, ids, jobs, hosts
+#: the settings a simulated host reads (what a load process is handed of the command line)
+HOST_SETTINGS = ("batched", "heartbeat_s", "worker_heartbeat_s", "gpus", "jobs_per_worker")
+#: hosts brought up at once, in all load processes together (register, then claim)
+BRING_UP_CONCURRENCY = 32
+
+
+class LocalHosts:
+    """Some of the fleet's simulated hosts (``indices``; host i talks to replica i mod R, as a load
+    balancer would spread them) on this process's event loop. ``fleet.window``, while set, is the
+    window their heartbeats are recorded in."""
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        args: argparse.Namespace,
+        indices: Sequence[int],
+        concurrency: int = BRING_UP_CONCURRENCY,
+    ) -> None:
+        self.addresses = list(addresses)
+        self.args = args
+        self.indices = list(indices)
+        self.concurrency = max(1, min(concurrency, len(self.indices)))
+        self.fleet = Fleet()
+        self.conns: list[harness.HttpConn] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Bring each host up as a real worker comes up: register, claim its jobs (``max``: one
+        request; a 503 is retried after a second, as the worker does), and start heartbeating at
+        once, so no host sits silent while the rest of the fleet is set up (the reaper would flag
+        it dead and reap its leases)."""
+        args = self.args
+        resources = {"gpus": args.gpus, "vram_mb": 81920, "memory_mb": 2_000_000, "cpus": 96}
+        replicas = len(self.addresses)
+
+        async def bring_up(position: int) -> None:
+            index = self.indices[position]
+            host, port = self.addresses[index % replicas]
+            conn = harness.HttpConn(host, port)
+            self.conns.append(conn)
+            await conn.connect()
+            name = worker_name(index)
+            body = orjson.dumps(
+                {"id": name, "address": f"10.0.{index // 250}.{index % 250}", "resources": resources}
+            )
+            await conn.json(b"POST", "/workers/register", body, expect=201)
+            jobs: list[SimJob] = []
+            while len(jobs) < args.jobs_per_worker:
+                wanted = args.jobs_per_worker - len(jobs)
+                status, content = await conn.request(b"GET", f"/jobs/next?worker_id={name}&max={wanted}")
+                if status == 503:
+                    await asyncio.sleep(1.0)
+                    continue
+                if status != 200:
+                    raise harness.HttpError(f"worker {name}: claim answered {status} {content[:200]!r}")
+                jobs.extend(SimJob(item["id"], item["attempt"]) for item in orjson.loads(content)["items"])
+            self.tasks.append(
+                asyncio.create_task(simulate_host(self.fleet, conn, name, jobs, args, index % replicas))
+            )
+
+        await _parallel(len(self.indices), bring_up, self.concurrency)
+
+    def failure(self) -> BaseException | None:
+        """The first host that stopped on an error (a host stops only on one)."""
+        for task in self.tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
+
+    async def stop(self) -> None:
+        self.fleet.stopping = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for conn in self.conns:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await conn.close()
+
+
+class InProcessLoad:
+    """``--load-processes 1``: every host on the bench's own event loop, recording straight into
+    the window (the load process's CPU: this whole process's, scrapes of ``/metrics`` included)."""
+
+    count = 1
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], args: argparse.Namespace, workers: int) -> None:
+        self.hosts = LocalHosts(addresses, args, range(workers))
+        self._cpu = 0.0
+
+    async def start(self) -> None:
+        await self.hosts.start()
+
+    async def open_window(self, window: Window) -> None:
+        self._cpu = harness.self_cpu_seconds()
+        self.hosts.fleet.window = window
+
+    async def close_window(self, window: Window) -> None:
+        self.hosts.fleet.window = None
+        window.seconds = time.monotonic() - window.started
+        window.driver_cpu = harness.self_cpu_seconds() - self._cpu
+        window.driver_each_cpu = [window.driver_cpu]
+
+    def raise_failure(self) -> None:
+        failure = self.hosts.failure()
+        if failure is not None:
+            raise failure
+
+    async def stop(self) -> None:
+        await self.hosts.stop()
+
+
+def window_share(window: Window) -> dict[str, object]:
+    """What one load process's hosts recorded in a window, to merge in the parent's."""
+    return {
+        "job": window.job_latency,
+        "worker": window.worker_latency,
+        "statuses": {str(status): count for status, count in window.statuses.items()},
+        "stale": window.stale,
+        "lag": window.lag,
+        "replica": {str(replica): values for replica, values in window.replica_latency.items()},
+        "slow": window.slow_beats,
+    }
+
+
+def merge_share(window: Window, share: dict[str, Any]) -> None:
+    """Add one load process's share to the window: the latencies and lags side by side (each host
+    is in one share only), the counts summed. Send times are ``time.monotonic()``, one clock for
+    every process on the machine, so the timeline lines them up as before."""
+    window.job_latency.extend(share["job"])
+    window.worker_latency.extend(share["worker"])
+    for status, count in share["statuses"].items():
+        window.statuses[int(status)] = window.statuses.get(int(status), 0) + count
+    window.stale += share["stale"]
+    window.lag.extend(share["lag"])
+    for replica, values in share["replica"].items():
+        window.replica_latency.setdefault(int(replica), []).extend(values)
+    window.slow_beats.extend((sent, latency, replica) for sent, latency, replica in share["slow"])
+
+
+class ProcessLoad:
+    """``--load-processes N`` (N > 1): the hosts dealt round-robin to N child processes (host i to
+    process i mod N, still talking to replica i mod R), each with its own event loop, so one
+    interpreter's loop no longer sends every heartbeat (its lateness was part of the tail). Each
+    child answers commands on its stdin with one JSON line on its stdout: ``open`` (start recording
+    a window), ``close`` (stop, and send what was recorded and the CPU it spent), ``quit``."""
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        args: argparse.Namespace,
+        workers: int,
+        count: int,
+        directory: Path,
+    ) -> None:
+        self.addresses = list(addresses)
+        self.args = args
+        self.workers = workers
+        self.count = count
+        self.directory = directory
+        self.children: list[asyncio.subprocess.Process] = []
+        self.logs: list[Path] = []
+        self.failures: list[str] = []
+
+    async def start(self) -> None:
+        settings = {name: getattr(self.args, name) for name in HOST_SETTINGS}
+        concurrency = max(1, BRING_UP_CONCURRENCY // self.count)
+        for share in range(self.count):
+            config = {
+                "addresses": self.addresses,
+                "settings": settings,
+                "indices": [share, self.workers, self.count],
+                "concurrency": concurrency,
+            }
+            self.logs.append(self.directory / f"load-{share}.log")
+            log = self.logs[-1].open("wb")
+            try:
+                child = await asyncio.create_subprocess_exec(
+                    harness.PYTHON,
+                    str(THIS_FILE),
+                    LOAD_AGENT,
+                    orjson.dumps(config).decode(),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    limit=1 << 30,  # a window's latencies come as one line
+                )
+            finally:
+                log.close()
+            self.children.append(child)
+        answers = await asyncio.gather(*(self._read(share) for share in range(self.count)))
+        for share, answer in enumerate(answers):
+            if "error" in answer:
+                raise harness.HttpError(f"load process {share}: {answer['error']}")
+
+    async def _read(self, share: int) -> dict[str, Any]:
+        child = self.children[share]
+        assert child.stdout is not None
+        line = await child.stdout.readline()
+        if not line:
+            code = await child.wait()
+            tail = self.logs[share].read_text(errors="replace")[-1500:]
+            return {"error": f"exited ({code}) without answering; its stderr ends:\n{tail}"}
+        answer: dict[str, Any] = orjson.loads(line)
+        return answer
+
+    async def _tell(self, command: bytes) -> None:
+        for child in self.children:
+            assert child.stdin is not None
+            child.stdin.write(command + b"\n")
+        await asyncio.gather(*(child.stdin.drain() for child in self.children if child.stdin is not None))
+
+    async def open_window(self, window: Window) -> None:
+        await self._tell(b"open")
+
+    async def close_window(self, window: Window) -> None:
+        await self._tell(b"close")
+        window.seconds = time.monotonic() - window.started
+        answers = await asyncio.gather(*(self._read(share) for share in range(self.count)))
+        window.driver_each_cpu = []
+        for share, answer in enumerate(answers):
+            if "share" not in answer:
+                raise harness.HttpError(f"load process {share}: {answer.get('error')}")
+            merge_share(window, answer["share"])
+            window.driver_each_cpu.append(answer["cpu"])
+            if answer.get("failure"):
+                self.failures.append(f"load process {share}: {answer['failure']}")
+        window.driver_cpu = sum(window.driver_each_cpu)
+
+    def raise_failure(self) -> None:
+        if self.failures:
+            raise harness.HttpError("; ".join(self.failures))
+
+    async def stop(self) -> None:
+        for child in self.children:
+            if child.stdin is not None and child.returncode is None:
+                with contextlib.suppress(Exception):
+                    child.stdin.write(b"quit\n")
+                    await child.stdin.drain()
+                    child.stdin.close()
+        for child in self.children:
+            try:
+                await asyncio.wait_for(child.wait(), 10)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
+
+
+LOAD_AGENT = "--load-agent"
+THIS_FILE = Path(__file__).resolve()
+
+
+async def load_agent(config: dict[str, Any]) -> None:
+    """One load process (``ProcessLoad``'s child): bring its hosts up, say so, then record windows
+    as told on stdin until ``quit`` or the end of stdin (the parent gone)."""
+    share, workers, step = config["indices"]
+    hosts = LocalHosts(
+        [(host, port) for host, port in config["addresses"]],
+        argparse.Namespace(**config["settings"]),
+        range(share, workers, step),
+        config["concurrency"],
+    )
+    out = sys.stdout.buffer
+
+    def answer(message: dict[str, Any]) -> None:
+        out.write(orjson.dumps(message) + b"\n")
+        out.flush()
+
+    try:
+        await hosts.start()
+    except Exception as error:  # the parent prints it, with the servers' logs
+        answer({"error": repr(error)})
+        await hosts.stop()
+        return
+    answer({"ready": len(hosts.indices)})
+    reader = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+    )
+    window = Window("share")
+    cpu = 0.0
+    try:
+        while command := (await reader.readline()).strip():
+            if command == b"open":
+                window = Window("share")
+                cpu = harness.self_cpu_seconds()
+                hosts.fleet.window = window
+            elif command == b"close":
+                hosts.fleet.window = None
+                failure = hosts.failure()
+                answer(
+                    {
+                        "share": window_share(window),
+                        "cpu": harness.self_cpu_seconds() - cpu,
+                        "failure": repr(failure) if failure is not None else None,
+                    }
+                )
+            elif command == b"quit":
+                break
+    finally:
+        await hosts.stop()
+
+
+def default_load_processes() -> int:
+    """A quarter of the machine's cores, 1 to 8: the servers, their planner processes and
+    PostgreSQL need the rest (16 cores: 4 load processes, 2,500 of 10,000 hosts each; 2 cores:
+    1, the bench as it always ran)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
 
 
 async def simulate_host(
@@ -306,8 +593,8 @@ def start_lister(
     return processes.start("lister", argv, directory / f"lister-{server.port}.log")
 
 
-def lister_latencies(child: harness.Child, window: Window) -> None:
-    """The lists that started within the window."""
+def lister_latencies(child: harness.Child, window: Window, replica: int = 0) -> None:
+    """The lists that started within the window (made on ``replica``)."""
     started_at = window.started
     for line in child.log.read_text(errors="replace").splitlines():
         parts = line.split()
@@ -316,7 +603,7 @@ def lister_latencies(child: harness.Child, window: Window) -> None:
         at, took, status = float(parts[0]), float(parts[1]), int(parts[2])
         if started_at <= at <= started_at + window.seconds and status == 200:
             window.list_latency.append(took)
-            window.passes_seen.append((at, at + took, 0, "GET list"))
+            window.passes_seen.append((at, at + took, replica, "GET list"))
 
 
 async def scrape(server: harness.Server) -> tuple[float, float, float]:
@@ -406,7 +693,7 @@ def print_timeline(window: Window) -> None:
 
 
 async def measure(
-    fleet: Fleet,
+    load: InProcessLoad | ProcessLoad,
     window: Window,
     servers: list[harness.Server],
     seconds: float,
@@ -420,19 +707,16 @@ async def measure(
     main_cpu = [harness.cpu_seconds(pid) for pid in pids]
     pg_before = harness.postgres_cpu_seconds() if postgres else {}
     backends = harness.postgres_backends_of(pids) if postgres else []
-    driver = harness.self_cpu_seconds()
     window.load_average = os.getloadavg()[0]
     window.started = time.monotonic()
-    fleet.window = window
+    await load.open_window(window)
     watcher = asyncio.create_task(watch_loops(servers, window)) if timeline else None
-    await asyncio.sleep(seconds)
-    fleet.window = None
+    await asyncio.sleep(seconds - (time.monotonic() - window.started))
+    await load.close_window(window)
     if watcher is not None:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-    window.seconds = time.monotonic() - window.started
-    window.driver_cpu = harness.self_cpu_seconds() - driver
     window.replica_cpu = [
         harness.cpu_seconds(pid, children=True) - before for pid, before in zip(pids, cpu, strict=True)
     ]
@@ -458,8 +742,8 @@ async def measure(
 
 
 async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: int) -> tuple[float, float]:
-    """Submit the load window's jobs in batches to the first replica; the seconds it took and
-    those of the slowest batch."""
+    """Submit the load window's jobs in batches to ``server``; the seconds it took and those of the
+    slowest batch."""
     conn = await harness.HttpConn(server.host, server.port).connect()
     started = time.monotonic()
     slowest = 0.0
@@ -491,32 +775,69 @@ async def submit_load(server: harness.Server, pending: int, gangs: int, gpus: in
     return time.monotonic() - started, slowest
 
 
+LEADER = re.compile(r'^corral_loop_leader\{loop="([a-z_]+)"\} ([0-9.e+-]+)$', re.MULTILINE)
+
+
+async def pick_front(servers: list[harness.Server]) -> tuple[int, str]:
+    """The replica the bench's own submits and lists go to, and why: with several, one that leads
+    no loop, or the fewest (never admission when another can take them), read from each one's
+    ``corral_loop_leader`` gauges; the last such. An operator's CLI and dashboards reach any replica
+    behind a load balancer: sending them all to the admission leader (as this bench did, to the
+    first replica) loads that one with work a real fleet spreads, and its heartbeats' tail with it."""
+    if len(servers) == 1:
+        return 0, "the only server"
+    led: list[list[str]] = []
+    for server in servers:
+        conn = await harness.HttpConn(server.host, server.port).connect()
+        try:
+            _, text = await conn.request(b"GET", "/metrics")
+        finally:
+            await conn.close()
+        led.append([loop for loop, value in LEADER.findall(text.decode()) if float(value) == 1])
+    front = min(range(len(servers)), key=lambda i: ("admission" in led[i], len(led[i]), -i))
+    leading = ", ".join(f"replica {i}: {'+'.join(loops)}" for i, loops in enumerate(led) if loops)
+    return front, f"loops led: {leading or 'none yet'}"
+
+
 async def bench_fleet(
     servers: list[harness.Server],
     args: argparse.Namespace,
     workers: int,
     processes: harness.Processes,
     directory: Path,
-) -> list[Window]:
-    server = servers[0]
+) -> tuple[list[Window], int]:
+    """The idle and load windows of one fleet size, and the replica the bench's own requests went
+    to."""
     for replica in servers:
         probe = await harness.HttpConn(replica.host, replica.port).connect()
         await harness.wait_ready(probe)
         await probe.close()
     started = time.monotonic()
-    fleet = Fleet()
-    conns, _, _, hosts = await setup_fleet(servers, args, workers, fleet)
-    print(
-        f"  set up {workers} workers x {args.gpus} GPUs, {workers * args.jobs_per_worker} running jobs"
-        f" in {time.monotonic() - started:.1f}s",
-        flush=True,
+    front, why = await pick_front(servers)
+    await submit_fleet_jobs(servers[front], args, workers)
+    addresses = [(replica.host, replica.port) for replica in servers]
+    count = min(args.load_processes, workers)
+    load: InProcessLoad | ProcessLoad = (
+        ProcessLoad(addresses, args, workers, count, directory)
+        if count > 1
+        else InProcessLoad(addresses, args, workers)
     )
     listing: harness.Child | None = None
     postgres = args.db == "postgres"
     try:
+        await load.start()
+        print(
+            f"  set up {workers} workers x {args.gpus} GPUs, {workers * args.jobs_per_worker} running jobs"
+            f" in {time.monotonic() - started:.1f}s, from {count} load process(es)",
+            flush=True,
+        )
         await asyncio.sleep(args.settle_s)
-        idle = await measure(fleet, Window("idle"), servers, args.window_s, postgres, args.timeline)
+        idle = await measure(load, Window("idle"), servers, args.window_s, postgres, args.timeline)
         print(f"  {glance(idle)}", flush=True)
+        front, why = await pick_front(servers)  # leadership settled by now
+        server = servers[front]
+        if len(servers) > 1:
+            print(f"  submits and lists go to replica {front} ({why})", flush=True)
         loaded, slowest = await submit_load(server, args.pending, args.gangs, args.gpus)
         print(
             f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s"
@@ -528,35 +849,28 @@ async def bench_fleet(
         await asyncio.sleep(min(args.settle_s, 5.0))
         spy = None
         if args.profile:
-            out = directory / f"pyspy-{server.port}.txt"
-            spy = harness.start_pyspy(processes, server.child.process.pid, out, gil=True)
-        load = await measure(fleet, Window("load"), servers, args.window_s, postgres, args.timeline)
+            leader = max(range(len(servers)), key=lambda i: idle.replica_passes[i])
+            out = directory / f"pyspy-{servers[leader].port}.txt"
+            spy = harness.start_pyspy(processes, servers[leader].child.process.pid, out, gil=True)
+        loaded_window = await measure(load, Window("load"), servers, args.window_s, postgres, args.timeline)
         if spy is not None:
             harness.stop_pyspy(processes, spy)
             harness.print_collapsed(out, title="server (GIL holder)")
         if listing is not None:
-            lister_latencies(listing, load)
-        for task in hosts:
-            if task.done() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            lister_latencies(listing, loaded_window, front)
+        load.raise_failure()
     finally:
-        fleet.stopping = True
         if listing is not None:
             processes.stop(listing, grace_s=1)
-        for task in hosts:
-            task.cancel()
-        await asyncio.gather(*hosts, return_exceptions=True)
-        for conn in conns:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await conn.close()
-    return [idle, load]
+        await load.stop()
+    return [idle, loaded_window], front
 
 
 def _ms(values: Sequence[float], q: float) -> float:
     return 1e3 * harness.percentile(values, q) if values else float("nan")
 
 
-def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> None:
+def report(workers: int, args: argparse.Namespace, windows: list[Window], front: int = 0) -> None:
     replicas = f", {args.replicas} replicas" if args.replicas > 1 else ""
     harness.banner(
         f"fleet on {args.db}{replicas}: {workers} workers x {args.gpus} GPUs,"
@@ -573,7 +887,10 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
     print(
         f"  offered heartbeat rate {rate:.0f} req/s; load window: {args.pending} pending, {args.gangs} gangs,"
     )
-    print(f"  GET /jobs?limit=5000 and GET /workers alternately every {args.list_every_s:g}s")
+    print(f"  GET /jobs?limit=5000 and GET /workers alternately every {args.list_every_s:g}s", end="")
+    print(f"; submits and lists on replica {front}" if args.replicas > 1 else "")
+    loads = len(windows[0].driver_each_cpu)
+    print(f"  hosts simulated by {loads} load process(es), host i in process i mod {loads}")
     print(
         f"  {'window':<6} {'beats':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
         f" {'job p99':>8} {'wrk p99':>8} {'srv CPU':>8} {'adm passes':>10} {'adm ms':>7}"
@@ -605,6 +922,9 @@ def report(workers: int, args: argparse.Namespace, windows: list[Window]) -> Non
                 f" (this bench's backends {100 * window.postgres_own_cpu / window.seconds:.0f}%)"
             )
         extra += f"  load process CPU {100 * window.driver_cpu / window.seconds:.0f}%"
+        if len(window.driver_each_cpu) > 1:
+            busiest = max(window.driver_each_cpu)
+            extra += f" (all {len(window.driver_each_cpu)}; busiest {100 * busiest / window.seconds:.0f}%)"
         extra += f"  load average {window.load_average:.1f}"
         print(f"         {extra.strip()}")
         if len(window.replica_cpu) > 1:
@@ -640,9 +960,13 @@ def _by_replica(window: Window) -> str:
     return " | ".join(parts)
 
 
-def record(workers: int, args: argparse.Namespace, windows: list[Window]) -> dict[str, object]:
+def record(
+    workers: int, args: argparse.Namespace, windows: list[Window], front: int = 0
+) -> dict[str, object]:
     """One size's windows as JSON for ``--json`` (what ``bench/fleet_fit.py`` reads): CPU in
-    seconds over each window's ``seconds``, latencies in ms."""
+    seconds over each window's ``seconds``, latencies in ms. ``driver_cpu_s`` is every load
+    process's together (the client's cost), ``driver_each_cpu_s`` each one's (one near a core:
+    the client saturated)."""
 
     def one(window: Window) -> dict[str, object]:
         beats = window.heartbeats
@@ -662,6 +986,7 @@ def record(workers: int, args: argparse.Namespace, windows: list[Window]) -> dic
             "postgres_cpu_s": window.postgres_cpu,
             "postgres_own_cpu_s": window.postgres_own_cpu,
             "driver_cpu_s": window.driver_cpu,
+            "driver_each_cpu_s": window.driver_each_cpu,
             "load_average": window.load_average,
             "admission_passes": window.admission_passes,
             "admission_seconds": window.admission_seconds,
@@ -680,11 +1005,18 @@ def record(workers: int, args: argparse.Namespace, windows: list[Window]) -> dic
         "batched": args.batched,
         "heartbeat_s": args.heartbeat_s,
         "cores": os.cpu_count(),
+        "load_processes": len(windows[0].driver_each_cpu),
+        "front_replica": front,
         "windows": [one(window) for window in windows],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [LOAD_AGENT]:  # one of ProcessLoad's children
+        harness.new_event_loop_policy()
+        asyncio.run(load_agent(orjson.loads(argv[1])))
+        return 0
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -727,7 +1059,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="py-spy the server's GIL holder during the load window"
     )
+    parser.add_argument(
+        "--load-processes",
+        type=int,
+        default=default_load_processes(),
+        help="processes simulating the hosts, host i in process i mod P (default: a quarter of the"
+        " cores, 1 to 8; 1: every host on the bench's own event loop, as it always ran)",
+    )
     args = parser.parse_args(argv)
+    if args.load_processes < 1:
+        parser.error("--load-processes: at least 1")
     if args.replicas < 1 or (args.replicas > 1 and args.db != "postgres"):
         parser.error("--replicas: 1, or more on PostgreSQL (one server per SQLite file)")
     sizes = [int(part) for part in args.workers.split(",") if part.strip()]
@@ -761,7 +1102,7 @@ def main(argv: list[str] | None = None) -> int:
                             harness.start_server(processes, db_url, place, [*limit, *args.server_arg])
                         )
                     try:
-                        windows = asyncio.run(bench_fleet(servers, args, workers, processes, here))
+                        windows, front = asyncio.run(bench_fleet(servers, args, workers, processes, here))
                     except (harness.HttpError, OSError, TimeoutError) as error:
                         print(f"\nfleet of {workers} FAILED: {error!r}", flush=True)
                         for server in servers:
@@ -772,10 +1113,10 @@ def main(argv: list[str] | None = None) -> int:
                     finally:
                         for server in servers:
                             processes.stop(server.child)
-                    report(workers, args, windows)
+                    report(workers, args, windows, front)
                     if args.json is not None:
                         with args.json.open("ab") as out:
-                            out.write(orjson.dumps(record(workers, args, windows)) + b"\n")
+                            out.write(orjson.dumps(record(workers, args, windows, front)) + b"\n")
     except KeyboardInterrupt:
         print("interrupted; processes stopped", file=sys.stderr)
         return 130

@@ -10,9 +10,12 @@
 #     anyio h11 idna jinja2 markupsafe psutil typing_extensions prometheus-client
 # (the versions of .venv: `.venv/bin/python -m pip list`). Then, on the host, from the checkout:
 #   SIZES=2000,5000 REPLICAS=3 WINDOW=10 bash bench/offline_fleet.sh
+#   SIZES=10000 REPLICAS=3 WINDOW=15 LOADS=4 FLEET_TIMEOUT=580 bash bench/offline_fleet.sh
 # Settings: PY (python3), SITE (/tmp/site), PGPORT (5432: bench/fleet.py counts the backends of this
 # port), OUT (where fleet.log and fleet.jsonl go), SIZES, REPLICAS, WINDOW, FLEET_TIMEOUT (480 s),
-# EXTRA (more flags for bench/fleet.py, e.g. "--timeline"), TAG (a suffix for the log's name).
+# LOADS (processes simulating the hosts, --load-processes: unset, fleet.py's default, a quarter of the
+# cores: 4 on 16; 1: one process for every host, as before), EXTRA (more flags for bench/fleet.py,
+# e.g. "--timeline"), TAG (a suffix for the log's name).
 set -u
 PY=${PY:-python3}
 SITE=${SITE:-/tmp/site}
@@ -33,5 +36,5 @@ trap 'su pgrun -c "$PGBIN/pg_ctl -D $DATA -m fast stop" >/dev/null 2>&1' EXIT
 echo "open files: $(ulimit -n) (hard $(ulimit -Hn)); $(nproc) cores"
 timeout "${FLEET_TIMEOUT:-480}" $PY bench/fleet.py --db postgres --pg-url "postgresql://postgres@127.0.0.1:$PORT/test" \
   --replicas "${REPLICAS:-3}" --workers "${SIZES:-10000}" --batched --jobs-per-worker 8 --window-s "${WINDOW:-15}" \
-  --settle-s 5 --timeout "${FLEET_TIMEOUT:-480}" --json "$OUTDIR/fleet.jsonl" ${EXTRA:-} 2>&1 | tee "$OUTDIR/fleet${TAG:-}.log"
+  --settle-s 5 --timeout "${FLEET_TIMEOUT:-480}" --json "$OUTDIR/fleet.jsonl" ${LOADS:+--load-processes "$LOADS"} ${EXTRA:-} 2>&1 | tee "$OUTDIR/fleet${TAG:-}.log"
 exit "${PIPESTATUS[0]}"

@@ -120,3 +120,23 @@ def test_cells_whose_servers_fell_behind_are_left_out_of_the_fit(
     out = " ".join(capsys.readouterr().out.split())  # the figures, not their columns
     assert "left out of the fit" in out and "5000 on 3" in out
     assert "main processes' CPU per heartbeat 0.50 ms" in out
+
+
+def test_a_client_is_saturated_when_one_load_process_is_not_when_all_of_them_together_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spread = {"driver_cpu_s": 20.0, "driver_each_cpu_s": [5.0, 5.0, 5.0, 5.0]}  # 2 cores, 0.5 each
+    one = {"driver_cpu_s": 9.0}  # before the split: one load process, 0.9 of a core
+    runs = [
+        _run(3, 1000, 1000, 1e-4, **spread),
+        _run(3, 2000, 2000, 1e-4, **spread),
+        _run(3, 5000, 5000, 1e-4, **one),
+    ]
+    results = _write(tmp_path / "r.jsonl", runs)
+    cells = fleet_fit.read_cells([results], "idle")
+    assert [cell.driver_busiest for cell in cells] == pytest.approx([0.5, 0.5, 0.9])
+    assert [cell.driver for cell in cells] == pytest.approx([2.0, 2.0, 0.9])
+    assert fleet_fit.main([str(results), "--window", "idle"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "left out of the fit" in out and "5000 on 3" in out
+    assert "1000 on 3" not in out.split("left out of the fit")[1].split("==")[0]
