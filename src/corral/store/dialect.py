@@ -45,6 +45,10 @@ class Dialect:
     #: the claim's allocations and first page of candidates in one statement (``SqlClaims``), or
     #: None: the allocations alone, the candidates read after
     first_page_sql: str | None = None
+    #: whether ``ROW(...)::text`` gives a row's values as one text, equal only for equal values
+    #: (PostgreSQL's record output: each field's own output, quoted where needed, floats in their
+    #: shortest exact form): a read that compares rows may fetch that text instead of the columns
+    row_text: bool = False
 
 
 #: A claim's second read on PostgreSQL, one round trip: the jobs holding resources on the worker
@@ -73,6 +77,7 @@ POSTGRESQL = Dialect(
     lock_clause=" FOR UPDATE SKIP LOCKED",
     lock_clause_plain=" FOR UPDATE",
     first_page_sql=ALLOCATIONS_AND_CANDIDATES,
+    row_text=True,
 )
 
 
