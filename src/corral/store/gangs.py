@@ -47,6 +47,10 @@ _CHANGEABLE_JOB_COLUMNS = tuple(
 )
 ADMISSION_JOB_PARTS_SELECT = ", ".join(_CHANGEABLE_JOB_COLUMNS)
 changeable_job_part = itemgetter(*(JOB_COLUMNS.index(column) for column in _CHANGEABLE_JOB_COLUMNS))
+#: whole rows read by id at most this many at a time; more than ``WHOLE_ROWS_AT_ONCE`` (a first
+#: pass) are read with the query's own condition, all at once
+WHOLE_ROWS_BY_ID = 500
+WHOLE_ROWS_AT_ONCE = 2000
 #: where the dialect has it (``Dialect.row_text``), the changeable columns as one text instead: the
 #: part read is then (id, that text), and the whole rows carry the text as a last column. At
 #: 10,000 hosts x 8 a pass fetched and compared 80,000 rows of 35 values each only to find them
@@ -62,10 +66,6 @@ def text_part(row: Sequence[Any]) -> tuple[Any, Any]:
 def admission_record_of_text_row(row: Sequence[Any]) -> tuple[Job, Allocation | None]:
     """``admission_record`` of a whole row read with ``ADMISSION_JOB_TEXT`` last."""
     return admission_record(row[:-1])
-#: whole rows read by id at most this many at a time; more than ``WHOLE_ROWS_AT_ONCE`` (a first
-#: pass) are read with the query's own condition, all at once
-WHOLE_ROWS_BY_ID = 500
-WHOLE_ROWS_AT_ONCE = 2000
 
 
 def admission_record(row: Sequence[Any]) -> tuple[Job, Allocation | None]:
