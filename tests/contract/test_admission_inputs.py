@@ -235,3 +235,20 @@ def test_preemptors_ahead_counts_the_cycles_read_by_class_in_its_own_order(store
         assert store.gangs.preemptors_ahead(job, limit=2) == min(place, 2)
     low = next(job for job in jobs if job.spec.command == "low")
     assert store.gangs.preemptors_ahead(low) is None, "class 1 is below the lowest running class, 2"
+
+
+def test_a_time_moved_by_a_microsecond_is_seen(store):
+    # PostgreSQL compares each row's changeable columns as one text (``Dialect.row_text``): a float
+    # in it keeps every digit, so the smallest change of a time still gives a new record.
+    running = fleet(store)
+    job_id = next(iter(running))
+    first = store.gangs.admission_inputs()
+    started = next(job for job in first.holding if job.id == job_id).started_at
+    assert started is not None
+    moved = started + 1e-6
+    assert moved != started
+    with store.gangs.db.transaction() as tx:
+        tx.execute("UPDATE jobs SET started_at = ? WHERE id = ?", (moved, job_id))
+    second = store.gangs.admission_inputs()
+    same_objects(first, second, {f"job {job_id}", f"allocation {job_id}"})
+    assert next(job for job in second.holding if job.id == job_id).started_at == moved
