@@ -36,7 +36,9 @@ CPU (all, and the busiest one) and the load average. ``--json FILE`` appends eac
 a JSON line, which ``bench/fleet_fit.py`` fits. With several replicas each one's heartbeat p99 and
 max is printed, the admission leader marked. ``--timeline`` polls each replica's ``/metrics`` every
 0.25 s for its loops' passes and sets them beside the heartbeats slower than 50 ms (and the
-lister's lists): which pass, on which replica, was running while the tail happened.
+lister's lists): which pass, on which replica, was running while the tail happened; and each
+replica's slowest heartbeat sent in each fifth of the window: a tail that falls slice after slice is
+a backlog built before the window (the submits of the load) draining, not one the window makes.
 
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
         [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl] [--timeline]
@@ -690,6 +692,26 @@ def print_timeline(window: Window) -> None:
             f"           {what:<18} {passes:>3} passes; slow beats in flight during one:"
             f" {same} on its replica, {other} on another"
         )
+    print_slices(window)
+
+
+#: ``--timeline``: the window cut into this many slices by send time for ``print_slices``
+TIMELINE_SLICES = 5
+
+
+def print_slices(window: Window) -> None:
+    """Each replica's slowest heartbeat in each fifth of the window, by send time: a tail that
+    falls slice after slice is a backlog draining (built before the window), one that stays is made
+    within it."""
+    seconds = window.seconds / TIMELINE_SLICES
+    slowest: dict[int, list[float]] = {}
+    for sent, latency, replica in window.slow_beats:
+        index = min(TIMELINE_SLICES - 1, max(0, int((sent - window.started) / seconds)))
+        row = slowest.setdefault(replica, [0.0] * TIMELINE_SLICES)
+        row[index] = max(row[index], latency)
+    for replica, row in sorted(slowest.items()):
+        figures = " ".join(f"{1e3 * latency:>6.0f}" if latency else "     -" for latency in row)
+        print(f"           replica {replica}: slowest beat (ms) sent in each {seconds:.0f}s of it: {figures}")
 
 
 async def measure(
