@@ -14,7 +14,8 @@ each host at a random phase. Per N, on a fresh server and store:
    admission cycle on its tick over a snapshot of N workers and N x k running jobs;
 3. submit the load: ``--pending`` (20,000) pending single jobs of one GPU and ``--gangs`` (500)
    gangs of 4 x 8 GPUs, class 10 (nothing fits and nothing may be preempted, so every admission
-   pass plans over all of it and changes nothing), then the **load** window: the same heartbeats
+   pass plans over all of it and changes nothing; ``--submit-window``: the heartbeats during its
+   first ``--window-s`` measured and printed too), then the **load** window: the same heartbeats
    while someone lists ``GET /jobs?limit=5000`` and ``GET /workers`` every ``--list-every-s``.
 
 Printed per window: heartbeat latency p50 / p99 / max (job and worker heartbeats together, then
@@ -860,7 +861,14 @@ async def bench_fleet(
         server = servers[front]
         if len(servers) > 1:
             print(f"  submits and lists go to replica {front} ({why})", flush=True)
-        loaded, slowest = await submit_load(server, args.pending, args.gangs, args.gpus)
+        submitting = asyncio.create_task(submit_load(server, args.pending, args.gangs, args.gpus))
+        if args.submit_window:
+            # the heartbeats while the load is submitted (its first --window-s), on every replica
+            during = await measure(load, Window("submit"), servers, args.window_s, postgres, args.timeline)
+            print(f"  {glance(during)}; by replica {_by_replica(during)}", flush=True)
+            if args.timeline:
+                print_slices(during)
+        loaded, slowest = await submitting
         print(
             f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s"
             f" (slowest request {slowest:.1f}s)",
@@ -1054,6 +1062,11 @@ def main(argv: list[str] | None = None) -> int:
         "--gangs", type=int, default=500, help="blocked gangs (4 x all GPUs) in the load window"
     )
     parser.add_argument("--list-every-s", type=float, default=2.0, help="0: nobody lists")
+    parser.add_argument(
+        "--submit-window",
+        action="store_true",
+        help="also measure the heartbeats during the load's submit (its first --window-s; not in --json)",
+    )
     parser.add_argument("--window-s", type=float, default=20.0, help="length of each measuring window")
     parser.add_argument("--settle-s", type=float, default=6.0, help="warm-up before the idle window")
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for corral server")
