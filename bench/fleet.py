@@ -14,7 +14,8 @@ each host at a random phase. Per N, on a fresh server and store:
    admission cycle on its tick over a snapshot of N workers and N x k running jobs;
 3. submit the load: ``--pending`` (20,000) pending single jobs of one GPU and ``--gangs`` (500)
    gangs of 4 x 8 GPUs, class 10 (nothing fits and nothing may be preempted, so every admission
-   pass plans over all of it and changes nothing), then the **load** window: the same heartbeats
+   pass plans over all of it and changes nothing; ``--submit-window``: the heartbeats during its
+   first ``--window-s`` measured and printed too), then the **load** window: the same heartbeats
    while someone lists ``GET /jobs?limit=5000`` and ``GET /workers`` every ``--list-every-s``.
 
 Printed per window: heartbeat latency p50 / p99 / max (job and worker heartbeats together, then
@@ -36,7 +37,9 @@ CPU (all, and the busiest one) and the load average. ``--json FILE`` appends eac
 a JSON line, which ``bench/fleet_fit.py`` fits. With several replicas each one's heartbeat p99 and
 max is printed, the admission leader marked. ``--timeline`` polls each replica's ``/metrics`` every
 0.25 s for its loops' passes and sets them beside the heartbeats slower than 50 ms (and the
-lister's lists): which pass, on which replica, was running while the tail happened.
+lister's lists): which pass, on which replica, was running while the tail happened; and each
+replica's slowest heartbeat sent in each fifth of the window: a tail that falls slice after slice is
+a backlog built before the window (the submits of the load) draining, not one the window makes.
 
     .venv/bin/python bench/fleet.py [--workers 500,2000] [--db sqlite|postgres] [--window-s 20]
         [--batched --jobs-per-worker 8] [--replicas 2] [--json results.jsonl] [--timeline]
@@ -690,6 +693,26 @@ def print_timeline(window: Window) -> None:
             f"           {what:<18} {passes:>3} passes; slow beats in flight during one:"
             f" {same} on its replica, {other} on another"
         )
+    print_slices(window)
+
+
+#: ``--timeline``: the window cut into this many slices by send time for ``print_slices``
+TIMELINE_SLICES = 5
+
+
+def print_slices(window: Window) -> None:
+    """Each replica's slowest heartbeat in each fifth of the window, by send time: a tail that
+    falls slice after slice is a backlog draining (built before the window), one that stays is made
+    within it."""
+    seconds = window.seconds / TIMELINE_SLICES
+    slowest: dict[int, list[float]] = {}
+    for sent, latency, replica in window.slow_beats:
+        index = min(TIMELINE_SLICES - 1, max(0, int((sent - window.started) / seconds)))
+        row = slowest.setdefault(replica, [0.0] * TIMELINE_SLICES)
+        row[index] = max(row[index], latency)
+    for replica, row in sorted(slowest.items()):
+        figures = " ".join(f"{1e3 * latency:>6.0f}" if latency else "     -" for latency in row)
+        print(f"           replica {replica}: slowest beat (ms) sent in each {seconds:.0f}s of it: {figures}")
 
 
 async def measure(
@@ -838,7 +861,14 @@ async def bench_fleet(
         server = servers[front]
         if len(servers) > 1:
             print(f"  submits and lists go to replica {front} ({why})", flush=True)
-        loaded, slowest = await submit_load(server, args.pending, args.gangs, args.gpus)
+        submitting = asyncio.create_task(submit_load(server, args.pending, args.gangs, args.gpus))
+        if args.submit_window:
+            # the heartbeats while the load is submitted (its first --window-s), on every replica
+            during = await measure(load, Window("submit"), servers, args.window_s, postgres, args.timeline)
+            print(f"  {glance(during)}; by replica {_by_replica(during)}", flush=True)
+            if args.timeline:
+                print_slices(during)
+        loaded, slowest = await submitting
         print(
             f"  submitted {args.pending} pending jobs and {args.gangs} gangs in {loaded:.1f}s"
             f" (slowest request {slowest:.1f}s)",
@@ -1032,6 +1062,11 @@ def main(argv: list[str] | None = None) -> int:
         "--gangs", type=int, default=500, help="blocked gangs (4 x all GPUs) in the load window"
     )
     parser.add_argument("--list-every-s", type=float, default=2.0, help="0: nobody lists")
+    parser.add_argument(
+        "--submit-window",
+        action="store_true",
+        help="also measure the heartbeats during the load's submit (its first --window-s; not in --json)",
+    )
     parser.add_argument("--window-s", type=float, default=20.0, help="length of each measuring window")
     parser.add_argument("--settle-s", type=float, default=6.0, help="warm-up before the idle window")
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for corral server")

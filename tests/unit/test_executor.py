@@ -320,3 +320,52 @@ def test_a_short_call_on_a_store_thread_is_not_long_work_beside_the_loop() -> No
         with switching.long_work(SHORT_S):
             assert switching.long_work_beside()
     assert not switching.long_work_beside()
+
+
+class WatchedChild(FakeChild):
+    """A reader process whose work waits until the test lets it go, saying meanwhile whether long
+    work ran beside the loop and with which switch interval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.seen: list[tuple[bool, float]] = []
+
+    def call(self, function: Any, *args: Any) -> Any:
+        from corral.server import switching
+
+        self.seen.append((switching.long_work_beside(), sys.getswitchinterval()))
+        self.entered.set()
+        assert self.release.wait(30), "the test never let the read go"
+        return super().call(function, *args)
+
+
+def test_a_read_in_the_reader_process_is_no_long_work_beside_the_loop() -> None:
+    """A list built by the reader process runs no Python of this process while the store thread
+    waits for it: short work stays on the loop meanwhile, with the interpreter's own interval (the
+    list's duration must not send every heartbeat to the store threads)."""
+    from corral.store import on_loop
+
+    reader = WatchedChild()
+    store = LoopWaitingStore(would_wait=True)
+    chosen = StoreExecutor(
+        store, "the context", threads=2, switch_interval_s=SHORT_S, reader=reader, store_on_loop=True
+    )  # type: ignore[arg-type]
+
+    def in_session() -> tuple[str, bool, float]:
+        return threading.current_thread().name, on_loop.session() is not None, sys.getswitchinterval()
+
+    async def main() -> tuple[Any, tuple[str, bool, float]]:
+        listing = asyncio.ensure_future(chosen.run(Work.READ, standalone, "page"))
+        assert await asyncio.to_thread(reader.entered.wait, 30)
+        try:
+            beside = await chosen.run(Work.SHORT, in_session)
+        finally:
+            reader.release.set()
+        return await listing, beside
+
+    answer, beside = run(main)
+    assert answer[0] == "child"
+    assert reader.seen == [(False, NORMAL_S)]
+    assert beside == (LOOP, True, NORMAL_S)
