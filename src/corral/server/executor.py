@@ -16,17 +16,14 @@ pass. Where it runs follows from that and from what this server has configured (
   the event loop too, in a session of its own (``store.on_loop``: a greenlet and a connection,
   as many as there are store threads), each wait on the database the loop's, as long as it would
   be on a thread; no thread crossing per call (``bench/heartbeat_app.py``). Except while long
-  work runs beside the loop (``switching.long_work_beside``: a loop pass, a batch submit, a list
-  built on a store thread; not a ``READ`` the reader process builds, which runs no Python of this
-  process while a store thread waits for it): a thread in Python then takes the interpreter for a
-  switch interval at each of the loop's waits, and the loop alone would pay every one in turn
-  (``bench/fleet.py``'s load window: heartbeat p99 250 ms to 3.5 s against 45-80 ms); on the store
-  threads, as before, the waits overlap.
-- ``STORE``, a route's store work (a single submit, a cancel, a worker's registration): a store
-  thread.
-- ``LONG``, store work long in Python (a batch submit, a page of jobs, ``why``, a dashboard page,
-  the metrics' gauges): a store thread with the short switch interval (``switching``), so that the
-  event loop gets the interpreter back at once.
+  work runs beside the loop (``switching.long_work_beside``: a loop pass, a list built on a store
+  thread, not one the reader process builds): a thread in Python then takes the interpreter for a
+  switch interval at each of the loop's waits, and the loop alone would pay every one in turn (``bench/fleet.py``'s load window: heartbeat p99 250 ms
+  to 3.5 s against 45-80 ms); on the store threads, as before, the waits overlap.
+- ``STORE``, a route's store work (a submit, a cancel, a worker's registration): a store thread.
+- ``LONG``, store work long in Python (a page of jobs, ``why``, a dashboard page, the metrics'
+  gauges): a store thread with the short switch interval (``switching``), so that the event loop
+  gets the interpreter back at once.
 - ``READ``, a long read that makes its answer from the store alone (a module-level function of
   ``(store, memory, *args)``): the reader process where the server runs one (``offload``); a reader
   gone meanwhile is replaced at the next read, and this one runs as ``LONG`` instead.

@@ -7,10 +7,9 @@ every SQLite statement: with CPython's 5 ms, heartbeat p99 at 2,000 hosts was 15
 550 ms loaded; at 0.5 ms, 43 and 186 ms (``bench/fleet.py``). But the short interval costs the
 loop's own work 3-5% of its CPU when no such thread runs (``bench/protocol.py``: 603/582/563 us
 of server CPU per job at 0.5 ms, 547/567/564 at 5 ms, main 556/555/537, alternating runs). So the
-interval is short only while long work is running: ``long_work(short_s)`` around long work on a
-thread (the executor's ``Work.LONG``, and ``Work.READ`` where no reader process takes it: batch
-submits, lists, ``why``, dashboard pages, metrics), a short call sent to a store thread, and a loop
-pass. A read the reader process builds is none: the thread that waits for it runs no Python.
+interval is short only while long work is running: ``long_work(short_s)`` around a long read (the
+executor's ``Work.LONG`` and ``Work.READ``: lists, ``why``, dashboard pages, metrics), a short call
+sent to a store thread, and a loop pass.
 
 The short interval is a setting (``ServerSettings.switch_interval_s``, ``CORRAL_SWITCH_INTERVAL_S``),
 handed by the server's composition root to its executor, which passes it here: nothing is read from

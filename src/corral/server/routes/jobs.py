@@ -85,22 +85,8 @@ async def _submit(request: Request, batch: bool) -> tuple[ServerState, SubmitRes
     fingerprint = _fingerprint(request, body) if key else ""
     principal = principal_of(request)
     owner = principal.name if principal is not None else None
-    # A batch (up to thousands of jobs decoded, checked and inserted) is long in Python: as
-    # ``Work.STORE`` it kept the interpreter for 5 ms slices at each of the event loop's waits on
-    # PostgreSQL, and the replica taking the bench's 20,000-job submit built a heartbeat backlog of
-    # seconds that was still draining well after it (``bench/fleet.py --timeline``'s slices).
-    # As ``Work.LONG`` it runs with the short switch interval and the loop's short calls go to the
-    # store threads meanwhile (``executor``); a single submit stays ``Work.STORE``.
     specs, result = await state.executor.run(
-        Work.LONG if batch else Work.STORE,
-        _store_submission,
-        state,
-        body,
-        batch,
-        now,
-        key,
-        fingerprint,
-        owner,
+        Work.STORE, _store_submission, state, body, batch, now, key, fingerprint, owner
     )
     if not result.replayed:
         tasks = sum(len(spec.array.indices) if spec.array else spec.gang_size for spec in specs)
