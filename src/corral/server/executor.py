@@ -18,8 +18,9 @@ pass. Where it runs follows from that and from what this server has configured (
   be on a thread; no thread crossing per call (``bench/heartbeat_app.py``). Except while long
   work runs beside the loop (``switching.long_work_beside``: a loop pass, a list built on a store
   thread, not one the reader process builds): a thread in Python then takes the interpreter for a
-  switch interval at each of the loop's waits, and the loop alone would pay every one in turn (``bench/fleet.py``'s load window: heartbeat p99 250 ms
-  to 3.5 s against 45-80 ms); on the store threads, as before, the waits overlap.
+  switch interval at each of the loop's waits, and the loop alone would pay every one in turn
+  (``bench/fleet.py``'s load window: heartbeat p99 250 ms to 3.5 s against 45-80 ms); on the
+  store threads, as before, the waits overlap.
 - ``STORE``, a route's store work (a submit, a cancel, a worker's registration): a store thread.
 - ``LONG``, store work long in Python (a page of jobs, ``why``, a dashboard page, the metrics'
   gauges): a store thread with the short switch interval (``switching``), so that the event loop
