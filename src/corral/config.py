@@ -269,6 +269,15 @@ class ServerSettings(BaseSettings):
         " a loop pass) runs on a thread beside the event loop, so that requests get the interpreter"
         " back soon; the interpreter's own (5 ms) the rest of the time",
     )
+    gc_threshold: int = Field(
+        50_000,
+        ge=0,
+        description="corral server: the cyclic garbage collector's first threshold (container objects"
+        " allocated net of those freed before a young collection); the interpreter's 700 promotes each"
+        " request's objects still in flight to the oldest generation and sets off full collections"
+        " that walk every object of the process (100 ms and more at thousands of hosts, on every"
+        " request in flight); 0: the interpreter's own",
+    )
 
 
 class WorkerSettings(BaseSettings):

@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from corral.config import ServerSettings, add_flags, load
 from corral.domain import errors
 from corral.observability.logging import configure_logging
-from corral.server import connections, sqlite_lock, tls
+from corral.server import collector, connections, sqlite_lock, tls
 from corral.server.state import state_of_app
 
 logger = logging.getLogger("corral.server")
@@ -33,6 +33,7 @@ def run(arguments: argparse.Namespace) -> int:
 
     settings: ServerSettings = load(ServerSettings, arguments)
     configure_logging(settings.log_level)
+    collector.set_first_threshold(settings.gc_threshold)
     if refusal := tls.plain_http_refusal(settings):
         print(f"corral server: {refusal}", file=sys.stderr)
         return 2
