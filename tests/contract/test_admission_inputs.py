@@ -3,6 +3,8 @@ kept from one read to the next while their rows are unchanged, never a stale val
 
 from __future__ import annotations
 
+import pytest
+
 from corral.core import admission, cycle
 from corral.core.admission import CycleMemo
 from corral.core.claim import Claim
@@ -15,6 +17,7 @@ from corral.server import changes
 from corral.store import Store, open_store, rows
 from corral.store.base import AdmissionInputs, JobReport, WorkerRegistration
 from corral.testing.factories import gpu_job
+from tests.conftest import postgres_schema_url
 from tests.contract import protocol
 
 NOW = 1_800_000_000.0
@@ -252,3 +255,17 @@ def test_a_time_moved_by_a_microsecond_is_seen(store):
     second = store.gangs.admission_inputs()
     same_objects(first, second, {f"job {job_id}", f"allocation {job_id}"})
     assert next(job for job in second.holding if job.id == job_id).started_at == moved
+
+
+@pytest.mark.postgres
+def test_a_time_moved_by_a_microsecond_is_seen_where_the_server_rounds_floats():
+    # A server (or role) configured with extra_float_digits 0 writes floats to 15 digits: the row
+    # text would then be equal for two times a microsecond apart. The store pins 1 per session.
+    for url in postgres_schema_url():
+        rounded = url.replace("options=-csearch_path", "options=-cextra_float_digits%3D0%20-csearch_path")
+        assert rounded != url
+        opened = open_store(rounded)
+        try:
+            test_a_time_moved_by_a_microsecond_is_seen(opened)
+        finally:
+            opened.close()

@@ -576,6 +576,10 @@ class PostgresStore(ComposedStore):
             ("tcp_keepalives_interval", 5),
             ("tcp_keepalives_count", 3),
             ("lock_timeout", max(1, int(lock_timeout_s * 1000))),
+            # floats in their shortest exact text (PostgreSQL's default, pinned against a server
+            # configured otherwise): the admission read compares rows by ``ROW(...)::text``, and a
+            # rounded time would hide a change
+            ("extra_float_digits", 1),
         ):
             connection.execute("SELECT set_config(%s, %s, false)", (setting, str(value)))
         return connection
