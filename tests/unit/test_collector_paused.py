@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from corral.server.loops.admission import collector_paused
+from corral.server.collector import collector_paused
 
 
 def test_the_collector_is_off_during_and_on_after() -> None:

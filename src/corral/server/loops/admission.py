@@ -8,10 +8,8 @@ and is simply made again, correctly, on the next pass.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +22,7 @@ from corral.domain import pools
 from corral.domain.clock import Clock
 from corral.domain.records import Hold, Job, Reason
 from corral.server import changes
+from corral.server.collector import collector_paused
 from corral.server.executor import Work
 from corral.server.loops.drain import record_completion, record_drain
 from corral.server.state import ServerState
@@ -99,9 +98,12 @@ def plan_in_process(
     last_preemptive: Mapping[str, float],
     clock: Clock,
 ) -> PassPlan:
-    """``plan_pass`` in the planner process, with the ``CycleMemo`` it keeps there."""
+    """``plan_pass`` in the planner process (or on the caller's thread: every pass comes this
+    way), with the ``CycleMemo`` it keeps there and the cyclic garbage collector paused
+    (``collector.collector_paused``)."""
     memo: CycleMemo = memory.setdefault("admission_memo", CycleMemo())
-    return plan_pass(store, settings, memo, last_preemptive, clock)
+    with collector_paused():
+        return plan_pass(store, settings, memo, last_preemptive, clock)
 
 
 def plan_pass(
@@ -119,39 +121,7 @@ def plan_pass(
     planner and reads for a while, and work claimed meanwhile is in what it read. Decided at a
     time taken before, such work started "in the future": its lost work, clamped at zero, made
     every victim look equally free, and a preemption stopped the oldest jobs instead of the
-    newest. The cyclic garbage collector is paused meanwhile (``collector_paused``)."""
-    with collector_paused():
-        return _plan_pass(store, settings, memo, last_preemptive, clock)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the duration, back on after (if it was on before).
-
-    A pass holds every row and record of its snapshot at once (80,000 holding jobs and 10,000
-    workers at 10,000 hosts x 8): while they live, the allocation counts trigger collections that
-    find nothing to free, promote the pass's short-lived objects to the oldest generation and so
-    set off full collections, each walking every object of the process (the kept records
-    included). At that size the collector took about as much CPU as the rest of the pass. What a
-    pass leaves is freed by reference counting when it ends; cyclic garbage made meanwhile (by
-    the pass, or by another thread) waits for the first collection after it."""
-    was_enabled = gc.isenabled()
-    if was_enabled:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _plan_pass(
-    store: Store,
-    settings: PlanSettings,
-    memo: CycleMemo,
-    last_preemptive: Mapping[str, float],
-    clock: Clock,
-) -> PassPlan:
+    newest."""
     inputs = store.gangs.admission_inputs()
     reading = cycle.CycleReading(
         workers=inputs.workers,
