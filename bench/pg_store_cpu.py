@@ -8,6 +8,12 @@ handoffs and a noisy machine add as much as the store; this isolates the store's
 two versions run one after the other:
 
     PYTHONPATH=src .venv/bin/python bench/pg_store_cpu.py [--jobs 1500] [--pg-url URL]
+        [--without-index NAME ...]   # what an index of the schema costs the claim and the report
+
+``--without-index`` drops the named indexes from the bench's fresh schema before measuring: what
+their upkeep costs the backend per job, to compare with a run that keeps them (every status change
+of a job is a non-HOT update: it writes an entry in each full index and each partial index whose
+predicate the new row meets; the updates of the measure and how many of them were HOT are printed).
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
+import psycopg.sql
 
 from corral.core import lifecycle
 from corral.core.claim import Claim
@@ -70,15 +78,31 @@ def per_call_us(action: Callable[[int], object], count: int) -> float:
     return (time.thread_time() - started) / count * 1e6
 
 
-def measure(store: Store, jobs: int) -> None:
-    store.workers.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(0, 0, 8192, 64)), NOW)
+def job_updates(store: Store, connection: psycopg.Connection[tuple[Any, ...]]) -> tuple[int, int]:
+    """Updates of the ``jobs`` table so far and how many of them were HOT. A backend reports its
+    counts at most once a second: the store's backend is told to report now (PostgreSQL 15's
+    ``pg_stat_force_next_flush``, done as that call ends), then they are read afresh."""
+    store.connection().execute("SELECT pg_stat_force_next_flush()")
+    connection.execute("SELECT pg_stat_clear_snapshot()")
+    row = connection.execute(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def measure(store: Store, jobs: int, statistics: psycopg.Connection[tuple[Any, ...]]) -> None:
+    # eight GPUs: the heartbeat below reports eight GPUs' readings (the jobs ask for none)
+    store.workers.register_worker(WorkerRegistration("w1", "127.0.0.1", Resources(8, 80_000, 8192, 64)), NOW)
     specs = [JobSpec(command="true") for _ in range(jobs + 60)]
     store.jobs.submit(lifecycle.submitted(specs, NOW), NOW)
     claims_and_dones(store, 50, 1)  # warm up: every statement prepared
     pid = store.connection().info.backend_pid
+    updates_before, hot_before = job_updates(store, statistics)
     backend_before = backend_cpu_s(pid)
     claim_us, done_us = claims_and_dones(store, jobs // 2, 1)
     backend_us = (backend_cpu_s(pid) - backend_before) / (jobs // 2) * 1e6
+    updates_after, hot_after = job_updates(store, statistics)
     group_claim_us, group_done_us = claims_and_dones(store, jobs // 2 // 4 * 4, 4)
     leases = [claimed(store) for _ in range(8)]
     beats = [(job.id, job.attempts, JobReport(progress={"step": 1}, gpu_util_pct=90.0)) for job in leases]
@@ -89,13 +113,18 @@ def measure(store: Store, jobs: int) -> None:
         store.workers.worker_heartbeat("w1", NOW + 3 + index, readings, None, running)
         store.jobs.heartbeat_jobs("w1", NOW + 3 + index, beats)
 
+    beats_before, beats_hot_before = job_updates(store, statistics)
     heartbeat_us = per_call_us(heartbeat, 300)
+    beats_after, beats_hot_after = job_updates(store, statistics)
     backend = f"(PostgreSQL backend {backend_us:5.0f} us for both)"
     print(f"  claim {claim_us:6.0f} us   done {done_us:6.0f} us   {backend}")
+    print(f"  updates of jobs {updates_after - updates_before}, of them HOT {hot_after - hot_before}")
     print(
         f"  groups of 4: claim {group_claim_us:6.0f} us   done {group_done_us:6.0f} us per job (change_many)"
     )
     print(f"  worker heartbeat with 8 leases (worker_heartbeat + heartbeat_jobs) {heartbeat_us:6.0f} us")
+    beat_updates, hot_beat_updates = beats_after - beats_before, beats_hot_after - beats_hot_before
+    print(f"  updates of jobs by the heartbeats {beat_updates}, of them HOT {hot_beat_updates}")
 
 
 def main() -> int:
@@ -105,6 +134,13 @@ def main() -> int:
     default_url = os.environ.get("CORRAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--pg-url", default=default_url, help="database a fresh schema is made in")
     parser.add_argument("--jobs", type=int, default=1500, help="claims and reports measured")
+    parser.add_argument(
+        "--without-index",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop this index before measuring",
+    )
     args = parser.parse_args()
     schema = "cpu_" + secrets.token_hex(4)
     with psycopg.connect(args.pg_url, autocommit=True) as connection:
@@ -112,7 +148,13 @@ def main() -> int:
     try:
         store = open_store(f"{args.pg_url}?options=-csearch_path%3D{schema}")
         try:
-            measure(store, args.jobs)
+            with psycopg.connect(args.pg_url, autocommit=True) as statistics:
+                statistics.execute(f"SET search_path = {schema}")
+                for index in args.without_index:
+                    statistics.execute(f"DROP INDEX {psycopg.sql.Identifier(index).as_string(statistics)}")
+                if args.without_index:
+                    print(f"  without {', '.join(args.without_index)}")
+                measure(store, args.jobs, statistics)
         finally:
             store.close()
     finally:
