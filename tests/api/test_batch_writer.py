@@ -112,3 +112,24 @@ def test_a_pool_set_just_before_limits_the_batch_in_the_writer(api, server):
     assert "jobs.1.walltime_s" in refused.json()["error"]["message"]
     taken = api.post("/jobs/batch", json={"jobs": jobs[:1]})
     assert taken.status_code == 201, taken.text
+
+
+def test_a_writer_that_ended_leaves_the_replica_taking_writes(api, server, monkeypatch):
+    """The writer's end is not the store's failure: noted as one, the replica would refuse every
+    write (a registration, a heartbeat, a submit) with 503 until a check of the store committed."""
+    writer = _writer(server)
+
+    def gone(*args):
+        raise offload.OffloadGone("the writer process ended (the pipe closed)")
+
+    monkeypatch.setattr(writer, "call", gone)
+    lost = api.post("/jobs/batch", json={"jobs": [{"command": "lost"}]})
+    assert (lost.status_code, error_code(lost)) == (503, "store_unavailable")
+    assert "Retry-After" not in lost.headers, "whether it was applied is not known: no blind retry"
+    monkeypatch.undo()
+    assert not server.state.store_health.failing
+    registered = api.post(
+        "/workers/register", json={"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 8}}
+    )
+    assert registered.status_code == 201, registered.text
+    assert api.post("/jobs", json={"command": "true"}).status_code == 201

@@ -383,12 +383,13 @@ class StoreExecutor(Generic[C]):
 
 
 def _written(call: Callable[[], T]) -> T:
-    """``call()`` in the writer process; its end mid-call a 503: the write may or may not have
-    committed, so it is not done again here (a retry with the same ``Idempotency-Key`` is safe)."""
+    """``call()`` in the writer process; its end mid-call a 503 (``OutcomeUnknown``, not noted as
+    the store failing: the child ended, not the store): the write may or may not have committed,
+    so it is not done again here (a retry with the same ``Idempotency-Key`` is safe)."""
     try:
         return call()
     except OffloadGone as gone:
-        raise errors.StoreUnavailable(
+        raise errors.OutcomeUnknown(
             f"{gone}: whether this request was applied is not known; send it again with its"
             " Idempotency-Key to find out"
         ) from gone
