@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from corral.config import ServerSettings
 from corral.server import offload
+from corral.server.executor import Work
 from corral.store import open_store
 from corral.testing.clock import FakeClock
 from corral.testing.server import ServerThread
@@ -133,3 +135,54 @@ def test_a_writer_that_ended_leaves_the_replica_taking_writes(api, server, monke
     )
     assert registered.status_code == 201, registered.text
     assert api.post("/jobs", json={"command": "true"}).status_code == 201
+
+
+@pytest.mark.parametrize("settings", [ServerSettings(store_threads=2)])
+def test_batches_waiting_for_the_writer_hold_no_store_thread(api, server, settings, monkeypatch):
+    """The writer takes one batch at a time: the batches behind a long one (here, a writer that
+    does not answer) wait for it without parking the store threads, so a single submit, a
+    registration still go through meanwhile."""
+    writer, executor = _writer(server), server.state.executor
+    release, entered = threading.Event(), threading.Event()
+    real_call, real_run = writer.call, executor.run
+    handed: list[object] = []
+
+    def stuck(*args):
+        entered.set()
+        release.wait(30)
+        return real_call(*args)
+
+    async def counted(work, *args, **kwargs):
+        if work is Work.WRITE:
+            handed.append(work)
+            if len(handed) == 3:
+                all_handed.set()
+        return await real_run(work, *args, **kwargs)
+
+    all_handed = threading.Event()
+    monkeypatch.setattr(writer, "call", stuck)
+    monkeypatch.setattr(executor, "run", counted)
+    answers: list[int] = []
+
+    def batch(index: int) -> None:
+        answers.append(
+            api.post("/jobs/batch", json={"jobs": [{"command": f"b{index}"}]}, timeout=60).status_code
+        )
+
+    senders = [threading.Thread(target=batch, args=(index,)) for index in range(3)]
+    try:
+        for sender in senders:
+            sender.start()
+        assert entered.wait(30) and all_handed.wait(30), "three batches handed to the writer"
+        assert api.post("/jobs", json={"command": "single"}, timeout=20).status_code == 201
+        registered = api.post(
+            "/workers/register",
+            json={"id": "w1", "address": "127.0.0.1", "resources": {"cpus": 8}},
+            timeout=20,
+        )
+        assert registered.status_code == 201
+    finally:
+        release.set()
+        for sender in senders:
+            sender.join(60)
+    assert answers == [201, 201, 201]

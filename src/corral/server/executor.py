@@ -36,6 +36,8 @@ pass. Where it runs follows from that and from what this server has configured (
   took the interpreter in 5 ms slices at each of the loop's waits); else as ``STORE``. A writer
   gone mid-call fails that call with 503 (whether it wrote is not known: a retry with its
   ``Idempotency-Key`` is safe), never runs it again on a thread; the next call starts a new one.
+  Its answer is waited for on a thread of its own, not a store thread: the batches queued behind
+  a long one hold none of them.
 - ``PLAN``, the admission pass's planning (a module-level function of ``(store, memory, *args)``):
   the planner process where the server runs one (a planner gone mid-pass fails that pass; the next
   pass starts a new one), else on the caller's thread with a ``memory`` this executor keeps from
@@ -198,6 +200,10 @@ class StoreExecutor(Generic[C]):
         self.planner: Final = planner
         self.reader: Final = reader
         self.writer: Final = writer
+        #: where a batch waits for the writer: one thread, as the writer takes one call at a time
+        #: (``StoreProcess.call``), so that batches queued behind a long one (or behind a writer that
+        #: hangs) hold no store thread meanwhile: the replica's other store work goes on
+        self._writer_waits = ThreadPoolExecutor(1, thread_name_prefix="corral-writer") if writer else None
         self.lanes = Lanes(switch_interval_s)
         self._memory: dict[Work, dict[str, Any]] = {work: {} for work in STANDALONE}
         self._groups: dict[Batch[C, Any, Any], TurnGroup[Any, Any]] = {}
@@ -330,6 +336,8 @@ class StoreExecutor(Generic[C]):
         for process in (self.planner, self.reader, self.writer):
             if process is not None:
                 await asyncio.to_thread(process.close)
+        if self._writer_waits is not None:
+            await asyncio.to_thread(self._writer_waits.shutdown)
         if self._threads is not None:
             await asyncio.to_thread(self._threads.shutdown)
 
@@ -344,12 +352,14 @@ class StoreExecutor(Generic[C]):
         blocking = self._blocking(place, work, function, args, kwargs)
         if place is Place.OWN_THREAD:
             return await asyncio.to_thread(blocking)
-        # on a store thread; a child's answer is waited for there too, where there are threads
-        if place in (Place.STORE_THREAD, *_CHILDREN) and self._threads is not None:
+        # on a store thread; a child's answer is waited for there too, where there are threads,
+        # except the writer's (on its own thread: ``_writer_waits``)
+        waits = self._writer_waits if place is Place.WRITER else self._threads
+        if place in (Place.STORE_THREAD, *_CHILDREN) and waits is not None:
             admit = self.admission() if self.admission is not None else None
             if admit is not None:
                 blocking = partial(_admitted, admit, blocking)
-            return await asyncio.get_running_loop().run_in_executor(self._threads, blocking)
+            return await asyncio.get_running_loop().run_in_executor(waits, blocking)
         return blocking()
 
     def _blocking(
