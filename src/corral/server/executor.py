@@ -29,7 +29,7 @@ pass. Where it runs follows from that and from what this server has configured (
   ``(store, memory, *args)``): the reader process where the server runs one (``offload``); a reader
   gone meanwhile is replaced at the next read, and this one runs as ``LONG`` instead.
 - ``WRITE``, a write long in Python that makes its answer from its arguments and the store alone
-  (a module-level function of ``(store, memory, *args)``: a batch submit of 20,000 jobs, its body
+  (a module-level function of ``(store, memory, *args)``: a batch submit of 10,000 jobs, its body
   decoded, validated, made into rows, inserted and its answer encoded): the writer process where
   the server runs one (PostgreSQL only, ``app.create_app``), so that the event loop keeps the
   interpreter meanwhile (``bench/fleet.py --submit-window``: on a store thread the batch's Python

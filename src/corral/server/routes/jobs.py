@@ -239,7 +239,7 @@ async def submit(request: Request) -> Response:
 
 async def submit_batch(request: Request) -> Response:
     """``POST /jobs/batch``: stored and encoded by the writer process where the server runs one
-    (``submit_batch_in_process``), so that a batch of 20,000 jobs does not keep the interpreter
+    (``submit_batch_in_process``), so that a batch of 10,000 jobs does not keep the interpreter
     from the heartbeats this replica answers meanwhile."""
     state, submit_request = await _read_submit(request, batch=True)
     body, stored = await state.executor.run(
