@@ -19,7 +19,7 @@ from corral.server.executor import Work
 from corral.store import open_store
 from corral.testing.clock import FakeClock
 from corral.testing.server import ServerThread
-from tests.api.conftest import error_code
+from tests.api.conftest import error_code, register
 from tests.api.test_arrays_api import test_a_batch_may_hold_an_array_and_a_job_after_an_earlier_one  # noqa: F401
 from tests.api.test_edges_api import test_a_batch_may_create_at_most_ten_thousand_tasks  # noqa: F401
 from tests.api.test_jobs_api import test_batch_creates_all_or_nothing  # noqa: F401
@@ -186,3 +186,20 @@ def test_batches_waiting_for_the_writer_hold_no_store_thread(api, server, settin
         for sender in senders:
             sender.join(60)
     assert answers == [201, 201, 201]
+
+
+def test_the_writer_weighs_a_batch_against_the_workers_registered_just_before(api, server):
+    """The writer keeps the workers' verdicts as the server does: a worker registered or gone on
+    this replica a moment ago counts for the next batch (``workers_generation``)."""
+
+    def batched_reason() -> str:
+        response = api.post("/jobs/batch", json={"jobs": [{"command": "true", "resources": {"gpus": 16}}]})
+        assert response.status_code == 201, response.text
+        return response.json()["items"][0]["reason"]["code"]
+
+    register(api, "w1", gpus=8)
+    assert batched_reason() == "unschedulable"
+    register(api, "big", gpus=16)
+    assert batched_reason() == "queued"
+    assert api.post("/workers/big/leave").status_code == 200
+    assert batched_reason() == "unschedulable"
