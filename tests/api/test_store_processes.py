@@ -179,3 +179,16 @@ def test_the_executor_plans_in_the_planner_process_what_it_plans_without_one(sto
     assert planner._process is not None, "planned by the planner process"
     here = without.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, FakeClock(NOW + 10))
     assert there == here and here.decisions.reservations
+
+
+def test_an_error_in_the_child_leaves_its_traceback_in_the_log(store, planner, capfd):
+    """The server re-raises the child's error with its own traceback only (a traceback does not
+    pickle): the child logs where in the work it was raised (an expected ``CorralError``, a 400 or
+    a 409, is not logged)."""
+    _cluster(store)
+    _plan(planner, store, NOW + 10)
+    with pytest.raises(TypeError):
+        planner.call(plan_in_process, _settings(store), {}, _NotAnInstant())
+    logged = capfd.readouterr().err
+    assert "store process work raised" in logged and "plan_in_process" in logged
+    assert '"helper": "planner"' in logged or '"helper":"planner"' in logged
