@@ -92,7 +92,9 @@ def create_app(
     settings = settings or ServerSettings()
     planner = reader = writer = None
     if store_url is not None and settings.store_processes:
-        config = StoreProcessConfig(store_url, settings.store_busy_timeout_s, settings.log_level)
+        config = StoreProcessConfig(
+            store_url, settings.store_busy_timeout_s, settings.log_level, settings.gc_threshold
+        )
         planner, reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
         # a batch submit's Python in a process of its own (``executor.Work.WRITE``): on PostgreSQL
         # only, where its write waits on row locks like any replica's; a second process writing a

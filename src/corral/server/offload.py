@@ -52,6 +52,9 @@ class StoreProcessConfig:
     store_url: str
     busy_timeout_s: float
     log_level: str
+    #: the server's ``CORRAL_GC_THRESHOLD`` (``collector``): a batch of 10,000 jobs in the writer
+    #: allocates as a busy server does (0: the interpreter's 700, ~1.3x the CPU on such a batch)
+    gc_threshold: int = 0
 
 
 def send(stream: IO[bytes], message: object) -> None:
@@ -156,10 +159,12 @@ def serve(requests: IO[bytes], answers: IO[bytes], helper: str = "store process"
     """The child's loop: a ``StoreProcessConfig``, then one result per request until the input
     closes. ``helper``: its name in its log lines (``planner``, ``reader``, ``writer``)."""
     from corral.observability.logging import configure_logging
+    from corral.server import collector
     from corral.store import open_store
 
     config: StoreProcessConfig = receive(requests)
     configure_logging(config.log_level)
+    collector.set_first_threshold(config.gc_threshold)
     store = open_store(config.store_url, migrate=False, busy_timeout_s=config.busy_timeout_s)
     memory: dict[str, Any] = {}
     try:
