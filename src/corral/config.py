@@ -258,8 +258,9 @@ class ServerSettings(BaseSettings):
     store_processes: bool = Field(
         True,
         description="plan the admission pass, and build the large list answers (GET /jobs pages over"
-        " 500 jobs, GET /workers), in two processes of their own (corral server only): their Python then"
-        " never competes with the requests for the interpreter; false: on the server's threads",
+        " 500 jobs, GET /workers), in two processes of their own (corral server only), and on PostgreSQL"
+        " store POST /jobs/batch in a third: their Python then never competes with the requests for the"
+        " interpreter; false: on the server's threads",
     )
     switch_interval_s: float = Field(
         0.0005,

@@ -6,6 +6,7 @@ is done on a thread instead), and none is left once the server closed it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 
@@ -15,12 +16,14 @@ from corral.config import ServerSettings
 from corral.core.admission import CycleMemo
 from corral.domain.records import JobSpec
 from corral.domain.resources import Resources
+from corral.server.app import create_app
 from corral.server.executor import Work
 from corral.server.loops.admission import PlanSettings, plan_in_process, plan_pass
 from corral.server.offload import OffloadGone, StoreProcess, StoreProcessConfig
 from corral.server.routes.jobs import job_chunk
 from corral.server.routes.workers import worker_page
 from corral.server.state import ServerState
+from corral.store import open_store
 from corral.store.base import JobFilter
 from corral.testing.clock import FakeClock
 from tests.contract import protocol
@@ -179,3 +182,36 @@ def test_the_executor_plans_in_the_planner_process_what_it_plans_without_one(sto
     assert planner._process is not None, "planned by the planner process"
     here = without.executor.call(Work.PLAN, plan_in_process, _settings(store), {}, FakeClock(NOW + 10))
     assert there == here and here.decisions.reservations
+
+
+def test_an_error_in_the_child_leaves_its_traceback_in_the_log(store, planner, capfd):
+    """The server re-raises the child's error with its own traceback only (a traceback does not
+    pickle): the child logs where in the work it was raised (an expected ``CorralError``, a 400 or
+    a 409, is not logged)."""
+    _cluster(store)
+    _plan(planner, store, NOW + 10)
+    with pytest.raises(TypeError):
+        planner.call(plan_in_process, _settings(store), {}, _NotAnInstant())
+    logged = capfd.readouterr().err
+    assert "store process work raised" in logged and "plan_in_process" in logged
+    assert '"helper": "planner"' in logged or '"helper":"planner"' in logged
+
+
+def _first_threshold(store, memory) -> int:
+    return gc.get_threshold()[0]
+
+
+def test_a_child_collects_garbage_as_the_server_does(store_url):
+    """The server's ``gc_threshold`` holds in its children too: the writer's batch allocates as
+    much as a busy server does (with the interpreter's 700, ~1.3x the CPU on 10,000 jobs)."""
+    settings = ServerSettings(gc_threshold=12_345)
+    app = create_app(open_store(store_url), settings, store_url=store_url)
+    state = app.state.corral
+    try:
+        children = [state.executor.planner, state.executor.reader]
+        for child in children:
+            assert child is not None and child.call(_first_threshold) == 12_345
+    finally:
+        for child in children:
+            child.close()
+        state.store.close()

@@ -106,6 +106,10 @@ SHORT = min(SHORT_S, NORMAL_S)
         (Work.READ, True, True, True, (Place.READER, Place.STORE_THREAD)),
         (Work.READ, True, True, False, (Place.STORE_THREAD,)),
         (Work.READ, False, True, True, (Place.READER, Place.INLINE)),
+        (Work.WRITE, True, True, True, (Place.WRITER,)),
+        (Work.WRITE, True, True, False, (Place.STORE_THREAD,)),
+        (Work.WRITE, False, True, True, (Place.WRITER,)),
+        (Work.WRITE, False, True, False, (Place.INLINE,)),
         (Work.PLAN, False, True, True, (Place.PLANNER,)),
         (Work.PLAN, False, True, False, (Place.INLINE,)),
         (Work.PROBE, True, False, False, (Place.OWN_THREAD,)),
@@ -115,7 +119,10 @@ SHORT = min(SHORT_S, NORMAL_S)
 def test_where_each_kind_of_work_runs(
     work: Work, on_loop: bool, threads: bool, children: bool, expected: tuple[Place, ...]
 ) -> None:
-    assert places(work, on_loop=on_loop, threads=threads, planner=children, reader=children) == expected
+    assert (
+        places(work, on_loop=on_loop, threads=threads, planner=children, reader=children, writer=children)
+        == expected
+    )
 
 
 # --- the rules, applied ----------------------------------------------------------------------

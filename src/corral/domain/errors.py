@@ -138,6 +138,15 @@ class StoreRefused(StoreUnavailable):
         self.code = code
 
 
+class OutcomeUnknown(StoreUnavailable):
+    """The server's process that was applying this request ended before it answered: whether the
+    request was applied is not known; send it again with its Idempotency-Key to find out.
+
+    Answered 503 ``store_unavailable`` without ``Retry-After`` (sending it again without its key
+    may apply it twice). Not a failure of the store: the child process (``server.offload``) ended,
+    the store did not, so the server goes on taking writes (``http.note_store_failure``)."""
+
+
 class StoreWriteFailed(StoreUnavailable):
     """The store cannot write now (a full disk, an I/O error, a read-only database): nothing was
     changed; retry after a moment.

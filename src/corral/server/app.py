@@ -90,10 +90,17 @@ def create_app(
     ``tokens`` is given or ``settings.auth_tokens`` names a token file (an unreadable one raises
     ``OSError``)."""
     settings = settings or ServerSettings()
-    planner = reader = None
+    planner = reader = writer = None
     if store_url is not None and settings.store_processes:
-        config = StoreProcessConfig(store_url, settings.store_busy_timeout_s, settings.log_level)
+        config = StoreProcessConfig(
+            store_url, settings.store_busy_timeout_s, settings.log_level, settings.gc_threshold
+        )
         planner, reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
+        # a batch submit's Python in a process of its own (``executor.Work.WRITE``): on PostgreSQL
+        # only, where its write waits on row locks like any replica's; a second process writing a
+        # SQLite file would hold the lock the event loop's inline calls count on finding free
+        if not store_url.startswith("sqlite"):
+            writer = StoreProcess(config, "writer")
     # the executor (``state.executor``) holds the store threads, the children, the loops' threads
     # and the switch interval long work runs with (``CORRAL_SWITCH_INTERVAL_S``)
     state = ServerState(
@@ -102,6 +109,7 @@ def create_app(
         clock=clock or SystemClock(),
         planner_process=planner,
         reader_process=reader,
+        writer_process=writer,
     )
     state.started_at = state.clock.now()
     state.metrics.watch_store(partial(cluster_gauges, store.jobs))

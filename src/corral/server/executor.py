@@ -28,6 +28,16 @@ pass. Where it runs follows from that and from what this server has configured (
 - ``READ``, a long read that makes its answer from the store alone (a module-level function of
   ``(store, memory, *args)``): the reader process where the server runs one (``offload``); a reader
   gone meanwhile is replaced at the next read, and this one runs as ``LONG`` instead.
+- ``WRITE``, a write long in Python that makes its answer from its arguments and the store alone
+  (a module-level function of ``(store, memory, *args)``: a batch submit of 10,000 jobs, its body
+  decoded, validated, made into rows, inserted and its answer encoded): the writer process where
+  the server runs one (PostgreSQL only, ``app.create_app``), so that the event loop keeps the
+  interpreter meanwhile (``bench/fleet.py --submit-window``: on a store thread the batch's Python
+  took the interpreter in 5 ms slices at each of the loop's waits); else as ``STORE``. A writer
+  gone mid-call fails that call with 503 (whether it wrote is not known: a retry with its
+  ``Idempotency-Key`` is safe), never runs it again on a thread; the next call starts a new one.
+  Its answer is waited for on a thread of its own, not a store thread: the batches queued behind
+  a long one hold none of them.
 - ``PLAN``, the admission pass's planning (a module-level function of ``(store, memory, *args)``):
   the planner process where the server runs one (a planner gone mid-pass fails that pass; the next
   pass starts a new one), else on the caller's thread with a ``memory`` this executor keeps from
@@ -52,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Concatenate, Final, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
+from corral.domain import errors
 from corral.server import switching
 from corral.server.grouped import Batch, TurnGroup
 from corral.server.offload import OffloadGone, StoreProcess
@@ -72,13 +83,14 @@ class Work(enum.Enum):
     STORE = "store"
     LONG = "long"
     READ = "read"
+    WRITE = "write"
     PLAN = "plan"
     PROBE = "probe"
 
 
 _SHORT = Work.SHORT
 #: the kinds whose function is a module-level ``(store, memory, *args)``: a child may run it
-STANDALONE = frozenset({Work.READ, Work.PLAN})
+STANDALONE = frozenset({Work.READ, Work.WRITE, Work.PLAN})
 #: the kinds long in Python: the short switch interval wherever they run in this process
 LONG = frozenset({Work.LONG, Work.READ})
 
@@ -95,7 +107,11 @@ class Place(enum.Enum):
     OWN_THREAD = "a thread of its own"
     PLANNER = "the planner process"
     READER = "the reader process"
+    WRITER = "the writer process"
 
+
+#: the places in a child process (``offload.StoreProcess``)
+_CHILDREN = (Place.PLANNER, Place.READER, Place.WRITER)
 
 #: what makes a place hand its work on to the next one: the store would wait, the child is gone
 _FALLBACK: dict[Place, type[Exception]] = {
@@ -105,16 +121,20 @@ _FALLBACK: dict[Place, type[Exception]] = {
 }
 
 
-def places(work: Work, *, on_loop: bool, threads: bool, planner: bool, reader: bool) -> tuple[Place, ...]:
+def places(
+    work: Work, *, on_loop: bool, threads: bool, planner: bool, reader: bool, writer: bool = False
+) -> tuple[Place, ...]:
     """Where ``work`` runs, first choice first: a later place takes the work only when an earlier
     one refused it (the store would have waited; the child process is gone). ``on_loop``: the
     caller is the event loop (else a thread of the server's own); ``threads``: the server has store
-    threads; ``planner``, ``reader``: it runs those child processes."""
+    threads; ``planner``, ``reader``, ``writer``: it runs those child processes."""
     beside = Place.STORE_THREAD if on_loop and threads else Place.INLINE
     if work is Work.SHORT:
         return (Place.INLINE_UNLESS_WAIT, Place.STORE_THREAD) if on_loop and threads else (Place.INLINE,)
     if work is Work.READ:
         return (Place.READER, beside) if reader else (beside,)
+    if work is Work.WRITE:
+        return (Place.WRITER,) if writer else (beside,)
     if work is Work.PLAN:
         return (Place.PLANNER,) if planner else (Place.INLINE,)
     if work is Work.PROBE:
@@ -163,6 +183,7 @@ class StoreExecutor(Generic[C]):
         planner: StoreProcess | None = None,
         reader: StoreProcess | None = None,
         store_on_loop: bool = False,
+        writer: StoreProcess | None = None,
     ) -> None:
         self._store = store
         #: a store whose waits the event loop can make (PostgreSQL): the sessions ``SHORT`` work
@@ -178,6 +199,11 @@ class StoreExecutor(Generic[C]):
         #: the child processes (``offload``): fixed once made, as the placements are
         self.planner: Final = planner
         self.reader: Final = reader
+        self.writer: Final = writer
+        #: where a batch waits for the writer: one thread, as the writer takes one call at a time
+        #: (``StoreProcess.call``), so that batches queued behind a long one (or behind a writer that
+        #: hangs) hold no store thread meanwhile: the replica's other store work goes on
+        self._writer_waits = ThreadPoolExecutor(1, thread_name_prefix="corral-writer") if writer else None
         self.lanes = Lanes(switch_interval_s)
         self._memory: dict[Work, dict[str, Any]] = {work: {} for work in STANDALONE}
         self._groups: dict[Batch[C, Any, Any], TurnGroup[Any, Any]] = {}
@@ -193,6 +219,7 @@ class StoreExecutor(Generic[C]):
                 threads=threads > 0,
                 planner=planner is not None,
                 reader=reader is not None,
+                writer=writer is not None,
             )
             for work in Work
             for on_loop in (True, False)
@@ -209,7 +236,7 @@ class StoreExecutor(Generic[C]):
     @overload
     async def run(
         self,
-        work: Literal[Work.READ, Work.PLAN],
+        work: Literal[Work.READ, Work.WRITE, Work.PLAN],
         function: Callable[Concatenate[Any, dict[str, Any], P], T],
         *args: P.args,
         **kwargs: P.kwargs,
@@ -225,7 +252,7 @@ class StoreExecutor(Generic[C]):
     ) -> T: ...
 
     async def run(self, work: Work, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``function(*args, **kwargs)`` (for ``READ`` and ``PLAN``: ``function(store, memory,
+        """``function(*args, **kwargs)`` (for ``READ``, ``WRITE`` and ``PLAN``: ``function(store, memory,
         *args, **kwargs)``), awaited from the event loop, where ``work`` runs."""
         if work is _SHORT and self._threads is not None:
             if self._sessions is not None and not switching.long_work_beside():
@@ -261,7 +288,7 @@ class StoreExecutor(Generic[C]):
     @overload
     def call(
         self,
-        work: Literal[Work.READ, Work.PLAN],
+        work: Literal[Work.READ, Work.WRITE, Work.PLAN],
         function: Callable[Concatenate[Any, dict[str, Any], P], T],
         *args: P.args,
         **kwargs: P.kwargs,
@@ -306,9 +333,11 @@ class StoreExecutor(Generic[C]):
     async def close(self) -> None:
         """Once the server stops: the passes finish, the children end, the store threads end."""
         await self.lanes.close()
-        for process in (self.planner, self.reader):
+        for process in (self.planner, self.reader, self.writer):
             if process is not None:
                 await asyncio.to_thread(process.close)
+        if self._writer_waits is not None:
+            await asyncio.to_thread(self._writer_waits.shutdown)
         if self._threads is not None:
             await asyncio.to_thread(self._threads.shutdown)
 
@@ -323,12 +352,14 @@ class StoreExecutor(Generic[C]):
         blocking = self._blocking(place, work, function, args, kwargs)
         if place is Place.OWN_THREAD:
             return await asyncio.to_thread(blocking)
-        # on a store thread; a child's answer is waited for there too, where there are threads
-        if place in (Place.STORE_THREAD, Place.PLANNER, Place.READER) and self._threads is not None:
+        # on a store thread; a child's answer is waited for there too, where there are threads,
+        # except the writer's (on its own thread: ``_writer_waits``)
+        waits = self._writer_waits if place is Place.WRITER else self._threads
+        if place in (Place.STORE_THREAD, *_CHILDREN) and waits is not None:
             admit = self.admission() if self.admission is not None else None
             if admit is not None:
                 blocking = partial(_admitted, admit, blocking)
-            return await asyncio.get_running_loop().run_in_executor(self._threads, blocking)
+            return await asyncio.get_running_loop().run_in_executor(waits, blocking)
         return blocking()
 
     def _blocking(
@@ -340,11 +371,12 @@ class StoreExecutor(Generic[C]):
         kwargs: dict[str, Any],
     ) -> Callable[[], T]:
         """The work at ``place`` as one call that waits for its result."""
-        if place in (Place.PLANNER, Place.READER):
-            child = self.planner if place is Place.PLANNER else self.reader
+        if place in _CHILDREN:
+            child = {Place.PLANNER: self.planner, Place.READER: self.reader, Place.WRITER: self.writer}[place]
             assert child is not None
             # pickled by name: the keyword arguments travel bound to the module-level function
-            return partial(child.call, partial(function, **kwargs) if kwargs else function, *args)
+            call = partial(child.call, partial(function, **kwargs) if kwargs else function, *args)
+            return partial(_written, call) if place is Place.WRITER else call
         if work in STANDALONE:
             call = partial(function, self._store, self._memory[work], *args, **kwargs)
         else:
@@ -358,6 +390,19 @@ class StoreExecutor(Generic[C]):
             # slices while the loop's calls queue behind it (``bench/protocol.py``)
             return partial(_with_short_interval, self._switch_interval_s, call, True)
         return call
+
+
+def _written(call: Callable[[], T]) -> T:
+    """``call()`` in the writer process; its end mid-call a 503 (``OutcomeUnknown``, not noted as
+    the store failing: the child ended, not the store): the write may or may not have committed,
+    so it is not done again here (a retry with the same ``Idempotency-Key`` is safe)."""
+    try:
+        return call()
+    except OffloadGone as gone:
+        raise errors.OutcomeUnknown(
+            f"{gone}: whether this request was applied is not known; send it again with its"
+            " Idempotency-Key to find out"
+        ) from gone
 
 
 def _admitted(admit: Callable[[], None], call: Callable[[], T]) -> T:

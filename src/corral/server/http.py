@@ -164,8 +164,10 @@ def fence(request: Request) -> tuple[str, int]:
 
 def note_store_failure(state: ServerState, error: errors.StoreUnavailable) -> None:
     """A store that failed a request is noted in the server's ``StoreHealth`` (the reaper does not
-    count a silence the store caused), unless it was refused as the store was known to fail."""
-    if not isinstance(error, errors.StoreRefused):
+    count a silence the store caused), unless it was refused as the store was known to fail, or
+    the child process applying it ended (``OutcomeUnknown``: the store did not fail, and noting it
+    would refuse every write of this replica, heartbeats included, until a check commits)."""
+    if not isinstance(error, errors.StoreRefused | errors.OutcomeUnknown):
         state.store_health.failed(error)
 
 

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
+from corral.domain import errors
+
 logger = logging.getLogger("corral.server.offload")
 
 T = TypeVar("T")
@@ -50,6 +52,9 @@ class StoreProcessConfig:
     store_url: str
     busy_timeout_s: float
     log_level: str
+    #: the server's ``CORRAL_GC_THRESHOLD`` (``collector``): a batch of 10,000 jobs in the writer
+    #: allocates as a busy server does (0: the interpreter's 700, ~1.3x the CPU on such a batch)
+    gc_threshold: int = 0
 
 
 def send(stream: IO[bytes], message: object) -> None:
@@ -150,14 +155,16 @@ class _Raised:
     error: Exception
 
 
-def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
+def serve(requests: IO[bytes], answers: IO[bytes], helper: str = "store process") -> None:
     """The child's loop: a ``StoreProcessConfig``, then one result per request until the input
-    closes."""
+    closes. ``helper``: its name in its log lines (``planner``, ``reader``, ``writer``)."""
     from corral.observability.logging import configure_logging
+    from corral.server import collector
     from corral.store import open_store
 
     config: StoreProcessConfig = receive(requests)
     configure_logging(config.log_level)
+    collector.set_first_threshold(config.gc_threshold)
     store = open_store(config.store_url, migrate=False, busy_timeout_s=config.busy_timeout_s)
     memory: dict[str, Any] = {}
     try:
@@ -169,6 +176,14 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
             try:
                 outcome: object = function(store, memory, *args)
             except Exception as error:
+                if not isinstance(error, errors.CorralError):
+                    # the server re-raises it with its own traceback only (a traceback does not
+                    # pickle): where in the work it was raised is told here, or never
+                    logger.error(
+                        "store process work raised",
+                        exc_info=error,
+                        extra={"helper": helper, "work": getattr(function, "__name__", repr(function))},
+                    )
                 outcome = _Raised(_sendable(error))
             send(answers, outcome)
     finally:
@@ -189,7 +204,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not break a message
-    serve(sys.stdin.buffer, answers)
+    serve(sys.stdin.buffer, answers, sys.argv[1] if len(sys.argv) > 1 else "store process")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,8 @@ class ServerState:
     #: ``CORRAL_STORE_PROCESSES=false``)
     planner_process: InitVar[StoreProcess | None] = None
     reader_process: InitVar[StoreProcess | None] = None
+    #: the process that takes a batch submit (``executor.Work.WRITE``; PostgreSQL only)
+    writer_process: InitVar[StoreProcess | None] = None
     #: open connections, in all and per client (``connections``; counted by the HTTP protocol)
     connections: ConnectionBook = field(init=False)
     #: client address -> requests in flight (``limits.ClientLimitsMiddleware``)
@@ -104,7 +106,9 @@ class ServerState:
     _workers: tuple[float, Verdicts] | None = field(default=None, init=False)
     _workers_generation: int = field(default=0, init=False)
 
-    def __post_init__(self, planner: StoreProcess | None, reader: StoreProcess | None) -> None:
+    def __post_init__(
+        self, planner: StoreProcess | None, reader: StoreProcess | None, writer: StoreProcess | None
+    ) -> None:
         settings = self.settings
         self.connections = ConnectionBook(settings.max_connections, settings.max_connections_per_client)
         self.executor = StoreExecutor(
@@ -115,6 +119,7 @@ class ServerState:
             planner=planner,
             reader=reader,
             store_on_loop=settings.store_on_loop,
+            writer=writer,
         )
         self.store_health = StoreHealth(self.clock)
 
@@ -181,6 +186,12 @@ class ServerState:
             if generation == self._workers_generation:
                 self._workers = kept
         return kept[1]
+
+    @property
+    def workers_generation(self) -> int:
+        """Bumped by ``workers_changed``: a process that keeps its own verdicts (the writer's,
+        ``routes.jobs.submit_batch_in_process``) reads the workers again once it moved."""
+        return self._workers_generation
 
     def workers_changed(self) -> None:
         """A worker came, went or changed status here: the next ``standing_verdicts`` reads again."""

@@ -27,8 +27,13 @@ class ServerThread:
         settings: ServerSettings | None = None,
         clock: Clock | None = None,
         run_loops: bool = False,
+        store_url: str | None = None,
     ) -> None:
-        self.app = create_app(store, settings or ServerSettings(), clock, run_loops=run_loops)
+        """``store_url``: the store's URL, for the child processes ``corral server`` runs
+        (``app.create_app``); None: their work on the server's threads."""
+        self.app = create_app(
+            store, settings or ServerSettings(), clock, run_loops=run_loops, store_url=store_url
+        )
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
