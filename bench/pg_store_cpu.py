@@ -83,7 +83,7 @@ def measure(store: Store, jobs: int) -> None:
     leases = [claimed(store) for _ in range(8)]
     beats = [(job.id, job.attempts, JobReport(progress={"step": 1}, gpu_util_pct=90.0)) for job in leases]
     running = [job.id for job in leases]
-    readings = [{"index": index, "util_pct": 90.0, "mem_used_mb": 1000} for index in range(8)]
+    readings: list[dict[str, float]] = []  # w1 registers no GPU: a reading of one is refused
 
     def heartbeat(index: int) -> None:
         store.workers.worker_heartbeat("w1", NOW + 3 + index, readings, None, running)
