@@ -173,3 +173,32 @@ def test_postgres_settles_a_running_jobs_done_in_one_statement(postgres_store, m
     store.jobs.change_many([(job.id, changes.done_decision("w1", job.attempts, NOW + 5)) for job in jobs[1:]])
     assert sent == ["together"]
     assert all(store.jobs.get_job(job.id).status is Status.DONE for job in jobs)
+
+
+def test_a_group_whose_read_fails_after_its_dones_were_written_answers_them(postgres_store, monkeypatch):
+    """The group's dones are committed by their one statement before the rest of the group is read:
+    where that read then fails, the written dones are still answered as written (a group that raised
+    would be answered 503 whole, or each report applied again alone: a committed done then refused
+    409 ``not_running``, its completion never counted), the rest with the failure."""
+    store = postgres_store
+    done, failed = running(store, 2)
+    autocommit = store.autocommit
+    execute = autocommit.execute
+
+    def read_fails(sql, *arguments, **keywords):
+        if sql == type(store.jobs)._VERSIONED_JOBS:
+            raise errors.StoreUnavailable("the connection was lost")
+        return execute(sql, *arguments, **keywords)
+
+    monkeypatch.setattr(autocommit, "execute", read_fails)
+    results = store.jobs.change_many(
+        [
+            (done.id, changes.done_decision("w1", done.attempts, NOW + 5)),
+            (failed.id, changes.failure_decision("w1", failed.attempts, NOW + 5, exit_code=1)),
+        ]
+    )
+    monkeypatch.undo()
+    assert store.jobs.get_job(done.id).status is Status.DONE
+    assert results[0] == lifecycle.Reported(store.jobs.get_job(done.id))
+    assert isinstance(results[1], errors.StoreUnavailable)
+    assert store.jobs.get_job(failed.id).status is Status.RUNNING

@@ -388,12 +388,33 @@ class PostgresJobs(SqlJobs):
         the read or the group's transaction failing raises (nothing of the group written)."""
         results: list[Any] = [None] * len(changes)
         rest = self._settle_fenced(changes, results)
+        if len(rest) == len(changes):  # nothing written yet: a failure raises, as ever
+            return self._read_and_decide(changes)
         if rest:
             for index, result in zip(
-                rest, self._read_and_decide([changes[index] for index in rest]), strict=True
+                rest, self._rest_of_group([changes[index] for index in rest]), strict=True
             ):
                 results[index] = result
         return results
+
+    def _rest_of_group(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``_read_and_decide`` of a group some of whose changes are already written (committed by
+        their one statement): a failure must not raise then, or the written ones would be answered
+        as failed (503) or applied again alone (a committed ``done`` refused 409 ``not_running``).
+        The store gone: each of the rest answered by it; another fault: each of the rest alone, as
+        the group commit does with a group that raised (``server.grouped.TurnGroup``)."""
+        try:
+            return self._read_and_decide(changes)
+        except errors.StoreUnavailable as failure:
+            return [failure] * len(changes)
+        except Exception:
+            results: list[Any] = []
+            for job_id, decide in changes:
+                try:
+                    results.append(self.change(job_id, decide))
+                except Exception as error:
+                    results.append(error)
+            return results
 
     def _read_and_decide(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
         """``change_many`` of changes not settled by their one statement."""
