@@ -202,3 +202,58 @@ def test_a_group_whose_read_fails_after_its_dones_were_written_answers_them(post
     assert results[0] == lifecycle.Reported(store.jobs.get_job(done.id))
     assert isinstance(results[1], errors.StoreUnavailable)
     assert store.jobs.get_job(failed.id).status is Status.RUNNING
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped first", "done first"])
+def test_a_done_racing_the_reaper_on_another_connection_has_one_winner(postgres_store, reaped):
+    """The reaper holds the job's row locked while it decides; the done's one statement waits for
+    it, then sees the row the reaper left: a lapsed lease re-queued the job (the done refused as the
+    decision refuses it, nothing of it written), a fresh one left it running (the done settles it)."""
+    import threading
+
+    import psycopg
+
+    from corral.store import open_store
+    from corral.store.jobs import SqlJobs
+
+    store = postgres_store
+    (job,) = running(store, 1)
+    reaper = open_store(store.url, migrate=False)
+    outcome: list[object] = []
+    backend: list[int] = []
+
+    def report() -> None:
+        backend.append(store.connection().info.backend_pid)
+        try:
+            outcome.append(store.jobs.change(job.id, changes.done_decision("w1", job.attempts, NOW + 50)))
+        except errors.CorralError as error:
+            outcome.append(error)
+
+    reporter = threading.Thread(target=report)
+
+    def decide(current, gang):
+        reporter.start()
+        with psycopg.connect(store.url, autocommit=True) as watcher:
+            waiting = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+            while not backend or not watcher.execute(waiting, (backend[0],)).fetchall():
+                reporter.join(0.01)
+                assert reporter.is_alive(), outcome
+        return lifecycle.lease_expired(current, gang, NOW + (100 if reaped else 5), timeout_s=30)
+
+    try:
+        SqlJobs.change(reaper.jobs, job.id, decide)
+    finally:
+        reaper.close()
+    reporter.join()
+    stored = store.jobs.get_job(job.id)
+    history = assert_history_is_legal(store, job.id)
+    if reaped:
+        assert isinstance(outcome[0], errors.StaleAttempt), outcome
+        assert stored.status is Status.PENDING and stored.worker_id is None
+        assert [event.to_status for event in history][-1] is Status.PENDING
+    else:
+        assert outcome[0] == lifecycle.Reported(stored) and stored.status is Status.DONE
+    usage = store.read().execute(USAGE_READ, (job.id,))
+    assert [(row[1], row[11]) for row in usage] == [
+        (job.attempts, stored.status.value if not reaped else "pending")
+    ]
