@@ -264,3 +264,15 @@ def test_a_done_racing_the_reaper_on_another_connection_has_one_winner(postgres_
     assert [(row[1], row[11]) for row in usage] == [
         (job.attempts, stored.status.value if not reaped else "pending")
     ]
+
+
+@pytest.mark.parametrize("attempt", [2**31, 2**62, -(2**40)])
+def test_a_done_of_an_attempt_past_the_column_is_a_stale_attempt(store, attempt):
+    """The fence takes any 64-bit attempt; the column holds 32 bits: the one statement must compare
+    them, not fail on the parameter (500, its connection dropped), and the decision refuse it."""
+    (job,) = running(store, 1)
+    with pytest.raises(errors.StaleAttempt):
+        store.jobs.change(job.id, changes.done_decision("w1", attempt, NOW + 5))
+    (refused,) = store.jobs.change_many([(job.id, changes.done_decision("w1", attempt, NOW + 5))])
+    assert isinstance(refused, errors.StaleAttempt), refused
+    assert store.jobs.get_job(job.id).status is Status.RUNNING

@@ -331,7 +331,7 @@ class PostgresJobs(SqlJobs):
         assignments = ", ".join(f"{column} = ?" for column in changes)
         sql = (
             f"WITH moved AS (UPDATE jobs SET {assignments}, event_count = event_count + 1"
-            " WHERE id = ? AND gang_id IS NULL AND worker_id = ? AND attempts = ? AND status = ?"
+            " WHERE id = ? AND gang_id IS NULL AND worker_id = ? AND attempts = ?::bigint AND status = ?"
             f" RETURNING {JOB_SELECT}),"
             f" event AS (INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, event_count,"
             " ?::double precision, ?::text, status, reason_code, reason_message, NULL::bigint, worker_id,"
