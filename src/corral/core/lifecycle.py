@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from corral.core import dependencies, drain, schedulable
 from corral.core.drain import VICTIM_CLEARED, DrainCompleted, DrainStarted
@@ -340,10 +341,18 @@ def report_done(job: Job, gang: Sequence[Job], worker_id: str, attempt: int, now
     check_fence(job, worker_id, attempt)
     if job.status not in (Status.RUNNING, Status.PREEMPTING):
         raise _not_running(job)
-    done = move(
-        job, now, Reason("completed", "exited with code 0"), status=Status.DONE, finished_at=now, exit_code=0
-    )
+    done = move(job, now, COMPLETED, **done_fields(now))
     return _then_complete((done,), gang, now, Reported(done.after))
+
+
+#: a ``done`` report's reason, on the row and its event
+COMPLETED = Reason("completed", "exited with code 0")
+
+
+def done_fields(now: float) -> dict[str, Any]:
+    """The fields a ``done`` report sets on a job it accepts, whatever the job was (the store's
+    one-statement ``done``, ``store.base.FencedReport``, writes exactly these)."""
+    return {"status": Status.DONE, "finished_at": now, "exit_code": 0}
 
 
 def report_failure(

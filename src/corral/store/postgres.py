@@ -15,13 +15,14 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache, partial
-from typing import Any
+from typing import Any, cast
 
 from corral.domain import errors
 from corral.domain.records import Job
+from corral.domain.status import HOLDING, LEASED, Status
 from corral.domain.transitions import Outcome, Plan, Transition
 from corral.store import on_loop
-from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
+from corral.store.base import FencedReport, JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
 from corral.store.jobs import RENEW_SET, RENEW_WHERE, RENEWED, SqlJobs, may_renew_together
@@ -42,6 +43,7 @@ from corral.store.rows import (
     JOB_SELECT,
     LEASED_SQL,
     Transaction,
+    columns_of_fields,
     job_from_row,
     to_json,
     worker_from_row,
@@ -289,7 +291,14 @@ class PostgresJobs(SqlJobs):
            is then exactly the one the locked way would have made. A row that moved meanwhile is
            decided again, locked. (Two round trips and one commit for a ``done``, where the locked
            way takes four.)
+
+        A ``FencedReport`` (a ``done``) first tries its one statement (``_fenced``): one round
+        trip, no read; only where it matched no row does it go the way above.
         """
+        if isinstance(decide, FencedReport):
+            settled = self._store.autocommit.execute(*self._fenced(job_id, decide), pipelined=True)
+            if settled:
+                return cast(Outcome, decide.outcome(job_from_row(settled[0])))
         rows = self._store.autocommit.execute(self._VERSIONED_JOB, (job_id,))
         if not rows:
             raise errors.NotFound(f"job {job_id} not found")
@@ -308,13 +317,107 @@ class PostgresJobs(SqlJobs):
     def _single(plan: Plan[Any], job: Job) -> bool:
         return len(plan.transitions) == 1 and plan.transitions[0].before.id == job.id
 
+    @staticmethod
+    def _fenced(job_id: str, report: FencedReport) -> tuple[str, list[Any]]:
+        """``report``'s one statement: the compare-and-set on what the report is fenced by (a single
+        job, that status, that attempt on that worker), its event row and its usage row, answering
+        the job's row as it now is (none where it matched nothing)."""
+        assert Status(report.from_status) in LEASED and report.fields["status"] not in HOLDING, (
+            "a fenced report ends a leased attempt (the usage row below)"
+        )
+        assert not report.fields.keys() & {"worker_id", "attempts", "started_at"}, "the fence stays"
+        changes = columns_of_fields(report.fields)
+        changes.update(reason_code=report.reason_code, reason_message=report.reason_message)
+        assignments = ", ".join(f"{column} = ?" for column in changes)
+        sql = (
+            f"WITH moved AS (UPDATE jobs SET {assignments}, event_count = event_count + 1"
+            " WHERE id = ? AND gang_id IS NULL AND worker_id = ? AND attempts = ?::bigint AND status = ?"
+            f" RETURNING {JOB_SELECT}),"
+            f" event AS (INSERT INTO job_events ({', '.join(EVENT_COLUMNS)}) SELECT id, event_count,"
+            " ?::double precision, ?::text, status, reason_code, reason_message, NULL::bigint, worker_id,"
+            " attempts FROM moved),"
+            f" usage AS (INSERT INTO attempt_usage ({', '.join(USAGE_COLUMNS)}) SELECT id, attempts,"
+            " username, pool, worker_id, gpus, cpus, submitted_at, started_at, ?::double precision,"
+            " CASE WHEN attempts = 1 THEN started_at - submitted_at END, status FROM moved"
+            " WHERE started_at IS NOT NULL ON CONFLICT (job_id, attempt) DO NOTHING)"
+            f" SELECT {JOB_SELECT} FROM moved"
+        )
+        params = [
+            *changes.values(), job_id, report.worker_id, report.attempt, report.from_status,
+            report.at, report.from_status, report.at,
+        ]  # fmt: skip
+        return sql, params
+
+    def _settle_fenced(
+        self, changes: Sequence[tuple[str, JobDecision[Any]]], results: list[Any]
+    ) -> list[int]:
+        """The ``FencedReport`` changes of a group (each of a job named once in it), their one
+        statements in one transaction and one round trip: each that matched its outcome into
+        ``results``; the indexes of every other change, for the read-and-decide way."""
+        named: dict[str, int] = {}
+        for job_id, _ in changes:
+            named[job_id] = named.get(job_id, 0) + 1
+        fenced = sorted(
+            (job_id, index)
+            for index, (job_id, decide) in enumerate(changes)
+            if isinstance(decide, FencedReport) and named[job_id] == 1
+        )
+        if not fenced:
+            return list(range(len(changes)))
+        statements = [self._fenced(job_id, cast(FencedReport, changes[index][1])) for job_id, index in fenced]
+        if len(statements) == 1:
+            answers = [self._store.autocommit.execute(*statements[0], pipelined=True)]
+        else:
+            answers = self._store.autocommit.together(statements)
+        settled: set[int] = set()
+        for (_, index), rows in zip(fenced, answers, strict=True):
+            if rows:
+                results[index] = cast(FencedReport, changes[index][1]).outcome(job_from_row(rows[0]))
+                settled.add(index)
+        return [index for index in range(len(changes)) if index not in settled]
+
     def change_many(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
-        """``change`` for several reports at once (a group commit): one read of every job, each
+        """``FencedReport`` changes (``done``) first in one statement each, all in one round trip
+        (``_settle_fenced``); then the rest as follows.
+
+        ``change`` for several reports at once (a group commit): one read of every job, each
         decided on its row as read, and the compare-and-sets of the single-transition plans in one
         transaction and one round trip (``_write_together``). A change the group cannot
         settle (a gang task, a plan of several transitions, a row that moved, the second report of
         one job) goes the locked way after it, alone. A refused report's error is its result; only
         the read or the group's transaction failing raises (nothing of the group written)."""
+        results: list[Any] = [None] * len(changes)
+        rest = self._settle_fenced(changes, results)
+        if len(rest) == len(changes):  # nothing written yet: a failure raises, as ever
+            return self._read_and_decide(changes)
+        if rest:
+            for index, result in zip(
+                rest, self._rest_of_group([changes[index] for index in rest]), strict=True
+            ):
+                results[index] = result
+        return results
+
+    def _rest_of_group(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``_read_and_decide`` of a group some of whose changes are already written (committed by
+        their one statement): a failure must not raise then, or the written ones would be answered
+        as failed (503) or applied again alone (a committed ``done`` refused 409 ``not_running``).
+        The store gone: each of the rest answered by it; another fault: each of the rest alone, as
+        the group commit does with a group that raised (``server.grouped.TurnGroup``)."""
+        try:
+            return self._read_and_decide(changes)
+        except errors.StoreUnavailable as failure:
+            return [failure] * len(changes)
+        except Exception:
+            results: list[Any] = []
+            for job_id, decide in changes:
+                try:
+                    results.append(self.change(job_id, decide))
+                except Exception as error:
+                    results.append(error)
+            return results
+
+    def _read_and_decide(self, changes: Sequence[tuple[str, JobDecision[Any]]]) -> list[Any]:
+        """``change_many`` of changes not settled by their one statement."""
         results: list[Any] = [None] * len(changes)
         job_ids = text_array(sorted({job_id for job_id, _ in changes}))
         rows = self._store.autocommit.execute(self._VERSIONED_JOBS, (job_ids,), pipelined=True)

@@ -3,7 +3,8 @@ store module uses. No queries run here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
@@ -252,6 +253,16 @@ _COLUMNS_OF_FIELD: dict[str, Callable[[Job], dict[str, Any]]] = {
     "awaiting_dependencies": lambda job: {"awaiting_dependencies": int(job.awaiting_dependencies)},
     "version": lambda job: {},  # event_count, bumped by the store with the status change
 }
+
+
+def columns_of_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns, with their stored values, that setting ``fields`` (``Job`` fields and their
+    values, no job at hand: ``FencedReport``) writes, as ``changed_columns`` would."""
+    values = SimpleNamespace(**fields)
+    columns: dict[str, Any] = {}
+    for name in fields:
+        columns.update(_COLUMNS_OF_FIELD[name](values))  # type: ignore[arg-type]
+    return columns
 
 
 def changed_columns(transition: Transition) -> dict[str, Any]:
