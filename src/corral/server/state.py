@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -43,6 +43,19 @@ from corral.store import Store
 
 #: how long ``ServerState.standing_verdicts`` keeps the workers it read
 WORKERS_KEPT_S = 1.0
+
+
+def kept_verdicts(store: Store, memory: dict[str, Any], generation: int) -> Verdicts:
+    """The registered workers' verdicts (``core.schedulable``) kept in ``memory``: read again once
+    ``WORKERS_KEPT_S`` old, or once ``generation`` (``ServerState.workers_changed``) is not the one
+    they were read at. A change while they are read leaves them kept at the generation before it:
+    the next call reads again. The server's own (``standing_verdicts``) and the writer process's
+    (``routes.jobs.submit_batch_in_process``, given the server's generation)."""
+    kept: tuple[float, int, Verdicts] | None = memory.get("verdicts")
+    now = time.monotonic()
+    if kept is None or kept[1] != generation or now - kept[0] >= WORKERS_KEPT_S:
+        kept = memory["verdicts"] = (now, generation, Verdicts(store.workers.workers()))
+    return kept[2]
 
 
 @dataclass
@@ -101,9 +114,9 @@ class ServerState:
     _claim: tuple[float, dict[str, Pool], Claim] | None = field(default=None, init=False)
     #: bumped by ``pools_changed``: a claim policy read before the bump is never kept after it
     _pools_generation: int = field(default=0, init=False)
-    #: the registered workers as last read for the reasons of waiting work, and when
-    #: (``standing_workers``)
-    _workers: tuple[float, Verdicts] | None = field(default=None, init=False)
+    #: the registered workers' verdicts as last read for the reasons of waiting work
+    #: (``standing_verdicts``, ``kept_verdicts``)
+    _verdicts: dict[str, Any] = field(default_factory=dict, init=False)
     _workers_generation: int = field(default=0, init=False)
 
     def __post_init__(
@@ -178,14 +191,7 @@ class ServerState:
         leave (``workers_changed``), so a submit does not read every worker. A worker another
         replica registered, or one the reaper found silent, reaches these reasons within
         ``WORKERS_KEPT_S``."""
-        kept = self._workers
-        now = time.monotonic()
-        if kept is None or now - kept[0] >= WORKERS_KEPT_S:
-            generation = self._workers_generation
-            kept = (now, Verdicts(self.store.workers.workers()))
-            if generation == self._workers_generation:
-                self._workers = kept
-        return kept[1]
+        return kept_verdicts(self.store, self._verdicts, self._workers_generation)
 
     @property
     def workers_generation(self) -> int:
@@ -196,7 +202,6 @@ class ServerState:
     def workers_changed(self) -> None:
         """A worker came, went or changed status here: the next ``standing_verdicts`` reads again."""
         self._workers_generation += 1
-        self._workers = None
 
     def released(self, gang_waiting: bool = False, dependent_waiting: bool = False) -> None:
         """Capacity may have come free: wake long-polling claims, the dependency loop when a job

@@ -7,7 +7,6 @@ import binascii
 import dataclasses
 import hashlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +51,7 @@ from corral.server.http import (
 )
 from corral.server.openapi import Operation, integer, string
 from corral.server.routes.pools import fair_share_now
-from corral.server.state import WORKERS_KEPT_S, ServerState, state_of
+from corral.server.state import ServerState, kept_verdicts, state_of
 from corral.store.base import JobFilter, SubmitResult, Submitted
 from corral.store.ports import Store
 
@@ -176,22 +175,14 @@ def submit_batch_in_process(
     batch's Python, ~10 ms of CPU per 100 jobs, kept off the server's event loop.
 
     The pools are read as they stand (a handful of rows); the workers' verdicts are kept in
-    ``memory`` as the server keeps its own (``ServerState.standing_verdicts``): read again once
-    ``WORKERS_KEPT_S`` old or once the server's ``workers_generation`` moved."""
+    ``memory`` as the server keeps its own (``state.kept_verdicts``, at the server's
+    ``workers_generation``)."""
     resolved = pool_rules.resolve(store.pools.pools(), request.pool_defaults)
     specs, result = store_submission(
-        store, resolved, _kept_verdicts(store, memory, workers_generation), request
+        store, resolved, kept_verdicts(store, memory, workers_generation), request
     )
     body = orjson.dumps({"items": [_submitted_to_wire(item) for item in result.items]})
     return body, StoredSubmit.of(specs, result)
-
-
-def _kept_verdicts(store: Store, memory: dict[str, Any], generation: int) -> Verdicts:
-    kept: tuple[float, int, Verdicts] | None = memory.get("verdicts")
-    now = time.monotonic()
-    if kept is None or kept[1] != generation or now - kept[0] >= WORKERS_KEPT_S:
-        kept = memory["verdicts"] = (now, generation, Verdicts(store.workers.workers()))
-    return kept[2]
 
 
 def _check_topology(levels: tuple[str, ...], specs: list[JobSpec]) -> None:
