@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from corral.core import dependencies, drain, schedulable
@@ -41,7 +42,7 @@ from corral.domain import errors
 from corral.domain.ids import new_array_id, new_gang_id, new_job_id
 from corral.domain.records import Job, JobSpec, Reason
 from corral.domain.status import LEASED, TERMINAL, Status
-from corral.domain.transitions import Plan, Submission, Transition, applied, move
+from corral.domain.transitions import FencedReport, Plan, Submission, Transition, applied, move
 
 __all__ = [
     "CheckpointAccepted",
@@ -351,8 +352,25 @@ COMPLETED = Reason("completed", "exited with code 0")
 
 def done_fields(now: float) -> dict[str, Any]:
     """The fields a ``done`` report sets on a job it accepts, whatever the job was (the store's
-    one-statement ``done``, ``store.base.FencedReport``, writes exactly these)."""
+    one-statement ``done``, ``done_report``, writes exactly these)."""
     return {"status": Status.DONE, "finished_at": now, "exit_code": 0}
+
+
+def done_report(worker_id: str, attempt: int, now: float) -> FencedReport:
+    """A ``done`` report's decision (``report_done``), with what it does to a single running job
+    of that attempt on that worker (``FencedReport``: a store may settle that case in one
+    statement, deciding by ``report_done`` only where the statement matched no row)."""
+    return FencedReport(
+        decide=partial(report_done, worker_id=worker_id, attempt=attempt, now=now),
+        worker_id=worker_id,
+        attempt=attempt,
+        from_status=Status.RUNNING.value,
+        fields=done_fields(now),
+        at=now,
+        reason_code=COMPLETED.code,
+        reason_message=COMPLETED.message,
+        outcome=Reported,
+    )
 
 
 def report_failure(

@@ -8,7 +8,7 @@ records (``applied``), so that both run the very rules of ``corral.core.lifecycl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -66,3 +66,31 @@ def applied(jobs: Sequence[Job], transitions: Iterable[Transition]) -> tuple[Job
     that follows another one decides on (a drain, then its completion, in one plan)."""
     after = {transition.after.id: transition.after for transition in transitions}
     return tuple(after.get(job.id, job) for job in jobs)
+
+
+@dataclass(frozen=True)
+class FencedReport:
+    """A report's decision (``decide``, of ``corral.core``) with what its plan is, known without
+    the row, for the one case that is nearly every report: a single job (no gang) that is
+    ``from_status`` at ``attempt`` on ``worker_id``. There the plan is always one transition
+    setting ``fields`` (``Job`` fields, ``status`` among them), recorded at ``at`` with ``reason``,
+    and its outcome is ``outcome`` of the job after it.
+
+    Made by ``corral.core.lifecycle.done_report``. A store may settle it in one statement
+    guarded by exactly those conditions, without reading the job first (``PostgresJobs``); where
+    that statement matches no row (a stale attempt, a job already done, a gang task, an unknown
+    job) it decides as for any other decision: the job read, ``decide`` called, its refusal or its
+    plan as before. Called, it is ``decide``."""
+
+    decide: Callable[[Job, tuple[Job, ...]], Plan[Any]]
+    worker_id: str
+    attempt: int
+    from_status: str
+    fields: Mapping[str, Any]
+    at: float
+    reason_code: str
+    reason_message: str
+    outcome: Callable[[Job], Any]
+
+    def __call__(self, job: Job, gang: tuple[Job, ...]) -> Plan[Any]:
+        return self.decide(job, gang)

@@ -21,11 +21,9 @@ from corral.core.preemption import Preemption, PreemptionStarted, start_preempti
 from corral.core.workers import flagged_dead, goes_offline
 from corral.domain import errors
 from corral.domain.records import Allocation, Job, Reason, Worker, WorkerContact
-from corral.domain.status import Status
 from corral.domain.transitions import Plan
 from corral.store.base import (
     ClaimAsk,
-    FencedReport,
     JobDecision,
     JobReport,
     LeaseRenewed,
@@ -45,20 +43,9 @@ def report_done(store: Jobs, job_id: str, worker_id: str, attempt: int, now: flo
 
 
 def done_decision(worker_id: str, attempt: int, now: float) -> JobDecision[Reported]:
-    """The decision of a ``done`` report (for ``store.jobs.change``, or a group of reports), with
-    what it does to a single running job of that attempt (``FencedReport``: a store may then settle
-    it in one statement, deciding by ``lifecycle.report_done`` only where that matched no row)."""
-    return FencedReport(
-        decide=partial(lifecycle.report_done, worker_id=worker_id, attempt=attempt, now=now),
-        worker_id=worker_id,
-        attempt=attempt,
-        from_status=Status.RUNNING.value,
-        fields=lifecycle.done_fields(now),
-        at=now,
-        reason_code=lifecycle.COMPLETED.code,
-        reason_message=lifecycle.COMPLETED.message,
-        outcome=Reported,
-    )
+    """The decision of a ``done`` report (for ``store.jobs.change``, or a group of reports):
+    ``lifecycle.done_report``, which a store may settle in one statement."""
+    return lifecycle.done_report(worker_id, attempt, now)
 
 
 def report_failure(

@@ -50,33 +50,6 @@ class ClaimAsk:
 JobDecision = Callable[[Job, tuple[Job, ...]], Plan[Outcome]]
 
 
-@dataclass(frozen=True)
-class FencedReport:
-    """A report's decision (``decide``, of ``corral.core``) with what its plan is, known without
-    the row, for the one case that is nearly every report: a single job (no gang) that is
-    ``from_status`` at ``attempt`` on ``worker_id``. There the plan is always one transition
-    setting ``fields`` (``Job`` fields, ``status`` among them), recorded at ``at`` with ``reason``,
-    and its outcome is ``outcome`` of the job after it.
-
-    A store may settle it in one statement guarded by exactly those conditions, without reading
-    the job first (``PostgresJobs``); where that statement matches no row (a stale attempt, a job
-    already done, a gang task, an unknown job) it decides as for any other decision: the job read,
-    ``decide`` called, its refusal or its plan as before. Called, it is ``decide``."""
-
-    decide: JobDecision[Any]
-    worker_id: str
-    attempt: int
-    from_status: str
-    fields: Mapping[str, Any]
-    at: float
-    reason_code: str
-    reason_message: str
-    outcome: Callable[[Job], Any]
-
-    def __call__(self, job: Job, gang: tuple[Job, ...]) -> Plan[Any]:
-        return self.decide(job, gang)
-
-
 #: a decision about a gang: its tasks, locked, in ``gang_index`` order
 GangDecision = Callable[[tuple[Job, ...]], Plan[Outcome]]
 #: a worker liveness rule (``corral.core.workers``): the worker's locked row and its contact in,

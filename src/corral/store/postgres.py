@@ -20,9 +20,9 @@ from typing import Any, cast
 from corral.domain import errors
 from corral.domain.records import Job
 from corral.domain.status import HOLDING, LEASED, Status
-from corral.domain.transitions import Outcome, Plan, Transition
+from corral.domain.transitions import FencedReport, Outcome, Plan, Transition
 from corral.store import on_loop
-from corral.store.base import FencedReport, JobDecision, JobReport, LeaseRenewed, WorkerBeat
+from corral.store.base import JobDecision, JobReport, LeaseRenewed, WorkerBeat
 from corral.store.composed import ComposedStore
 from corral.store.dialect import ALLOCATIONS_AND_CANDIDATES, POSTGRESQL
 from corral.store.jobs import RENEW_SET, RENEW_WHERE, RENEWED, SqlJobs, may_renew_together

@@ -257,7 +257,7 @@ _COLUMNS_OF_FIELD: dict[str, Callable[[Job], dict[str, Any]]] = {
 
 def columns_of_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The columns, with their stored values, that setting ``fields`` (``Job`` fields and their
-    values, no job at hand: ``FencedReport``) writes, as ``changed_columns`` would."""
+    values, no job at hand: ``domain.transitions.FencedReport``) writes, as ``changed_columns`` would."""
     values = SimpleNamespace(**fields)
     columns: dict[str, Any] = {}
     for name in fields:
