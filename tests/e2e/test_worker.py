@@ -224,7 +224,8 @@ def test_second_signal_stops_jobs_at_once(server, client: Client, start_worker, 
     wait_for(lambda: (tmp_path / "up").exists(), 10, "the job to start")
 
     worker.signal(signal.SIGINT)
-    time.sleep(0.3)
+    # two signals before the worker's handler ran are one to Python: the second waits for the first
+    wait_for(lambda: "SIGINT: shutting down once running jobs finish" in worker.log(), 10, "the first signal")
     worker.signal(signal.SIGINT)
     worker.process.wait(timeout=15)  # within its 60 s shutdown timeout: the second signal stopped it
 
