@@ -62,6 +62,16 @@ def test_the_batch_is_stored_by_the_writer_process(api, server):
     assert "corral_jobs_submitted_total 50.0" in api.get("/metrics").text
 
 
+def test_the_writer_starts_with_the_server_not_at_the_first_batch(api, server):
+    waits = server.state.executor._writer_waits
+    assert waits is not None
+    waits.submit(lambda: None).result(30)  # its one thread ran the start submitted before this
+    process = _writer(server)._process
+    assert process is not None and process.poll() is None, "started before any batch"
+    assert api.post("/jobs/batch", json={"jobs": [{"command": "a"}]}).status_code == 201
+    assert _writer(server)._process is process, "the first batch used the child started with the server"
+
+
 def test_an_idempotency_key_replays_and_conflicts_through_the_writer(api, server):
     headers = {"Idempotency-Key": "batch-1"}
     body = {"jobs": [{"command": "a"}, {"command": "b", "gang_size": 2}]}

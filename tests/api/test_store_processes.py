@@ -127,6 +127,18 @@ def test_a_closed_planner_leaves_no_child_and_starts_none(store, planner):
     assert planner._process is None
 
 
+def test_a_child_started_ahead_serves_the_first_call_and_a_closed_one_starts_none(store, planner):
+    _cluster(store)
+    planner.start()
+    process = planner._process
+    assert process is not None and process.poll() is None
+    assert _plan(planner, store, NOW + 10).decisions.reservations
+    assert planner._process is process
+    planner.close()
+    planner.start()
+    assert planner._process is None
+
+
 def test_the_reader_process_encodes_the_same_lists(store, planner):
     _cluster(store)
     for _ in range(7):
