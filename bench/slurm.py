@@ -48,6 +48,11 @@ accounting_storage/none`` (no accounting daemon); ``MaxJobCount`` and ``MaxArray
 which on the loopback does not happen. ``--set KEY=VALUE`` adds or overrides any line to try
 another tuning.
 
+Reading the figure: ``slurmctld`` starts jobs in bursts of up to 64, one per main scheduling pass,
+about once a second, so 64 slots cap this node near 64 jobs/s (~59 measured on a calm box); when the
+box is busy ``slurmd``'s launches (a ``slurmstepd`` per job) stretch a burst to 1.5-2 s (33-44
+jobs/s). Compare ``e2e.py`` only with a run of the same sitting.
+
     .venv/bin/python bench/slurm.py [--jobs 1000] [--repeat 3] [--stock] [--submit array|individual]
         [--install]   # apt-get install slurm-wlm munge first when Slurm is missing (as root)
 
@@ -140,19 +145,23 @@ class Cluster:
         )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all probes are held open together, so none comes back twice."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def settings(directory: Path, host: str, args: argparse.Namespace) -> dict[str, str]:
     """Every ``slurm.conf`` line but the node and partition: the common part, then the tuning."""
+    controller_port, node_port = free_ports(2)
     common = {
         "ClusterName": "corralbench",
         "SlurmctldHost": f"{host}(127.0.0.1)",
-        "SlurmctldPort": str(free_port()),
-        "SlurmdPort": str(free_port()),
+        "SlurmctldPort": str(controller_port),
+        "SlurmdPort": str(node_port),
         "SlurmUser": "root",
         "SlurmdUser": "root",
         "AuthType": "auth/munge",
