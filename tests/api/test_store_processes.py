@@ -127,6 +127,32 @@ def test_a_closed_planner_leaves_no_child_and_starts_none(store, planner):
     assert planner._process is None
 
 
+def _note_pid(store, memory) -> None:
+    memory["warmed_by"] = os.getpid()
+
+
+def _warmed_by(store, memory) -> int | None:
+    return memory.get("warmed_by")
+
+
+def _warm_up_fails(store, memory) -> None:
+    raise ValueError("warm-up failed")
+
+
+def test_a_warm_up_runs_in_the_child_started_ahead(planner):
+    planner.start(_note_pid)
+    process = planner._process
+    assert process is not None
+    assert planner.call(_warmed_by) == process.pid
+    assert planner._process is process
+
+
+def test_a_warm_up_that_fails_is_logged_and_the_child_serves_the_next_call(planner, caplog):
+    planner.start(_warm_up_fails)
+    assert "store process did not start" in caplog.text
+    assert planner.call(_warmed_by) is None
+
+
 def test_a_child_started_ahead_serves_the_first_call_and_a_closed_one_starts_none(store, planner):
     _cluster(store)
     planner.start()

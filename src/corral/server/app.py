@@ -142,7 +142,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if run_loops:
             loops.start(on_death=_exit_on_loop_death)
-        state.executor.start_writer()
+        state.executor.start_writer(jobs.warm_writer)
         logger.info("server started", extra={"instance_id": state.instance_id, "store": store.dialect})
         yield
         await state.log_watches.close()

@@ -326,13 +326,14 @@ class StoreExecutor(Generic[C]):
         result: Result = await group.apply(item)
         return result
 
-    def start_writer(self) -> None:
-        """Start the writer process now, on the thread batches wait for it on (a batch that arrives
-        meanwhile waits for the start, as it would have started it): the first batch after the
-        server starts is not the one that pays for it. The planner and reader start at their first
-        call (a pass or a list that takes seconds anyway)."""
+    def start_writer(self, warm_up: Callable[..., object] | None = None) -> None:
+        """Start the writer process now and run ``warm_up`` there (``StoreProcess.start``), on the
+        thread batches wait for it on (a batch that arrives meanwhile waits for the start, as it
+        would have started it): the first batch after the server starts is not the one that pays
+        for it. The planner and reader start at their first call (a pass or a list that takes
+        seconds anyway)."""
         if self.writer is not None and self._writer_waits is not None:
-            self._writer_waits.submit(self.writer.start)
+            self._writer_waits.submit(self.writer.start, warm_up)
 
     async def run_pass(self, name: str, function: Callable[[], T]) -> T:
         """A background loop's pass, on that loop's own thread."""

@@ -109,18 +109,21 @@ class StoreProcess:
         result: T = outcome
         return result
 
-    def start(self) -> None:
+    def start(self, warm_up: Callable[..., object] | None = None) -> None:
         """Start the child now rather than at the first call, which would otherwise wait for its
         interpreter and imports (~1 s, 3 s on a loaded host: the first batch submit after a server
-        starts). Nothing once closed; a child that cannot start is logged, and the first call tries
-        again."""
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                self._running()
-            except OSError:
-                logger.exception("store process did not start", extra={"helper": self.name})
+        starts), and run ``warm_up(store, memory)`` there, if given, for what the first call would
+        pay on its own (its module's imports, first reads). Nothing once closed; a child that cannot
+        start or a warm-up that fails is logged, and the first call starts or pays it again."""
+        try:
+            if warm_up is None:
+                with self._lock:
+                    if not self._closed:
+                        self._running()
+            else:
+                self.call(warm_up)
+        except Exception:  # only a head start: whatever failed, the first call meets it again
+            logger.exception("store process did not start", extra={"helper": self.name})
 
     def _running(self) -> subprocess.Popen[bytes]:
         process = self._process
