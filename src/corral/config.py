@@ -262,6 +262,14 @@ class ServerSettings(BaseSettings):
         " store POST /jobs/batch in a third: their Python then never competes with the requests for the"
         " interpreter; false: on the server's threads",
     )
+    store_process_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="a call to one of those processes (an admission pass's plan, a list, a batch"
+        " submit) not answered within this is given up: the process is stopped (the pass fails, the"
+        " list is built on a thread, the batch is answered 503 store_unavailable), and a new one takes"
+        " the next call, so that a stuck child cannot hold the admission loop or every later batch",
+    )
     switch_interval_s: float = Field(
         0.0005,
         gt=0,

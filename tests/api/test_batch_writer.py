@@ -6,6 +6,7 @@ fails that call with 503 instead of writing the batch again on a thread."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -112,6 +113,36 @@ def test_a_writer_that_ended_mid_batch_is_503_and_the_next_batch_starts_another(
     assert sorted(job["command"] for job in api.get("/jobs").json()["items"]) == ["after", "warm"], (
         "not written again on a thread"
     )
+
+
+@pytest.mark.parametrize("settings", [ServerSettings(store_process_timeout_s=123)])
+def test_the_child_processes_take_the_timeout_setting(server):
+    executor = server.state.executor
+    assert [child.timeout_s for child in (executor.planner, executor.reader, executor.writer)] == [123] * 3
+
+
+def test_a_stuck_writer_is_stopped_past_its_timeout_and_the_next_batch_goes_through(api, server):
+    """A writer that stops answering (here frozen with SIGSTOP) holds its batch only until the
+    timeout (``CORRAL_STORE_PROCESS_TIMEOUT_S``, made 2 s once the writer has started: its start
+    counts too, seconds on a loaded box): then it is killed, the batch answered 503 (whether it was
+    written is not known), and a new writer takes the next one."""
+    assert api.post("/jobs/batch", json={"jobs": [{"command": "warm"}]}).status_code == 201
+    _writer(server).timeout_s = 2.0
+    stuck = _writer(server)._process
+    assert stuck is not None
+    os.kill(stuck.pid, signal.SIGSTOP)
+    try:
+        held = api.post("/jobs/batch", json={"jobs": [{"command": "held"}]})
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stuck.pid, signal.SIGCONT)
+    assert (held.status_code, error_code(held)) == (503, "store_unavailable")
+    assert "did not answer within 2s" in held.json()["error"]["message"]
+    assert stuck.wait(10) == -signal.SIGKILL
+    _writer(server).timeout_s = None  # the new writer's start
+    assert api.post("/jobs/batch", json={"jobs": [{"command": "after"}]}).status_code == 201
+    assert _writer(server)._process is not None and _writer(server)._process.pid != stuck.pid
+    assert sorted(job["command"] for job in api.get("/jobs").json()["items"]) == ["after", "warm"]
 
 
 def test_a_pool_set_just_before_limits_the_batch_in_the_writer(api, server):

@@ -9,6 +9,7 @@ import asyncio
 import gc
 import os
 import signal
+import time
 
 import pytest
 
@@ -151,6 +152,28 @@ def test_a_warm_up_that_fails_is_logged_and_the_child_serves_the_next_call(plann
     planner.start(_warm_up_fails)
     assert "store process did not start" in caplog.text
     assert planner.call(_warmed_by) is None
+
+
+def _sleeps(store, memory, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_call_past_the_timeout_stops_the_child_and_the_next_call_gets_a_new_one(store_url, caplog):
+    process = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "reader")
+    try:
+        process.call(_sleeps, 0)  # the child's start, however long it takes on a loaded box
+        process.timeout_s = 1.0
+        stuck = process._process
+        assert stuck is not None
+        with pytest.raises(OffloadGone, match="did not answer within 1s"):
+            process.call(_sleeps, 120)
+        assert stuck.poll() is not None, "the stuck child was stopped"
+        assert "store process did not answer in time; stopping it" in caplog.text
+        process.timeout_s = None  # the new child's start
+        assert process.call(_warmed_by) is None
+        assert process._process is not None and process._process.pid != stuck.pid
+    finally:
+        process.close()
 
 
 def test_a_child_started_ahead_serves_the_first_call_and_a_closed_one_starts_none(store, planner):

@@ -95,12 +95,14 @@ def create_app(
         config = StoreProcessConfig(
             store_url, settings.store_busy_timeout_s, settings.log_level, settings.gc_threshold
         )
-        planner, reader = StoreProcess(config, "planner"), StoreProcess(config, "reader")
+        timeout_s = settings.store_process_timeout_s
+        planner = StoreProcess(config, "planner", timeout_s)
+        reader = StoreProcess(config, "reader", timeout_s)
         # a batch submit's Python in a process of its own (``executor.Work.WRITE``): on PostgreSQL
         # only, where its write waits on row locks like any replica's; a second process writing a
         # SQLite file would hold the lock the event loop's inline calls count on finding free
         if not store_url.startswith("sqlite"):
-            writer = StoreProcess(config, "writer")
+            writer = StoreProcess(config, "writer", timeout_s)
     # the executor (``state.executor``) holds the store threads, the children, the loops' threads
     # and the switch interval long work runs with (``CORRAL_SWITCH_INTERVAL_S``)
     state = ServerState(

@@ -34,8 +34,9 @@ pass. Where it runs follows from that and from what this server has configured (
   the server runs one (PostgreSQL only, ``app.create_app``), so that the event loop keeps the
   interpreter meanwhile (``bench/fleet.py --submit-window``: on a store thread the batch's Python
   took the interpreter in 5 ms slices at each of the loop's waits); else as ``STORE``. A writer
-  gone mid-call fails that call with 503 (whether it wrote is not known: a retry with its
-  ``Idempotency-Key`` is safe), never runs it again on a thread; the next call starts a new one.
+  gone mid-call (or stopped past ``CORRAL_STORE_PROCESS_TIMEOUT_S``) fails that call with 503
+  (whether it wrote is not known: a retry with its ``Idempotency-Key`` is safe), never runs it
+  again on a thread; the next call starts a new one.
   Its answer is waited for on a thread of its own, not a store thread: the batches queued behind
   a long one hold none of them.
 - ``PLAN``, the admission pass's planning (a module-level function of ``(store, memory, *args)``):

@@ -11,11 +11,12 @@ a value (a ``PassPlan``) or the bytes of an answer. ``memory`` is the child's ow
 call to call (the admission pass keeps its records and ``CycleMemo`` there, as the server would).
 
 The child is started at the first call (the writer at the server's start: ``start``) and again
-after it died (the call that found it dead
-mid-work raises ``OffloadGone``; one found dead before is replaced first); it ends when the server
-closes it, or when its input closes (the server died). Messages are length-prefixed pickles on the
-child's stdin and its stdout (its own writes to stdout go to stderr instead). Only ``corral server``
-runs them (``CORRAL_STORE_PROCESSES``); a server made in a test does this work on its threads.
+after it died or was stopped for not answering within its timeout (the call that found it dead
+mid-work, or waited past the timeout, raises ``OffloadGone``; one found dead before is replaced
+first); it ends when the server closes it, or when its input closes (the server died). Messages
+are length-prefixed pickles on the child's stdin and its stdout (its own writes to stdout go to
+stderr instead). Only ``corral server`` runs them (``CORRAL_STORE_PROCESSES``); a server made in
+a test does this work on its threads.
 """
 
 from __future__ import annotations
@@ -78,14 +79,20 @@ def receive(stream: IO[bytes]) -> Any:
 
 class StoreProcess:
     """The server's side: ``call`` sends one piece of work and waits for its result (one at a
-    time: a second caller waits for the first)."""
+    time: a second caller waits for the first), at most ``timeout_s``: a child that has not
+    answered by then is stopped (``OffloadGone``), as if it had died, so that a stuck one (a bug, a
+    database connection that neither answers nor fails) cannot hold its callers for ever (the
+    admission loop's passes, every later batch submit)."""
 
-    def __init__(self, config: StoreProcessConfig, name: str) -> None:
+    def __init__(self, config: StoreProcessConfig, name: str, timeout_s: float | None = None) -> None:
         self._config = config
         self.name = name
+        self.timeout_s = timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: the child stopped because its call ran past ``timeout_s`` (read once that call ends)
+        self._timed_out = False
 
     def call(self, function: Callable[..., T], *args: Any) -> T:
         """``function(store, memory, *args)`` in the child: its result, or what it raised, or
@@ -97,10 +104,15 @@ class StoreProcess:
                 process = self._running()
                 assert process.stdin is not None and process.stdout is not None
                 send(process.stdin, (function, args))
-                outcome = receive(process.stdout)
+                outcome = self._answer(process, function)
             except (EOFError, OSError) as error:
                 if self._process is not None:
                     self._stop(self._process)
+                if self._timed_out:
+                    raise OffloadGone(
+                        f"the {self.name} process did not answer within {self.timeout_s:g}s and was"
+                        " stopped; a new one takes the next call"
+                    ) from error
                 raise OffloadGone(
                     f"the {self.name} process ended ({error}); a new one takes the next call"
                 ) from error
@@ -108,6 +120,35 @@ class StoreProcess:
             raise outcome.error
         result: T = outcome
         return result
+
+    def _answer(self, process: subprocess.Popen[bytes], function: Callable[..., Any]) -> Any:
+        """The child's answer to the call just sent; past ``timeout_s`` the child is killed, which
+        ends the read (``EOFError``)."""
+        assert process.stdout is not None
+        self._timed_out = False
+        if self.timeout_s is None:
+            return receive(process.stdout)
+        timer = threading.Timer(self.timeout_s, self._kill_stuck, (process, function))
+        timer.daemon = True
+        timer.start()
+        try:
+            return receive(process.stdout)
+        finally:
+            timer.cancel()
+
+    def _kill_stuck(self, process: subprocess.Popen[bytes], function: Callable[..., Any]) -> None:
+        self._timed_out = True
+        logger.error(
+            "store process did not answer in time; stopping it",
+            extra={
+                "helper": self.name,
+                "pid": process.pid,
+                "timeout_s": self.timeout_s,
+                "work": getattr(function, "__name__", repr(function)),
+            },
+        )
+        with contextlib.suppress(OSError):
+            process.kill()
 
     def start(self, warm_up: Callable[..., object] | None = None) -> None:
         """Start the child now rather than at the first call, which would otherwise wait for its
