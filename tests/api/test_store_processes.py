@@ -176,6 +176,39 @@ def test_a_call_past_the_timeout_stops_the_child_and_the_next_call_gets_a_new_on
         process.close()
 
 
+def test_an_answer_read_as_the_deadline_passes_is_kept_and_the_next_call_gets_a_new_child(
+    store_url, monkeypatch
+):
+    """The timer may fire between the answer's read and its cancel (the caller's thread off the
+    CPU): the answer stands, and the child the timer killed is not the next call's (a batch sent
+    to it would be answered 503 without ever reaching a writer)."""
+    from corral.server import offload
+
+    process = StoreProcess(StoreProcessConfig(store_url, 5.0, "warning"), "reader")
+    try:
+        process.call(_sleeps, 0)  # the child's start, however long it takes on a loaded box
+        late = process._process
+        assert late is not None
+        read = offload.receive
+
+        def read_then_descheduled(stream):
+            answer = read(stream)
+            time.sleep(1.0)  # past the deadline below, the answer already read
+            return answer
+
+        monkeypatch.setattr(offload, "receive", read_then_descheduled)
+        process.timeout_s = 0.2
+        assert process.call(_warmed_by) is None, "the answer read stands"
+        monkeypatch.setattr(offload, "receive", read)
+        assert process._process is None, "the killed child is not kept for the next call"
+        assert late.poll() is not None
+        process.timeout_s = None  # the new child's start
+        assert process.call(_warmed_by) is None
+        assert process._process is not None and process._process.pid != late.pid
+    finally:
+        process.close()
+
+
 def test_a_child_started_ahead_serves_the_first_call_and_a_closed_one_starts_none(store, planner):
     _cluster(store)
     planner.start()

@@ -100,6 +100,7 @@ class StoreProcess:
         with self._lock:
             if self._closed:  # the server is stopping: work still in flight starts no new child
                 raise OffloadGone(f"the {self.name} process is closed: the server is stopping")
+            self._timed_out = False  # this call's own: a late deadline of the last one left nothing
             try:
                 process = self._running()
                 assert process.stdin is not None and process.stdout is not None
@@ -123,20 +124,29 @@ class StoreProcess:
 
     def _answer(self, process: subprocess.Popen[bytes], function: Callable[..., Any]) -> Any:
         """The child's answer to the call just sent; past ``timeout_s`` the child is killed, which
-        ends the read (``EOFError``)."""
+        ends the read (``EOFError``). An answer read just as the deadline passed is kept, and the
+        child, killed or about to be, is stopped here, so that the next call starts a new one
+        rather than writing to a dead child (a batch never sent answered 503)."""
         assert process.stdout is not None
-        self._timed_out = False
         if self.timeout_s is None:
             return receive(process.stdout)
-        timer = threading.Timer(self.timeout_s, self._kill_stuck, (process, function))
+        deadline = _Deadline()
+        timer = threading.Timer(self.timeout_s, self._kill_stuck, (process, function, deadline))
         timer.daemon = True
         timer.start()
         try:
-            return receive(process.stdout)
+            outcome = receive(process.stdout)
         finally:
             timer.cancel()
+        if not deadline.answered():
+            self._stop(process)
+        return outcome
 
-    def _kill_stuck(self, process: subprocess.Popen[bytes], function: Callable[..., Any]) -> None:
+    def _kill_stuck(
+        self, process: subprocess.Popen[bytes], function: Callable[..., Any], deadline: _Deadline
+    ) -> None:
+        if not deadline.expire():
+            return  # answered meanwhile
         self._timed_out = True
         logger.error(
             "store process did not answer in time; stopping it",
@@ -204,6 +214,29 @@ class StoreProcess:
             self._closed = True
             if self._process is not None:
                 self._stop(self._process)
+
+
+class _Deadline:
+    """One call's deadline: its answer or its expiry, whichever comes first, decides (the timer's
+    thread and the caller's may both get there at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._decided: str | None = None
+
+    def _decide(self, outcome: str) -> bool:
+        with self._lock:
+            if self._decided is None:
+                self._decided = outcome
+            return self._decided == outcome
+
+    def answered(self) -> bool:
+        """The answer came first (False: the child is being killed)."""
+        return self._decide("answered")
+
+    def expire(self) -> bool:
+        """The deadline came first: the child is to be killed."""
+        return self._decide("expired")
 
 
 @dataclass(frozen=True)
