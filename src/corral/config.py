@@ -264,11 +264,12 @@ class ServerSettings(BaseSettings):
     )
     store_process_timeout_s: float = Field(
         300.0,
-        gt=0,
+        ge=30,
         description="a call to one of those processes (an admission pass's plan, a list, a batch"
         " submit) not answered within this is given up: the process is stopped (the pass fails, the"
         " list is built on a thread, the batch is answered 503 store_unavailable), and a new one takes"
-        " the next call, so that a stuck child cannot hold the admission loop or every later batch",
+        " the next call, so that a stuck child cannot hold the admission loop or the batches for ever;"
+        " at least 30 s: a call that starts a new child counts its start (seconds on a loaded host)",
     )
     switch_interval_s: float = Field(
         0.0005,

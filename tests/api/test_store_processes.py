@@ -150,7 +150,7 @@ def test_a_warm_up_runs_in_the_child_started_ahead(planner):
 
 def test_a_warm_up_that_fails_is_logged_and_the_child_serves_the_next_call(planner, caplog):
     planner.start(_warm_up_fails)
-    assert "store process did not start" in caplog.text
+    assert "store process warm-up failed" in caplog.text
     assert planner.call(_warmed_by) is None
 
 

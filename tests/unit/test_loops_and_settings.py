@@ -131,3 +131,13 @@ def test_the_history_settings_say_what_they_allow(monkeypatch, variable, value, 
         30,
         3,
     )
+
+
+def test_a_store_process_timeout_under_a_childs_start_is_refused(monkeypatch):
+    """A call that starts a child counts its start: a timeout of a few seconds would stop every new
+    child before it answered, for ever."""
+    assert parse(ServerSettings, []).store_process_timeout_s == 300
+    monkeypatch.setenv("CORRAL_STORE_PROCESS_TIMEOUT_S", "5")
+    with pytest.raises(SystemExit) as stopped:
+        parse(ServerSettings, [])
+    assert "CORRAL_STORE_PROCESS_TIMEOUT_S" in str(stopped.value) and "30" in str(stopped.value)

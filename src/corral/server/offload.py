@@ -167,14 +167,21 @@ class StoreProcess:
         pay on its own (its module's imports, first reads). Nothing once closed; a child that cannot
         start or a warm-up that fails is logged, and the first call starts or pays it again."""
         try:
-            if warm_up is None:
-                with self._lock:
-                    if not self._closed:
-                        self._running()
-            else:
-                self.call(warm_up)
-        except Exception:  # only a head start: whatever failed, the first call meets it again
+            with self._lock:
+                if self._closed:
+                    return
+                self._running()
+        except OSError:
             logger.exception("store process did not start", extra={"helper": self.name})
+            return
+        if warm_up is None:
+            return
+        try:
+            self.call(warm_up)
+        except OffloadGone as gone:  # closed meanwhile (the server stopping), or ended: told there
+            logger.warning("store process warm-up not run", extra={"helper": self.name, "error": str(gone)})
+        except Exception:  # only a head start: whatever failed, the first call meets it again
+            logger.exception("store process warm-up failed", extra={"helper": self.name})
 
     def _running(self) -> subprocess.Popen[bytes]:
         process = self._process
