@@ -137,7 +137,8 @@ def test_a_stuck_writer_is_stopped_past_its_timeout_and_the_next_batch_goes_thro
         with contextlib.suppress(ProcessLookupError):
             os.kill(stuck.pid, signal.SIGCONT)
     assert (held.status_code, error_code(held)) == (503, "store_unavailable")
-    assert "did not answer within 2s" in held.json()["error"]["message"]
+    message = held.json()["error"]["message"]
+    assert "did not answer within 2s" in message and "look for its jobs (GET /jobs)" in message
     assert stuck.wait(10) == -signal.SIGKILL
     _writer(server).timeout_s = None  # the new writer's start
     assert api.post("/jobs/batch", json={"jobs": [{"command": "after"}]}).status_code == 201

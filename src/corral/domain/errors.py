@@ -140,7 +140,8 @@ class StoreRefused(StoreUnavailable):
 
 class OutcomeUnknown(StoreUnavailable):
     """The server's process that was applying this request ended before it answered: whether the
-    request was applied is not known; send it again with its Idempotency-Key to find out.
+    request was applied is not known; sent with an Idempotency-Key, sending it again with that key
+    finds out (a replay answers what was stored); sent without one, its jobs are looked for first.
 
     Answered 503 ``store_unavailable`` without ``Retry-After`` (sending it again without its key
     may apply it twice). Not a failure of the store: the child process (``server.offload``) ended,

@@ -410,8 +410,9 @@ def _written(call: Callable[[], T]) -> T:
         return call()
     except OffloadGone as gone:
         raise errors.OutcomeUnknown(
-            f"{gone}: whether this request was applied is not known; send it again with its"
-            " Idempotency-Key to find out"
+            f"{gone}: whether this request was applied is not known; sent with an Idempotency-Key,"
+            " send it again with the same key (a replay answers what was stored); sent without one,"
+            " look for its jobs (GET /jobs) before sending it again"
         ) from gone
 
 
