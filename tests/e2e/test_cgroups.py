@@ -180,3 +180,48 @@ def test_nothing_a_preempted_attempt_started_outlives_it(start_server, start_wor
         assert all(process_gone(pid) for pid in pids), pids
         wait_status(client, high, {"done"}, 20)
         client.cancel(low)
+
+
+def _cgroup_paths(pid: int) -> list[str]:
+    """The cgroup paths ``pid`` is in, one per hierarchy (``/proc/PID/cgroup``)."""
+    return [line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+
+
+@needs_cgroups
+@pytest.mark.parametrize("budget", [cgroups.KEPT_DESCRIPTORS_MAX, 0])
+def test_a_kept_slot_moves_each_attempt_into_its_cgroups(budget: int):
+    """Attempt after attempt in one kept slot, every process lands in each cgroup it joins, whether
+    the slot writes through the descriptors it kept from the first attempt or (no budget left)
+    opens ``cgroup.procs`` each time; removing the slot closes what it kept."""
+    import subprocess
+
+    from corral.worker.cgroup_limits import Limits
+
+    subtree = f"corral-kept-{os.getpid()}"
+    containment, _ = cgroups.detect(subtree)
+    assert containment is not None
+    containment.start()
+    containment._descriptors = cgroups.DescriptorBudget(budget)
+    open_before = len(os.listdir("/proc/self/fd"))
+    try:
+        groups = []
+        for _attempt in range(3):
+            group = containment.open(Limits(cpus=1, pids_max=64))
+            process = subprocess.Popen(["sleep", "60"])
+            try:
+                group.attach(process.pid)
+                inside = [
+                    path for path in _cgroup_paths(process.pid) if path.endswith(f"/{subtree}/{group.name}")
+                ]
+                assert len(inside) == len(group.joined) >= 1
+            finally:
+                process.kill()
+                process.wait()
+            containment.close(group)
+            groups.append(group)
+        assert all(group is groups[0] for group in groups)  # one slot, kept and used again
+        kept = len(os.listdir("/proc/self/fd")) - open_before
+        assert kept == (len(groups[0].joined) if budget else 0)
+    finally:
+        containment.shutdown()
+    assert len(os.listdir("/proc/self/fd")) == open_before

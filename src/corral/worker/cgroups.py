@@ -47,6 +47,9 @@ V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer")
 EMPTY_WAIT_S = 5.0
 #: the most empty attempt cgroups kept for the next attempts
 KEPT_MAX = 64
+#: the most ``cgroup.procs`` descriptors kept open for the attempts' joins (``AttemptGroup.attach``):
+#: the kept slots in four hierarchies, well under the 1,024 descriptors a service gets by default
+KEPT_DESCRIPTORS_MAX = 256
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -72,6 +75,25 @@ class Hierarchy(Protocol):
     def kill(self, group: Path) -> None: ...
 
 
+class DescriptorBudget:
+    """How many more descriptors the worker's attempt cgroups may keep open, shared by them all."""
+
+    def __init__(self, limit: int = KEPT_DESCRIPTORS_MAX) -> None:
+        self._left = limit
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._left += count
+
+
 class AttemptGroup:
     """One attempt's cgroups: a directory of the same name in every hierarchy, of which the attempt
     joins those its limits need (``configure``) and always the one that kills the tree.
@@ -80,7 +102,13 @@ class AttemptGroup:
     and a short job that joined six v1 hierarchies cost its worker half as much again; a job
     without a memory limit or a CPU quota stays in the worker's cgroup of those controllers."""
 
-    def __init__(self, name: str, directories: Sequence[tuple[Hierarchy, Path]], kill_by: Hierarchy | None):
+    def __init__(
+        self,
+        name: str,
+        directories: Sequence[tuple[Hierarchy, Path]],
+        kill_by: Hierarchy | None,
+        budget: DescriptorBudget | None = None,
+    ):
         self.name = name
         self.directories = list(directories)
         self._kill_by = kill_by
@@ -89,6 +117,8 @@ class AttemptGroup:
         self.joined: list[tuple[Hierarchy, Path]] = list(self.directories)
         self._procs: list[str] = [str(directory / "cgroup.procs") for _h, directory in self.joined]
         self._oom_baseline = 0
+        self._budget = budget
+        self._writers: dict[str, int] = {}  # cgroup.procs -> a descriptor kept open for joins
 
     def configure(self, limits: Limits) -> None:
         joined = [(h, d) for h, d in self.directories if h is self._kill_by or h.needed(limits)]
@@ -104,12 +134,38 @@ class AttemptGroup:
         self._oom_baseline = self._oom_count()
 
     def attach(self, pid: int) -> None:
-        """Put ``pid`` in the attempt's cgroups (before it runs anything)."""
+        """Put ``pid`` in the attempt's cgroups (before it runs anything).
+
+        Each ``cgroup.procs`` is written through a descriptor the group keeps while the budget
+        allows (``release`` closes them): every write is a move, whatever was written before. Why:
+        an open and a close per hierarchy per job were each a hand-over of the interpreter's lock
+        between the worker's threads (``bench/e2e.py``: the worker's CPU per job, see its README)."""
+        value = str(pid).encode()
         for procs in self._procs:
             try:
-                write(procs, str(pid))
+                descriptor = self._writers.get(procs)
+                if descriptor is None and self._budget is not None and self._budget.take():
+                    try:
+                        descriptor = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+                    except OSError:
+                        self._budget.give(1)
+                        raise
+                    self._writers[procs] = descriptor
+                if descriptor is None:
+                    write(procs, str(pid))
+                else:
+                    os.pwrite(descriptor, value, 0)
             except OSError as error:
                 raise JoinError(error.errno, f"cannot join {procs}: {error.strerror}") from error
+
+    def release(self) -> None:
+        """Close the descriptors ``attach`` kept (before the group's directories are removed)."""
+        writers, self._writers = self._writers, {}
+        for descriptor in writers.values():
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        if writers and self._budget is not None:
+            self._budget.give(len(writers))
 
     def _oom_count(self) -> int:
         if self.limits is None or self.limits.memory_bytes is None:
@@ -149,6 +205,7 @@ class Containment:
         self._lock = threading.Lock()
         self._kept: list[AttemptGroup] = []
         self._count = 0
+        self._descriptors = DescriptorBudget()
 
     @property
     def enforcement(self) -> dict[str, str]:
@@ -184,7 +241,9 @@ class Containment:
         return sorted(set(killed))
 
     def _group(self, name: str) -> AttemptGroup:
-        return AttemptGroup(name, [(h, h.base / name) for h in self.hierarchies], self._kill_by)
+        return AttemptGroup(
+            name, [(h, h.base / name) for h in self.hierarchies], self._kill_by, self._descriptors
+        )
 
     def open(self, limits: Limits) -> AttemptGroup:
         """A cgroup for an attempt held to ``limits``: a kept one, else a new one."""
@@ -204,6 +263,7 @@ class Containment:
         """The attempt ended (its processes are gone): kept for the next, or removed."""
         if group.pids() and not group.kill():
             logger.error("an attempt's cgroup could not be emptied", extra={"cgroup": group.name})
+            group.release()
             return
         with self._lock:
             if len(self._kept) < KEPT_MAX:
@@ -234,6 +294,7 @@ REMOVE_WAIT_S = 2.0
 
 
 def _remove(group: AttemptGroup) -> None:
+    group.release()
     deadline = time.monotonic() + REMOVE_WAIT_S
     for _hierarchy, directory in group.directories:
         while True:

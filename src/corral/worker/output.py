@@ -26,9 +26,16 @@ class OutputPump:
 
     ``add(descriptor, on_chunk, on_end)``: ``on_chunk(bytes)`` for each read (it must not block),
     then ``on_end()`` once, at the end of the pipe or on a read error, which closes the descriptor
-    (the pump never does: the descriptor's owner may hold it in a file object). Registrations go
-    through a queue and a wake-up pipe, so only the pump's thread ever touches its selector.
-    Started on first use; one per process (``shared_pump``).
+    (the pump never does: the descriptor's owner may hold it in a file object). Started on first
+    use; one per process (``shared_pump``).
+
+    Registrations: on ``epoll`` the adding thread registers the descriptor itself (the kernel's set
+    changes under a wait already under way), under the lock the pump takes to unregister. Elsewhere
+    (``poll``, ``kqueue``, ``select``: the set is the one handed to the wait) they go through a
+    queue and a wake-up pipe to the pump's thread. Why: a worker starting hundreds of jobs a second
+    paid for each a write, the pump's wake-up and two reads, each a hand-over of the interpreter's
+    lock between threads (``bench/e2e.py``: about 12% of the worker's CPU per job with the cgroup
+    descriptors kept, ``AttemptGroup.attach``).
     """
 
     def __init__(self) -> None:
@@ -38,11 +45,15 @@ class OutputPump:
         self._selector.register(self._wake_read, selectors.EVENT_READ, None)
         self._pending: list[tuple[int, Callable[[bytes], None], Callable[[], None]]] = []
         self._lock = threading.Lock()
+        self._direct = isinstance(self._selector, getattr(selectors, "EpollSelector", ()))
         self._thread = threading.Thread(target=self._run, name="output-pump", daemon=True)
         self._thread.start()
 
     def add(self, descriptor: int, on_chunk: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
         with self._lock:
+            if self._direct:
+                self._selector.register(descriptor, selectors.EVENT_READ, (on_chunk, on_end))
+                return
             self._pending.append((descriptor, on_chunk, on_end))
         os.write(self._wake_write, b"\0")
 
@@ -52,8 +63,8 @@ class OutputPump:
                 pass
         with self._lock:
             pending, self._pending = self._pending, []
-        for descriptor, on_chunk, on_end in pending:
-            self._selector.register(descriptor, selectors.EVENT_READ, (on_chunk, on_end))
+            for descriptor, on_chunk, on_end in pending:
+                self._selector.register(descriptor, selectors.EVENT_READ, (on_chunk, on_end))
 
     def _run(self) -> None:
         while True:
@@ -80,7 +91,8 @@ class OutputPump:
             except Exception:
                 logger.exception("output pump: a listener failed")
             return
-        self._selector.unregister(descriptor)
+        with self._lock:
+            self._selector.unregister(descriptor)
         try:
             on_end()
         except Exception:
