@@ -4,7 +4,10 @@ its OOM count and ``cgroup.kill``, kept slots rewritten, and the host's hierarch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from corral.worker import cgroups
 from corral.worker.cgroup_backends import V1Controller, V2Hierarchy
@@ -164,3 +167,28 @@ def test_a_job_the_host_will_not_move_into_its_cgroup_runs_without(tmp_path: Pat
     run.start()
     assert run.finished.wait(15)
     assert client.names()[-1] == "done"
+
+
+def test_a_kept_slot_that_cannot_take_new_limits_closes_its_descriptors(tmp_path: Path):
+    """A kept slot keeps its ``cgroup.procs`` descriptors for the next attempt; when the next
+    attempt's limits cannot be written the slot is dropped, and must give them back (closed, and
+    returned to the shared budget), not leak them."""
+    own = _v2_tree(tmp_path)
+    _kernel_files(own / "corral-w1")
+    containment = cgroups.Containment([V2Hierarchy(own / "corral-w1", frozenset({"memory", "cpu", "pids"}))])
+    containment.start()
+    slot = own / "corral-w1" / "slot-1"
+    _kernel_files(slot)
+    open_before = len(os.listdir("/proc/self/fd"))
+    group = containment.open(Limits(cpus=2))
+    group.attach(4242)
+    assert len(os.listdir("/proc/self/fd")) == open_before + 1  # kept for the next join
+    (slot / "cgroup.procs").write_text("")  # the attempt's processes are gone
+    containment.close(group)
+    assert containment._kept == [group]
+    (slot / "memory.max").unlink()
+    (slot / "memory.max").mkdir()  # the next limits cannot be written
+    with pytest.raises(IsADirectoryError):
+        containment.open(Limits(memory_bytes=512 * 1024 * 1024))
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert containment._descriptors._left == cgroups.KEPT_DESCRIPTORS_MAX

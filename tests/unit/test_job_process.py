@@ -144,3 +144,20 @@ def test_an_exit_hidden_by_the_reaping_lock_is_not_taken_for_a_running_job():
     assert process.wait(5) == 0
     process.finish()
     assert not process.stopped_while_running
+
+
+def test_a_job_whose_output_cannot_be_drained_leaves_no_descriptor_open(monkeypatch):
+    """The output pipe's read end is a bare descriptor (no file object to close it when dropped):
+    a start that fails after the job's process was made (here the pump refuses the pipe) closes it,
+    and the pidfd, before the error goes to the caller."""
+
+    class RefusingPump:
+        def add(self, *_args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(executor, "shared_pump", RefusingPump)
+    executor._devnull()  # opened once for every job, kept
+    open_before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No space left"):
+        JobProcess("true", dict(os.environ), 1024, grace_s=0.5)
+    assert sorted(os.listdir("/proc/self/fd")) == open_before

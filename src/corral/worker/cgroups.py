@@ -246,17 +246,24 @@ class Containment:
         )
 
     def open(self, limits: Limits) -> AttemptGroup:
-        """A cgroup for an attempt held to ``limits``: a kept one, else a new one."""
+        """A cgroup for an attempt held to ``limits``: a kept one, else a new one. One that cannot
+        be made or held to ``limits`` (the error goes to the caller) is removed, with the
+        descriptors it kept: nothing else holds it any more."""
         with self._lock:
             group = self._kept.pop() if self._kept else None
             if group is None:
                 self._count += 1
                 name = f"slot-{self._count}"
-        if group is None:
-            group = self._group(name)
-            for _hierarchy, directory in group.directories:
-                directory.mkdir(exist_ok=True)
-        group.configure(limits)
+        try:
+            if group is None:
+                group = self._group(name)
+                for _hierarchy, directory in group.directories:
+                    directory.mkdir(exist_ok=True)
+            group.configure(limits)
+        except BaseException:
+            if group is not None:
+                _remove(group)
+            raise
         return group
 
     def close(self, group: AttemptGroup) -> None:

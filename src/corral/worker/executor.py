@@ -236,15 +236,29 @@ class JobProcess:
             os.close(output_write)
         self._output_read = output_read
         self.pid = self._popen.pid
-        if gate_read is not None and gate_write is not None:
-            os.close(gate_read)
-            self._join_cgroup(gate_write)
-        _widen_pipe(output_read)
-        self._pidfd = _open_pidfd(self.pid)
-        # Every line about the job carries its ids (job_id, worker_id, attempt) and the pid.
-        self.fields = {**(log_fields or {}), "pid": self.pid}
-        self._output_ended = threading.Event()
-        shared_pump().add(output_read, self._take_output, self._end_output)
+        self._pidfd: int | None = None
+        try:
+            if gate_read is not None and gate_write is not None:
+                os.close(gate_read)
+                self._join_cgroup(gate_write)
+            _widen_pipe(output_read)
+            self._pidfd = _open_pidfd(self.pid)
+            # Every line about the job carries its ids (job_id, worker_id, attempt) and the pid.
+            self.fields = {**(log_fields or {}), "pid": self.pid}
+            self._output_ended = threading.Event()
+            shared_pump().add(output_read, self._take_output, self._end_output)
+        except BaseException:
+            # Not handed to the pump: nothing else closes the bare descriptor (no file object's
+            # finalizer, as with ``stdout=PIPE``). Nor does anything supervise the job, which the
+            # caller reports as not started: it must not run on. Its group is signalled while its
+            # leader is unreaped (its pid, the group's id, cannot belong to anyone else yet).
+            os.close(output_read)
+            self.close()
+            if self._popen.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self._popen.wait()
+            raise
 
     def _join_cgroup(self, gate: int) -> None:
         """Put the waiting shell in the attempt's cgroup, then let it run the command; a job that
@@ -256,7 +270,6 @@ class JobProcess:
             os.close(gate)
             self._popen.kill()
             self._popen.wait()
-            os.close(self._output_read)
             raise
         try:
             os.write(gate, b"\n")
