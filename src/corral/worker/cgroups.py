@@ -48,7 +48,8 @@ EMPTY_WAIT_S = 5.0
 #: the most empty attempt cgroups kept for the next attempts
 KEPT_MAX = 64
 #: the most ``cgroup.procs`` descriptors kept open for the attempts' joins (``AttemptGroup.attach``):
-#: the kept slots in four hierarchies, well under the 1,024 descriptors a service gets by default
+#: the kept slots each joining four hierarchies (a CPU quota, a pids cap, a memory limit and the
+#: one that kills the tree), a quarter of the 1,024 descriptors a service gets by default
 KEPT_DESCRIPTORS_MAX = 256
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
