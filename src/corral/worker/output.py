@@ -34,8 +34,8 @@ class OutputPump:
     (``poll``, ``kqueue``, ``select``: the set is the one handed to the wait) they go through a
     queue and a wake-up pipe to the pump's thread. Why: a worker starting hundreds of jobs a second
     paid for each a write, the pump's wake-up and two reads, each a hand-over of the interpreter's
-    lock between threads (``bench/e2e.py``: about 12% of the worker's CPU per job with the cgroup
-    descriptors kept, ``AttemptGroup.attach``).
+    lock between threads (bench/README.md, "Fewer hand-overs of the interpreter's lock": with the
+    kept cgroup descriptors and the bare output pipe, a fifth of the worker's CPU per job).
     """
 
     def __init__(self) -> None:
