@@ -157,7 +157,20 @@ def test_a_job_whose_output_cannot_be_drained_leaves_no_descriptor_open(monkeypa
 
     monkeypatch.setattr(executor, "shared_pump", RefusingPump)
     executor._devnull()  # opened once for every job, kept
-    open_before = sorted(os.listdir("/proc/self/fd"))
+    open_before = _pipes_and_pidfds()
     with pytest.raises(OSError, match="No space left"):
         JobProcess("true", dict(os.environ), 1024, grace_s=0.5)
-    assert sorted(os.listdir("/proc/self/fd")) == open_before
+    assert _pipes_and_pidfds() == open_before
+
+
+def _pipes_and_pidfds() -> set[str]:
+    """This process's descriptors on pipes and pidfds, with what each points to."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(("pipe:", "anon_inode:[pidfd]")):
+            found.add(f"{name} {target}")
+    return found
